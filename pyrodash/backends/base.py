@@ -1,0 +1,56 @@
+"""The one small protocol every model backend speaks (in-process transformers, OpenAI-compatible HTTP).
+
+A backend turns a `GenRequest` (chat messages, optionally an assistant prefix to continue) into a stream of
+`GenChunk`s. The last chunk carries `finish_reason`, `stop_token_id` (which stop token ended the generation, if
+one did; that token is never part of `text`) and the exact token usage of the request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+
+@dataclass
+class GenRequest:
+    messages: list[dict]
+    # Text the model continues as its own (final) assistant message; "" = start a fresh assistant turn.
+    prefix: str = ""
+    max_tokens: int = 512
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)  # stop strings (GlimpRouter's step boundary)
+    stop_token_ids: list[int] = field(default_factory=list)  # e.g. the SLM's <offload> id
+    logit_bias: dict[int, float] = field(default_factory=dict)  # added to these token logits while decoding
+    top_logprobs: int = 0  # >0: report the top-k log-probabilities at every generated position
+
+
+@dataclass
+class GenChunk:
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    # one dict {token_text: logprob} per generated token in this chunk, when top_logprobs > 0
+    top_logprobs: list[dict[str, float]] | None = None
+    # set on the last chunk only
+    finish_reason: str | None = None  # "stop" (EOS, stop string or stop token) | "length"
+    stop_token_id: int | None = None
+    prompt_tokens: int | None = None  # input tokens billed for this request (prefix included)
+    completion_tokens: int | None = None
+    cached_tokens: int | None = None
+
+
+@runtime_checkable
+class Backend(Protocol):
+    name: str
+
+    def stream(self, req: GenRequest) -> AsyncIterator[GenChunk]:
+        """Generate for `req`, yielding text deltas; cancelling the iterator stops generation upstream."""
+        ...
+
+    def token_id(self, token: str) -> int | None:
+        """Id of a (special) token in this model's vocabulary, or None (used to find `<offload>`)."""
+        ...
+
+    async def aclose(self) -> None: ...

@@ -1,0 +1,66 @@
+"""The `pyrodash` command. Each subcommand lives in `pyrodash/commands/<name>.py` and provides
+`add_arguments(parser)` and `run(args) -> int`; heavy imports happen inside `run`, so `pyrodash --help` is fast.
+
+Run `pyrodash --help` for the list.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import sys
+
+# name -> (module, one-line help). A command is listed only once its module exists.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "demo": ("pyrodash.commands.demo", "the whole pipeline on the built-in world: build, curate, train, eval, report"),
+    "world": ("pyrodash.commands.world", "build the built-in world (synthetic task + two small models)"),
+    "generate": ("pyrodash.commands.generate", "answer one question with the Collaborate Engine"),
+    "serve": ("pyrodash.commands.serve", "OpenAI-compatible Collaborate Engine server"),
+    "serve-model": ("pyrodash.commands.serve_model", "serve one local model behind an OpenAI-compatible API"),
+    "calibrate": ("pyrodash.commands.calibrate", "pick the offload_bias that hits a target LLM-call rate"),
+    "curate": ("pyrodash.commands.curate", "EasyHard curation: Corpus A and Corpus B"),
+    "train": ("pyrodash.commands.train", "training stages 1-3 (stage1 | stage2 | stage3)"),
+    "eval": ("pyrodash.commands.eval", "evaluate methods x benchmarks into per-example records"),
+    "report": ("pyrodash.commands.report", "tables, Pareto figure and case studies from stored records"),
+    "benchmarks": ("pyrodash.commands.benchmarks", "list or load the math benchmarks"),
+    "cost": ("pyrodash.commands.cost", "price token counts with a price sheet"),
+}
+
+
+class CLIError(Exception):
+    """A user mistake: printed as one line, exit code 2."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="pyrodash", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (module, help_text) in COMMANDS.items():
+        if importlib.util.find_spec(module) is None:
+            continue
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        mod = importlib.import_module(module)
+        mod.add_arguments(p)
+        p.set_defaults(_module=module)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "command", None):
+        parser.print_help()
+        return 0
+    mod = importlib.import_module(args._module)
+    try:
+        return int(mod.run(args) or 0)
+    except (CLIError, ValueError, FileNotFoundError) as e:
+        print(f"pyrodash {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"pyrodash {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

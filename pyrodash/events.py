@@ -1,0 +1,54 @@
+"""Typed events of the Collaborate Engine's stream (Algorithm 1) and the final record of one request."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from pyrodash.cost import Usage
+
+
+@dataclass
+class SLMDelta:
+    """Text decoded by the SLM (Line 9 of Algorithm 1)."""
+
+    text: str
+
+
+@dataclass
+class Handoff:
+    """The SLM emitted `<offload>` (Lines 3-5): SLM decoding stopped, the partial trace was packed."""
+
+    slm_tokens: int  # SLM tokens decoded before <offload> (the handoff position)
+    packed: str  # Pack(O_s), the context sent to the LLM
+
+
+@dataclass
+class LLMDelta:
+    """Text decoded by the LLM after the handoff (Line 7)."""
+
+    text: str
+
+
+@dataclass
+class Done:
+    """The final record of a request (Line 8 / 11)."""
+
+    output: str  # the joint output O_s || O_l (never contains <offload>)
+    slm_text: str
+    llm_text: str
+    usage: Usage
+    cost_usd: float
+    finish_reason: str  # "stop" | "length" | "error"
+    handoff: int | None  # SLM tokens before the handoff, or None when the SLM answered alone
+    offload_bias: float = 0.0
+    fallback: bool = False  # the LLM failed and the SLM finished the answer with <offload> banned
+    errors: list[str] = field(default_factory=list)  # messages of failed LLM attempts, in order
+    latency_s: float = 0.0
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["usage"] = self.usage.to_dict()
+        return d
+
+
+Event = SLMDelta | Handoff | LLMDelta | Done
