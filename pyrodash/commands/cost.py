@@ -1,6 +1,6 @@
 """`pyrodash cost`: price token counts (in tokens, or millions with --millions) under a price sheet (`eq:cost`).
 
-    pyrodash cost --slm-in 0.60 --slm-out 27.86 --millions --prices paper
+pyrodash cost --slm-in 0.60 --slm-out 27.86 --millions --prices paper
 """
 
 from __future__ import annotations

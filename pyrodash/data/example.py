@@ -18,5 +18,10 @@ class Example:
 
     @classmethod
     def from_dict(cls, d: dict) -> Example:
-        return cls(id=str(d["id"]), benchmark=d["benchmark"], question=d["question"], gold=str(d["gold"]),
-                   meta=d.get("meta") or {})
+        return cls(
+            id=str(d["id"]),
+            benchmark=d["benchmark"],
+            question=d["question"],
+            gold=str(d["gold"]),
+            meta=d.get("meta") or {},
+        )
