@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import os
 import sys
 
 # name -> (module, one-line help). A command is listed only once its module exists.
@@ -29,7 +30,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 
 class CLIError(Exception):
-    """A user mistake: printed as one line, exit code 2."""
+    """A user mistake: printed as one line, exit code 2 (set PYRODASH_DEBUG=1 for the traceback)."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -55,6 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(mod.run(args) or 0)
     except (CLIError, ValueError, FileNotFoundError) as e:
+        if os.environ.get("PYRODASH_DEBUG"):
+            raise
         print(f"pyrodash {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
