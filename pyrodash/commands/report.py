@@ -1,0 +1,25 @@
+"""`pyrodash report RUN_DIR [--prices SHEET]`: report.md, summary.json and pareto.png from stored records only.
+
+    pyrodash report runs/demo --prices cached
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_dir", help="a run directory written by `pyrodash eval` (holds records/*.jsonl)")
+    p.add_argument("--prices", default=None, help="re-price under this sheet (YAML path or configs/prices/ name)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from pyrodash.cost import Prices
+    from pyrodash.report import write_report
+
+    prices = Prices.from_yaml(args.prices) if args.prices else None
+    path = write_report(args.run_dir, prices)
+    Console().print(f"report: [bold]{path}[/]  (summary.json, pareto.png beside it)")
+    return 0

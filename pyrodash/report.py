@@ -1,0 +1,333 @@
+"""Reports from stored evaluation records only: metrics, the paper's Tables 1-4, case studies, trigger positions,
+re-pricing, `summary.json` and the Pareto figure.
+
+    pyrodash report RUN_DIR [--prices SHEET]
+
+Everything here reads `RUN_DIR/records/<method>.jsonl` (one line per (method, example, sample), written by
+`pyrodash.evaluate`) and recomputes every number from the stored token counts, so a run can be re-priced and
+re-drawn without running a model again. Method names follow one scheme: `slm`, `slm+sft`, `llm`, `routellm@<α>`,
+`glimprouter@<τ>`, `pyrodash@<λ>`, `pyrodash@<λ>+bias<b>`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pyrodash.cost import PRICES_DIR, Prices, Usage, llm_token_ratio, total_usage
+
+STEP_BOUNDARY = "\n\n"
+BASE_ORDER = ("slm", "slm+sft", "llm")
+FAMILY_ORDER = ("slm", "slm+sft", "routellm", "glimprouter", "pyrodash", "pyrodash-bias", "llm")
+_NAME_RE = re.compile(r"^(routellm|glimprouter|pyrodash)@([0-9.eE+-]+?)(?:\+bias([0-9.eE+-]+))?$")
+
+
+def parse_method(name: str) -> tuple[str, float | None, float | None]:
+    """(family, knob, bias): `pyrodash@0.1+bias2` -> ("pyrodash", 0.1, 2.0); `slm` -> ("slm", None, None)."""
+    if name in BASE_ORDER:
+        return name, None, None
+    m = _NAME_RE.match(name)
+    if not m:
+        raise ValueError(
+            f"method name {name!r} does not follow the scheme slm | slm+sft | llm | routellm@<alpha> | "
+            "glimprouter@<tau> | pyrodash@<lambda> | pyrodash@<lambda>+bias<b>; rename its records file"
+        )
+    if m.group(3) is not None and m.group(1) != "pyrodash":
+        raise ValueError(f"method name {name!r}: only pyrodash takes a +bias<b> suffix")
+    return m.group(1), float(m.group(2)), None if m.group(3) is None else float(m.group(3))
+
+
+def sort_key(name: str) -> tuple:
+    fam, knob, bias = parse_method(name)
+    fam_i = FAMILY_ORDER.index("pyrodash-bias" if bias is not None else fam)
+    return fam_i, knob if knob is not None else 0.0, bias if bias is not None else 0.0
+
+
+# --- reading records ----------------------------------------------------------------------------------------------
+
+
+def read_records(path: Path) -> list[dict]:
+    """The complete JSON lines of one records file; a torn last line (a killed writer) is skipped."""
+    out = []
+    lines = path.read_text().split("\n")
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            if i < len(lines) - 1 and any(x.strip() for x in lines[i + 1 :]):
+                raise ValueError(f"{path}: line {i + 1} is not JSON; delete that line and re-run eval") from None
+    return out
+
+
+def load_run(run_dir: str | Path) -> dict[str, list[dict]]:
+    """{method: records} for every `records/*.jsonl` of a run directory."""
+    rec_dir = Path(run_dir) / "records"
+    files = sorted(rec_dir.glob("*.jsonl")) if rec_dir.is_dir() else []
+    if not files:
+        raise ValueError(f"no records in {rec_dir}: run `pyrodash eval --config CFG` with run_dir={run_dir} first")
+    runs = {f.stem: read_records(f) for f in files}
+    for name in runs:
+        parse_method(name)
+    return dict(sorted(runs.items(), key=lambda kv: sort_key(kv[0])))
+
+
+def run_prices(run_dir: str | Path) -> Prices:
+    """The price sheet the run was configured with (config.resolved.json), else the paper's sheet."""
+    cfg = Path(run_dir) / "config.resolved.json"
+    if cfg.exists():
+        p = json.loads(cfg.read_text()).get("prices")
+        if isinstance(p, dict):
+            return Prices(**p)
+    return Prices.from_yaml("paper")
+
+
+# --- metrics ------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Metrics:
+    name: str
+    per_benchmark: dict[str, float]  # accuracy in [0, 1]: mean over examples of the mean over samples (avg@k)
+    accuracy: float  # unweighted mean over benchmarks
+    llm_token_ratio: float
+    llm_calls: float  # per example (per sample for avg@k sets)
+    cost_usd: float
+    usage: Usage
+    usage_by_benchmark: dict[str, Usage]
+    n: int  # records
+    cost_normalized: float | None = None
+    extra: dict = field(default_factory=dict)
+
+
+def compute_metrics(name: str, records: list[dict], prices: Prices) -> Metrics:
+    if not records:
+        raise ValueError(f"method {name!r} has no records; re-run eval for it or delete its empty file")
+    by_bench: dict[str, dict[str, list[bool]]] = {}
+    usage_by_bench: dict[str, list[Usage]] = {}
+    for r in records:
+        by_bench.setdefault(r["benchmark"], {}).setdefault(str(r["id"]), []).append(bool(r["correct"]))
+        usage_by_bench.setdefault(r["benchmark"], []).append(Usage.from_dict(r["usage"]))
+    per_bench = {
+        b: sum(sum(v) / len(v) for v in ex.values()) / len(ex) for b, ex in sorted(by_bench.items())
+    }
+    usages = [u for us in usage_by_bench.values() for u in us]
+    total = total_usage(usages)
+    return Metrics(
+        name=name,
+        per_benchmark=per_bench,
+        accuracy=sum(per_bench.values()) / len(per_bench),
+        llm_token_ratio=llm_token_ratio(usages),
+        llm_calls=total.llm_calls / len(records),
+        cost_usd=total.cost(prices),
+        usage=total,
+        usage_by_benchmark={b: total_usage(us) for b, us in sorted(usage_by_bench.items())},
+        n=len(records),
+    )
+
+
+def all_metrics(runs: dict[str, list[dict]], prices: Prices) -> dict[str, Metrics]:
+    ms = {name: compute_metrics(name, recs, prices) for name, recs in runs.items()}
+    if "llm" in ms and ms["llm"].cost_usd > 0:
+        for m in ms.values():
+            m.cost_normalized = m.cost_usd / ms["llm"].cost_usd
+    return ms
+
+
+def summary_dict(ms: dict[str, Metrics], prices: Prices) -> dict:
+    return {
+        "prices": prices.to_dict(),
+        "methods": {
+            name: {
+                "accuracy": m.accuracy,
+                "llm_token_ratio": m.llm_token_ratio,
+                "llm_calls": m.llm_calls,
+                "cost_usd": m.cost_usd,
+                "cost_normalized": m.cost_normalized,
+                "per_benchmark": m.per_benchmark,
+                "usage": m.usage.to_dict(),
+                "n": m.n,
+            }
+            for name, m in ms.items()
+        },
+    }
+
+
+# --- trigger positions and case studies ---------------------------------------------------------------------------
+
+
+def first_llm_step(record: dict, boundary: str = STEP_BOUNDARY) -> int | None:
+    """Index of the step in which the LLM first took over (number of step boundaries written before it), or None."""
+    before = ""
+    for seg in record.get("segments") or []:
+        if seg["model"] == "llm":
+            return before.count(boundary)
+        before += seg["text"]
+    return None
+
+
+def trigger_positions(records: list[dict], boundary: str = STEP_BOUNDARY) -> dict[str, int]:
+    """Handoffs counted relative to the first step the SLM was not taught (meta.hard_steps): before / at / after it,
+    plus handoffs on problems with no hard step, and problems with a hard step that the SLM never handed off."""
+    out = {"before": 0, "at": 0, "after": 0, "no_hard_step": 0, "hard_no_handoff": 0, "handoffs": 0}
+    for r in records:
+        step = first_llm_step(r, boundary)
+        hard = (r.get("meta") or {}).get("hard_steps") or []
+        if step is None:
+            out["hard_no_handoff"] += bool(hard)
+            continue
+        out["handoffs"] += 1
+        if not hard:
+            out["no_hard_step"] += 1
+        else:
+            first = min(hard)
+            out["before" if step < first else "at" if step == first else "after"] += 1
+    return out
+
+
+def case_studies(runs: dict[str, list[dict]], k: int = 2) -> list[tuple[str, dict]]:
+    """Up to k PyroDash traces with a handoff (correct ones first) and one SLM-only PyroDash answer."""
+    names = [n for n in runs if parse_method(n)[0] == "pyrodash" and parse_method(n)[2] is None]
+    handoffs = [(n, r) for n in names for r in runs[n] if r.get("llm_calls")]
+    alone = [(n, r) for n in names for r in runs[n] if not r.get("llm_calls") and r.get("correct")]
+    handoffs.sort(key=lambda nr: (not nr[1].get("correct"), len(nr[1].get("output", ""))))
+    return handoffs[:k] + alone[:1]
+
+
+# --- markdown -----------------------------------------------------------------------------------------------------
+
+
+def _pct(x: float | None) -> str:
+    return "--" if x is None else f"{100 * x:.2f}"
+
+
+def _row(cells: list) -> str:
+    return "| " + " | ".join(str(c) for c in cells) + " |"
+
+
+def _table(header: list[str], rows: list[list]) -> list[str]:
+    return [_row(header), _row(["---"] * len(header))] + [_row(r) for r in rows]
+
+
+def table1(ms: dict[str, Metrics]) -> list[str]:
+    benches = sorted({b for m in ms.values() for b in m.per_benchmark})
+    rows = [[n] + [_pct(m.per_benchmark.get(b)) for b in benches]
+            + [_pct(m.accuracy), _pct(m.llm_token_ratio), f"{m.llm_calls:.3f}"] for n, m in ms.items()]
+    return _table(["Method"] + [f"{b} Acc. (%)" for b in benches]
+                  + ["Avg. Acc. (%)", "LLM Token Ratio (%)", "Avg. LLM Calls"], rows)
+
+
+def table2(ms: dict[str, Metrics]) -> list[str]:
+    rows = [[n, _pct(m.accuracy), _pct(m.llm_token_ratio), f"{m.llm_calls:.3f}", f"{m.cost_usd:.6f}",
+             "--" if m.cost_normalized is None else f"{m.cost_normalized:.4f}", m.n] for n, m in ms.items()]
+    return _table(["Method", "Avg. Acc. (%)", "LLM Token Ratio (%)", "Avg. LLM Calls", "Cost ($)",
+                   "Cost / LLM-only", "Records"], rows)
+
+
+def table3(ms: dict[str, Metrics]) -> list[str]:
+    lam = [(parse_method(n)[1], m) for n, m in ms.items() if parse_method(n)[0] == "pyrodash" and parse_method(n)[2]
+           is None]
+    rows = [[f"λ={k:g}", _pct(m.accuracy), _pct(m.llm_token_ratio), f"{m.llm_calls:.3f}", f"{m.cost_usd:.6f}"]
+            for k, m in sorted(lam, key=lambda x: x[0])]
+    return _table(["Configuration", "Avg. Acc. (%)", "LLM Token Ratio (%)", "Avg. LLM Calls", "Cost ($)"], rows)
+
+
+def table4(ms: dict[str, Metrics], prices: Prices, method: str) -> list[str]:
+    cols = [c for c in ("slm", method, "llm") if c in ms]
+    benches = sorted({b for c in cols for b in ms[c].usage_by_benchmark})
+    header = ["Benchmark"] + [f"{c} {h}" for c in cols for h in ("SLM in", "SLM out", "LLM in", "LLM out", "$")]
+    rows = []
+    for b in benches + ["**Total**"]:
+        row = [b]
+        for c in cols:
+            u = ms[c].usage if b == "**Total**" else ms[c].usage_by_benchmark.get(b, Usage())
+            row += [f"{u.slm_in:,}", f"{u.slm_out:,}", f"{u.llm_in:,}", f"{u.llm_out:,}", f"{u.cost(prices):.6f}"]
+        rows.append(row)
+    return _table(header, rows)
+
+
+def pareto_verdict(ms: dict[str, Metrics]) -> list[str]:
+    """Does some PyroDash point match or beat each routing baseline at no higher cost, and does some λ reach
+    <= 10% of LLM-only cost with >= 90% of its accuracy?"""
+    ours = [m for n, m in ms.items() if parse_method(n)[0] == "pyrodash"]
+    lines = []
+    for n, m in ms.items():
+        if parse_method(n)[0] not in ("routellm", "glimprouter"):
+            continue
+        cheaper = [o for o in ours if o.cost_usd <= m.cost_usd]
+        best = max(cheaper, key=lambda o: o.accuracy, default=None)
+        if best is None:
+            lines.append(f"- {n} (acc {_pct(m.accuracy)}%, ${m.cost_usd:.6f}): no PyroDash point costs as little.")
+        else:
+            verdict = "dominated" if best.accuracy >= m.accuracy else "NOT dominated"
+            lines.append(f"- {n} (acc {_pct(m.accuracy)}%, ${m.cost_usd:.6f}): {verdict} — best PyroDash at no "
+                         f"higher cost is {best.name} (acc {_pct(best.accuracy)}%, ${best.cost_usd:.6f}).")
+    if "llm" in ms:
+        llm = ms["llm"]
+        hits = [o.name for o in ours if o.cost_normalized is not None and o.cost_normalized <= 0.10
+                and o.accuracy >= 0.9 * llm.accuracy]
+        lines.append(f"- ≤10% of LLM-only cost with ≥90% of its accuracy ({_pct(0.9 * llm.accuracy)}%): "
+                     + (", ".join(hits) if hits else "no PyroDash point"))
+    return lines
+
+
+def _fence(text: str) -> list[str]:
+    return ["```", text.replace("```", "ʼʼʼ"), "```"]
+
+
+def render(run_dir: str | Path, prices: Prices | None = None) -> tuple[str, dict, dict[str, Metrics]]:
+    """(markdown, summary dict, metrics) of a run; `prices` re-prices it (default: the run's own sheet)."""
+    runs = load_run(run_dir)
+    own = run_prices(run_dir)
+    prices = prices or own
+    ms = all_metrics(runs, prices)
+    lam_names = sorted((n for n in ms if parse_method(n)[0] == "pyrodash" and parse_method(n)[2] is None),
+                       key=lambda n: parse_method(n)[1])
+    out = [f"# PyroDash evaluation report: `{Path(run_dir).name}`", "",
+           f"Prices (USD per million tokens): {prices.to_dict()}. Every number below is recomputed from "
+           f"`records/*.jsonl`.", "", "## Table 1: per-benchmark accuracy", ""] + table1(ms)
+    out += ["", "## Table 2: averages and dollars", ""] + table2(ms)
+    out += ["", "## Table 3: sensitivity to λ", ""] + (table3(ms) if lam_names else ["(no pyrodash@<λ> records)"])
+    t4 = lam_names[-1] if lam_names else None
+    out += ["", f"## Table 4: token usage and cost per benchmark (slm, {t4 or '--'}, llm)", ""]
+    out += table4(ms, prices, t4 or "")
+    out += ["", "## Pareto verdict", ""] + pareto_verdict(ms) + ["", "![Pareto](pareto.png)"]
+    out += ["", "## Trigger positions", "",
+            "Where the LLM first takes over, in steps (boundary `\\n\\n`), relative to the first step the SLM was not "
+            "taught (`meta.hard_steps`).", ""]
+    rows = [[n] + list(trigger_positions(runs[n]).values()) for n in ms
+            if parse_method(n)[0] in ("pyrodash", "glimprouter")]
+    out += _table(["Method", "before", "at", "after", "no hard step", "hard, no handoff", "handoffs"], rows)
+    out += ["", "## Case studies", ""]
+    for n, r in case_studies(runs):
+        head = f"### {n} · {r['benchmark']} #{r['id']} · {'correct' if r.get('correct') else 'wrong'}"
+        out += [head, "", "**Question**", ""] + _fence(r.get("question", ""))
+        slm = "".join(s["text"] for s in r.get("segments", []) if s["model"] == "slm")
+        llm = "".join(s["text"] for s in r.get("segments", []) if s["model"] == "llm")
+        if r.get("llm_calls"):
+            out += ["", f"**SLM prefix** ({r.get('handoff')} tokens)", ""] + _fence(slm)
+            out += ["", "**⟨offload⟩ → LLM continuation**", ""] + _fence(llm)
+        else:
+            out += ["", "**SLM-only answer (no LLM call)**", ""] + _fence(slm or r.get("output", ""))
+        out += ["", f"gold: `{r.get('gold')}` · usage: {r['usage']}", ""]
+    sheets = {"run": own, "report": prices}
+    sheets.update({p.stem: Prices.from_yaml(p) for p in sorted(PRICES_DIR.glob("*.yaml"))})
+    out += ["", "## Re-pricing (total $ under each sheet)", ""]
+    out += _table(["Method"] + list(sheets),
+                  [[n] + [f"{m.usage.cost(s):.6f}" for s in sheets.values()] for n, m in ms.items()])
+    return "\n".join(out) + "\n", summary_dict(ms, prices), ms
+
+
+def write_report(run_dir: str | Path, prices: Prices | None = None) -> Path:
+    """Write `report.md`, `summary.json` and `pareto.png` into `run_dir`; returns the report path."""
+    from pyrodash.report_plots import pareto_png
+
+    run_dir = Path(run_dir)
+    md, summary, ms = render(run_dir, prices)
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    pareto_png(ms, run_dir / "pareto.png")
+    (run_dir / "report.md").write_text(md)
+    return run_dir / "report.md"

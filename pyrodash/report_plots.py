@@ -1,0 +1,68 @@
+"""The Pareto figure of a run: total dollars (x) vs average accuracy (y), one marker per method, each knob sweep
+(RouteLLM α, GlimpRouter τ, PyroDash λ, one PyroDash policy across offload_bias) drawn as connected points."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pyrodash.report import Metrics, parse_method
+
+STYLE = {
+    "slm": ("tab:gray", "s"), "slm+sft": ("tab:brown", "s"), "llm": ("black", "*"),
+    "routellm": ("tab:blue", "o"), "glimprouter": ("tab:green", "^"), "pyrodash": ("tab:red", "D"),
+    "pyrodash-bias": ("tab:orange", "v"),
+}
+
+
+def series(ms: dict[str, Metrics]) -> dict[str, list[tuple[float, Metrics]]]:
+    """{series label: [(knob, metrics)] sorted by knob}; single methods are one-point series."""
+    out: dict[str, list[tuple[float, Metrics]]] = {}
+    for name, m in ms.items():
+        fam, knob, bias = parse_method(name)
+        if bias is not None:
+            out.setdefault(f"pyrodash@{knob:g} bias sweep", []).append((bias, m))
+        elif knob is not None:
+            out.setdefault({"routellm": "RouteLLM-MF (α)", "glimprouter": "GlimpRouter (τ)",
+                            "pyrodash": "PyroDash (λ)"}[fam], []).append((knob, m))
+        else:
+            out[name] = [(0.0, m)]
+    return {k: sorted(v, key=lambda x: x[0]) for k, v in out.items()}
+
+
+def _style(label: str) -> tuple[str, str]:
+    if "bias" in label:
+        return STYLE["pyrodash-bias"]
+    for key in ("RouteLLM", "GlimpRouter", "PyroDash"):
+        if label.startswith(key):
+            return STYLE[key.lower().replace("-mf", "")]
+    return STYLE.get(label, ("tab:purple", "x"))
+
+
+def pareto_png(ms: dict[str, Metrics], path: str | Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    costs = [m.cost_usd for m in ms.values() if m.cost_usd > 0]
+    for label, pts in series(ms).items():
+        color, marker = _style(label)
+        xs, ys = [m.cost_usd for _, m in pts], [100 * m.accuracy for _, m in pts]
+        ax.plot(xs, ys, marker=marker, color=color, label=label, linestyle="-" if len(pts) > 1 else "none")
+        if len(pts) > 1:
+            for knob, m in pts:
+                ax.annotate(f"{knob:g}", (m.cost_usd, 100 * m.accuracy), fontsize=7, xytext=(3, 3),
+                            textcoords="offset points", color=color)
+    if costs and max(costs) / min(costs) > 20:
+        ax.set_xscale("log")
+    ax.set_xlabel("total cost ($)")
+    ax.set_ylabel("average accuracy (%)")
+    ax.set_title("Cost vs accuracy (knob values annotated)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

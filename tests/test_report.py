@@ -1,0 +1,141 @@
+"""Reports are recomputed from stored records: costs, ratios, calls, trigger positions, re-pricing, files."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from pyrodash.cli import main
+from pyrodash.cost import Prices, Usage
+from pyrodash.report import first_llm_step, load_run, parse_method, render, trigger_positions, write_report
+
+
+def _simulate(method: str, ex: dict, rng: random.Random) -> dict:
+    """A record produced by running a toy policy over the example's steps: counts come from the texts it writes."""
+    steps = ex["steps"]
+    hard = ex["hard_steps"]
+    fam, knob, _ = parse_method(method)
+    segs: list[dict] = []
+    usage = Usage(slm_in=len(ex["question"]))
+    for i, step in enumerate(steps):
+        text = step + ("\n\n" if i < len(steps) - 1 else "")
+        to_llm = fam == "llm" or (fam == "pyrodash" and knob < 0.5 and i in hard) or (
+            fam == "glimprouter" and rng.random() < 0.5)
+        if fam == "pyrodash" and segs and segs[-1]["model"] == "llm":
+            to_llm = True  # single handoff: the LLM finishes
+        prefix = "".join(s["text"] for s in segs)
+        if to_llm:
+            if fam == "llm":
+                usage = Usage()
+            usage = usage + Usage(llm_in=len(ex["question"]) + len(prefix), llm_out=len(text),
+                                  llm_calls=int(not segs or segs[-1]["model"] != "llm"))
+        else:
+            usage = usage + Usage(slm_out=len(text))
+        segs.append({"model": "llm" if to_llm else "slm", "text": text})
+    solved_hard = all(any(s["model"] == "llm" for s in segs[h:h + 1]) for h in hard)
+    return {"id": ex["id"], "benchmark": ex["benchmark"], "sample": 0, "question": ex["question"], "gold": "1",
+            "output": "".join(s["text"] for s in segs), "correct": solved_hard, "usage": usage.to_dict(),
+            "llm_calls": usage.llm_calls, "segments": segs, "meta": {"hard_steps": hard, "steps": steps},
+            "handoff": None}
+
+
+METHODS = ["slm", "llm", "pyrodash@0.1", "pyrodash@0.6", "glimprouter@0.9"]
+
+
+def make_run(tmp_path, prices: Prices | None = None):
+    rng = random.Random(0)
+    exs = []
+    for b in ("alpha", "beta"):
+        for i in range(6):
+            n = rng.randint(2, 5)
+            exs.append({"id": f"{b}-{i}", "benchmark": b, "question": f"q{i} " * rng.randint(2, 9),
+                        "steps": [f"s{j}=" + "x" * rng.randint(1, 12) for j in range(n)],
+                        "hard_steps": sorted(rng.sample(range(n), rng.randint(0, 1)))})
+    rec = tmp_path / "records"
+    rec.mkdir(parents=True)
+    runs = {}
+    for m in METHODS:
+        runs[m] = [_simulate(m, ex, rng) for ex in exs]
+        (rec / f"{m}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in runs[m]))
+    if prices:
+        (tmp_path / "config.resolved.json").write_text(json.dumps({"prices": prices.to_dict()}))
+    return runs
+
+
+def test_summary_recomputed_from_records(tmp_path):
+    runs = make_run(tmp_path)
+    paper = Prices.from_yaml("paper")
+    write_report(tmp_path)
+    summary = json.loads((tmp_path / "summary.json").read_text())["methods"]
+    assert set(summary) == set(METHODS)
+    for m, recs in runs.items():
+        usages = [Usage.from_dict(r["usage"]) for r in recs]
+        assert summary[m]["cost_usd"] == pytest.approx(sum(u.cost(paper) for u in usages))
+        out_l, out_s = sum(u.llm_out for u in usages), sum(u.slm_out for u in usages)
+        assert summary[m]["llm_token_ratio"] == pytest.approx(out_l / (out_l + out_s))
+        assert summary[m]["llm_calls"] == pytest.approx(sum(u.llm_calls for u in usages) / len(recs))
+        accs = [sum(r["correct"] for r in recs if r["benchmark"] == b) / 6 for b in ("alpha", "beta")]
+        assert summary[m]["accuracy"] == pytest.approx(sum(accs) / 2)
+    assert summary["slm"]["llm_token_ratio"] == 0 and summary["llm"]["llm_token_ratio"] == 1
+    assert summary["pyrodash@0.6"]["llm_calls"] == 0 < summary["pyrodash@0.1"]["llm_calls"]
+    md = (tmp_path / "report.md").read_text()
+    for head in ("Table 1", "Table 2", "Table 3", "Table 4", "Trigger positions", "Case studies", "Re-pricing"):
+        assert head in md
+    assert "λ=0.1" in md and "λ=0.6" in md
+    assert (tmp_path / "pareto.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_repricing_scales_with_sheet(tmp_path):
+    runs = make_run(tmp_path)
+    doubled = Prices(0.10, 0.16, 1.80, 5.72)
+    _, base, _ = render(tmp_path)
+    _, re, _ = render(tmp_path, doubled)
+    for m in runs:
+        assert re["methods"][m]["cost_usd"] == pytest.approx(2 * base["methods"][m]["cost_usd"])
+        assert re["methods"][m]["accuracy"] == base["methods"][m]["accuracy"]
+
+
+def test_run_sheet_is_default(tmp_path):
+    cheap = Prices(0.01, 0.01, 0.01, 0.01)
+    runs = make_run(tmp_path, prices=cheap)
+    _, s, _ = render(tmp_path)
+    u = sum((Usage.from_dict(r["usage"]) for r in runs["llm"]), Usage())
+    assert s["methods"]["llm"]["cost_usd"] == pytest.approx(u.cost(cheap))
+
+
+def test_trigger_positions():
+    def rec(segs, hard):
+        return {"segments": [{"model": m, "text": t} for m, t in segs], "meta": {"hard_steps": hard}}
+
+    assert first_llm_step(rec([("slm", "a\n\nb\n\n"), ("llm", "c")], [])) == 2
+    assert first_llm_step(rec([("slm", "a\n\nb")], [])) is None
+    recs = [rec([("slm", "a\n\n"), ("llm", "b")], [2]),  # before
+            rec([("slm", "a\n\nb\n\n"), ("llm", "c")], [2]),  # at
+            rec([("slm", "a\n\nb\n\nc\n\n"), ("llm", "d")], [1, 2]),  # after
+            rec([("llm", "a")], []),  # no hard step
+            rec([("slm", "a")], [0])]  # hard, no handoff
+    assert trigger_positions(recs) == {"before": 1, "at": 1, "after": 1, "no_hard_step": 1, "hard_no_handoff": 1,
+                                       "handoffs": 4}
+
+
+def test_torn_last_line_and_bad_names(tmp_path):
+    make_run(tmp_path)
+    path = tmp_path / "records" / "slm.jsonl"
+    n = len(path.read_text().splitlines())
+    with path.open("a") as f:
+        f.write('{"id": "torn", "bench')
+    assert len(load_run(tmp_path)["slm"]) == n
+    (tmp_path / "records" / "mystery.jsonl").write_text("")
+    with pytest.raises(ValueError, match="scheme"):
+        load_run(tmp_path)
+    with pytest.raises(ValueError, match="pyrodash eval"):
+        load_run(tmp_path / "nowhere")
+
+
+def test_cli(tmp_path, capsys):
+    make_run(tmp_path)
+    assert main(["report", str(tmp_path), "--prices", "cached"]) == 0
+    assert "report.md" in capsys.readouterr().out
+    assert main(["report", str(tmp_path), "--prices", "no-such-sheet"]) == 2
