@@ -1,0 +1,167 @@
+"""Build (or reuse) the built-in world: data splits, the two pretrained models, and their measured accuracies.
+
+    pyrodash world build --out worlds/demo --quick
+
+    DIR/slm/, DIR/llm/        HF dirs (model + tokenizer + generation config, EOS <|im_end|>)
+    DIR/data/<split>.jsonl    Example.to_dict rows: train, val, tier1..tier5
+    DIR/world.json            config, config hash, seed, tier -> benchmark mapping, measured accuracies, timings
+
+`build_world(out_dir=None, quick=False, seed=0)` reuses a directory whose world.json has the same config hash and
+seed; the default directory is `$PYRODASH_CACHE/worlds/<quick|full>-seed<N>-<hash>` (cache: ~/.cache/pyrodash).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+from pyrodash.data.example import Example
+from pyrodash.world.config import TIER_SPLITS, WorldConfig
+from pyrodash.world.task import make_known, make_split, make_table
+
+SPLITS = ("train", "val", *TIER_SPLITS)
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("PYRODASH_CACHE") or Path.home() / ".cache" / "pyrodash")
+
+
+def default_world_dir(cfg: WorldConfig, seed: int) -> Path:
+    return cache_root() / "worlds" / f"{cfg.preset}-seed{seed}-{cfg.config_hash()}"
+
+
+def make_splits(cfg: WorldConfig, seed: int) -> dict[str, list[Example]]:
+    """All data splits of a world (no models needed): five test tiers, then train and val pools of mixed tiers;
+    no question appears in two splits."""
+    table, known = make_table(seed), make_known(seed, cfg.known_frac)
+    seen: set[str] = set()
+    out = {}
+    for name, tier in zip(TIER_SPLITS, cfg.tiers):
+        out[name] = make_split(seed, name, cfg.n_test, [tier], table, known, seen)
+    out["val"] = make_split(seed, "val", cfg.n_val, list(cfg.tiers), table, known, seen)
+    out["train"] = make_split(seed, "train", cfg.n_train, list(cfg.tiers), table, known, seen)
+    return {name: out[name] for name in SPLITS}
+
+
+def write_splits(splits: dict[str, list[Example]], data_dir: Path) -> None:
+    data_dir.mkdir(parents=True, exist_ok=True)
+    for name, exs in splits.items():
+        tmp = data_dir / f"{name}.jsonl.tmp"
+        with tmp.open("w") as f:
+            for ex in exs:
+                f.write(json.dumps(ex.to_dict()) + "\n")
+        tmp.replace(data_dir / f"{name}.jsonl")
+
+
+def load_world_split(world_dir: str | Path, split: str) -> list[Example]:
+    """The examples of `split` (train, val, tier1..tier5) of a built world."""
+    path = Path(world_dir) / "data" / f"{split}.jsonl"
+    if not path.is_file():
+        if not (Path(world_dir) / "data").is_dir():
+            raise FileNotFoundError(f"{world_dir} is not a built world (no data/); run `pyrodash world build --out "
+                                    f"{world_dir}`")
+        raise ValueError(f"unknown world split {split!r}; choose one of {list(SPLITS)}")
+    with path.open() as f:
+        return [Example.from_dict(json.loads(line)) for line in f if line.strip()]
+
+
+def read_world_info(world_dir: str | Path) -> dict:
+    path = Path(world_dir) / "world.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found; build the world with `pyrodash world build --out {world_dir}`")
+    return json.loads(path.read_text())
+
+
+def is_built(world_dir: Path, cfg: WorldConfig, seed: int) -> bool:
+    try:
+        info = read_world_info(world_dir)
+    except (FileNotFoundError, json.JSONDecodeError):
+        return False
+    return (info.get("config_hash") == cfg.config_hash() and info.get("seed") == seed
+            and all((world_dir / m / "config.json").is_file() for m in ("slm", "llm")))
+
+
+def build_world(out_dir: str | Path | None = None, quick: bool = False, seed: int = 0, force: bool = False,
+                cfg: WorldConfig | None = None, verbose: bool = True) -> Path:
+    """Build the world into `out_dir` (default: the cache) unless an identical build is there; return its path."""
+    cfg = cfg or WorldConfig.from_preset("quick" if quick else "full")
+    world_dir = Path(out_dir) if out_dir is not None else default_world_dir(cfg, seed)
+    if not force and is_built(world_dir, cfg, seed):
+        return world_dir
+    if (world_dir / "world.json").exists() and not force:
+        info = read_world_info(world_dir)
+        if info.get("config_hash") != cfg.config_hash() or info.get("seed") != seed:
+            raise ValueError(f"{world_dir} holds a different world (hash {info.get('config_hash')}, seed "
+                             f"{info.get('seed')}); pass --force to rebuild it or choose another --out")
+    run_build(world_dir, cfg, seed, verbose=verbose)
+    return world_dir
+
+
+def run_build(world_dir: Path, cfg: WorldConfig, seed: int, verbose: bool = True) -> dict:
+    """Generate the splits, pretrain both models, measure them, and write everything to `world_dir`."""
+    import torch
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from pyrodash.prompts import get_prompts
+    from pyrodash.world.evaluate import evaluate_continue, evaluate_split, first_wrong_distribution
+    from pyrodash.world.pretrain import pretrain, save_model
+
+    t0 = time.time()
+    torch.manual_seed(seed)
+    world_dir.mkdir(parents=True, exist_ok=True)
+    (world_dir / "world.json").unlink(missing_ok=True)  # a half-built world is never mistaken for a built one
+    splits = make_splits(cfg, seed)
+    write_splits(splits, world_dir / "data")
+    timings: dict[str, float] = {}
+    acc: dict[str, dict[str, float]] = {"slm": {}, "llm": {}}
+    slm_out: dict[str, tuple[list[str], list[bool]]] = {}
+    losses = {}
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, disable=not verbose, transient=False) as progress:
+        models = {}
+        for which in ("slm", "llm"):
+            t = time.time()
+            models[which], losses[which] = pretrain(which, cfg, seed, progress)
+            save_model(models[which], world_dir / which)
+            timings[f"pretrain_{which}"] = round(time.time() - t, 1)
+        t = time.time()
+        for which in ("slm", "llm"):
+            for name in TIER_SPLITS:
+                outs, ok = evaluate_split(models[which], splits[name], cfg.eval_batch_size, progress,
+                                          f"eval {which} {name}")
+                acc[which][name] = sum(ok) / len(ok) if ok else float("nan")
+                if which == "slm":
+                    slm_out[name] = (outs, ok)
+            acc[which]["mean"] = sum(acc[which][n] for n in TIER_SPLITS) / len(TIER_SPLITS)
+        per_tier = -(-cfg.n_continue // len(TIER_SPLITS))
+        cont_set = [ex for name in TIER_SPLITS for ex in splits[name][:per_tier]][: cfg.n_continue]
+        llm_continue = evaluate_continue(models["llm"], cont_set, get_prompts("world-v1").completion_system, seed,
+                                         cfg.eval_batch_size, progress)
+        timings["evaluate"] = round(time.time() - t, 1)
+    tests = [ex for name in TIER_SPLITS for ex in splits[name]]
+    outs = [o for name in TIER_SPLITS for o in slm_out[name][0]]
+    oks = [c for name in TIER_SPLITS for c in slm_out[name][1]]
+    easy = [c for ex, c in zip(tests, oks) if not ex.meta["hard_steps"]]
+    hard = [c for ex, c in zip(tests, oks) if ex.meta["hard_steps"]]
+    info = {
+        "config": cfg.to_dict(), "config_hash": cfg.config_hash(), "seed": seed, "tiers": dict(TIER_SPLITS),
+        "prompts": "world-v1",
+        "splits": {name: len(exs) for name, exs in splits.items()},
+        "params": {w: sum(p.numel() for p in models[w].parameters()) for w in ("slm", "llm")},
+        "accuracy": acc,
+        "slm_accuracy_by_difficulty": {"no_hard_step": sum(easy) / len(easy) if easy else float("nan"),
+                                       "has_hard_step": sum(hard) / len(hard) if hard else float("nan"),
+                                       "n_no_hard_step": len(easy), "n_has_hard_step": len(hard)},
+        "llm_continue": llm_continue,
+        "first_wrong_step": first_wrong_distribution(tests, outs, oks),
+        "losses": losses,
+        "timings": timings,
+        "build_seconds": round(time.time() - t0, 1),
+        "threads": torch.get_num_threads(),
+    }
+    tmp = world_dir / "world.json.tmp"
+    tmp.write_text(json.dumps(info, indent=1))
+    tmp.replace(world_dir / "world.json")
+    return info

@@ -1,0 +1,79 @@
+"""WorldConfig: everything that determines a built world (task, split sizes, model shapes, training), with the
+`full` and `quick` presets. Its `config_hash()` names the build cache: same hash + seed = same world.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field, replace
+
+# The five test tiers stand in for the paper's five benchmarks, easy to hard.
+TIER_SPLITS = {"tier1": "GSM8K", "tier2": "Minerva", "tier3": "OlympiadBench", "tier4": "AIME24", "tier5": "AIME25"}
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A Qwen3-shaped decoder trained from scratch."""
+
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    intermediate_size: int
+    tie_embeddings: bool
+    train_steps: int
+    lr: float
+    batch_size: int = 64
+    warmup_steps: int = 100
+    weight_decay: float = 0.01
+
+
+@dataclass(frozen=True)
+class WorldConfig:
+    known_frac: float = 0.65  # fraction of the lookup table the SLM is taught
+    tiers: tuple[int, ...] = (1, 2, 3, 4, 5)  # lookups per problem of tier1..tier5
+    n_test: int = 200  # problems per test tier
+    n_train: int = 2000  # train pool (curation, SFT, GRPO), all tiers mixed
+    n_val: int = 200
+    n_continue: int = 200  # problems for the LLM-continues-a-gold-prefix check
+    system_frac: float = 0.25  # fraction of pretraining examples with a (world-v1) system message
+    slm: ModelSpec = field(default_factory=lambda: ModelSpec(64, 2, 4, 256, True, 3000, 3e-3))
+    llm: ModelSpec = field(default_factory=lambda: ModelSpec(128, 3, 4, 512, False, 2500, 2e-3))
+    eval_batch_size: int = 200
+    preset: str = "full"
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.known_frac < 1.0:
+            raise ValueError(f"known_frac must be in (0, 1), got {self.known_frac}")
+        if len(self.tiers) != len(TIER_SPLITS) or any(t < 1 for t in self.tiers):
+            raise ValueError(f"tiers must list {len(TIER_SPLITS)} lookup counts >= 1, got {self.tiers}")
+        if not 0.0 <= self.system_frac <= 1.0:
+            raise ValueError(f"system_frac must be in [0, 1], got {self.system_frac}")
+
+    @classmethod
+    def from_preset(cls, name: str) -> WorldConfig:
+        if name == "full":
+            return cls()
+        if name == "quick":
+            base = cls()
+            return replace(
+                base, n_test=30, n_train=300, n_val=50, n_continue=60, preset="quick",
+                slm=replace(base.slm, train_steps=700, batch_size=48, warmup_steps=50),
+                llm=replace(base.llm, hidden_size=96, num_layers=2, intermediate_size=384, train_steps=700,
+                            batch_size=48, warmup_steps=50),
+            )
+        raise ValueError(f"unknown world preset {name!r}; choose 'full' or 'quick'")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def config_hash(self) -> str:
+        blob = json.dumps(self.to_dict(), sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:10]
+
+    @classmethod
+    def from_dict(cls, d: dict) -> WorldConfig:
+        d = dict(d)
+        d["slm"], d["llm"] = ModelSpec(**d["slm"]), ModelSpec(**d["llm"])
+        d["tiers"] = tuple(d["tiers"])
+        return cls(**d)

@@ -1,0 +1,104 @@
+"""The built-in world's character-level tokenizer, built locally with the `tokenizers` library.
+
+One token per character of printable ASCII plus newline and tab, and four special tokens: `<|im_start|>` and
+`<|im_end|>` (chat roles; `<|im_end|>` is the EOS used for generation), `<|endoftext|>` (padding) and `<|unk|>`
+(any other character). The chat template is Qwen-style and wraps assistant content in `{% generation %}` markers,
+so TRL's assistant-only loss and `return_assistant_tokens_mask` work. `<offload>` is NOT in the vocabulary: Stage 1
+adds it (`pyrodash.tokens.add_offload_token`), as in the paper.
+
+`render_chat` and `encode_chat` reproduce the template in plain Python (the pretraining loop encodes hundreds of
+thousands of examples; jinja would be the bottleneck); tests check that they agree with `apply_chat_template`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+IM_START, IM_END, PAD, UNK = "<|im_start|>", "<|im_end|>", "<|endoftext|>", "<|unk|>"
+SPECIAL_TOKENS = (PAD, IM_START, IM_END, UNK)  # ids 0..3
+CHARS = "\n\t" + "".join(chr(c) for c in range(32, 127))
+
+CHAT_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{%- if message['role'] == 'assistant' -%}"
+    "{{- '<|im_start|>assistant\\n' -}}"
+    "{%- generation -%}{{- message['content'] + '<|im_end|>' -}}{%- endgeneration -%}"
+    "{{- '\\n' -}}"
+    "{%- elif message['role'] in ['system', 'user'] -%}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' -}}"
+    "{%- else -%}"
+    "{{- raise_exception('world chat template: role must be system, user or assistant, not ' + message['role']) -}}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
+)
+
+VOCAB: dict[str, int] = {tok: i for i, tok in enumerate(SPECIAL_TOKENS + tuple(CHARS))}
+PAD_ID, IM_START_ID, IM_END_ID, UNK_ID = (VOCAB[t] for t in SPECIAL_TOKENS)
+
+
+def build_tokenizer():
+    """A `PreTrainedTokenizerFast` over the world vocabulary, with the chat template and special tokens set."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordLevel(vocab=dict(VOCAB), unk_token=UNK))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    tok.add_special_tokens(list(SPECIAL_TOKENS))
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token=None, eos_token=IM_END, pad_token=PAD, unk_token=UNK,
+        additional_special_tokens=[IM_START], model_max_length=1024, padding_side="left",
+        clean_up_tokenization_spaces=False,
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def save_tokenizer(out_dir: str | Path):
+    """Build the tokenizer and `save_pretrained` it into `out_dir`; returns it."""
+    tok = build_tokenizer()
+    tok.save_pretrained(str(out_dir))
+    return tok
+
+
+def render_chat(messages: list[dict], add_generation_prompt: bool = False) -> str:
+    """The chat template in plain Python (same text as `apply_chat_template(..., tokenize=False)`)."""
+    out = []
+    for m in messages:
+        role = m["role"]
+        if role not in ("system", "user", "assistant"):
+            raise ValueError(f"world chat template: role must be system, user or assistant, not {role!r}")
+        out.append(f"{IM_START}{role}\n{m['content']}{IM_END}\n")
+    if add_generation_prompt:
+        out.append(f"{IM_START}assistant\n")
+    return "".join(out)
+
+
+def encode_text(text: str) -> list[int]:
+    """Ids of plain text with no special tokens in it (one id per character; others map to `<|unk|>`)."""
+    return [VOCAB.get(c, UNK_ID) for c in text]
+
+
+def encode_chat(messages: list[dict], add_generation_prompt: bool = False) -> tuple[list[int], list[int]]:
+    """(input ids, assistant mask) of a chat: the mask is 1 on assistant content and its `<|im_end|>` only,
+    exactly as `apply_chat_template(..., return_assistant_tokens_mask=True)` marks them."""
+    ids: list[int] = []
+    mask: list[int] = []
+    for m in messages:
+        role = m["role"]
+        if role not in ("system", "user", "assistant"):
+            raise ValueError(f"world chat template: role must be system, user or assistant, not {role!r}")
+        head = [IM_START_ID] + encode_text(role + "\n")
+        ids += head
+        mask += [0] * len(head)
+        body = encode_text(m["content"]) + [IM_END_ID]
+        ids += body
+        mask += [int(role == "assistant")] * len(body)
+        ids.append(VOCAB["\n"])
+        mask.append(0)
+    if add_generation_prompt:
+        head = [IM_START_ID] + encode_text("assistant\n")
+        ids += head
+        mask += [0] * len(head)
+    return ids, mask
