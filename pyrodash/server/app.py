@@ -1,0 +1,386 @@
+"""The OpenAI-compatible Collaborate Engine server: `build_app(config) -> FastAPI` (run by `pyrodash serve`).
+
+    app = build_app(ServeConfig(slm="worlds/demo/slm", llm="http://127.0.0.1:8001/v1"))
+    uvicorn.run(app, host="127.0.0.1", port=8000)
+
+Routes: POST /v1/chat/completions and /v1/completions (streaming and not), GET /v1/models, /health, /metrics.
+Nothing happens at import time: backends are opened in the app's lifespan (or an engine is passed in, and then
+the caller owns it). Every refusal is OpenAI's error body; bodies are read by hand (size-limited, any content type)
+so malformed JSON, wrong types and oversized bodies all get a precise 4xx.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import logging
+from dataclasses import asdict
+
+import anyio
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from pydantic import BaseModel, ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from pyrodash.events import Done, LLMDelta, SLMDelta
+from pyrodash.server import protocol as P
+from pyrodash.server.config import ServeConfig
+from pyrodash.server.metrics import Metrics
+from pyrodash.server.runs import ChunkWriter, EngineRun
+
+log = logging.getLogger("pyrodash.serve")
+
+
+def build_engine(config: ServeConfig):
+    """The CollaborateEngine a config describes (opens the SLM and LLM backends)."""
+    from pyrodash.backends import load_backend
+    from pyrodash.engine import CollaborateEngine, FailurePolicy
+    from pyrodash.prompts import get_prompts
+
+    if config.slm is None or config.llm is None:
+        raise ValueError("serve needs both an SLM and an LLM: set slm/llm in the config or pass --slm and --llm")
+    slm = load_backend(config.slm)
+    llm = load_backend(config.llm)
+    return CollaborateEngine(
+        slm, llm, get_prompts(config.prompts), config.load_prices(), handoff_style=config.handoff_style,
+        offload_bias=config.operating_points[config.default_model], max_tokens=config.limits.default_max_tokens,
+        failure=FailurePolicy(**asdict(config.failure)),
+    )  # fmt: skip
+
+
+class SSEResponse(StreamingResponse):
+    """A StreamingResponse that always closes its body iterator and cancels its engine run, even when the client
+    vanished before or during sending."""
+
+    media_type = "text/event-stream"
+
+    def __init__(self, content, run: EngineRun, headers: dict | None = None):
+        super().__init__(content, headers=headers)
+        self.run = run
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.run.cancel()
+            with anyio.CancelScope(shield=True):
+                await self.body_iterator.aclose()
+
+
+def _openapi_body(model: type[BaseModel]) -> dict:
+    return {"requestBody": {"required": True, "content": {"application/json": {
+        "schema": {"$ref": f"#/components/schemas/{model.__name__}"}}}}}  # fmt: skip
+
+
+def build_app(config: ServeConfig, engine=None) -> FastAPI:
+    """The server app. With `engine=None` the engine is built from `config` at startup and closed at shutdown."""
+    owns_engine = engine is None
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        if app.state.engine is None:
+            app.state.engine = await asyncio.to_thread(build_engine, config)
+        app.state.sem = asyncio.Semaphore(config.limits.max_concurrency)
+        try:
+            yield
+        finally:
+            for task in list(app.state.runs):
+                task.cancel()
+            if app.state.runs:
+                await asyncio.wait(list(app.state.runs), timeout=5)
+            if owns_engine and app.state.engine is not None:
+                await app.state.engine.aclose()
+                app.state.engine = None
+
+    app = FastAPI(title="PyroDash", version="0.1.0", lifespan=lifespan,
+                  description="OpenAI-compatible Collaborate Engine (SLM -> LLM token-level collaboration)")
+    app.state.config = config
+    app.state.engine = engine
+    app.state.metrics = Metrics()
+    app.state.runs = set()
+    app.state.api_key = config.resolved_api_key()
+    app.state.sem = None
+    if config.cors_origins:
+        from fastapi.middleware.cors import CORSMiddleware
+
+        app.add_middleware(CORSMiddleware, allow_origins=config.cors_origins, allow_methods=["GET", "POST"],
+                           allow_headers=["Authorization", "Content-Type"])
+    _install_errors(app)
+    _install_routes(app)
+    _install_openapi(app)
+    return app
+
+
+# ---------------------------------------------------------------- errors
+
+
+def _error(status: int, message: str, type: str = "invalid_request_error", param: str | None = None,
+           code: str | None = None) -> JSONResponse:  # fmt: skip
+    return JSONResponse(P.APIError(status, message, type, param, code).body(), status_code=status)
+
+
+def _install_errors(app: FastAPI) -> None:
+    @app.exception_handler(P.APIError)
+    async def api_error(request: Request, exc: P.APIError):
+        app.state.metrics.errors.inc(kind="client" if exc.status < 500 else "upstream")
+        app.state.metrics.requests.inc(route=request.url.path, model="", status=str(exc.status))
+        return JSONResponse(exc.body(), status_code=exc.status,
+                            headers={"WWW-Authenticate": "Bearer"} if exc.status == 401 else None)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError):
+        err = exc.errors()[0] if exc.errors() else {}
+        param = ".".join(str(x) for x in err.get("loc", ())[1:]) or None
+        app.state.metrics.errors.inc(kind="client")
+        return _error(400, f"{param or 'request'}: {err.get('msg', 'invalid request')}", param=param)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException):
+        kind = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+        return _error(exc.status_code, str(exc.detail), code=kind)
+
+    @app.exception_handler(Exception)
+    async def server_error(request: Request, exc: Exception):
+        log.exception("unhandled error on %s", request.url.path)
+        app.state.metrics.errors.inc(kind="server")
+        return _error(500, f"internal server error: {type(exc).__name__}", type="server_error")
+
+
+def _check_auth(request: Request) -> None:
+    key = request.app.state.api_key
+    if key is None:
+        return
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    if not header:
+        raise P.APIError(401, "Missing API key: send the header 'Authorization: Bearer <key>'.",
+                         type="authentication_error", code="missing_api_key")  # fmt: skip
+    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
+        raise P.APIError(401, "Incorrect API key provided.", type="authentication_error", code="invalid_api_key")
+
+
+async def _read_json(request: Request, limit: int) -> object:
+    """The request body as JSON: 413 above `limit` bytes (checked while reading), 400 when it does not parse."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise P.APIError(413, f"Request body of {declared} bytes exceeds the limit of {limit} bytes.",
+                         code="request_too_large")  # fmt: skip
+    parts, size = [], 0
+    async for part in request.stream():
+        size += len(part)
+        if size > limit:
+            raise P.APIError(413, f"Request body exceeds the limit of {limit} bytes.", code="request_too_large")
+        parts.append(part)
+    body = b"".join(parts)
+    if not body.strip():
+        raise P.APIError(400, "The request body is empty: send a JSON object.", code="invalid_json")
+    try:
+        return json.loads(body)
+    except (ValueError, RecursionError) as e:
+        raise P.APIError(400, f"We could not parse the JSON body of your request: {e}", code="invalid_json") from e
+
+
+def _validate(model: type[BaseModel], obj: object) -> BaseModel:
+    try:
+        return model.model_validate(obj)
+    except ValidationError as e:
+        err = e.errors(include_url=False)[0]
+        param = ".".join(str(x) for x in err["loc"]) or None
+        where = f"{param}: " if param else ""
+        raise P.APIError(400, f"{where}{err['msg']}", param=param, code="invalid_value") from None
+
+
+def _engine_kwargs(request: Request, req: P._Sampling) -> tuple[str, dict]:
+    """(model name, engine.stream keyword arguments) for a validated request, or a 4xx."""
+    config: ServeConfig = request.app.state.config
+    model = req.model if req.model is not None else config.default_model
+    if model not in config.operating_points:
+        known = ", ".join(config.operating_points)
+        raise P.APIError(404, f"The model `{model}` does not exist; this server offers: {known}.", param="model",
+                         code="model_not_found")  # fmt: skip
+    if req.n not in (None, 1):
+        raise P.APIError(400, "Only n=1 is supported.", param="n", code="unsupported_value")
+    if getattr(req, "logprobs", None):
+        raise P.APIError(400, "logprobs are not supported by the Collaborate Engine.", param="logprobs",
+                         code="unsupported_value")  # fmt: skip
+    limit = config.limits.max_tokens
+    max_tokens = req.requested_max_tokens()
+    if max_tokens is not None and max_tokens > limit:
+        param = "max_completion_tokens" if getattr(req, "max_completion_tokens", None) is not None else "max_tokens"
+        raise P.APIError(400, f"{param}={max_tokens} exceeds this server's limit of {limit}.", param=param,
+                         code="invalid_value")  # fmt: skip
+    bias = req.offload_bias if req.offload_bias is not None else config.operating_points[model]
+    return model, {
+        "offload_bias": bias, "max_tokens": max_tokens or config.limits.default_max_tokens,
+        "temperature": req.temperature, "top_p": req.top_p, "seed": req.seed, "stop": req.stop_list(),
+    }  # fmt: skip
+
+
+async def _wait_disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def _failure(exc: BaseException) -> P.APIError:
+    """What an engine failure means for the client: a bad input (400) or a failing model backend (502)."""
+    if isinstance(exc, ValueError):
+        return P.APIError(400, str(exc), code="invalid_value")
+    return P.APIError(502, f"The model backend failed: {type(exc).__name__}: {exc}", type="upstream_error",
+                      code="backend_error")  # fmt: skip
+
+
+# ---------------------------------------------------------------- routes
+
+
+def _install_routes(app: FastAPI) -> None:
+    config: ServeConfig = app.state.config
+    metrics: Metrics = app.state.metrics
+    auth = [Depends(_check_auth)]
+
+    async def complete(request: Request, kind: str):
+        model_cls = P.ChatCompletionRequest if kind == "chat" else P.CompletionRequest
+        req = _validate(model_cls, await _read_json(request, config.limits.max_body_bytes))
+        model, kwargs = _engine_kwargs(request, req)
+        prompt = [m.to_engine() for m in req.messages] if kind == "chat" else req.prompt
+        route = "/v1/chat/completions" if kind == "chat" else "/v1/completions"
+        metrics.in_flight.inc()
+        run = EngineRun(app.state.engine, prompt, kwargs, app.state.runs, app.state.sem, on_exit=metrics.in_flight.dec)
+        if req.stream:
+            include = bool(req.stream_options and req.stream_options.include_usage)
+            return SSEResponse(_sse(app, run, kind, model, route, include), run,
+                               headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return await _unary(app, request, run, kind, model, route)
+
+    @app.post("/v1/chat/completions", dependencies=auth, response_model=P.ChatCompletion,
+              openapi_extra=_openapi_body(P.ChatCompletionRequest))
+    async def chat_completions(request: Request):
+        return await complete(request, "chat")
+
+    @app.post("/v1/completions", dependencies=auth, response_model=P.Completion,
+              openapi_extra=_openapi_body(P.CompletionRequest))
+    async def completions(request: Request):
+        return await complete(request, "text")
+
+    @app.get("/v1/models", dependencies=auth, response_model=P.ModelList)
+    async def models():
+        cards = [P.ModelCard(id=name, created=app.state.created, offload_bias=bias)
+                 for name, bias in config.operating_points.items()]  # fmt: skip
+        return P.ModelList(data=cards)
+
+    @app.get("/health")
+    async def health():
+        engine = app.state.engine
+        sides = {"slm": getattr(engine, "slm", None), "llm": getattr(engine, "llm", None)}
+        results = await asyncio.gather(*(_probe(b) for b in sides.values()))
+        status = dict(zip(sides, results))
+        ok = all(s["reachable"] for s in status.values())
+        return JSONResponse({"status": "ok" if ok else "degraded", **status}, status_code=200 if ok else 503)
+
+    @app.get("/metrics")
+    async def prometheus():
+        return PlainTextResponse(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    app.state.created = P.now()
+
+
+async def _probe(backend) -> dict:
+    """Whether a backend answers: `backend.health()` when it has one, else in-process backends count as up."""
+    name = getattr(backend, "name", None)
+    if backend is None:
+        return {"name": None, "reachable": False, "error": "no backend"}
+    check = getattr(backend, "health", None)
+    if check is None:
+        return {"name": name, "reachable": True}
+    try:
+        await asyncio.wait_for(check(), timeout=5)
+        return {"name": name, "reachable": True}
+    except Exception as e:  # noqa: BLE001 - any failure means unreachable
+        return {"name": name, "reachable": False, "error": f"{type(e).__name__}: {e}"}
+
+
+async def _unary(app: FastAPI, request: Request, run: EngineRun, kind: str, model: str, route: str):
+    metrics: Metrics = app.state.metrics
+    watcher = asyncio.create_task(_wait_disconnect(request))
+    waiter = asyncio.create_task(run.done())
+    try:
+        await asyncio.wait({watcher, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        if not waiter.done():  # the client went away: stop the engine (and with it both upstream requests)
+            run.cancel()
+            waiter.cancel()
+            metrics.errors.inc(kind="disconnect")
+            metrics.requests.inc(route=route, model=model, status="499")
+            return _error(499, "client closed request", code="client_closed")
+        try:
+            done: Done = waiter.result()
+        except Exception as e:  # noqa: BLE001 - mapped to an OpenAI error (counted by its handler)
+            raise _failure(e) from e
+    finally:
+        watcher.cancel()
+        run.cancel()
+    metrics.observe_done(done, model, run.elapsed, run.ttft)
+    metrics.requests.inc(route=route, model=model, status="200")
+    info, usage = P.PyroDashInfo.from_done(done), P.UsageInfo.from_done(done)
+    if kind == "chat":
+        choice = P.Choice(message=P.ResponseMessage(content=done.output), finish_reason=done.finish_reason)
+        body = P.ChatCompletion(id=P.new_id(), created=P.now(), model=model, choices=[choice], usage=usage,
+                                pyrodash=info)  # fmt: skip
+    else:
+        choice = P.CompletionChoice(text=done.output, finish_reason=done.finish_reason)
+        body = P.Completion(id=P.new_id("cmpl"), created=P.now(), model=model, choices=[choice], usage=usage,
+                            pyrodash=info)  # fmt: skip
+    return JSONResponse(body.model_dump())
+
+
+async def _sse(app: FastAPI, run: EngineRun, kind: str, model: str, route: str, include_usage: bool):
+    metrics: Metrics = app.state.metrics
+    rid = P.new_id("chatcmpl" if kind == "chat" else "cmpl")
+    w = ChunkWriter(rid, P.now(), model, kind, include_usage)
+    status = "200"
+    try:
+        if kind == "chat":
+            yield w.role()
+        try:
+            async for ev in run.events():
+                if isinstance(ev, (SLMDelta, LLMDelta)):
+                    if ev.text:
+                        yield w.delta(ev.text)
+                elif isinstance(ev, Done):
+                    yield w.finish(ev.finish_reason)
+                    if include_usage:
+                        info = P.PyroDashInfo.from_done(ev).model_dump()
+                        yield w.usage(P.UsageInfo.from_done(ev).model_dump(), info)
+                    metrics.observe_done(ev, model, run.elapsed, run.ttft)
+        except Exception as e:  # noqa: BLE001 - the status line is sent: report in the stream, as OpenAI does
+            err = _failure(e)
+            status = str(err.status)
+            metrics.errors.inc(kind="client" if err.status < 500 else "upstream")
+            yield w.error(err.body())
+        yield w.DONE
+    except BaseException:  # the client went away (cancelled, or the generator closed early)
+        status = "499"
+        metrics.errors.inc(kind="disconnect")
+        raise
+    finally:
+        run.cancel()
+        metrics.requests.inc(route=route, model=model, status=status)
+
+
+def _install_openapi(app: FastAPI) -> None:
+    """Put the request models (read by hand in the routes) into the OpenAPI components, for clients and fuzzers."""
+    from fastapi.openapi.utils import get_openapi
+
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+            comps = schema.setdefault("components", {}).setdefault("schemas", {})
+            for model in (P.ChatCompletionRequest, P.CompletionRequest):
+                js = model.model_json_schema(ref_template="#/components/schemas/{model}")
+                comps.update(js.pop("$defs", {}))
+                comps[model.__name__] = js
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi

@@ -1,0 +1,146 @@
+"""`ServeConfig`: everything `pyrodash serve` needs, from a YAML recipe (`configs/serve/*.yaml`) plus CLI flags.
+
+    slm: worlds/demo/slm                       # a backend spec, as `load_backend` takes it (path, URL, or dict)
+    llm: {url: http://127.0.0.1:8001/v1, model: llm, api_key_env: LLM_API_KEY, timeout_s: 60}
+    prices: paper                              # a sheet in configs/prices/, a YAML path, or an inline dict
+    prompts: qwen-math-v1
+    handoff_style: continue
+    operating_points: {pyrodash: 0.0, pyrodash-eco: -2.0}   # model name -> offload_bias; the first is the default
+    failure: {retries: 2, backoff_s: 0.2, timeout_s: 60, on_error: fallback}
+    limits: {max_body_bytes: 1048576, max_tokens: 4096, default_max_tokens: 512, max_concurrency: 256}
+    host: 127.0.0.1
+    port: 8000
+    api_key_env: PYRODASH_API_KEY               # bearer-token auth is on when this variable (or --api-key) is set
+    cors_origins: []                            # CORS is off unless origins are listed
+
+Relative paths in `slm`/`llm`/`prices` resolve against the YAML file's folder, then the working directory.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+import yaml
+
+from pyrodash.cost import Prices
+from pyrodash.prompts import get_prompts
+
+ON_ERROR = ("fallback", "raise")
+
+
+@dataclass
+class Limits:
+    max_body_bytes: int = 1 << 20  # larger request bodies get a 413
+    max_tokens: int = 4096  # a request asking for more gets a 400
+    default_max_tokens: int = 512  # used when a request gives no max_tokens
+    max_concurrency: int = 256  # engine requests running at once; more wait their turn
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"limits.{f.name}={v!r} must be a positive integer")
+        if self.default_max_tokens > self.max_tokens:
+            raise ValueError(
+                f"limits.default_max_tokens={self.default_max_tokens} exceeds limits.max_tokens={self.max_tokens}"
+            )
+
+
+@dataclass
+class Failure:
+    """The engine's failure policy for the LLM side (see `pyrodash.engine.FailurePolicy`)."""
+
+    retries: int = 2
+    backoff_s: float = 0.2
+    timeout_s: float = 60.0
+    on_error: str = "fallback"  # "fallback": the SLM finishes with <offload> banned; "raise": the request fails
+
+    def __post_init__(self) -> None:
+        if self.on_error not in ON_ERROR:
+            raise ValueError(f"failure.on_error={self.on_error!r}: choose one of {ON_ERROR}")
+        if self.retries < 0 or self.backoff_s < 0 or self.timeout_s <= 0:
+            raise ValueError("failure: retries and backoff_s must be >= 0 and timeout_s > 0")
+
+
+@dataclass
+class ServeConfig:
+    slm: str | dict | None = None
+    llm: str | dict | None = None
+    prices: str | dict = "paper"
+    prompts: str = "qwen-math-v1"
+    handoff_style: str = "continue"
+    operating_points: dict[str, float] = field(default_factory=lambda: {"pyrodash": 0.0})
+    failure: Failure = field(default_factory=Failure)
+    limits: Limits = field(default_factory=Limits)
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = None  # set directly (--api-key) or read from `api_key_env`
+    api_key_env: str | None = "PYRODASH_API_KEY"
+    cors_origins: list[str] = field(default_factory=list)
+    log_level: str = "info"
+
+    def __post_init__(self) -> None:
+        if isinstance(self.failure, dict):
+            self.failure = Failure(**self.failure)
+        if isinstance(self.limits, dict):
+            self.limits = Limits(**self.limits)
+        if not self.operating_points:
+            raise ValueError("operating_points must name at least one model, e.g. {pyrodash: 0.0}")
+        for name, bias in self.operating_points.items():
+            if not isinstance(bias, (int, float)) or isinstance(bias, bool):
+                raise ValueError(f"operating_points.{name}={bias!r} must be a number (an offload_bias)")
+        self.operating_points = {str(k): float(v) for k, v in self.operating_points.items()}
+        get_prompts(self.prompts)  # raises a ValueError naming the known sets
+        if not 0 < int(self.port) < 65536:
+            raise ValueError(f"port={self.port} must be in 1..65535")
+
+    @property
+    def default_model(self) -> str:
+        return next(iter(self.operating_points))
+
+    def resolved_api_key(self) -> str | None:
+        """The bearer token clients must send, or None (auth off)."""
+        if self.api_key:
+            return self.api_key
+        if not self.api_key_env:
+            return None
+        return os.environ.get(self.api_key_env) or None
+
+    def load_prices(self) -> Prices:
+        return Prices(**self.prices) if isinstance(self.prices, dict) else Prices.from_yaml(self.prices)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["api_key"] = "***" if self.api_key else None  # never echo a secret
+        return d
+
+    @classmethod
+    def from_yaml(cls, path: str | Path, **overrides: object) -> ServeConfig:
+        """Load a recipe; `overrides` (CLI flags) win over the file where they are not None."""
+        p = Path(path)
+        if not p.exists():
+            raise ValueError(f"serve config {path} not found")
+        data = yaml.safe_load(p.read_text()) or {}
+        if not isinstance(data, dict):
+            raise ValueError(f"serve config {p}: expected a mapping at top level")
+        known = {f.name for f in fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise ValueError(f"serve config {p}: unknown keys {sorted(unknown)}; expected some of {sorted(known)}")
+        for key in ("slm", "llm", "prices"):
+            data[key] = _resolve_paths(data.get(key), p.parent)
+        data.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**{k: v for k, v in data.items() if v is not None})
+
+
+def _resolve_paths(spec: object, base: Path) -> object:
+    """A relative local path in a spec is taken relative to the YAML file when it exists there."""
+    if isinstance(spec, dict) and "path" in spec:
+        return {**spec, "path": _resolve_paths(spec["path"], base)}
+    if isinstance(spec, str) and "://" not in spec and not Path(spec).is_absolute():
+        candidate = base / spec
+        if candidate.exists() and not Path(spec).exists():
+            return str(candidate.resolve())
+    return spec

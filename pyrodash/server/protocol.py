@@ -1,0 +1,262 @@
+"""Wire format of `pyrodash serve`: OpenAI chat-completions requests, responses, stream chunks and error bodies.
+
+Models keep OpenAI's field order and allow extra fields (clients send fields we do not use; we ignore them).
+Requests are validated strictly (no "1" for 1, no true for 1, no NaN): a wrong type is a 400, never a silent guess.
+PyroDash adds one request field, `offload_bias`, and one response object, `pyrodash` (`PyroDashInfo`).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from pyrodash.events import Done
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True)
+
+
+class _Out(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+# ---------------------------------------------------------------- requests
+
+
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Strict):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(p.text for p in self.content)
+
+    def to_engine(self) -> dict:
+        """The plain `{role, content}` dict the engine and backends take ("developer" is OpenAI's new "system")."""
+        return {"role": "system" if self.role == "developer" else self.role, "content": self.text()}
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+
+
+class _Sampling(_Strict):
+    """Fields shared by both request kinds (`model` first, as in OpenAI's reference)."""
+
+    model: str | None = None  # an operating point listed by /v1/models; None = the server's default
+    max_tokens: int | None = Field(None, ge=1)
+    n: int | None = Field(None, ge=1)
+    seed: int | None = Field(None, ge=-(2**63), le=2**64 - 1)
+    stop: str | list[str] | None = None
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    temperature: float | None = Field(None, ge=0.0, le=2.0, allow_inf_nan=False)
+    top_p: float | None = Field(None, gt=0.0, le=1.0, allow_inf_nan=False)
+    user: str | None = None
+    # PyroDash extra: added to the SLM's <offload> logit (higher = hand off to the LLM more often)
+    offload_bias: float | None = Field(None, ge=-100.0, le=100.0, allow_inf_nan=False)
+
+    @field_validator("stop")
+    @classmethod
+    def _stop(cls, v: str | list[str] | None) -> str | list[str] | None:
+        items = [v] if isinstance(v, str) else (v or [])
+        if len(items) > 4:
+            raise ValueError("at most 4 stop sequences")
+        if any(s == "" for s in items):
+            raise ValueError("stop sequences must be non-empty strings")
+        return v
+
+    def stop_list(self) -> list[str] | None:
+        if self.stop is None:
+            return None
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+    def requested_max_tokens(self) -> int | None:
+        return self.max_tokens
+
+
+class ChatCompletionRequest(_Sampling):
+    messages: list[ChatMessage] = Field(min_length=1)
+    logprobs: bool | None = None
+    max_completion_tokens: int | None = Field(None, ge=1)
+
+    def requested_max_tokens(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+
+class CompletionRequest(_Sampling):
+    """Legacy `/v1/completions`: the prompt goes to the engine as a question (the prompt set's template applies)."""
+
+    prompt: str = Field(min_length=1)
+
+
+# ---------------------------------------------------------------- responses
+
+
+class PyroDashInfo(_Out):
+    """Where the tokens and dollars of one request went."""
+
+    slm_in: int
+    slm_out: int
+    llm_in: int
+    llm_out: int
+    llm_cached_in: int
+    llm_calls: int
+    handoff: int | None  # SLM tokens decoded before <offload>, or None when the SLM answered alone
+    cost_usd: float
+    offload_bias: float
+    fallback: bool  # the LLM failed and the SLM finished the answer
+
+    @classmethod
+    def from_done(cls, done: Done) -> PyroDashInfo:
+        u = done.usage
+        return cls(
+            slm_in=u.slm_in, slm_out=u.slm_out, llm_in=u.llm_in, llm_out=u.llm_out, llm_cached_in=u.llm_cached_in,
+            llm_calls=u.llm_calls, handoff=done.handoff, cost_usd=done.cost_usd, offload_bias=done.offload_bias,
+            fallback=done.fallback,
+        )  # fmt: skip
+
+
+class PromptTokensDetails(_Out):
+    cached_tokens: int = 0
+
+
+class UsageInfo(_Out):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: PromptTokensDetails | None = None
+
+    @classmethod
+    def from_done(cls, done: Done) -> UsageInfo:
+        """Both models' tokens together: input = SLM + LLM input, output = SLM + LLM output."""
+        u = done.usage
+        prompt, completion = u.slm_in + u.llm_in, u.slm_out + u.llm_out
+        return cls(
+            prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion,
+            prompt_tokens_details=PromptTokensDetails(cached_tokens=u.llm_cached_in),
+        )  # fmt: skip
+
+
+class ResponseMessage(_Out):
+    role: Literal["assistant"] = "assistant"
+    content: str | None = None
+
+
+class Choice(_Out):
+    index: int = 0
+    message: ResponseMessage
+    logprobs: None = None
+    finish_reason: str | None
+
+
+class ChatCompletion(_Out):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[Choice]
+    usage: UsageInfo
+    pyrodash: PyroDashInfo
+
+
+class Delta(_Out):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChunkChoice(_Out):
+    index: int = 0
+    delta: Delta
+    logprobs: None = None
+    finish_reason: str | None = None
+
+
+class ChatCompletionChunk(_Out):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChunkChoice]
+    usage: UsageInfo | None = None
+    pyrodash: PyroDashInfo | None = None
+
+
+class CompletionChoice(_Out):
+    index: int = 0
+    text: str
+    logprobs: None = None
+    finish_reason: str | None
+
+
+class Completion(_Out):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: UsageInfo | None = None
+    pyrodash: PyroDashInfo | None = None
+
+
+class ModelCard(_Out):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "pyrodash"
+    offload_bias: float
+
+
+class ModelList(_Out):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+# ---------------------------------------------------------------- errors
+
+
+class ErrorInfo(_Out):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(_Out):
+    error: ErrorInfo
+
+
+class APIError(Exception):
+    """A request the server refuses: rendered as OpenAI's error body with `status`."""
+
+    def __init__(
+        self, status: int, message: str, type: str = "invalid_request_error", param: str | None = None,
+        code: str | None = None,
+    ) -> None:  # fmt: skip
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+
+    def body(self) -> dict:
+        info = ErrorInfo(message=self.message, type=self.type, param=self.param, code=self.code)
+        return ErrorResponse(error=info).model_dump()
+
+
+def new_id(prefix: str = "chatcmpl") -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+def now() -> int:
+    return int(time.time())
