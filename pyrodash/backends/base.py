@@ -41,6 +41,30 @@ class GenChunk:
     cached_tokens: int | None = None
 
 
+@dataclass
+class GenResult:
+    """One finished (non-streamed) generation, e.g. from `HFBackend.generate_batch` (evaluation, GRPO rollouts)."""
+
+    text: str  # decoded output; never contains the stop token or a matched stop string
+    token_ids: list[int]  # every generated id, the final stop token / EOS included (len == completion_tokens)
+    prompt_ids: list[int]
+    finish_reason: str  # "stop" | "length"
+    stop_token_id: int | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    top_logprobs: list[dict[str, float]] | None = None
+
+
+class BackendError(RuntimeError):
+    """A generation failed. `reached_server` is False when the request never got to the model (connection
+    refused), so the engine does not count it as an LLM call; `usage` holds any counts the server reported."""
+
+    def __init__(self, message: str, reached_server: bool = True, usage: GenChunk | None = None):
+        super().__init__(message)
+        self.reached_server = reached_server
+        self.usage = usage
+
+
 @runtime_checkable
 class Backend(Protocol):
     name: str

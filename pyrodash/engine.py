@@ -1,0 +1,254 @@
+"""The Collaborate Engine: Algorithm 1 of the paper (`alg:ce-decode`) as an async stream of typed events.
+
+    engine = CollaborateEngine(slm, llm, get_prompts("qwen-math-v1"), Prices.from_yaml("paper"))
+    async for ev in engine.stream("What is 17 * 23?"):   # SLMDelta | Handoff | LLMDelta | Done
+        ...
+    done = engine.run("What is 17 * 23?")                  # blocking, returns events.Done
+
+Lines 1-2: the SLM decodes from (P_s, q), with `<offload>` registered as a stop token *id* (never matched in text)
+and `offload_bias` added to its logit. Lines 9-11: without `<offload>` the SLM's answer is returned and the LLM is
+never called. Lines 3-5: the `<offload>` stop ends SLM decoding; Pack(O_s) is the text before it. Lines 6-8: one LLM
+call with (P_l, q, Pack(O_s)); the joint output is O_s || O_l.
+
+Handoff styles: "continue" (default, as in the paper: the LLM continues the partial trace as its own assistant
+message: messages = [P_l] + query, assistant prefix = Pack(O_s)); "instruct" (the user message is
+`prompts.handoff_template` with the question and the partial solution as text).
+
+Failure policy (LLM errors and timeouts): `retries` more attempts with exponential backoff; a retry continues from
+everything already streamed (O_s plus any LLM text that arrived), so no text is duplicated or lost. Then
+`on_error="fallback"`: the SLM resumes from that text with `<offload>` banned and `Done.fallback` is True; or
+`on_error="raise"`: the stream raises `EngineError`, whose `.done` is the final record (finish_reason "error",
+usage of every attempt, the error messages). `Usage.llm_calls` counts the LLM attempts that reached the server.
+
+Token budget: `max_tokens` bounds each model's decoding separately (the SLM, including a fallback resume; the LLM).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from pyrodash.backends.base import Backend, GenChunk, GenRequest
+from pyrodash.cost import Prices, Usage
+from pyrodash.events import Done, Event, Handoff, LLMDelta, SLMDelta
+from pyrodash.prompts import OFFLOAD_TOKEN, Prompts, pack
+
+BAN = float("-inf")
+
+
+@dataclass(frozen=True)
+class FailurePolicy:
+    retries: int = 2  # further attempts after the first failed LLM call
+    backoff_s: float = 0.2  # wait before retry k: backoff_s * 2**(k-1)
+    timeout_s: float = 60.0  # longest wait for the LLM's next chunk (the first one included)
+    on_error: str = "fallback"  # "fallback" (the SLM finishes) | "raise" (EngineError)
+
+    def __post_init__(self) -> None:
+        if self.on_error not in ("fallback", "raise"):
+            raise ValueError(f"FailurePolicy.on_error={self.on_error!r}: use 'fallback' or 'raise'")
+        if self.retries < 0 or self.backoff_s < 0 or self.timeout_s <= 0:
+            raise ValueError("FailurePolicy: retries >= 0, backoff_s >= 0 and timeout_s > 0 are required")
+
+
+class EngineError(RuntimeError):
+    """The LLM failed after all retries and the policy is on_error="raise"; `.done` is the request's record."""
+
+    def __init__(self, message: str, done: Done):
+        super().__init__(message)
+        self.done = done
+
+
+def _with_system(system: str, messages: list[dict]) -> list[dict]:
+    """Put `system` first; a caller's own system message is kept after it in the same system turn."""
+    if not system:
+        return list(messages)
+    if messages and messages[0].get("role") == "system":
+        return [{"role": "system", "content": f"{system}\n\n{messages[0]['content']}"}] + list(messages[1:])
+    return [{"role": "system", "content": system}] + list(messages)
+
+
+class CollaborateEngine:
+    def __init__(self, slm: Backend, llm: Backend, prompts: Prompts, prices: Prices, handoff_style: str = "continue",
+                 offload_bias: float = 0.0, max_tokens: int = 512, failure: FailurePolicy | None = None):
+        if handoff_style not in ("continue", "instruct"):
+            raise ValueError(f"handoff_style={handoff_style!r}: use 'continue' or 'instruct'")
+        if max_tokens <= 0:
+            raise ValueError(f"max_tokens={max_tokens} must be positive")
+        self.slm, self.llm, self.prompts, self.prices = slm, llm, prompts, prices
+        self.handoff_style = handoff_style
+        self.offload_bias = float(offload_bias)
+        self.max_tokens = max_tokens
+        self.failure = failure or FailurePolicy()
+        oid = slm.token_id(OFFLOAD_TOKEN)
+        if oid is None:
+            raise ValueError(f"the SLM {getattr(slm, 'name', slm)!r} has no {OFFLOAD_TOKEN} token in its vocabulary: "
+                             "run Stage 1 (pyrodash train stage1) or pyrodash.tokens.add_offload_token first")
+        self.offload_id = oid
+
+    # ---- messages ------------------------------------------------------------------------------------------
+    def messages(self, question: str | list[dict]) -> list[dict]:
+        if isinstance(question, str):
+            return self.prompts.plain_messages(question)
+        if not isinstance(question, list) or not question or not all(isinstance(m, dict) for m in question):
+            raise ValueError("a question is a str or a non-empty list of chat messages ({'role', 'content'} dicts)")
+        return question
+
+    def llm_request(self, messages: list[dict], partial: str, max_tokens: int, sampling: dict) -> GenRequest:
+        """The single handoff request (Line 6) in the configured style."""
+        if self.handoff_style == "continue":
+            msgs = _with_system(self.prompts.completion_system, messages)
+            return GenRequest(messages=msgs, prefix=partial, max_tokens=max_tokens, **sampling)
+        question = next((m["content"] for m in reversed(messages) if m.get("role") == "user"), "")
+        user = self.prompts.handoff_template.format(question=question, partial=partial)
+        msgs = _with_system(self.prompts.completion_system, [{"role": "user", "content": user}])
+        return GenRequest(messages=msgs, max_tokens=max_tokens, **sampling)
+
+    # ---- Algorithm 1 ---------------------------------------------------------------------------------------
+    async def stream(self, question: str | list[dict], offload_bias: float | None = None,
+                     max_tokens: int | None = None, temperature: float | None = None, top_p: float | None = None,
+                     seed: int | None = None, stop: list[str] | None = None) -> AsyncIterator[Event]:
+        t0 = time.perf_counter()
+        messages = self.messages(question)
+        bias = self.offload_bias if offload_bias is None else float(offload_bias)
+        budget = self.max_tokens if max_tokens is None else int(max_tokens)
+        if budget <= 0:
+            raise ValueError(f"max_tokens={budget} must be positive")
+        sampling: dict = {"seed": seed, "stop": list(stop or [])}
+        if temperature is not None:
+            sampling["temperature"] = float(temperature)
+        if top_p is not None:
+            sampling["top_p"] = float(top_p)
+        slm_msgs = _with_system(self.prompts.offload_system, messages)
+        usage = Usage()
+        slm_text, llm_text = "", ""
+
+        # Lines 1-2, 9-10: SLM decoding; <offload> is a stop token id
+        req = GenRequest(messages=slm_msgs, max_tokens=budget, stop_token_ids=[self.offload_id],
+                         logit_bias={self.offload_id: bias} if bias else {}, **sampling)
+        final = GenChunk()
+        async with contextlib.aclosing(self.slm.stream(req)) as it:
+            async for ch in it:
+                if ch.text:
+                    slm_text += ch.text
+                    yield SLMDelta(ch.text)
+                if ch.finish_reason is not None:
+                    final = ch
+        slm_out = final.completion_tokens or 0
+        usage += Usage(slm_in=final.prompt_tokens or 0, slm_out=slm_out)
+        if final.stop_token_id != self.offload_id:  # Line 11: the SLM answered alone
+            yield self._done(slm_text, "", usage, final.finish_reason or "length", None, bias, t0)
+            return
+
+        # Lines 3-5: <offload> detected (it ended SLM decoding); Pack(O_s) excludes it
+        handoff = max(slm_out - 1, 0)
+        packed = pack(slm_text)
+        yield Handoff(slm_tokens=handoff, packed=packed)
+
+        # Lines 6-7: one LLM call (retries continue from what already arrived)
+        errors: list[str] = []
+        llm_finish: str | None = None
+        pol = self.failure
+        for attempt in range(pol.retries + 1):
+            if attempt:
+                await asyncio.sleep(pol.backoff_s * 2 ** (attempt - 1))
+            lreq = self.llm_request(messages, packed + llm_text, budget, sampling)
+            got = GenChunk()
+            try:
+                async with contextlib.aclosing(self.llm.stream(lreq)) as it:
+                    while True:
+                        async with asyncio.timeout(pol.timeout_s):  # never spans a yield to the consumer
+                            ch = await anext(it, None)
+                        if ch is None:
+                            break
+                        if ch.text:
+                            llm_text += ch.text
+                            yield LLMDelta(ch.text)
+                        if ch.finish_reason is not None:
+                            got = ch
+            except Exception as e:  # noqa: BLE001 - every LLM failure (timeouts included) goes through the policy
+                reached = getattr(e, "reached_server", True)
+                rep = getattr(e, "usage", None)
+                if isinstance(rep, GenChunk):
+                    got = rep
+                msg = f"attempt {attempt + 1}: {type(e).__name__}: {e}" if str(e) else \
+                    f"attempt {attempt + 1}: {type(e).__name__} (no chunk within {pol.timeout_s}s)"
+                errors.append(msg)
+                usage += Usage(llm_in=got.prompt_tokens or 0, llm_out=got.completion_tokens or 0,
+                               llm_cached_in=got.cached_tokens or 0, llm_calls=int(reached))
+                continue
+            usage += Usage(llm_in=got.prompt_tokens or 0, llm_out=got.completion_tokens or 0,
+                           llm_cached_in=got.cached_tokens or 0, llm_calls=1)
+            llm_finish = got.finish_reason or "stop"
+            break
+
+        if llm_finish is not None:  # Line 8: O_s || O_l
+            done = self._done(slm_text, llm_text, usage, llm_finish, handoff, bias, t0)
+            done.errors = errors
+            yield done
+            return
+
+        if pol.on_error == "raise":
+            done = self._done(slm_text, llm_text, usage, "error", handoff, bias, t0)
+            done.errors = errors
+            raise EngineError(f"the LLM failed {len(errors)} time(s): {errors[-1]}", done)
+
+        # fallback: the SLM resumes from everything so far, <offload> banned
+        freq = GenRequest(messages=slm_msgs, prefix=slm_text + llm_text, max_tokens=max(budget - slm_out, 1),
+                          logit_bias={self.offload_id: BAN}, **sampling)
+        fb_text, fin = "", GenChunk()
+        async with contextlib.aclosing(self.slm.stream(freq)) as it:
+            async for ch in it:
+                if ch.text:
+                    fb_text += ch.text
+                    yield SLMDelta(ch.text)
+                if ch.finish_reason is not None:
+                    fin = ch
+        usage += Usage(slm_in=fin.prompt_tokens or 0, slm_out=fin.completion_tokens or 0)
+        done = self._done(slm_text + fb_text, llm_text, usage, fin.finish_reason or "length", handoff, bias, t0)
+        done.output = slm_text + llm_text + fb_text
+        done.fallback, done.errors = True, errors
+        yield done
+
+    def _done(self, slm_text: str, llm_text: str, usage: Usage, finish: str, handoff: int | None, bias: float,
+              t0: float) -> Done:
+        return Done(output=slm_text + llm_text, slm_text=slm_text, llm_text=llm_text, usage=usage,
+                    cost_usd=usage.cost(self.prices), finish_reason=finish, handoff=handoff, offload_bias=bias,
+                    latency_s=time.perf_counter() - t0)
+
+    # ---- conveniences --------------------------------------------------------------------------------------
+    async def arun(self, question: str | list[dict], **kw) -> Done:
+        done = None
+        async with contextlib.aclosing(self.stream(question, **kw)) as it:
+            async for ev in it:
+                if isinstance(ev, Done):
+                    done = ev
+        assert done is not None
+        return done
+
+    def run(self, question: str | list[dict], **kw) -> Done:
+        """Blocking `arun` (not from inside a running event loop: use `await engine.arun(...)` there)."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return asyncio.run(self.arun(question, **kw))
+        raise ValueError("CollaborateEngine.run() was called inside an event loop; use `await engine.arun(...)`")
+
+    async def arun_many(self, questions: list, concurrency: int = 8, **kw) -> list[Done]:
+        """`arun` over many questions, at most `concurrency` at a time; results in input order."""
+        if concurrency <= 0:
+            raise ValueError(f"concurrency={concurrency} must be positive")
+        sem = asyncio.Semaphore(concurrency)
+
+        async def one(q):
+            async with sem:
+                return await self.arun(q, **kw)
+
+        return list(await asyncio.gather(*(one(q) for q in questions)))
+
+    async def aclose(self) -> None:
+        await self.slm.aclose()
+        if self.llm is not self.slm:
+            await self.llm.aclose()

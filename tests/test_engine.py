@@ -1,0 +1,192 @@
+"""The Collaborate Engine (Algorithm 1) over real tiny transformers, in process (HFBackend on both sides).
+
+The HTTP side (behind `pyrodash serve-model` on 127.0.0.1, fault injection) is in tests/test_backends.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from pyrodash.backends.base import GenRequest
+from pyrodash.backends.hf import HFBackend
+from pyrodash.cost import Prices
+from pyrodash.engine import CollaborateEngine, FailurePolicy
+from pyrodash.events import Done, Handoff, LLMDelta, SLMDelta
+from pyrodash.prompts import OFFLOAD_TOKEN, get_prompts
+from tiny_models import tiny_model_dir
+
+PROMPTS = get_prompts("world-v1")
+PRICES = Prices(slm_in=1.0, slm_out=2.0, llm_in=10.0, llm_out=40.0)
+
+
+@pytest.fixture(scope="module")
+def slm(tmp_path_factory):
+    return HFBackend(tiny_model_dir(tmp_path_factory.mktemp("slm"), seed=0))
+
+
+@pytest.fixture(scope="module")
+def llm(tmp_path_factory):
+    return HFBackend(tiny_model_dir(tmp_path_factory.mktemp("llm"), seed=1, offload=False))
+
+
+@pytest.fixture(scope="module")
+def engine(slm, llm):
+    return CollaborateEngine(slm, llm, PROMPTS, PRICES, max_tokens=24)
+
+
+def mid_handoff_bias(engine, question: str, lo: int = 2) -> tuple[float, Done]:
+    """A bias at which the (random) SLM decodes at least `lo` tokens before emitting <offload>."""
+    for i in range(60):
+        bias = i * 0.1
+        done = engine.run(question, offload_bias=bias)
+        if done.handoff is not None and lo <= done.handoff <= engine.max_tokens - 2:
+            return bias, done
+    raise AssertionError("no bias in [0, 6) gives a mid-trace handoff for this tiny model")
+
+
+def slm_request(engine, question: str, **kw) -> GenRequest:
+    msgs = [{"role": "system", "content": PROMPTS.offload_system}, {"role": "user", "content": PROMPTS.question(question)}]
+    return GenRequest(messages=msgs, max_tokens=engine.max_tokens, stop_token_ids=[engine.offload_id], **kw)
+
+
+def test_no_offload_means_no_llm_call_and_the_slm_answer(engine, slm):
+    done = engine.run("x", offload_bias=float("-inf"))
+    assert done.handoff is None and done.llm_text == "" and not done.fallback
+    assert (done.usage.llm_in, done.usage.llm_out, done.usage.llm_calls) == (0, 0, 0)
+    alone = slm.generate(slm_request(engine, "x"))  # the same SLM decoding, with <offload> never chosen
+    direct = slm.generate(slm_request(engine, "x", logit_bias={engine.offload_id: float("-inf")}))
+    assert done.output == direct.text == done.slm_text
+    assert done.usage.slm_in == len(direct.prompt_ids) and done.usage.slm_out == direct.completion_tokens
+    assert done.cost_usd == pytest.approx(done.usage.cost(PRICES))
+    assert alone.prompt_ids == direct.prompt_ids
+
+
+def test_handoff_calls_the_llm_once_and_joins_outputs(engine, slm, llm):
+    bias, done = mid_handoff_bias(engine, "x")
+    assert done.usage.llm_calls == 1 and done.handoff >= 2
+    assert done.output == done.slm_text + done.llm_text and OFFLOAD_TOKEN not in done.output
+    # the SLM part is exactly the SLM's own decoding up to (not including) <offload>
+    direct = slm.generate(slm_request(engine, "x", logit_bias={engine.offload_id: bias}))
+    assert direct.stop_token_id == engine.offload_id and direct.token_ids[-1] == engine.offload_id
+    assert done.slm_text == direct.text and done.handoff == len(direct.token_ids) - 1
+    # the LLM part is the LLM continuing [P_l, query] + assistant prefix Pack(O_s)
+    lreq = engine.llm_request(PROMPTS.plain_messages("x"), done.slm_text, engine.max_tokens, {})
+    assert lreq.messages[0] == {"role": "system", "content": PROMPTS.completion_system}
+    assert lreq.prefix == done.slm_text
+    cont = llm.generate(lreq)
+    assert done.llm_text == cont.text
+    # exact usage, recounted with the tokenizers
+    assert done.usage.slm_in == len(slm.prompt_ids(slm_request(engine, "x")))
+    assert done.usage.slm_out == done.handoff + 1  # the <offload> token itself was decoded (and billed)
+    assert done.usage.llm_in == len(llm.tokenizer.encode(llm.render(lreq), add_special_tokens=False))
+    assert done.usage.llm_out == cont.completion_tokens
+    if cont.finish_reason == "length":
+        assert done.usage.llm_out == llm.count_tokens(done.llm_text)
+    assert done.cost_usd == pytest.approx(done.usage.cost(PRICES))
+
+
+def test_event_stream_order_and_text(engine):
+    bias, ref = mid_handoff_bias(engine, "x")
+
+    async def collect():
+        return [ev async for ev in engine.stream("x", offload_bias=bias)]
+
+    evs = asyncio.run(collect())
+    kinds = [type(e).__name__ for e in evs]
+    h = kinds.index("Handoff")
+    assert set(kinds[:h]) <= {"SLMDelta"} and set(kinds[h + 1 : -1]) <= {"LLMDelta"} and kinds[-1] == "Done"
+    assert kinds.count("Handoff") == 1
+    assert "".join(e.text for e in evs if isinstance(e, SLMDelta)) == evs[-1].slm_text == evs[h].packed
+    assert "".join(e.text for e in evs if isinstance(e, LLMDelta)) == evs[-1].llm_text
+    assert evs[h].slm_tokens == evs[-1].handoff == ref.handoff
+    assert evs[-1].output == ref.output
+
+
+def test_instruct_style_puts_question_and_partial_in_the_user_message(slm, llm):
+    eng = CollaborateEngine(slm, llm, PROMPTS, PRICES, handoff_style="instruct", max_tokens=24)
+    bias, done = mid_handoff_bias(eng, "x")
+    lreq = eng.llm_request(PROMPTS.plain_messages("x"), done.slm_text, 24, {})
+    assert lreq.prefix == "" and lreq.messages[-1]["content"] == PROMPTS.handoff_template.format(
+        question="x", partial=done.slm_text)
+    assert done.usage.llm_calls == 1 and done.llm_text == llm.generate(lreq).text
+    assert done.usage.llm_in == len(llm.prompt_ids(lreq))
+
+
+def test_large_bias_hands_off_at_once_and_override_per_request(slm, llm):
+    eng = CollaborateEngine(slm, llm, PROMPTS, PRICES, offload_bias=-1e4, max_tokens=8)
+    assert eng.run("abc").handoff is None
+    done = eng.run("abc", offload_bias=1e4)
+    assert done.handoff == 0 and done.slm_text == "" and done.usage.slm_out == 1 and done.usage.llm_calls == 1
+    assert done.offload_bias == 1e4
+
+
+def test_model_without_offload_token_is_a_clear_error(llm, slm):
+    with pytest.raises(ValueError, match="add_offload_token"):
+        CollaborateEngine(llm, slm, PROMPTS, PRICES)
+
+
+def test_bad_arguments_are_value_errors(slm, llm, engine):
+    with pytest.raises(ValueError, match="handoff_style"):
+        CollaborateEngine(slm, llm, PROMPTS, PRICES, handoff_style="relay")
+    with pytest.raises(ValueError, match="on_error"):
+        FailurePolicy(on_error="ignore")
+    with pytest.raises(ValueError, match="list of chat messages"):
+        engine.run(42)
+
+    async def inside():
+        engine.run("x")
+
+    with pytest.raises(ValueError, match="arun"):
+        asyncio.run(inside())
+
+
+def test_arun_many_keeps_order_and_matches_single_runs(engine):
+    qs = ["x", "abc", "2+3=?"]
+    many = asyncio.run(engine.arun_many(qs, concurrency=2, offload_bias=2.0))
+    for q, d in zip(qs, many):
+        one = engine.run(q, offload_bias=2.0)
+        assert (d.output, d.handoff, d.usage) == (one.output, one.handoff, one.usage)
+
+
+def test_seeded_sampling_is_reproducible(engine):
+    a = engine.run("abc", temperature=1.0, seed=7, offload_bias=-1e4)
+    b = engine.run("abc", temperature=1.0, seed=7, offload_bias=-1e4)
+    assert a.output == b.output
+
+
+def test_closing_the_stream_stops_generation(slm, llm):
+    eng = CollaborateEngine(slm, llm, PROMPTS, PRICES, max_tokens=2000)
+    calls = []
+    hook = slm.model.register_forward_hook(lambda *a: calls.append(time.perf_counter()))
+    try:
+        async def consume_three():
+            n = 0
+            async for ev in eng.stream("abc", offload_bias=-1e4):
+                n += isinstance(ev, SLMDelta)
+                if n == 3:
+                    break
+            await asyncio.sleep(0.3)
+
+        asyncio.run(consume_three())
+        seen = len(calls)
+        time.sleep(0.3)
+        assert len(calls) == seen, "the decode loop kept running after the consumer left"
+        assert seen < 200
+        assert slm._lock.acquire(timeout=2.0)
+        slm._lock.release()
+    finally:
+        hook.remove()
+
+
+def test_done_and_handoff_are_the_contract_types(engine):
+    async def kinds():
+        return {type(e) async for e in engine.stream("x", offload_bias=1e4)}
+
+    assert kinds_ok(asyncio.run(kinds()))
+
+
+def kinds_ok(kinds: set) -> bool:
+    return Handoff in kinds and Done in kinds and kinds <= {SLMDelta, Handoff, LLMDelta, Done}

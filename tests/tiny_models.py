@@ -1,0 +1,87 @@
+"""Tiny real transformers in Hugging Face format, built by the tests themselves (no downloads), reusable by any test.
+
+    from tiny_models import tiny_model_dir, tiny_tokenizer
+    path = tiny_model_dir(tmp_path / "slm", seed=0)            # random Qwen3ForCausalLM + char tokenizer + <offload>
+    backend = HFBackend(path)
+
+The tokenizer is character level (printable ASCII, newline, tab; built with `tokenizers`), has a Qwen-style chat
+template, `<|im_end|>` as EOS and `<|endoftext|>` as padding. The model is a randomly initialised two-layer
+`Qwen3ForCausalLM` (hidden size 32) with `<offload>` added by `pyrodash.tokens.add_offload_token`. Building and
+saving one takes well under a second on a CPU; `tiny_model_dir` caches by (seed, offload, tied) per process.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+IM_START, IM_END, PAD, UNK = "<|im_start|>", "<|im_end|>", "<|endoftext|>", "<|unk|>"
+CHARS = "\n\t" + "".join(chr(c) for c in range(32, 127))
+CHAT_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
+)
+
+_CACHE: dict[tuple, Path] = {}
+
+
+def tiny_tokenizer():
+    """A character-level `PreTrainedTokenizerFast` with a chat template (no `<offload>` yet)."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = (PAD, IM_START, IM_END, UNK)
+    vocab = {t: i for i, t in enumerate(specials + tuple(CHARS))}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    tok.add_special_tokens(list(specials))
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token=IM_END, pad_token=PAD, unk_token=UNK, additional_special_tokens=[IM_START],
+        model_max_length=2048, padding_side="left", clean_up_tokenization_spaces=False,
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def tiny_model(seed: int = 0, offload: bool = True, tied: bool = False, hidden: int = 32, layers: int = 2):
+    """(model, tokenizer): a random tiny Qwen3ForCausalLM over the char tokenizer, `<offload>` added if asked."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from pyrodash.tokens import add_offload_token
+
+    tok = tiny_tokenizer()
+    torch.manual_seed(seed)
+    cfg = Qwen3Config(
+        vocab_size=len(tok), hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+        num_attention_heads=2, num_key_value_heads=1, head_dim=hidden // 2, max_position_embeddings=2048,
+        tie_word_embeddings=tied, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, bos_token_id=None,
+    )
+    model = Qwen3ForCausalLM(cfg).eval()
+    # random init gives near-uniform logits; scale the head so greedy decoding has clear preferences
+    with torch.no_grad():
+        model.lm_head.weight.mul_(8.0)
+    if offload:
+        add_offload_token(model, tok, sigma=0.1, seed=seed)
+    model.generation_config.eos_token_id = tok.eos_token_id
+    model.generation_config.pad_token_id = tok.pad_token_id
+    return model, tok
+
+
+def tiny_model_dir(out_dir: str | Path, seed: int = 0, offload: bool = True, tied: bool = False) -> Path:
+    """Save a tiny model + tokenizer into `out_dir` (HF format) and return the path; cached per process."""
+    out = Path(out_dir)
+    key = (seed, offload, tied)
+    if key in _CACHE and _CACHE[key].exists():
+        if _CACHE[key] != out:
+            shutil.copytree(_CACHE[key], out, dirs_exist_ok=True)
+        return out
+    model, tok = tiny_model(seed=seed, offload=offload, tied=tied)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(str(out))
+    tok.save_pretrained(str(out))
+    _CACHE[key] = out
+    return out
