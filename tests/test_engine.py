@@ -9,6 +9,7 @@ import asyncio
 import time
 
 import pytest
+from tiny_models import tiny_model_dir
 
 from pyrodash.backends.base import GenRequest
 from pyrodash.backends.hf import HFBackend
@@ -16,7 +17,6 @@ from pyrodash.cost import Prices
 from pyrodash.engine import CollaborateEngine, FailurePolicy
 from pyrodash.events import Done, Handoff, LLMDelta, SLMDelta
 from pyrodash.prompts import OFFLOAD_TOKEN, get_prompts
-from tiny_models import tiny_model_dir
 
 PROMPTS = get_prompts("world-v1")
 PRICES = Prices(slm_in=1.0, slm_out=2.0, llm_in=10.0, llm_out=40.0)
@@ -48,7 +48,8 @@ def mid_handoff_bias(engine, question: str, lo: int = 2) -> tuple[float, Done]:
 
 
 def slm_request(engine, question: str, **kw) -> GenRequest:
-    msgs = [{"role": "system", "content": PROMPTS.offload_system}, {"role": "user", "content": PROMPTS.question(question)}]
+    msgs = [{"role": "system", "content": PROMPTS.offload_system},
+            {"role": "user", "content": PROMPTS.question(question)}]
     return GenRequest(messages=msgs, max_tokens=engine.max_tokens, stop_token_ids=[engine.offload_id], **kw)
 
 

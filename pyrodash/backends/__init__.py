@@ -30,7 +30,7 @@ def load_backend(spec: str | dict) -> Backend:
     if "url" in spec:
         unknown = set(spec) - _HTTP_KEYS
         if unknown:
-            raise ValueError(f"backend spec: unknown keys {sorted(unknown)} for an HTTP backend; use {sorted(_HTTP_KEYS)}")
+            raise ValueError(f"backend spec: unknown keys {sorted(unknown)} for a server; use {sorted(_HTTP_KEYS)}")
         from pyrodash.backends.openai_compat import OpenAICompatBackend
 
         return OpenAICompatBackend(**spec)
@@ -40,5 +40,6 @@ def load_backend(spec: str | dict) -> Backend:
             raise ValueError(f"backend spec: unknown keys {sorted(unknown)} for a local model; use {sorted(_HF_KEYS)}")
         from pyrodash.backends.hf import HFBackend
 
-        return HFBackend(spec["path"], device=spec.get("device"), dtype=spec.get("dtype", "auto"), name=spec.get("name"))
+        return HFBackend(spec["path"], device=spec.get("device"), dtype=spec.get("dtype", "auto"),
+                         name=spec.get("name"))
     raise ValueError(f"backend spec {spec!r}: a dict needs 'path' (local model) or 'url' (OpenAI-compatible server)")
