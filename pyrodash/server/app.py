@@ -183,12 +183,28 @@ async def _read_json(request: Request, limit: int) -> object:
         raise P.APIError(400, f"We could not parse the JSON body of your request: {e}", code="invalid_json") from e
 
 
+def _field_names(*models: type[BaseModel]) -> set[str]:
+    names: set[str] = set()
+    for m in models:
+        for name, f in m.model_fields.items():
+            names.add(name)
+            for arg in getattr(f.annotation, "__args__", ()) + (f.annotation,):
+                inner = getattr(arg, "__args__", (arg,))[0] if getattr(arg, "__args__", None) else arg
+                if isinstance(inner, type) and issubclass(inner, BaseModel) and inner is not m:
+                    names |= _field_names(inner)
+    return names
+
+
+_PARAMS = _field_names(P.ChatCompletionRequest, P.CompletionRequest)
+
+
 def _validate(model: type[BaseModel], obj: object) -> BaseModel:
     try:
         return model.model_validate(obj)
     except ValidationError as e:
         err = e.errors(include_url=False)[0]
-        param = ".".join(str(x) for x in err["loc"]) or None
+        # OpenAI-style param path: field names and list indices, without pydantic's union-branch tags
+        param = ".".join(str(x) for x in err["loc"] if isinstance(x, int) or x in _PARAMS) or None
         where = f"{param}: " if param else ""
         raise P.APIError(400, f"{where}{err['msg']}", param=param, code="invalid_value") from None
 

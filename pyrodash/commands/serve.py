@@ -1,0 +1,67 @@
+"""`pyrodash serve`: the OpenAI-compatible Collaborate Engine server.
+
+    pyrodash serve --config configs/serve/world.yaml
+    pyrodash serve --slm worlds/demo/slm --llm http://127.0.0.1:8001/v1#llm --port 8000 --api-key secret
+
+Flags override the YAML. SIGINT/SIGTERM stop accepting connections, let running requests finish (up to
+--graceful-timeout seconds, then they are cancelled) and close the SLM and LLM backends.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", help="YAML recipe (configs/serve/*.yaml); flags override it")
+    p.add_argument("--slm", help="SLM backend: a model dir / hub id (in-process) or http(s)://host:port/v1#model")
+    p.add_argument("--llm", help="LLM backend: same forms as --slm")
+    p.add_argument("--prices", help="price sheet: a YAML path or a name in configs/prices/ (default: paper)")
+    p.add_argument("--prompts", help="prompt set name (default: qwen-math-v1)")
+    p.add_argument("--offload-bias", type=float, help="offload_bias of the default model (first operating point)")
+    p.add_argument("--host", help="bind address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="port (default 8000)")
+    p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' (default: $PYRODASH_API_KEY if set)")
+    p.add_argument("--cors-origin", action="append", dest="cors_origins", metavar="ORIGIN",
+                   help="allow browser requests from ORIGIN (repeatable); CORS is off otherwise")  # fmt: skip
+    p.add_argument("--max-tokens", type=int, help="largest max_tokens a request may ask for")
+    p.add_argument("--graceful-timeout", type=float, default=30.0, help="seconds to let requests finish on stop")
+    p.add_argument("--log-level", choices=["critical", "error", "warning", "info", "debug"], help="uvicorn log level")
+
+
+def config_from_args(args: argparse.Namespace):
+    """The ServeConfig that the YAML (if any) and the flags describe."""
+    from pyrodash.server.config import Limits, ServeConfig
+
+    flags = {k: getattr(args, k, None) for k in ("slm", "llm", "prices", "prompts", "host", "port", "api_key",
+                                                 "cors_origins", "log_level")}  # fmt: skip
+    config = ServeConfig.from_yaml(args.config, **flags) if args.config else ServeConfig(
+        **{k: v for k, v in flags.items() if v is not None})  # fmt: skip
+    if args.offload_bias is not None:
+        config.operating_points[config.default_model] = float(args.offload_bias)
+    if args.max_tokens is not None:
+        lim = config.limits
+        config.limits = Limits(max_body_bytes=lim.max_body_bytes, max_tokens=args.max_tokens,
+                               default_max_tokens=min(lim.default_max_tokens, args.max_tokens),
+                               max_concurrency=lim.max_concurrency)  # fmt: skip
+    return config
+
+
+def run(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from pyrodash.server.app import build_app
+
+    config = config_from_args(args)
+    if config.slm is None or config.llm is None:
+        raise ValueError("serve needs an SLM and an LLM: pass --config configs/serve/X.yaml or --slm and --llm")
+    app = build_app(config)
+    auth = "on" if app.state.api_key else "off"
+    print(f"pyrodash serve: http://{config.host}:{config.port}/v1  models={list(config.operating_points)}  "
+          f"auth={auth}  cors={config.cors_origins or 'off'}", flush=True)  # fmt: skip
+    server = uvicorn.Server(uvicorn.Config(
+        app, host=config.host, port=config.port, log_level=config.log_level,
+        timeout_graceful_shutdown=args.graceful_timeout, lifespan="on",
+    ))  # fmt: skip
+    server.run()
+    return 0 if server.started else 1
