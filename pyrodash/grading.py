@@ -4,9 +4,10 @@
   nested braces), or of the space form `\\boxed 5`; None when there is none (or the last one is cut off).
 - `is_correct(output_text, gold)`: only the extracted answer of the output is compared (no box -> False). A fast
   path decides without math-verify when both sides are the same after light normalisation, or both are integers
-  (the built-in world's answers, GSM8K, AIME). Otherwise math-verify decides, with the gold wrapped as `$gold$` and
-  the answer as `\\boxed{answer}`. `gold` may be a list (OlympiadBench multi-answer): the output must give all of
-  them, in any order (e.g. `\\boxed{1, 2}`).
+  (the built-in world's answers, GSM8K, AIME), or both plain numbers (`-1.5`, `4.5e33`, `4.5\\times10^{33}`: equal
+  within a relative tolerance of 1e-6, where math-verify's 6-decimal rounding would call 1e-27 and 3e-19 equal).
+  Otherwise math-verify decides, with the gold wrapped as `$gold$` and the answer as `\\boxed{answer}`. `gold`
+  may be a list (OlympiadBench multi-answer): the output must give all of them, in any order (`\\boxed{1, 2}`).
 - `grade_batch(outputs, golds, workers=None)`: the batched form, safe from any thread.
 
 math-verify times out with `signal.alarm`, which works only on the main thread of the main interpreter. So
@@ -23,6 +24,7 @@ import re
 import threading
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
+from fractions import Fraction
 
 TIMEOUT_S = 5  # math-verify's parse and verify timeouts (signal.alarm takes whole seconds)
 INLINE_MAX = 64  # workers=None on the main thread: grade inline up to this many math-verify items, else use the pool
@@ -30,6 +32,8 @@ INLINE_MAX = 64  # workers=None on the main thread: grade inline up to this many
 _BOX_RE = re.compile(r"\\(?:boxed|fbox|framebox)(?![A-Za-z])")
 _INT_RE = re.compile(r"[-+]?\d+")
 _THOUSANDS_RE = re.compile(r"[-+]?\d{1,3}(?:,\d{3})+")
+_NUM_RE = re.compile(r"([-+]?(?:\d+\.?\d*|\.\d+))(?:[eE]([-+]?\d+)|(?:\\times|\\cdot)10\^\{?([-+]?\d+)\}?)?")
+REL_TOL = 1e-6  # plain numbers: relative tolerance (math-verify rounds to 6 decimals: 1e-27 would equal 3e-19)
 _SCI_RE = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?)[eE]([-+]?\d+)(?![\w.])")
 
 
@@ -98,8 +102,28 @@ def _fast(answer: str | None, gold: str | list[str]) -> bool | None:
     if a == g and a:
         return True
     if _INT_RE.fullmatch(a) and _INT_RE.fullmatch(g):
-        return int(a) == int(g)
+        return _int_key(a) == _int_key(g)
+    x, y = _plain_number(a), _plain_number(g)
+    if x is not None and y is not None:
+        return x == y or abs(x - y) <= REL_TOL * max(abs(x), abs(y))
     return None
+
+
+def _int_key(s: str) -> str:
+    """`+007` -> `7`, `-0` -> `0`, without int() (Python refuses int() of strings over 4300 digits)."""
+    digits = s.lstrip("+-").lstrip("0") or "0"
+    return ("-" if s.startswith("-") and digits != "0" else "") + digits
+
+
+def _plain_number(s: str) -> Fraction | None:
+    """`-1.5`, `4.5e33`, `4.5\\times10^{33}` (normalised: no spaces) as an exact Fraction; None otherwise."""
+    m = _NUM_RE.fullmatch(s)
+    if m is None:
+        return None
+    exp = int(m.group(2) or m.group(3) or 0)
+    if abs(exp) > 400 or len(m.group(1)) > 400:  # absurd sizes: leave them to math-verify (it has a timeout)
+        return None
+    return Fraction(m.group(1)) * Fraction(10) ** exp
 
 
 def _verify(answer: str, gold: str | list[str], timeout_s: int = TIMEOUT_S) -> bool:
@@ -140,6 +164,11 @@ def _on_main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
 
+def _check_gold(gold: str | list[str]) -> None:
+    if isinstance(gold, (list, tuple)) and not gold:
+        raise ValueError("gold is an empty list; give at least one reference answer")
+
+
 def _check_timeout(timeout_s: int) -> int:
     if not isinstance(timeout_s, int) or isinstance(timeout_s, bool) or timeout_s < 1:
         raise ValueError(f"timeout_s must be a whole number of seconds >= 1 (signal.alarm), got {timeout_s!r}")
@@ -149,6 +178,7 @@ def _check_timeout(timeout_s: int) -> int:
 def is_correct(output_text: str, gold: str | list[str], timeout_s: int = TIMEOUT_S) -> bool:
     """Whether the last boxed answer of `output_text` equals `gold` (a string, or a list: all must be given)."""
     timeout_s = _check_timeout(timeout_s)
+    _check_gold(gold)
     if _on_main_thread():
         return _grade_one(output_text, gold, True, timeout_s)
     return grade_batch([output_text], [gold], timeout_s=timeout_s)[0]
@@ -232,6 +262,8 @@ def grade_batch(
     if workers is not None and (not isinstance(workers, int) or workers < 0):
         raise ValueError(f"workers must be None or an int >= 0, got {workers!r}")
     timeout_s = _check_timeout(timeout_s)
+    for g in golds:
+        _check_gold(g)
     results: list[bool | None] = [None] * len(outputs)
     pending: list[int] = []
     for i, (o, g) in enumerate(zip(outputs, golds)):
