@@ -1,0 +1,231 @@
+"""One local model behind an OpenAI-compatible API with vLLM's extras: `pyrodash serve-model PATH --port P`.
+
+    app = build_model_app(HFBackend("path/to/model"))      # FastAPI; or `pyrodash serve-model PATH`
+    with serve_in_thread(app) as url:                       # "http://127.0.0.1:<free port>/v1" (tests, benchmarks)
+        ...
+
+Routes: `GET /v1/models`, `POST /v1/chat/completions` (streaming with `stream_options.include_usage`, or not),
+`POST /tokenize` (vLLM's shape: {"tokens": [...], "count": n}), `GET /health`. vLLM request extras:
+`stop_token_ids`, `logit_bias`, `continue_final_message` (+ `add_generation_prompt: false`), `logprobs` /
+`top_logprobs`, `seed`; the response's `stop_reason` is the stop token id (or stop string) that ended generation,
+as in vLLM. Usage counts are the model tokenizer's. Errors use OpenAI's {"error": {message, type, param, code}}.
+A client that disconnects stops generation (the backend stream is closed).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+
+from pydantic import BaseModel, ConfigDict
+
+from pyrodash.backends.base import GenChunk, GenRequest
+
+
+class ChatRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    model: str | None = None
+    messages: list[dict]
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    n: int = 1
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: dict | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    logit_bias: dict[str, float] | None = None
+    # vLLM extras
+    stop_token_ids: list[int] | None = None
+    continue_final_message: bool = False
+    add_generation_prompt: bool = True
+
+
+class TokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[dict] | None = None
+    add_special_tokens: bool = True
+
+
+class RequestError(ValueError):
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param
+
+
+def to_gen_request(r: ChatRequest, default_max_tokens: int) -> GenRequest:
+    """Map an OpenAI/vLLM chat request onto the backend protocol (RequestError on what we do not serve)."""
+    if r.n != 1:
+        raise RequestError("only n=1 is supported", "n")
+    if not r.messages:
+        raise RequestError("messages must not be empty", "messages")
+    msgs, prefix = list(r.messages), ""
+    if r.continue_final_message:
+        if r.add_generation_prompt:
+            raise RequestError("continue_final_message needs add_generation_prompt=false", "add_generation_prompt")
+        if msgs[-1].get("role") != "assistant":
+            raise RequestError("continue_final_message needs a final assistant message", "messages")
+        prefix, msgs = str(msgs[-1].get("content") or ""), msgs[:-1]
+    elif not r.add_generation_prompt:
+        raise RequestError("add_generation_prompt=false is only served with continue_final_message=true",
+                           "add_generation_prompt")
+    for m in msgs:
+        if not isinstance(m.get("content"), str):
+            raise RequestError("message content must be a string", "messages")
+    stop = [r.stop] if isinstance(r.stop, str) else list(r.stop or [])
+    try:
+        bias = {int(k): float(v) for k, v in (r.logit_bias or {}).items()}
+    except ValueError as e:
+        raise RequestError("logit_bias keys must be token ids", "logit_bias") from e
+    k = (r.top_logprobs or 0) if r.logprobs else 0
+    max_tokens = r.max_completion_tokens or r.max_tokens or default_max_tokens
+    return GenRequest(messages=msgs, prefix=prefix, max_tokens=max_tokens, temperature=r.temperature, top_p=r.top_p,
+                      seed=r.seed, stop=stop, stop_token_ids=list(r.stop_token_ids or []), logit_bias=bias,
+                      top_logprobs=k)
+
+
+def _logprobs(chunk: GenChunk) -> dict | None:
+    if not chunk.top_logprobs:
+        return None
+    content = []
+    for top in chunk.top_logprobs:
+        best = max(top.items(), key=lambda kv: kv[1]) if top else ("", 0.0)
+        content.append({"token": chunk.text or best[0], "logprob": top.get(chunk.text, best[1]),
+                        "top_logprobs": [{"token": t, "logprob": v} for t, v in top.items()]})
+    return {"content": content}
+
+
+def _usage(final: GenChunk) -> dict:
+    p, c = final.prompt_tokens or 0, final.completion_tokens or 0
+    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c,
+            "prompt_tokens_details": {"cached_tokens": final.cached_tokens or 0}}
+
+
+def build_model_app(backend, model_name: str | None = None, default_max_tokens: int = 512):
+    """FastAPI app serving `backend` (anything speaking the Backend protocol, e.g. an HFBackend)."""
+    from fastapi import FastAPI
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import JSONResponse, StreamingResponse
+
+    name = model_name or getattr(backend, "name", "model")
+    app = FastAPI(title="pyrodash model server")
+    app.state.backend = backend
+    app.state.model_name = name
+
+    def error(status: int, message: str, param: str | None = None, kind: str = "invalid_request_error"):
+        return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": status}}, status)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_request, exc: RequestValidationError):
+        first = exc.errors()[0] if exc.errors() else {}
+        loc = ".".join(str(x) for x in first.get("loc", ())[1:]) or None
+        return error(400, f"invalid request: {first.get('msg', exc)} ({loc})", loc)
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok"}
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": name, "object": "model", "created": 0, "owned_by": "pyrodash"}]}
+
+    @app.post("/tokenize")
+    async def tokenize(r: TokenizeRequest):
+        tok = getattr(backend, "tokenizer", None)
+        if tok is None:
+            return error(404, "this backend has no local tokenizer")
+        if r.messages is not None:
+            text = tok.apply_chat_template(r.messages, tokenize=False, add_generation_prompt=True)
+            ids = tok.encode(text, add_special_tokens=False)
+        else:
+            ids = tok.encode(r.prompt or "", add_special_tokens=r.add_special_tokens)
+        return {"tokens": list(ids), "count": len(ids), "max_model_len": getattr(tok, "model_max_length", None)}
+
+    @app.post("/v1/chat/completions")
+    async def chat(r: ChatRequest):
+        if r.model not in (None, name):
+            return error(404, f"model {r.model!r} is not served here; this server serves {name!r}", "model",
+                         "not_found_error")
+        try:
+            req = to_gen_request(r, default_max_tokens)
+        except RequestError as e:
+            return error(400, str(e), e.param)
+        rid, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
+        head = {"id": rid, "created": created, "model": name}
+
+        if not r.stream:
+            text, lps, final = "", [], GenChunk()
+            async with contextlib.aclosing(backend.stream(req)) as it:
+                async for ch in it:
+                    text += ch.text
+                    lp = _logprobs(ch)
+                    lps += lp["content"] if lp else []
+                    if ch.finish_reason is not None:
+                        final = ch
+            choice = {"index": 0, "message": {"role": "assistant", "content": text},
+                      "logprobs": {"content": lps} if req.top_logprobs else None,
+                      "finish_reason": final.finish_reason, "stop_reason": final.stop_token_id}
+            return {**head, "object": "chat.completion", "choices": [choice], "usage": _usage(final)}
+
+        include_usage = bool((r.stream_options or {}).get("include_usage"))
+
+        async def events():
+            def sse(choices: list, **extra) -> str:
+                return "data: " + json.dumps({**head, "object": "chat.completion.chunk", "choices": choices,
+                                              **extra}) + "\n\n"
+
+            yield sse([{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])
+            final = GenChunk()
+            async with contextlib.aclosing(backend.stream(req)) as it:
+                async for ch in it:
+                    if ch.finish_reason is not None:
+                        final = ch
+                    if ch.text or ch.top_logprobs:
+                        yield sse([{"index": 0, "delta": {"content": ch.text}, "logprobs": _logprobs(ch),
+                                    "finish_reason": None}])
+            yield sse([{"index": 0, "delta": {}, "finish_reason": final.finish_reason or "length",
+                        "stop_reason": final.stop_token_id}])
+            if include_usage:
+                yield sse([], usage=_usage(final))
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    return app
+
+
+@contextlib.contextmanager
+def serve_in_thread(app, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning") -> Iterator[str]:
+    """Run `app` with uvicorn in a background thread on `host` (a free port when `port=0`); yields the
+    ".../v1" base URL and stops the server on exit."""
+    import uvicorn
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    server = uvicorn.Server(uvicorn.Config(app, log_level=log_level, access_log=False, lifespan="off"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True, name="pyrodash-uvicorn")
+    thread.start()
+    deadline = time.time() + 20
+    while not server.started:
+        if not thread.is_alive() or time.time() > deadline:
+            raise RuntimeError("the test server did not start")
+        time.sleep(0.01)
+    try:
+        yield f"http://{host}:{sock.getsockname()[1]}/v1"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        sock.close()
