@@ -1,0 +1,161 @@
+"""Engine overhead: the same token script streamed directly vs through the Collaborate Engine.
+
+    .venv/bin/python benchmarks/engine_overhead.py [--tokens 200] [--handoff-at 80] [--token-ms 5] [--runs 20]
+
+A scripted OpenAI-compatible server (a TEST DOUBLE, not a model) streams a fixed token script with a fixed delay per
+token. "Direct" streams the whole script through `OpenAICompatBackend`; "engine" runs `CollaborateEngine` with the
+SLM = the scripted server stopping on the `<offload>` id (vLLM's `stop_reason`) after `--handoff-at` tokens and the
+LLM = the scripted server streaming the rest. Printed: the wall-time ratio (engine / direct, medians), the added
+time to first token (p50 of per-run differences) and the handoff latency (p50, from the server sending the
+`<offload>` stop to the LLM request arriving at the server: Pack, the engine and the HTTP client in between).
+The last line is machine-readable: `overhead_ratio=<x> added_ttft_ms_p50=<y> handoff_ms_p50=<z>`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from fastapi import FastAPI, Request  # noqa: E402  (module level: FastAPI resolves the annotations)
+from fastapi.responses import StreamingResponse  # noqa: E402
+
+from pyrodash.backends.base import GenRequest  # noqa: E402
+
+OFFLOAD_ID = 151_669  # the scripted SLM's <offload> id (any id works; it is only compared, never decoded)
+
+
+def scripted_app(script: list[str], handoff_at: int, token_s: float = 0.0, prompt_tokens: int = 100,
+                 cached_tokens: int = 0):
+    """TEST DOUBLE: an OpenAI-compatible server that streams a fixed script, no model behind it.
+
+    model "direct" streams the whole script; "slm" streams script[:handoff_at] then stops with
+    stop_reason=OFFLOAD_ID (as vLLM reports a stop_token_ids hit), or the whole script when the request bans
+    OFFLOAD_ID through logit_bias; "llm" streams script[handoff_at:]. `app.state.log` records (model, arrival
+    time, time the last chunk was sent) per request, from `time.perf_counter()`.
+    """
+    app = FastAPI()
+    app.state.log = []
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": m, "object": "model"} for m in ("direct", "slm", "llm")]}
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request):
+        body = await request.json()
+        return {"tokens": [OFFLOAD_ID] if body.get("prompt") == "<offload>" else [1, 2], "count": 1}
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):
+        t_arrive = time.perf_counter()
+        body = await request.json()
+        model = body["model"]
+        banned = float((body.get("logit_bias") or {}).get(str(OFFLOAD_ID), 0)) <= -100
+        stops = OFFLOAD_ID in (body.get("stop_token_ids") or []) and not banned
+        toks = {"direct": script, "slm": script[:handoff_at] if stops else script, "llm": script[handoff_at:]}[model]
+        rec = [model, t_arrive, None]
+        app.state.log.append(rec)
+
+        def chunk(choices, **extra) -> str:
+            return "data: " + json.dumps({"id": "x", "object": "chat.completion.chunk", "created": 0, "model": model,
+                                          "choices": choices, **extra}) + "\n\n"
+
+        async def events():
+            yield chunk([{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])
+            for t in toks:
+                if token_s:
+                    await asyncio.sleep(token_s)
+                yield chunk([{"index": 0, "delta": {"content": t}, "finish_reason": None}])
+            if model == "slm" and stops:
+                if token_s:
+                    await asyncio.sleep(token_s)  # decoding <offload> itself takes a step
+                fin = {"finish_reason": "stop", "stop_reason": OFFLOAD_ID}
+            else:
+                fin = {"finish_reason": "length", "stop_reason": None}
+            rec[2] = time.perf_counter()
+            yield chunk([{"index": 0, "delta": {}, **fin}])
+            n_out = len(toks) + (model == "slm" and stops)
+            usage = {"prompt_tokens": prompt_tokens, "completion_tokens": n_out,
+                     "total_tokens": prompt_tokens + n_out, "prompt_tokens_details": {"cached_tokens": cached_tokens}}
+            yield chunk([], usage=usage)
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    return app
+
+
+async def measure(url: str, app, runs: int, handoff_at: int) -> dict:
+    from pyrodash.backends.openai_compat import OpenAICompatBackend
+    from pyrodash.cost import Prices
+    from pyrodash.engine import CollaborateEngine
+    from pyrodash.events import Handoff, LLMDelta, SLMDelta
+    from pyrodash.prompts import get_prompts
+
+    direct = OpenAICompatBackend(url, model="direct")
+    slm, llm = OpenAICompatBackend(url, model="slm"), OpenAICompatBackend(url, model="llm")
+    engine = CollaborateEngine(slm, llm, get_prompts("qwen-math-v1"), Prices.from_yaml("paper"), max_tokens=4096)
+    msgs = [{"role": "user", "content": "q"}]
+    d_wall, e_wall, d_ttft, e_ttft, handoffs = [], [], [], [], []
+    for i in range(runs + 1):  # run 0 warms connections up and is not counted
+        t0 = time.perf_counter()
+        first = None
+        async for ch in direct.stream(GenRequest(messages=msgs, max_tokens=4096)):
+            if ch.text and first is None:
+                first = time.perf_counter()
+        t1 = time.perf_counter()
+        e_first = None
+        async for ev in engine.stream("q"):
+            if isinstance(ev, (SLMDelta, LLMDelta)) and e_first is None:
+                e_first = time.perf_counter()
+            if isinstance(ev, Handoff):
+                assert ev.slm_tokens == handoff_at
+        t2 = time.perf_counter()
+        if i == 0:
+            continue
+        d_wall.append(t1 - t0)
+        e_wall.append(t2 - t1)
+        d_ttft.append(first - t0)
+        e_ttft.append(e_first - t1)
+        slm_rec, llm_rec = app.state.log[-2], app.state.log[-1]
+        assert slm_rec[0] == "slm" and llm_rec[0] == "llm"
+        handoffs.append(llm_rec[1] - slm_rec[2])
+    await direct.aclose()
+    await engine.aclose()
+    return {"ratio": statistics.median(e_wall) / statistics.median(d_wall),
+            "added_ttft_ms": statistics.median(e - d for e, d in zip(e_ttft, d_ttft)) * 1e3,
+            "handoff_ms": statistics.median(handoffs) * 1e3,
+            "direct_ms": statistics.median(d_wall) * 1e3, "engine_ms": statistics.median(e_wall) * 1e3}
+
+
+def main(argv: list[str] | None = None) -> int:
+    from pyrodash.backends.model_server import serve_in_thread
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--tokens", type=int, default=200, help="length of the token script")
+    p.add_argument("--handoff-at", type=int, default=80, help="SLM tokens before <offload>")
+    p.add_argument("--token-ms", type=float, default=5.0, help="scripted decode time per token")
+    p.add_argument("--runs", type=int, default=20)
+    a = p.parse_args(argv)
+    if not 0 < a.handoff_at < a.tokens:
+        raise SystemExit("--handoff-at must be between 0 and --tokens")
+    script = [f" t{i}" for i in range(a.tokens)]
+    app = scripted_app(script, a.handoff_at, token_s=a.token_ms / 1e3)
+    with serve_in_thread(app) as url:
+        r = asyncio.run(measure(url, app, a.runs, a.handoff_at))
+    print(f"script: {a.tokens} tokens at {a.token_ms} ms/token, handoff after {a.handoff_at}, {a.runs} runs")
+    print(f"direct {r['direct_ms']:.1f} ms, engine {r['engine_ms']:.1f} ms (medians)")
+    print(f"overhead_ratio={r['ratio']:.4f} added_ttft_ms_p50={r['added_ttft_ms']:.3f} "
+          f"handoff_ms_p50={r['handoff_ms']:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
