@@ -70,6 +70,22 @@ def _with_system(system: str, messages: list[dict]) -> list[dict]:
     return [{"role": "system", "content": system}] + list(messages)
 
 
+def handoff_request(prompts: Prompts, style: str, messages: list[dict], partial: str, max_tokens: int,
+                    sampling: dict | None = None) -> GenRequest:
+    """The LLM request of a handoff (Line 6): "continue" = [P_l] + messages with Pack(O_s) as the assistant prefix;
+    "instruct" = [P_l] + one user message `handoff_template` with the last user question and the partial text."""
+    sampling = sampling or {}
+    if style == "continue":
+        msgs = _with_system(prompts.completion_system, messages)
+        return GenRequest(messages=msgs, prefix=partial, max_tokens=max_tokens, **sampling)
+    if style != "instruct":
+        raise ValueError(f"handoff style {style!r}: use 'continue' or 'instruct'")
+    question = next((m["content"] for m in reversed(messages) if m.get("role") == "user"), "")
+    user = prompts.handoff_template.format(question=question, partial=partial)
+    msgs = _with_system(prompts.completion_system, [{"role": "user", "content": user}])
+    return GenRequest(messages=msgs, max_tokens=max_tokens, **sampling)
+
+
 class CollaborateEngine:
     def __init__(self, slm: Backend, llm: Backend, prompts: Prompts, prices: Prices, handoff_style: str = "continue",
                  offload_bias: float = 0.0, max_tokens: int = 512, failure: FailurePolicy | None = None):
@@ -97,14 +113,8 @@ class CollaborateEngine:
         return question
 
     def llm_request(self, messages: list[dict], partial: str, max_tokens: int, sampling: dict) -> GenRequest:
-        """The single handoff request (Line 6) in the configured style."""
-        if self.handoff_style == "continue":
-            msgs = _with_system(self.prompts.completion_system, messages)
-            return GenRequest(messages=msgs, prefix=partial, max_tokens=max_tokens, **sampling)
-        question = next((m["content"] for m in reversed(messages) if m.get("role") == "user"), "")
-        user = self.prompts.handoff_template.format(question=question, partial=partial)
-        msgs = _with_system(self.prompts.completion_system, [{"role": "user", "content": user}])
-        return GenRequest(messages=msgs, max_tokens=max_tokens, **sampling)
+        """The single handoff request (Line 6) in the configured style (reads only `prompts` and `handoff_style`)."""
+        return handoff_request(self.prompts, self.handoff_style, messages, partial, max_tokens, sampling)
 
     # ---- Algorithm 1 ---------------------------------------------------------------------------------------
     async def stream(self, question: str | list[dict], offload_bias: float | None = None,

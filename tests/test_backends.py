@@ -1,0 +1,236 @@
+"""Backends behind real servers on 127.0.0.1: the model server (official `openai` client), the OpenAI-compatible
+backend, the engine over HTTP, and LLM faults (a fault-injecting server, a TEST DOUBLE wrapping the real one)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.util
+import socket
+import time
+from pathlib import Path
+
+import openai
+import pytest
+from tiny_models import tiny_model_dir
+
+from pyrodash.backends import load_backend
+from pyrodash.backends.base import GenRequest
+from pyrodash.backends.hf import HFBackend
+from pyrodash.backends.model_server import build_model_app, serve_in_thread
+from pyrodash.backends.openai_compat import OpenAICompatBackend
+from pyrodash.cost import Prices
+from pyrodash.engine import CollaborateEngine, EngineError, FailurePolicy
+from pyrodash.prompts import OFFLOAD_TOKEN, get_prompts
+
+PROMPTS = get_prompts("world-v1")
+PRICES = Prices(slm_in=1.0, slm_out=2.0, llm_in=10.0, llm_out=40.0, llm_cached_in=1.0)
+MSGS = [{"role": "user", "content": "x"}]
+
+
+class FaultInjectingApp:
+    """TEST DOUBLE: an ASGI wrapper that makes the first `n` chat requests fail ("500": HTTP 500 in OpenAI's error
+    shape; "hang": no answer at all) and passes everything else to the real model server."""
+
+    def __init__(self, inner, n: int, mode: str = "500"):
+        self.inner, self.n, self.mode, self.seen = inner, n, mode, 0
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope["path"].endswith("/chat/completions"):
+            self.seen += 1
+            if self.seen <= self.n:
+                if self.mode == "hang":
+                    await asyncio.sleep(30)
+                body = b'{"error": {"message": "injected fault", "type": "server_error", "param": null, "code": 500}}'
+                await send({"type": "http.response.start", "status": 500,
+                            "headers": [(b"content-type", b"application/json")]})
+                await send({"type": "http.response.body", "body": body})
+                return
+        await self.inner(scope, receive, send)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    slm = HFBackend(tiny_model_dir(tmp_path_factory.mktemp("slm"), seed=0), name="slm")
+    llm = HFBackend(tiny_model_dir(tmp_path_factory.mktemp("llm"), seed=1, offload=False), name="llm")
+    return slm, llm
+
+
+@pytest.fixture(scope="module")
+def servers(models):
+    slm, llm = models
+    with serve_in_thread(build_model_app(slm, "slm")) as su, serve_in_thread(build_model_app(llm, "llm")) as lu:
+        yield su, lu
+
+
+def test_model_server_speaks_openai_with_vllm_extras(models, servers):
+    slm, _ = models
+    client = openai.OpenAI(base_url=servers[0], api_key="none")
+    assert [m.id for m in client.models.list().data] == ["slm"]
+    oid = slm.token_id(OFFLOAD_TOKEN)
+    stream = client.chat.completions.create(
+        model="slm", messages=MSGS, max_tokens=12, temperature=0.0, stream=True,
+        stream_options={"include_usage": True}, extra_body={"stop_token_ids": [oid]}, logit_bias={str(oid): 100})
+    chunks = list(stream)
+    fin = [c.choices[0] for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert fin[0].finish_reason == "stop" and fin[0].model_extra["stop_reason"] == oid
+    usage = chunks[-1].usage
+    ref = slm.generate(GenRequest(messages=MSGS, max_tokens=12, stop_token_ids=[oid], logit_bias={oid: 100.0}))
+    assert usage.prompt_tokens == len(ref.prompt_ids) == len(slm.prompt_ids(GenRequest(messages=MSGS)))
+    assert usage.completion_tokens == ref.completion_tokens == 1
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "" == ref.text
+
+
+def test_continue_final_message_and_logprobs(models, servers):
+    _, llm = models
+    client = openai.OpenAI(base_url=servers[1], api_key="none")
+    r = client.chat.completions.create(
+        model="llm", messages=MSGS + [{"role": "assistant", "content": "ab"}], max_tokens=6, temperature=0.0,
+        logprobs=True, top_logprobs=5, extra_body={"continue_final_message": True, "add_generation_prompt": False})
+    ref = llm.generate(GenRequest(messages=MSGS, prefix="ab", max_tokens=6, top_logprobs=5))
+    assert r.choices[0].message.content == ref.text
+    assert r.usage.prompt_tokens == len(ref.prompt_ids) and r.usage.completion_tokens == 6
+    assert len(r.choices[0].logprobs.content) == 6
+    assert all(len(t.top_logprobs) == 5 for t in r.choices[0].logprobs.content)
+    with pytest.raises(openai.BadRequestError, match="n=1"):
+        client.chat.completions.create(model="llm", messages=MSGS, n=2)
+    with pytest.raises(openai.BadRequestError, match="final assistant message"):
+        client.chat.completions.create(model="llm", messages=MSGS, extra_body={
+            "continue_final_message": True, "add_generation_prompt": False})
+
+
+def test_http_backend_matches_in_process(models, servers):
+    slm, llm = models
+    http_slm, http_llm = load_backend(servers[0]), load_backend({"url": servers[1], "model": "llm"})
+    assert http_slm.model == "slm" and http_slm.token_id(OFFLOAD_TOKEN) == slm.token_id(OFFLOAD_TOKEN)
+    assert http_llm.token_id(OFFLOAD_TOKEN) is None
+    local = CollaborateEngine(slm, llm, PROMPTS, PRICES, max_tokens=16)
+    remote = CollaborateEngine(http_slm, http_llm, PROMPTS, PRICES, max_tokens=16)
+    handoffs = set()
+    for bias in (-1e4, 1.0, 1.5, 2.0, 1e4):
+        a, b = local.run("x", offload_bias=bias), remote.run("x", offload_bias=bias)
+        assert (a.output, a.slm_text, a.handoff, a.usage) == (b.output, b.slm_text, b.handoff, b.usage)
+        assert b.usage.llm_calls == (b.handoff is not None) and OFFLOAD_TOKEN not in b.output
+        handoffs.add(b.handoff)
+    assert None in handoffs and 0 in handoffs and len(handoffs) >= 3  # no handoff, at once, and mid-trace
+
+
+def test_retry_after_http_500_succeeds_and_counts_both_calls(models, servers):
+    slm, llm = models
+    fault = FaultInjectingApp(build_model_app(llm, "llm"), n=1)
+    with serve_in_thread(fault) as url:
+        eng = CollaborateEngine(slm, OpenAICompatBackend(url, "llm"), PROMPTS, PRICES, max_tokens=16,
+                                failure=FailurePolicy(retries=2, backoff_s=0.01))
+        done = eng.run("x", offload_bias=1.5)
+    ref = CollaborateEngine(slm, llm, PROMPTS, PRICES, max_tokens=16).run("x", offload_bias=1.5)
+    assert done.output == ref.output and not done.fallback and done.finish_reason == ref.finish_reason
+    assert done.usage.llm_calls == 2 and len(done.errors) == 1 and "500" in done.errors[0]
+    assert done.usage.llm_in == ref.usage.llm_in and done.usage.llm_out == ref.usage.llm_out
+
+
+def test_failing_llm_falls_back_to_the_slm(models, servers):
+    slm, llm = models
+    fault = FaultInjectingApp(build_model_app(llm, "llm"), n=10**6)
+    with serve_in_thread(fault) as url:
+        eng = CollaborateEngine(slm, OpenAICompatBackend(url, "llm"), PROMPTS, PRICES, max_tokens=16,
+                                failure=FailurePolicy(retries=2, backoff_s=0.01, on_error="fallback"))
+        done = eng.run("x", offload_bias=1.5)
+    assert done.fallback and done.llm_text == "" and len(done.errors) == 3 and fault.seen == 3
+    assert done.usage.llm_calls == 3 and done.usage.llm_in == done.usage.llm_out == 0
+    oid = eng.offload_id
+    first = slm.generate(GenRequest(messages=[{"role": "system", "content": PROMPTS.offload_system}] + MSGS,
+                                    max_tokens=16, stop_token_ids=[oid], logit_bias={oid: 1.5}))
+    resume = GenRequest(messages=[{"role": "system", "content": PROMPTS.offload_system}] + MSGS, prefix=first.text,
+                        max_tokens=16 - first.completion_tokens, logit_bias={oid: float("-inf")})
+    rest = slm.generate(resume)
+    assert oid not in rest.token_ids and done.handoff == first.completion_tokens - 1
+    assert done.output == first.text + rest.text and OFFLOAD_TOKEN not in done.output
+    assert done.usage.slm_in == len(first.prompt_ids) + len(rest.prompt_ids)
+    assert done.usage.slm_out == first.completion_tokens + rest.completion_tokens
+
+
+def test_failing_llm_raises_when_configured(models):
+    slm, llm = models
+    with serve_in_thread(FaultInjectingApp(build_model_app(llm, "llm"), n=10**6)) as url:
+        eng = CollaborateEngine(slm, OpenAICompatBackend(url, "llm"), PROMPTS, PRICES, max_tokens=8,
+                                failure=FailurePolicy(retries=1, backoff_s=0.01, on_error="raise"))
+        with pytest.raises(EngineError, match="injected fault") as ei:
+            eng.run("x", offload_bias=1e4)
+    d = ei.value.done
+    assert d.finish_reason == "error" and d.usage.llm_calls == 2 and len(d.errors) == 2 and d.handoff == 0
+    assert d.usage.slm_out == 1 and d.cost_usd == pytest.approx(d.usage.cost(PRICES))
+
+
+def test_llm_timeout_and_unreachable_server(models):
+    slm, llm = models
+    with serve_in_thread(FaultInjectingApp(build_model_app(llm, "llm"), n=1, mode="hang")) as url:
+        eng = CollaborateEngine(slm, OpenAICompatBackend(url, "llm"), PROMPTS, PRICES, max_tokens=8,
+                                failure=FailurePolicy(retries=1, backoff_s=0.0, timeout_s=0.5))
+        t0 = time.perf_counter()
+        done = eng.run("x", offload_bias=1e4)
+        assert time.perf_counter() - t0 < 10
+    assert not done.fallback and done.usage.llm_calls == 2 and "Timeout" in done.errors[0]
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}/v1"
+    eng = CollaborateEngine(slm, OpenAICompatBackend(dead, "llm"), PROMPTS, PRICES, max_tokens=8,
+                            failure=FailurePolicy(retries=1, backoff_s=0.0))
+    done = eng.run("x", offload_bias=1e4)
+    assert done.fallback and done.usage.llm_calls == 0 and "connect" in done.errors[0]
+
+
+def test_closing_an_http_stream_stops_the_server_model(models, servers):
+    slm, _ = models
+    calls = []
+    hook = slm.model.register_forward_hook(lambda *a: calls.append(1))
+    try:
+        async def three_chunks():
+            b = OpenAICompatBackend(servers[0], "slm")
+            async with contextlib.aclosing(b.stream(GenRequest(messages=MSGS, max_tokens=3000))) as it:
+                n = 0
+                async for ch in it:
+                    n += bool(ch.text)
+                    if n == 3:
+                        break
+            await b.aclose()
+
+        asyncio.run(three_chunks())
+        time.sleep(1.0)
+        seen = len(calls)
+        time.sleep(0.5)
+        assert len(calls) == seen and seen < 1000, "the server kept generating after the client left"
+    finally:
+        hook.remove()
+
+
+def test_cached_tokens_and_offload_stop_from_a_scripted_server():
+    spec = importlib.util.spec_from_file_location(
+        "engine_overhead", Path(__file__).resolve().parent.parent / "benchmarks" / "engine_overhead.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    script = [f" t{i}" for i in range(10)]
+    with serve_in_thread(bench.scripted_app(script, 4, prompt_tokens=50, cached_tokens=20)) as url:
+        eng = CollaborateEngine(load_backend(url + "#slm"), load_backend(url + "#llm"), PROMPTS, PRICES)
+        done = eng.run("q")
+    assert done.handoff == 4 and done.output == "".join(script) and done.slm_text == "".join(script[:4])
+    assert (done.usage.llm_in, done.usage.llm_cached_in, done.usage.llm_out, done.usage.slm_out) == (50, 20, 6, 5)
+    assert done.cost_usd == pytest.approx(done.usage.cost(PRICES))
+
+
+def test_load_backend_specs(tmp_path, monkeypatch):
+    path = tiny_model_dir(tmp_path / "m", seed=0)
+    assert isinstance(load_backend(str(path)), HFBackend)
+    b = load_backend("http://127.0.0.1:9/v1#big")
+    assert isinstance(b, OpenAICompatBackend) and b.model == "big" and b.base == "http://127.0.0.1:9/v1"
+    monkeypatch.delenv("PD_TEST_KEY", raising=False)
+    with pytest.raises(ValueError, match="PD_TEST_KEY"):
+        load_backend({"url": "http://127.0.0.1:9/v1", "model": "m", "api_key_env": "PD_TEST_KEY"})
+    monkeypatch.setenv("PD_TEST_KEY", "sk-test")
+    b = load_backend({"url": "http://127.0.0.1:9/v1", "model": "m", "api_key_env": "PD_TEST_KEY", "timeout_s": 5})
+    assert b.headers == {"Authorization": "Bearer sk-test"} and b.timeout_s == 5
+    with pytest.raises(ValueError, match="unknown keys"):
+        load_backend({"url": "http://x/v1", "modle": "m"})
+    with pytest.raises(ValueError, match="'path'"):
+        load_backend({"model": "m"})
+    with pytest.raises(ValueError, match="does not exist"):
+        load_backend(str(tmp_path / "missing"))
