@@ -1,0 +1,161 @@
+"""Evaluation harness: methods x benchmarks -> one JSON line per (method, example, sample), resumable.
+
+    pyrodash eval --config configs/eval/world.yaml [--run-dir DIR]
+
+Records go to `RUN_DIR/records/<method>.jsonl`; each line holds id, benchmark, sample, question, gold, output,
+correct, usage (per component), llm_calls, handoff, segments (which model wrote which text), latency_s and the
+example's meta (world problems carry `steps` / `hard_steps` for the trigger-position analysis). Lines are appended
+and fsync'ed one by one; a restarted run skips (benchmark, id, sample) keys already present and first cuts a torn
+last line, so a run killed at any point (kill -9) loses and duplicates nothing. The resolved config is saved as
+`RUN_DIR/config.resolved.json`. Metrics and tables come from the records (`pyrodash.report`).
+
+Accuracy is pass@1 with greedy decoding, or avg@k for benchmarks listed under `samples` (k samples at
+`sample_temperature` / `sample_top_p`, seeds 0..k-1).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+import yaml
+
+from pyrodash.data.example import Example
+
+
+@dataclass
+class EvalConfig:
+    run_dir: str
+    benchmarks: list[str]
+    methods: list = field(default_factory=lambda: ["slm", "llm"])
+    models: dict = field(default_factory=dict)  # slm, llm, sft: backend specs; pyrodash: {λ: spec}
+    world_dir: str | None = None  # for world:<split> benchmarks
+    benchmark_paths: dict = field(default_factory=dict)  # name -> local JSONL for real benchmarks
+    limit: int | None = None  # examples per benchmark
+    samples: dict = field(default_factory=dict)  # name -> k for avg@k (the paper: aime24/aime25 -> 32)
+    sample_temperature: float = 0.6
+    sample_top_p: float = 0.95
+    prices: str | dict = "paper"
+    prompts: str = "qwen-math-v1"
+    max_tokens: int = 256
+    batch_size: int = 16
+    concurrency: int = 8
+
+    def __post_init__(self) -> None:
+        if not self.benchmarks:
+            raise ValueError("eval config: benchmarks must list at least one benchmark (e.g. world:test)")
+        if self.max_tokens <= 0 or self.batch_size <= 0 or self.concurrency <= 0:
+            raise ValueError("eval config: max_tokens, batch_size and concurrency must be positive")
+        for b, k in self.samples.items():
+            if not isinstance(k, int) or k < 1:
+                raise ValueError(f"eval config: samples.{b}={k!r} must be a positive integer (k of avg@k)")
+
+    @classmethod
+    def from_yaml(cls, path: str | Path, **overrides) -> EvalConfig:
+        p = Path(path)
+        if not p.exists():
+            raise ValueError(f"eval config {path} not found; see configs/eval/ for examples")
+        data = (yaml.safe_load(p.read_text()) or {}) | {k: v for k, v in overrides.items() if v is not None}
+        known = {f.name for f in fields(cls)}
+        if set(data) - known:
+            raise ValueError(f"eval config {p}: unknown keys {sorted(set(data) - known)}; expected {sorted(known)}")
+        return cls(**data)
+
+    def price_sheet(self):
+        from pyrodash.cost import Prices
+
+        return Prices(**self.prices) if isinstance(self.prices, dict) else Prices.from_yaml(self.prices)
+
+
+# --- resumable JSONL ---------------------------------------------------------------------------------------------
+
+
+def record_key(r: dict) -> tuple[str, str, int]:
+    return r["benchmark"], str(r["id"]), int(r.get("sample", 0))
+
+
+def resume(path: Path) -> set[tuple[str, str, int]]:
+    """Keys already stored in `path`; a torn last line (killed mid-write) is cut off so appends stay valid."""
+    if not path.exists():
+        return set()
+    data = path.read_bytes()
+    end = data.rfind(b"\n") + 1
+    if end < len(data):
+        with path.open("r+b") as f:
+            f.truncate(end)
+    keys = set()
+    for line in data[:end].decode().splitlines():
+        if line.strip():
+            keys.add(record_key(json.loads(line)))
+    return keys
+
+
+def append_records(path: Path, records: list[dict]) -> None:
+    with path.open("a") as f:
+        for r in records:
+            f.write(json.dumps(r, ensure_ascii=False) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+
+# --- the run ------------------------------------------------------------------------------------------------------
+
+
+def load_examples(cfg: EvalConfig, name: str, limit: int | None = None) -> list[Example]:
+    from pyrodash.data.benchmarks import load_benchmark
+
+    path = cfg.world_dir if name.startswith("world:") else cfg.benchmark_paths.get(name)
+    return load_benchmark(name, path=path, limit=limit)
+
+
+def _sampling(cfg: EvalConfig, k: int, s: int) -> dict:
+    if k == 1:
+        return {"temperature": 0.0, "top_p": 1.0, "seed": None}
+    return {"temperature": cfg.sample_temperature, "top_p": cfg.sample_top_p, "seed": s}
+
+
+def evaluate(cfg: EvalConfig, methods: dict | None = None, examples: list[Example] | None = None,
+             quiet: bool = False) -> Path:
+    """Run every method over every benchmark into RUN_DIR/records; returns RUN_DIR. `methods` defaults to
+    `pyrodash.methods.build_methods(cfg, ...)`, `examples` to the config's benchmarks."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from pyrodash.grading import grade_batch
+    from pyrodash.methods import Env, build_methods, timed
+    from pyrodash.prompts import get_prompts
+
+    run_dir = Path(cfg.run_dir)
+    (run_dir / "records").mkdir(parents=True, exist_ok=True)
+    prices = cfg.price_sheet()
+    resolved = asdict(cfg) | {"prices": prices.to_dict(), "prices_sheet": cfg.prices}
+    (run_dir / "config.resolved.json").write_text(json.dumps(resolved, indent=2, default=str) + "\n")
+    if examples is None:
+        examples = [ex for b in cfg.benchmarks for ex in load_examples(cfg, b, cfg.limit)]
+    keys = [(b, str(ex.id), s) for ex in examples for b in [ex.benchmark] for s in range(cfg.samples.get(b, 1))]
+    if len(set(keys)) != len(keys):
+        raise ValueError("duplicate (benchmark, id) pairs among the examples; give every example a unique id")
+    by_key = {(ex.benchmark, str(ex.id)): ex for ex in examples}
+    env = Env(get_prompts(cfg.prompts), prices, cfg.max_tokens, cfg.batch_size, cfg.concurrency)
+    if methods is None:
+        methods = build_methods(cfg, env, load_examples=lambda name, limit: load_examples(cfg, name, limit))
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  disable=quiet) as bar:
+        for name, method in methods.items():
+            path = run_dir / "records" / f"{name}.jsonl"
+            done = resume(path)
+            todo = [k for k in keys if k not in done]
+            task = bar.add_task(f"{name:<28}", total=len(keys), completed=len(keys) - len(todo))
+            for i in range(0, len(todo), cfg.batch_size):
+                chunk = todo[i : i + cfg.batch_size]
+                items = [(by_key[(b, id_)], _sampling(cfg, cfg.samples.get(b, 1), s)) for b, id_, s in chunk]
+                outs = timed(method, items)
+                ok = grade_batch([o["output"] for o in outs], [ex.gold for ex, _ in items], workers=0)
+                recs = []
+                for (b, id_, s), (ex, _), o, c in zip(chunk, items, outs, ok):
+                    recs.append({"id": id_, "benchmark": b, "sample": s, "method": name, "question": ex.question,
+                                 "gold": ex.gold, "correct": bool(c), **o, "meta": ex.meta})
+                append_records(path, recs)
+                bar.advance(task, len(chunk))
+    return run_dir

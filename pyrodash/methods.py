@@ -1,0 +1,378 @@
+"""The evaluated methods. Each is a callable over a batch of (Example, sampling) items that returns one partial record
+per item (output, usage, llm_calls, handoff, segments, ...); `pyrodash.evaluate` grades and stores them.
+
+- `slm`, `slm+sft`, `llm`: one model answers alone (`Solo`); the question template, no system prompt, `<offload>`
+  banned where the vocabulary has it (SLM+SFT is the Stage-2 model without P_s, as in the paper).
+- `pyrodash@<λ>` / `pyrodash@<λ>+bias<b>`: the Collaborate Engine with the Stage-3 model for λ (`PyroDash`).
+- `routellm@<α>`: RouteLLM-MF (`pyrodash.routing.routellm_mf`), `glimprouter@<τ>`: GlimpRouter
+  (`pyrodash.routing.glimprouter`).
+
+In-process backends (`HFBackend.generate_batch`) are batched; any other backend (OpenAI-compatible HTTP) is driven
+through its stream with `concurrency` requests in flight. PyroDash's batched path is Algorithm 1 with the engine's
+own request builders (P_s, `<offload>` as a stop id, the handoff request), so its records equal `engine.run`'s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from pyrodash.backends.base import GenChunk, GenRequest
+from pyrodash.cost import Prices, Usage
+from pyrodash.data.example import Example
+from pyrodash.prompts import OFFLOAD_TOKEN, Prompts
+
+Item = tuple[Example, dict]  # (example, sampling: temperature / top_p / seed)
+
+
+@dataclass
+class Gen:
+    """One finished generation, whatever the backend."""
+
+    text: str
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0
+    stop_token_id: int | None = None
+    top_logprobs: list[dict[str, float]] | None = None
+    eos: bool | None = None  # True: ended by EOS; False: by a stop string/id or length; None: unknown
+
+
+async def _collect(backend, req: GenRequest) -> Gen:
+    text, tops, last = "", [], GenChunk()
+    async with contextlib.aclosing(backend.stream(req)) as it:
+        async for ch in it:
+            text += ch.text
+            tops += ch.top_logprobs or []
+            if ch.finish_reason is not None:
+                last = ch
+    return Gen(text, last.finish_reason or "length", last.prompt_tokens or 0, last.completion_tokens or 0,
+               last.cached_tokens or 0, last.stop_token_id, tops or None, None)
+
+
+def generate(backend, reqs: list[GenRequest], batch_size: int = 16, concurrency: int = 8) -> list[Gen]:
+    """Run requests on a backend: batched when it has `generate_batch`, else `concurrency` streams at a time."""
+    if not reqs:
+        return []
+    if hasattr(backend, "generate_batch"):
+        eos_ids = getattr(backend, "eos_ids", set())
+        out = []
+        for r in backend.generate_batch(reqs, batch_size=batch_size):
+            eos = r.finish_reason == "stop" and r.stop_token_id is None and bool(r.token_ids) \
+                and r.token_ids[-1] in eos_ids
+            out.append(Gen(r.text, r.finish_reason, r.prompt_tokens, r.completion_tokens, 0, r.stop_token_id,
+                           r.top_logprobs, eos))
+        return out
+
+    async def main() -> list[Gen]:
+        sem = asyncio.Semaphore(concurrency)
+
+        async def one(r):
+            async with sem:
+                return await _collect(backend, r)
+
+        return list(await asyncio.gather(*(one(r) for r in reqs)))
+
+    return asyncio.run(main())
+
+
+def _ban_offload(backend) -> dict[int, float]:
+    tid = backend.token_id(OFFLOAD_TOKEN) if hasattr(backend, "token_id") else None
+    return {} if tid is None else {tid: float("-inf")}
+
+
+class Method:
+    name: str
+
+    def __call__(self, items: list[Item]) -> list[dict]:
+        raise NotImplementedError
+
+
+@dataclass
+class Env:
+    """What every method shares: prompts, prices, the answer budget and the batching knobs."""
+
+    prompts: Prompts
+    prices: Prices
+    max_tokens: int = 256
+    batch_size: int = 16
+    concurrency: int = 8
+
+
+class Solo(Method):
+    """One model answers the whole query alone."""
+
+    def __init__(self, name: str, backend, role: str, env: Env):
+        if role not in ("slm", "llm"):
+            raise ValueError(f"role={role!r}: use 'slm' or 'llm'")
+        self.name, self.backend, self.role, self.env = name, backend, role, env
+
+    def requests(self, items: list[Item]) -> list[GenRequest]:
+        ban = _ban_offload(self.backend)
+        return [GenRequest(messages=self.env.prompts.plain_messages(ex.question), max_tokens=self.env.max_tokens,
+                           logit_bias=dict(ban), **s) for ex, s in items]
+
+    def records(self, gens: list[Gen]) -> list[dict]:
+        out = []
+        for g in gens:
+            if self.role == "slm":
+                u = Usage(slm_in=g.prompt_tokens, slm_out=g.completion_tokens)
+            else:
+                u = Usage(llm_in=g.prompt_tokens, llm_out=g.completion_tokens, llm_cached_in=g.cached_tokens,
+                          llm_calls=1)
+            out.append({"output": g.text, "usage": u.to_dict(), "llm_calls": u.llm_calls, "handoff": None,
+                        "finish_reason": g.finish_reason, "segments": [{"model": self.role, "text": g.text}]})
+        return out
+
+    def __call__(self, items: list[Item]) -> list[dict]:
+        return self.records(generate(self.backend, self.requests(items), self.env.batch_size, self.env.concurrency))
+
+
+class PyroDash(Method):
+    """The Collaborate Engine with a trained SLM at a fixed offload_bias."""
+
+    def __init__(self, name: str, slm, llm, env: Env, offload_bias: float = 0.0):
+        from pyrodash.engine import CollaborateEngine
+
+        self.name, self.env, self.bias = name, env, float(offload_bias)
+        self.engine = CollaborateEngine(slm, llm, env.prompts, env.prices, offload_bias=self.bias,
+                                        max_tokens=env.max_tokens)
+
+    def _record(self, slm_text: str, llm_text: str, usage: Usage, handoff: int | None, finish: str,
+                fallback: bool = False) -> dict:
+        segs = [{"model": "slm", "text": slm_text}] + ([{"model": "llm", "text": llm_text}] if handoff is not None
+                                                        else [])
+        return {"output": slm_text + llm_text, "usage": usage.to_dict(), "llm_calls": usage.llm_calls,
+                "handoff": handoff, "finish_reason": finish, "segments": segs, "offload_bias": self.bias,
+                "fallback": fallback}
+
+    def __call__(self, items: list[Item]) -> list[dict]:
+        eng = self.engine
+        if not (hasattr(eng.slm, "generate_batch") and hasattr(eng.llm, "generate_batch")):
+            return self._via_engine(items)
+        from pyrodash.engine import _with_system
+
+        oid, budget = eng.offload_id, eng.max_tokens
+        msgs = [eng.messages(ex.question) for ex, _ in items]
+        samp = [{"stop": [], **s} for _, s in items]
+        reqs = [GenRequest(messages=_with_system(eng.prompts.offload_system, m), max_tokens=budget,
+                           stop_token_ids=[oid], logit_bias={oid: self.bias} if self.bias else {}, **s)
+                for m, s in zip(msgs, samp)]
+        slm = generate(eng.slm, reqs, self.env.batch_size)
+        hand = [i for i, g in enumerate(slm) if g.stop_token_id == oid]
+        lreqs = [eng.llm_request(msgs[i], slm[i].text.replace(OFFLOAD_TOKEN, ""), budget, samp[i]) for i in hand]
+        llm = dict(zip(hand, generate(eng.llm, lreqs, self.env.batch_size)))
+        out = []
+        for i, g in enumerate(slm):
+            u = Usage(slm_in=g.prompt_tokens, slm_out=g.completion_tokens)
+            if i not in llm:
+                out.append(self._record(g.text, "", u, None, g.finish_reason))
+                continue
+            lg = llm[i]
+            u += Usage(llm_in=lg.prompt_tokens, llm_out=lg.completion_tokens, llm_cached_in=lg.cached_tokens,
+                       llm_calls=1)
+            out.append(self._record(g.text, lg.text, u, max(g.completion_tokens - 1, 0), lg.finish_reason))
+        return out
+
+    def _via_engine(self, items: list[Item]) -> list[dict]:
+        async def main():
+            sem = asyncio.Semaphore(self.env.concurrency)
+
+            async def one(ex, s):
+                async with sem:
+                    return await self.engine.arun(ex.question, **s)
+
+            return await asyncio.gather(*(one(ex, s) for ex, s in items))
+
+        return [self._record(d.slm_text, d.llm_text, d.usage, d.handoff, d.finish_reason, d.fallback)
+                for d in asyncio.run(main())]
+
+
+class RouteLLM(Method):
+    """RouteLLM-MF at threshold α: the query goes to the LLM when P(LLM wins) >= α; that model answers it all."""
+
+    def __init__(self, name: str, router, alpha: float, embed, slm: Solo, llm: Solo):
+        self.name, self.router, self.alpha, self.embed, self.slm, self.llm = name, router, alpha, embed, slm, llm
+
+    def __call__(self, items: list[Item]) -> list[dict]:
+        wins = self.router.win_rate(self.embed([ex.question for ex, _ in items]))
+        to_llm = [w >= self.alpha for w in wins]
+        parts = {True: [it for it, b in zip(items, to_llm) if b], False: [it for it, b in zip(items, to_llm) if not b]}
+        res = {True: iter(self.llm(parts[True]) if parts[True] else []),
+               False: iter(self.slm(parts[False]) if parts[False] else [])}
+        out = []
+        for b, w in zip(to_llm, wins):
+            r = next(res[b])
+            r.update(route="llm" if b else "slm", win_rate=round(w, 6), alpha=self.alpha)
+            out.append(r)
+        return out
+
+
+class GlimpRouter(Method):
+    def __init__(self, name: str, slm, llm, env: Env, tau: float, top_k: int = 20):
+        self.name, self.slm, self.llm, self.env, self.tau, self.top_k = name, slm, llm, env, tau, top_k
+
+    def __call__(self, items: list[Item]) -> list[dict]:
+        from pyrodash.routing.glimprouter import run_glimprouter
+
+        def gen(role: str, reqs: list[GenRequest]) -> list[Gen]:
+            return generate(self.slm if role == "slm" else self.llm, reqs, self.env.batch_size, self.env.concurrency)
+
+        its = [(self.env.prompts.plain_messages(ex.question), s) for ex, s in items]
+        out = run_glimprouter(its, self.tau, gen, self.env.max_tokens, top_k=self.top_k,
+                              slm_logit_bias=_ban_offload(self.slm))
+        for r in out:
+            r["tau"] = self.tau
+        return out
+
+
+def timed(method: Method, items: list[Item]) -> list[dict]:
+    """Run a batch and stamp each record with its share of the batch's wall time."""
+    t0 = time.perf_counter()
+    out = method(items)
+    if len(out) != len(items):
+        raise RuntimeError(f"method {method.name} returned {len(out)} records for {len(items)} items")
+    dt = (time.perf_counter() - t0) / max(len(items), 1)
+    for r in out:
+        r.setdefault("latency_s", dt)
+        r["batch"] = len(items)
+    return out
+
+
+def knob(x: float) -> str:
+    """How a knob value appears in a method name (`pyrodash@0.1`, `routellm@0.4213`)."""
+    return f"{float(x):.4g}"
+
+
+# --- building the methods of an eval config -----------------------------------------------------------------------
+
+
+class Backends:
+    """Backends loaded once per spec and shared by every method that uses them."""
+
+    def __init__(self):
+        self._cache: dict[str, object] = {}
+
+    def get(self, spec):
+        key = repr(spec)
+        if key not in self._cache:
+            from pyrodash.backends import load_backend
+
+            self._cache[key] = load_backend(spec)
+        return self._cache[key]
+
+
+def _method_specs(methods: list) -> list[tuple[str, dict]]:
+    out = []
+    for m in methods:
+        if isinstance(m, str):
+            out.append((m, {}))
+        elif isinstance(m, dict) and len(m) == 1:
+            (k, v), = m.items()
+            out.append((k, dict(v or {})))
+        else:
+            raise ValueError(f"method entry {m!r}: use a name (slm, slm+sft, llm, pyrodash) or a one-key mapping "
+                             "like {glimprouter: {taus: [0.9]}}")
+    return out
+
+
+def build_methods(cfg, env: Env, backends: Backends | None = None, load_examples=None) -> dict[str, Method]:
+    """{name: method} for an EvalConfig-like `cfg` (fields models, methods, run_dir). `load_examples(name, limit)`
+    loads a training pool for RouteLLM. Models load lazily through `backends`."""
+    be = backends or Backends()
+    models = dict(cfg.models or {})
+
+    def model(key: str):
+        if not models.get(key):
+            raise ValueError(f"this method needs models.{key} in the eval config (a model path or backend spec)")
+        return be.get(models[key])
+
+    lam_specs = {float(k): v for k, v in (models.get("pyrodash") or {}).items()}
+    out: dict[str, Method] = {}
+    for kind, opt in _method_specs(cfg.methods):
+        if kind in ("slm", "llm"):
+            out[kind] = Solo(kind, model(kind), kind, env)
+        elif kind == "slm+sft":
+            out[kind] = Solo(kind, model("sft"), "slm", env)
+        elif kind == "pyrodash":
+            lams = opt.get("lambdas", sorted(lam_specs))
+            for lam in lams:
+                if float(lam) not in lam_specs:
+                    raise ValueError(f"pyrodash λ={lam} has no checkpoint: add it under models.pyrodash")
+                name = f"pyrodash@{knob(lam)}"
+                out[name] = PyroDash(name, be.get(lam_specs[float(lam)]), model("llm"), env)
+        elif kind == "pyrodash_bias":
+            lam = float(opt.get("lambda", min(lam_specs) if lam_specs else 0))
+            if lam not in lam_specs:
+                raise ValueError(f"pyrodash_bias lambda={lam} has no checkpoint under models.pyrodash")
+            for b in opt.get("biases", []):
+                name = f"pyrodash@{knob(lam)}+bias{knob(b)}"
+                out[name] = PyroDash(name, be.get(lam_specs[lam]), model("llm"), env, offload_bias=float(b))
+        elif kind == "glimprouter":
+            for tau in opt.get("taus", [0.9]):
+                name = f"glimprouter@{knob(tau)}"
+                out[name] = GlimpRouter(name, model("slm"), model("llm"), env, float(tau), int(opt.get("top_k", 20)))
+        elif kind == "routellm":
+            out.update(build_routellm(opt, env, model("slm"), model("llm"), be, Path(cfg.run_dir), load_examples))
+        else:
+            raise ValueError(f"unknown method {kind!r}: use slm, slm+sft, llm, pyrodash, pyrodash_bias, routellm, "
+                             "glimprouter")
+    return out
+
+
+def _encoder(spec, slm, be: Backends):
+    """(model, tokenizer) of the query encoder: `spec` if given, else the SLM itself."""
+    src = be.get(spec) if spec else slm
+    if not (hasattr(src, "model") and hasattr(src, "tokenizer")):
+        raise ValueError("RouteLLM-MF needs a local encoder: set routellm.encoder to a local model path (the SLM's "
+                         "mean-pooled hidden states are the default when the SLM runs in-process)")
+    return src.model, src.tokenizer
+
+
+def build_routellm(opt: dict, env: Env, slm, llm, be: Backends, run_dir: Path, load_examples) -> dict[str, Method]:
+    """Train (or load from RUN_DIR/routellm/) the MF router on the training pool, then one method per α."""
+    import json
+
+    from pyrodash.grading import grade_batch
+    from pyrodash.routing.routellm_mf import MFRouter, calibrate_alpha, embed_texts, make_labels, train_mf
+
+    enc_model, enc_tok = _encoder(opt.get("encoder"), slm, be)
+
+    def embed(questions: list[str]):
+        return embed_texts(enc_model, enc_tok, [env.prompts.question(q) for q in questions])
+
+    spec = {k: opt.get(k) for k in ("train", "train_limit", "ties", "dim", "epochs", "encoder")}
+    out_dir = run_dir / "routellm"
+    router = None
+    if (out_dir / "router.json").exists():
+        router = MFRouter.load(out_dir)
+        if router.meta.get("spec") != spec:
+            router = None
+    if router is None:
+        if not opt.get("train") or load_examples is None:
+            raise ValueError("routellm needs train: <benchmark> (e.g. world:train) for its training pool")
+        pool = load_examples(opt["train"], opt.get("train_limit"))
+        greedy = {"temperature": 0.0, "top_p": 1.0, "seed": None}
+        items = [(ex, greedy) for ex in pool]
+        golds = [ex.gold for ex in pool]
+        s_ok = grade_batch([r["output"] for r in Solo("slm", slm, "slm", env)(items)], golds, workers=0)
+        l_ok = grade_batch([r["output"] for r in Solo("llm", llm, "llm", env)(items)], golds, workers=0)
+        idx, labels = make_labels(s_ok, l_ok, opt.get("ties", "drop"))
+        emb = embed([pool[i].question for i in idx])
+        router = train_mf(emb, labels, dim=int(opt.get("dim", 16)), epochs=int(opt.get("epochs", 300)),
+                          meta={"spec": spec, "pool": len(pool), "slm_acc": sum(s_ok) / len(pool),
+                                "llm_acc": sum(l_ok) / len(pool)})
+        router.meta["pool_win_rates"] = router.win_rate(embed([ex.question for ex in pool]))
+        router.save(out_dir)
+    wins = router.meta["pool_win_rates"]
+    alphas = [float(a) for a in opt.get("alphas", [])]
+    alphas += [calibrate_alpha(wins, float(s)) for s in opt.get("shares", [])]
+    if not alphas:
+        raise ValueError("routellm needs alphas: [...] or shares: [...] (target LLM shares to calibrate α to)")
+    (out_dir / "alphas.json").write_text(json.dumps({"alphas": alphas, "shares": opt.get("shares", [])}) + "\n")
+    sl, ll = Solo("slm", slm, "slm", env), Solo("llm", llm, "llm", env)
+    return {f"routellm@{knob(a)}": RouteLLM(f"routellm@{knob(a)}", router, a, embed, sl, ll) for a in alphas}

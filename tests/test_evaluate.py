@@ -1,0 +1,162 @@
+"""The evaluation harness with real tiny models: records, token counts, batched PyroDash == the engine, and a run
+killed with SIGKILL that resumes without losing or duplicating a line."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from tiny_models import tiny_model_dir
+
+from pyrodash.cost import Prices, Usage
+from pyrodash.data.example import Example
+from pyrodash.evaluate import EvalConfig, evaluate, resume
+from pyrodash.prompts import get_prompts
+
+ROOT = Path(__file__).resolve().parent.parent
+GREEDY = {"temperature": 0.0, "top_p": 1.0, "seed": None}
+
+
+def examples(n: int) -> list[Example]:
+    return [Example(id=f"t{i}", benchmark="toy", question=f"Start {i}: +{i % 7}, f.", gold=str(i),
+                    meta={"steps": ["a", "b"], "hard_steps": [i % 2]}) for i in range(n)]
+
+
+@pytest.fixture(scope="module")
+def backends(tmp_path_factory):
+    from pyrodash.backends.hf import HFBackend
+
+    d = tmp_path_factory.mktemp("models")
+    return HFBackend(tiny_model_dir(d / "slm", seed=1)), HFBackend(tiny_model_dir(d / "llm", seed=2))
+
+
+def env(max_tokens: int = 12):
+    from pyrodash.methods import Env
+
+    return Env(get_prompts("world-v1"), Prices.from_yaml("paper"), max_tokens=max_tokens, batch_size=4)
+
+
+def test_records_and_token_counts(tmp_path, backends):
+    from pyrodash.methods import Solo
+
+    slm, llm = backends
+    e = env()
+    cfg = EvalConfig(run_dir=str(tmp_path), benchmarks=["toy"], batch_size=4)
+    methods = {"slm": Solo("slm", slm, "slm", e), "llm": Solo("llm", llm, "llm", e)}
+    exs = examples(6)
+    evaluate(cfg, methods, examples=exs, quiet=True)
+    for name, be in (("slm", slm), ("llm", llm)):
+        recs = [json.loads(x) for x in (tmp_path / "records" / f"{name}.jsonl").read_text().splitlines()]
+        assert [r["id"] for r in recs] == [ex.id for ex in exs]
+        for r, ex in zip(recs, exs):
+            u = Usage.from_dict(r["usage"])
+            from pyrodash.backends.base import GenRequest
+
+            n_prompt = len(be.prompt_ids(GenRequest(messages=get_prompts("world-v1").plain_messages(ex.question))))
+            got = (u.slm_in, u.slm_out) if name == "slm" else (u.llm_in, u.llm_out)
+            assert got[0] == n_prompt and 0 < got[1] <= 12
+            assert r["llm_calls"] == (name == "llm") and r["meta"] == ex.meta and r["correct"] in (True, False)
+            assert r["segments"] == [{"model": name, "text": r["output"]}]
+    saved = json.loads((tmp_path / "config.resolved.json").read_text())
+    assert saved["prices"] == Prices.from_yaml("paper").to_dict()
+
+
+@pytest.mark.parametrize("bias", [0.0, 6.0])
+def test_batched_pyrodash_equals_engine(backends, bias):
+    from pyrodash.methods import PyroDash
+
+    slm, llm = backends
+    m = PyroDash("pyrodash@0.1", slm, llm, env(16), offload_bias=bias)
+    exs = examples(5)
+    batched = m([(ex, GREEDY) for ex in exs])
+    for ex, r in zip(exs, batched):
+        d = m.engine.run(ex.question)
+        assert r["output"] == d.output and r["handoff"] == d.handoff
+        assert r["usage"] == d.usage.to_dict()
+    if bias:
+        assert any(r["llm_calls"] for r in batched), "a large offload_bias must make the SLM hand off"
+
+
+SCRIPT = textwrap.dedent("""
+    import sys, time
+    sys.path[:0] = [{root!r}, {root!r} + "/tests"]
+    from pyrodash.backends.hf import HFBackend
+    from pyrodash.evaluate import EvalConfig, evaluate
+    from pyrodash.methods import Solo
+    from test_evaluate import env, examples
+
+    class Slow(Solo):
+        def __call__(self, items):
+            time.sleep({delay})
+            return super().__call__(items)
+
+    e = env()
+    e.batch_size = 1
+    cfg = EvalConfig(run_dir={run!r}, benchmarks=["toy"], batch_size=1)
+    m = Slow("slm", HFBackend({model!r}), "slm", e)
+    evaluate(cfg, {{"slm": m}}, examples=examples({n}), quiet=True)
+""")
+
+
+def _run(tmp_path, model, delay, n=24):
+    code = SCRIPT.format(root=str(ROOT), run=str(tmp_path / "run"), model=str(model), delay=delay, n=n)
+    return subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def test_resume_after_sigkill(tmp_path):
+    model = tiny_model_dir(tmp_path / "m", seed=1)
+    path = tmp_path / "run" / "records" / "slm.jsonl"
+    proc = _run(tmp_path, model, delay=0.05)
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None:
+        if path.exists() and len(path.read_bytes().splitlines()) >= 3:
+            break
+        time.sleep(0.01)
+    assert proc.poll() is None, f"the run ended before it could be killed: {proc.stderr.read().decode()[-2000:]}"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    before = path.read_bytes()
+    n_before = before.count(b"\n")
+    assert 3 <= n_before < 24
+    with path.open("ab") as f:  # a torn line, as if killed in the middle of a write
+        f.write(b'{"id": "t99", "bench')
+    assert len(resume(path)) == n_before and path.read_bytes() == before
+    with path.open("ab") as f:
+        f.write(b'{"id": "t99", "bench')
+    proc = _run(tmp_path, model, delay=0.0)
+    assert proc.wait(timeout=300) == 0, proc.stderr.read().decode()[-2000:]
+    lines = path.read_text().splitlines()
+    ids = [json.loads(x)["id"] for x in lines]
+    assert sorted(ids) == sorted(ex.id for ex in examples(24)) and len(set(ids)) == 24
+    assert path.read_bytes().startswith(before)
+    # the resumed records equal those of one uninterrupted run
+    from pyrodash.backends.hf import HFBackend
+    from pyrodash.methods import Solo
+
+    e = env()
+    e.batch_size = 1
+    evaluate(EvalConfig(run_dir=str(tmp_path / "fresh"), benchmarks=["toy"], batch_size=1),
+             {"slm": Solo("slm", HFBackend(model), "slm", e)}, examples=examples(24), quiet=True)
+    fresh_lines = (tmp_path / "fresh/records/slm.jsonl").read_text().splitlines()
+    fresh = {json.loads(x)["id"]: json.loads(x) for x in fresh_lines}
+    for x in lines:
+        r = json.loads(x)
+        assert (r["output"], r["usage"]) == (fresh[r["id"]]["output"], fresh[r["id"]]["usage"])
+
+
+def test_config_errors(tmp_path):
+    with pytest.raises(ValueError, match="benchmarks"):
+        EvalConfig(run_dir=str(tmp_path), benchmarks=[])
+    with pytest.raises(ValueError, match="avg@k"):
+        EvalConfig(run_dir=str(tmp_path), benchmarks=["aime24"], samples={"aime24": 0})
+    p = tmp_path / "c.yaml"
+    p.write_text("run_dir: x\nbenchmarks: [toy]\nbogus: 1\n")
+    with pytest.raises(ValueError, match="unknown keys"):
+        EvalConfig.from_yaml(p)
