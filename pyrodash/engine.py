@@ -116,12 +116,10 @@ class CollaborateEngine:
         """The single handoff request (Line 6) in the configured style (reads only `prompts` and `handoff_style`)."""
         return handoff_request(self.prompts, self.handoff_style, messages, partial, max_tokens, sampling)
 
-    # ---- Algorithm 1 ---------------------------------------------------------------------------------------
-    async def stream(self, question: str | list[dict], offload_bias: float | None = None,
-                     max_tokens: int | None = None, temperature: float | None = None, top_p: float | None = None,
-                     seed: int | None = None, stop: list[str] | None = None) -> AsyncIterator[Event]:
-        t0 = time.perf_counter()
-        messages = self.messages(question)
+    def slm_request(self, question: str | list[dict], offload_bias: float | None = None,
+                    max_tokens: int | None = None, temperature: float | None = None, top_p: float | None = None,
+                    seed: int | None = None, stop: list[str] | None = None) -> GenRequest:
+        """The SLM's request (Lines 1-2): P_s + the query, `<offload>` as a stop id with `offload_bias` on it."""
         bias = self.offload_bias if offload_bias is None else float(offload_bias)
         budget = self.max_tokens if max_tokens is None else int(max_tokens)
         if budget <= 0:
@@ -131,13 +129,23 @@ class CollaborateEngine:
             sampling["temperature"] = float(temperature)
         if top_p is not None:
             sampling["top_p"] = float(top_p)
-        slm_msgs = _with_system(self.prompts.offload_system, messages)
+        slm_msgs = _with_system(self.prompts.offload_system, self.messages(question))
+        return GenRequest(messages=slm_msgs, max_tokens=budget, stop_token_ids=[self.offload_id],
+                          logit_bias={self.offload_id: bias} if bias else {}, **sampling)
+
+    # ---- Algorithm 1 ---------------------------------------------------------------------------------------
+    async def stream(self, question: str | list[dict], offload_bias: float | None = None,
+                     max_tokens: int | None = None, temperature: float | None = None, top_p: float | None = None,
+                     seed: int | None = None, stop: list[str] | None = None) -> AsyncIterator[Event]:
+        t0 = time.perf_counter()
+        messages = self.messages(question)
+        # Lines 1-2, 9-10: SLM decoding; <offload> is a stop token id
+        req = self.slm_request(messages, offload_bias, max_tokens, temperature, top_p, seed, stop)
+        bias = req.logit_bias.get(self.offload_id, 0.0)
+        budget, slm_msgs = req.max_tokens, req.messages
+        sampling = {"seed": req.seed, "stop": req.stop, "temperature": req.temperature, "top_p": req.top_p}
         usage = Usage()
         slm_text, llm_text = "", ""
-
-        # Lines 1-2, 9-10: SLM decoding; <offload> is a stop token id
-        req = GenRequest(messages=slm_msgs, max_tokens=budget, stop_token_ids=[self.offload_id],
-                         logit_bias={self.offload_id: bias} if bias else {}, **sampling)
         final = GenChunk()
         async with contextlib.aclosing(self.slm.stream(req)) as it:
             async for ch in it:
