@@ -1,0 +1,33 @@
+"""`pyrodash curate`: EasyHard curation (Corpus A / Corpus B) into DIR/curated/.
+
+    pyrodash curate --config configs/world/quick.yaml --output-dir runs/quick
+    pyrodash curate --config configs/paper/qwen3.5-4b-glm5.2.yaml --output-dir runs/paper --dry-run
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", required=True, help="YAML recipe (configs/world/*.yaml, configs/paper/*.yaml)")
+    p.add_argument("--output-dir", required=True, help="run directory; curation writes DIR/curated/")
+    p.add_argument("--limit", type=int, default=None, help="curate only the first N examples of the source")
+    p.add_argument("--dry-run", action="store_true", help="validate the config and print the plan; load nothing")
+
+
+def run(args: argparse.Namespace) -> int:
+    from pyrodash.train.config import load_recipe
+    from pyrodash.train.plan import print_plan
+
+    overrides = {"curate.limit": args.limit} if args.limit is not None else None
+    recipe = load_recipe(args.config, overrides)
+    if args.dry_run:
+        print_plan(recipe, args.output_dir, ["curate"])
+        return 0
+    from pyrodash.data.curate import run_curation
+
+    out = run_curation(recipe, args.output_dir)
+    print(json.dumps({"curated": str(out), **json.loads((out / "stats.json").read_text())}, indent=1))
+    return 0

@@ -1,0 +1,72 @@
+"""`pyrodash train stage1|stage2|stage3`: the three training stages; stage N reads stage N-1 from DIR.
+
+    pyrodash train stage1 --config configs/world/quick.yaml --output-dir runs/quick
+    pyrodash train stage2 --config configs/world/quick.yaml --output-dir runs/quick
+    pyrodash train stage3 --config configs/world/quick.yaml --output-dir runs/quick --lambdas 0.05,0.1,0.3,0.6
+    pyrodash train stage3 --config configs/paper/qwen3.5-4b-glm5.2.yaml --output-dir runs/paper --dry-run
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def _lambdas(text: str) -> list[float]:
+    try:
+        values = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"--lambdas takes comma-separated numbers, e.g. 0.05,0.1,0.3 ({e})") from e
+    if not values or any(v < 0 for v in values):
+        raise argparse.ArgumentTypeError("--lambdas needs one or more numbers >= 0")
+    return values
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("stage", choices=["stage1", "stage2", "stage3"])
+    p.add_argument("--config", required=True, help="YAML recipe (configs/world/*.yaml, configs/paper/*.yaml)")
+    p.add_argument("--output-dir", required=True, help="run directory (DIR/curated, DIR/stage1, ...)")
+    p.add_argument("--from", dest="source", default=None,
+                   help="checkpoint to start from instead of DIR's previous stage (stage1: the base SLM)")
+    p.add_argument("--lambda", dest="lam", type=float, default=None, help="stage3: λ (default: the recipe's)")
+    p.add_argument("--lambdas", type=_lambdas, default=None, help="stage3: a sweep, e.g. 0.05,0.1,0.3,0.6")
+    p.add_argument("--resume", action="store_true", help="stage3: resume from the last checkpoint in DIR")
+    p.add_argument("--dry-run", action="store_true", help="validate the config and print the plan; load nothing")
+
+
+def run(args: argparse.Namespace) -> int:
+    from pyrodash.train.config import load_recipe
+    from pyrodash.train.plan import print_plan
+
+    if args.stage != "stage3" and (args.lam is not None or args.lambdas or args.resume):
+        raise ValueError("--lambda/--lambdas/--resume apply to stage3 only")
+    if args.lam is not None and args.lambdas:
+        raise ValueError("give either --lambda or --lambdas, not both")
+    recipe = load_recipe(args.config)
+    lambdas = args.lambdas or ([args.lam] if args.lam is not None else None)
+    if args.dry_run:
+        print_plan(recipe, args.output_dir, [args.stage], lambdas=lambdas)
+        return 0
+    if args.stage == "stage1":
+        from pyrodash.train.stage1 import run_stage1
+
+        out = run_stage1(recipe, args.output_dir, base=args.source)
+    elif args.stage == "stage2":
+        from pyrodash.train.stage2 import run_stage2
+
+        out = run_stage2(recipe, args.output_dir, stage1=args.source)
+        rates = out / "offload_rates.json"
+        if rates.exists():
+            print(json.dumps({"offload_rates": json.loads(rates.read_text())}, indent=1))
+    elif args.lambdas:
+        from pyrodash.train.stage3 import run_sweep
+
+        out = run_sweep(recipe, args.output_dir, args.lambdas, resume=args.resume)
+        print(out.read_text())
+    else:
+        from pyrodash.train.stage3 import run_stage3
+
+        out = run_stage3(recipe, args.output_dir, lam=args.lam, stage2=args.source, resume=args.resume)
+        print((out / "stage3_stats.json").read_text())
+    print(f"saved {out}")
+    return 0

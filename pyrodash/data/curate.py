@@ -1,0 +1,251 @@
+"""EasyHard curation: label examples easy/hard with the base SLM and build Corpus A and Corpus B.
+
+    pyrodash curate --config configs/world/quick.yaml --output-dir runs/quick
+
+1. Run the base SLM greedily (no P_s) on every (question, gold) example; correct -> easy, wrong -> hard.
+2. Hard: ask the frozen LLM for a solution (optionally shown the gold answer); keep it only if it grades correct,
+   else drop the example.
+3. Corpus A: [user, assistant] without P_s and without `<offload>` (easy: the SLM's own solution; hard: the
+   reconstruction). Corpus B: P_s as system message; easy targets unchanged; hard targets with 1-4 `<offload>`
+   inserted at step boundaries inside the reasoning (never inside the final-answer step), seeded.
+
+Writes DIR/curated/{corpus_a,corpus_b,heldout}.jsonl, DIR/curated/dataset/ (datasets.save_to_disk, splits corpus_a
+and corpus_b), stats.json and config.resolved.json. `heldout.jsonl` labels a separate set easy/hard the same way,
+for the Stage 2 offload-rate measurement.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections import Counter
+from pathlib import Path
+
+from pyrodash.data.example import Example
+from pyrodash.prompts import OFFLOAD_TOKEN, Prompts
+
+BOX = "\\boxed"
+
+
+# --- sources -------------------------------------------------------------------------------------------------------
+
+
+def load_examples(source: str, world_dir: str | Path | None = None, split: str = "train",
+                  question_field: str = "question", answer_field: str = "gold", limit: int | None = None,
+                  offset: int = 0) -> list[Example]:
+    """(question, gold) examples from "world:<split>", a local .jsonl, or "hf:<dataset id>[:<config>]"."""
+    if source.startswith("world:"):
+        if world_dir is None:
+            raise ValueError(f"source {source!r} needs a world: add `world: {{quick: true}}` to the recipe")
+        from pyrodash.world.build import load_world_split
+
+        examples = load_world_split(world_dir, source.split(":", 1)[1])
+    elif source.startswith("hf:"):
+        examples = _load_hf(source[3:], split, question_field, answer_field, offset + limit if limit else None)
+    elif source.endswith(".jsonl"):
+        path = Path(source)
+        if not path.exists():
+            raise ValueError(f"source file {source} not found")
+        examples = []
+        for i, line in enumerate(path.read_text().splitlines()):
+            if line.strip():
+                examples.append(_row_to_example(json.loads(line), f"{path.stem}-{i}", path.stem, question_field,
+                                                answer_field))
+    else:
+        raise ValueError(f"source {source!r}: use 'world:<split>', a path ending in .jsonl, or 'hf:<dataset id>'")
+    examples = examples[offset:]
+    return examples[:limit] if limit else examples
+
+
+def _row_to_example(row: dict, default_id: str, bench: str, qf: str, af: str) -> Example:
+    if {"id", "benchmark", "question", "gold"} <= set(row):
+        return Example.from_dict(row)
+    if qf not in row or af not in row:
+        raise ValueError(f"row {default_id} lacks {qf!r}/{af!r}; set question_field/answer_field "
+                         f"(keys: {sorted(row)})")
+    q = row[qf]
+    if isinstance(q, list):  # a chat prompt: take the last user message
+        q = [m["content"] for m in q if m.get("role") == "user"][-1]
+    gold = row[af]
+    if isinstance(gold, dict):  # e.g. DAPO's reward_model: {ground_truth: ...}
+        gold = gold.get("ground_truth", gold)
+    return Example(id=str(row.get("id", default_id)), benchmark=bench, question=str(q), gold=str(gold))
+
+
+def _load_hf(spec: str, split: str, qf: str, af: str, n: int | None) -> list[Example]:
+    import datasets
+
+    name, _, config = spec.partition(":")
+    try:
+        ds = datasets.load_dataset(name, config or None, split=split)
+    except Exception as e:  # offline, unknown id, ...
+        raise ValueError(f"could not load HF dataset {name!r} (split {split!r}): {e}. Offline? Export it to a "
+                         "local .jsonl with question/gold fields and use that path as source.") from e
+    rows = ds.select(range(min(n, len(ds)))) if n else ds
+    return [_row_to_example(dict(r), f"{name}-{i}", name.split("/")[-1], qf, af) for i, r in enumerate(rows)]
+
+
+# --- <offload> insertion ---------------------------------------------------------------------------------------------
+
+
+def boundary_candidates(steps: list[str]) -> list[int]:
+    """Indices j such that `<offload>` may go right before step j: any step up to the first one holding the final
+    answer (`\\boxed`), so the token never lands inside the final answer. Empty when no step has an answer."""
+    answer = next((j for j, s in enumerate(steps) if BOX in s), None)
+    return [] if answer is None else list(range(0, answer + 1))
+
+
+def insert_offloads(text: str, step_sep: str, count: int, rng: random.Random, placement: str = "random",
+                    hard_steps: list[int] | None = None) -> tuple[str, int]:
+    """Insert up to `count` `<offload>` tokens at step boundaries of `text`; return (new text, number inserted).
+
+    random: distinct boundaries drawn uniformly. before_hard: the first one right before the first hard step
+    (`hard_steps`, e.g. the world's untaught-fact steps), any others drawn from the later boundaries."""
+    steps = text.split(step_sep)
+    cands = boundary_candidates(steps)
+    if not cands or count < 1:
+        return text, 0
+    if placement == "before_hard" and hard_steps:
+        first = min(hard_steps)
+        if first not in cands:
+            first = cands[-1]
+        later = [c for c in cands if c > first]
+        chosen = [first] + rng.sample(later, min(count - 1, len(later)))
+    elif placement in ("random", "before_hard"):
+        chosen = rng.sample(cands, min(count, len(cands)))
+    else:
+        raise ValueError(f"placement={placement!r}: choose 'random' or 'before_hard'")
+    for j in chosen:
+        steps[j] = OFFLOAD_TOKEN + steps[j]
+    return step_sep.join(steps), len(chosen)
+
+
+# --- corpora -----------------------------------------------------------------------------------------------------
+
+
+def build_corpora(examples: list[Example], solutions: dict[str, str], difficulty: dict[str, str], prompts: Prompts,
+                  cfg) -> tuple[list[dict], list[dict], Counter]:
+    """Corpus A and Corpus B rows (with a `messages` column) from each kept example's solution and label."""
+    rng = random.Random(cfg.seed)
+    rows_a, rows_b, inserted = [], [], Counter()
+    for ex in examples:
+        if ex.id not in solutions:
+            continue
+        target, diff = solutions[ex.id].strip(), difficulty[ex.id]
+        if OFFLOAD_TOKEN in target:
+            target = target.replace(OFFLOAD_TOKEN, "")
+        base = {"id": ex.id, "benchmark": ex.benchmark, "question": ex.question, "gold": ex.gold, "difficulty": diff}
+        rows_a.append({**base, "corpus": "A", "n_offload": 0, "messages": prompts.plain_messages(ex.question)
+                       + [{"role": "assistant", "content": target}]})
+        n = 0
+        if diff == "hard":
+            count = rng.randint(cfg.offload_min, cfg.offload_max)
+            hard_steps = _locate_hard_steps(target.split(cfg.step_sep), ex.meta) if cfg.placement == "before_hard" \
+                else None
+            target, n = insert_offloads(target, cfg.step_sep, count, rng, cfg.placement, hard_steps)
+            inserted[n] += 1
+            if n == 0:
+                inserted["no_boundary"] += 1
+                continue  # no step boundary before the answer: this hard example cannot teach a handoff position
+        rows_b.append({**base, "corpus": "B", "n_offload": n, "messages": prompts.slm_messages(ex.question)
+                       + [{"role": "assistant", "content": target}]})
+    return rows_a, rows_b, inserted
+
+
+def _locate_hard_steps(steps: list[str], meta: dict) -> list[int] | None:
+    """Map the gold hard-step indices onto a solution whose steps are laid out differently, by matching step text."""
+    gold_steps = meta.get("steps") or []
+    found = []
+    for h in meta.get("hard_steps") or []:
+        if h < len(gold_steps):
+            want = gold_steps[h].strip()
+            j = next((j for j, s in enumerate(steps) if want and want == s.strip()), None)
+            if j is not None:
+                found.append(j)
+    return found or None
+
+
+def label_and_reconstruct(examples: list[Example], slm, llm, prompts: Prompts, cfg, reconstruct: bool = True,
+                          tag: str = "") -> tuple[dict[str, str], dict[str, str], dict]:
+    """Run the base SLM (a backend; greedy, no P_s) -> easy/hard, then the LLM (`FrozenLLM`) on the hard ones.
+    Returns (solutions of the kept examples, difficulty, counts)."""
+    from pyrodash.backends.base import GenRequest
+    from pyrodash.grading import grade_batch
+    from pyrodash.train.generate import generate
+
+    reqs = [GenRequest(messages=prompts.plain_messages(ex.question), max_tokens=cfg.slm_max_new_tokens)
+            for ex in examples]
+    gens = generate(slm, reqs, batch_size=cfg.batch_size, desc=f"base SLM {tag}".strip())
+    ok = grade_batch([g.text for g in gens], [ex.gold for ex in examples])
+    difficulty = {ex.id: "easy" if c else "hard" for ex, c in zip(examples, ok, strict=True)}
+    solutions = {ex.id: g.text for ex, g, c in zip(examples, gens, ok, strict=True) if c}
+    counts = {"examples": len(examples), "easy": sum(ok), "hard": len(examples) - sum(ok), "hard_kept": 0,
+              "hard_dropped": 0, "slm_truncated": sum(g.finish_reason == "length" for g in gens)}
+    hard = [ex for ex, c in zip(examples, ok, strict=True) if not c]
+    if reconstruct and hard:
+        recs = llm.generate([GenRequest(messages=_reconstruct_messages(ex, prompts, cfg),
+                                        max_tokens=cfg.llm_max_new_tokens) for ex in hard],
+                            desc="LLM reconstructions")
+        good = grade_batch([r.text for r in recs], [ex.gold for ex in hard])
+        for ex, r, g in zip(hard, recs, good, strict=True):
+            if g:
+                solutions[ex.id] = r.text
+        counts["hard_kept"] = sum(good)
+        counts["hard_dropped"] = len(hard) - sum(good)
+    return solutions, difficulty, counts
+
+
+def _reconstruct_messages(ex: Example, prompts: Prompts, cfg) -> list[dict]:
+    msgs = prompts.plain_messages(ex.question)
+    if cfg.reconstruct_with_gold:
+        msgs[-1]["content"] += (f"\n\nThe correct final answer is {ex.gold}. Write a concise step-by-step solution "
+                                "that reaches it, with a blank line between steps.")
+    return msgs
+
+
+def run_curation(recipe, out_dir: str | Path) -> Path:
+    """Curate with `recipe` into OUT_DIR/curated/ and return that directory."""
+    import datasets
+
+    from pyrodash.backends.hf import HFBackend
+    from pyrodash.prompts import get_prompts
+    from pyrodash.train.config import save_resolved
+    from pyrodash.train.models import FrozenLLM, load_local
+    from pyrodash.train.paths import curated_dir, llm_spec, resolve_world, slm_spec
+
+    cfg = recipe.curate
+    prompts = get_prompts(recipe.prompts)
+    world = resolve_world(recipe)
+    examples = load_examples(cfg.source, world, cfg.split, cfg.question_field, cfg.answer_field, cfg.limit)
+    if not examples:
+        raise ValueError(f"curate.source {cfg.source!r} gave no examples")
+    slm = HFBackend(*load_local(slm_spec(recipe)))
+    llm = FrozenLLM.from_spec(llm_spec(recipe), batch_size=cfg.batch_size, concurrency=cfg.llm_concurrency)
+    solutions, difficulty, counts = label_and_reconstruct(examples, slm, llm, prompts, cfg)
+    rows_a, rows_b, inserted = build_corpora(examples, solutions, difficulty, prompts, cfg)
+    heldout = []
+    if cfg.heldout_source:
+        held = load_examples(cfg.heldout_source, world, cfg.split, cfg.question_field, cfg.answer_field,
+                             cfg.heldout_limit)
+        _, hdiff, hcounts = label_and_reconstruct(held, slm, llm, prompts, cfg, reconstruct=False,
+                                                  tag="(held-out)")
+        heldout = [{**ex.to_dict(), "difficulty": hdiff[ex.id]} for ex in held]
+        counts["heldout"] = {k: hcounts[k] for k in ("examples", "easy", "hard")}
+    out = curated_dir(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    for name, rows in (("corpus_a", rows_a), ("corpus_b", rows_b), ("heldout", heldout)):
+        (out / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    datasets.DatasetDict({"corpus_a": datasets.Dataset.from_list(rows_a),
+                          "corpus_b": datasets.Dataset.from_list(rows_b)}).save_to_disk(str(out / "dataset"))
+    hard_b = [r for r in rows_b if r["difficulty"] == "hard"]
+    stats = {**counts, "corpus_a": len(rows_a), "corpus_b": len(rows_b), "corpus_b_hard": len(hard_b),
+             "hard_no_boundary": inserted.pop("no_boundary", 0),
+             "insertions_per_hard_example": {str(k): v for k, v in sorted(inserted.items())},
+             "mean_insertions": sum(r["n_offload"] for r in hard_b) / max(1, len(hard_b)), "llm_calls": llm.calls}
+    (out / "stats.json").write_text(json.dumps(stats, indent=2))
+    save_resolved(out, recipe, cfg, {"world_dir": str(world) if world else None})
+    return out
+
+
+def read_jsonl(path: str | Path) -> list[dict]:
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]

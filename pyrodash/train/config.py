@@ -1,0 +1,242 @@
+"""Training recipes: one YAML file -> `Recipe` (world/models/prompts/prices + curation + the three stage configs).
+
+The stage configs subclass TRL's (`SFTConfig`, `GRPOConfig`) and add only what PyroDash needs (LoRA shape, the
+`<offload>` init noise, lambda, the cost penalty, ...). Everything else in a stage's YAML section is a TRL/
+transformers training argument and goes straight into the TRL dataclass, so TRL validates it.
+
+    recipe = load_recipe("configs/world/quick.yaml")
+    recipe.stage_config("stage2", output_dir="runs/x/stage2")   # -> Stage2Config (an SFTConfig)
+
+A recipe YAML:
+
+    name: world-quick
+    world: {quick: true, seed: 0}          # or {dir: worlds/quick}; omit for a non-world recipe (give slm and llm)
+    slm: null                              # model path / hub id; default: the world's slm/
+    llm: null                              # path / hub id / "http://host:port/v1#model" / {url:, model:, ...}
+    prompts: world-v1
+    prices: paper
+    curate: {...}                          # CurateConfig fields
+    stage1: {...}; stage2: {...}; stage3: {...}   # Stage*Config fields (PyroDash + TRL)
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+from trl import GRPOConfig, SFTConfig
+
+from pyrodash.cost import Prices
+from pyrodash.prompts import get_prompts
+
+ATTENTION_PROJECTIONS = ["q_proj", "k_proj", "v_proj", "o_proj"]
+PLACEMENTS = ("random", "before_hard")
+COST_PENALTIES = ("normalized", "direct")
+
+
+@dataclass
+class CurateConfig:
+    """EasyHard curation (see pyrodash.data.curate)."""
+
+    source: str = "world:train"  # "world:<split>" | a local .jsonl | "hf:<dataset id>[:<config>]"
+    split: str = "train"  # split of a HF dataset
+    question_field: str = "question"  # HF / JSONL column names
+    answer_field: str = "gold"
+    limit: int | None = None  # first N examples of the source
+    heldout_source: str | None = "world:val"  # labelled easy/hard by the base SLM, for the Stage 2 offload rates
+    heldout_limit: int | None = 200
+    slm_max_new_tokens: int = 512
+    llm_max_new_tokens: int = 1024
+    batch_size: int = 32  # SLM / in-process LLM generation batch
+    llm_concurrency: int = 16  # concurrent requests to an HTTP LLM
+    reconstruct_with_gold: bool = False  # show the LLM the gold answer (real LLMs); the world LLM just solves
+    step_sep: str = "\n\n"  # step boundary inside the reasoning
+    offload_min: int = 1
+    offload_max: int = 4
+    placement: str = "random"  # "random" | "before_hard" (world: before the first step needing an untaught fact)
+    seed: int = 0
+
+    def validate(self) -> None:
+        if not 1 <= self.offload_min <= self.offload_max:
+            raise ValueError(f"curate: need 1 <= offload_min ({self.offload_min}) <= offload_max ({self.offload_max})")
+        if self.placement not in PLACEMENTS:
+            raise ValueError(f"curate.placement={self.placement!r}: choose one of {PLACEMENTS}")
+        if not self.step_sep:
+            raise ValueError("curate.step_sep must be a non-empty string (the step boundary, e.g. '\\n\\n')")
+        for name in ("slm_max_new_tokens", "llm_max_new_tokens", "batch_size", "llm_concurrency"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"curate.{name} must be >= 1")
+
+
+@dataclass
+class LoraFields:
+    """LoRA shape shared by the three stages (mixed into each stage config)."""
+
+    lora_r: int = 8
+    lora_alpha: int = 16
+    lora_dropout: float = 0.0
+    lora_target_modules: list[str] = field(default_factory=lambda: list(ATTENTION_PROJECTIONS))
+
+    def lora_config(self):
+        from peft import LoraConfig
+
+        if self.lora_r < 1:
+            raise ValueError(f"lora_r={self.lora_r} must be >= 1")
+        return LoraConfig(r=self.lora_r, lora_alpha=self.lora_alpha, lora_dropout=self.lora_dropout,
+                          target_modules=list(self.lora_target_modules), task_type="CAUSAL_LM", bias="none")
+
+
+@dataclass
+class Stage1Config(LoraFields, SFTConfig):
+    """Stage 1: `<offload>` rows + transient LoRA on Corpus B (adapters discarded afterwards)."""
+
+    sigma: float = 0.1  # eq:offload-embed-init noise
+    init_seed: int = 0
+
+
+@dataclass
+class Stage2Config(LoraFields, SFTConfig):
+    """Stage 2: SFT on A u B, assistant-only loss, embeddings frozen, LoRA on the attention projections; merged."""
+
+    measure_max_new_tokens: int = 256  # generation length for the offload-rate measurement
+    measure_limit: int | None = None  # held-out examples used for the measurement (None: all)
+
+
+@dataclass
+class Stage3Config(LoraFields, GRPOConfig):
+    """Stage 3: cost-aware GRPO with the LLM in the rollout."""
+
+    lam: float = 0.1  # lambda of eq:grpo-total
+    cost_penalty: str = "normalized"  # "normalized": R_eff = Cost_act / Cost_base; "direct": Cost_act in USD
+    source: str = "world:train"  # training prompts (same syntax as curate.source)
+    source_split: str = "train"
+    question_field: str = "question"
+    answer_field: str = "gold"
+    train_limit: int | None = None
+    train_offset: int = 0
+    llm_max_new_tokens: int = 512
+    llm_concurrency: int = 16
+    llm_batch_size: int = 64
+    slm_price: float | None = None  # C_s of eq:grpo-cost-actual (USD / M tokens); default: the sheet's slm_out
+
+    def validate(self) -> None:
+        if self.lam < 0:
+            raise ValueError(f"stage3.lam={self.lam} must be >= 0")
+        if self.cost_penalty not in COST_PENALTIES:
+            raise ValueError(f"stage3.cost_penalty={self.cost_penalty!r}: choose one of {COST_PENALTIES}")
+
+
+STAGE_CLASSES: dict[str, type] = {"stage1": Stage1Config, "stage2": Stage2Config, "stage3": Stage3Config}
+TOP_KEYS = {"name", "world", "slm", "llm", "prompts", "prices", "curate", "stage1", "stage2", "stage3"}
+
+
+@dataclass
+class Recipe:
+    name: str
+    world: dict | None = None  # {dir, quick, seed}
+    slm: str | None = None
+    llm: Any = None  # str or dict (see pyrodash.backends.load_backend)
+    prompts: str = "qwen-math-v1"
+    prices: str = "paper"
+    curate: CurateConfig = field(default_factory=CurateConfig)
+    stage1: dict = field(default_factory=dict)  # raw sections; stage_config() builds the TRL dataclass
+    stage2: dict = field(default_factory=dict)
+    stage3: dict = field(default_factory=dict)
+    path: str | None = None
+
+    def world_dir(self) -> Path | None:
+        if self.world is None:
+            return None
+        w = self.world
+        if w.get("dir"):
+            return Path(w["dir"])
+        return Path("worlds") / f"{'quick' if w.get('quick') else 'full'}-seed{int(w.get('seed', 0))}"
+
+    def stage_config(self, stage: str, output_dir: str | Path, validate_only: bool = False, **overrides) -> Any:
+        """Build the stage's TRL config (validated by TRL's own __post_init__) for `output_dir`.
+
+        Without a GPU, bf16 defaults to off (TRL defaults it on; transformers refuses it on CPU); `validate_only`
+        also turns an explicit bf16/fp16 off, so a GPU recipe can still be checked on a CPU machine."""
+        cls = STAGE_CLASSES[stage]
+        raw = {**getattr(self, stage), **overrides, "output_dir": str(output_dir)}
+        if not _has_gpu():
+            if validate_only:
+                raw = {k: v for k, v in raw.items() if k not in ("bf16", "fp16", "tf32")}
+            raw.setdefault("bf16", False)
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(raw) - known)
+        if unknown:
+            raise ValueError(f"{self.path or self.name}: {stage} has unknown keys {unknown}; they must be fields of "
+                             f"{cls.__name__} (PyroDash fields or TRL's {cls.__mro__[2].__name__})")
+        cfg = cls(**raw)
+        if hasattr(cfg, "validate"):
+            cfg.validate()
+        return cfg
+
+    def validate(self) -> None:
+        get_prompts(self.prompts)
+        Prices.from_yaml(self.prices)
+        self.curate.validate()
+        if self.world is None and (not self.slm or not self.llm):
+            raise ValueError(f"{self.path or self.name}: a recipe without `world:` must name both `slm` and `llm`")
+        if self.world is not None and not isinstance(self.world, dict):
+            raise ValueError("`world:` must be a mapping like {quick: true, seed: 0} or {dir: worlds/quick}")
+        for stage in STAGE_CLASSES:
+            self.stage_config(stage, output_dir="/tmp/pyrodash-validate", validate_only=True)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.pop("path")
+        return d
+
+
+def _has_gpu() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def load_recipe(path: str | Path, overrides: dict | None = None) -> Recipe:
+    """Load and validate a YAML recipe. `overrides` maps dotted keys ("stage3.lam") to values."""
+    p = Path(path)
+    if not p.exists():
+        raise ValueError(f"config {path} not found; try configs/world/quick.yaml or configs/paper/*.yaml")
+    data = yaml.safe_load(p.read_text()) or {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{p}: a recipe is a YAML mapping with keys {sorted(TOP_KEYS)}")
+    for key, value in (overrides or {}).items():
+        section, _, name = key.partition(".")
+        if name:
+            data.setdefault(section, {})[name] = value
+        else:
+            data[section] = value
+    unknown = sorted(set(data) - TOP_KEYS)
+    if unknown:
+        raise ValueError(f"{p}: unknown top-level keys {unknown}; expected some of {sorted(TOP_KEYS)}")
+    cur = data.pop("curate", None) or {}
+    known = {f.name for f in fields(CurateConfig)}
+    if set(cur) - known:
+        raise ValueError(f"{p}: curate has unknown keys {sorted(set(cur) - known)}; expected some of {sorted(known)}")
+    recipe = Recipe(**{"name": p.stem, **data}, curate=CurateConfig(**cur), path=str(p))
+    for stage in STAGE_CLASSES:
+        if getattr(recipe, stage) is None:
+            setattr(recipe, stage, {})
+    recipe.validate()
+    return recipe
+
+
+def save_resolved(out_dir: str | Path, recipe: Recipe, stage_cfg: Any = None, extra: dict | None = None) -> Path:
+    """Write `config.resolved.json` (the recipe, the stage's full TRL config, extras) beside a checkpoint."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    doc: dict = {"recipe": recipe.to_dict(), "recipe_path": recipe.path}
+    if stage_cfg is not None:
+        doc["stage_config"] = stage_cfg.to_dict() if hasattr(stage_cfg, "to_dict") else asdict(stage_cfg)
+    if extra:
+        doc.update(extra)
+    path = out / "config.resolved.json"
+    path.write_text(json.dumps(doc, indent=2, default=str))
+    return path

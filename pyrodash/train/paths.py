@@ -1,0 +1,64 @@
+"""Where a recipe's inputs and each stage's outputs live.
+
+    DIR/curated/  DIR/stage1/  DIR/stage2/  DIR/stage3-lambda<λ>/      (stage N reads stage N-1 from DIR)
+
+A world recipe names the world directory (or quick/full + seed); it is built (cached) when missing.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pyrodash.train.config import Recipe
+
+
+def curated_dir(out_dir: str | Path) -> Path:
+    return Path(out_dir) / "curated"
+
+
+def stage_dir(out_dir: str | Path, stage: str, lam: float | None = None) -> Path:
+    if stage == "stage3":
+        if lam is None:
+            raise ValueError("stage3 needs lambda to name its directory")
+        return Path(out_dir) / f"stage3-lambda{lam:g}"
+    return Path(out_dir) / stage
+
+
+def resolve_world(recipe: Recipe, build: bool = True) -> Path | None:
+    """The recipe's world directory, built (cached) when it is missing and `build` is set."""
+    wdir = recipe.world_dir()
+    if wdir is None:
+        return None
+    if not (wdir / "world.json").exists():
+        if not build:
+            return wdir
+        from pyrodash.world.build import build_world
+
+        w = recipe.world or {}
+        build_world(wdir, quick=bool(w.get("quick", False)), seed=int(w.get("seed", 0)))
+    return wdir
+
+
+def slm_spec(recipe: Recipe, build: bool = True) -> str:
+    if recipe.slm:
+        return recipe.slm
+    wdir = resolve_world(recipe, build=build)
+    if wdir is None:
+        raise ValueError("the recipe names no `slm` and no `world`")
+    return str(wdir / "slm")
+
+
+def llm_spec(recipe: Recipe, build: bool = True) -> Any:
+    if recipe.llm:
+        return recipe.llm
+    wdir = resolve_world(recipe, build=build)
+    if wdir is None:
+        raise ValueError("the recipe names no `llm` and no `world`")
+    return str(wdir / "llm")
+
+
+def require(path: Path, what: str, hint: str) -> Path:
+    if not path.exists():
+        raise ValueError(f"{what} not found at {path}; {hint}")
+    return path

@@ -1,0 +1,156 @@
+"""The Stage 3 reward: complete collaborative rollouts with the frozen LLM in the loop.
+
+For the G completions of each prompt (sampled by TRL under P_s, cut at `<offload>` because it is a generation EOS):
+- a completion that ended in `<offload>` is handed to the LLM exactly as the engine does it (Pack + the engine's
+  handoff request); all handoffs of a batch are issued together (one batched in-process call, or concurrent HTTP
+  requests). The joint output is SLM text + LLM text; the LLM tokens never enter the loss (TRL only sees the reward);
+- R_acc = grade(joint output, gold);
+- Cost_act = (C_s + C_pre) T_s + C_dec T_l,dec (`eq:grpo-cost-actual`), with T_s the SLM tokens before `<offload>`;
+  no handoff: C_s T_s;
+- R_eff = Cost_act / Cost_base (`eq:grpo-eff`), Cost_base cached per prompt (`eq:grpo-baseline`, `BaselineCache`);
+  `cost_penalty: direct` uses Cost_act in USD instead (unnormalised; λ must be scaled to dollars);
+- R_total = R_acc - λ R_eff (`eq:grpo-total`).
+
+The reward also accumulates per-step statistics (accuracy, offload rate, mean R_eff, mean handoff position, LLM
+calls), which the Stage 3 trainer adds to its logs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+from pyrodash.backends.base import GenRequest
+from pyrodash.cost import Prices, grpo_cost_actual, grpo_cost_base, grpo_efficiency, grpo_total_reward
+from pyrodash.prompts import Prompts, pack
+
+
+def handoff_request(prompts: Prompts, question: str, partial: str, max_tokens: int,
+                    style: str = "continue") -> GenRequest:
+    """The engine's single handoff request (Algorithm 1, Line 6) for `question` and the SLM's partial text: built
+    by `CollaborateEngine.llm_request` itself, so training and inference hand off identically."""
+    from pyrodash.engine import CollaborateEngine
+
+    view = SimpleNamespace(prompts=prompts, handoff_style=style)  # llm_request reads only these two attributes
+    return CollaborateEngine.llm_request(view, prompts.plain_messages(question), pack(partial), max_tokens, {})
+
+
+class BaselineCache:
+    """Cost_base per training prompt (`eq:grpo-baseline`): the LLM alone on the plain question, cached in a JSON file
+    keyed by (LLM, prompt set, max tokens, question) so sweeps and resumed runs never recompute it."""
+
+    def __init__(self, path: str | Path, llm_key: str, prompts: Prompts, prices: Prices, max_tokens: int):
+        self.path = Path(path)
+        self.llm_key, self.prompts, self.prices, self.max_tokens = llm_key, prompts, prices, max_tokens
+        self.entries: dict[str, dict] = json.loads(self.path.read_text()) if self.path.exists() else {}
+
+    def key(self, question: str) -> str:
+        blob = json.dumps([self.llm_key, self.prompts.name, self.max_tokens, question])
+        return hashlib.sha256(blob.encode()).hexdigest()[:20]
+
+    def fill(self, llm, questions: list[str], golds: list[str]) -> int:
+        """Run the LLM alone on every question not cached yet (all at once); return how many were computed."""
+        from pyrodash.grading import grade_batch
+
+        todo = {}
+        for q, g in zip(questions, golds, strict=True):
+            if self.key(q) not in self.entries:
+                todo[self.key(q)] = (q, g)
+        if not todo:
+            return 0
+        items = list(todo.values())
+        reqs = [GenRequest(messages=self.prompts.plain_messages(q), max_tokens=self.max_tokens) for q, _ in items]
+        gens = llm.generate(reqs, desc="LLM-only baseline (Cost_base)")
+        ok = grade_batch([g.text for g in gens], [g for _, g in items])
+        for (q, _), gen, c in zip(items, gens, ok, strict=True):
+            self.entries[self.key(q)] = {"t_in": gen.prompt_tokens, "t_llm_dec": gen.completion_tokens,
+                                         "cost_base": grpo_cost_base(gen.prompt_tokens, gen.completion_tokens,
+                                                                     self.prices), "llm_correct": bool(c)}
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.entries))
+        tmp.replace(self.path)
+        return len(items)
+
+    def cost_base(self, question: str) -> float:
+        entry = self.entries.get(self.key(question))
+        if entry is None:
+            raise ValueError("no Cost_base for a training prompt: call BaselineCache.fill() on the training set first")
+        return float(entry["cost_base"])
+
+
+class CollaborativeReward:
+    """TRL reward function (`reward_funcs=[CollaborativeReward(...)]`); needs dataset columns `question`, `gold`."""
+
+    __name__ = "collab"  # TRL names the reward's metrics after this
+
+    def __init__(self, llm, prompts: Prompts, prices: Prices, baselines: BaselineCache, offload_id: int, lam: float,
+                 cost_penalty: str = "normalized", llm_max_tokens: int = 512, slm_price: float | None = None,
+                 handoff_style: str = "continue"):
+        if cost_penalty not in ("normalized", "direct"):
+            raise ValueError(f"cost_penalty={cost_penalty!r}: choose 'normalized' or 'direct'")
+        if lam < 0:
+            raise ValueError(f"lambda={lam} must be >= 0")
+        self.llm, self.prompts, self.prices, self.baselines = llm, prompts, prices, baselines
+        self.offload_id, self.lam, self.cost_penalty = offload_id, lam, cost_penalty
+        self.llm_max_tokens, self.slm_price, self.handoff_style = llm_max_tokens, slm_price, handoff_style
+        self.totals = {"llm_calls": 0, "rollouts": 0}
+        self._acc: dict[str, list[float]] = {}
+        self.last: list[dict] = []  # per-rollout details of the last call (for tests and case studies)
+
+    def __call__(self, prompts, completions, completion_ids, question, gold, **kwargs) -> list[float]:
+        texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+        off = [bool(ids) and ids[-1] == self.offload_id for ids in completion_ids]
+        idx = [i for i, o in enumerate(off) if o]
+        reqs = [handoff_request(self.prompts, question[i], texts[i], self.llm_max_tokens, self.handoff_style)
+                for i in idx]
+        llm_out = dict(zip(idx, self.llm.generate(reqs), strict=True)) if reqs else {}
+        joint = [texts[i] + (llm_out[i].text if i in llm_out else "") for i in range(len(texts))]
+        from pyrodash.grading import grade_batch
+
+        acc = grade_batch(joint, list(gold))
+        rewards, self.last = [], []
+        for i, ids in enumerate(completion_ids):
+            t_llm = llm_out[i].completion_tokens if i in llm_out else 0
+            t_slm = len(ids) - 1 if off[i] else len(ids)  # the <offload> token itself is not handed over
+            cost_act = grpo_cost_actual(t_slm, t_llm, self.prices, handoff=off[i], slm_price=self.slm_price)
+            if self.cost_penalty == "normalized":
+                r_eff = grpo_efficiency(cost_act, self.baselines.cost_base(question[i]))
+            else:
+                r_eff = cost_act
+            r_acc = 1.0 if acc[i] else 0.0
+            rewards.append(grpo_total_reward(r_acc, r_eff, self.lam))
+            self.last.append({"offload": off[i], "t_slm": t_slm, "t_llm_dec": t_llm, "cost_act": cost_act,
+                              "r_acc": r_acc, "r_eff": r_eff, "reward": rewards[-1], "joint": joint[i]})
+        self._record(off, acc, [d["r_eff"] for d in self.last], [d["t_slm"] for d in self.last if d["offload"]],
+                     len(reqs))
+        return rewards
+
+    def _record(self, off, acc, r_eff, positions, calls) -> None:
+        a = self._acc
+        a.setdefault("offload", []).extend(float(o) for o in off)
+        a.setdefault("acc", []).extend(float(x) for x in acc)
+        a.setdefault("r_eff", []).extend(r_eff)
+        a.setdefault("handoff_pos", []).extend(float(p) for p in positions)
+        a.setdefault("llm_calls", []).append(float(calls))
+        self.totals["llm_calls"] += calls
+        self.totals["rollouts"] += len(off)
+
+    def pop_stats(self) -> dict[str, float]:
+        """Since the last pop: mean accuracy, offload rate, R_eff, handoff position; LLM calls (sum, per rollout)."""
+        a, self._acc = self._acc, {}
+        if not a:
+            return {}
+
+        def mean(xs):
+            return sum(xs) / len(xs) if xs else 0.0
+
+        n = len(a.get("offload", []))
+        return {"pyrodash/accuracy": mean(a.get("acc", [])), "pyrodash/offload_rate": mean(a.get("offload", [])),
+                "pyrodash/r_eff": mean(a.get("r_eff", [])),
+                "pyrodash/handoff_position": mean(a.get("handoff_pos", [])),
+                "pyrodash/llm_calls": sum(a.get("llm_calls", [])),
+                "pyrodash/llm_calls_per_rollout": sum(a.get("llm_calls", [])) / n if n else 0.0,
+                "pyrodash/llm_calls_total": float(self.totals["llm_calls"])}

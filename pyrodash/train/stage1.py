@@ -1,0 +1,150 @@
+"""Stage 1 — control-token embedding learning.
+
+    pyrodash train stage1 --config configs/world/quick.yaml --output-dir runs/quick
+
+1. Add `<offload>` to the base SLM and initialise its input/output rows (`eq:offload-embed-init`, sigma 0.1; separate
+   rows when the embeddings are untied): `pyrodash.tokens.add_offload_token`.
+2. Train those rows plus transient LoRA adapters on the attention projections on Corpus B with TRL's SFTTrainer
+   (assistant-only loss).
+3. Discard the adapters: load the base model afresh, add the token, and copy in only the trained `<offload>` rows.
+   Every other parameter of the saved checkpoint is bit-identical to the base model (checked before saving).
+
+How only the `<offload>` rows train: the embedding (and, when untied, the LM head) weights are trainable and a
+gradient hook zeroes every row but `<offload>`'s; weight decay must be 0 so AdamW never moves the other rows. Not
+PEFT's `trainable_token_indices`: TRL 1.16's fused LM head multiplies by `lm_head.weight` directly (and reads
+`lm_head.bias`), so the trainable-tokens wrapper's delta for the output row would never be used or trained. The
+other rows are restored from the base anyway in step 3, so the saved model's identity does not rest on the hook.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from pyrodash.tokens import add_offload_token
+
+
+def offload_rows(model, tid: int) -> dict[str, torch.Tensor]:
+    """The `<offload>` row of the input embedding and, when untied, of the LM head."""
+    emb = model.get_input_embeddings().weight
+    rows = {"input": emb[tid].detach().clone()}
+    out = model.get_output_embeddings()
+    if out is not None and out.weight.data_ptr() != emb.data_ptr():
+        rows["output"] = out.weight[tid].detach().clone()
+    return rows
+
+
+def mask_rows_to(param: torch.nn.Parameter, tid: int) -> None:
+    """Make `param` trainable but let only row `tid` receive gradient."""
+    mask = torch.zeros(param.shape[0], 1, dtype=param.dtype, device=param.device)
+    mask[tid] = 1
+    param.requires_grad_(True)
+    param.register_hook(lambda g: g * mask)
+
+
+def row_param_names(model) -> set[str]:
+    """State-dict names of the input embedding and LM head weights (the tensors that hold `<offload>` rows)."""
+    ptrs = {model.get_input_embeddings().weight.data_ptr()}
+    if model.get_output_embeddings() is not None:
+        ptrs.add(model.get_output_embeddings().weight.data_ptr())
+    return {n for n, t in model.state_dict().items() if t.data_ptr() in ptrs}
+
+
+def changed_params(base_sd: dict[str, torch.Tensor], model, tid: int) -> list[str]:
+    """Names of `model`'s parameters that differ from `base_sd` anywhere but the `<offload>` row `tid` of the
+    embedding / LM head (compared on the base's rows when the vocabulary grew). Empty = Stage 1's invariant holds."""
+    rows = row_param_names(model)
+    new_sd = model.state_dict()
+    bad = sorted(set(base_sd) ^ set(new_sd))
+    for name in set(base_sd) & set(new_sd):
+        old, new = base_sd[name], new_sd[name]
+        if name in rows:
+            n = old.shape[0]
+            if new.shape[1:] != old.shape[1:] or new.shape[0] < n:
+                bad.append(name)
+                continue
+            keep = torch.ones(n, dtype=torch.bool)
+            if tid < n:
+                keep[tid] = False
+            old, new = old[keep], new[:n][keep]
+        if old.shape != new.shape or not torch.equal(old, new):
+            bad.append(name)
+    return sorted(bad)
+
+
+def _row_weights(model) -> dict[str, torch.Tensor]:
+    emb = model.get_input_embeddings().weight
+    out = model.get_output_embeddings()
+    if out is None or out.weight.data_ptr() == emb.data_ptr():
+        return {"input": emb}
+    return {"input": emb, "output": out.weight}
+
+
+def train_stage1(base_path: str | Path, rows: list[dict], cfg, out_dir: str | Path, log_path: str | Path):
+    """Train the `<offload>` rows on Corpus B `rows`; save the base + rows checkpoint to `out_dir`.
+    Returns (checkpoint dir, stats dict)."""
+    from trl import SFTTrainer
+
+    from pyrodash.train.common import callbacks, messages_dataset, save_checkpoint
+    from pyrodash.train.models import load_local
+
+    if cfg.weight_decay != 0:
+        raise ValueError(f"stage1.weight_decay={cfg.weight_decay}: must be 0, or AdamW would move the frozen "
+                         "embedding rows during training")
+    model, tok = load_local(base_path)
+    tid = add_offload_token(model, tok, sigma=cfg.sigma, seed=cfg.init_seed)
+    init = offload_rows(model, tid)
+    model.requires_grad_(False)
+    from peft import get_peft_model
+
+    peft_model = get_peft_model(model, cfg.lora_config())  # transient adapters
+    base = peft_model.get_base_model()
+    mask_rows_to(base.get_input_embeddings().weight, tid)
+    out_emb = base.get_output_embeddings()
+    if out_emb is not None and out_emb.weight.data_ptr() != base.get_input_embeddings().weight.data_ptr():
+        mask_rows_to(out_emb.weight, tid)
+    before = {k: w.detach().clone() for k, w in _row_weights(base).items()}
+    trainer = SFTTrainer(model=peft_model, args=cfg, train_dataset=messages_dataset(rows), processing_class=tok,
+                         callbacks=callbacks(cfg, log_path))
+    result = trainer.train()
+    trained = offload_rows(base, tid)
+    others = torch.ones(next(iter(before.values())).shape[0], dtype=torch.bool)
+    others[tid] = False
+    drift = max(float((w.detach() - before[k])[others].abs().max()) for k, w in _row_weights(base).items())
+
+    # Discard the adapters: the base afresh + the trained <offload> rows only.
+    fresh, fresh_tok = load_local(base_path)
+    base_sd = {k: v.detach().clone() for k, v in fresh.state_dict().items()}
+    tid2 = add_offload_token(fresh, fresh_tok, sigma=cfg.sigma, seed=cfg.init_seed)
+    assert tid2 == tid
+    with torch.no_grad():
+        fresh.get_input_embeddings().weight[tid] = trained["input"]
+        if "output" in trained:
+            fresh.get_output_embeddings().weight[tid] = trained["output"]
+    bad = changed_params(base_sd, fresh, tid)
+    assert not bad, f"Stage 1 would change parameters other than the <offload> rows: {bad}"
+    out = save_checkpoint(fresh, fresh_tok, out_dir)
+    stats = {"offload_token_id": tid, "train_loss": result.training_loss, "steps": result.global_step,
+             "rows": {k: {"init_norm": float(init[k].norm()), "trained_norm": float(trained[k].norm()),
+                          "moved": float((trained[k] - init[k]).norm())} for k in trained},
+             "tied_embeddings": "output" not in trained, "other_rows_max_change_in_training": drift}
+    (Path(out) / "stage1_stats.json").write_text(json.dumps(stats, indent=2))
+    return out, stats
+
+
+def run_stage1(recipe, out_dir: str | Path, base: str | Path | None = None) -> Path:
+    """Stage 1 of `recipe`: reads DIR/curated/corpus_b.jsonl, writes DIR/stage1/. Returns the checkpoint dir."""
+    from pyrodash.data.curate import read_jsonl
+    from pyrodash.train.config import save_resolved
+    from pyrodash.train.paths import curated_dir, require, slm_spec, stage_dir
+
+    corpus_b = require(curated_dir(out_dir) / "corpus_b.jsonl", "Corpus B",
+                       "run `pyrodash curate --config CFG --output-dir DIR` first")
+    dest = stage_dir(out_dir, "stage1")
+    cfg = recipe.stage_config("stage1", output_dir=dest / "trainer")
+    base_path = base or slm_spec(recipe)
+    out, stats = train_stage1(base_path, read_jsonl(corpus_b), cfg, dest, dest / "log.jsonl")
+    save_resolved(out, recipe, cfg, {"base": str(base_path), "stats": stats})
+    return out

@@ -1,0 +1,99 @@
+"""Stage 2 — offloading-oriented SFT (behavioural cold start), and the offload rates it produces.
+
+    pyrodash train stage2 --config configs/world/quick.yaml --output-dir runs/quick
+
+TRL's SFTTrainer on Corpus A u Corpus B (`eq:sft-loss`), assistant-only loss (the chat template's
+`{% generation %}` markers), embeddings frozen, LoRA on q/k/v/o; the adapters are merged into the saved checkpoint.
+
+Then the measurement the paper's claim rests on, on the held-out set curation labelled easy/hard with the base SLM:
+the rate at which the model emits `<offload>` (greedy; `<offload>` is a stop id) on hard and on easy problems under
+P_s, and without P_s (where it should never appear). Written to DIR/stage2/offload_rates.json.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+from pyrodash.prompts import Prompts
+
+
+def measure_offload_rates(model, tokenizer, rows: list[dict], prompts: Prompts, max_new_tokens: int,
+                          batch_size: int = 64, desc: str | None = "offload rates") -> dict:
+    """`<offload>` rates with and without P_s on `rows` (dicts with question, gold, difficulty easy|hard), and the
+    accuracy of the answers completed without P_s (the SLM+SFT baseline)."""
+    from pyrodash.backends.base import GenRequest
+    from pyrodash.backends.hf import HFBackend
+    from pyrodash.grading import grade_batch
+    from pyrodash.tokens import offload_token_id
+    from pyrodash.train.generate import generate
+
+    tid = offload_token_id(tokenizer)
+    if tid is None:
+        raise ValueError("the model has no <offload> token: measure a Stage 1/2/3 checkpoint")
+    was_training = model.training
+    backend = HFBackend(model, tokenizer)
+    result: dict = {"n": len(rows), "n_hard": sum(r["difficulty"] == "hard" for r in rows)}
+    result["n_easy"] = result["n"] - result["n_hard"]
+    for cond, with_ps in (("with_ps", True), ("without_ps", False)):
+        reqs = [GenRequest(messages=prompts.slm_messages(r["question"], offload=with_ps), max_tokens=max_new_tokens,
+                           stop_token_ids=[tid]) for r in rows]
+        gens = generate(backend, reqs, batch_size=batch_size, desc=f"{desc} ({cond})" if desc else None)
+        off = [g.stop_token_id == tid for g in gens]
+        for diff in ("hard", "easy"):
+            sel = [o for o, r in zip(off, rows, strict=True) if r["difficulty"] == diff]
+            result[f"{diff}_{cond}"] = sum(sel) / len(sel) if sel else None
+        result[f"all_{cond}"] = sum(off) / len(off) if off else None
+        if not with_ps:
+            ok = grade_batch([g.text for g in gens], [r["gold"] for r in rows])
+            result["accuracy_without_ps"] = sum(ok) / len(ok) if ok else None
+        else:
+            pos = [g.completion_tokens - 1 for g, o in zip(gens, off, strict=True) if o]
+            result["mean_handoff_position_with_ps"] = sum(pos) / len(pos) if pos else None
+    model.train(was_training)
+    return result
+
+
+def train_stage2(stage1_path: str | Path, rows: list[dict], cfg, out_dir: str | Path, log_path: str | Path):
+    """SFT with LoRA on A u B `rows`; merge and save to `out_dir`. Returns (checkpoint dir, merged model, tokenizer,
+    train stats)."""
+    from trl import SFTTrainer
+
+    from pyrodash.train.common import callbacks, messages_dataset, save_checkpoint
+    from pyrodash.train.models import load_local
+
+    model, tok = load_local(stage1_path)
+    rows = list(rows)
+    random.Random(cfg.seed).shuffle(rows)
+    trainer = SFTTrainer(model=model, args=cfg, train_dataset=messages_dataset(rows), processing_class=tok,
+                         peft_config=cfg.lora_config(), callbacks=callbacks(cfg, log_path))
+    result = trainer.train()
+    merged = trainer.model.merge_and_unload()
+    out = save_checkpoint(merged, tok, out_dir)
+    return out, merged, tok, {"train_loss": result.training_loss, "steps": result.global_step, "rows": len(rows)}
+
+
+def run_stage2(recipe, out_dir: str | Path, stage1: str | Path | None = None) -> Path:
+    """Stage 2 of `recipe`: reads DIR/stage1/ and DIR/curated/, writes DIR/stage2/ (+ offload_rates.json)."""
+    from pyrodash.data.curate import read_jsonl
+    from pyrodash.prompts import get_prompts
+    from pyrodash.train.config import save_resolved
+    from pyrodash.train.paths import curated_dir, require, stage_dir
+
+    cur = curated_dir(out_dir)
+    hint = "run `pyrodash curate` and `pyrodash train stage1` with the same --output-dir first"
+    rows = read_jsonl(require(cur / "corpus_a.jsonl", "Corpus A", hint)) + read_jsonl(cur / "corpus_b.jsonl")
+    src = Path(stage1) if stage1 else require(stage_dir(out_dir, "stage1"), "the Stage 1 checkpoint", hint)
+    dest = stage_dir(out_dir, "stage2")
+    cfg = recipe.stage_config("stage2", output_dir=dest / "trainer")
+    out, model, tok, stats = train_stage2(src, rows, cfg, dest, dest / "log.jsonl")
+    heldout = read_jsonl(cur / "heldout.jsonl") if (cur / "heldout.jsonl").exists() else []
+    if cfg.measure_limit:
+        heldout = heldout[: cfg.measure_limit]
+    rates = None
+    if heldout:
+        rates = measure_offload_rates(model, tok, heldout, get_prompts(recipe.prompts), cfg.measure_max_new_tokens)
+        (dest / "offload_rates.json").write_text(json.dumps(rates, indent=2))
+    save_resolved(out, recipe, cfg, {"stage1": str(src), "stats": stats, "offload_rates": rates})
+    return out

@@ -1,0 +1,169 @@
+"""Stage 3 — cost-aware GRPO with the frozen LLM inside the rollout.
+
+    pyrodash train stage3 --config configs/world/quick.yaml --output-dir runs/quick [--lambda 0.3]
+    pyrodash train stage3 --config configs/world/full.yaml --output-dir runs/full --lambdas 0.05,0.1,0.3,0.6
+
+1. Load the Stage 2 model; `<offload>` joins its generation EOS ids, so TRL cuts every completion there.
+2. Run the LLM alone on every training prompt and cache Cost_base (`eq:grpo-baseline`) in DIR/cost_base.json
+   (shared by every λ of a sweep).
+3. TRL's GRPOTrainer (G rollouts per prompt under P_s, LoRA) with `CollaborativeReward`: each rollout that ended in
+   `<offload>` is continued by the LLM (all handoffs of a batch issued together), the joint output graded, and
+   R_total = R_acc - λ R_eff. Only SLM tokens enter the loss.
+4. Per-step logs (TRL's reward/loss metrics plus accuracy, offload rate, mean R_eff, mean handoff position, LLM
+   calls) go to DIR/stage3-lambda<λ>/log.jsonl and the rich progress panel; checkpoints to .../trainer/ (resume
+   with --resume). The adapters are merged into DIR/stage3-lambda<λ>/.
+5. The trained policy is evaluated on the held-out set (greedy SLM under P_s, one handoff, as the engine does):
+   accuracy, offload rate, LLM calls per example, cost; a sweep writes DIR/stage3-sweep.json.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from trl import GRPOTrainer
+
+from pyrodash.prompts import Prompts
+
+
+class CostAwareGRPOTrainer(GRPOTrainer):
+    """GRPOTrainer whose logs also carry the collaborative reward's statistics since the previous log."""
+
+    def __init__(self, *args, collab=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.collab = collab
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        if self.collab is not None and self.model.training:
+            logs.update(self.collab.pop_stats())
+        super().log(logs, start_time)
+
+
+def evaluate_collaboration(model, tokenizer, llm, rows: list[dict], prompts: Prompts, prices, max_new_tokens: int,
+                           llm_max_tokens: int, batch_size: int = 64, desc: str | None = "collaborative eval") -> dict:
+    """Greedy SLM under P_s (stop at `<offload>`), one handoff to the LLM per offloaded example (the engine's
+    request), graded; returns accuracy, offload rate, LLM calls per example and mean dollar cost per example."""
+    from pyrodash.backends.base import GenRequest
+    from pyrodash.backends.hf import HFBackend
+    from pyrodash.cost import Usage
+    from pyrodash.grading import grade_batch
+    from pyrodash.tokens import offload_token_id
+    from pyrodash.train.generate import generate
+    from pyrodash.train.reward import handoff_request
+
+    tid = offload_token_id(tokenizer)
+    was_training = model.training
+    reqs = [GenRequest(messages=prompts.slm_messages(r["question"]), max_tokens=max_new_tokens, stop_token_ids=[tid])
+            for r in rows]
+    gens = generate(HFBackend(model, tokenizer), reqs, batch_size=batch_size, desc=desc)
+    model.train(was_training)
+    idx = [i for i, g in enumerate(gens) if g.stop_token_id == tid]
+    llm_gens = dict(zip(idx, llm.generate([handoff_request(prompts, rows[i]["question"], gens[i].text, llm_max_tokens)
+                                           for i in idx]), strict=True)) if idx else {}
+    joint = [g.text + (llm_gens[i].text if i in llm_gens else "") for i, g in enumerate(gens)]
+    ok = grade_batch(joint, [r["gold"] for r in rows])
+    usages = [Usage(slm_in=g.prompt_tokens, slm_out=g.completion_tokens,
+                    llm_in=llm_gens[i].prompt_tokens if i in llm_gens else 0,
+                    llm_out=llm_gens[i].completion_tokens if i in llm_gens else 0, llm_calls=int(i in llm_gens))
+              for i, g in enumerate(gens)]
+    n = max(1, len(rows))
+    by = {d: [c for c, r in zip(ok, rows, strict=True) if r.get("difficulty") == d] for d in ("easy", "hard")}
+    return {"n": len(rows), "accuracy": sum(ok) / n, "offload_rate": len(idx) / n,
+            "llm_calls_per_example": len(idx) / n,
+            "cost_usd_per_example": sum(u.cost(prices) for u in usages) / n,
+            **{f"accuracy_{d}": (sum(v) / len(v) if v else None) for d, v in by.items()},
+            "offload_rate_hard": _rate([i in llm_gens for i, r in enumerate(rows) if r.get("difficulty") == "hard"]),
+            "offload_rate_easy": _rate([i in llm_gens for i, r in enumerate(rows) if r.get("difficulty") == "easy"])}
+
+
+def _rate(xs: list[bool]) -> float | None:
+    return sum(xs) / len(xs) if xs else None
+
+
+def run_stage3(recipe, out_dir: str | Path, lam: float | None = None, stage2: str | Path | None = None,
+               resume: bool = False) -> Path:
+    """Stage 3 of `recipe` at λ (default: the recipe's): reads DIR/stage2/, writes DIR/stage3-lambda<λ>/."""
+    import torch
+    from transformers.trainer_utils import get_last_checkpoint
+
+    from pyrodash.cost import Prices
+    from pyrodash.data.curate import load_examples, read_jsonl
+    from pyrodash.prompts import get_prompts
+    from pyrodash.tokens import offload_token_id
+    from pyrodash.train.common import callbacks, save_checkpoint
+    from pyrodash.train.config import save_resolved
+    from pyrodash.train.models import FrozenLLM, load_local
+    from pyrodash.train.paths import curated_dir, llm_spec, require, resolve_world, stage_dir
+    from pyrodash.train.reward import BaselineCache, CollaborativeReward
+
+    overrides = {} if lam is None else {"lam": float(lam)}
+    lam = float(lam if lam is not None else recipe.stage3.get("lam", 0.1))
+    dest = stage_dir(out_dir, "stage3", lam)
+    cfg = recipe.stage_config("stage3", output_dir=dest / "trainer", **overrides)
+    src = Path(stage2) if stage2 else require(stage_dir(out_dir, "stage2"), "the Stage 2 checkpoint",
+                                               "run `pyrodash train stage2` with the same --output-dir first")
+    prompts, prices = get_prompts(recipe.prompts), Prices.from_yaml(recipe.prices)
+    world = resolve_world(recipe)
+    examples = load_examples(cfg.source, world, cfg.source_split, cfg.question_field, cfg.answer_field,
+                             cfg.train_limit, cfg.train_offset)
+    if not examples:
+        raise ValueError(f"stage3.source {cfg.source!r} gave no training prompts")
+
+    model, tok = load_local(src)
+    tid = offload_token_id(tok)
+    if tid is None:
+        raise ValueError(f"{src} has no <offload> token: Stage 3 starts from a Stage 2 checkpoint")
+    eos = model.generation_config.eos_token_id
+    original_eos = eos
+    eos = [eos] if isinstance(eos, int) else list(eos or [])
+    model.generation_config.eos_token_id = sorted({*eos, tok.eos_token_id, tid})
+    if cfg.use_vllm:  # vLLM samples outside transformers: pass <offload> as a stop token there too
+        cfg.generation_kwargs = {**(cfg.generation_kwargs or {}), "stop_token_ids": [tid]}
+
+    spec = llm_spec(recipe)
+    llm = FrozenLLM.from_spec(spec, batch_size=cfg.llm_batch_size, concurrency=cfg.llm_concurrency)
+    cache = BaselineCache(Path(out_dir) / "cost_base.json", json.dumps(spec, sort_keys=True, default=str), prompts,
+                          prices, cfg.llm_max_new_tokens)
+    computed = cache.fill(llm, [ex.question for ex in examples], [ex.gold for ex in examples])
+    llm.calls = 0  # count only the handoffs of training from here on
+    reward = CollaborativeReward(llm, prompts, prices, cache, tid, lam, cfg.cost_penalty, cfg.llm_max_new_tokens,
+                                 cfg.slm_price)
+    import datasets
+
+    ds = datasets.Dataset.from_list([{"prompt": prompts.slm_messages(ex.question), "question": ex.question,
+                                      "gold": ex.gold} for ex in examples])
+    torch.manual_seed(cfg.seed)
+    trainer = CostAwareGRPOTrainer(model=model, reward_funcs=[reward], args=cfg, train_dataset=ds,
+                                   processing_class=tok, peft_config=cfg.lora_config(),
+                                   callbacks=callbacks(cfg, dest / "log.jsonl"), collab=reward)
+    last = get_last_checkpoint(str(cfg.output_dir)) if resume and Path(cfg.output_dir).exists() else None
+    result = trainer.train(resume_from_checkpoint=last)
+    merged = trainer.model.merge_and_unload()
+    merged.generation_config.eos_token_id = original_eos
+    out = save_checkpoint(merged, tok, dest)
+    stats = {"lambda": lam, "cost_penalty": cfg.cost_penalty, "train_loss": result.training_loss,
+             "steps": result.global_step, "prompts": len(examples), "rollouts": reward.totals["rollouts"],
+             "llm_handoff_calls": reward.totals["llm_calls"], "cost_base_computed": computed,
+             "cost_base_cached": len(examples) - computed, "resumed_from": last}
+    heldout_path = curated_dir(out_dir) / "heldout.jsonl"
+    if heldout_path.exists():
+        rows = read_jsonl(heldout_path)
+        stats["heldout"] = evaluate_collaboration(merged, tok, llm, rows, prompts, prices, cfg.max_completion_length,
+                                                  cfg.llm_max_new_tokens)
+    (dest / "stage3_stats.json").write_text(json.dumps(stats, indent=2))
+    save_resolved(out, recipe, cfg, {"stage2": str(src), "stats": stats})
+    return out
+
+
+def run_sweep(recipe, out_dir: str | Path, lambdas: list[float], resume: bool = False) -> Path:
+    """Stage 3 once per λ (same Stage 2 start, same cached Cost_base); summary in DIR/stage3-sweep.json."""
+    summary = {"lambdas": lambdas, "runs": {}}
+    rates = Path(out_dir) / "stage2" / "offload_rates.json"
+    if rates.exists():
+        summary["stage2"] = json.loads(rates.read_text())
+    for lam in lambdas:
+        out = run_stage3(recipe, out_dir, lam=lam, resume=resume)
+        summary["runs"][f"{lam:g}"] = json.loads((out / "stage3_stats.json").read_text())
+    path = Path(out_dir) / "stage3-sweep.json"
+    path.write_text(json.dumps(summary, indent=2))
+    return path

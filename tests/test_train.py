@@ -1,0 +1,158 @@
+"""Training: recipes, Stage 1's invariant, the Stage 3 reward with real LLM handoffs, the pipeline on a quick world.
+
+Fast tests build tiny random Qwen3 models over the world's character tokenizer (its chat template has the
+`{% generation %}` markers the assistant-only loss needs) and world problems with their gold solutions; the slow
+test runs curation and every stage on a `--quick` world.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def tiny_slm_dir(out: Path, tied: bool, seed: int = 0, hidden: int = 32) -> Path:
+    """A random 2-layer Qwen3 with the world tokenizer, saved as an HF directory (no <offload> yet)."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from pyrodash.world.tokenizer import build_tokenizer
+
+    tok = build_tokenizer()
+    torch.manual_seed(seed)
+    cfg = Qwen3Config(vocab_size=len(tok), hidden_size=hidden, num_hidden_layers=2, num_attention_heads=2,
+                      num_key_value_heads=1, head_dim=16, intermediate_size=64, tie_word_embeddings=tied,
+                      max_position_embeddings=1024, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    model = Qwen3ForCausalLM(cfg)
+    model.generation_config.eos_token_id = tok.eos_token_id
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+def world_examples(n: int, seed: int = 0):
+    """World problems with their gold solutions; `hard` when a step needs an untaught lookup."""
+    from pyrodash.world.task import make_known, make_split, make_table
+
+    table, known = make_table(seed), make_known(seed, 0.65)
+    return make_split(seed, "unit", n, [1, 2, 3], table, known)
+
+
+def gold_corpora(n: int = 24):
+    from pyrodash.data.curate import build_corpora
+    from pyrodash.prompts import get_prompts
+    from pyrodash.train.config import CurateConfig
+
+    exs = world_examples(n)
+    sols = {ex.id: ex.meta["solution"] for ex in exs}
+    diff = {ex.id: "hard" if ex.meta["hard_steps"] else "easy" for ex in exs}
+    return build_corpora(exs, sols, diff, get_prompts("world-v1"), CurateConfig(placement="before_hard"))
+
+
+def stage1_cfg(tmp: Path, **kw):
+    from pyrodash.train.config import Stage1Config
+
+    base = dict(output_dir=str(tmp / "trainer"), learning_rate=5e-2, weight_decay=0.0, num_train_epochs=1,
+                per_device_train_batch_size=8, lora_r=4, lora_alpha=8, assistant_only_loss=True, max_length=256,
+                save_strategy="no", report_to="none", gradient_checkpointing=False, bf16=False, logging_steps=1,
+                seed=0)
+    return Stage1Config(**{**base, **kw})
+
+
+# --- recipes ---------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "configs" / "world").glob("*.yaml"))
+                         + sorted((ROOT / "configs" / "paper").glob("*.yaml")), ids=lambda p: p.name)
+def test_recipes_load_and_validate(path):
+    from pyrodash.train.config import Stage2Config, Stage3Config, load_recipe
+
+    r = load_recipe(path)
+    s2 = r.stage_config("stage2", output_dir="/tmp/x", validate_only=True)
+    s3 = r.stage_config("stage3", output_dir="/tmp/x", validate_only=True)
+    assert isinstance(s2, Stage2Config) and isinstance(s3, Stage3Config)
+    assert s2.assistant_only_loss and s3.num_generations == 8
+    if path.parent.name == "paper":
+        assert (s2.lora_r, s2.lora_alpha, s2.learning_rate, s2.num_train_epochs) == (8, 16, 1e-5, 4)
+        assert (s3.lora_r, s3.lora_alpha, s3.learning_rate, s3.num_train_epochs) == (16, 32, 5e-6, 1)
+        assert s3.use_vllm and str(r.llm.get("url", "")).startswith("http")
+
+
+def test_recipe_errors_name_the_fix(tmp_path):
+    from pyrodash.train.config import load_recipe
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\nworld: {quick: true}\nstage2: {learnin_rate: 0.1}\n")
+    with pytest.raises(ValueError, match="learnin_rate"):
+        load_recipe(bad)
+    bad.write_text("name: x\nworld: {quick: true}\nstage3: {cost_penalty: cheap}\n")
+    with pytest.raises(ValueError, match="normalized"):
+        load_recipe(bad)
+    bad.write_text("name: x\nslm: a\n")
+    with pytest.raises(ValueError, match="llm"):
+        load_recipe(bad)
+
+
+def test_dry_run_loads_nothing(tmp_path, capsys):
+    from pyrodash.cli import main
+
+    paper = sorted((ROOT / "configs" / "paper").glob("*.yaml"))[0]
+    for argv in (["curate"], ["train", "stage1"], ["train", "stage3", "--lambdas", "0.05,0.6"]):
+        assert main([*argv, "--config", str(paper), "--output-dir", str(tmp_path / "run"), "--dry-run"]) == 0
+        out = capsys.readouterr().out
+        assert "config OK" in out
+    assert "stage3-lambda0.6" in out and "Qwen/Qwen3.5-4B" in out and "lam = 0.6" in out
+    assert not (tmp_path / "run").exists()
+    assert main(["train", "stage2", "--lambda", "0.1", "--config", str(paper), "--output-dir", "x"]) == 2
+    assert "stage3 only" in capsys.readouterr().err
+
+
+# --- Stage 1 -------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
+def test_stage1_changes_only_the_offload_rows(tmp_path, tied):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from pyrodash.tokens import add_offload_token
+    from pyrodash.train.stage1 import changed_params, offload_rows, train_stage1
+
+    base = tiny_slm_dir(tmp_path / "base", tied=tied)
+    _, rows_b, _ = gold_corpora(24)
+    assert any("<offload>" in r["messages"][-1]["content"] for r in rows_b)
+    out, stats = train_stage1(base, rows_b, stage1_cfg(tmp_path), tmp_path / "stage1", tmp_path / "log.jsonl")
+
+    base_model = AutoModelForCausalLM.from_pretrained(base)
+    base_sd = {k: v.clone() for k, v in base_model.state_dict().items()}
+    new = AutoModelForCausalLM.from_pretrained(out)
+    tok = AutoTokenizer.from_pretrained(out)
+    tid = tok.convert_tokens_to_ids("<offload>")
+    assert tid == stats["offload_token_id"] == base_model.config.vocab_size  # a new row
+    assert changed_params(base_sd, new, tid) == []  # every other parameter is bit-identical
+    assert not any("lora" in k for k in new.state_dict())  # the transient adapters are gone
+    assert stats["other_rows_max_change_in_training"] == 0.0  # the gradient mask held during training too
+    # ... and the <offload> rows did train away from their eq:offload-embed-init values
+    init_tok = AutoTokenizer.from_pretrained(base)
+    add_offload_token(base_model, init_tok, sigma=0.1, seed=0)
+    init, trained = offload_rows(base_model, tid), offload_rows(new, tid)
+    assert set(trained) == ({"input"} if tied else {"input", "output"})
+    for k in trained:
+        assert not torch.equal(init[k], trained[k]), k
+    # the check itself catches a change elsewhere
+    with torch.no_grad():
+        new.model.layers[0].self_attn.q_proj.weight[0, 0] += 1e-3
+        new.get_input_embeddings().weight[5, 0] += 1e-3
+    bad = set(changed_params(base_sd, new, tid))
+    assert {"model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weight"} <= bad
+    assert bad <= {"model.embed_tokens.weight", "lm_head.weight", "model.layers.0.self_attn.q_proj.weight"}
+
+
+def test_stage1_refuses_weight_decay(tmp_path):
+    from pyrodash.train.stage1 import train_stage1
+
+    base = tiny_slm_dir(tmp_path / "base", tied=False)
+    with pytest.raises(ValueError, match="weight_decay"):
+        train_stage1(base, [], stage1_cfg(tmp_path, weight_decay=0.01), tmp_path / "s1", tmp_path / "l.jsonl")
