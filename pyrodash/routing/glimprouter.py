@@ -114,7 +114,7 @@ def run_glimprouter(items: list[tuple[list[dict], dict]], tau: float, gen: Calla
             st.finish = "length"
         out.append({"output": st.text, "segments": _merge(st.segments), "usage": st.usage.to_dict(),
                     "llm_calls": st.usage.llm_calls, "handoff": st.handoff, "finish_reason": st.finish,
-                    "entropies": [round(h, 4) for h in st.entropies]})
+                    "entropies": list(st.entropies)})
     return out
 
 

@@ -52,7 +52,7 @@ class MFRouter:
     def win_rate(self, emb: torch.Tensor) -> list[float]:
         """P(LLM wins) for each query embedding (rows of `emb`)."""
         x = (emb.float() - self.mean) / self.std
-        return torch.sigmoid(self.model.logit_llm_wins(x)).tolist()
+        return torch.sigmoid(self.model.logit_llm_wins(x).double()).tolist()  # float64: no ties at 1.0
 
     def save(self, path: str | Path) -> None:
         path = Path(path)
