@@ -23,7 +23,7 @@ from pathlib import Path
 from pyrodash.backends.base import GenChunk, GenRequest
 from pyrodash.cost import Prices, Usage
 from pyrodash.data.example import Example
-from pyrodash.prompts import OFFLOAD_TOKEN, Prompts
+from pyrodash.prompts import OFFLOAD_TOKEN, Prompts, pack
 
 Item = tuple[Example, dict]  # (example, sampling: temperature / top_p / seed)
 
@@ -154,17 +154,13 @@ class PyroDash(Method):
         eng = self.engine
         if not (hasattr(eng.slm, "generate_batch") and hasattr(eng.llm, "generate_batch")):
             return self._via_engine(items)
-        from pyrodash.engine import _with_system
-
         oid, budget = eng.offload_id, eng.max_tokens
         msgs = [eng.messages(ex.question) for ex, _ in items]
         samp = [{"stop": [], **s} for _, s in items]
-        reqs = [GenRequest(messages=_with_system(eng.prompts.offload_system, m), max_tokens=budget,
-                           stop_token_ids=[oid], logit_bias={oid: self.bias} if self.bias else {}, **s)
-                for m, s in zip(msgs, samp)]
+        reqs = [eng.slm_request(ex.question, **s) for ex, s in items]
         slm = generate(eng.slm, reqs, self.env.batch_size)
         hand = [i for i, g in enumerate(slm) if g.stop_token_id == oid]
-        lreqs = [eng.llm_request(msgs[i], slm[i].text.replace(OFFLOAD_TOKEN, ""), budget, samp[i]) for i in hand]
+        lreqs = [eng.llm_request(msgs[i], pack(slm[i].text), budget, samp[i]) for i in hand]
         llm = dict(zip(hand, generate(eng.llm, lreqs, self.env.batch_size)))
         out = []
         for i, g in enumerate(slm):
