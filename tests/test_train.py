@@ -156,3 +156,60 @@ def test_stage1_refuses_weight_decay(tmp_path):
     base = tiny_slm_dir(tmp_path / "base", tied=False)
     with pytest.raises(ValueError, match="weight_decay"):
         train_stage1(base, [], stage1_cfg(tmp_path, weight_decay=0.01), tmp_path / "s1", tmp_path / "l.jsonl")
+
+
+# --- Stage 3 reward --------------------------------------------------------------------------------------------
+
+
+def test_reward_hands_off_to_the_llm_and_prices_each_rollout(tmp_path):
+    from pyrodash.backends.hf import HFBackend
+    from pyrodash.cost import Prices, grpo_cost_actual, grpo_cost_base
+    from pyrodash.engine import handoff_request as engine_handoff
+    from pyrodash.prompts import get_prompts, pack
+    from pyrodash.train.models import FrozenLLM
+    from pyrodash.train.reward import BaselineCache, CollaborativeReward
+
+    prompts, prices = get_prompts("world-v1"), Prices.from_yaml("paper")
+    llm_dir = tiny_slm_dir(tmp_path / "llm", tied=False, seed=1)
+    llm = FrozenLLM.from_spec(str(llm_dir), batch_size=8)
+    cache = BaselineCache(tmp_path / "cost_base.json", "tiny", prompts, prices, max_tokens=12)
+    qs, golds = ["Start 1: +2.", "Start 5: +1, f."], ["3", "7"]
+    assert cache.fill(llm, qs, golds) == 2 and cache.fill(llm, qs, golds) == 0  # cached on disk, not recomputed
+    assert BaselineCache(tmp_path / "cost_base.json", "tiny", prompts, prices, 12).cost_base(qs[0]) == \
+        cache.cost_base(qs[0]) > 0
+    tok = llm.backend.tokenizer
+    off = tok.vocab_size + 7  # any id the SLM would use for <offload>
+    enc = lambda s: tok.encode(s, add_special_tokens=False)  # noqa: E731
+    completions = ["1+2=3\n\n\\boxed{3}", "5+1=6\n\n", "5+1=6\n\nf(6)=9\n\n\\boxed{9}"]
+    ids = [enc(completions[0]) + [tok.eos_token_id], enc(completions[1]) + [off], enc(completions[2])]
+    question, gold = [qs[0], qs[1], qs[1]], ["3", "7", "7"]
+    for lam, penalty in ((0.3, "normalized"), (0.3, "direct")):
+        reward = CollaborativeReward(llm, prompts, prices, cache, off, lam=lam, cost_penalty=penalty,
+                                     llm_max_tokens=12)
+        calls = llm.calls
+        r = reward(prompts=None, completions=[[{"role": "assistant", "content": c}] for c in completions],
+                   completion_ids=ids, question=question, gold=gold)
+        assert llm.calls - calls == 1  # exactly one LLM call: the rollout that ended in <offload>
+        d = reward.last
+        assert [x["offload"] for x in d] == [False, True, False] and [x["r_acc"] for x in d] == [1.0, 0.0, 0.0]
+        # the handoff is the engine's request, answered by the real LLM; its text joins the SLM's
+        want = HFBackend(llm.backend.model, tok).generate(
+            engine_handoff(prompts, "continue", prompts.plain_messages(qs[1]), pack(completions[1]), 12))
+        assert d[1]["joint"] == completions[1] + want.text and d[1]["t_llm_dec"] == want.completion_tokens > 0
+        assert d[1]["t_slm"] == len(ids[1]) - 1 and d[0]["t_slm"] == len(ids[0])
+        cost1 = grpo_cost_actual(d[1]["t_slm"], want.completion_tokens, prices, handoff=True)
+        cost0 = grpo_cost_actual(len(ids[0]), 0, prices, handoff=False)
+        assert d[1]["cost_act"] == pytest.approx(cost1) and d[0]["cost_act"] == pytest.approx(cost0)
+        if penalty == "normalized":
+            base = cache.cost_base(qs[1])
+            assert d[1]["r_eff"] == pytest.approx(cost1 / base)
+            e = cache.entries[cache.key(qs[1])]
+            assert base == pytest.approx(grpo_cost_base(e["t_in"], e["t_llm_dec"], prices))
+        else:
+            assert d[1]["r_eff"] == pytest.approx(cost1)
+        assert r == pytest.approx([x["r_acc"] - lam * x["r_eff"] for x in d])
+        stats = reward.pop_stats()
+        assert stats["pyrodash/offload_rate"] == pytest.approx(1 / 3) and stats["pyrodash/llm_calls"] == 1
+        assert stats["pyrodash/handoff_position"] == d[1]["t_slm"] and reward.pop_stats() == {}
+    with pytest.raises(ValueError, match="normalized"):
+        CollaborativeReward(llm, prompts, prices, cache, off, lam=0.1, cost_penalty="dollars")

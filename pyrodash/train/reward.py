@@ -20,7 +20,6 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from types import SimpleNamespace
 
 from pyrodash.backends.base import GenRequest
 from pyrodash.cost import Prices, grpo_cost_actual, grpo_cost_base, grpo_efficiency, grpo_total_reward
@@ -29,12 +28,11 @@ from pyrodash.prompts import Prompts, pack
 
 def handoff_request(prompts: Prompts, question: str, partial: str, max_tokens: int,
                     style: str = "continue") -> GenRequest:
-    """The engine's single handoff request (Algorithm 1, Line 6) for `question` and the SLM's partial text: built
-    by `CollaborateEngine.llm_request` itself, so training and inference hand off identically."""
-    from pyrodash.engine import CollaborateEngine
+    """The engine's single handoff request (Algorithm 1, Line 6) for `question` and the SLM's partial text (built by
+    `pyrodash.engine.handoff_request`, so training and inference hand off identically)."""
+    from pyrodash import engine
 
-    view = SimpleNamespace(prompts=prompts, handoff_style=style)  # llm_request reads only these two attributes
-    return CollaborateEngine.llm_request(view, prompts.plain_messages(question), pack(partial), max_tokens, {})
+    return engine.handoff_request(prompts, style, prompts.plain_messages(question), pack(partial), max_tokens)
 
 
 class BaselineCache:
@@ -148,9 +146,12 @@ class CollaborativeReward:
             return sum(xs) / len(xs) if xs else 0.0
 
         n = len(a.get("offload", []))
-        return {"pyrodash/accuracy": mean(a.get("acc", [])), "pyrodash/offload_rate": mean(a.get("offload", [])),
+        out = {"pyrodash/accuracy": mean(a.get("acc", [])), "pyrodash/offload_rate": mean(a.get("offload", [])),
                 "pyrodash/r_eff": mean(a.get("r_eff", [])),
                 "pyrodash/handoff_position": mean(a.get("handoff_pos", [])),
                 "pyrodash/llm_calls": sum(a.get("llm_calls", [])),
                 "pyrodash/llm_calls_per_rollout": sum(a.get("llm_calls", [])) / n if n else 0.0,
                 "pyrodash/llm_calls_total": float(self.totals["llm_calls"])}
+        if not a.get("handoff_pos"):
+            del out["pyrodash/handoff_position"]  # no handoff since the last log: no position to average
+        return out

@@ -1,0 +1,115 @@
+"""EasyHard curation: sources, `<offload>` insertion at step boundaries, Corpus A / Corpus B.
+
+The end-to-end curation run (base SLM -> easy/hard, LLM reconstructions) is in tests/test_train.py's quick-world
+pipeline test; here the pieces are checked on world problems with their gold solutions.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pyrodash.data.curate import boundary_candidates, build_corpora, insert_offloads, load_examples
+from pyrodash.prompts import OFFLOAD_TOKEN, get_prompts
+from pyrodash.train.config import CurateConfig
+
+ROOT = Path(__file__).resolve().parent.parent
+SOLUTION = "47+35=82\n\nf(82)=19\n\n19+12=31\n\nf(31)=64\n\n\\boxed{64}"
+
+
+def world_examples(n: int, seed: int = 0):
+    from pyrodash.world.task import make_known, make_split, make_table
+
+    table, known = make_table(seed), make_known(seed, 0.65)
+    return make_split(seed, "unit", n, [1, 2, 3, 4], table, known)
+
+
+def test_boundaries_stop_at_the_final_answer():
+    steps = SOLUTION.split("\n\n")
+    assert boundary_candidates(steps) == [0, 1, 2, 3, 4]  # before any step, up to the answer step, never inside it
+    assert boundary_candidates(["a", "b"]) == []  # no final answer: nowhere to insert
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_insert_offloads_count_and_placement(seed):
+    rng = random.Random(seed)
+    count = rng.randint(1, 4)
+    text, n = insert_offloads(SOLUTION, "\n\n", count, rng)
+    assert n == count == text.count(OFFLOAD_TOKEN)
+    assert text.replace(OFFLOAD_TOKEN, "") == SOLUTION  # only insertions
+    steps = text.split("\n\n")
+    assert all(s.count(OFFLOAD_TOKEN) <= 1 and (OFFLOAD_TOKEN not in s or s.startswith(OFFLOAD_TOKEN)) for s in steps)
+    assert steps[-1] in ("\\boxed{64}", OFFLOAD_TOKEN + "\\boxed{64}")  # the answer itself is never split
+    # seeded: the same rng state gives the same text
+    assert insert_offloads(SOLUTION, "\n\n", count, random.Random(seed))[0] == insert_offloads(
+        SOLUTION, "\n\n", count, random.Random(seed))[0]
+
+
+def test_before_hard_puts_the_first_offload_before_the_untaught_step():
+    for seed in range(10):
+        text, n = insert_offloads(SOLUTION, "\n\n", 3, random.Random(seed), "before_hard", hard_steps=[3])
+        first = text.index(OFFLOAD_TOKEN)
+        assert text[first:].startswith(OFFLOAD_TOKEN + "f(31)=64") and n == 2  # the other one: the only later boundary
+
+
+def test_corpora_follow_the_paper():
+    exs = world_examples(40)
+    sols = {ex.id: ex.meta["solution"] for ex in exs}
+    diff = {ex.id: "hard" if ex.meta["hard_steps"] else "easy" for ex in exs}
+    cfg = CurateConfig(offload_min=1, offload_max=4, placement="random", seed=3)
+    prompts = get_prompts("world-v1")
+    a, b, inserted = build_corpora(exs, sols, diff, prompts, cfg)
+    assert len(a) == len(b) == len(exs) and {"easy", "hard"} == {r["difficulty"] for r in a}
+    for r in a:  # Corpus A: no P_s, no <offload> anywhere
+        assert [m["role"] for m in r["messages"]] == ["user", "assistant"]
+        assert all(OFFLOAD_TOKEN not in m["content"] for m in r["messages"]) and r["n_offload"] == 0
+    for r in b:  # Corpus B: P_s as system message; easy targets clean, hard ones with 1-4 insertions
+        assert r["messages"][0] == {"role": "system", "content": prompts.offload_system}
+        target = r["messages"][-1]["content"]
+        if r["difficulty"] == "easy":
+            assert OFFLOAD_TOKEN not in target and r["n_offload"] == 0
+        else:
+            assert 1 <= target.count(OFFLOAD_TOKEN) == r["n_offload"] <= 4
+            assert OFFLOAD_TOKEN not in target.split("\n\n")[-1].replace(OFFLOAD_TOKEN + "\\boxed", "")
+            assert target.replace(OFFLOAD_TOKEN, "") == sols[r["id"]]
+    assert sum(v for k, v in inserted.items() if k != "no_boundary") == sum(r["difficulty"] == "hard" for r in b)
+    # the same seed gives the same corpora; another seed moves the insertions
+    assert build_corpora(exs, sols, diff, prompts, cfg)[1] == b
+    other = build_corpora(exs, sols, diff, prompts, CurateConfig(placement="random", seed=4))[1]
+    assert other != b
+
+
+def test_sources_jsonl_and_errors(tmp_path):
+    src = tmp_path / "qa.jsonl"
+    src.write_text("".join(json.dumps({"problem": f"{i}+1?", "answer": str(i + 1)}) + "\n" for i in range(5)))
+    exs = load_examples(str(src), question_field="problem", answer_field="answer", limit=3, offset=1)
+    assert [(e.question, e.gold) for e in exs] == [("1+1?", "2"), ("2+1?", "3"), ("3+1?", "4")]
+    with pytest.raises(ValueError, match="question_field"):
+        load_examples(str(src))
+    with pytest.raises(ValueError, match="world"):
+        load_examples("world:train")
+    with pytest.raises(ValueError, match="hf:"):
+        load_examples("data.csv")
+
+
+def test_hf_source_offline_fails_clearly():
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    code = ("from pyrodash.data.curate import load_examples\n"
+            "try:\n    load_examples('hf:no-such-org/no-such-dataset', limit=2)\n"
+            "except ValueError as e:\n    print('ValueError:', e)\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+    assert "ValueError: could not load HF dataset 'no-such-org/no-such-dataset'" in res.stdout, res.stderr
+    assert ".jsonl" in res.stdout  # ... and says what to do instead
+
+
+def test_curate_config_validation():
+    with pytest.raises(ValueError, match="offload_min"):
+        CurateConfig(offload_min=3, offload_max=2).validate()
+    with pytest.raises(ValueError, match="before_hard"):
+        CurateConfig(placement="middle").validate()
