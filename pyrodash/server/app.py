@@ -32,6 +32,7 @@ from pyrodash.server.metrics import Metrics
 from pyrodash.server.runs import ChunkWriter, EngineRun
 
 log = logging.getLogger("pyrodash.serve")
+SAMPLING_EPS = 1e-5
 
 
 def build_engine(config: ServeConfig):
@@ -229,9 +230,12 @@ def _engine_kwargs(request: Request, req: P._Sampling) -> tuple[str, dict]:
         raise P.APIError(400, f"{param}={max_tokens} exceeds this server's limit of {limit}.", param=param,
                          code="invalid_value")  # fmt: skip
     bias = req.offload_bias if req.offload_bias is not None else config.operating_points[model]
+    temperature = req.temperature
+    if temperature is not None and temperature < SAMPLING_EPS:
+        temperature = 0.0  # as vLLM does: a vanishing temperature is greedy decoding (and 1/T must stay finite)
     return model, {
         "offload_bias": bias, "max_tokens": max_tokens or config.limits.default_max_tokens,
-        "temperature": req.temperature, "top_p": req.top_p, "seed": req.seed, "stop": req.stop_list(),
+        "temperature": temperature, "top_p": req.top_p, "seed": req.seed, "stop": req.stop_list(),
     }  # fmt: skip
 
 
@@ -303,15 +307,23 @@ def _install_routes(app: FastAPI) -> None:
 
 
 async def _probe(backend) -> dict:
-    """Whether a backend answers: `backend.health()` when it has one, else in-process backends count as up."""
-    name = getattr(backend, "name", None)
+    """Whether a backend answers: `backend.health()` when it has one; an HTTP backend must list its models
+    (GET <base>/models) within 5 s; an in-process backend is up when it exists."""
     if backend is None:
         return {"name": None, "reachable": False, "error": "no backend"}
+    name = getattr(backend, "name", None)
     check = getattr(backend, "health", None)
-    if check is None:
-        return {"name": name, "reachable": True}
+    base = getattr(backend, "base", None)
     try:
-        await asyncio.wait_for(check(), timeout=5)
+        if check is not None:
+            await asyncio.wait_for(check(), timeout=5)
+        elif isinstance(base, str) and base.startswith(("http://", "https://")):
+            import httpx
+
+            async with httpx.AsyncClient(timeout=5, headers=getattr(backend, "headers", None) or {}) as client:
+                r = await client.get(f"{base}/models")
+            if r.status_code != 200:
+                raise ConnectionError(f"GET {base}/models answered {r.status_code}")
         return {"name": name, "reachable": True}
     except Exception as e:  # noqa: BLE001 - any failure means unreachable
         return {"name": name, "reachable": False, "error": f"{type(e).__name__}: {e}"}

@@ -1,0 +1,109 @@
+"""No client input makes `pyrodash serve` answer 5xx: fuzzing over real HTTP, real tiny models, bounded in time.
+
+1. schemathesis reads the server's own OpenAPI document and generates requests that fit it and requests that
+   break it (positive and negative modes) for every operation.
+2. hypothesis posts arbitrary JSON, and valid requests with one field replaced by arbitrary JSON, to both
+   completion routes; every refusal must be OpenAI's error body.
+Both models run in process (the HTTP LLM path is covered in test_server.py); max_tokens is capped at 4, so every
+accepted request runs the Collaborate Engine for real and quickly.
+"""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_server import KEY, UvicornThread, make_engine, serve_config, tiny_llm, tiny_slm
+
+from pyrodash.server.app import build_app
+from pyrodash.server.config import Limits
+
+schemathesis = pytest.importorskip("schemathesis")
+
+FUZZ = settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+AUTH = {"Authorization": f"Bearer {KEY}"}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    config = serve_config(limits=Limits(max_body_bytes=4 * 1024, max_tokens=3, default_max_tokens=3))
+    engine = make_engine(tiny_slm(tmp_path_factory), tiny_llm(tmp_path_factory), config)
+    with UvicornThread(build_app(config, engine=engine), log_level="error") as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def http(server):
+    with httpx.Client(base_url=server.url, headers=AUTH, timeout=60) as c:
+        yield c
+
+
+def _check(status: int, headers, text: str) -> None:
+    """Never a 5xx; a refusal is OpenAI's error body; an accepted stream ends with [DONE] and carries no error."""
+    ctype = _header(headers, "content-type")
+    assert status < 500, f"{status}: {text[:500]}"
+    if status >= 400:
+        err = json.loads(text)["error"]
+        assert isinstance(err["message"], str) and err["message"] and isinstance(err["type"], str)
+        assert list(err) == ["message", "type", "param", "code"]
+    if status == 200 and ctype.startswith("text/event-stream"):
+        assert text.rstrip().endswith("data: [DONE]") and '"error"' not in text
+
+
+def _header(headers, name: str) -> str:
+    value = headers.get(name) or headers.get(name.title()) or ""
+    return value[0] if isinstance(value, list) else value
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics"])
+def test_schemathesis_finds_no_server_error(server, http, path):
+    schema = schemathesis.openapi.from_url(f"{server.url}/openapi.json")
+    method = "POST" if path.endswith("completions") else "GET"
+    strategy = schema[path][method].as_strategy()
+
+    @FUZZ
+    @given(case=strategy)
+    def run(case):
+        r = case.call(base_url=server.url, headers=AUTH, timeout=60)
+        _check(r.status_code, r.headers, r.text)
+
+    run()
+
+
+def _post(http: httpx.Client, route: str, content: str | bytes) -> None:
+    r = http.post(route, content=content)  # json.dumps, not httpx's json=: NaN and Infinity must reach the server
+    _check(r.status_code, r.headers, r.text)
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
+    lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=10), kids, max_size=4),
+    max_leaves=12,
+)
+FIELDS = ["model", "messages", "prompt", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed",
+          "stop", "stream", "stream_options", "n", "logprobs", "offload_bias", "user"]  # fmt: skip
+
+
+@FUZZ
+@given(body=JSON, route=st.sampled_from(["/v1/chat/completions", "/v1/completions"]))
+def test_arbitrary_json_bodies_get_4xx_not_5xx(http, body, route):
+    _post(http, route, json.dumps(body))
+
+
+@FUZZ
+@given(field=st.sampled_from(FIELDS), value=JSON, stream=st.booleans())
+def test_one_wrong_field_in_a_valid_request(http, field, value, stream):
+    body = {"model": "pyrodash", "messages": [{"role": "user", "content": "1+1"}], "prompt": "1+1",
+            "max_tokens": 3, "stream": stream}  # fmt: skip
+    body[field] = value
+    for route in ("/v1/chat/completions", "/v1/completions"):
+        _post(http, route, json.dumps(body))
+
+
+@FUZZ
+@given(raw=st.binary(max_size=200))
+def test_arbitrary_bytes(http, raw):
+    _post(http, "/v1/chat/completions", raw)
