@@ -1,0 +1,82 @@
+"""The quick demo end to end (slow): its report's structure and internal consistency, recomputed here from the
+stored records, and the λ knob's effect (LLM token ratio and LLM calls fall as λ rises)."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+
+import pytest
+
+from pyrodash.cli import main
+from pyrodash.cost import Prices, Usage
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    out = tmp_path_factory.mktemp("demo")
+    t0 = time.perf_counter()
+    assert main(["demo", "--quick", "--out", str(out)]) == 0
+    print(f"quick demo wall time: {time.perf_counter() - t0:.0f}s")
+    return out
+
+
+def _records(out):
+    return {p.stem: [json.loads(x) for x in p.read_text().splitlines()] for p in (out / "records").glob("*.jsonl")}
+
+
+def test_report_structure(demo):
+    for name in ("report.md", "pareto.png", "summary.json", "config.resolved.json"):
+        assert (demo / name).exists(), name
+    md = (demo / "report.md").read_text()
+    for head in ("Table 1", "Table 2", "Table 3", "Table 4", "Pareto verdict", "Trigger positions", "Case studies",
+                 "Re-pricing"):
+        assert f"## {head}" in md
+    names = set(json.loads((demo / "summary.json").read_text())["methods"])
+    assert {"slm", "slm+sft", "llm", "pyrodash@0.05", "pyrodash@0.6"} <= names
+    for prefix in ("routellm@", "glimprouter@", "pyrodash@0.6+bias"):
+        assert any(n.startswith(prefix) for n in names), prefix
+
+
+def test_summary_matches_records(demo):
+    prices = Prices.from_yaml("paper")
+    summary = json.loads((demo / "summary.json").read_text())["methods"]
+    recs = _records(demo)
+    assert set(recs) == set(summary)
+    n = {len(v) for v in recs.values()}
+    assert len(n) == 1 and n.pop() == 5 * 30  # every method saw every problem of the five tiers once
+    llm_cost = sum(Usage.from_dict(r["usage"]).cost(prices) for r in recs["llm"])
+    for name, rs in recs.items():
+        us = [Usage.from_dict(r["usage"]) for r in rs]
+        s = summary[name]
+        assert s["cost_usd"] == pytest.approx(sum(u.cost(prices) for u in us), rel=1e-12)
+        assert s["cost_normalized"] == pytest.approx(s["cost_usd"] / llm_cost)
+        out_l, out_s = sum(u.llm_out for u in us), sum(u.slm_out for u in us)
+        assert s["llm_token_ratio"] == pytest.approx(out_l / (out_l + out_s))
+        assert s["llm_calls"] == pytest.approx(sum(u.llm_calls for u in us) / len(us))
+        tiers = sorted({r["benchmark"] for r in rs})
+        acc = sum(sum(r["correct"] for r in rs if r["benchmark"] == t) / 30 for t in tiers) / len(tiers)
+        assert s["accuracy"] == pytest.approx(acc)
+        for r in rs:
+            assert "".join(seg["text"] for seg in r["segments"]) == r["output"]
+            assert r["llm_calls"] == r["usage"]["llm_calls"]
+    assert summary["slm"]["llm_calls"] == 0 and summary["llm"]["llm_token_ratio"] == 1.0
+
+
+def test_lambda_controls_llm_use(demo):
+    summary = json.loads((demo / "summary.json").read_text())["methods"]
+    lam = sorted((float(m.group(1)), v) for k, v in summary.items() if (m := re.fullmatch(r"pyrodash@([0-9.]+)", k)))
+    ratios = [v["llm_token_ratio"] for _, v in lam]
+    calls = [v["llm_calls"] for _, v in lam]
+    assert ratios == sorted(ratios, reverse=True) and ratios[-1] < ratios[0], f"token ratio by λ: {lam}"
+    assert calls == sorted(calls, reverse=True) and calls[-1] < calls[0], f"LLM calls by λ: {lam}"
+
+
+def test_report_reprices(demo, capsys):
+    before = json.loads((demo / "summary.json").read_text())["methods"]["llm"]["cost_usd"]
+    assert main(["report", str(demo), "--prices", "cached"]) == 0
+    after = json.loads((demo / "summary.json").read_text())["methods"]["llm"]["cost_usd"]
+    assert after <= before
