@@ -35,6 +35,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import asyncio
 
+    from transformers.utils import logging as hf_logging
+
     from pyrodash.backends import load_backend
     from pyrodash.cost import Prices
     from pyrodash.engine import CollaborateEngine, EngineError, FailurePolicy
@@ -47,6 +49,7 @@ def run(args: argparse.Namespace) -> int:
     prices = Prices.from_yaml(args.prices)
     prompts = get_prompts(args.prompts)
     failure = FailurePolicy(retries=args.retries, timeout_s=args.timeout_s, on_error=args.on_error)
+    hf_logging.disable_progress_bar()  # no "Loading weights" bars around the answer
     slm = load_backend(args.slm)
     llm = slm if args.llm == args.slm else load_backend(args.llm)
     engine = CollaborateEngine(slm, llm, prompts, prices, handoff_style=args.handoff_style,

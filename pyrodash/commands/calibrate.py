@@ -1,0 +1,90 @@
+"""`pyrodash calibrate`: pick the offload_bias that gives a target LLM-call rate (or $ budget) on a question set.
+
+    pyrodash calibrate --slm SLM --llm LLM --questions val.jsonl --target-rate 0.3
+    pyrodash calibrate --slm SLM --llm LLM --benchmark world:val --path worlds/w --budget-usd 0.001 --json
+
+Questions: `--questions FILE` (JSONL with a "question" field, or plain text, one question per line) or
+`--benchmark NAME [--path P]` (pyrodash.data.benchmarks.load_benchmark). Prints the bias, the LLM-call rate (and
+mean $ per question in budget mode) and every evaluated point.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--slm", required=True, help="SLM backend: model path / hub id or http(s)://host:port/v1#model")
+    p.add_argument("--llm", required=True, help="LLM backend (used in --budget-usd mode)")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--questions", help="JSONL with a 'question' field, or one question per line")
+    src.add_argument("--benchmark", help="a benchmark name, e.g. world:val or gsm8k")
+    p.add_argument("--path", default=None, help="benchmark file or world directory (with --benchmark)")
+    p.add_argument("--limit", type=int, default=None, help="use at most this many questions")
+    goal = p.add_mutually_exclusive_group(required=True)
+    goal.add_argument("--target-rate", type=float, help="LLM calls per question, 0..1")
+    goal.add_argument("--budget-usd", type=float, help="mean $ per question")
+    p.add_argument("--prompts", default="qwen-math-v1", help="prompt set, e.g. world-v1")
+    p.add_argument("--prices", default="paper", help="price sheet: a YAML path or a name in configs/prices/")
+    p.add_argument("--max-tokens", type=int, default=512)
+    p.add_argument("--lo", type=float, default=-20.0, help="lowest bias searched")
+    p.add_argument("--hi", type=float, default=20.0, help="highest bias searched")
+    p.add_argument("--iters", type=int, default=12, help="bisection steps")
+    p.add_argument("--concurrency", type=int, default=8)
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def read_questions(path: str, limit: int | None = None) -> list[str]:
+    p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(f"questions file {path} does not exist")
+    out: list[str] = []
+    for i, line in enumerate(p.read_text().splitlines()):
+        if not line.strip():
+            continue
+        if p.suffix == ".jsonl":
+            row = json.loads(line)
+            if "question" not in row:
+                raise ValueError(f"{path}:{i + 1}: a JSONL row needs a 'question' field")
+            out.append(str(row["question"]))
+        else:
+            out.append(line)
+    if not out:
+        raise ValueError(f"{path} holds no questions")
+    return out[:limit] if limit else out
+
+
+def run(args: argparse.Namespace) -> int:
+    from transformers.utils import logging as hf_logging
+
+    from pyrodash.backends import load_backend
+    from pyrodash.calibrate import calibrate_offload_bias
+    from pyrodash.cost import Prices
+    from pyrodash.engine import CollaborateEngine
+    from pyrodash.prompts import get_prompts
+
+    if args.questions:
+        questions = read_questions(args.questions, args.limit)
+    else:
+        from pyrodash.data.benchmarks import load_benchmark
+
+        questions = [ex.question for ex in load_benchmark(args.benchmark, path=args.path, limit=args.limit)]
+    hf_logging.disable_progress_bar()  # no "Loading weights" bars around the answer
+    slm = load_backend(args.slm)
+    llm = slm if args.llm == args.slm else load_backend(args.llm)
+    engine = CollaborateEngine(slm, llm, get_prompts(args.prompts), Prices.from_yaml(args.prices),
+                               max_tokens=args.max_tokens)
+    cal = calibrate_offload_bias(engine, questions, target_rate=args.target_rate, budget_usd=args.budget_usd,
+                                 lo=args.lo, hi=args.hi, iters=args.iters, concurrency=args.concurrency)
+    if args.json:
+        print(json.dumps({**cal.to_dict(), "questions": len(questions)}))
+        return 0
+    for pt in cal.trace:
+        cost = "" if pt["cost_usd"] is None else f"  ${pt['cost_usd']:.6f}/question"
+        print(f"bias {pt['bias']:+9.4f}  LLM-call rate {pt['rate']:.3f}{cost}")
+    cost = "" if cal.cost_usd is None else f", ${cal.cost_usd:.6f}/question"
+    note = "" if cal.met else "  (target not reached in [--lo, --hi])"
+    print(f"offload_bias={cal.bias:.4f} (rate {cal.rate:.3f}{cost}, {cal.target}, {len(questions)} questions){note}")
+    return 0

@@ -1,0 +1,98 @@
+"""`pyrodash generate` and `pyrodash calibrate` on real tiny models, and offload_bias calibration."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from tiny_models import tiny_model_dir
+
+from pyrodash.backends.hf import HFBackend
+from pyrodash.calibrate import calibrate_offload_bias
+from pyrodash.cli import main
+from pyrodash.cost import Prices, Usage
+from pyrodash.engine import CollaborateEngine
+from pyrodash.prompts import get_prompts
+
+PROMPTS = get_prompts("world-v1")
+QUESTIONS = ["x", "abc", "2+3=?", "What is 7*8?", "hello", "q: 9-4", "zz top", "12*12"]
+
+
+@pytest.fixture(scope="module")
+def dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("gen")
+    return str(tiny_model_dir(root / "slm", seed=0)), str(tiny_model_dir(root / "llm", seed=1, offload=False))
+
+
+@pytest.fixture(scope="module")
+def engine(dirs):
+    return CollaborateEngine(HFBackend(dirs[0]), HFBackend(dirs[1]), PROMPTS, Prices.from_yaml("paper"),
+                             max_tokens=12)
+
+
+def gen(dirs, *extra) -> list[str]:
+    return ["generate", "--slm", dirs[0], "--llm", dirs[1], "--prompts", "world-v1", "--max-tokens", "12", *extra]
+
+
+def test_generate_json_matches_the_engine(dirs, engine, capsys):
+    for bias, handoff in ((1e4, 0), (-1e4, None)):
+        assert main(gen(dirs, "--json", "--offload-bias", str(bias), "abc")) == 0
+        out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        ref = engine.run("abc", offload_bias=bias)
+        assert out["handoff"] == handoff == ref.handoff and out["output"] == ref.output
+        assert Usage.from_dict(out["usage"]) == ref.usage
+        assert set(out["usage"]) == {"slm_in", "slm_out", "llm_in", "llm_out", "llm_cached_in", "llm_calls"}
+        assert out["cost_usd"] == pytest.approx(ref.usage.cost(Prices.from_yaml("paper")))
+        assert out["usage"]["llm_calls"] == (handoff is not None)
+
+
+def test_generate_colours_slm_and_llm_text(dirs, engine, capsys, monkeypatch):
+    monkeypatch.setenv("FORCE_COLOR", "1")
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    bias = next(b / 10 for b in range(60) if (engine.run("x", offload_bias=b / 10).handoff or 0) >= 2)
+    ref = engine.run("x", offload_bias=bias)
+    assert main(gen(dirs, "--offload-bias", str(bias), "x")) == 0
+    out = capsys.readouterr().out
+    assert "\x1b[36m" in out and "\x1b[35m" in out  # cyan SLM segment, magenta LLM segment
+    assert out.index("\x1b[36m") < out.index("LLM (after") < out.rindex("\x1b[35m")
+    assert f"handoff after {ref.handoff} SLM tokens" in out and f"${ref.cost_usd:.6f}" in out
+    assert f"LLM in/out {ref.usage.llm_in}/{ref.usage.llm_out}" in out
+
+
+def test_generate_without_offload_token_is_a_one_line_error(dirs, capsys):
+    assert main(["generate", "--slm", dirs[1], "--llm", dirs[1], "q"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "add_offload_token" in err
+
+
+def test_calibration_hits_a_target_rate(engine):
+    cal = calibrate_offload_bias(engine, QUESTIONS, target_rate=0.5, iters=10)
+    n = len(QUESTIONS)
+    assert cal.met and abs(cal.rate - 0.5) <= 1 / n
+    # the reported rate is what the engine really does at that bias
+    recount = sum(engine.run(q, offload_bias=cal.bias).handoff is not None for q in QUESTIONS) / n
+    assert recount == cal.rate
+    rates = [p["rate"] for p in cal.trace]
+    assert rates == sorted(rates) and rates[0] == 0.0 and rates[-1] == 1.0  # monotone in the bias
+
+
+def test_calibration_within_a_budget(engine):
+    half = calibrate_offload_bias(engine, QUESTIONS[:4], target_rate=0.5, iters=8)
+    budget = sum(engine.run(q, offload_bias=half.bias).cost_usd for q in QUESTIONS[:4]) / 4
+    cal = calibrate_offload_bias(engine, QUESTIONS[:4], budget_usd=budget, iters=8)
+    assert cal.met and cal.cost_usd <= budget and cal.bias >= half.bias - 1e-9
+    with pytest.raises(ValueError, match="exactly one"):
+        calibrate_offload_bias(engine, QUESTIONS, target_rate=0.5, budget_usd=1.0)
+
+
+def test_calibrate_cli(dirs, tmp_path, capsys):
+    qfile = tmp_path / "q.jsonl"
+    qfile.write_text("".join(json.dumps({"question": q}) + "\n" for q in QUESTIONS[:4]))
+    argv = ["calibrate", "--slm", dirs[0], "--llm", dirs[1], "--prompts", "world-v1", "--max-tokens", "12",
+            "--questions", str(qfile), "--target-rate", "0.25", "--iters", "8", "--json"]
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["questions"] == 4 and out["met"] and abs(out["rate"] - 0.25) <= 0.25
+    assert main(argv[:-1]) == 0
+    assert f"offload_bias={out['bias']:.4f}" in capsys.readouterr().out
+    assert main(argv[:9] + ["--questions", str(tmp_path / "none.jsonl"), "--target-rate", "0.2"]) == 2
