@@ -234,3 +234,43 @@ def test_load_backend_specs(tmp_path, monkeypatch):
         load_backend({"model": "m"})
     with pytest.raises(ValueError, match="does not exist"):
         load_backend(str(tmp_path / "missing"))
+
+
+def test_hf_batch_equals_single_and_stream(models):
+    slm, _ = models
+    reqs = [GenRequest(messages=[{"role": "user", "content": "a much longer question " * 3}], max_tokens=10),
+            GenRequest(messages=MSGS, max_tokens=10, temperature=0.9, top_p=0.8, seed=11),
+            GenRequest(messages=[{"role": "user", "content": "hi"}], max_tokens=7, top_logprobs=4, seed=3,
+                       temperature=1.2)]
+    batch = slm.generate_batch(reqs)
+    for req, res in zip(reqs, batch):
+        one = slm.generate(req)
+        assert (one.text, one.token_ids, one.prompt_ids) == (res.text, res.token_ids, res.prompt_ids)
+        assert res.completion_tokens == len(res.token_ids) <= req.max_tokens
+        assert res.prompt_tokens == len(slm.prompt_ids(req))
+
+        async def streamed(r=req):
+            return [c async for c in slm.stream(r)]
+
+        chunks = asyncio.run(streamed())
+        assert "".join(c.text for c in chunks) == res.text
+        assert [t for c in chunks for t in c.token_ids] == res.token_ids
+        if req.top_logprobs:
+            got = [d for c in chunks for d in (c.top_logprobs or [])]
+            assert len(got) == len(res.top_logprobs) == res.completion_tokens
+            assert all(len(d) <= 4 and max(d.values()) <= 0 for d in got)
+            flat = [v for d in got for v in sorted(d.values())]
+            assert flat == pytest.approx([v for d in res.top_logprobs for v in sorted(d.values())], abs=1e-4)
+
+
+def test_hf_stop_strings_and_banned_tokens(models):
+    slm, _ = models
+    free = slm.generate(GenRequest(messages=MSGS, max_tokens=20, logit_bias={slm.token_id(OFFLOAD_TOKEN): -1e9}))
+    assert len(free.text) >= 6
+    stop = free.text[3:5]
+    cut = slm.generate(GenRequest(messages=MSGS, max_tokens=20, stop=[stop],
+                                  logit_bias={slm.token_id(OFFLOAD_TOKEN): -1e9}))
+    assert cut.finish_reason == "stop" and cut.text == free.text[: free.text.index(stop)] and stop not in cut.text
+    banned = free.token_ids[0]
+    other = slm.generate(GenRequest(messages=MSGS, max_tokens=5, logit_bias={banned: float("-inf")}))
+    assert banned not in other.token_ids

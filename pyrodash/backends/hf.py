@@ -14,6 +14,7 @@ concurrent requests; `stream` runs the loop in a worker thread and hands chunks 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import threading
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -29,8 +30,9 @@ _BIG = 1e9  # +-inf biases are clamped to this, so sampling stays finite
 class _Seq:
     """Decoding state of one sequence: generated ids, text, stop handling, incremental detokenisation."""
 
-    def __init__(self, req: GenRequest, tokenizer, eos_ids: set[int]):
+    def __init__(self, req: GenRequest, tokenizer, eos_ids: set[int], incremental: bool = True):
         self.req, self.tok, self.eos_ids = req, tokenizer, eos_ids
+        self.incremental = incremental or bool(req.stop)  # else the text is decoded once, at the end
         self.stop_ids = set(req.stop_token_ids)
         self.all_ids: list[int] = []  # every generated id (stop token included)
         self.text_ids: list[int] = []  # ids that make up the text
@@ -49,14 +51,19 @@ class _Seq:
             self.stop_id = tid if tid in self.stop_ids else None
             return
         self.text_ids.append(tid)
-        text = self.tok.decode(self.text_ids, skip_special_tokens=False)
-        for s in self.req.stop:
-            i = text.find(s, max(0, self.sent - len(s)))
-            if i >= 0:
-                text, self.done, self.finish = text[:i], True, "stop"
-        self.text = text
+        if self.incremental:
+            text = self.tok.decode(self.text_ids, skip_special_tokens=False)
+            for s in self.req.stop:
+                i = text.find(s, max(0, self.sent - len(s)))
+                if i >= 0:
+                    text, self.done, self.finish = text[:i], True, "stop"
+            self.text = text
         if not self.done and len(self.all_ids) >= self.req.max_tokens:
             self.done, self.finish = True, "length"
+
+    def finalize(self) -> None:
+        if not self.incremental:
+            self.text = self.tok.decode(self.text_ids, skip_special_tokens=False)
 
     def delta(self) -> str:
         """New text that is safe to hand out (held back: a possible stop-string start, an incomplete character)."""
@@ -98,6 +105,7 @@ class HFBackend:
         pad = tokenizer.pad_token_id
         self.pad_id = int(pad if pad is not None else min(self.eos_ids, default=0))
         self._lock = threading.Lock()
+        self._keep_arg = "logits_to_keep" in inspect.signature(model.forward).parameters
 
     # ---- prompts -------------------------------------------------------------------------------------------
     def token_id(self, token: str) -> int | None:
@@ -120,76 +128,97 @@ class HFBackend:
         return len(self.tokenizer.encode(text, add_special_tokens=False))
 
     # ---- the decode loop -----------------------------------------------------------------------------------
-    def _pick(self, logits: torch.Tensor, req: GenRequest, gen: torch.Generator | None) -> int:
-        if req.logit_bias:
-            idx = torch.tensor(list(req.logit_bias), device=logits.device)
-            val = torch.tensor([max(-_BIG, min(_BIG, v)) for v in req.logit_bias.values()], device=logits.device)
-            logits = logits.clone()
-            logits[idx] += val
-        if req.temperature <= 0:
-            return int(torch.argmax(logits))
-        probs = torch.softmax(logits / req.temperature, dim=-1)
-        if req.top_p < 1.0:
-            sp, si = torch.sort(probs, descending=True)
-            cut = torch.cumsum(sp, -1) - sp > req.top_p
-            sp[cut] = 0.0
-            probs = torch.zeros_like(probs).scatter_(0, si, sp)
-        return int(torch.multinomial(probs, 1, generator=gen))
-
-    def _top(self, logits: torch.Tensor, k: int) -> dict[str, float]:
-        lp = torch.log_softmax(logits, -1)
-        vals, ids = torch.topk(lp, k)
+    def _top(self, vals: list[float], ids: list[int]) -> dict[str, float]:
         out: dict[str, float] = {}
-        for v, i in zip(vals.tolist(), ids.tolist()):
+        for v, i in zip(vals, ids):
             out.setdefault(self.tokenizer.decode([i], skip_special_tokens=False), v)
         return out
+
+    def _forward(self, ids, mask, pos, cache) -> torch.Tensor:
+        extra = {"logits_to_keep": 1} if self._keep_arg else {}  # no [B, L, V] logits for a long prompt
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True,
+                         **extra)
+        return out.logits[:, -1, :].float()
 
     @torch.inference_mode()
     def _decode(self, prompts: list[list[int]], reqs: list[GenRequest],
                 emit: Callable[[int, GenChunk], None] | None = None, cancel: threading.Event | None = None
                 ) -> list[_Seq]:
+        """Decode all sequences together (left padding). Per step: logit_bias added, greedy rows take the argmax,
+        sampled rows the Gumbel-max of their temperature/top-p distribution with their own seeded generator (so a
+        request samples the same tokens alone or in any batch); top-k logprobs are of the raw distribution."""
         from transformers import DynamicCache
 
-        bsz, width = len(prompts), max(len(p) for p in prompts)
+        dev, bsz, width = self.device, len(prompts), max(len(p) for p in prompts)
         ids = torch.full((bsz, width), self.pad_id, dtype=torch.long)
         mask = torch.zeros((bsz, width), dtype=torch.long)
         for i, p in enumerate(prompts):
             ids[i, width - len(p):] = torch.tensor(p)
             mask[i, width - len(p):] = 1
-        ids, mask = ids.to(self.device), mask.to(self.device)
+        ids, mask = ids.to(dev), mask.to(dev)
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
-        gens = [None if r.temperature <= 0 else torch.Generator(device=self.device) for r in reqs]
-        for g, r in zip(gens, reqs):
-            if g is not None:
-                g.manual_seed(r.seed if r.seed is not None else int(torch.randint(0, 2**62, (1,))))
-        seqs = [_Seq(r, self.tokenizer, self.eos_ids) for r in reqs]
+        seqs = [_Seq(r, self.tokenizer, self.eos_ids, incremental=emit is not None) for r in reqs]
         for s in seqs:
             s.done = s.req.max_tokens <= 0
             s.finish = "length" if s.done else None
+        gens: list[torch.Generator | None] = []
+        for r in reqs:
+            g = None
+            if r.temperature > 0:
+                g = torch.Generator(device=dev)
+                g.manual_seed(r.seed if r.seed is not None else int(torch.randint(0, 2**62, (1,))))
+            gens.append(g)
+        sampled = [i for i, g in enumerate(gens) if g is not None]
+        temps = torch.tensor([r.temperature if r.temperature > 0 else 1.0 for r in reqs], device=dev)[:, None]
+        top_ps = torch.tensor([r.top_p for r in reqs], device=dev)[:, None]
+        k_max = max(r.top_logprobs for r in reqs)
         cache = DynamicCache(config=self.model.config)
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True)
+        logits = self._forward(ids, mask, pos, cache)
+        bias = None
+        if any(r.logit_bias for r in reqs):
+            bias = torch.zeros_like(logits)
+            for i, r in enumerate(reqs):
+                for t, v in r.logit_bias.items():
+                    bias[i, t] = max(-_BIG, min(_BIG, v))
         while not all(s.done for s in seqs) and not (cancel is not None and cancel.is_set()):
-            logits = out.logits[:, -1, :].float()
-            nxt = []
+            raw = logits
+            if bias is not None:
+                logits = logits + bias
+            pick = torch.argmax(logits, -1)
+            if sampled:
+                rows = torch.tensor(sampled, device=dev)
+                z = logits[rows] / temps[rows]
+                if bool((top_ps[rows] < 1.0).any()):
+                    sp, si = torch.sort(torch.softmax(z, -1), descending=True)
+                    cut = (torch.cumsum(sp, -1) - sp) > top_ps[rows]
+                    z = z.masked_fill(torch.zeros_like(cut).scatter_(1, si, cut), float("-inf"))
+                u = torch.stack([torch.rand(z.shape[1], generator=gens[i], device=dev) for i in sampled])
+                pick[rows] = torch.argmax(z - torch.log(-torch.log(u.clamp(1e-20, 1.0 - 1e-7))), -1)
+            top_v = top_i = None
+            if k_max > 0:
+                top_v, top_i = torch.topk(torch.log_softmax(raw, -1), k_max, dim=-1)
+                top_v, top_i = top_v.tolist(), top_i.tolist()
+            nxt = pick.tolist()
             for i, s in enumerate(seqs):
                 if s.done:
-                    nxt.append(self.pad_id)
+                    nxt[i] = self.pad_id
                     continue
-                tid = self._pick(logits[i], s.req, gens[i])
-                lp = self._top(logits[i], s.req.top_logprobs) if s.req.top_logprobs > 0 else None
-                if lp is not None:
+                lp = None
+                if s.req.top_logprobs > 0:
+                    k = s.req.top_logprobs
+                    lp = self._top(top_v[i][:k], top_i[i][:k])
                     s.logprobs.append(lp)
-                s.push(tid)
-                nxt.append(tid)
+                s.push(nxt[i])
                 if emit is not None:
-                    emit(i, GenChunk(text=s.delta(), token_ids=[tid], top_logprobs=[lp] if lp is not None else None))
+                    emit(i, GenChunk(text=s.delta(), token_ids=[nxt[i]], top_logprobs=None if lp is None else [lp]))
             if all(s.done for s in seqs):
                 break
             mask = torch.cat([mask, mask.new_ones((bsz, 1))], dim=1)
             pos = pos[:, -1:] + 1
-            inp = torch.tensor(nxt, dtype=torch.long, device=self.device)[:, None]
-            out = self.model(input_ids=inp, attention_mask=mask, position_ids=pos, past_key_values=cache,
-                             use_cache=True)
+            inp = torch.tensor(nxt, dtype=torch.long, device=dev)[:, None]
+            logits = self._forward(inp, mask, pos, cache)
+        for s in seqs:
+            s.finalize()
         return seqs
 
     def _final(self, s: _Seq, n_prompt: int) -> GenChunk:
