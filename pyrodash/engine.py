@@ -21,6 +21,8 @@ everything already streamed (O_s plus any LLM text that arrived), so no text is 
 usage of every attempt, the error messages). `Usage.llm_calls` counts the LLM attempts that reached the server.
 
 Token budget: `max_tokens` bounds each model's decoding separately (the SLM, including a fallback resume; the LLM).
+Usage is what the backends report (the tokenizer's counts in process, the server's `usage` over HTTP); only for a
+server that reports none are SLM output tokens estimated as one per streamed chunk.
 """
 
 from __future__ import annotations
@@ -146,15 +148,18 @@ class CollaborateEngine:
         sampling = {"seed": req.seed, "stop": req.stop, "temperature": req.temperature, "top_p": req.top_p}
         usage = Usage()
         slm_text, llm_text = "", ""
-        final = GenChunk()
+        final, seen = GenChunk(), 0
         async with contextlib.aclosing(self.slm.stream(req)) as it:
             async for ch in it:
+                seen += len(ch.token_ids) or bool(ch.text)
                 if ch.text:
                     slm_text += ch.text
                     yield SLMDelta(ch.text)
                 if ch.finish_reason is not None:
                     final = ch
-        slm_out = final.completion_tokens or 0
+        slm_out = final.completion_tokens
+        if slm_out is None:  # a server that reports no usage: one streamed chunk per token, plus the stop token
+            slm_out = seen + (final.stop_token_id is not None)
         usage += Usage(slm_in=final.prompt_tokens or 0, slm_out=slm_out)
         if final.stop_token_id != self.offload_id:  # Line 11: the SLM answered alone
             yield self._done(slm_text, "", usage, final.finish_reason or "length", None, bias, t0)
