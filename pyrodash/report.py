@@ -189,11 +189,13 @@ def trigger_positions(records: list[dict], boundary: str = STEP_BOUNDARY) -> dic
 
 
 def case_studies(runs: dict[str, list[dict]], k: int = 2) -> list[tuple[str, dict]]:
-    """Up to k PyroDash traces with a handoff (correct ones first) and one SLM-only PyroDash answer."""
-    names = [n for n in runs if parse_method(n)[0] == "pyrodash" and parse_method(n)[2] is None]
+    """Up to k PyroDash traces with a handoff (correct ones first, λ runs before bias runs) and one SLM-only
+    PyroDash answer (a correct one if any)."""
+    names = sorted((n for n in runs if parse_method(n)[0] == "pyrodash"), key=lambda n: parse_method(n)[2] is not None)
     handoffs = [(n, r) for n in names for r in runs[n] if r.get("llm_calls")]
-    alone = [(n, r) for n in names for r in runs[n] if not r.get("llm_calls") and r.get("correct")]
-    handoffs.sort(key=lambda nr: (not nr[1].get("correct"), len(nr[1].get("output", ""))))
+    alone = [(n, r) for n in names for r in runs[n] if not r.get("llm_calls")]
+    handoffs.sort(key=lambda nr: not nr[1].get("correct"))
+    alone.sort(key=lambda nr: not nr[1].get("correct"))
     return handoffs[:k] + alone[:1]
 
 
@@ -262,9 +264,9 @@ def pareto_verdict(ms: dict[str, Metrics]) -> list[str]:
         if best is None:
             lines.append(f"- {n} (acc {_pct(m.accuracy)}%, ${m.cost_usd:.6f}): no PyroDash point costs as little.")
         else:
-            verdict = "dominated" if best.accuracy >= m.accuracy else "NOT dominated"
-            lines.append(f"- {n} (acc {_pct(m.accuracy)}%, ${m.cost_usd:.6f}): {verdict} — best PyroDash at no "
-                         f"higher cost is {best.name} (acc {_pct(best.accuracy)}%, ${best.cost_usd:.6f}).")
+            verdict = "matched or beaten" if best.accuracy >= m.accuracy else "NOT matched"
+            lines.append(f"- {n} (acc {_pct(m.accuracy)}%, ${m.cost_usd:.6f}): {verdict} by PyroDash at no higher "
+                         f"cost — best there is {best.name} (acc {_pct(best.accuracy)}%, ${best.cost_usd:.6f}).")
     if "llm" in ms:
         llm = ms["llm"]
         hits = [o.name for o in ours if o.cost_normalized is not None and o.cost_normalized <= 0.10
