@@ -276,6 +276,31 @@ def pareto_verdict(ms: dict[str, Metrics]) -> list[str]:
     return lines
 
 
+def baseline_notes(run_dir: Path, runs: dict[str, list[dict]]) -> list[str]:
+    """RouteLLM-MF's router (labels, fit, α) and the realised LLM shares / steps of both routing baselines."""
+    lines = []
+    rj = run_dir / "routellm" / "router.json"
+    if rj.exists():
+        meta = json.loads(rj.read_text())
+        keep = ("pool", "slm_acc", "llm_acc", "n_labels", "n_llm_wins", "train_acc", "train_loss", "dim", "spec")
+        lines.append("- RouteLLM-MF router: " + ", ".join(f"{k}={meta[k]}" for k in keep if k in meta))
+    aj = run_dir / "routellm" / "alphas.json"
+    if aj.exists():
+        a = json.loads(aj.read_text())
+        lines.append(f"- RouteLLM-MF α: {a.get('alphas')} (calibrated to target LLM shares {a.get('shares')} on the "
+                     "training pool)")
+    for n, rs in runs.items():
+        fam = parse_method(n)[0]
+        if fam == "routellm":
+            share = sum(r.get("route") == "llm" for r in rs) / len(rs)
+            lines.append(f"- {n}: {100 * share:.1f}% of queries routed to the LLM")
+        elif fam == "glimprouter":
+            steps = sum(len(r.get("entropies") or []) for r in rs)
+            lines.append(f"- {n}: {sum(r['llm_calls'] for r in rs)} LLM-written steps of {steps} steps "
+                         f"({sum(1 for r in rs if r['llm_calls'])}/{len(rs)} queries used the LLM)")
+    return lines or ["(no routing baselines in this run)"]
+
+
 def _fence(text: str) -> list[str]:
     return ["```", text.replace("```", "ʼʼʼ"), "```"]
 
@@ -297,6 +322,7 @@ def render(run_dir: str | Path, prices: Prices | None = None) -> tuple[str, dict
     out += ["", f"## Table 4: token usage and cost per benchmark (slm, {t4 or '--'}, llm)", ""]
     out += table4(ms, prices, t4 or "")
     out += ["", "## Pareto verdict", ""] + pareto_verdict(ms) + ["", "![Pareto](pareto.png)"]
+    out += ["", "## Baselines as run", ""] + baseline_notes(Path(run_dir), runs)
     out += ["", "## Trigger positions", "",
             "Where the LLM first takes over, in steps (boundary `\\n\\n`), relative to the first step the SLM was not "
             "taught (`meta.hard_steps`).", ""]
