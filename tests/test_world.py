@@ -1,0 +1,202 @@
+"""The built-in world: generator determinism, tokenizer and chat template, HF loading, caching, and (slow) the
+quick build's SLM/LLM gap and hidden-difficulty property."""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import replace
+
+import pytest
+
+from pyrodash.prompts import OFFLOAD_TOKEN, get_prompts
+from pyrodash.world.config import TIER_SPLITS, ModelSpec, WorldConfig
+from pyrodash.world.task import STEP_SEP, make_known, make_table, sample_known_problem, sample_problem, solve
+
+TINY = WorldConfig(
+    n_test=4, n_train=12, n_val=6, n_continue=5, eval_batch_size=8, preset="tiny",
+    slm=ModelSpec(32, 1, 2, 64, True, 30, 3e-3, batch_size=8, warmup_steps=5),
+    llm=ModelSpec(48, 2, 2, 96, False, 30, 3e-3, batch_size=8, warmup_steps=5),
+)
+
+
+@pytest.fixture(scope="module")
+def tiny_world(tmp_path_factory):
+    from pyrodash.world.build import build_world
+
+    return build_world(tmp_path_factory.mktemp("world") / "tiny", seed=3, cfg=TINY, verbose=False)
+
+
+@pytest.fixture(scope="module")
+def tok(tmp_path_factory):
+    from transformers import AutoTokenizer
+
+    from pyrodash.world.tokenizer import save_tokenizer
+
+    d = tmp_path_factory.mktemp("tok")
+    save_tokenizer(d)
+    return AutoTokenizer.from_pretrained(str(d))
+
+
+# ---- generator ---------------------------------------------------------------------------------------------------
+
+def test_splits_deterministic_per_seed_and_disjoint():
+    from pyrodash.world.build import make_splits
+
+    a, b, c = make_splits(TINY, 0), make_splits(TINY, 0), make_splits(TINY, 1)
+    assert [e.to_dict() for s in a.values() for e in s] == [e.to_dict() for s in b.values() for e in s]
+    assert [e.question for e in a["tier3"]] != [e.question for e in c["tier3"]]
+    assert make_table(0) != make_table(1) and sorted(make_table(0)) == list(range(100))
+    questions = [e.question for s in a.values() for e in s]
+    assert len(questions) == len(set(questions))
+    assert {s: len(v) for s, v in a.items()} == {"train": 12, "val": 6, **{t: 4 for t in TIER_SPLITS}}
+
+
+def test_solution_format_and_hard_steps():
+    from pyrodash.grading import is_correct
+    from pyrodash.world.task import to_example
+
+    table, known = make_table(0), make_known(0, 0.6)
+    rng = random.Random(0)
+    for tier in (1, 3, 5):
+        for _ in range(50):
+            p = sample_problem(rng, tier)
+            ex = to_example(p, table, known, "t", 0, tier)
+            steps = ex.meta["steps"]
+            assert len(steps) == 1 + tier + tier // 2 and sum(s.startswith("f(") for s in steps) == tier
+            assert "+" in steps[0]  # the first step is always an addition: no lookup is visible in the question
+            assert ex.meta["solution"] == STEP_SEP.join(steps) + STEP_SEP + f"\\boxed{{{ex.gold}}}"
+            assert is_correct(ex.meta["solution"], ex.gold)
+            for i in ex.meta["hard_steps"]:
+                x = int(steps[i][2 : steps[i].index(")")])
+                assert x not in known and i >= 1
+            assert all(int(s[2 : s.index(")")]) in known for i, s in enumerate(steps)
+                       if s.startswith("f(") and i not in ex.meta["hard_steps"])
+    for _ in range(50):  # the SLM's curriculum only ever needs known entries
+        p = sample_known_problem(rng, 4, table, known)
+        assert all(x in known for _, x in solve(p, table).lookups)
+
+
+def test_bad_config_raises():
+    with pytest.raises(ValueError, match="known_frac"):
+        WorldConfig(known_frac=1.0)
+    with pytest.raises(ValueError, match="tiers"):
+        WorldConfig(tiers=(1, 2))
+    with pytest.raises(ValueError, match="preset"):
+        WorldConfig.from_preset("huge")
+
+
+# ---- tokenizer and chat template ---------------------------------------------------------------------------------
+
+def test_tokenizer_round_trip(tok):
+    from pyrodash.world.tokenizer import encode_text
+
+    text = "Start 47: +35, f.\n\n47+35=82\n\n\\boxed{82} ~!`|"
+    ids = tok.encode(text, add_special_tokens=False)
+    assert ids == encode_text(text) and len(ids) == len(text)
+    assert tok.decode(ids) == text
+    assert tok.eos_token == "<|im_end|>" and tok.pad_token == "<|endoftext|>" and tok.pad_token_id != tok.eos_token_id
+    assert tok.convert_tokens_to_ids(OFFLOAD_TOKEN) == tok.unk_token_id  # not in the base vocabulary
+
+
+def test_chat_template_matches_fast_encoder(tok):
+    from pyrodash.world.tokenizer import encode_chat, render_chat
+
+    p = get_prompts("world-v1")
+    msgs = [{"role": "system", "content": p.completion_system}, {"role": "user", "content": "Start 1: +2, f."},
+            {"role": "assistant", "content": "1+2=3\n\nf(3)=7\n\n\\boxed{7}"}]
+    out = tok.apply_chat_template(msgs, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
+    ids, mask = encode_chat(msgs)
+    assert out["input_ids"] == ids and out["assistant_masks"] == mask
+    assert tok.decode([i for i, m in zip(ids, mask) if m]) == msgs[-1]["content"] + "<|im_end|>"
+    assert tok.apply_chat_template(msgs, tokenize=False) == render_chat(msgs)
+    gen = tok.apply_chat_template(msgs[:2], tokenize=False, add_generation_prompt=True)
+    assert gen == render_chat(msgs[:2], add_generation_prompt=True) and gen.endswith("<|im_start|>assistant\n")
+    partial = [*msgs[:2], {"role": "assistant", "content": "1+2=3\n\n"}]
+    cont = tok.apply_chat_template(partial, tokenize=False, continue_final_message=True)
+    assert cont == gen + "1+2=3\n\n"
+    with pytest.raises(ValueError, match="role"):
+        encode_chat([{"role": "tool", "content": "x"}])
+
+
+# ---- build, HF loading, cache ------------------------------------------------------------------------------------
+
+def test_tiny_build_loads_with_hf(tiny_world):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    info = json.loads((tiny_world / "world.json").read_text())
+    assert set(info["accuracy"]["slm"]) == {*TIER_SPLITS, "mean"} and set(info["accuracy"]["llm"]) == {
+        *TIER_SPLITS, "mean"}
+    assert info["config_hash"] == TINY.config_hash() and info["seed"] == 3
+    assert info["params"]["llm"] > info["params"]["slm"]
+    for which, tied in (("slm", True), ("llm", False)):
+        model = AutoModelForCausalLM.from_pretrained(str(tiny_world / which))
+        tk = AutoTokenizer.from_pretrained(str(tiny_world / which))
+        assert type(model).__name__ == "Qwen3ForCausalLM" and model.config.tie_word_embeddings is tied
+        assert any(n.endswith("q_proj.weight") for n, _ in model.named_parameters())
+        assert GenerationConfig.from_pretrained(str(tiny_world / which)).eos_token_id == tk.eos_token_id
+        ids = tk.apply_chat_template([{"role": "user", "content": "Start 1: +2, f."}], add_generation_prompt=True,
+                                     return_tensors="pt", return_dict=True)
+        out = model.generate(**ids, max_new_tokens=5, do_sample=False)
+        assert out.shape[1] > ids["input_ids"].shape[1]
+        # Stage 1 adds <offload> to these models: it must work on tied and untied embeddings alike.
+        from pyrodash.tokens import add_offload_token, anchor_token_ids
+
+        tid = add_offload_token(model, tk, sigma=0.01, seed=0)
+        assert tid == len(tk) - 1 and model.get_input_embeddings().weight.shape[0] == tid + 1
+        anchors = anchor_token_ids(tk)
+        assert len(anchors) == 3  # ".", "\n" and <|im_end|> are single tokens
+        mean = model.get_input_embeddings().weight[anchors].mean(0)
+        assert torch.allclose(model.get_input_embeddings().weight[tid], mean, atol=0.1)
+        assert tk.encode("a" + OFFLOAD_TOKEN, add_special_tokens=False)[-1] == tid
+
+
+def test_load_world_split_and_cache(tiny_world):
+    from pyrodash.data.benchmarks import load_benchmark
+    from pyrodash.world.build import build_world, load_world_split
+
+    exs = load_world_split(tiny_world, "tier2")
+    assert len(exs) == 4 and all(e.meta["tier"] == 2 and e.benchmark == "world:tier2" for e in exs)
+    assert [e.id for e in load_benchmark("world:tier2", path=tiny_world)] == [e.id for e in exs]
+    with pytest.raises(ValueError, match="split"):
+        load_world_split(tiny_world, "tier9")
+    mtime = (tiny_world / "slm" / "model.safetensors").stat().st_mtime
+    assert build_world(tiny_world, seed=3, cfg=TINY, verbose=False) == tiny_world  # reused, not retrained
+    assert (tiny_world / "slm" / "model.safetensors").stat().st_mtime == mtime
+    with pytest.raises(ValueError, match="--force"):
+        build_world(tiny_world, seed=4, cfg=TINY, verbose=False)
+    other = replace(TINY, n_test=5)
+    assert other.config_hash() != TINY.config_hash()
+
+
+def test_first_wrong_step():
+    from pyrodash.data.example import Example
+    from pyrodash.world.evaluate import first_wrong_distribution, first_wrong_step
+
+    steps = ["1+2=3", "f(3)=7", "7+1=8"]
+    assert first_wrong_step("1+2=3\n\nf(3)=7\n\n7+1=8\n\n\\boxed{8}", steps) is None
+    assert first_wrong_step("1+2=3\n\nf(3)=5\n\n5+1=6", steps) == 1
+    assert first_wrong_step("1+2=4", steps) == 0
+    ex = Example("a", "world:t", "q", "8", {"steps": steps, "hard_steps": [1]})
+    d = first_wrong_distribution([ex, ex], ["1+2=3\n\nf(3)=5", "1+2=4"], [False, False])
+    assert d["n"] == 2 and d["step_index"] == {"0": 1, "1": 1}
+    assert d["relative_to_first_hard"] == {"at_first_hard": 1, "before_first_hard": 1}
+
+
+# ---- the quick world (slow; cached under $PYRODASH_CACHE so other tests reuse it) ----------------------------------
+
+@pytest.mark.slow
+def test_quick_world_gap_and_hidden_difficulty():
+    from pyrodash.world.build import build_world, read_world_info
+
+    info = read_world_info(build_world(quick=True, seed=0, verbose=False))
+    acc = info["accuracy"]
+    assert 0.15 <= acc["slm"]["mean"] <= 0.65, acc
+    assert acc["llm"]["mean"] >= 0.75 and acc["llm"]["mean"] - acc["slm"]["mean"] >= 0.3, acc
+    assert acc["slm"]["tier1"] > acc["slm"]["tier5"], acc  # tiers go from easy to hard
+    by = info["slm_accuracy_by_difficulty"]
+    assert by["no_hard_step"] >= by["has_hard_step"] + 0.4, by  # the untaught lookups are what the SLM fails
+    fw = info["first_wrong_step"]
+    assert fw["n"] >= 20 and fw["frac_first_step"] < 0.2 and fw["frac_at_first_hard"] >= 0.5, fw
+    assert info["llm_continue"] >= 0.75
