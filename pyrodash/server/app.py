@@ -88,10 +88,11 @@ def build_app(config: ServeConfig, engine=None) -> FastAPI:
         try:
             yield
         finally:
-            for task in list(app.state.runs):
-                task.cancel()
-            if app.state.runs:
-                await asyncio.wait(list(app.state.runs), timeout=5)
+            runs = list(app.state.runs)
+            for run in runs:
+                run.cancel()
+            if runs:
+                await asyncio.wait([r.task for r in runs], timeout=5)
             if owns_engine and app.state.engine is not None:
                 await app.state.engine.aclose()
                 app.state.engine = None

@@ -3,7 +3,7 @@
 The engine's stream runs in its own task (`EngineRun`) that feeds a queue; the HTTP side only reads the queue. When
 the client goes away, the HTTP side calls `cancel()`: the task gets exactly one CancelledError, so the engine's own
 cleanup (closing the SLM and LLM upstream streams, which stops their generation) runs to the end instead of being
-cut short by the web server's cancel scope. Every live run is kept in a set (`app.state.runs`) so shutdown can
+cut short by the web server's cancel scope. Every live `EngineRun` is kept in a set (`app.state.runs`) so shutdown can
 cancel what is left and tests can see that nothing keeps running.
 """
 
@@ -27,9 +27,10 @@ class EngineRun:
         self.queue: asyncio.Queue = asyncio.Queue()
         self.t0 = time.perf_counter()
         self.ttft: float | None = None
+        self.cancelled = False
         self.task = asyncio.create_task(self._pump(engine, prompt, kwargs, sem))
-        registry.add(self.task)
-        self.task.add_done_callback(registry.discard)
+        registry.add(self)
+        self.task.add_done_callback(lambda _t: registry.discard(self))
         if on_exit is not None:
             self.task.add_done_callback(lambda _t: on_exit())
 
@@ -69,7 +70,10 @@ class EngineRun:
         return last
 
     def cancel(self) -> None:
-        if not self.task.done():
+        """Cancel the run, once: a second CancelledError would interrupt the cleanup that the first one started
+        (closing the upstream HTTP stream), and the upstream server would keep generating for nobody."""
+        if not self.cancelled and not self.task.done():
+            self.cancelled = True
             self.task.cancel()
 
     @property
