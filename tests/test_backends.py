@@ -274,3 +274,22 @@ def test_hf_stop_strings_and_banned_tokens(models):
     banned = free.token_ids[0]
     other = slm.generate(GenRequest(messages=MSGS, max_tokens=5, logit_bias={banned: float("-inf")}))
     assert banned not in other.token_ids
+
+
+def test_raw_completion_prompt_mode_matches_chat_continuation(models, servers, tmp_path):
+    slm, llm = models
+    llm.tokenizer.save_pretrained(tmp_path)
+    raw = load_backend({"url": servers[1], "model": "llm", "tokenizer": str(tmp_path), "prompt_mode": "completion"})
+    local = CollaborateEngine(slm, llm, PROMPTS, PRICES, max_tokens=12)
+    remote = CollaborateEngine(slm, raw, PROMPTS, PRICES, max_tokens=12)
+    for bias in (1.5, 1e4):
+        a, b = local.run("x", offload_bias=bias), remote.run("x", offload_bias=bias)
+        assert (a.output, a.handoff, a.usage) == (b.output, b.handoff, b.usage) and b.usage.llm_calls == 1
+    client = openai.OpenAI(base_url=servers[1], api_key="none")
+    prompt = llm.render(GenRequest(messages=MSGS, prefix="ab"))
+    r = client.completions.create(model="llm", prompt=prompt, max_tokens=5, temperature=0.0, logprobs=3)
+    ref = llm.generate(GenRequest(messages=MSGS, prefix="ab", max_tokens=5))
+    assert r.choices[0].text == ref.text and r.usage.prompt_tokens == len(ref.prompt_ids)
+    assert len(r.choices[0].logprobs.top_logprobs) == 5
+    with pytest.raises(ValueError, match="tokenizer=DIR"):
+        OpenAICompatBackend(servers[1], "llm", prompt_mode="completion")

@@ -4,7 +4,8 @@
   - "path/to/model" or "org/hub-id"                   -> HFBackend (in-process transformers)
   - "http://host:port/v1#model" (fragment optional)    -> OpenAICompatBackend (else the server's first model)
   - {"path": ..., "device": ...}                       -> HFBackend
-  - {"url": ..., "model": ..., "api_key_env": ..., "timeout_s": ..., "tokenizer": ...} -> OpenAICompatBackend
+  - {"url": ..., "model": ..., "api_key_env": ..., "timeout_s": ..., "tokenizer": ..., "prompt_mode": ...}
+                                                       -> OpenAICompatBackend
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from pyrodash.backends.base import Backend, BackendError, GenChunk, GenRequest, 
 
 __all__ = ["Backend", "BackendError", "GenChunk", "GenRequest", "GenResult", "load_backend"]
 
-_HTTP_KEYS = {"url", "model", "api_key_env", "timeout_s", "tokenizer", "extra_body", "name"}
+_HTTP_KEYS = {"url", "model", "api_key_env", "timeout_s", "tokenizer", "extra_body", "name", "prompt_mode"}
 _HF_KEYS = {"path", "device", "dtype", "name"}
 
 

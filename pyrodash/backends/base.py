@@ -16,6 +16,7 @@ from typing import Protocol, runtime_checkable
 class GenRequest:
     messages: list[dict]
     # Text the model continues as its own (final) assistant message; "" = start a fresh assistant turn.
+    # With messages=[] the prefix is the whole raw prompt (no chat template), as in /v1/completions.
     prefix: str = ""
     max_tokens: int = 512
     temperature: float = 0.0

@@ -115,7 +115,10 @@ class HFBackend:
         return int(tid) if int(tid) < self.model.get_input_embeddings().weight.shape[0] else None
 
     def render(self, req: GenRequest) -> str:
-        """The prompt text: chat template with a generation prompt, then the assistant prefix to continue."""
+        """The prompt text: chat template with a generation prompt, then the assistant prefix to continue
+        (no messages: the prefix is the whole raw prompt, as in /v1/completions)."""
+        if not req.messages:
+            return req.prefix
         if not getattr(self.tokenizer, "chat_template", None):
             raise ValueError(f"{self.name}: the tokenizer has no chat_template; set tokenizer.chat_template")
         text = self.tokenizer.apply_chat_template(req.messages, tokenize=False, add_generation_prompt=True)

@@ -5,6 +5,7 @@
         ...
 
 Routes: `GET /v1/models`, `POST /v1/chat/completions` (streaming with `stream_options.include_usage`, or not),
+`POST /v1/completions` (a raw prompt, same extras),
 `POST /tokenize` (vLLM's shape: {"tokens": [...], "count": n}), `GET /health`. vLLM request extras:
 `stop_token_ids`, `logit_bias`, `continue_final_message` (+ `add_generation_prompt: false`), `logprobs` /
 `top_logprobs`, `seed`; the response's `stop_reason` is the stop token id (or stop string) that ended generation,
@@ -48,6 +49,24 @@ class ChatRequest(BaseModel):
     stop_token_ids: list[int] | None = None
     continue_final_message: bool = False
     add_generation_prompt: bool = True
+
+
+class CompletionRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    model: str | None = None
+    prompt: str
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    n: int = 1
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: dict | None = None
+    logprobs: int | None = None
+    logit_bias: dict[str, float] | None = None
+    stop_token_ids: list[int] | None = None
 
 
 class TokenizeRequest(BaseModel):
@@ -94,6 +113,18 @@ def to_gen_request(r: ChatRequest, default_max_tokens: int) -> GenRequest:
     return GenRequest(messages=msgs, prefix=prefix, max_tokens=max_tokens, temperature=r.temperature, top_p=r.top_p,
                       seed=r.seed, stop=stop, stop_token_ids=list(r.stop_token_ids or []), logit_bias=bias,
                       top_logprobs=k)
+
+
+def completion_to_gen_request(r: CompletionRequest) -> GenRequest:
+    """A raw-prompt request (/v1/completions): messages=[] and the prompt as the prefix."""
+    if r.n != 1:
+        raise RequestError("only n=1 is supported", "n")
+    chat = ChatRequest(messages=[{"role": "user", "content": ""}], max_tokens=r.max_tokens, temperature=r.temperature,
+                       top_p=r.top_p, seed=r.seed, stop=r.stop, logit_bias=r.logit_bias,
+                       stop_token_ids=r.stop_token_ids, logprobs=bool(r.logprobs), top_logprobs=r.logprobs)
+    req = to_gen_request(chat, r.max_tokens)
+    req.messages, req.prefix = [], r.prompt
+    return req
 
 
 def _logprobs(chunk: GenChunk) -> dict | None:
@@ -199,6 +230,53 @@ def build_model_app(backend, model_name: str | None = None, default_max_tokens: 
                         "stop_reason": final.stop_token_id}])
             if include_usage:
                 yield sse([], usage=_usage(final))
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    @app.post("/v1/completions")
+    async def completions(r: CompletionRequest):
+        if r.model not in (None, name):
+            return error(404, f"model {r.model!r} is not served here; this server serves {name!r}", "model",
+                         "not_found_error")
+        try:
+            req = completion_to_gen_request(r)
+        except RequestError as e:
+            return error(400, str(e), e.param)
+        head = {"id": f"cmpl-{uuid.uuid4().hex[:24]}", "object": "text_completion", "created": int(time.time()),
+                "model": name}
+
+        def lp_block(chunks: list[GenChunk]) -> dict | None:
+            if not req.top_logprobs:
+                return None
+            tops = [d for c in chunks for d in (c.top_logprobs or [])]
+            return {"tokens": [c.text for c in chunks], "top_logprobs": tops}
+
+        if not r.stream:
+            chunks = []
+            async with contextlib.aclosing(backend.stream(req)) as it:
+                chunks = [ch async for ch in it]
+            final = chunks[-1] if chunks else GenChunk()
+            choice = {"index": 0, "text": "".join(c.text for c in chunks), "logprobs": lp_block(chunks[:-1]),
+                      "finish_reason": final.finish_reason, "stop_reason": final.stop_token_id}
+            return {**head, "choices": [choice], "usage": _usage(final)}
+
+        include_usage = bool((r.stream_options or {}).get("include_usage"))
+
+        async def events():
+            final = GenChunk()
+            async with contextlib.aclosing(backend.stream(req)) as it:
+                async for ch in it:
+                    if ch.finish_reason is not None:
+                        final = ch
+                    if ch.text or ch.top_logprobs:
+                        choice = {"index": 0, "text": ch.text, "logprobs": lp_block([ch]), "finish_reason": None}
+                        yield "data: " + json.dumps({**head, "choices": [choice]}) + "\n\n"
+            fin = {"index": 0, "text": "", "finish_reason": final.finish_reason or "length",
+                   "stop_reason": final.stop_token_id}
+            yield "data: " + json.dumps({**head, "choices": [fin]}) + "\n\n"
+            if include_usage:
+                yield "data: " + json.dumps({**head, "choices": [], "usage": _usage(final)}) + "\n\n"
             yield "data: [DONE]\n\n"
 
         return StreamingResponse(events(), media_type="text/event-stream")

@@ -7,9 +7,11 @@ Streams `/v1/chat/completions` with `stream_options.include_usage`, so the last 
 token usage (`prompt_tokens_details.cached_tokens` -> `cached_tokens`). vLLM extras are sent only when a request
 needs them: `stop_token_ids`; an assistant prefix to continue (`continue_final_message: true`,
 `add_generation_prompt: false`); `logit_bias` (clamped to [-100, 100] as vLLM and OpenAI do: -100 is a ban);
-`logprobs`/`top_logprobs`. Which stop token ended a generation comes from vLLM's `stop_reason` (the token id),
-never from the text. One `httpx.AsyncClient` per event loop (connection reuse); closing the stream closes the
-HTTP response, so the server stops generating. `token_id()` asks a local tokenizer (`tokenizer=DIR`) or the
+`logprobs`/`top_logprobs`. `prompt_mode="completion"` instead renders the chat template locally (`tokenizer=DIR`)
+and sends the raw prompt + prefix to `/v1/completions` (thinking models whose templates rewrite a final assistant
+message, e.g. drop its `<think>` part). Which stop token ended a generation comes from vLLM's `stop_reason` (the
+token id), never from the text. One `httpx.AsyncClient` per event loop (connection reuse); closing the stream
+closes the HTTP response, so the server stops generating. `token_id()` asks a local tokenizer (`tokenizer=DIR`) or the
 server's vLLM-style `POST /tokenize`.
 """
 
@@ -29,7 +31,8 @@ BIAS_LIMIT = 100.0
 
 class OpenAICompatBackend:
     def __init__(self, url: str, model: str | None = None, api_key_env: str | None = None, timeout_s: float = 60.0,
-                 tokenizer: str | None = None, extra_body: dict | None = None, name: str | None = None):
+                 tokenizer: str | None = None, extra_body: dict | None = None, name: str | None = None,
+                 prompt_mode: str = "chat"):
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"backend url {url!r} must start with http:// or https:// (e.g. http://host:8000/v1)")
         self.base = url.rstrip("/")
@@ -40,6 +43,11 @@ class OpenAICompatBackend:
             if not self.api_key:
                 raise ValueError(f"environment variable {api_key_env} (api_key_env) is not set: export the API key")
         self.timeout_s = float(timeout_s)
+        if prompt_mode not in ("chat", "completion"):
+            raise ValueError(f"prompt_mode={prompt_mode!r}: use 'chat' (/v1/chat/completions) or 'completion'")
+        if prompt_mode == "completion" and not tokenizer:
+            raise ValueError("prompt_mode='completion' renders the chat template locally: give tokenizer=DIR")
+        self.prompt_mode = prompt_mode
         self.tokenizer_dir = tokenizer
         self.extra_body = dict(extra_body or {})
         self._model = model
@@ -77,16 +85,20 @@ class OpenAICompatBackend:
                 raise ValueError(f"{self.base}/models did not name a model ({e}); add '#MODEL' to the URL") from e
         return self._model
 
+    @property
+    def tokenizer(self):
+        if self._tok is None:
+            from transformers import AutoTokenizer
+
+            self._tok = AutoTokenizer.from_pretrained(self.tokenizer_dir)
+        return self._tok
+
     def token_id(self, token: str) -> int | None:
         if token in self._ids:
             return self._ids[token]
         if self.tokenizer_dir:
-            if self._tok is None:
-                from transformers import AutoTokenizer
-
-                self._tok = AutoTokenizer.from_pretrained(self.tokenizer_dir)
-            tid = self._tok.convert_tokens_to_ids(token)
-            tid = None if tid is None or tid == self._tok.unk_token_id else int(tid)
+            tid = self.tokenizer.convert_tokens_to_ids(token)
+            tid = None if tid is None or tid == self.tokenizer.unk_token_id else int(tid)
         else:
             body = {"model": self.model, "prompt": token, "add_special_tokens": False}
             try:
@@ -106,7 +118,11 @@ class OpenAICompatBackend:
         body: dict = {"model": self.model, "messages": msgs, "max_tokens": req.max_tokens,
                       "temperature": req.temperature, "top_p": req.top_p, "stream": True,
                       "stream_options": {"include_usage": True}}
-        if req.prefix:
+        if self.prompt_mode == "completion":  # the raw prompt: chat template + generation prompt + prefix
+            del body["messages"]
+            body["prompt"] = (self.tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+                              if msgs else "") + req.prefix
+        elif req.prefix:
             body["messages"] = msgs + [{"role": "assistant", "content": req.prefix}]
             body["continue_final_message"] = True
             body["add_generation_prompt"] = False
@@ -118,7 +134,9 @@ class OpenAICompatBackend:
             body["stop_token_ids"] = list(req.stop_token_ids)
         if req.logit_bias:
             body["logit_bias"] = {str(k): max(-BIAS_LIMIT, min(BIAS_LIMIT, v)) for k, v in req.logit_bias.items()}
-        if req.top_logprobs > 0:
+        if req.top_logprobs > 0 and self.prompt_mode == "completion":
+            body["logprobs"] = req.top_logprobs
+        elif req.top_logprobs > 0:
             body["logprobs"] = True
             body["top_logprobs"] = req.top_logprobs
         body.update(self.extra_body)
@@ -130,8 +148,9 @@ class OpenAICompatBackend:
         finish: str | None = None
         stop_reason = None
         usage: dict = {}
+        route = "completions" if self.prompt_mode == "completion" else "chat/completions"
         try:
-            async with self.client().stream("POST", f"{self.base}/chat/completions", json=body) as resp:
+            async with self.client().stream("POST", f"{self.base}/{route}", json=body) as resp:
                 if resp.status_code != 200:
                     text = (await resp.aread()).decode(errors="replace")
                     raise BackendError(f"HTTP {resp.status_code} from {self.base}: {_error_message(text)}")
@@ -147,11 +166,13 @@ class OpenAICompatBackend:
                     if obj.get("usage"):
                         usage = obj["usage"]
                     for choice in obj.get("choices") or []:
-                        text = (choice.get("delta") or {}).get("content") or ""
-                        lps = None
-                        if choice.get("logprobs") and choice["logprobs"].get("content"):
+                        text = choice.get("text") or (choice.get("delta") or {}).get("content") or ""
+                        lps, lp = None, choice.get("logprobs") or {}
+                        if lp.get("content"):  # chat format
                             lps = [{t["token"]: t["logprob"] for t in c.get("top_logprobs") or []}
-                                   for c in choice["logprobs"]["content"]]
+                                   for c in lp["content"]]
+                        elif lp.get("top_logprobs"):  # completions format
+                            lps = [dict(d or {}) for d in lp["top_logprobs"]]
                         if choice.get("finish_reason"):
                             finish = choice["finish_reason"]
                             stop_reason = choice.get("stop_reason")
