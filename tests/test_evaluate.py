@@ -160,3 +160,34 @@ def test_config_errors(tmp_path):
     p.write_text("run_dir: x\nbenchmarks: [toy]\nbogus: 1\n")
     with pytest.raises(ValueError, match="unknown keys"):
         EvalConfig.from_yaml(p)
+
+
+def test_cli_eval_avg_at_k(tmp_path):
+    """`pyrodash eval --config` end to end with tiny models: avg@k sampling, every method, report; a re-run adds
+    nothing."""
+    from pyrodash.cli import main
+
+    data = tmp_path / "aime.jsonl"
+    data.write_text("".join(json.dumps({"id": i, "problem": f"What is {i}+{i}?", "answer": str(2 * i)}) + "\n"
+                            for i in range(3)))
+    slm, llm = tiny_model_dir(tmp_path / "slm", seed=1), tiny_model_dir(tmp_path / "llm", seed=2)
+    cfg = tmp_path / "eval.yaml"
+    cfg.write_text(json.dumps({
+        "run_dir": str(tmp_path / "run"), "benchmarks": ["aime24"], "benchmark_paths": {"aime24": str(data)},
+        "samples": {"aime24": 2}, "prompts": "world-v1", "max_tokens": 8, "batch_size": 4,
+        "models": {"slm": str(slm), "llm": str(llm), "pyrodash": {0.1: str(slm)}},
+        "methods": ["slm", "llm", "pyrodash", {"glimprouter": {"taus": [1.0]}},
+                    {"pyrodash_bias": {"lambda": 0.1, "biases": [5.0]}}]}))
+    assert main(["eval", "--config", str(cfg)]) == 0
+    rec = tmp_path / "run" / "records"
+    names = sorted(p.stem for p in rec.glob("*.jsonl"))
+    assert names == sorted(["slm", "llm", "pyrodash@0.1", "glimprouter@1", "pyrodash@0.1+bias5"])
+    first = {n: (rec / f"{n}.jsonl").read_text() for n in names}
+    for n in names:
+        rows = [json.loads(x) for x in first[n].splitlines()]
+        assert sorted((r["id"], r["sample"]) for r in rows) == sorted((f"aime24-{i}", s) for i in range(3)
+                                                                      for s in range(2))
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())["methods"]
+    assert set(summary) == set(names)
+    assert main(["eval", "--config", str(cfg)]) == 0
+    assert {n: (rec / f"{n}.jsonl").read_text() for n in names} == first
