@@ -1,0 +1,274 @@
+"""Load benchmark of `pyrodash serve`: N concurrent streaming clients for a bounded time, vs the same script direct.
+
+    .venv/bin/python benchmarks/server_load.py [--streams 256] [--duration 20] [--tokens 16] [--token-ms 20]
+
+Backends are TEST DOUBLES (`ScriptedBackend`, no model): the SLM streams `--tokens` tokens, one every
+`--token-ms`, then emits `<offload>`; the LLM streams `--tokens` more. Two servers run in their own processes:
+  direct    a bare SSE route that streams the same two scripts back to back (OpenAI chunks, no engine),
+  pyrodash  `build_app` + CollaborateEngine over the two scripted backends (the real server and engine).
+For each, `--streams` asyncio + httpx clients each post streaming chat completions in a loop for `--duration`
+seconds. A request counts when it returns 200 and ends with `data: [DONE]`; anything else is an error.
+Added latency = pyrodash percentile - direct percentile of the per-request time to the last byte.
+The last line is exactly: `streams=<n> errors=<e> rps=<r> p50_added_ms=<a> p99_added_ms=<b>`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from fastapi import FastAPI, Request  # noqa: E402  (module level: FastAPI resolves the route annotations)
+from fastapi.responses import StreamingResponse  # noqa: E402
+
+from pyrodash.backends.base import GenChunk, GenRequest  # noqa: E402
+from pyrodash.prompts import OFFLOAD_TOKEN  # noqa: E402
+
+OFFLOAD_ID = 7
+
+
+class ScriptedBackend:
+    """TEST DOUBLE implementing the Backend protocol: `tokens` fixed tokens, one every `token_s` seconds; stops on
+    `<offload>` after them when the request lists its id as a stop token and does not ban it."""
+
+    def __init__(self, name: str, tokens: int, token_s: float, offload: bool):
+        self.name, self.tokens, self.token_s, self.offload = name, tokens, token_s, offload
+
+    def token_id(self, token: str) -> int | None:
+        return OFFLOAD_ID if token == OFFLOAD_TOKEN and self.offload else None
+
+    async def stream(self, req: GenRequest):
+        n = min(self.tokens, req.max_tokens)
+        for i in range(n):
+            await asyncio.sleep(self.token_s)
+            yield GenChunk(text=f"{self.name}{i} ", token_ids=[100 + i])
+        hands_off = self.offload and OFFLOAD_ID in req.stop_token_ids and req.logit_bias.get(OFFLOAD_ID, 0) > -100
+        yield GenChunk(finish_reason="stop", stop_token_id=OFFLOAD_ID if hands_off else None, prompt_tokens=50,
+                       completion_tokens=n + int(hands_off))  # fmt: skip
+
+    async def aclose(self) -> None:
+        return None
+
+
+def scripted_pair(tokens: int, token_s: float) -> tuple[ScriptedBackend, ScriptedBackend]:
+    return ScriptedBackend("s", tokens, token_s, offload=True), ScriptedBackend("l", tokens, token_s, offload=False)
+
+
+def direct_app(tokens: int, token_s: float):
+    """The scripted backends streamed straight out as OpenAI chunks: the baseline without PyroDash."""
+    slm, llm = scripted_pair(tokens, token_s)
+    app = FastAPI()
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok"}
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):
+        body = json.loads(await request.body())
+        req = GenRequest(messages=body["messages"], max_tokens=body.get("max_tokens", 512),
+                         stop_token_ids=[OFFLOAD_ID])  # fmt: skip
+
+        async def events():
+            head = {"id": "chatcmpl-direct", "object": "chat.completion.chunk", "created": 0, "model": "direct"}
+            yield "data: " + json.dumps({**head, "choices": [{"index": 0, "delta": {"role": "assistant"}}]}) + "\n\n"
+            for backend in (slm, llm):
+                async for ch in backend.stream(req):
+                    if ch.text:
+                        choice = {"index": 0, "delta": {"content": ch.text}, "finish_reason": None}
+                        yield "data: " + json.dumps({**head, "choices": [choice]}) + "\n\n"
+            final = {"index": 0, "delta": {}, "finish_reason": "stop"}
+            yield "data: " + json.dumps({**head, "choices": [final]}) + "\n\n"
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    return app
+
+
+def pyrodash_app(tokens: int, token_s: float, streams: int):
+    from pyrodash.cost import Prices
+    from pyrodash.engine import CollaborateEngine
+    from pyrodash.prompts import get_prompts
+    from pyrodash.server.app import build_app
+    from pyrodash.server.config import Limits, ServeConfig
+
+    slm, llm = scripted_pair(tokens, token_s)
+    config = ServeConfig(prompts="world-v1", api_key_env=None,
+                         limits=Limits(max_tokens=4096, default_max_tokens=512, max_concurrency=max(streams, 1)))
+    engine = CollaborateEngine(slm, llm, get_prompts("world-v1"), Prices.from_yaml("paper"))
+    return build_app(config, engine=engine)
+
+
+def serve(kind: str, port: int, args: argparse.Namespace) -> None:
+    import uvicorn
+
+    token_s = args.token_ms / 1000
+    app = direct_app(args.tokens, token_s) if kind == "direct" else pyrodash_app(args.tokens, token_s, args.streams)
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False,
+                backlog=4096, timeout_graceful_shutdown=5)  # fmt: skip
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class _Conn:
+    """A minimal keep-alive HTTP/1.1 client for SSE responses (httpx's per-line parsing would make the load
+    generator, which shares the CPUs with the server, the bottleneck)."""
+
+    def __init__(self, host: str, port: int):
+        self.host, self.port, self.reader, self.writer = host, port, None, None
+
+    async def post_stream(self, path: str, body: bytes) -> tuple[int, bytes, float | None]:
+        """(status, body, seconds to the first content chunk after the role chunk)."""
+        if self.writer is None:
+            self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+        t0 = time.perf_counter()
+        head = (f"POST {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n")  # fmt: skip
+        self.writer.write(head.encode() + body)
+        await self.writer.drain()
+        status = int((await self.reader.readline()).split()[1])
+        headers = {}
+        while (line := await self.reader.readline()) not in (b"\r\n", b""):
+            k, _, v = line.decode().partition(":")
+            headers[k.strip().lower()] = v.strip()
+        parts, first, n = [], None, 0
+        if headers.get("transfer-encoding") == "chunked":
+            while True:
+                size = int((await self.reader.readline()).split(b";")[0], 16)
+                data = await self.reader.readexactly(size + 2)
+                if size == 0:
+                    break
+                parts.append(data[:-2])
+                n += data.count(b"data: ")
+                if first is None and n >= 2:
+                    first = time.perf_counter() - t0
+        else:
+            parts.append(await self.reader.readexactly(int(headers.get("content-length", 0))))
+        if headers.get("connection") == "close":
+            await self.close()
+        return status, b"".join(parts), first
+
+    async def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            self.reader = self.writer = None
+
+
+async def _client(port: int, deadline: float, lat: list[float], ttft: list[float], errs: list[str]) -> None:
+    body = json.dumps({"model": "pyrodash", "messages": [{"role": "user", "content": "2+2?"}], "max_tokens": 256,
+                       "stream": True}).encode()  # fmt: skip
+    conn = _Conn("127.0.0.1", port)
+    while time.perf_counter() < deadline:
+        t0 = time.perf_counter()
+        try:
+            status, text, first = await conn.post_stream("/v1/chat/completions", body)
+        except (OSError, ValueError, IndexError, asyncio.IncompleteReadError) as e:
+            errs.append(f"{type(e).__name__}: {e}")
+            await conn.close()
+            continue
+        if status != 200 or not text.endswith(b"data: [DONE]\n\n"):
+            errs.append(f"HTTP {status}: {text[-120:]!r}")
+            continue
+        lat.append(time.perf_counter() - t0)
+        if first is not None:
+            ttft.append(first)
+    await conn.close()
+
+
+async def _load(port: int, streams: int, duration: float) -> dict:
+    lat, ttft, errs = [], [], []
+    t0 = time.perf_counter()
+    await asyncio.gather(*(_client(port, t0 + duration, lat, ttft, errs) for _ in range(streams)))
+    wall = time.perf_counter() - t0
+    return {"requests": len(lat), "errors": errs, "rps": len(lat) / wall, "lat": lat, "ttft": ttft}
+
+
+def _pct(xs: list[float], q: float) -> float:
+    if not xs:
+        return float("nan")
+    if len(xs) == 1:
+        return xs[0]
+    return statistics.quantiles(xs, n=100, method="inclusive")[round(q) - 1]
+
+
+def measure(kind: str, args: argparse.Namespace) -> dict:
+    port = _free_port()
+    cmd = [sys.executable, __file__, "--serve", kind, "--port", str(port), "--tokens", str(args.tokens),
+           "--token-ms", str(args.token_ms), "--streams", str(args.streams)]  # fmt: skip
+    proc = subprocess.Popen(cmd, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_up(url, proc)
+        return asyncio.run(_load(port, args.streams, args.duration))
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _wait_up(url: str, proc: subprocess.Popen) -> None:
+    import httpx
+
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server exited with code {proc.returncode}")
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"{url} did not come up")
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--streams", type=int, default=256, help="concurrent streaming clients")
+    p.add_argument("--duration", type=float, default=20.0, help="seconds of load per target")
+    p.add_argument("--tokens", type=int, default=16, help="tokens per model (SLM, then LLM after the handoff)")
+    p.add_argument("--token-ms", type=float, default=20.0, help="scripted time per token")
+    p.add_argument("--serve", choices=["direct", "pyrodash"], help=argparse.SUPPRESS)
+    p.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.serve:
+        serve(args.serve, args.port, args)
+        return 0
+    print(f"{args.streams} streams x {args.duration:.0f}s; script: {args.tokens} SLM + {args.tokens} LLM tokens at "
+          f"{args.token_ms:g} ms/token (ideal {2 * args.tokens * args.token_ms:.0f} ms/request); "
+          f"{os.cpu_count()} CPUs shared by clients and server", flush=True)  # fmt: skip
+    res = {kind: measure(kind, args) for kind in ("direct", "pyrodash")}
+    for kind, r in res.items():
+        print(f"{kind:9s} requests={r['requests']} errors={len(r['errors'])} rps={r['rps']:.1f} "
+              f"p50={_pct(r['lat'], 50) * 1e3:.1f}ms p99={_pct(r['lat'], 99) * 1e3:.1f}ms "
+              f"ttft_p50={_pct(r['ttft'], 50) * 1e3:.1f}ms", flush=True)  # fmt: skip
+        for e in sorted(set(r["errors"]))[:5]:
+            print(f"  {kind} error: {e}")
+    d, s = res["direct"], res["pyrodash"]
+    p50 = (_pct(s["lat"], 50) - _pct(d["lat"], 50)) * 1e3
+    p99 = (_pct(s["lat"], 99) - _pct(d["lat"], 99)) * 1e3
+    print(f"streams={args.streams} errors={len(s['errors'])} rps={s['rps']:.1f} p50_added_ms={p50:.1f} "
+          f"p99_added_ms={p99:.1f}")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
