@@ -2,12 +2,13 @@
 
     .venv/bin/python benchmarks/engine_overhead.py [--tokens 200] [--handoff-at 80] [--token-ms 5] [--runs 20]
 
-A scripted OpenAI-compatible server (a TEST DOUBLE, not a model) streams a fixed token script with a fixed delay per
-token. "Direct" streams the whole script through `OpenAICompatBackend`; "engine" runs `CollaborateEngine` with the
-SLM = the scripted server stopping on the `<offload>` id (vLLM's `stop_reason`) after `--handoff-at` tokens and the
-LLM = the scripted server streaming the rest. Printed: the wall-time ratio (engine / direct, medians), the added
-time to first token (p50 of per-run differences) and the handoff latency (p50, from the server sending the
-`<offload>` stop to the LLM request arriving at the server: Pack, the engine and the HTTP client in between).
+A scripted OpenAI-compatible server (a TEST DOUBLE, not a model), in its own process, streams a fixed token script
+with a fixed delay per token. "Direct" streams the whole script through `OpenAICompatBackend`; "engine" runs
+`CollaborateEngine` with the SLM = the scripted server stopping on the `<offload>` id (vLLM's `stop_reason`) after
+`--handoff-at` tokens and the LLM = the scripted server streaming the rest. Printed: the wall-time ratio (engine /
+direct, medians), the added time to first token (p50 of per-run differences) and the handoff latency (p50, from
+the server sending the `<offload>` stop to the LLM request arriving at the server: Pack, the engine and the HTTP
+client in between). The engine path also streams one more step (the SLM decoding `<offload>` itself).
 The last line is machine-readable: `overhead_ratio=<x> added_ttft_ms_p50=<y> handoff_ms_p50=<z>`.
 """
 
@@ -42,6 +43,10 @@ def scripted_app(script: list[str], handoff_at: int, token_s: float = 0.0, promp
     """
     app = FastAPI()
     app.state.log = []
+
+    @app.get("/log")
+    async def log():
+        return app.state.log
 
     @app.get("/v1/models")
     async def models():
@@ -92,7 +97,7 @@ def scripted_app(script: list[str], handoff_at: int, token_s: float = 0.0, promp
     return app
 
 
-async def measure(url: str, app, runs: int, handoff_at: int) -> dict:
+async def measure(url: str, runs: int, handoff_at: int) -> dict:
     from pyrodash.backends.openai_compat import OpenAICompatBackend
     from pyrodash.cost import Prices
     from pyrodash.engine import CollaborateEngine
@@ -124,7 +129,8 @@ async def measure(url: str, app, runs: int, handoff_at: int) -> dict:
         e_wall.append(t2 - t1)
         d_ttft.append(first - t0)
         e_ttft.append(e_first - t1)
-        slm_rec, llm_rec = app.state.log[-2], app.state.log[-1]
+        log = (await direct.client().get(url.removesuffix("/v1") + "/log")).json()
+        slm_rec, llm_rec = log[-2], log[-1]
         assert slm_rec[0] == "slm" and llm_rec[0] == "llm"
         handoffs.append(llm_rec[1] - slm_rec[2])
     await direct.aclose()
@@ -135,9 +141,38 @@ async def measure(url: str, app, runs: int, handoff_at: int) -> dict:
             "direct_ms": statistics.median(d_wall) * 1e3, "engine_ms": statistics.median(e_wall) * 1e3}
 
 
-def main(argv: list[str] | None = None) -> int:
-    from pyrodash.backends.model_server import serve_in_thread
+def _serve(port: int, tokens: int, handoff_at: int, token_s: float) -> None:
+    import uvicorn
 
+    app = scripted_app([f" t{i}" for i in range(tokens)], handoff_at, token_s=token_s)
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
+
+
+def scripted_server_process(tokens: int, handoff_at: int, token_s: float) -> tuple[str, object]:
+    """Start the scripted server in its own process (no GIL shared with the client); returns (url, process)."""
+    import multiprocessing
+    import socket
+
+    import httpx
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = multiprocessing.get_context("spawn").Process(target=_serve, args=(port, tokens, handoff_at, token_s),
+                                                        daemon=True)
+    proc.start()
+    url = f"http://127.0.0.1:{port}/v1"
+    for _ in range(300):
+        try:
+            if httpx.get(url + "/models", timeout=1).status_code == 200:
+                return url, proc
+        except httpx.HTTPError:
+            time.sleep(0.05)
+    proc.terminate()
+    raise RuntimeError("the scripted server did not start")
+
+
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tokens", type=int, default=200, help="length of the token script")
     p.add_argument("--handoff-at", type=int, default=80, help="SLM tokens before <offload>")
@@ -146,10 +181,12 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if not 0 < a.handoff_at < a.tokens:
         raise SystemExit("--handoff-at must be between 0 and --tokens")
-    script = [f" t{i}" for i in range(a.tokens)]
-    app = scripted_app(script, a.handoff_at, token_s=a.token_ms / 1e3)
-    with serve_in_thread(app) as url:
-        r = asyncio.run(measure(url, app, a.runs, a.handoff_at))
+    url, proc = scripted_server_process(a.tokens, a.handoff_at, a.token_ms / 1e3)
+    try:
+        r = asyncio.run(measure(url, a.runs, a.handoff_at))
+    finally:
+        proc.terminate()
+        proc.join(5)
     print(f"script: {a.tokens} tokens at {a.token_ms} ms/token, handoff after {a.handoff_at}, {a.runs} runs")
     print(f"direct {r['direct_ms']:.1f} ms, engine {r['engine_ms']:.1f} ms (medians)")
     print(f"overhead_ratio={r['ratio']:.4f} added_ttft_ms_p50={r['added_ttft_ms']:.3f} "
