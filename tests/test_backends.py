@@ -293,3 +293,27 @@ def test_raw_completion_prompt_mode_matches_chat_continuation(models, servers, t
     assert len(r.choices[0].logprobs.top_logprobs) == 5
     with pytest.raises(ValueError, match="tokenizer=DIR"):
         OpenAICompatBackend(servers[1], "llm", prompt_mode="completion")
+
+
+def test_a_consumer_leaving_during_the_llm_part_stops_the_llm_server(models, servers):
+    slm, llm = models
+    calls = []
+    hook = llm.model.register_forward_hook(lambda *a: calls.append(1))
+    try:
+        async def leave_early():
+            eng = CollaborateEngine(slm, OpenAICompatBackend(servers[1], "llm"), PROMPTS, PRICES, max_tokens=3000)
+            n = 0
+            async with contextlib.aclosing(eng.stream("x", offload_bias=1e4)) as it:
+                async for ev in it:
+                    n += type(ev).__name__ == "LLMDelta"
+                    if n == 3:
+                        break
+            await eng.aclose()
+
+        asyncio.run(leave_early())
+        time.sleep(1.0)
+        seen = len(calls)
+        time.sleep(0.5)
+        assert len(calls) == seen and seen < 1000, "the LLM server kept generating after the consumer left"
+    finally:
+        hook.remove()
