@@ -59,7 +59,15 @@ def run(args: argparse.Namespace) -> int:
     auth = "on" if app.state.api_key else "off"
     print(f"pyrodash serve: http://{config.host}:{config.port}/v1  models={list(config.operating_points)}  "
           f"auth={auth}  cors={config.cors_origins or 'off'}", flush=True)  # fmt: skip
-    server = uvicorn.Server(uvicorn.Config(
+    class Server(uvicorn.Server):
+        """uvicorn re-raises SIGINT/SIGTERM once its graceful shutdown is done; a server stopped on purpose
+        exits 0 instead (service managers read anything else as a crash)."""
+
+        def handle_exit(self, sig, frame) -> None:
+            super().handle_exit(sig, frame)
+            getattr(self, "_captured_signals", []).clear()
+
+    server = Server(uvicorn.Config(
         app, host=config.host, port=config.port, log_level=config.log_level,
         timeout_graceful_shutdown=args.graceful_timeout, lifespan="on",
     ))  # fmt: skip
