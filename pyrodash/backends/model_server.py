@@ -293,7 +293,8 @@ def serve_in_thread(app, host: str = "127.0.0.1", port: int = 0, log_level: str 
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
-    server = uvicorn.Server(uvicorn.Config(app, log_level=log_level, access_log=False, lifespan="off"))
+    server = uvicorn.Server(uvicorn.Config(app, log_level=log_level, access_log=False, lifespan="off",
+                                           timeout_graceful_shutdown=1))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True, name="pyrodash-uvicorn")
     thread.start()
     deadline = time.time() + 20
