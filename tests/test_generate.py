@@ -96,3 +96,34 @@ def test_calibrate_cli(dirs, tmp_path, capsys):
     assert main(argv[:-1]) == 0
     assert f"offload_bias={out['bias']:.4f}" in capsys.readouterr().out
     assert main(argv[:9] + ["--questions", str(tmp_path / "none.jsonl"), "--target-rate", "0.2"]) == 2
+
+
+def test_serve_model_cli_serves_on_127_0_0_1(dirs):
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "pyrodash.cli", "serve-model", dirs[0], "--port", str(port),
+                             "--name", "slm"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        url = f"http://127.0.0.1:{port}/v1"
+        for _ in range(300):
+            try:
+                models = httpx.get(url + "/models", timeout=1).json()
+                break
+            except httpx.HTTPError:
+                assert proc.poll() is None, proc.stdout.read()
+                time.sleep(0.1)
+        assert models["data"][0]["id"] == "slm"
+        tok = httpx.post(f"http://127.0.0.1:{port}/tokenize", json={"prompt": "<offload>",
+                                                                    "add_special_tokens": False}).json()
+        assert tok["tokens"] == [HFBackend(dirs[0]).token_id("<offload>")]
+    finally:
+        proc.terminate()
+        proc.wait(10)
