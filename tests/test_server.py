@@ -331,3 +331,18 @@ def test_shipped_configs_load(name):
 
     c = ServeConfig.from_yaml(Path(__file__).resolve().parent.parent / "configs" / "serve" / f"{name}.yaml")
     assert c.slm and c.llm and len(c.operating_points) >= 2 and c.load_prices().llm_out > 0
+
+
+def test_cors_is_opt_in():
+    import asyncio
+
+    async def preflight(config: ServeConfig) -> httpx.Response:
+        transport = httpx.ASGITransport(app=build_app(config, engine=None))  # no lifespan: the engine is not needed
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
+            return await c.options("/v1/chat/completions", headers={
+                "Origin": "https://app.example", "Access-Control-Request-Method": "POST"})  # fmt: skip
+
+    on = asyncio.run(preflight(serve_config(cors_origins=["https://app.example"])))
+    assert on.status_code == 200 and on.headers["access-control-allow-origin"] == "https://app.example"
+    off = asyncio.run(preflight(serve_config()))
+    assert "access-control-allow-origin" not in off.headers

@@ -84,7 +84,6 @@ def build_app(config: ServeConfig, engine=None) -> FastAPI:
     async def lifespan(app: FastAPI):
         if app.state.engine is None:
             app.state.engine = await asyncio.to_thread(build_engine, config)
-        app.state.sem = asyncio.Semaphore(config.limits.max_concurrency)
         try:
             yield
         finally:
@@ -104,7 +103,7 @@ def build_app(config: ServeConfig, engine=None) -> FastAPI:
     app.state.metrics = Metrics()
     app.state.runs = set()
     app.state.api_key = config.resolved_api_key()
-    app.state.sem = None
+    app.state.sem = asyncio.Semaphore(config.limits.max_concurrency)  # binds to the serving loop on first wait
     if config.cors_origins:
         from fastapi.middleware.cors import CORSMiddleware
 
