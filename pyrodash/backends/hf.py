@@ -125,7 +125,10 @@ class HFBackend:
         return text + req.prefix
 
     def prompt_ids(self, req: GenRequest) -> list[int]:
-        return list(self.tokenizer.encode(self.render(req), add_special_tokens=False))
+        ids = list(self.tokenizer.encode(self.render(req), add_special_tokens=False))
+        if not ids:
+            raise ValueError(f"{self.name}: the prompt is empty; give messages or a non-empty prefix")
+        return ids
 
     def count_tokens(self, text: str) -> int:
         return len(self.tokenizer.encode(text, add_special_tokens=False))
