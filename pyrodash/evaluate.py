@@ -103,6 +103,27 @@ def append_records(path: Path, records: list[dict]) -> None:
 # --- the run ------------------------------------------------------------------------------------------------------
 
 
+RECORD_KEYS = ("prompts", "max_tokens", "samples", "sample_temperature", "sample_top_p")
+
+
+def check_compatible(run_dir: Path, cfg: EvalConfig) -> None:
+    """Refuse to append to records made with other models or decoding settings (methods, benchmarks and prices may
+    change between runs: records do not depend on them)."""
+    old_path = run_dir / "config.resolved.json"
+    if not old_path.exists() or not any((run_dir / "records").glob("*.jsonl")):
+        return
+    old = json.loads(old_path.read_text())
+    new = json.loads(json.dumps(asdict(cfg), default=str))
+    diff = [k for k in RECORD_KEYS if k in old and old[k] != new[k]]
+    om, nm = old.get("models") or {}, new.get("models") or {}
+    diff += [f"models.{k}" for k in ("slm", "llm", "sft") if k in om and k in nm and om[k] != nm[k]]
+    op, np_ = om.get("pyrodash") or {}, nm.get("pyrodash") or {}
+    diff += [f"models.pyrodash.{k}" for k in op if k in np_ and op[k] != np_[k]]
+    if diff:
+        raise ValueError(f"{run_dir} holds records made with different settings ({', '.join(diff)}); use a new "
+                         "run_dir or delete its records/ to start over")
+
+
 def load_examples(cfg: EvalConfig, name: str, limit: int | None = None) -> list[Example]:
     from pyrodash.data.benchmarks import load_benchmark
 
@@ -129,6 +150,7 @@ def evaluate(cfg: EvalConfig, methods: dict | None = None, examples: list[Exampl
     run_dir = Path(cfg.run_dir)
     (run_dir / "records").mkdir(parents=True, exist_ok=True)
     prices = cfg.price_sheet()
+    check_compatible(run_dir, cfg)
     resolved = asdict(cfg) | {"prices": prices.to_dict(), "prices_sheet": cfg.prices}
     (run_dir / "config.resolved.json").write_text(json.dumps(resolved, indent=2, default=str) + "\n")
     if examples is None:

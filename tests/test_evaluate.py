@@ -191,3 +191,18 @@ def test_cli_eval_avg_at_k(tmp_path):
     assert set(summary) == set(names)
     assert main(["eval", "--config", str(cfg)]) == 0
     assert {n: (rec / f"{n}.jsonl").read_text() for n in names} == first
+
+
+def test_refuses_records_from_other_settings(tmp_path, backends):
+    from pyrodash.methods import Solo
+
+    slm, _ = backends
+    cfg = EvalConfig(run_dir=str(tmp_path), benchmarks=["toy"], models={"slm": "a"})
+    evaluate(cfg, {"slm": Solo("slm", slm, "slm", env())}, examples=examples(2), quiet=True)
+    for change in ({"models": {"slm": "b"}}, {"max_tokens": 99}):
+        other = EvalConfig(**{**cfg.__dict__, **change})
+        with pytest.raises(ValueError, match="different settings"):
+            evaluate(other, {"slm": Solo("slm", slm, "slm", env())}, examples=examples(2), quiet=True)
+    more = EvalConfig(**{**cfg.__dict__, "methods": ["slm", "llm"], "prices": "cached"})
+    evaluate(more, {"slm": Solo("slm", slm, "slm", env())}, examples=examples(3), quiet=True)
+    assert len((tmp_path / "records" / "slm.jsonl").read_text().splitlines()) == 3
