@@ -63,6 +63,14 @@ class EngineError(RuntimeError):
         self.done = done
 
 
+async def _next_within(it, timeout_s: float):
+    """The next chunk of `it` (None at its end), or TimeoutError after `timeout_s`."""
+    if hasattr(asyncio, "timeout"):  # Python >= 3.11: no extra task per chunk
+        async with asyncio.timeout(timeout_s):
+            return await anext(it, None)
+    return await asyncio.wait_for(anext(it, None), timeout_s)
+
+
 def _with_system(system: str, messages: list[dict]) -> list[dict]:
     """Put `system` first; a caller's own system message is kept after it in the same system turn."""
     if not system:
@@ -182,8 +190,7 @@ class CollaborateEngine:
             try:
                 async with contextlib.aclosing(self.llm.stream(lreq)) as it:
                     while True:
-                        async with asyncio.timeout(pol.timeout_s):  # never spans a yield to the consumer
-                            ch = await anext(it, None)
+                        ch = await _next_within(it, pol.timeout_s)  # the timeout never spans a yield
                         if ch is None:
                             break
                         if ch.text:
