@@ -37,6 +37,11 @@ def test_serve_without_models_is_a_clear_cli_error(capsys, monkeypatch):
     assert main(["serve", "--port", "8123"]) == 2
     assert "--slm and --llm" in capsys.readouterr().err
     assert main(["serve", "--config", "configs/serve/nope.yaml"]) == 2
+    assert main(["serve", "--slm", "runs/none/slm", "--llm", "http://127.0.0.1:9/v1"]) == 2
+    assert "slm model directory runs/none/slm does not exist" in capsys.readouterr().err
+    assert main(["serve", "--config", "configs/serve/world.yaml", "--slm", "http://127.0.0.1:9/v1",
+                 "--llm", "http://127.0.0.1:9/v1", "--prices", "nope"]) == 2  # fmt: skip
+    assert "price sheet 'nope' not found" in capsys.readouterr().err
 
 
 def test_serve_process_answers_and_shuts_down_gracefully(tmp_path_factory):

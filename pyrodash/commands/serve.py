@@ -55,6 +55,8 @@ def run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     if config.slm is None or config.llm is None:
         raise ValueError("serve needs an SLM and an LLM: pass --config configs/serve/X.yaml or --slm and --llm")
+    config.check_models()
+    config.load_prices()
     app = build_app(config)
     auth = "on" if app.state.api_key else "off"
     print(f"pyrodash serve: http://{config.host}:{config.port}/v1  models={list(config.operating_points)}  "

@@ -108,6 +108,21 @@ class ServeConfig:
             return None
         return os.environ.get(self.api_key_env) or None
 
+    def check_models(self) -> None:
+        """Fail early, with a message, when an SLM/LLM spec names a local directory that is not there (a string with
+        one slash and no leading . or / is taken as a hub id; URLs are checked when the server starts)."""
+        for side in ("slm", "llm"):
+            spec = getattr(self, side)
+            if spec is None:
+                raise ValueError(f"no {side.upper()} given: set {side} in the config or pass --{side}")
+            path = spec.get("path") if isinstance(spec, dict) else spec
+            if not isinstance(path, str) or "://" in path or Path(path).exists():
+                continue
+            if path.count("/") == 1 and not path.startswith((".", "/")):
+                continue  # a hub id such as Qwen/Qwen3.5-4B
+            raise ValueError(f"{side} model directory {path} does not exist: build or train it first, or pass "
+                             f"--{side} with a model directory, hub id or http(s)://host:port/v1#model URL")
+
     def load_prices(self) -> Prices:
         return Prices(**self.prices) if isinstance(self.prices, dict) else Prices.from_yaml(self.prices)
 
