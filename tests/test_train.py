@@ -7,6 +7,7 @@ test runs curation and every stage on a `--quick` world.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -213,3 +214,69 @@ def test_reward_hands_off_to_the_llm_and_prices_each_rollout(tmp_path):
         assert stats["pyrodash/handoff_position"] == d[1]["t_slm"] and reward.pop_stats() == {}
     with pytest.raises(ValueError, match="normalized"):
         CollaborativeReward(llm, prompts, prices, cache, off, lam=0.1, cost_penalty="dollars")
+
+
+# --- the whole pipeline on a quick world ---------------------------------------------------------------------
+
+
+def _only_attention_changed(before: dict, after: dict) -> tuple[set, set]:
+    """(names that changed, names that did not) between two state dicts of the same shapes."""
+    changed = {k for k in before if not torch.equal(before[k], after[k])}
+    return changed, set(before) - changed
+
+
+@pytest.mark.slow
+def test_pipeline_on_quick_world(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from pyrodash.data.curate import run_curation
+    from pyrodash.tokens import offload_token_id
+    from pyrodash.train.common import read_log
+    from pyrodash.train.config import load_recipe
+    from pyrodash.train.stage1 import changed_params, run_stage1
+    from pyrodash.train.stage2 import run_stage2
+    from pyrodash.train.stage3 import run_stage3
+    from pyrodash.world.build import build_world
+
+    world = build_world(quick=True, seed=0, verbose=False)
+    recipe = load_recipe(ROOT / "configs" / "world" / "quick.yaml", {"world": {"dir": str(world)}})
+    out = tmp_path / "run"
+
+    cur = run_curation(recipe, out)
+    stats = json.loads((cur / "stats.json").read_text())
+    assert stats["easy"] > 0 and stats["hard_kept"] > 0 and stats["corpus_b_hard"] > 0, stats
+    assert (cur / "dataset" / "corpus_b").is_dir() and (cur / "config.resolved.json").is_file()
+
+    s1 = run_stage1(recipe, out)
+    base = AutoModelForCausalLM.from_pretrained(world / "slm")
+    m1 = AutoModelForCausalLM.from_pretrained(s1)
+    tid = json.loads((s1 / "stage1_stats.json").read_text())["offload_token_id"]
+    assert changed_params(base.state_dict(), m1, tid) == []  # Stage 1 changed only the <offload> rows
+
+    s2 = run_stage2(recipe, out)
+    rates = json.loads((s2 / "offload_rates.json").read_text())
+    assert rates["hard_with_ps"] > rates["easy_with_ps"], rates  # offloads where the SLM fails, not where it succeeds
+    assert rates["all_without_ps"] < rates["hard_with_ps"], rates  # ... and only when P_s enables it
+    m2 = AutoModelForCausalLM.from_pretrained(s2)
+    changed, same = _only_attention_changed(m1.state_dict(), m2.state_dict())
+    assert changed and all(k.split(".")[-2] in ("q_proj", "k_proj", "v_proj", "o_proj") for k in changed)
+    assert "model.embed_tokens.weight" in same  # embeddings frozen in Stage 2
+
+    s3 = run_stage3(recipe, out, lam=0.1)
+    st3 = json.loads((s3 / "stage3_stats.json").read_text())
+    assert st3["llm_handoff_calls"] > 0 and st3["cost_base_computed"] > 0, st3  # real LLM handoffs in the reward
+    log = [r for r in read_log(s3 / "log.jsonl") if "reward" in r]
+    assert len(log) == st3["steps"] and sum(r["pyrodash/llm_calls"] for r in log) == st3["llm_handoff_calls"]
+    assert all({"pyrodash/accuracy", "pyrodash/offload_rate", "pyrodash/r_eff"} <= set(r) for r in log)
+    m3 = AutoModelForCausalLM.from_pretrained(s3)
+    changed, same = _only_attention_changed(m2.state_dict(), m3.state_dict())
+    assert changed and all(k.split(".")[-2] in ("q_proj", "k_proj", "v_proj", "o_proj") for k in changed)
+    assert offload_token_id(__import__("transformers").AutoTokenizer.from_pretrained(s3)) == tid
+    assert "heldout" in st3 and 0 <= st3["heldout"]["llm_calls_per_example"] <= 1
+
+    # a second λ reuses the cached Cost_base; --resume picks up the last checkpoint
+    s3b = run_stage3(recipe, out, lam=0.6)
+    st3b = json.loads((s3b / "stage3_stats.json").read_text())
+    assert st3b["cost_base_computed"] == 0 and st3b["cost_base_cached"] == st3["prompts"]
+    resumed = json.loads((run_stage3(recipe, out, lam=0.6, resume=True) / "stage3_stats.json").read_text())
+    assert resumed["resumed_from"] and resumed["resumed_from"].endswith(f"checkpoint-{st3b['steps']}")

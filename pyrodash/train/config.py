@@ -10,7 +10,7 @@ transformers training argument and goes straight into the TRL dataclass, so TRL 
 A recipe YAML:
 
     name: world-quick
-    world: {quick: true, seed: 0}          # or {dir: worlds/quick}; omit for a non-world recipe (give slm and llm)
+    world: {quick: true, seed: 0}          # the world's cache dir, or {dir: worlds/quick}; omit: give slm and llm
     slm: null                              # model path / hub id; default: the world's slm/
     llm: null                              # path / hub id / "http://host:port/v1#model" / {url:, model:, ...}
     prompts: world-v1
@@ -136,7 +136,7 @@ TOP_KEYS = {"name", "world", "slm", "llm", "prompts", "prices", "curate", "stage
 @dataclass
 class Recipe:
     name: str
-    world: dict | None = None  # {dir, quick, seed}
+    world: dict | None = None  # {dir, quick, seed}: a world directory, built (cached) when missing
     slm: str | None = None
     llm: Any = None  # str or dict (see pyrodash.backends.load_backend)
     prompts: str = "qwen-math-v1"
@@ -148,12 +148,16 @@ class Recipe:
     path: str | None = None
 
     def world_dir(self) -> Path | None:
+        """The world directory: `world.dir`, else the world's own cache dir for (quick|full, seed)."""
         if self.world is None:
             return None
-        w = self.world
-        if w.get("dir"):
-            return Path(w["dir"])
-        return Path("worlds") / f"{'quick' if w.get('quick') else 'full'}-seed{int(w.get('seed', 0))}"
+        if self.world.get("dir"):
+            return Path(self.world["dir"])
+        from pyrodash.world.build import default_world_dir
+        from pyrodash.world.config import WorldConfig
+
+        cfg = WorldConfig.from_preset("quick" if self.world.get("quick") else "full")
+        return default_world_dir(cfg, int(self.world.get("seed", 0)))
 
     def stage_config(self, stage: str, output_dir: str | Path, validate_only: bool = False, **overrides) -> Any:
         """Build the stage's TRL config (validated by TRL's own __post_init__) for `output_dir`.

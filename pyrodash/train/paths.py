@@ -30,14 +30,14 @@ def resolve_world(recipe: Recipe, build: bool = True) -> Path | None:
     wdir = recipe.world_dir()
     if wdir is None:
         return None
-    if not (wdir / "world.json").exists():
-        if not build:
-            return wdir
-        from pyrodash.world.build import build_world
+    if not build:
+        return wdir
+    from pyrodash.world.build import build_world
 
-        w = recipe.world or {}
-        build_world(wdir, quick=bool(w.get("quick", False)), seed=int(w.get("seed", 0)))
-    return wdir
+    w = recipe.world or {}
+    if (wdir / "world.json").exists() and w.get("dir"):
+        return wdir  # a named, built world is used as it is (whatever preset built it)
+    return build_world(wdir, quick=bool(w.get("quick", False)), seed=int(w.get("seed", 0)))
 
 
 def slm_spec(recipe: Recipe, build: bool = True) -> str:
