@@ -371,16 +371,20 @@ async def _sse(app: FastAPI, run: EngineRun, kind: str, model: str, route: str, 
         if kind == "chat":
             yield w.role()
         try:
-            async for ev in run.events():
-                if isinstance(ev, (SLMDelta, LLMDelta)):
-                    if ev.text:
-                        yield w.delta(ev.text)
-                elif isinstance(ev, Done):
-                    yield w.finish(ev.finish_reason)
-                    if include_usage:
-                        info = P.PyroDashInfo.from_done(ev).model_dump()
-                        yield w.usage(P.UsageInfo.from_done(ev).model_dump(), info)
-                    metrics.observe_done(ev, model, run.elapsed, run.ttft)
+            async for batch in run.batches():  # one write per batch of ready events, one SSE event per delta
+                out = []
+                for ev in batch:
+                    if isinstance(ev, (SLMDelta, LLMDelta)):
+                        if ev.text:
+                            out.append(w.delta(ev.text))
+                    elif isinstance(ev, Done):
+                        out.append(w.finish(ev.finish_reason))
+                        if include_usage:
+                            info = P.PyroDashInfo.from_done(ev).model_dump()
+                            out.append(w.usage(P.UsageInfo.from_done(ev).model_dump(), info))
+                        metrics.observe_done(ev, model, run.elapsed, run.ttft)
+                if out:
+                    yield "".join(out)
         except Exception as e:  # noqa: BLE001 - the status line is sent: report in the stream, as OpenAI does
             err = _failure(e)
             status = str(err.status)

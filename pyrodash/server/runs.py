@@ -50,16 +50,30 @@ class EngineRun:
         finally:
             self.queue.put_nowait(_END)
 
-    async def events(self) -> AsyncIterator[Event]:
+    async def batches(self) -> AsyncIterator[list[Event]]:
+        """The events in order, grouped: a batch is every event that was ready when the reader woke up, so a
+        reader slower than the models (a loaded server) writes several tokens with one socket send."""
         while True:
-            item = await self.queue.get()
-            if item is _END:
-                return
-            if isinstance(item, BaseException):
-                raise item
-            if self.ttft is None and getattr(item, "text", ""):
-                self.ttft = time.perf_counter() - self.t0
-            yield item
+            items = [await self.queue.get()]
+            while not self.queue.empty():
+                items.append(self.queue.get_nowait())
+            batch: list[Event] = []
+            for item in items:
+                if item is _END or isinstance(item, BaseException):
+                    if batch:
+                        yield batch
+                    if item is _END:
+                        return
+                    raise item
+                if self.ttft is None and getattr(item, "text", ""):
+                    self.ttft = time.perf_counter() - self.t0
+                batch.append(item)
+            yield batch
+
+    async def events(self) -> AsyncIterator[Event]:
+        async for batch in self.batches():
+            for ev in batch:
+                yield ev
 
     async def done(self) -> Done:
         last = None
