@@ -206,6 +206,9 @@ def test_models_lists_the_operating_points(client):
     models = client.models.list()
     assert [m.id for m in models.data] == list(OPS)
     assert {m.id: m.model_extra["offload_bias"] for m in models.data} == OPS
+    assert client.models.retrieve("slm-only").model_extra["offload_bias"] == OPS["slm-only"]
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("gpt-9")
 
 
 def test_health_and_metrics(client, stack):

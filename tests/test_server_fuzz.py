@@ -58,7 +58,8 @@ def _header(headers, name: str) -> str:
     return value[0] if isinstance(value, list) else value
 
 
-@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics"])
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/models/{model_id}",
+                                  "/health", "/metrics"])
 def test_schemathesis_finds_no_server_error(server, http, path):
     schema = schemathesis.openapi.from_url(f"{server.url}/openapi.json")
     method = "POST" if path.endswith("completions") else "GET"

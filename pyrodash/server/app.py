@@ -290,6 +290,12 @@ def _install_routes(app: FastAPI) -> None:
                  for name, bias in config.operating_points.items()]  # fmt: skip
         return P.ModelList(data=cards)
 
+    @app.get("/v1/models/{model_id}", dependencies=auth, response_model=P.ModelCard)
+    async def model_card(model_id: str):
+        if model_id not in config.operating_points:
+            raise P.APIError(404, f"The model `{model_id}` does not exist.", param="model", code="model_not_found")
+        return P.ModelCard(id=model_id, created=app.state.created, offload_bias=config.operating_points[model_id])
+
     @app.get("/health")
     async def health():
         engine = app.state.engine
