@@ -25,6 +25,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default=None, help="output directory (default runs/demo-quick or runs/demo)")
     p.add_argument("--seed", type=int, default=0, help="world seed")
     p.add_argument("--lambdas", default=None, help="comma-separated λ values (default: the preset's)")
+    p.add_argument("--world", default=None, help="a built world directory to use (default: build or reuse the cache)")
 
 
 def print_table2(run_dir: str | Path, console) -> None:
@@ -47,7 +48,7 @@ def _done(path: Path) -> bool:
 
 
 def run_demo(out: str | Path, quick: bool = True, seed: int = 0, lambdas: list[float] | None = None,
-             console=None) -> Path:
+             console=None, world_dir: str | Path | None = None) -> Path:
     """Build, curate, train and evaluate into `out`; returns the report path."""
     from rich.console import Console
 
@@ -79,7 +80,9 @@ def run_demo(out: str | Path, quick: bool = True, seed: int = 0, lambdas: list[f
         times[name] = round(time.perf_counter() - t0, 1)
         return res
 
-    world = step("world", lambda: build_world(None, quick=quick, seed=seed))
+    if world_dir is not None and not (Path(world_dir) / "world.json").exists():
+        raise ValueError(f"--world {world_dir}: no world.json there; build one with `pyrodash world build --out DIR`")
+    world = Path(world_dir) if world_dir else step("world", lambda: build_world(None, quick=quick, seed=seed))
     recipe = load_recipe(ROOT / "configs" / "world" / f"{preset}.yaml", {"world": {"dir": str(world)}})
     step("curation", lambda: run_curation(recipe, out), skip=_done(curated_dir(out)))
     step("stage1", lambda: run_stage1(recipe, out), skip=_done(stage_dir(out, "stage1")))
@@ -105,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out or ("runs/demo-quick" if args.quick else "runs/demo"))
     lambdas = [float(x) for x in args.lambdas.split(",")] if args.lambdas else None
     t0 = time.perf_counter()
-    path = run_demo(out, quick=args.quick, seed=args.seed, lambdas=lambdas, console=console)
+    path = run_demo(out, quick=args.quick, seed=args.seed, lambdas=lambdas, console=console, world_dir=args.world)
     print_table2(out, console)
     console.print(f"report: [bold]{path}[/] (pareto.png, summary.json, records/ beside it) "
                   f"in {time.perf_counter() - t0:.0f}s")
