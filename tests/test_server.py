@@ -17,6 +17,8 @@ import httpx
 import openai
 import pytest
 import uvicorn
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from tiny_models import tiny_model_dir
 
 from pyrodash.backends.hf import HFBackend
@@ -349,3 +351,21 @@ def test_cors_is_opt_in():
     assert on.status_code == 200 and on.headers["access-control-allow-origin"] == "https://app.example"
     off = asyncio.run(preflight(serve_config()))
     assert "access-control-allow-origin" not in off.headers
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@given(bias=st.floats(-3.0, 6.0), seed=st.integers(0, 2**32), temperature=st.sampled_from([0.0, 0.7, 1.3]),
+       max_tokens=st.integers(1, 12))  # fmt: skip
+def test_stream_and_non_stream_agree(client, bias, seed, temperature, max_tokens):
+    """Same request, same seed: the stream's deltas, finish_reason, usage and pyrodash equal the whole response."""
+    kw = dict(model="pyrodash", messages=Q, max_tokens=max_tokens, temperature=temperature, seed=seed,
+              extra_body={"offload_bias": bias})  # fmt: skip
+    whole = client.chat.completions.create(**kw)
+    chunks = list(client.chat.completions.create(**kw, stream=True, stream_options={"include_usage": True}))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == whole.choices[0].message.content
+    assert chunks[-2].choices[0].finish_reason == whole.choices[0].finish_reason
+    assert chunks[-1].usage.model_dump() == whole.usage.model_dump()
+    p, q = chunks[-1].model_extra["pyrodash"], whole.model_extra["pyrodash"]
+    assert {k: v for k, v in p.items() if k != "cost_usd"} == {k: v for k, v in q.items() if k != "cost_usd"}
+    assert p["cost_usd"] == pytest.approx(q["cost_usd"])
+    assert p["slm_out"] <= max_tokens and p["llm_out"] <= max_tokens
