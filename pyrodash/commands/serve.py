@@ -5,6 +5,16 @@
 
 Flags override the YAML. SIGINT/SIGTERM stop accepting connections, let running requests finish (up to
 --graceful-timeout seconds, then they are cancelled) and close the SLM and LLM backends.
+
+Any OpenAI client works unchanged; `model` picks an operating point (GET /v1/models), `offload_bias` overrides it:
+
+    curl -N localhost:8000/v1/chat/completions -H "Authorization: Bearer $PYRODASH_API_KEY" -d '{"model": "pyrodash",
+      "messages": [{"role": "user", "content": "2+2?"}], "stream": true, "stream_options": {"include_usage": true}}'
+    OpenAI(base_url="http://localhost:8000/v1").chat.completions.create(..., extra_body={"offload_bias": 1.5})
+
+The response's `pyrodash` object (with the usage chunk when streaming) has the tokens per model, llm_calls, the
+handoff position, cost_usd, the offload_bias used and whether the SLM had to finish after an LLM failure.
+GET /health (backend reachability, 503 when one is down) and GET /metrics (Prometheus) need no key.
 """
 
 from __future__ import annotations
