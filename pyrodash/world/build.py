@@ -39,9 +39,9 @@ def make_splits(cfg: WorldConfig, seed: int) -> dict[str, list[Example]]:
     seen: set[str] = set()
     out = {}
     for name, tier in zip(TIER_SPLITS, cfg.tiers):
-        out[name] = make_split(seed, name, cfg.n_test, [tier], table, known, seen)
-    out["val"] = make_split(seed, "val", cfg.n_val, list(cfg.tiers), table, known, seen)
-    out["train"] = make_split(seed, "train", cfg.n_train, list(cfg.tiers), table, known, seen)
+        out[name] = make_split(seed, name, cfg.n_test, [tier], table, known, seen, cfg.max_addend)
+    out["val"] = make_split(seed, "val", cfg.n_val, list(cfg.tiers), table, known, seen, cfg.max_addend)
+    out["train"] = make_split(seed, "train", cfg.n_train, list(cfg.tiers), table, known, seen, cfg.max_addend)
     return {name: out[name] for name in SPLITS}
 
 

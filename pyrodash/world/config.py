@@ -32,13 +32,14 @@ class ModelSpec:
 class WorldConfig:
     known_frac: float = 0.65  # fraction of the lookup table the SLM is taught
     tiers: tuple[int, ...] = (1, 2, 3, 4, 5)  # lookups per problem of tier1..tier5
+    max_addend: int = 9  # additions are "+1" .. "+max_addend" (mod 100)
     n_test: int = 200  # problems per test tier
     n_train: int = 2000  # train pool (curation, SFT, GRPO), all tiers mixed
     n_val: int = 200
     n_continue: int = 200  # problems for the LLM-continues-a-gold-prefix check
     system_frac: float = 0.25  # fraction of pretraining examples with a (world-v1) system message
-    slm: ModelSpec = field(default_factory=lambda: ModelSpec(64, 2, 4, 256, True, 3000, 3e-3))
-    llm: ModelSpec = field(default_factory=lambda: ModelSpec(128, 3, 4, 512, False, 2500, 2e-3))
+    slm: ModelSpec = field(default_factory=lambda: ModelSpec(64, 2, 4, 256, True, 1200, 3e-3))
+    llm: ModelSpec = field(default_factory=lambda: ModelSpec(128, 2, 4, 512, False, 2000, 3e-3))
     eval_batch_size: int = 200
     preset: str = "full"
 
@@ -59,8 +60,7 @@ class WorldConfig:
             return replace(
                 base, n_test=30, n_train=300, n_val=50, n_continue=60, preset="quick",
                 slm=replace(base.slm, train_steps=700, batch_size=48, warmup_steps=50),
-                llm=replace(base.llm, hidden_size=96, num_layers=2, intermediate_size=384, train_steps=700,
-                            batch_size=48, warmup_steps=50),
+                llm=replace(base.llm, train_steps=900, batch_size=48, warmup_steps=50),
             )
         raise ValueError(f"unknown world preset {name!r}; choose 'full' or 'quick'")
 

@@ -54,7 +54,10 @@ def example_stream(which: str, cfg: WorldConfig, seed: int) -> Iterator[tuple[li
     rng = random.Random(f"world-pretrain-{seed}-{which}")
     while True:
         tier = rng.choice(cfg.tiers)
-        p = sample_known_problem(rng, tier, table, known) if which == "slm" else sample_problem(rng, tier)
+        if which == "slm":
+            p = sample_known_problem(rng, tier, table, known, cfg.max_addend)
+        else:
+            p = sample_problem(rng, tier, cfg.max_addend)
         system = rng.choice(systems) if rng.random() < cfg.system_frac else None
         ids, mask = encode_chat(chat_example(p.question(), solve(p, table).text(), system))
         ids, mask = ids[:-1], mask[:-1]  # the trailing "\n" after <|im_end|> is never trained

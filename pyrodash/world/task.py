@@ -3,15 +3,15 @@
 A problem starts from a number and applies a list of operations; `+n` adds n (mod 100) and `f` looks the current
 value up in a fixed random permutation `f: 0..99 -> 0..99` (seeded). The question and its gold solution:
 
-    Start 47: +35, f, +12, f.
+    Start 47: +5, f, +2, f.
 
-    47+35=82
+    47+5=52
 
-    f(82)=19
+    f(52)=19
 
-    19+12=31
+    19+2=21
 
-    f(31)=64
+    f(21)=64
 
     \\boxed{64}
 
@@ -19,7 +19,7 @@ Steps are separated by a blank line (`STEP_SEP`, the boundary GlimpRouter cuts a
 chains whose lookups hit a "known" subset of the table; the LLM on all entries. Which entry a chain needs is only
 known once the earlier steps are done, so a problem's difficulty is hidden from its surface: the SLM solves the
 first steps and meets, mid-trajectory, a lookup it was never taught (`hard_steps`). A problem of tier t has t
-lookups (and 1 + t // 2 additions, always starting with one), so higher tiers are longer and more likely hard.
+lookups, each after an addition (2t steps), so higher tiers are longer and more likely to be hard.
 """
 
 from __future__ import annotations
@@ -83,20 +83,24 @@ def solve(problem: Problem, table: list[int]) -> Solution:
     return Solution(tuple(steps), tuple(lookups), x)
 
 
-def sample_problem(rng: random.Random, tier: int) -> Problem:
-    """A random problem of `tier` (>= 1): an addition first, then `tier` lookups and `tier // 2` more additions
-    in random order (so a tier-t problem has t lookups and 1 + t + t // 2 steps)."""
+def sample_problem(rng: random.Random, tier: int, max_addend: int = 9) -> Problem:
+    """A random problem of `tier` (>= 1): `tier` pairs "+n, f" with distinct addends n in 1..max_addend, so each
+    step is located in the question by the addend before it (small models cannot count long runs of "f")."""
     if tier < 1:
         raise ValueError(f"tier must be >= 1, got {tier}")
-    rest: list[int | None] = [None] * tier + [rng.randrange(1, MOD) for _ in range(tier // 2)]
-    rng.shuffle(rest)
-    return Problem(rng.randrange(MOD), (rng.randrange(1, MOD), *rest))
+    if not tier <= max_addend < MOD:
+        raise ValueError(f"max_addend must be in {tier}..{MOD - 1} (distinct addends per problem), got {max_addend}")
+    ops: list[int | None] = []
+    for n in rng.sample(range(1, max_addend + 1), tier):
+        ops += [n, None]
+    return Problem(rng.randrange(MOD), tuple(ops))
 
 
-def sample_known_problem(rng: random.Random, tier: int, table: list[int], known: frozenset[int]) -> Problem:
+def sample_known_problem(rng: random.Random, tier: int, table: list[int], known: frozenset[int],
+                         max_addend: int = 9) -> Problem:
     """A random problem of `tier` whose every lookup hits `known` (rejection sampling): the SLM's curriculum."""
     for _ in range(100_000):
-        p = sample_problem(rng, tier)
+        p = sample_problem(rng, tier, max_addend)
         if all(x in known for _, x in solve(p, table).lookups):
             return p
     raise ValueError(f"could not sample a tier-{tier} problem within the known entries; raise known_frac")
@@ -115,7 +119,7 @@ def to_example(problem: Problem, table: list[int], known: frozenset[int], split:
 
 
 def make_split(seed: int, split: str, n: int, tiers: list[int], table: list[int], known: frozenset[int],
-               exclude: set[str] | None = None) -> list[Example]:
+               exclude: set[str] | None = None, max_addend: int = 9) -> list[Example]:
     """`n` distinct problems for `split`, tiers cycling through `tiers`; questions in `exclude` are skipped (and
     the new ones added to it), so splits never share a question."""
     if n < 0:
@@ -125,7 +129,7 @@ def make_split(seed: int, split: str, n: int, tiers: list[int], table: list[int]
     out: list[Example] = []
     while len(out) < n:
         tier = tiers[len(out) % len(tiers)]
-        p = sample_problem(rng, tier)
+        p = sample_problem(rng, tier, max_addend)
         q = p.question()
         if q in seen:
             continue
