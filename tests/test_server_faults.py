@@ -35,7 +35,7 @@ class ForwardCounter:
     def _hook(self, *_args) -> None:
         self.n += 1
 
-    def settled(self, quiet_s: float = 0.6, limit_s: float = 15.0) -> int:
+    def settled(self, quiet_s: float = 1.0, limit_s: float = 20.0) -> int:
         """Wait until no forward pass happened for `quiet_s`; return the count (fails if it never goes quiet)."""
         deadline = time.monotonic() + limit_s
         last = -1
