@@ -249,3 +249,20 @@ def test_the_stream_error_event_is_openai_shaped(models, faulty):
         assert events[-1] == "[DONE]" and list(json.loads(events[-2])["error"]) == ["message", "type", "param",
                                                                                      "code"]  # fmt: skip
     faulty.mode = "ok"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_slm_server_down_is_a_502_before_any_output(models, llm_up, stream):
+    """An SLM behind HTTP that goes away: the request fails before the first event, so even a stream gets a real
+    502 status line with OpenAI's error body (not a 200 with an error inside)."""
+    config = serve_config()
+    with llm_server(models[0], model="tiny-slm") as ssrv:
+        slm = remote(ssrv.url, model="tiny-slm", timeout_s=5)
+        engine = make_engine(slm, remote(llm_up.url), config)  # looks up <offload> while the SLM server is up
+    with UvicornThread(build_app(config, engine=engine), log_level="error") as srv:
+        r = httpx.post(f"{srv.url}/v1/chat/completions", headers=AUTH, timeout=60,
+                       json={"model": "pyrodash", "messages": Q, "max_tokens": 4, "stream": stream})  # fmt: skip
+        assert r.status_code == 502 and r.headers["content-type"].startswith("application/json")
+        assert r.json()["error"]["type"] == "upstream_error" and "connect" in r.json()["error"]["message"]
+        h = httpx.get(f"{srv.url}/health").json()
+        assert h["slm"]["reachable"] is False and h["llm"]["reachable"] is True

@@ -244,6 +244,24 @@ async def _wait_disconnect(request: Request) -> None:
         pass
 
 
+async def _first_batch(request: Request, run: EngineRun) -> tuple[bool, list | None]:
+    """(client gone, the run's first events); an engine error raised before any event becomes an APIError."""
+    watcher = asyncio.create_task(_wait_disconnect(request))
+    getter = asyncio.create_task(run.next_batch())
+    try:
+        await asyncio.wait({watcher, getter}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    if not getter.done():
+        getter.cancel()
+        run.cancel()
+        return True, None
+    try:
+        return False, getter.result()
+    except Exception as e:  # noqa: BLE001 - mapped to an OpenAI error
+        raise _failure(e) from e
+
+
 def _failure(exc: BaseException) -> P.APIError:
     """What an engine failure means for the client: a bad input (400) or a failing model backend (502)."""
     if isinstance(exc, ValueError):
@@ -269,8 +287,14 @@ def _install_routes(app: FastAPI) -> None:
         metrics.in_flight.inc()
         run = EngineRun(app.state.engine, prompt, kwargs, app.state.runs, app.state.sem, on_exit=metrics.in_flight.dec)
         if req.stream:
+            # the status line waits for the engine's first events: an error before any output is a real 4xx/5xx
+            gone, first = await _first_batch(request, run)
+            if gone:
+                metrics.errors.inc(kind="disconnect")
+                metrics.requests.inc(route=route, model=model, status="499")
+                return _error(499, "client closed request", code="client_closed")
             include = bool(req.stream_options and req.stream_options.include_usage)
-            return SSEResponse(_sse(app, run, kind, model, route, include), run,
+            return SSEResponse(_sse(app, run, first, kind, model, route, include), run,
                                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         return await _unary(app, request, run, kind, model, route)
 
@@ -368,17 +392,17 @@ async def _unary(app: FastAPI, request: Request, run: EngineRun, kind: str, mode
     return JSONResponse(body.model_dump())
 
 
-async def _sse(app: FastAPI, run: EngineRun, kind: str, model: str, route: str, include_usage: bool):
+async def _sse(app: FastAPI, run: EngineRun, first: list | None, kind: str, model: str, route: str,
+               include_usage: bool):  # fmt: skip
     metrics: Metrics = app.state.metrics
     rid = P.new_id("chatcmpl" if kind == "chat" else "cmpl")
     w = ChunkWriter(rid, P.now(), model, kind, include_usage)
     status = "200"
+    out = [w.role()] if kind == "chat" else []
     try:
-        if kind == "chat":
-            yield w.role()
         try:
-            async for batch in run.batches():  # one write per batch of ready events, one SSE event per delta
-                out = []
+            batch = first
+            while batch is not None:  # one write per batch of ready events, one SSE event per delta
                 for ev in batch:
                     if isinstance(ev, (SLMDelta, LLMDelta)):
                         if ev.text:
@@ -391,12 +415,15 @@ async def _sse(app: FastAPI, run: EngineRun, kind: str, model: str, route: str, 
                         metrics.observe_done(ev, model, run.elapsed, run.ttft)
                 if out:
                     yield "".join(out)
+                    out = []
+                batch = await run.next_batch()
         except Exception as e:  # noqa: BLE001 - the status line is sent: report in the stream, as OpenAI does
             err = _failure(e)
             status = str(err.status)
             metrics.errors.inc(kind="client" if err.status < 500 else "upstream")
-            yield w.error(err.body())
-        yield w.DONE
+            out.append(w.error(err.body()))
+        out.append(w.DONE)
+        yield "".join(out)
     except BaseException:  # the client went away (cancelled, or the generator closed early)
         status = "499"
         metrics.errors.inc(kind="disconnect")

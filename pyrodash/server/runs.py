@@ -28,6 +28,7 @@ class EngineRun:
         self.t0 = time.perf_counter()
         self.ttft: float | None = None
         self.cancelled = False
+        self._held: list = []  # taken from the queue, not handed out yet
         self.task = asyncio.create_task(self._pump(engine, prompt, kwargs, sem))
         registry.add(self)
         self.task.add_done_callback(lambda _t: registry.discard(self))
@@ -50,24 +51,30 @@ class EngineRun:
         finally:
             self.queue.put_nowait(_END)
 
+    async def next_batch(self) -> list[Event] | None:
+        """The next events in order, grouped: every event that was ready when the reader woke up (so a reader
+        slower than the models, on a loaded server, writes several tokens with one socket send). None at the end;
+        the engine's error is raised in its place, after the events that came before it."""
+        items, self._held = self._held or [await self.queue.get()], []
+        while not self.queue.empty():
+            items.append(self.queue.get_nowait())
+        batch: list[Event] = []
+        for i, item in enumerate(items):
+            if item is _END or isinstance(item, BaseException):
+                if batch:
+                    self._held = items[i:]  # the end (or the error) is handed out by the next call
+                    return batch
+                self._held = [_END]
+                if item is _END:
+                    return None
+                raise item
+            if self.ttft is None and getattr(item, "text", ""):
+                self.ttft = time.perf_counter() - self.t0
+            batch.append(item)
+        return batch
+
     async def batches(self) -> AsyncIterator[list[Event]]:
-        """The events in order, grouped: a batch is every event that was ready when the reader woke up, so a
-        reader slower than the models (a loaded server) writes several tokens with one socket send."""
-        while True:
-            items = [await self.queue.get()]
-            while not self.queue.empty():
-                items.append(self.queue.get_nowait())
-            batch: list[Event] = []
-            for item in items:
-                if item is _END or isinstance(item, BaseException):
-                    if batch:
-                        yield batch
-                    if item is _END:
-                        return
-                    raise item
-                if self.ttft is None and getattr(item, "text", ""):
-                    self.ttft = time.perf_counter() - self.t0
-                batch.append(item)
+        while (batch := await self.next_batch()) is not None:
             yield batch
 
     async def events(self) -> AsyncIterator[Event]:
