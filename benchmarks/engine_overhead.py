@@ -3,12 +3,13 @@
     .venv/bin/python benchmarks/engine_overhead.py [--tokens 200] [--handoff-at 80] [--token-ms 5] [--runs 20]
 
 A scripted OpenAI-compatible server (a TEST DOUBLE, not a model), in its own process, streams a fixed token script
-with a fixed delay per token. "Direct" streams the whole script through `OpenAICompatBackend`; "engine" runs
-`CollaborateEngine` with the SLM = the scripted server stopping on the `<offload>` id (vLLM's `stop_reason`) after
-`--handoff-at` tokens and the LLM = the scripted server streaming the rest. Printed: the wall-time ratio (engine /
-direct, medians), the added time to first token (p50 of per-run differences) and the handoff latency (p50, from
-the server sending the `<offload>` stop to the LLM request arriving at the server: Pack, the engine and the HTTP
-client in between). The engine path also streams one more step (the SLM decoding `<offload>` itself).
+with a fixed delay per token. "Direct" streams the whole script through the SLM's `OpenAICompatBackend` (no stop
+ids, same client and connection as the engine's SLM); "engine" runs `CollaborateEngine` with the SLM = the scripted
+server stopping on the `<offload>` id (vLLM's `stop_reason`) after `--handoff-at` tokens and the LLM = the scripted
+server streaming the rest. The two alternate in order, each after a 20 ms pause. Printed: the wall-time ratio
+(engine / direct, medians), the added time to first token (p50 of per-run differences) and the handoff latency
+(p50, from the server sending the `<offload>` stop to the LLM request arriving at the server: Pack, the engine and
+the HTTP client in between). The engine path also streams one more step (the SLM decoding `<offload>` itself).
 The last line is machine-readable: `overhead_ratio=<x> added_ttft_ms_p50=<y> handoff_ms_p50=<z>`.
 """
 
@@ -104,36 +105,48 @@ async def measure(url: str, runs: int, handoff_at: int) -> dict:
     from pyrodash.events import Handoff, LLMDelta, SLMDelta
     from pyrodash.prompts import get_prompts
 
-    direct = OpenAICompatBackend(url, model="direct")
+    # "direct" goes through the SLM's own backend (same client, same connection): without stop_token_ids the
+    # scripted "slm" model streams the whole script
     slm, llm = OpenAICompatBackend(url, model="slm"), OpenAICompatBackend(url, model="llm")
+    direct = slm
     engine = CollaborateEngine(slm, llm, get_prompts("qwen-math-v1"), Prices.from_yaml("paper"), max_tokens=4096)
     msgs = [{"role": "user", "content": "q"}]
     d_wall, e_wall, d_ttft, e_ttft, handoffs = [], [], [], [], []
-    for i in range(runs + 1):  # run 0 warms connections up and is not counted
-        t0 = time.perf_counter()
-        first = None
+
+    async def run_direct() -> tuple[float, float]:
+        t0, first = time.perf_counter(), None
         async for ch in direct.stream(GenRequest(messages=msgs, max_tokens=4096)):
             if ch.text and first is None:
                 first = time.perf_counter()
-        t1 = time.perf_counter()
-        e_first = None
+        return time.perf_counter() - t0, first - t0
+
+    async def run_engine() -> tuple[float, float]:
+        t0, first = time.perf_counter(), None
         async for ev in engine.stream("q"):
-            if isinstance(ev, (SLMDelta, LLMDelta)) and e_first is None:
-                e_first = time.perf_counter()
+            if isinstance(ev, (SLMDelta, LLMDelta)) and first is None:
+                first = time.perf_counter()
             if isinstance(ev, Handoff):
                 assert ev.slm_tokens == handoff_at
-        t2 = time.perf_counter()
+        return time.perf_counter() - t0, first - t0
+
+    for i in range(runs + 1):  # run 0 warms connections up and is not counted
+        # alternate the order, and let the server go idle first, so neither path starts on a busy server
+        order = (run_direct, run_engine) if i % 2 else (run_engine, run_direct)
+        res = {}
+        for fn in order:
+            await asyncio.sleep(0.02)
+            res[fn] = await fn()
         if i == 0:
             continue
-        d_wall.append(t1 - t0)
-        e_wall.append(t2 - t1)
-        d_ttft.append(first - t0)
-        e_ttft.append(e_first - t1)
-        log = (await direct.client().get(url.removesuffix("/v1") + "/log")).json()
-        slm_rec, llm_rec = log[-2], log[-1]
-        assert slm_rec[0] == "slm" and llm_rec[0] == "llm"
+        d_wall.append(res[run_direct][0])
+        e_wall.append(res[run_engine][0])
+        d_ttft.append(res[run_direct][1])
+        e_ttft.append(res[run_engine][1])
+        log = (await llm.client().get(url.removesuffix("/v1") + "/log")).json()
+        llm_at = max(i for i, r in enumerate(log) if r[0] == "llm")
+        slm_rec, llm_rec = log[llm_at - 1], log[llm_at]  # the engine's SLM request, then its LLM request
+        assert slm_rec[0] == "slm"
         handoffs.append(llm_rec[1] - slm_rec[2])
-    await direct.aclose()
     await engine.aclose()
     return {"ratio": statistics.median(e_wall) / statistics.median(d_wall),
             "added_ttft_ms": statistics.median(e - d for e, d in zip(e_ttft, d_ttft)) * 1e3,
