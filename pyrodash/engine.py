@@ -80,8 +80,9 @@ def _with_system(system: str, messages: list[dict]) -> list[dict]:
     return [{"role": "system", "content": system}] + list(messages)
 
 
-def handoff_request(prompts: Prompts, style: str, messages: list[dict], partial: str, max_tokens: int,
-                    sampling: dict | None = None) -> GenRequest:
+def handoff_request(
+    prompts: Prompts, style: str, messages: list[dict], partial: str, max_tokens: int, sampling: dict | None = None
+) -> GenRequest:
     """The LLM request of a handoff (Line 6): "continue" = [P_l] + messages with Pack(O_s) as the assistant prefix;
     "instruct" = [P_l] + one user message `handoff_template` with the last user question and the partial text."""
     sampling = sampling or {}
@@ -97,8 +98,17 @@ def handoff_request(prompts: Prompts, style: str, messages: list[dict], partial:
 
 
 class CollaborateEngine:
-    def __init__(self, slm: Backend, llm: Backend, prompts: Prompts, prices: Prices, handoff_style: str = "continue",
-                 offload_bias: float = 0.0, max_tokens: int = 512, failure: FailurePolicy | None = None):
+    def __init__(
+        self,
+        slm: Backend,
+        llm: Backend,
+        prompts: Prompts,
+        prices: Prices,
+        handoff_style: str = "continue",
+        offload_bias: float = 0.0,
+        max_tokens: int = 512,
+        failure: FailurePolicy | None = None,
+    ):
         if handoff_style not in ("continue", "instruct"):
             raise ValueError(f"handoff_style={handoff_style!r}: use 'continue' or 'instruct'")
         if max_tokens <= 0:
@@ -110,8 +120,10 @@ class CollaborateEngine:
         self.failure = failure or FailurePolicy()
         oid = slm.token_id(OFFLOAD_TOKEN)
         if oid is None:
-            raise ValueError(f"the SLM {getattr(slm, 'name', slm)!r} has no {OFFLOAD_TOKEN} token in its vocabulary: "
-                             "run Stage 1 (pyrodash train stage1) or pyrodash.tokens.add_offload_token first")
+            raise ValueError(
+                f"the SLM {getattr(slm, 'name', slm)!r} has no {OFFLOAD_TOKEN} token in its vocabulary: "
+                "run Stage 1 (pyrodash train stage1) or pyrodash.tokens.add_offload_token first"
+            )
         self.offload_id = oid
 
     # ---- messages ------------------------------------------------------------------------------------------
@@ -126,9 +138,16 @@ class CollaborateEngine:
         """The single handoff request (Line 6) in the configured style (reads only `prompts` and `handoff_style`)."""
         return handoff_request(self.prompts, self.handoff_style, messages, partial, max_tokens, sampling)
 
-    def slm_request(self, question: str | list[dict], offload_bias: float | None = None,
-                    max_tokens: int | None = None, temperature: float | None = None, top_p: float | None = None,
-                    seed: int | None = None, stop: list[str] | None = None) -> GenRequest:
+    def slm_request(
+        self,
+        question: str | list[dict],
+        offload_bias: float | None = None,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        seed: int | None = None,
+        stop: list[str] | None = None,
+    ) -> GenRequest:
         """The SLM's request (Lines 1-2): P_s + the query, `<offload>` as a stop id with `offload_bias` on it."""
         bias = self.offload_bias if offload_bias is None else float(offload_bias)
         budget = self.max_tokens if max_tokens is None else int(max_tokens)
@@ -140,13 +159,25 @@ class CollaborateEngine:
         if top_p is not None:
             sampling["top_p"] = float(top_p)
         slm_msgs = _with_system(self.prompts.offload_system, self.messages(question))
-        return GenRequest(messages=slm_msgs, max_tokens=budget, stop_token_ids=[self.offload_id],
-                          logit_bias={self.offload_id: bias} if bias else {}, **sampling)
+        return GenRequest(
+            messages=slm_msgs,
+            max_tokens=budget,
+            stop_token_ids=[self.offload_id],
+            logit_bias={self.offload_id: bias} if bias else {},
+            **sampling,
+        )
 
     # ---- Algorithm 1 ---------------------------------------------------------------------------------------
-    async def stream(self, question: str | list[dict], offload_bias: float | None = None,
-                     max_tokens: int | None = None, temperature: float | None = None, top_p: float | None = None,
-                     seed: int | None = None, stop: list[str] | None = None) -> AsyncIterator[Event]:
+    async def stream(
+        self,
+        question: str | list[dict],
+        offload_bias: float | None = None,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        seed: int | None = None,
+        stop: list[str] | None = None,
+    ) -> AsyncIterator[Event]:
         t0 = time.perf_counter()
         messages = self.messages(question)
         # Lines 1-2, 9-10: SLM decoding; <offload> is a stop token id
@@ -187,12 +218,14 @@ class CollaborateEngine:
                 await asyncio.sleep(pol.backoff_s * 2 ** (attempt - 1))
             lreq = self.llm_request(messages, packed + llm_text, budget, sampling)
             got = GenChunk()
+            streamed = 0  # tokens received in this attempt (billed if the stream breaks before reporting usage)
             try:
                 async with contextlib.aclosing(self.llm.stream(lreq)) as it:
                     while True:
                         ch = await _next_within(it, pol.timeout_s)  # the timeout never spans a yield
                         if ch is None:
                             break
+                        streamed += len(ch.token_ids) or int(bool(ch.text))
                         if ch.text:
                             llm_text += ch.text
                             yield LLMDelta(ch.text)
@@ -203,14 +236,31 @@ class CollaborateEngine:
                 rep = getattr(e, "usage", None)
                 if isinstance(rep, GenChunk):
                     got = rep
-                msg = f"attempt {attempt + 1}: {type(e).__name__}: {e}" if str(e) else \
-                    f"attempt {attempt + 1}: {type(e).__name__} (no chunk within {pol.timeout_s}s)"
+                if got.completion_tokens is None and streamed:
+                    got = GenChunk(
+                        prompt_tokens=got.prompt_tokens or self._prompt_tokens(self.llm, lreq),
+                        completion_tokens=streamed,
+                        cached_tokens=got.cached_tokens,
+                    )
+                msg = (
+                    f"attempt {attempt + 1}: {type(e).__name__}: {e}"
+                    if str(e)
+                    else f"attempt {attempt + 1}: {type(e).__name__} (no chunk within {pol.timeout_s}s)"
+                )
                 errors.append(msg)
-                usage += Usage(llm_in=got.prompt_tokens or 0, llm_out=got.completion_tokens or 0,
-                               llm_cached_in=got.cached_tokens or 0, llm_calls=int(reached))
+                usage += Usage(
+                    llm_in=got.prompt_tokens or 0,
+                    llm_out=got.completion_tokens or 0,
+                    llm_cached_in=got.cached_tokens or 0,
+                    llm_calls=int(reached),
+                )
                 continue
-            usage += Usage(llm_in=got.prompt_tokens or 0, llm_out=got.completion_tokens or 0,
-                           llm_cached_in=got.cached_tokens or 0, llm_calls=1)
+            usage += Usage(
+                llm_in=got.prompt_tokens or 0,
+                llm_out=got.completion_tokens or 0,
+                llm_cached_in=got.cached_tokens or 0,
+                llm_calls=1,
+            )
             llm_finish = got.finish_reason or "stop"
             break
 
@@ -226,8 +276,13 @@ class CollaborateEngine:
             raise EngineError(f"the LLM failed {len(errors)} time(s): {errors[-1]}", done)
 
         # fallback: the SLM resumes from everything so far, <offload> banned
-        freq = GenRequest(messages=slm_msgs, prefix=slm_text + llm_text, max_tokens=max(budget - slm_out, 1),
-                          logit_bias={self.offload_id: BAN}, **sampling)
+        freq = GenRequest(
+            messages=slm_msgs,
+            prefix=slm_text + llm_text,
+            max_tokens=max(budget - slm_out, 1),
+            logit_bias={self.offload_id: BAN},
+            **sampling,
+        )
         fb_text, fin = "", GenChunk()
         async with contextlib.aclosing(self.slm.stream(freq)) as it:
             async for ch in it:
@@ -242,11 +297,26 @@ class CollaborateEngine:
         done.fallback, done.errors = True, errors
         yield done
 
-    def _done(self, slm_text: str, llm_text: str, usage: Usage, finish: str, handoff: int | None, bias: float,
-              t0: float) -> Done:
-        return Done(output=slm_text + llm_text, slm_text=slm_text, llm_text=llm_text, usage=usage,
-                    cost_usd=usage.cost(self.prices), finish_reason=finish, handoff=handoff, offload_bias=bias,
-                    latency_s=time.perf_counter() - t0)
+    @staticmethod
+    def _prompt_tokens(backend: Backend, req: GenRequest) -> int | None:
+        """Input tokens of a request that broke before the server reported usage, when the backend can count."""
+        count = getattr(backend, "prompt_ids", None)
+        return len(count(req)) if callable(count) else None
+
+    def _done(
+        self, slm_text: str, llm_text: str, usage: Usage, finish: str, handoff: int | None, bias: float, t0: float
+    ) -> Done:
+        return Done(
+            output=slm_text + llm_text,
+            slm_text=slm_text,
+            llm_text=llm_text,
+            usage=usage,
+            cost_usd=usage.cost(self.prices),
+            finish_reason=finish,
+            handoff=handoff,
+            offload_bias=bias,
+            latency_s=time.perf_counter() - t0,
+        )
 
     # ---- conveniences --------------------------------------------------------------------------------------
     async def arun(self, question: str | list[dict], **kw) -> Done:

@@ -191,3 +191,42 @@ def test_done_and_handoff_are_the_contract_types(engine):
 
 def kinds_ok(kinds: set) -> bool:
     return Handoff in kinds and Done in kinds and kinds <= {SLMDelta, Handoff, LLMDelta, Done}
+
+
+class CutAfter:
+    """TEST DOUBLE (fault injection): forwards the real LLM backend's stream, but the first call breaks after
+    `n` chunks without reporting usage, like a dropped connection; later calls pass through."""
+
+    def __init__(self, inner: HFBackend, n: int):
+        self.inner, self.n, self.calls, self.name = inner, n, 0, "cut-after"
+
+    def token_id(self, token: str):
+        return self.inner.token_id(token)
+
+    def prompt_ids(self, req: GenRequest) -> list[int]:
+        return self.inner.prompt_ids(req)
+
+    async def stream(self, req: GenRequest):
+        self.calls += 1
+        k = 0
+        async for ch in self.inner.stream(req):
+            if self.calls == 1 and k == self.n:
+                raise ConnectionResetError("injected: stream cut")
+            k += 1
+            yield ch
+
+    async def aclose(self) -> None:
+        pass
+
+
+def test_tokens_streamed_before_a_cut_are_billed(slm, llm):
+    cut = CutAfter(llm, n=3)
+    eng = CollaborateEngine(slm, cut, PROMPTS, PRICES, max_tokens=24, failure=FailurePolicy(backoff_s=0.0))
+    done = eng.run("7+8", offload_bias=1e4)  # hand off at once
+    assert cut.calls == 2 and done.usage.llm_calls == 2 and len(done.errors) == 1 and not done.fallback
+    ref = CollaborateEngine(slm, llm, PROMPTS, PRICES, max_tokens=24).run("7+8", offload_bias=1e4)
+    # the cut attempt sent the same prompt as `ref` and streamed 3 tokens: both are billed on top of the retry
+    # (whose prompt is longer by those 3 tokens)
+    assert done.usage.llm_in >= 2 * ref.usage.llm_in + 3
+    assert done.usage.llm_out >= 3 + 1
+    assert done.output.startswith(done.slm_text) and OFFLOAD_TOKEN not in done.output

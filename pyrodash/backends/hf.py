@@ -25,6 +25,7 @@ from pyrodash.backends.base import GenChunk, GenRequest, GenResult
 
 _END = object()
 _BIG = 1e9  # +-inf biases are clamped to this, so sampling stays finite
+_GREEDY_BELOW = 1e-5  # temperatures at or below this decode greedily
 
 
 class _Seq:
@@ -78,8 +79,9 @@ class _Seq:
 class HFBackend:
     """A local transformers causal LM behind the `Backend` protocol, plus batched generation."""
 
-    def __init__(self, model_or_path, tokenizer=None, device: str | None = None, dtype: str = "auto",
-                 name: str | None = None):
+    def __init__(
+        self, model_or_path, tokenizer=None, device: str | None = None, dtype: str = "auto", name: str | None = None
+    ):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         if isinstance(model_or_path, (str, Path)):
@@ -142,14 +144,19 @@ class HFBackend:
 
     def _forward(self, ids, mask, pos, cache) -> torch.Tensor:
         extra = {"logits_to_keep": 1} if self._keep_arg else {}  # no [B, L, V] logits for a long prompt
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True,
-                         **extra)
+        out = self.model(
+            input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True, **extra
+        )
         return out.logits[:, -1, :].float()
 
     @torch.inference_mode()
-    def _decode(self, prompts: list[list[int]], reqs: list[GenRequest],
-                emit: Callable[[int, GenChunk], None] | None = None, cancel: threading.Event | None = None
-                ) -> list[_Seq]:
+    def _decode(
+        self,
+        prompts: list[list[int]],
+        reqs: list[GenRequest],
+        emit: Callable[[int, GenChunk], None] | None = None,
+        cancel: threading.Event | None = None,
+    ) -> list[_Seq]:
         """Decode all sequences together (left padding). Per step: logit_bias added, greedy rows take the argmax,
         sampled rows the Gumbel-max of their temperature/top-p distribution with their own seeded generator (so a
         request samples the same tokens alone or in any batch); top-k logprobs are of the raw distribution."""
@@ -159,8 +166,8 @@ class HFBackend:
         ids = torch.full((bsz, width), self.pad_id, dtype=torch.long)
         mask = torch.zeros((bsz, width), dtype=torch.long)
         for i, p in enumerate(prompts):
-            ids[i, width - len(p):] = torch.tensor(p)
-            mask[i, width - len(p):] = 1
+            ids[i, width - len(p) :] = torch.tensor(p)
+            mask[i, width - len(p) :] = 1
         ids, mask = ids.to(dev), mask.to(dev)
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
         seqs = [_Seq(r, self.tokenizer, self.eos_ids, incremental=emit is not None) for r in reqs]
@@ -170,12 +177,14 @@ class HFBackend:
         gens: list[torch.Generator | None] = []
         for r in reqs:
             g = None
-            if r.temperature > 0:
+            if r.temperature > _GREEDY_BELOW:  # vanishing temperatures are greedy (as in vLLM), not inf/nan
                 g = torch.Generator(device=dev)
                 g.manual_seed(r.seed if r.seed is not None else int(torch.randint(0, 2**62, (1,))))
             gens.append(g)
         sampled = [i for i, g in enumerate(gens) if g is not None]
-        temps = torch.tensor([r.temperature if r.temperature > 0 else 1.0 for r in reqs], device=dev)[:, None]
+        temps = torch.tensor([r.temperature if r.temperature > _GREEDY_BELOW else 1.0 for r in reqs], device=dev)[
+            :, None
+        ]
         top_ps = torch.tensor([r.top_p for r in reqs], device=dev)[:, None]
         k_max = max(r.top_logprobs for r in reqs)
         cache = DynamicCache(config=self.model.config)
@@ -228,8 +237,14 @@ class HFBackend:
         return seqs
 
     def _final(self, s: _Seq, n_prompt: int) -> GenChunk:
-        return GenChunk(text=s.delta() if s.done else "", finish_reason=s.finish or "length", stop_token_id=s.stop_id,
-                        prompt_tokens=n_prompt, completion_tokens=len(s.all_ids), cached_tokens=None)
+        return GenChunk(
+            text=s.delta() if s.done else "",
+            finish_reason=s.finish or "length",
+            stop_token_id=s.stop_id,
+            prompt_tokens=n_prompt,
+            completion_tokens=len(s.all_ids),
+            cached_tokens=None,
+        )
 
     # ---- public API ----------------------------------------------------------------------------------------
     async def stream(self, req: GenRequest) -> AsyncIterator[GenChunk]:
@@ -284,10 +299,18 @@ class HFBackend:
             with self._lock:
                 seqs = self._decode(prompts, chunk)
             for p, s in zip(prompts, seqs):
-                results.append(GenResult(
-                    text=s.text, token_ids=list(s.all_ids), prompt_ids=p, finish_reason=s.finish or "length",
-                    stop_token_id=s.stop_id, prompt_tokens=len(p), completion_tokens=len(s.all_ids),
-                    top_logprobs=s.logprobs if s.req.top_logprobs > 0 else None))
+                results.append(
+                    GenResult(
+                        text=s.text,
+                        token_ids=list(s.all_ids),
+                        prompt_ids=p,
+                        finish_reason=s.finish or "length",
+                        stop_token_id=s.stop_id,
+                        prompt_tokens=len(p),
+                        completion_tokens=len(s.all_ids),
+                        top_logprobs=s.logprobs if s.req.top_logprobs > 0 else None,
+                    )
+                )
         return results
 
     def generate(self, req: GenRequest) -> GenResult:
