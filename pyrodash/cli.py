@@ -34,7 +34,9 @@ class CLIError(Exception):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="pyrodash", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="pyrodash", description="PyroDash: cost-aware, token-level SLM -> LLM collaboration (the Collaborate Engine)."
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module, help_text) in COMMANDS.items():
         if importlib.util.find_spec(module) is None:
