@@ -200,3 +200,18 @@ def test_quick_world_gap_and_hidden_difficulty():
     fw = info["first_wrong_step"]
     assert fw["n"] >= 20 and fw["frac_first_step"] < 0.2 and fw["frac_at_first_hard"] >= 0.5, fw
     assert info["llm_continue"] >= 0.75
+
+
+def test_pretraining_is_deterministic_in_or_out_of_process(tiny_world, tmp_path):
+    """Sequential (in-process) training gives bitwise the models the parallel build trained in two processes."""
+    from rich.progress import Progress
+
+    from pyrodash.world.build import train_models
+
+    for which in ("slm", "llm"):
+        (tmp_path / which).mkdir()
+    with Progress(disable=True) as progress:
+        train_models(tmp_path, TINY, 3, progress, parallel=False)
+    for which in ("slm", "llm"):
+        assert (tmp_path / which / "model.safetensors").read_bytes() == (
+            tiny_world / which / "model.safetensors").read_bytes()

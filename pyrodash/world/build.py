@@ -99,17 +99,106 @@ def build_world(out_dir: str | Path | None = None, quick: bool = False, seed: in
     return world_dir
 
 
-def run_build(world_dir: Path, cfg: WorldConfig, seed: int, verbose: bool = True) -> dict:
-    """Generate the splits, pretrain both models, measure them, and write everything to `world_dir`."""
+def _pretrain_child(which: str, cfg_dict: dict, seed: int, out_dir: str, queue) -> None:
+    """Entry point of the child process that trains one model (single-threaded) and saves it."""
     import torch
+
+    from pyrodash.world.pretrain import pretrain, save_model
+
+    torch.set_num_threads(1)
+    try:
+        def report(step: int, loss: float) -> None:
+            if step % 10 == 0:
+                queue.put(("step", step, loss))
+
+        model, losses = pretrain(which, WorldConfig.from_dict(cfg_dict), seed, on_step=report)
+        save_model(model, out_dir)
+        queue.put(("done", losses))
+    except BaseException as e:  # report to the parent, which raises
+        queue.put(("error", f"{type(e).__name__}: {e}"))
+        raise
+
+
+def train_models(world_dir: Path, cfg: WorldConfig, seed: int, progress, parallel: bool) -> tuple[dict, dict]:
+    """Pretrain both models single-threaded (bitwise the same whichever way they run), the SLM in a child process
+    while this one trains the LLM when `parallel`; save them; return (losses, seconds) per model."""
+    import multiprocessing as mp
+    import queue as queue_mod
+
+    from pyrodash.world.pretrain import pretrain, save_model
+
+    losses: dict[str, list[float]] = {}
+    seconds: dict[str, float] = {}
+    if not parallel:
+        for which in ("slm", "llm"):
+            t = time.time()
+            model, losses[which] = pretrain(which, cfg, seed, progress)
+            save_model(model, world_dir / which)
+            seconds[which] = round(time.time() - t, 1)
+        return losses, seconds
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    t = time.time()
+    child = ctx.Process(target=_pretrain_child, args=("slm", cfg.to_dict(), seed, str(world_dir / "slm"), q))
+    child.start()
+    bar = progress.add_task("pretrain slm (child process)", total=cfg.slm.train_steps)
+    state: dict = {}
+
+    def drain(block: bool = False) -> None:
+        while "done" not in state:
+            try:
+                msg = q.get(timeout=1.0) if block else q.get_nowait()
+            except queue_mod.Empty:
+                if block and not child.is_alive():
+                    raise RuntimeError(f"SLM pretraining process died (exit code {child.exitcode})") from None
+                if not block:
+                    return
+                continue
+            if msg[0] == "step":
+                progress.update(bar, completed=msg[1], description=f"pretrain slm loss {msg[2]:.3f}")
+            elif msg[0] == "done":
+                state["done"] = msg[1]
+                seconds["slm"] = round(time.time() - t, 1)
+            else:
+                raise RuntimeError(f"SLM pretraining failed: {msg[1]}")
+
+    try:
+        model, losses["llm"] = pretrain("llm", cfg, seed, progress, on_step=lambda step, loss: drain())
+        save_model(model, world_dir / "llm")
+        seconds["llm"] = round(time.time() - t, 1)
+        drain(block=True)
+        progress.update(bar, completed=cfg.slm.train_steps)
+    finally:
+        child.join(timeout=60)
+        if child.is_alive():
+            child.terminate()
+    losses["slm"] = state["done"]
+    return losses, seconds
+
+
+def run_build(world_dir: Path, cfg: WorldConfig, seed: int, verbose: bool = True,
+              parallel: bool | None = None) -> dict:
+    """Generate the splits, pretrain both models, measure them, and write everything to `world_dir`.
+    Training and evaluation are single-threaded per model (deterministic, and robust to a busy machine); with 2+
+    cores the two models train in parallel processes."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _run_build(world_dir, cfg, seed, verbose, (os.cpu_count() or 1) >= 2 if parallel is None else parallel)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _run_build(world_dir: Path, cfg: WorldConfig, seed: int, verbose: bool, parallel: bool) -> dict:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from transformers import AutoModelForCausalLM
 
     from pyrodash.prompts import get_prompts
     from pyrodash.world.evaluate import evaluate_continue, evaluate_split, first_wrong_distribution
-    from pyrodash.world.pretrain import pretrain, save_model
 
     t0 = time.time()
-    torch.manual_seed(seed)
     world_dir.mkdir(parents=True, exist_ok=True)
     (world_dir / "world.json").unlink(missing_ok=True)  # a half-built world is never mistaken for a built one
     splits = make_splits(cfg, seed)
@@ -117,15 +206,12 @@ def run_build(world_dir: Path, cfg: WorldConfig, seed: int, verbose: bool = True
     timings: dict[str, float] = {}
     acc: dict[str, dict[str, float]] = {"slm": {}, "llm": {}}
     slm_out: dict[str, tuple[list[str], list[bool]]] = {}
-    losses = {}
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, disable=not verbose, transient=False) as progress:
-        models = {}
-        for which in ("slm", "llm"):
-            t = time.time()
-            models[which], losses[which] = pretrain(which, cfg, seed, progress)
-            save_model(models[which], world_dir / which)
-            timings[f"pretrain_{which}"] = round(time.time() - t, 1)
+        t = time.time()
+        losses, seconds = train_models(world_dir, cfg, seed, progress, parallel)
+        timings.update({f"pretrain_{w}": s for w, s in seconds.items()}, pretrain_wall=round(time.time() - t, 1))
+        models = {w: AutoModelForCausalLM.from_pretrained(str(world_dir / w)).eval() for w in ("slm", "llm")}
         t = time.time()
         for which in ("slm", "llm"):
             for name in TIER_SPLITS:
@@ -159,7 +245,7 @@ def run_build(world_dir: Path, cfg: WorldConfig, seed: int, verbose: bool = True
         "losses": losses,
         "timings": timings,
         "build_seconds": round(time.time() - t0, 1),
-        "threads": torch.get_num_threads(),
+        "parallel_pretraining": parallel,
     }
     tmp = world_dir / "world.json.tmp"
     tmp.write_text(json.dumps(info, indent=1))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -95,8 +95,10 @@ def use_bf16(spec: ModelSpec) -> bool:
     return spec.hidden_size >= 96
 
 
-def pretrain(which: str, cfg: WorldConfig, seed: int, progress=None) -> tuple[object, list[float]]:
-    """Train `which` from scratch; returns (model in eval mode, loss every 50 steps)."""
+def pretrain(which: str, cfg: WorldConfig, seed: int, progress=None,
+             on_step: Callable[[int, float], None] | None = None) -> tuple[object, list[float]]:
+    """Train `which` from scratch; returns (model in eval mode, mean loss of every 50 steps). `progress` is a rich
+    Progress to draw a bar on; `on_step(step, loss)` is called after every step (cross-process progress)."""
     from transformers import Qwen3ForCausalLM
 
     spec = cfg.slm if which == "slm" else cfg.llm
@@ -121,12 +123,15 @@ def pretrain(which: str, cfg: WorldConfig, seed: int, progress=None) -> tuple[ob
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        running += loss.item()
+        value = loss.item()
+        running += value
         if (step + 1) % 50 == 0:
             losses.append(round(running / 50, 4))
             running = 0.0
         if task is not None:
-            progress.update(task, advance=1, description=f"pretrain {which} loss {loss.item():.3f}")
+            progress.update(task, advance=1, description=f"pretrain {which} loss {value:.3f}")
+        if on_step is not None:
+            on_step(step + 1, value)
     model.eval()
     return model, losses
 
