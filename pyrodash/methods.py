@@ -309,7 +309,10 @@ def build_methods(cfg, env: Env, backends: Backends | None = None, load_examples
                 name = f"pyrodash@{knob(lam)}+bias{knob(b)}"
                 out[name] = PyroDash(name, be.get(lam_specs[lam]), model("llm"), env, offload_bias=float(b))
         elif kind == "glimprouter":
-            for tau in opt.get("taus", [0.9]):
+            taus = [float(t) for t in opt.get("taus", [] if opt.get("step_shares") else [0.9])]
+            if opt.get("step_shares"):
+                taus += calibrate_glimprouter(opt, env, model("slm"), Path(cfg.run_dir), load_examples)
+            for tau in taus:
                 name = f"glimprouter@{knob(tau)}"
                 out[name] = GlimpRouter(name, model("slm"), model("llm"), env, float(tau), int(opt.get("top_k", 20)))
         elif kind == "routellm":
@@ -318,6 +321,32 @@ def build_methods(cfg, env: Env, backends: Backends | None = None, load_examples
             raise ValueError(f"unknown method {kind!r}: use slm, slm+sft, llm, pyrodash, pyrodash_bias, routellm, "
                              "glimprouter")
     return out
+
+
+def calibrate_glimprouter(opt: dict, env: Env, slm, run_dir: Path, load_examples) -> list[float]:
+    """τ values that hand a target share of steps to the LLM (`step_shares`), from the SLM's first-token entropies
+    at the step boundaries of its own answers on the training pool (no labels: GlimpRouter stays training-free).
+    Cached in RUN_DIR/glimprouter/taus.json."""
+    import json
+
+    from pyrodash.routing.routellm_mf import calibrate_alpha
+
+    spec = {k: opt.get(k) for k in ("train", "train_limit", "step_shares", "top_k")}
+    path = run_dir / "glimprouter" / "taus.json"
+    if path.exists() and json.loads(path.read_text()).get("spec") == spec:
+        return json.loads(path.read_text())["taus"]
+    if not opt.get("train") or load_examples is None:
+        raise ValueError("glimprouter step_shares needs train: <benchmark> (e.g. world:train) to calibrate τ on")
+    pool = load_examples(opt["train"], opt.get("train_limit"))
+    greedy = {"temperature": 0.0, "top_p": 1.0, "seed": None}
+    probe = GlimpRouter("probe", slm, slm, env, float("inf"), int(opt.get("top_k", 20)))
+    ents = [h for r in probe([(ex, greedy) for ex in pool]) for h in r["entropies"]]
+    taus = [calibrate_alpha(ents, float(s)) for s in opt["step_shares"]]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"spec": spec, "taus": taus, "n_steps": len(ents),
+                                "entropy_quantiles": {str(q): sorted(ents)[int(q * (len(ents) - 1))]
+                                                      for q in (0.1, 0.5, 0.9, 0.99)}}, indent=2) + "\n")
+    return taus
 
 
 def _encoder(spec, slm, be: Backends):

@@ -289,6 +289,12 @@ def baseline_notes(run_dir: Path, runs: dict[str, list[dict]]) -> list[str]:
         a = json.loads(aj.read_text())
         lines.append(f"- RouteLLM-MF α: {a.get('alphas')} (calibrated to target LLM shares {a.get('shares')} on the "
                      "training pool)")
+    gj = run_dir / "glimprouter" / "taus.json"
+    if gj.exists():
+        g = json.loads(gj.read_text())
+        lines.append(f"- GlimpRouter τ calibrated to step shares {g['spec']['step_shares']}: {g['taus']} (SLM "
+                     f"first-token entropy quantiles over {g['n_steps']} training-pool steps: "
+                     f"{g['entropy_quantiles']})")
     for n, rs in runs.items():
         fam = parse_method(n)[0]
         if fam == "routellm":

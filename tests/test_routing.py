@@ -154,3 +154,23 @@ def test_routellm_routes_whole_queries(models):
         assert r["route"] == route and r["output"] == solo[route][i]["output"]
         assert r["llm_calls"] == (route == "llm")
     assert {r["route"] for r in out} == {"slm", "llm"}
+
+
+def test_glimprouter_tau_calibrated_to_step_shares(models, tmp_path):
+    from types import SimpleNamespace
+
+    from pyrodash.methods import Backends, build_methods
+
+    slm, llm = models
+    be = Backends()
+    be._cache = {repr("s"): slm, repr("l"): llm}
+    cfg = SimpleNamespace(models={"slm": "s", "llm": "l"}, run_dir=str(tmp_path),
+                          methods=[{"glimprouter": {"taus": [0.9], "train": "pool", "step_shares": [0.5]}}])
+    ms = build_methods(cfg, env(), be, load_examples=lambda name, limit: EXS)
+    taus = sorted(m.tau for m in ms.values())
+    assert len(ms) == 2 and 0.9 in taus
+    tau = next(t for t in taus if t != 0.9)
+    probe = _glimp(models, [(PROMPTS.plain_messages(ex.question), GREEDY) for ex in EXS], float("inf"), "\n\n")
+    ents = [h for r in probe for h in r["entropies"]]
+    assert sum(h >= tau for h in ents) == round(0.5 * len(ents))
+    assert (tmp_path / "glimprouter" / "taus.json").exists()
