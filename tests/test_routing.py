@@ -174,3 +174,17 @@ def test_glimprouter_tau_calibrated_to_step_shares(models, tmp_path):
     ents = [h for r in probe for h in r["entropies"]]
     assert sum(h >= tau for h in ents) == round(0.5 * len(ents))
     assert (tmp_path / "glimprouter" / "taus.json").exists()
+
+
+def test_routellm_needs_decided_pairs(models, tmp_path):
+    from types import SimpleNamespace
+
+    from pyrodash.methods import Backends, build_methods
+
+    slm, llm = models
+    be = Backends()
+    be._cache = {repr("s"): slm, repr("l"): llm}
+    cfg = SimpleNamespace(models={"slm": "s", "llm": "l"}, run_dir=str(tmp_path),
+                          methods=[{"routellm": {"train": "pool", "shares": [0.5]}}])
+    with pytest.raises(ValueError, match="both LLM wins and SLM wins"):  # random models: every pair is a tie
+        build_methods(cfg, env(), be, load_examples=lambda name, limit: EXS)
