@@ -274,9 +274,15 @@ def test_pipeline_on_quick_world(tmp_path):
     assert offload_token_id(__import__("transformers").AutoTokenizer.from_pretrained(s3)) == tid
     assert "heldout" in st3 and 0 <= st3["heldout"]["llm_calls_per_example"] <= 1
 
-    # a second λ reuses the cached Cost_base; --resume picks up the last checkpoint
-    s3b = run_stage3(recipe, out, lam=0.6)
-    st3b = json.loads((s3b / "stage3_stats.json").read_text())
+    # the CLI: a sweep over a second λ reuses the cached Cost_base; --resume picks up the last checkpoint
+    from pyrodash.cli import main
+
+    cli = ["--config", str(ROOT / "configs" / "world" / "quick.yaml"), "--output-dir", str(out)]
+    assert main(["train", "stage3", "--lambdas", "0.6", *cli]) == 0
+    sweep = json.loads((out / "stage3-sweep.json").read_text())
+    st3b = sweep["runs"]["0.6"]
     assert st3b["cost_base_computed"] == 0 and st3b["cost_base_cached"] == st3["prompts"]
-    resumed = json.loads((run_stage3(recipe, out, lam=0.6, resume=True) / "stage3_stats.json").read_text())
+    assert sweep["slm_sft_accuracy"] == rates["accuracy_without_ps"] and len(sweep["table"]) == 1
+    assert main(["train", "stage3", "--lambda", "0.6", "--resume", *cli]) == 0
+    resumed = json.loads((out / "stage3-lambda0.6" / "stage3_stats.json").read_text())
     assert resumed["resumed_from"] and resumed["resumed_from"].endswith(f"checkpoint-{st3b['steps']}")

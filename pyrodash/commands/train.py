@@ -62,7 +62,10 @@ def run(args: argparse.Namespace) -> int:
         from pyrodash.train.stage3 import run_sweep
 
         out = run_sweep(recipe, args.output_dir, args.lambdas, resume=args.resume)
-        print(out.read_text())
+        summary = json.loads(out.read_text())
+        print(f"SLM+SFT accuracy (held-out, no P_s): {summary.get('slm_sft_accuracy')}")
+        for row in summary["table"]:
+            print("  ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()))
     else:
         from pyrodash.train.stage3 import run_stage3
 

@@ -22,6 +22,7 @@ A recipe YAML:
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -197,6 +198,20 @@ class Recipe:
         return d
 
 
+class _Loader(yaml.SafeLoader):
+    """YAML 1.1 reads `1e-5` (no dot) as a string; recipes mean a float."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)\.?[0-9_]*(?:[eE][-+]?[0-9]+)$|^[-+]?(?:[0-9][0-9_]*)?\.[0-9_]+$"),
+    list("-+0123456789."))
+
+
+def load_yaml(text: str):
+    return yaml.load(text, Loader=_Loader)
+
+
 def _has_gpu() -> bool:
     import torch
 
@@ -208,7 +223,7 @@ def load_recipe(path: str | Path, overrides: dict | None = None) -> Recipe:
     p = Path(path)
     if not p.exists():
         raise ValueError(f"config {path} not found; try configs/world/quick.yaml or configs/paper/*.yaml")
-    data = yaml.safe_load(p.read_text()) or {}
+    data = load_yaml(p.read_text()) or {}
     if not isinstance(data, dict):
         raise ValueError(f"{p}: a recipe is a YAML mapping with keys {sorted(TOP_KEYS)}")
     for key, value in (overrides or {}).items():

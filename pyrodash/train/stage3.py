@@ -161,9 +161,20 @@ def run_sweep(recipe, out_dir: str | Path, lambdas: list[float], resume: bool = 
     rates = Path(out_dir) / "stage2" / "offload_rates.json"
     if rates.exists():
         summary["stage2"] = json.loads(rates.read_text())
+    sft_acc = (summary.get("stage2") or {}).get("accuracy_without_ps")
+    table = []
     for lam in lambdas:
         out = run_stage3(recipe, out_dir, lam=lam, resume=resume)
-        summary["runs"][f"{lam:g}"] = json.loads((out / "stage3_stats.json").read_text())
+        stats = json.loads((out / "stage3_stats.json").read_text())
+        summary["runs"][f"{lam:g}"] = stats
+        held = stats.get("heldout") or {}
+        table.append({"lambda": lam, "accuracy": held.get("accuracy"), "offload_rate": held.get("offload_rate"),
+                      "llm_calls_per_example": held.get("llm_calls_per_example"),
+                      "cost_usd_per_example": held.get("cost_usd_per_example"),
+                      "train_llm_calls_per_rollout": stats["llm_handoff_calls"] / max(1, stats["rollouts"]),
+                      "beats_slm_sft": None if sft_acc is None or not held else held["accuracy"] > sft_acc})
+    summary["table"] = table
+    summary["slm_sft_accuracy"] = sft_acc
     path = Path(out_dir) / "stage3-sweep.json"
     path.write_text(json.dumps(summary, indent=2))
     return path
