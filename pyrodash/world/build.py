@@ -106,6 +106,7 @@ def _pretrain_child(which: str, cfg_dict: dict, seed: int, out_dir: str, queue) 
     from pyrodash.world.pretrain import pretrain, save_model
 
     torch.set_num_threads(1)
+    cpu = time.process_time()
     try:
         def report(step: int, loss: float) -> None:
             if step % 10 == 0:
@@ -113,7 +114,7 @@ def _pretrain_child(which: str, cfg_dict: dict, seed: int, out_dir: str, queue) 
 
         model, losses = pretrain(which, WorldConfig.from_dict(cfg_dict), seed, on_step=report)
         save_model(model, out_dir)
-        queue.put(("done", losses))
+        queue.put(("done", losses, round(time.process_time() - cpu, 1)))
     except BaseException as e:  # report to the parent, which raises
         queue.put(("error", f"{type(e).__name__}: {e}"))
         raise
@@ -121,7 +122,8 @@ def _pretrain_child(which: str, cfg_dict: dict, seed: int, out_dir: str, queue) 
 
 def train_models(world_dir: Path, cfg: WorldConfig, seed: int, progress, parallel: bool) -> tuple[dict, dict]:
     """Pretrain both models single-threaded (bitwise the same whichever way they run), the SLM in a child process
-    while this one trains the LLM when `parallel`; save them; return (losses, seconds) per model."""
+    while this one trains the LLM when `parallel`; save them; return (losses, seconds) per model. `seconds` has
+    wall time and CPU time (`cpu_slm`, `cpu_llm`: what a model costs on an idle core, whatever the load)."""
     import multiprocessing as mp
     import queue as queue_mod
 
@@ -131,14 +133,14 @@ def train_models(world_dir: Path, cfg: WorldConfig, seed: int, progress, paralle
     seconds: dict[str, float] = {}
     if not parallel:
         for which in ("slm", "llm"):
-            t = time.time()
+            t, cpu = time.time(), time.process_time()
             model, losses[which] = pretrain(which, cfg, seed, progress)
             save_model(model, world_dir / which)
-            seconds[which] = round(time.time() - t, 1)
+            seconds[which], seconds[f"cpu_{which}"] = round(time.time() - t, 1), round(time.process_time() - cpu, 1)
         return losses, seconds
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    t = time.time()
+    t, cpu = time.time(), time.process_time()
     child = ctx.Process(target=_pretrain_child, args=("slm", cfg.to_dict(), seed, str(world_dir / "slm"), q))
     child.start()
     bar = progress.add_task("pretrain slm (child process)", total=cfg.slm.train_steps)
@@ -158,14 +160,14 @@ def train_models(world_dir: Path, cfg: WorldConfig, seed: int, progress, paralle
                 progress.update(bar, completed=msg[1], description=f"pretrain slm loss {msg[2]:.3f}")
             elif msg[0] == "done":
                 state["done"] = msg[1]
-                seconds["slm"] = round(time.time() - t, 1)
+                seconds["slm"], seconds["cpu_slm"] = round(time.time() - t, 1), msg[2]
             else:
                 raise RuntimeError(f"SLM pretraining failed: {msg[1]}")
 
     try:
         model, losses["llm"] = pretrain("llm", cfg, seed, progress, on_step=lambda step, loss: drain())
         save_model(model, world_dir / "llm")
-        seconds["llm"] = round(time.time() - t, 1)
+        seconds["llm"], seconds["cpu_llm"] = round(time.time() - t, 1), round(time.process_time() - cpu, 1)
         drain(block=True)
         progress.update(bar, completed=cfg.slm.train_steps)
     finally:
@@ -211,6 +213,7 @@ def _run_build(world_dir: Path, cfg: WorldConfig, seed: int, verbose: bool, para
         t = time.time()
         losses, seconds = train_models(world_dir, cfg, seed, progress, parallel)
         timings.update({f"pretrain_{w}": s for w, s in seconds.items()}, pretrain_wall=round(time.time() - t, 1))
+        cpu = time.process_time()
         models = {w: AutoModelForCausalLM.from_pretrained(str(world_dir / w)).eval() for w in ("slm", "llm")}
         t = time.time()
         for which in ("slm", "llm"):
@@ -225,7 +228,7 @@ def _run_build(world_dir: Path, cfg: WorldConfig, seed: int, verbose: bool, para
         cont_set = [ex for name in TIER_SPLITS for ex in splits[name][:per_tier]][: cfg.n_continue]
         llm_continue = evaluate_continue(models["llm"], cont_set, get_prompts("world-v1").completion_system, seed,
                                          cfg.eval_batch_size, progress)
-        timings["evaluate"] = round(time.time() - t, 1)
+        timings["evaluate"], timings["cpu_evaluate"] = round(time.time() - t, 1), round(time.process_time() - cpu, 1)
     tests = [ex for name in TIER_SPLITS for ex in splits[name]]
     outs = [o for name in TIER_SPLITS for o in slm_out[name][0]]
     oks = [c for name in TIER_SPLITS for c in slm_out[name][1]]
