@@ -106,10 +106,12 @@ def _pretrain_child(which: str, cfg_dict: dict, seed: int, out_dir: str, queue) 
     from pyrodash.world.pretrain import pretrain, save_model
 
     torch.set_num_threads(1)
-    cpu = time.process_time()
+    cpu, parent = time.process_time(), os.getppid()
     try:
         def report(step: int, loss: float) -> None:
             if step % 10 == 0:
+                if os.getppid() != parent:  # the build was killed: do not train on as an orphan
+                    raise SystemExit(1)
                 queue.put(("step", step, loss))
 
         model, losses = pretrain(which, WorldConfig.from_dict(cfg_dict), seed, on_step=report)
