@@ -35,7 +35,7 @@ def print_table2(run_dir: str | Path, console) -> None:
     summary = json.loads((Path(run_dir) / "summary.json").read_text())["methods"]
     t = Table(title="Table 2 (from stored records)")
     for col in ("Method", "Avg. Acc. (%)", "LLM Token Ratio (%)", "Avg. LLM Calls", "Cost ($)", "Cost / LLM"):
-        t.add_column(col, justify="left" if col == "Method" else "right")
+        t.add_column(col, justify="left" if col == "Method" else "right", no_wrap=col == "Method")
     for name, m in summary.items():
         norm = m.get("cost_normalized")
         t.add_row(name, f"{100 * m['accuracy']:.2f}", f"{100 * m['llm_token_ratio']:.2f}", f"{m['llm_calls']:.3f}",
