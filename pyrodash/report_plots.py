@@ -26,6 +26,10 @@ def series(ms: dict[str, Metrics]) -> dict[str, list[tuple[float, Metrics]]]:
                             "pyrodash": "PyroDash (λ)"}[fam], []).append((knob, m))
         else:
             out[name] = [(0.0, m)]
+    for name, m in ms.items():  # a bias sweep starts from its policy at bias 0
+        fam, knob, bias = parse_method(name)
+        if fam == "pyrodash" and bias is None and f"pyrodash@{knob:g} bias sweep" in out:
+            out[f"pyrodash@{knob:g} bias sweep"].append((0.0, m))
     return {k: sorted(v, key=lambda x: x[0]) for k, v in out.items()}
 
 
