@@ -53,7 +53,7 @@ def example_stream(which: str, cfg: WorldConfig, seed: int) -> Iterator[tuple[li
     systems = [prompts.offload_system, prompts.completion_system]
     rng = random.Random(f"world-pretrain-{seed}-{which}")
     while True:
-        tier = rng.choice(cfg.tiers)
+        tier = rng.choice(cfg.pretrain_tiers)
         if which == "slm":
             p = sample_known_problem(rng, tier, table, known, cfg.max_addend)
         else:
