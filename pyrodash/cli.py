@@ -35,7 +35,7 @@ class CLIError(Exception):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="pyrodash", description="PyroDash: cost-aware, token-level SLM -> LLM collaboration (the Collaborate Engine)."
+        prog="pyrodash", description="PyroDash: cost-aware, token-level SLM -> LLM collaboration."
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module, help_text) in COMMANDS.items():
