@@ -4,8 +4,8 @@
     path = tiny_model_dir(tmp_path / "slm", seed=0)            # random Qwen3ForCausalLM + char tokenizer + <offload>
     backend = HFBackend(path)
 
-The tokenizer is character level (printable ASCII, newline, tab; built with `tokenizers`), has a Qwen-style chat
-template, `<|im_end|>` as EOS and `<|endoftext|>` as padding. The model is a randomly initialised two-layer
+The tokenizer is the built-in world's character-level one (pyrodash.world.tokenizer: Qwen-style chat template,
+`<|im_end|>` as EOS and `<|endoftext|>` as padding). The model is a randomly initialised two-layer
 `Qwen3ForCausalLM` (hidden size 32) with `<offload>` added by `pyrodash.tokens.add_offload_token`. Building and
 saving one takes well under a second on a CPU; `tiny_model_dir` caches by (seed, offload, tied) per process.
 Importing this module sets torch to one intra-op thread: tiny matrices decode ~10x faster that way on a shared CPU.
@@ -15,15 +15,6 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-
-IM_START, IM_END, PAD, UNK = "<|im_start|>", "<|im_end|>", "<|endoftext|>", "<|unk|>"
-CHARS = "\n\t" + "".join(chr(c) for c in range(32, 127))
-CHAT_TEMPLATE = (
-    "{%- for message in messages -%}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' -}}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
-)
 
 _CACHE: dict[tuple, Path] = {}
 
@@ -36,22 +27,10 @@ except ImportError:  # pragma: no cover
 
 
 def tiny_tokenizer():
-    """A character-level `PreTrainedTokenizerFast` with a chat template (no `<offload>` yet)."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
+    """The built-in world's character-level tokenizer (`pyrodash.world.tokenizer`), without `<offload>`."""
+    from pyrodash.world.tokenizer import build_tokenizer
 
-    specials = (PAD, IM_START, IM_END, UNK)
-    vocab = {t: i for i, t in enumerate(specials + tuple(CHARS))}
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
-    tok.decoder = decoders.Fuse()
-    tok.add_special_tokens(list(specials))
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, eos_token=IM_END, pad_token=PAD, unk_token=UNK, additional_special_tokens=[IM_START],
-        model_max_length=2048, padding_side="left", clean_up_tokenization_spaces=False,
-    )
-    fast.chat_template = CHAT_TEMPLATE
-    return fast
+    return build_tokenizer()
 
 
 def tiny_model(seed: int = 0, offload: bool = True, tied: bool = False, hidden: int = 32, layers: int = 2):
