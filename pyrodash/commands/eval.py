@@ -1,7 +1,7 @@
 """`pyrodash eval --config CFG [--run-dir DIR] [--limit N]`: methods x benchmarks into RUN_DIR/records/*.jsonl
 (resumable: re-run the same command after an interruption), then the summary table from the stored records.
 
-    pyrodash eval --config configs/eval/world.yaml
+    pyrodash eval --config configs/eval/world-quick.yaml
 """
 
 from __future__ import annotations

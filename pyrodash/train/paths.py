@@ -41,21 +41,21 @@ def resolve_world(recipe: Recipe, build: bool = True) -> Path | None:
 
 
 def slm_spec(recipe: Recipe, build: bool = True) -> str:
-    if recipe.slm:
-        return recipe.slm
-    wdir = resolve_world(recipe, build=build)
-    if wdir is None:
-        raise ValueError("the recipe names no `slm` and no `world`")
-    return str(wdir / "slm")
+    return _model_spec(recipe, "slm", build)
 
 
 def llm_spec(recipe: Recipe, build: bool = True) -> Any:
-    if recipe.llm:
-        return recipe.llm
+    return _model_spec(recipe, "llm", build)
+
+
+def _model_spec(recipe: Recipe, role: str, build: bool) -> Any:
+    """The recipe's own `slm`/`llm` backend spec, else that model of the recipe's world (built if missing)."""
+    if getattr(recipe, role):
+        return getattr(recipe, role)
     wdir = resolve_world(recipe, build=build)
     if wdir is None:
-        raise ValueError("the recipe names no `llm` and no `world`")
-    return str(wdir / "llm")
+        raise ValueError(f"the recipe names no `{role}` and no `world`")
+    return str(wdir / role)
 
 
 def require(path: Path, what: str, hint: str) -> Path:
