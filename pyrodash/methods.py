@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from pyrodash.backends.base import GenChunk, GenRequest
@@ -101,6 +101,10 @@ class Env:
     max_tokens: int = 256
     batch_size: int = 16
     concurrency: int = 8
+    # Solo answers by backend and request, shared by every method that needs the same one: RouteLLM's chosen model
+    # answers exactly as `slm`/`llm` do (same model, same prompt, same decoding), as RouteLLM's own evaluation reuses
+    # stored model answers. Each entry keeps the per-item latency of the batch that produced it.
+    solo_memo: dict = field(default_factory=dict)
 
 
 class Solo(Method):
@@ -116,9 +120,9 @@ class Solo(Method):
         return [GenRequest(messages=self.env.prompts.plain_messages(ex.question), max_tokens=self.env.max_tokens,
                            logit_bias=dict(ban), **s) for ex, s in items]
 
-    def records(self, gens: list[Gen]) -> list[dict]:
+    def records(self, gens: list[Gen], latencies: list[float | None] | None = None) -> list[dict]:
         out = []
-        for g in gens:
+        for i, g in enumerate(gens):
             if self.role == "slm":
                 u = Usage(slm_in=g.prompt_tokens, slm_out=g.completion_tokens)
             else:
@@ -126,10 +130,25 @@ class Solo(Method):
                           llm_calls=1)
             out.append({"output": g.text, "usage": u.to_dict(), "llm_calls": u.llm_calls, "handoff": None,
                         "finish_reason": g.finish_reason, "segments": [{"model": self.role, "text": g.text}]})
+            if latencies and latencies[i] is not None:  # an answer generated earlier for another method
+                out[-1].update(latency_s=latencies[i], reused_answer=True)
         return out
 
     def __call__(self, items: list[Item]) -> list[dict]:
-        return self.records(generate(self.backend, self.requests(items), self.env.batch_size, self.env.concurrency))
+        reqs = self.requests(items)
+        keys = [(id(self.backend), repr(r)) for r in reqs]
+        memo = self.env.solo_memo
+        todo = [i for i, k in enumerate(keys) if k not in memo]
+        fresh = {}
+        if todo:
+            t0 = time.perf_counter()
+            gens = generate(self.backend, [reqs[i] for i in todo], self.env.batch_size, self.env.concurrency)
+            dt = (time.perf_counter() - t0) / len(todo)
+            for i, g in zip(todo, gens, strict=True):
+                memo[keys[i]] = (g, dt)
+                fresh[i] = g
+        gens = [fresh.get(i) or memo[k][0] for i, k in enumerate(keys)]
+        return self.records(gens, [None if i in fresh else memo[k][1] for i, k in enumerate(keys)])
 
 
 class PyroDash(Method):

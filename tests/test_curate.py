@@ -26,7 +26,7 @@ SOLUTION = "47+35=82\n\nf(82)=19\n\n19+12=31\n\nf(31)=64\n\n\\boxed{64}"
 def world_examples(n: int, seed: int = 0):
     from pyrodash.world.task import make_known, make_split, make_table
 
-    table, known = make_table(seed), make_known(seed, 0.65)
+    table, known = make_table(seed), make_known(0.65)
     return make_split(seed, "unit", n, [1, 2, 3, 4], table, known)
 
 

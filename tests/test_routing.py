@@ -148,12 +148,17 @@ def test_routellm_routes_whole_queries(models):
     wins = router.win_rate(embed([ex.question for ex in EXS]))
     alpha = sorted(wins)[len(wins) // 2]
     out = RouteLLM("routellm@x", router, alpha, embed, s, l_)(items)
-    solo = {"slm": s(items), "llm": l_(items)}
+    fresh = env()  # answers generated anew, not taken from the memo the router's models filled
+    solo = {"slm": Solo("slm", slm, "slm", fresh)(items), "llm": Solo("llm", llm, "llm", fresh)(items)}
     for i, (r, w) in enumerate(zip(out, wins)):
         route = "llm" if w >= alpha else "slm"
         assert r["route"] == route and r["output"] == solo[route][i]["output"]
-        assert r["llm_calls"] == (route == "llm")
+        assert r["usage"] == solo[route][i]["usage"] and r["llm_calls"] == (route == "llm")
     assert {r["route"] for r in out} == {"slm", "llm"}
+    # the SLM-only method run after the router reuses the answers the router's SLM share already produced
+    again = s(items)
+    assert [r.get("reused_answer", False) for r in again] == [w < alpha for w in wins]
+    assert [r["output"] for r in again] == [r["output"] for r in solo["slm"]]
 
 
 def test_glimprouter_tau_calibrated_to_step_shares(models, tmp_path):

@@ -38,7 +38,7 @@ def world_examples(n: int, seed: int = 0):
     """World problems with their gold solutions; `hard` when a step needs an untaught lookup."""
     from pyrodash.world.task import make_known, make_split, make_table
 
-    table, known = make_table(seed), make_known(seed, 0.65)
+    table, known = make_table(seed), make_known(0.65)
     return make_split(seed, "unit", n, [1, 2, 3], table, known)
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from pyrodash.prompts import OFFLOAD_TOKEN, get_prompts
 from pyrodash.world.config import TIER_SPLITS, ModelSpec, WorldConfig
-from pyrodash.world.task import STEP_SEP, make_known, make_table, sample_known_problem, sample_problem, solve
+from pyrodash.world.task import STEP_SEP, make_known, make_table, sample_problem, solve, untaught_spans
 
 TINY = WorldConfig(
     n_test=4, n_train=12, n_val=6, n_continue=5, eval_batch_size=8, preset="tiny",
@@ -56,7 +56,7 @@ def test_solution_format_and_hard_steps():
     from pyrodash.grading import is_correct
     from pyrodash.world.task import to_example
 
-    table, known = make_table(0), make_known(0, 0.6)
+    table, known = make_table(0), make_known(0.6)
     rng = random.Random(0)
     for tier in (1, 3, 5):
         for _ in range(50):
@@ -72,9 +72,44 @@ def test_solution_format_and_hard_steps():
                 assert x not in known and i >= 1
             assert all(int(s[2 : s.index(")")]) in known for i, s in enumerate(steps)
                        if s.startswith("f(") and i not in ex.meta["hard_steps"])
-    for _ in range(50):  # the SLM's curriculum only ever needs known entries
-        p = sample_known_problem(rng, 4, table, known)
-        assert all(x in known for _, x in solve(p, table).lookups)
+
+
+def test_slm_pretraining_never_sees_untaught_lookup_results():
+    """The SLM's labels cover every character of the solution except the results of lookups outside its known
+    range; the LLM's cover all of them."""
+    from pyrodash.world.pretrain import example_stream
+    from pyrodash.world.evaluate import ID_TO_TOKEN
+
+    cfg = WorldConfig.from_preset("quick")
+    table, known = make_table(0), make_known(cfg.known_frac)
+    assert known == frozenset(range(65))
+    masked_some = 0
+    for which in ("slm", "llm"):
+        stream = example_stream(which, cfg, 0)
+        for _ in range(200):
+            ids, labels = next(stream)
+            start = next(i for i, t in enumerate(labels) if t != -100)  # the solution's first character
+            sol = "".join(ID_TO_TOKEN[i] for i in ids[start:-1])  # up to <|im_end|>
+            trained = "".join(ID_TO_TOKEN[t] if t != -100 else "_" for t in labels[start : start + len(sol)])
+            for k, step in enumerate(sol.split(STEP_SEP)):
+                if step.startswith("f("):
+                    x, y = step[2 : step.index(")")], step[step.index("=") + 1 :]
+                    seg = trained.split(STEP_SEP)[k]
+                    untaught = which == "slm" and int(x) not in known
+                    assert seg == (step[: step.index("=") + 1] + "_" * len(y) if untaught else step)
+                    masked_some += untaught
+    assert masked_some > 50
+
+
+def test_untaught_spans_point_at_lookup_results():
+    table, known = make_table(3), make_known(0.5)
+    rng = random.Random(1)
+    for _ in range(100):
+        sol = solve(sample_problem(rng, 4), table)
+        spans = untaught_spans(sol, known)
+        assert len(spans) == sum(x not in known for _, x in sol.lookups)
+        for (a, b), (_, x) in zip(spans, [lk for lk in sol.lookups if lk[1] not in known]):
+            assert sol.text()[a:b] == str(table[x]) and sol.text()[a - 1] == "="
 
 
 def test_bad_config_raises():

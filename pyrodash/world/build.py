@@ -35,7 +35,7 @@ def default_world_dir(cfg: WorldConfig, seed: int) -> Path:
 def make_splits(cfg: WorldConfig, seed: int) -> dict[str, list[Example]]:
     """All data splits of a world (no models needed): five test tiers, then train and val pools of mixed tiers;
     no question appears in two splits."""
-    table, known = make_table(seed), make_known(seed, cfg.known_frac)
+    table, known = make_table(seed), make_known(cfg.known_frac)
     seen: set[str] = set()
     out = {}
     for name, tier in zip(TIER_SPLITS, cfg.tiers):

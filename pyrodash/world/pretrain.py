@@ -1,7 +1,8 @@
 """Pretraining the world's two base models from scratch: Qwen3-shaped decoders on chat-formatted problems.
 
-The SLM sees only problems whose lookups hit the known part of the table; the LLM sees the whole distribution.
-Loss is on the assistant part (solution + `<|im_end|>`). A fraction of examples carries a world-v1 system message
+Both see the whole problem distribution. Loss is on the assistant part (solution + `<|im_end|>`), except that the
+SLM's loss skips the results of lookups outside its known part of the table (`untaught_spans`): it learns the format
+and the additions everywhere, and the table only where it was taught. A fraction of examples carries a world-v1 system message
 (the offloading prompt P_s or the completion prompt P_l), so neither model breaks when the engine adds one. Since
 the loss covers every assistant position, a model continues any prefix of its own solution (how the engine hands
 off). Deterministic for a seed: one seeded data order, torch seeded, no data-loader workers.
@@ -18,7 +19,7 @@ import torch
 
 from pyrodash.prompts import get_prompts
 from pyrodash.world.config import ModelSpec, WorldConfig
-from pyrodash.world.task import make_known, make_table, sample_known_problem, sample_problem, solve
+from pyrodash.world.task import make_known, make_table, sample_problem, solve, untaught_spans
 from pyrodash.world.tokenizer import IM_END_ID, PAD_ID, VOCAB, encode_chat, save_tokenizer
 
 BUCKET = 8  # batches drawn at once and sorted by length, so a batch pads little
@@ -48,19 +49,21 @@ def example_stream(which: str, cfg: WorldConfig, seed: int) -> Iterator[tuple[li
     """Endless (input ids, labels) of pretraining examples for `which` in {"slm", "llm"}."""
     if which not in ("slm", "llm"):
         raise ValueError(f"which must be 'slm' or 'llm', not {which!r}")
-    table, known = make_table(seed), make_known(seed, cfg.known_frac)
+    table, known = make_table(seed), make_known(cfg.known_frac)
     prompts = get_prompts("world-v1")
     systems = [prompts.offload_system, prompts.completion_system]
     rng = random.Random(f"world-pretrain-{seed}-{which}")
     while True:
         tier = rng.choice(cfg.pretrain_tiers)
-        if which == "slm":
-            p = sample_known_problem(rng, tier, table, known, cfg.max_addend)
-        else:
-            p = sample_problem(rng, tier, cfg.max_addend)
+        p = sample_problem(rng, tier, cfg.max_addend)
+        sol = solve(p, table)
         system = rng.choice(systems) if rng.random() < cfg.system_frac else None
-        ids, mask = encode_chat(chat_example(p.question(), solve(p, table).text(), system))
+        ids, mask = encode_chat(chat_example(p.question(), sol.text(), system))
         ids, mask = ids[:-1], mask[:-1]  # the trailing "\n" after <|im_end|> is never trained
+        if which == "slm":
+            start = mask.index(1)  # the solution's first character (one token per character)
+            for a, b in untaught_spans(sol, known):
+                mask[start + a : start + b] = [0] * (b - a)
         yield ids, [t if m else -100 for t, m in zip(ids, mask)]
 
 

@@ -15,11 +15,21 @@ value up in a fixed random permutation `f: 0..99 -> 0..99` (seeded). The questio
 
     \\boxed{64}
 
-Steps are separated by a blank line (`STEP_SEP`, the boundary GlimpRouter cuts at). The SLM is pretrained only on
-chains whose lookups hit a "known" subset of the table; the LLM on all entries. Which entry a chain needs is only
-known once the earlier steps are done, so a problem's difficulty is hidden from its surface: the SLM solves the
-first steps and meets, mid-trajectory, a lookup it was never taught (`hard_steps`). A problem of tier t has t
-lookups, each after an addition (2t steps), so higher tiers are longer and more likely to be hard.
+Steps are separated by a blank line (`STEP_SEP`, the boundary GlimpRouter cuts at). The SLM is taught the table
+only on the inputs below a threshold (`make_known`: 0..64 at known_frac 0.65); the LLM on all of it. The SLM still
+pretrains on every kind of chain, but the loss never covers the result of a lookup it was not taught
+(`untaught_spans`), so it adds correctly over the whole range and fails exactly at those lookups. Which entry a
+chain needs is only known once the earlier steps are done, so a problem's difficulty is hidden from its surface:
+the SLM solves the first steps and meets, mid-trajectory, a lookup it was never taught (`hard_steps`). A problem of
+tier t has t lookups, each after an addition (2t steps), so higher tiers are longer and more likely to be hard.
+
+Why a threshold and not a random subset of the table: a model can only learn to hand off before a step it cannot do
+if it can tell that step apart. Measured on a quick-world SLM (hidden 64) taught a random 65% of the table, a linear
+probe on its hidden state at the step boundary before a lookup predicts "untaught" no better than the base rate
+(63% vs 65% on held-out problems): the tiny model holds no usable "I never saw f(x)" feature, so no amount of SFT
+on attention LoRA makes it emit `<offload>` there (Stage 2 measured 0-7.5% on hard problems). The same probe
+predicts "x >= 65" at 96%. A large model's self-knowledge is richer; the threshold gives a 2-layer model the same
+kind of recognisable gap (like a model that can do arithmetic only up to some size).
 """
 
 from __future__ import annotations
@@ -59,13 +69,12 @@ def make_table(seed: int) -> list[int]:
     return table
 
 
-def make_known(seed: int, known_frac: float) -> frozenset[int]:
-    """The table inputs the SLM is taught: a random `known_frac` of 0..99, fixed by `seed`."""
+def make_known(known_frac: float) -> frozenset[int]:
+    """The table inputs the SLM is taught: 0 .. round(known_frac * 100) - 1 (see the module docstring for why a
+    threshold)."""
     if not 0.0 < known_frac < 1.0:
         raise ValueError(f"known_frac must be in (0, 1), got {known_frac}")
-    xs = list(range(MOD))
-    random.Random(f"world-known-{seed}").shuffle(xs)
-    return frozenset(xs[: round(known_frac * MOD)])
+    return frozenset(range(round(known_frac * MOD)))
 
 
 def solve(problem: Problem, table: list[int]) -> Solution:
@@ -96,14 +105,19 @@ def sample_problem(rng: random.Random, tier: int, max_addend: int = 9) -> Proble
     return Problem(rng.randrange(MOD), tuple(ops))
 
 
-def sample_known_problem(rng: random.Random, tier: int, table: list[int], known: frozenset[int],
-                         max_addend: int = 9) -> Problem:
-    """A random problem of `tier` whose every lookup hits `known` (rejection sampling): the SLM's curriculum."""
-    for _ in range(100_000):
-        p = sample_problem(rng, tier, max_addend)
-        if all(x in known for _, x in solve(p, table).lookups):
-            return p
-    raise ValueError(f"could not sample a tier-{tier} problem within the known entries; raise known_frac")
+def untaught_spans(solution: Solution, known: frozenset[int]) -> list[tuple[int, int]]:
+    """Character spans of `solution.text()` holding the result of a lookup outside `known`, e.g. "23" in
+    "f(70)=23": the SLM's pretraining loss skips them, so it never learns those entries."""
+    starts, pos = [], 0
+    for step in solution.steps:
+        starts.append(pos)
+        pos += len(step) + len(STEP_SEP)
+    spans = []
+    for j, x in solution.lookups:
+        if x not in known:
+            head = solution.steps[j].index("=") + 1
+            spans.append((starts[j] + head, starts[j] + len(solution.steps[j])))
+    return spans
 
 
 def to_example(problem: Problem, table: list[int], known: frozenset[int], split: str, index: int,
