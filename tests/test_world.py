@@ -77,11 +77,11 @@ def test_solution_format_and_hard_steps():
 def test_slm_pretraining_never_sees_untaught_lookup_results():
     """The SLM's labels cover every character of the solution except the results of lookups outside its known
     range; the LLM's cover all of them."""
-    from pyrodash.world.pretrain import example_stream
     from pyrodash.world.evaluate import ID_TO_TOKEN
+    from pyrodash.world.pretrain import example_stream
 
     cfg = WorldConfig.from_preset("quick")
-    table, known = make_table(0), make_known(cfg.known_frac)
+    known = make_known(cfg.known_frac)
     assert known == frozenset(range(65))
     masked_some = 0
     for which in ("slm", "llm"):
