@@ -228,16 +228,13 @@ def test_quick_world_gap_and_hidden_difficulty():
     info = read_world_info(build_world(quick=True, seed=0, verbose=False))
     acc = info["accuracy"]
     assert 0.15 <= acc["slm"]["mean"] <= 0.65, acc
-    # the quick LLM (2000 steps of 8) solves tiers 1-3 but not yet most 4-5-lookup chains (the full one solves all):
-    # the gap, not the LLM's level, is what the quick world must show
-    assert acc["llm"]["mean"] >= 0.6 and acc["llm"]["mean"] - acc["slm"]["mean"] >= 0.3, acc
-    assert min(acc["llm"][t] for t in ("tier1", "tier2", "tier3")) >= 0.85, acc
+    assert acc["llm"]["mean"] >= 0.75 and acc["llm"]["mean"] - acc["slm"]["mean"] >= 0.3, acc
     assert acc["slm"]["tier1"] > acc["slm"]["tier5"], acc  # tiers go from easy to hard
     by = info["slm_accuracy_by_difficulty"]
     assert by["no_hard_step"] >= by["has_hard_step"] + 0.4, by  # the untaught lookups are what the SLM fails
     fw = info["first_wrong_step"]
     assert fw["n"] >= 20 and fw["frac_first_step"] < 0.2 and fw["frac_at_first_hard"] >= 0.5, fw
-    assert info["llm_continue"] >= 0.6  # it continues a gold prefix as its own answer (how the engine hands off)
+    assert info["llm_continue"] >= 0.75  # it continues a gold prefix as its own answer (how the engine hands off)
 
 
 def test_pretraining_is_deterministic_in_or_out_of_process(tiny_world, tmp_path):

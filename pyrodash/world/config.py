@@ -68,7 +68,10 @@ class WorldConfig:
             return replace(
                 base, n_test=30, n_train=300, n_val=50, n_continue=60, preset="quick",
                 slm=replace(base.slm, train_steps=1600, warmup_steps=50),
-                llm=replace(base.llm, train_steps=2000, batch_size=8, warmup_steps=50),
+                # 112 wide (425k params, 3x the SLM): measured at 2000 steps of 8, it solved 88% of quick-world
+                # problems in 137 s of CPU, where the 128-wide LLM solved 65% in 151 s (not yet the long chains)
+                llm=replace(base.llm, hidden_size=112, intermediate_size=448, train_steps=2000, batch_size=8,
+                            warmup_steps=50),
             )
         raise ValueError(f"unknown world preset {name!r}; choose 'full' or 'quick'")
 
