@@ -139,16 +139,15 @@ class Solo(Method):
         keys = [(id(self.backend), repr(r)) for r in reqs]
         memo = self.env.solo_memo
         todo = [i for i, k in enumerate(keys) if k not in memo]
-        fresh = {}
         if todo:
             t0 = time.perf_counter()
             gens = generate(self.backend, [reqs[i] for i in todo], self.env.batch_size, self.env.concurrency)
             dt = (time.perf_counter() - t0) / len(todo)
             for i, g in zip(todo, gens, strict=True):
                 memo[keys[i]] = (g, dt)
-                fresh[i] = g
-        gens = [fresh.get(i) or memo[k][0] for i, k in enumerate(keys)]
-        return self.records(gens, [None if i in fresh else memo[k][1] for i, k in enumerate(keys)])
+        fresh = set(todo)
+        return self.records([memo[k][0] for k in keys],
+                            [None if i in fresh else memo[k][1] for i, k in enumerate(keys)])
 
 
 class PyroDash(Method):
@@ -352,8 +351,9 @@ def calibrate_glimprouter(opt: dict, env: Env, slm, run_dir: Path, load_examples
 
     spec = {k: opt.get(k) for k in ("train", "train_limit", "step_shares", "top_k")}
     path = run_dir / "glimprouter" / "taus.json"
-    if path.exists() and json.loads(path.read_text()).get("spec") == spec:
-        return json.loads(path.read_text())["taus"]
+    cached = json.loads(path.read_text()) if path.exists() else {}
+    if cached.get("spec") == spec:
+        return cached["taus"]
     if not opt.get("train") or load_examples is None:
         raise ValueError("glimprouter step_shares needs train: <benchmark> (e.g. world:train) to calibrate τ on")
     pool = load_examples(opt["train"], opt.get("train_limit"))
@@ -361,9 +361,10 @@ def calibrate_glimprouter(opt: dict, env: Env, slm, run_dir: Path, load_examples
     probe = GlimpRouter("probe", slm, slm, env, float("inf"), int(opt.get("top_k", 20)))
     ents = [h for r in probe([(ex, greedy) for ex in pool]) for h in r["entropies"]]
     taus = [calibrate_alpha(ents, float(s)) for s in opt["step_shares"]]
+    ordered = sorted(ents)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"spec": spec, "taus": taus, "n_steps": len(ents),
-                                "entropy_quantiles": {str(q): sorted(ents)[int(q * (len(ents) - 1))]
+                                "entropy_quantiles": {str(q): ordered[int(q * (len(ents) - 1))]
                                                       for q in (0.1, 0.5, 0.9, 0.99)}}, indent=2) + "\n")
     return taus
 

@@ -4,9 +4,8 @@ Both see the whole problem distribution. Loss is on the assistant part (solution
 SLM's loss skips the results of lookups outside its known part of the table (`untaught_spans`): it learns the
 format and the additions everywhere, and the table only where it was taught. A fraction of examples carries a
 world-v1 system message (the offloading prompt P_s or the completion prompt P_l), so neither model breaks when the
-engine adds one. Since
-the loss covers every assistant position, a model continues any prefix of its own solution (how the engine hands
-off). Deterministic for a seed: one seeded data order, torch seeded, no data-loader workers.
+engine adds one. Since the loss covers every assistant position, a model continues any prefix of its own solution
+(how the engine hands off). Deterministic for a seed: one seeded data order, torch seeded, no data-loader workers.
 """
 
 from __future__ import annotations
