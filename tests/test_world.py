@@ -250,3 +250,26 @@ def test_pretraining_is_deterministic_in_or_out_of_process(tiny_world, tmp_path)
     for which in ("slm", "llm"):
         assert (tmp_path / which / "model.safetensors").read_bytes() == (
             tiny_world / which / "model.safetensors").read_bytes()
+
+
+def test_training_attention_is_sdpa_in_float32_and_causal():
+    """Pretraining swaps in `fp32_eager_attention` for speed: same logits as SDPA, and no token sees a later one."""
+    import torch
+    from transformers import Qwen3ForCausalLM
+
+    from pyrodash.world.pretrain import batch_stream, model_config, use_fp32_eager_attention
+
+    torch.manual_seed(0)
+    model = Qwen3ForCausalLM(model_config(TINY.llm)).eval()
+    x, _ = next(batch_stream("llm", TINY, 0, 4))
+    with torch.no_grad():
+        model.set_attn_implementation("sdpa")
+        ref = model(input_ids=x).logits
+        use_fp32_eager_attention(model)
+        out = model(input_ids=x).logits
+        x2 = x.clone()
+        x2[:, 10:] = (x2[:, 10:] + 1) % model.config.vocab_size
+        out2 = model(input_ids=x2).logits
+    assert torch.allclose(out, ref, atol=1e-4)
+    assert torch.equal(out2[:, :10], out[:, :10])  # causal: changing tokens 10.. leaves positions 0..9 alone
+    assert not torch.allclose(out2[:, 10:], out[:, 10:])

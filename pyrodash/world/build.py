@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from pyrodash.data.example import Example
-from pyrodash.world.config import TIER_SPLITS, WorldConfig
+from pyrodash.world.config import BUILD_RECIPE, TIER_SPLITS, WorldConfig
 from pyrodash.world.task import make_known, make_split, make_table
 
 SPLITS = ("train", "val", *TIER_SPLITS)
@@ -237,7 +237,8 @@ def _run_build(world_dir: Path, cfg: WorldConfig, seed: int, verbose: bool, para
     easy = [c for ex, c in zip(tests, oks) if not ex.meta["hard_steps"]]
     hard = [c for ex, c in zip(tests, oks) if ex.meta["hard_steps"]]
     info = {
-        "config": cfg.to_dict(), "config_hash": cfg.config_hash(), "seed": seed, "tiers": dict(TIER_SPLITS),
+        "config": cfg.to_dict(), "config_hash": cfg.config_hash(), "build_recipe": BUILD_RECIPE, "seed": seed,
+        "tiers": dict(TIER_SPLITS),
         "prompts": "world-v1",
         "splits": {name: len(exs) for name, exs in splits.items()},
         "params": {w: sum(p.numel() for p in models[w].parameters()) for w in ("slm", "llm")},

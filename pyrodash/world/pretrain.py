@@ -5,7 +5,8 @@ SLM's loss skips the results of lookups outside its known part of the table (`un
 format and the additions everywhere, and the table only where it was taught. A fraction of examples carries a
 world-v1 system message (the offloading prompt P_s or the completion prompt P_l), so neither model breaks when the
 engine adds one. Since the loss covers every assistant position, a model continues any prefix of its own solution
-(how the engine hands off). Deterministic for a seed: one seeded data order, torch seeded, no data-loader workers.
+(how the engine hands off). Deterministic for a seed: one seeded data order, torch seeded, no data-loader workers,
+one thread (bf16 matmuls split over threads round differently).
 """
 
 from __future__ import annotations
@@ -93,34 +94,67 @@ def lr_at(step: int, spec: ModelSpec) -> float:
     return spec.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, t))))
 
 
-def use_bf16(spec: ModelSpec) -> bool:
-    """bf16 autocast pays off on CPU only for the wider model (measured: slower at hidden 64, faster at 96+)."""
-    return spec.hidden_size >= 96
+def fp32_eager_attention(module, query, key, value, attention_mask, **kwargs):
+    """Transformers' eager attention computed in float32 inside a bf16 autocast region: the projections and MLPs run
+    in bf16, the attention scores and softmax do not. Measured on the quick world (same steps, same data): with the
+    scores rounded to bf16 (plain eager attention under autocast) the LLM solved 0% of the 4- and 5-lookup tiers;
+    with them in float32, 100%."""
+    from transformers.models.qwen3.modeling_qwen3 import eager_attention_forward
+
+    with torch.autocast("cpu", enabled=False):
+        out, weights = eager_attention_forward(module, query.float(), key.float(), value.float(), attention_mask,
+                                               **kwargs)
+    return out.to(query.dtype), weights
+
+
+def use_fp32_eager_attention(model) -> None:
+    """Switch `model` to `fp32_eager_attention`, with the causal mask transformers builds for eager attention."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, eager_mask
+
+    AttentionInterface.register("fp32_eager", fp32_eager_attention)
+    AttentionMaskInterface.register("fp32_eager", eager_mask)  # without it, no mask: every token sees the future
+    model.set_attn_implementation("fp32_eager")
 
 
 def pretrain(which: str, cfg: WorldConfig, seed: int, progress=None,
              on_step: Callable[[int, float], None] | None = None) -> tuple[object, list[float]]:
-    """Train `which` from scratch; returns (model in eval mode, mean loss of every 50 steps). `progress` is a rich
-    Progress to draw a bar on; `on_step(step, loss)` is called after every step (cross-process progress)."""
+    """Train `which` from scratch on one thread; returns (model in eval mode, mean loss of every 50 steps).
+    `progress` is a rich Progress to draw a bar on; `on_step(step, loss)` is called after every step."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _pretrain(which, cfg, seed, progress, on_step)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _pretrain(which: str, cfg: WorldConfig, seed: int, progress=None,
+              on_step: Callable[[int, float], None] | None = None) -> tuple[object, list[float]]:
+    """`pretrain`, on whatever threads torch has."""
     from transformers import Qwen3ForCausalLM
 
     spec = cfg.slm if which == "slm" else cfg.llm
     torch.manual_seed(seed * 1000 + (0 if which == "slm" else 1))
     model = Qwen3ForCausalLM(model_config(spec))
-    model.config._attn_implementation = "sdpa"
+    # Training step speed, measured single-threaded on this machine kind (ms per step, quick LLM / full LLM / SLM):
+    # SDPA (its CPU flash-attention kernel; bf16 autocast for the LLMs, fp32 for the SLM) 69 / 131 / 61; fp32 eager
+    # attention under bf16 autocast 50 / 104 / 59. SDPA's CPU backward is slow at head dim 16-32 (37% of a step).
+    # Inference (evaluation here, and every later `from_pretrained`) uses SDPA, restored after training.
+    use_fp32_eager_attention(model)
     model.train()
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": spec.weight_decay},
-                             {"params": no_decay, "weight_decay": 0.0}], lr=spec.lr, betas=(0.9, 0.98))
+                             {"params": no_decay, "weight_decay": 0.0}], lr=spec.lr, betas=(0.9, 0.98),
+                            fused=True)
     task = progress.add_task(f"pretrain {which}", total=spec.train_steps) if progress is not None else None
     losses: list[float] = []
     running = 0.0
-    bf16 = use_bf16(spec)
     for step, (x, y) in zip(range(spec.train_steps), batch_stream(which, cfg, seed, spec.batch_size)):
         for g in opt.param_groups:
             g["lr"] = lr_at(step, spec)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
             loss = model(input_ids=x, labels=y).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -135,6 +169,7 @@ def pretrain(which: str, cfg: WorldConfig, seed: int, progress=None,
             progress.update(task, advance=1, description=f"pretrain {which} loss {value:.3f}")
         if on_step is not None:
             on_step(step + 1, value)
+    model.set_attn_implementation("sdpa")
     model.eval()
     return model, losses
 
