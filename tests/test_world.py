@@ -223,7 +223,7 @@ def test_first_wrong_step():
 
 @pytest.mark.slow
 def test_quick_world_gap_and_hidden_difficulty():
-    from pyrodash.world.build import build_world, read_world_info
+    from pyrodash.world.build import build_world, read_world_info, world_warnings
 
     info = read_world_info(build_world(quick=True, seed=0, verbose=False))
     acc = info["accuracy"]
@@ -235,6 +235,18 @@ def test_quick_world_gap_and_hidden_difficulty():
     fw = info["first_wrong_step"]
     assert fw["n"] >= 20 and fw["frac_first_step"] < 0.2 and fw["frac_at_first_hard"] >= 0.5, fw
     assert info["llm_continue"] >= 0.75  # it continues a gold prefix as its own answer (how the engine hands off)
+    assert world_warnings(info) == []
+
+
+def test_untrained_world_is_flagged(tiny_world, capsys):
+    """The tiny world's models train 30 steps: `world build`/`world info` and the demo warn that it is unfit."""
+    from pyrodash.cli import main
+    from pyrodash.world.build import read_world_info, world_warnings
+
+    warnings = world_warnings(read_world_info(tiny_world))
+    assert any("LLM solves only" in w for w in warnings), warnings
+    assert main(["world", "info", str(tiny_world)]) == 0
+    assert "warning:" in capsys.readouterr().out
 
 
 def test_pretraining_is_deterministic_in_or_out_of_process(tiny_world, tmp_path):

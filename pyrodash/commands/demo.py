@@ -60,7 +60,7 @@ def run_demo(out: str | Path, quick: bool = True, seed: int = 0, lambdas: list[f
     from pyrodash.train.stage1 import run_stage1
     from pyrodash.train.stage2 import run_stage2
     from pyrodash.train.stage3 import run_stage3
-    from pyrodash.world.build import build_world
+    from pyrodash.world.build import build_world, read_world_info, world_warnings
     from pyrodash.world.config import TIER_SPLITS
 
     console = console or Console()
@@ -83,6 +83,8 @@ def run_demo(out: str | Path, quick: bool = True, seed: int = 0, lambdas: list[f
     if world_dir is not None and not (Path(world_dir) / "world.json").exists():
         raise ValueError(f"--world {world_dir}: no world.json there; build one with `pyrodash world build --out DIR`")
     world = Path(world_dir) if world_dir else step("world", lambda: build_world(None, quick=quick, seed=seed))
+    for w in world_warnings(read_world_info(world)):
+        console.print(f"[bold yellow]warning: world {world}:[/] {w}")
     recipe = load_recipe(ROOT / "configs" / "world" / f"{preset}.yaml", {"world": {"dir": str(world)}})
     step("curation", lambda: run_curation(recipe, out), skip=_done(curated_dir(out)))
     step("stage1", lambda: run_stage1(recipe, out), skip=_done(stage_dir(out, "stage1")))

@@ -28,6 +28,8 @@ def print_info(info: dict, world_dir: str) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from pyrodash.world.build import world_warnings
+
     acc = info["accuracy"]
     splits = [s for s in acc["slm"] if s != "mean"]
     table = Table(title=f"world {world_dir}  (preset {info['config']['preset']}, seed {info['seed']}, "
@@ -48,6 +50,8 @@ def print_info(info: dict, world_dir: str) -> None:
     console.print(f"SLM's first wrong step on failed hard problems (n={fw['n']}): by index {fw['step_index']}, "
                   f"relative to the first untaught lookup {fw['relative_to_first_hard']}")
     console.print(f"build: {info['build_seconds']:.0f} s {info['timings']}")
+    for w in world_warnings(info):
+        console.print(f"[bold yellow]warning:[/] {w}")
 
 
 def run(args: argparse.Namespace) -> int:
