@@ -79,8 +79,8 @@ class WorldConfig:
                 # 2 layers, 112 wide (425k params, 3x the SLM), 2000 steps: 105 s of CPU, 100% of the quick test
                 # problems (seed 0; seed 1: 23%). Measured on seed 0, the same LLM after 1800 steps solved 84%, after
                 # 1600 58%; at batch 6 (2000 steps) 8%; at lr 4e-3 (1800 steps) 47%, at 2e-3 25%; 2 layers of 96
-                # (2000 steps) 27%. The 3-layer LLM of the full preset needs ~125 s for 2000 steps, and at 1500
-                # steps solved 65% (seed 1) and 3% (seed 2).
+                # (2000 steps) 27%. The 3-layer LLM of the full preset took 142 s for 2000 steps (beside another
+                # job); after 1500 steps it solved 65% (seed 1) and 3% (seed 2).
                 llm=replace(base.llm, hidden_size=112, num_layers=2, intermediate_size=448, train_steps=2000),
             )
         raise ValueError(f"unknown world preset {name!r}; choose 'full' or 'quick'")
