@@ -2,10 +2,11 @@
 
     .venv/bin/python benchmarks/world_pretrain_step.py [--preset quick] [--which llm] [--steps 100]
 
-Times the world build's training step (`pyrodash.world.pretrain`: forward under bf16 autocast, backward, clipping,
-fused AdamW) on the same batches twice: with `fp32_eager_attention` (what the build uses) and with transformers'
-SDPA (its CPU flash-attention kernel). Each variant warms up for 10 steps, then the median of `--steps` step times
-is taken. The last line is machine-readable: `step_ms_sdpa=<a> step_ms_fp32_eager=<b> speedup=<a/b>`.
+Times the world build's training step (`pyrodash.world.pretrain.train_step`: forward under bf16 autocast,
+backward, clipping, fused AdamW) on the same batches twice: with `fp32_eager_attention` (what the build uses) and
+with transformers' SDPA (its CPU flash-attention kernel). Each variant warms up for 10 steps, then the median of
+`--steps` step times is taken. The last line is machine-readable:
+`step_ms_sdpa=<a> step_ms_fp32_eager=<b> speedup=<a/b>`.
 """
 
 from __future__ import annotations
@@ -21,7 +22,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 from pyrodash.world.config import WorldConfig  # noqa: E402
-from pyrodash.world.pretrain import batch_stream, model_config, use_fp32_eager_attention  # noqa: E402
+from pyrodash.world.pretrain import (  # noqa: E402
+    batch_stream,
+    model_config,
+    train_step,
+    use_fp32_eager_attention,
+)
 
 
 def step_times(which: str, cfg: WorldConfig, attention: str, batches: list) -> list[float]:
@@ -38,13 +44,7 @@ def step_times(which: str, cfg: WorldConfig, attention: str, batches: list) -> l
     times = []
     for x, y in batches:
         t = time.perf_counter()
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            loss = model(input_ids=x, labels=y).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        loss.item()
+        train_step(model, opt, x, y)
         times.append(time.perf_counter() - t)
     return times[10:]
 

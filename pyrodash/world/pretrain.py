@@ -117,6 +117,17 @@ def use_fp32_eager_attention(model) -> None:
     model.set_attn_implementation("fp32_eager")
 
 
+def train_step(model, opt, x: torch.Tensor, y: torch.Tensor) -> float:
+    """One pretraining update: forward under bf16 autocast, backward, clip to norm 1, optimizer step; the loss."""
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = model(input_ids=x, labels=y).loss
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return loss.item()
+
+
 def pretrain(which: str, cfg: WorldConfig, seed: int, progress=None,
              on_step: Callable[[int, float], None] | None = None) -> tuple[object, list[float]]:
     """Train `which` from scratch on one thread; returns (model in eval mode, mean loss of every 50 steps).
@@ -137,10 +148,11 @@ def _pretrain(which: str, cfg: WorldConfig, seed: int, progress=None,
     spec = cfg.slm if which == "slm" else cfg.llm
     torch.manual_seed(seed * 1000 + (0 if which == "slm" else 1))
     model = Qwen3ForCausalLM(model_config(spec))
-    # Training step speed, measured single-threaded on this machine kind (ms per step, quick LLM / full LLM / SLM):
-    # SDPA (its CPU flash-attention kernel; bf16 autocast for the LLMs, fp32 for the SLM) 69 / 131 / 61; fp32 eager
-    # attention under bf16 autocast 50 / 104 / 59. SDPA's CPU backward is slow at head dim 16-32 (37% of a step).
-    # Inference (evaluation here, and every later `from_pretrained`) uses SDPA, restored after training.
+    # Training step speed, measured single-threaded on this machine kind (ms per step, quick LLM / the earlier
+    # 128-wide full LLM / SLM): SDPA (its CPU flash-attention kernel; bf16 autocast for the LLMs, fp32 for the SLM)
+    # 69 / 131 / 61; fp32 eager attention under bf16 autocast 50 / 104 / 59 (`benchmarks/world_pretrain_step.py`).
+    # SDPA's CPU backward is slow at head dim 16-32 (37% of a step). Inference (evaluation here, and every later
+    # `from_pretrained`) uses SDPA, restored after training.
     use_fp32_eager_attention(model)
     model.train()
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
@@ -154,13 +166,7 @@ def _pretrain(which: str, cfg: WorldConfig, seed: int, progress=None,
     for step, (x, y) in zip(range(spec.train_steps), batch_stream(which, cfg, seed, spec.batch_size)):
         for g in opt.param_groups:
             g["lr"] = lr_at(step, spec)
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            loss = model(input_ids=x, labels=y).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        value = loss.item()
+        value = train_step(model, opt, x, y)
         running += value
         if (step + 1) % 50 == 0:
             losses.append(round(running / 50, 4))
