@@ -33,8 +33,9 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+from pyrodash import conversation as conv
 from pyrodash.backends.base import Backend, GenChunk, GenRequest
-from pyrodash.cost import Prices, Usage
+from pyrodash.cost import Prices, Usage, endpoint_bill
 from pyrodash.events import Done, Event, Handoff, LLMDelta, SLMDelta
 from pyrodash.prompts import OFFLOAD_TOKEN, Prompts, pack
 
@@ -91,9 +92,11 @@ def handoff_request(
         return GenRequest(messages=msgs, prefix=partial, max_tokens=max_tokens, **sampling)
     if style != "instruct":
         raise ValueError(f"handoff style {style!r}: use 'continue' or 'instruct'")
-    question = next((m["content"] for m in reversed(messages) if m.get("role") == "user"), "")
+    cur = conv.current_turn_index(messages)
+    question = messages[cur]["content"] if cur >= 0 else ""
     user = prompts.handoff_template.format(question=question, partial=partial)
-    msgs = _with_system(prompts.completion_system, [{"role": "user", "content": user}])
+    history = list(messages[:cur]) if cur >= 0 else []  # earlier turns (and the caller's system text) stay
+    msgs = _with_system(prompts.completion_system, history + [{"role": "user", "content": user}])
     return GenRequest(messages=msgs, max_tokens=max_tokens, **sampling)
 
 
@@ -108,6 +111,7 @@ class CollaborateEngine:
         offload_bias: float = 0.0,
         max_tokens: int = 512,
         failure: FailurePolicy | None = None,
+        context: conv.ContextLimits | None = None,
     ):
         if handoff_style not in ("continue", "instruct"):
             raise ValueError(f"handoff_style={handoff_style!r}: use 'continue' or 'instruct'")
@@ -118,6 +122,11 @@ class CollaborateEngine:
         self.offload_bias = float(offload_bias)
         self.max_tokens = max_tokens
         self.failure = failure or FailurePolicy()
+        ctx = context or conv.ContextLimits()
+        self.context = conv.ContextLimits(  # None = the backend's own window when it knows one (in-process models)
+            slm=ctx.slm if ctx.slm is not None else conv.backend_context(slm),
+            llm=ctx.llm if ctx.llm is not None else conv.backend_context(llm),
+        )
         oid = slm.token_id(OFFLOAD_TOKEN)
         if oid is None:
             raise ValueError(
@@ -128,15 +137,26 @@ class CollaborateEngine:
 
     # ---- messages ------------------------------------------------------------------------------------------
     def messages(self, question: str | list[dict]) -> list[dict]:
+        """A question as chat messages; a conversation's history is plain text (`<offload>` stripped)."""
         if isinstance(question, str):
             return self.prompts.plain_messages(question)
         if not isinstance(question, list) or not question or not all(isinstance(m, dict) for m in question):
             raise ValueError("a question is a str or a non-empty list of chat messages ({'role', 'content'} dicts)")
-        return question
+        return conv.clean_history(question)
+
+    def _fit(self, side: str, req: GenRequest) -> int:
+        """Trim `req.messages` (in place) to `side`'s context window by the rule of pyrodash.conversation; returns
+        the number of messages dropped."""
+        backend = self.slm if side == "slm" else self.llm
+        count, _ = conv.token_counter(backend, req.prefix)
+        req.messages, dropped = conv.fit_context(req.messages, count, getattr(self.context, side), req.max_tokens)
+        return dropped
 
     def llm_request(self, messages: list[dict], partial: str, max_tokens: int, sampling: dict) -> GenRequest:
-        """The single handoff request (Line 6) in the configured style (reads only `prompts` and `handoff_style`)."""
-        return handoff_request(self.prompts, self.handoff_style, messages, partial, max_tokens, sampling)
+        """The single handoff request (Line 6) in the configured style, trimmed to the LLM's context window."""
+        req = handoff_request(self.prompts, self.handoff_style, messages, partial, max_tokens, sampling)
+        self._fit("llm", req)
+        return req
 
     def slm_request(
         self,
@@ -159,13 +179,15 @@ class CollaborateEngine:
         if top_p is not None:
             sampling["top_p"] = float(top_p)
         slm_msgs = _with_system(self.prompts.offload_system, self.messages(question))
-        return GenRequest(
+        req = GenRequest(
             messages=slm_msgs,
             max_tokens=budget,
             stop_token_ids=[self.offload_id],
             logit_bias={self.offload_id: bias} if bias else {},
             **sampling,
         )
+        self._fit("slm", req)
+        return req
 
     # ---- Algorithm 1 ---------------------------------------------------------------------------------------
     async def stream(
@@ -185,6 +207,9 @@ class CollaborateEngine:
         bias = req.logit_bias.get(self.offload_id, 0.0)
         budget, slm_msgs = req.max_tokens, req.messages
         sampling = {"seed": req.seed, "stop": req.stop, "temperature": req.temperature, "top_p": req.top_p}
+        turn = {"turn": conv.turn_number(messages), "trimmed": {
+            "slm": len(_with_system(self.prompts.offload_system, messages)) - len(slm_msgs), "llm": 0}}
+        calls: list[dict] = []  # one entry per LLM call: endpoint, tokens, text, price
         usage = Usage()
         slm_text, llm_text = "", ""
         final, seen = GenChunk(), 0
@@ -201,7 +226,7 @@ class CollaborateEngine:
             slm_out = seen + (final.stop_token_id is not None)
         usage += Usage(slm_in=final.prompt_tokens or 0, slm_out=slm_out)
         if final.stop_token_id != self.offload_id:  # Line 11: the SLM answered alone
-            yield self._done(slm_text, "", usage, final.finish_reason or "length", None, bias, t0)
+            yield self._done(slm_text, "", usage, final.finish_reason or "length", None, bias, t0, turn, calls)
             return
 
         # Lines 3-5: <offload> detected (it ended SLM decoding); Pack(O_s) excludes it
@@ -216,8 +241,9 @@ class CollaborateEngine:
         for attempt in range(pol.retries + 1):
             if attempt:
                 await asyncio.sleep(pol.backoff_s * 2 ** (attempt - 1))
-            lreq = self.llm_request(messages, packed + llm_text, budget, sampling)
-            got = GenChunk()
+            lreq = handoff_request(self.prompts, self.handoff_style, messages, packed + llm_text, budget, sampling)
+            turn["trimmed"]["llm"] = max(turn["trimmed"]["llm"], self._fit("llm", lreq))
+            got, attempt_text = GenChunk(), ""
             streamed = 0  # tokens received in this attempt (billed if the stream breaks before reporting usage)
             try:
                 async with contextlib.aclosing(self.llm.stream(lreq)) as it:
@@ -228,6 +254,7 @@ class CollaborateEngine:
                         streamed += len(ch.token_ids) or int(bool(ch.text))
                         if ch.text:
                             llm_text += ch.text
+                            attempt_text += ch.text
                             yield LLMDelta(ch.text)
                         if ch.finish_reason is not None:
                             got = ch
@@ -241,6 +268,7 @@ class CollaborateEngine:
                         prompt_tokens=got.prompt_tokens or self._prompt_tokens(self.llm, lreq),
                         completion_tokens=streamed,
                         cached_tokens=got.cached_tokens,
+                        endpoints=got.endpoints,
                     )
                 msg = (
                     f"attempt {attempt + 1}: {type(e).__name__}: {e}"
@@ -248,30 +276,32 @@ class CollaborateEngine:
                     else f"attempt {attempt + 1}: {type(e).__name__} (no chunk within {pol.timeout_s}s)"
                 )
                 errors.append(msg)
+                calls += self._calls(got, attempt_text, int(reached), msg)
                 usage += Usage(
                     llm_in=got.prompt_tokens or 0,
                     llm_out=got.completion_tokens or 0,
                     llm_cached_in=got.cached_tokens or 0,
-                    llm_calls=int(reached),
+                    llm_calls=sum(c["calls"] for c in got.endpoints) if got.endpoints else int(reached),
                 )
                 continue
+            calls += self._calls(got, attempt_text, 1, None)
             usage += Usage(
                 llm_in=got.prompt_tokens or 0,
                 llm_out=got.completion_tokens or 0,
                 llm_cached_in=got.cached_tokens or 0,
-                llm_calls=1,
+                llm_calls=sum(c["calls"] for c in got.endpoints) if got.endpoints else 1,
             )
             llm_finish = got.finish_reason or "stop"
             break
 
         if llm_finish is not None:  # Line 8: O_s || O_l
-            done = self._done(slm_text, llm_text, usage, llm_finish, handoff, bias, t0)
+            done = self._done(slm_text, llm_text, usage, llm_finish, handoff, bias, t0, turn, calls)
             done.errors = errors
             yield done
             return
 
         if pol.on_error == "raise":
-            done = self._done(slm_text, llm_text, usage, "error", handoff, bias, t0)
+            done = self._done(slm_text, llm_text, usage, "error", handoff, bias, t0, turn, calls)
             done.errors = errors
             raise EngineError(f"the LLM failed {len(errors)} time(s): {errors[-1]}", done)
 
@@ -292,8 +322,11 @@ class CollaborateEngine:
                 if ch.finish_reason is not None:
                     fin = ch
         usage += Usage(slm_in=fin.prompt_tokens or 0, slm_out=fin.completion_tokens or 0)
-        done = self._done(slm_text + fb_text, llm_text, usage, fin.finish_reason or "length", handoff, bias, t0)
+        done = self._done(slm_text + fb_text, llm_text, usage, fin.finish_reason or "length", handoff, bias, t0, turn,
+                          calls)
         done.output = slm_text + llm_text + fb_text
+        if fb_text:
+            done.segments.append({"by": "slm", "text": fb_text, "fallback": True})
         done.fallback, done.errors = True, errors
         yield done
 
@@ -303,19 +336,44 @@ class CollaborateEngine:
         count = getattr(backend, "prompt_ids", None)
         return len(count(req)) if callable(count) else None
 
+    def _calls(self, got: GenChunk, text: str, reached: int, error: str | None) -> list[dict]:
+        """The per-endpoint entries of one LLM attempt: a composite backend's own (`GenChunk.endpoints`), else one
+        entry for this backend, billed at the engine's price sheet."""
+        if got.endpoints:
+            return [dict(e) for e in got.endpoints]
+        return [{"endpoint": getattr(self.llm, "name", "llm"), "calls": reached, "llm_in": got.prompt_tokens or 0,
+                 "llm_out": got.completion_tokens or 0, "llm_cached_in": got.cached_tokens or 0, "text": text,
+                 "prices": None, "error": error}]  # fmt: skip
+
     def _done(
-        self, slm_text: str, llm_text: str, usage: Usage, finish: str, handoff: int | None, bias: float, t0: float
-    ) -> Done:
+        self, slm_text: str, llm_text: str, usage: Usage, finish: str, handoff: int | None, bias: float, t0: float,
+        turn: dict | None = None, calls: list[dict] | None = None,
+    ) -> Done:  # fmt: skip
+        bill = endpoint_bill(calls or [], self.prices)
+        slm_cost = Usage(slm_in=usage.slm_in, slm_out=usage.slm_out).cost(self.prices)
+        segments = [{"by": "slm", "text": slm_text}] if slm_text else []
+        for c in calls or []:
+            if not c.get("text"):
+                continue
+            if segments and segments[-1]["by"] == "llm" and segments[-1]["endpoint"] == c["endpoint"]:
+                segments[-1]["text"] += c["text"]
+            else:
+                segments.append({"by": "llm", "endpoint": c["endpoint"], "text": c["text"]})
+        turn = turn or {}
         return Done(
             output=slm_text + llm_text,
             slm_text=slm_text,
             llm_text=llm_text,
             usage=usage,
-            cost_usd=usage.cost(self.prices),
+            cost_usd=slm_cost + sum(e["cost_usd"] for e in bill),
             finish_reason=finish,
             handoff=handoff,
             offload_bias=bias,
             latency_s=time.perf_counter() - t0,
+            turn=turn.get("turn", 1),
+            trimmed=dict(turn.get("trimmed", {"slm": 0, "llm": 0})),
+            segments=segments,
+            llm_endpoints=bill,
         )
 
     # ---- conveniences --------------------------------------------------------------------------------------

@@ -40,6 +40,9 @@ class GenChunk:
     prompt_tokens: int | None = None  # input tokens billed for this request (prefix included)
     completion_tokens: int | None = None
     cached_tokens: int | None = None
+    # set by a composite backend (backends/mesh.py) on the last chunk: one dict per upstream call, in order
+    # ({endpoint, calls, llm_in, llm_out, llm_cached_in, text, prices, error}); None = this backend is one endpoint
+    endpoints: list[dict] | None = None
 
 
 @dataclass

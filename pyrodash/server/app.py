@@ -48,7 +48,7 @@ def build_engine(config: ServeConfig):
     return CollaborateEngine(
         slm, llm, get_prompts(config.prompts), config.load_prices(), handoff_style=config.handoff_style,
         offload_bias=config.operating_points[config.default_model], max_tokens=config.limits.default_max_tokens,
-        failure=FailurePolicy(**asdict(config.failure)),
+        failure=FailurePolicy(**asdict(config.failure)), context=config.context,
     )  # fmt: skip
 
 

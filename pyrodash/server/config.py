@@ -8,6 +8,8 @@
     operating_points: {pyrodash: 0.0, pyrodash-eco: -2.0}   # model name -> offload_bias; the first is the default
     failure: {retries: 2, backoff_s: 0.2, timeout_s: 60, on_error: fallback}
     limits: {max_body_bytes: 1048576, max_tokens: 4096, default_max_tokens: 512, max_concurrency: 256}
+    context: {slm: 32768, llm: 131072}         # context windows for trimming long chats (default: what the model
+                                               # says, in-process only; see pyrodash.conversation)
     host: 127.0.0.1
     port: 8000
     api_key_env: PYRODASH_API_KEY               # bearer-token auth is on when this variable (or --api-key) is set
@@ -24,6 +26,7 @@ from pathlib import Path
 
 import yaml
 
+from pyrodash.conversation import ContextLimits
 from pyrodash.cost import Prices
 from pyrodash.prompts import get_prompts
 
@@ -74,6 +77,7 @@ class ServeConfig:
     operating_points: dict[str, float] = field(default_factory=lambda: {"pyrodash": 0.0})
     failure: Failure = field(default_factory=Failure)
     limits: Limits = field(default_factory=Limits)
+    context: ContextLimits = field(default_factory=ContextLimits)
     host: str = "127.0.0.1"
     port: int = 8000
     api_key: str | None = None  # set directly (--api-key) or read from `api_key_env`
@@ -86,6 +90,11 @@ class ServeConfig:
             self.failure = Failure(**self.failure)
         if isinstance(self.limits, dict):
             self.limits = Limits(**self.limits)
+        if isinstance(self.context, dict):
+            unknown = set(self.context) - {"slm", "llm"}
+            if unknown:
+                raise ValueError(f"context: unknown keys {sorted(unknown)}; use slm and llm (tokens)")
+            self.context = ContextLimits(**self.context)
         if not self.operating_points:
             raise ValueError("operating_points must name at least one model, e.g. {pyrodash: 0.0}")
         for name, bias in self.operating_points.items():
@@ -124,7 +133,7 @@ class ServeConfig:
                              f"--{side} with a model directory, hub id or http(s)://host:port/v1#model URL")
 
     def load_prices(self) -> Prices:
-        return Prices(**self.prices) if isinstance(self.prices, dict) else Prices.from_yaml(self.prices)
+        return Prices.load(self.prices)
 
     def to_dict(self) -> dict:
         d = asdict(self)

@@ -119,6 +119,10 @@ class PyroDashInfo(_Out):
     cost_usd: float
     offload_bias: float
     fallback: bool  # the LLM failed and the SLM finished the answer
+    turn: int = 1  # which user turn of the conversation this response answers
+    trimmed: dict[str, int] = Field(default_factory=dict)  # earlier messages dropped to fit each model's window
+    segments: list[dict] = Field(default_factory=list)  # who wrote what in this turn: {by, endpoint?, text}
+    llm_endpoints: list[dict] = Field(default_factory=list)  # per LLM endpoint: calls, tokens, price, cost_usd
 
     @classmethod
     def from_done(cls, done: Done) -> PyroDashInfo:
@@ -126,7 +130,8 @@ class PyroDashInfo(_Out):
         return cls(
             slm_in=u.slm_in, slm_out=u.slm_out, llm_in=u.llm_in, llm_out=u.llm_out, llm_cached_in=u.llm_cached_in,
             llm_calls=u.llm_calls, handoff=done.handoff, cost_usd=done.cost_usd, offload_bias=done.offload_bias,
-            fallback=done.fallback,
+            fallback=done.fallback, turn=done.turn, trimmed=dict(done.trimmed), segments=list(done.segments),
+            llm_endpoints=list(done.llm_endpoints),
         )  # fmt: skip
 
 
