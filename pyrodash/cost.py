@@ -132,7 +132,7 @@ def endpoint_bill(calls: Iterable[dict], default: Prices) -> list[dict]:
         sheet = Prices(**c["prices"]) if c.get("prices") else default
         e = out.setdefault(c["endpoint"], {
             "endpoint": c["endpoint"], "calls": 0, "llm_in": 0, "llm_out": 0, "llm_cached_in": 0, "chars": 0,
-            "errors": 0, "price": {"llm_in": sheet.llm_in, "llm_out": sheet.llm_out,
+            "errors": 0, "estimated": False, "price": {"llm_in": sheet.llm_in, "llm_out": sheet.llm_out,
                                    "llm_cached_in": sheet.llm_cached_in},
             "cost_usd": 0.0,
         })  # fmt: skip
@@ -143,6 +143,7 @@ def endpoint_bill(calls: Iterable[dict], default: Prices) -> list[dict]:
         e["llm_cached_in"] += u.llm_cached_in
         e["chars"] += len(c.get("text") or "")
         e["errors"] += bool(c.get("error"))
+        e["estimated"] = e["estimated"] or bool(c.get("estimated"))  # counts of a broken call: as delivered
         e["cost_usd"] += u.cost(sheet)
     return list(out.values())
 

@@ -202,8 +202,15 @@ class PyroDash(Method):
 
             return await asyncio.gather(*(one(ex, s) for ex, s in items))
 
-        return [self._record(d.slm_text, d.llm_text, d.usage, d.handoff, d.finish_reason, d.fallback)
-                for d in asyncio.run(main())]
+        out = []
+        for d in asyncio.run(main()):
+            rec = self._record(d.slm_text, d.llm_text, d.usage, d.handoff, d.finish_reason, d.fallback)
+            if d.llm_endpoints and (len(d.llm_endpoints) > 1 or d.llm_endpoints[0]["price"] != {
+                    "llm_in": self.env.prices.llm_in, "llm_out": self.env.prices.llm_out,
+                    "llm_cached_in": self.env.prices.llm_cached_in}):  # fmt: skip
+                rec["llm_endpoints"] = d.llm_endpoints  # a mesh: who was called, at which price
+            out.append(rec)
+        return out
 
 
 class RouteLLM(Method):
@@ -274,9 +281,9 @@ class Backends:
     def get(self, spec):
         key = repr(spec)
         if key not in self._cache:
-            from pyrodash.backends import load_backend
+            from pyrodash.backends.mesh import load_llm
 
-            self._cache[key] = load_backend(spec)
+            self._cache[key] = load_llm(spec)  # a plain backend spec, or several LLM endpoints (a mesh)
         return self._cache[key]
 
 

@@ -103,6 +103,45 @@ class Metrics:
     extra: dict = field(default_factory=dict)
 
 
+def record_cost(r: dict, prices: Prices, endpoint_prices: dict[str, Prices] | None = None) -> float:
+    """Dollars of one record: SLM tokens at `prices`; LLM tokens at `prices` too, unless the record was served by
+    an LLM mesh (`llm_endpoints`), whose endpoints are billed at `endpoint_prices[name]` when given, else at the
+    price each endpoint was configured with (stored in the record)."""
+    eps = r.get("llm_endpoints")
+    if not eps:
+        return Usage.from_dict(r["usage"]).cost(prices)
+    u = Usage.from_dict(r["usage"])
+    total = Usage(slm_in=u.slm_in, slm_out=u.slm_out).cost(prices)
+    for e in eps:
+        sheet = (endpoint_prices or {}).get(e["endpoint"])
+        if sheet is None:
+            pr = e.get("price") or {}
+            sheet = Prices(slm_in=0, slm_out=0, llm_in=pr.get("llm_in", prices.llm_in),
+                           llm_out=pr.get("llm_out", prices.llm_out), llm_cached_in=pr.get("llm_cached_in"))
+        total += Usage(llm_in=e["llm_in"], llm_out=e["llm_out"], llm_cached_in=e["llm_cached_in"]).cost(sheet)
+    return total
+
+
+def mesh_table(runs: dict[str, list[dict]], prices: Prices) -> list[str]:
+    """Per method and LLM endpoint: calls, failed calls, tokens, the endpoint's price and dollars (mesh runs)."""
+    rows = []
+    for name, recs in runs.items():
+        agg: dict[str, dict] = {}
+        for r in recs:
+            for e in r.get("llm_endpoints") or []:
+                a = agg.setdefault(e["endpoint"], {"calls": 0, "errors": 0, "llm_in": 0, "llm_out": 0, "cost": 0.0,
+                                                   "price": e.get("price") or {}})
+                for k in ("calls", "errors", "llm_in", "llm_out"):
+                    a[k] += e.get(k, 0)
+                a["cost"] += record_cost({"usage": {}, "llm_endpoints": [e]}, prices)
+        rows += [[name, ep, a["calls"], a["errors"], a["llm_in"], a["llm_out"],
+                  f"{a['price'].get('llm_in')}/{a['price'].get('llm_out')}", f"{a['cost']:.6f}"]
+                 for ep, a in agg.items()]
+    if not rows:
+        return ["(no LLM mesh in this run: every LLM call went to the one configured LLM)"]
+    return _table(["Method", "LLM endpoint", "calls", "failed", "LLM in", "LLM out", "$/M in/out", "$"], rows)
+
+
 def compute_metrics(name: str, records: list[dict], prices: Prices) -> Metrics:
     if not records:
         raise ValueError(f"method {name!r} has no records; re-run eval for it or delete its empty file")
@@ -122,7 +161,7 @@ def compute_metrics(name: str, records: list[dict], prices: Prices) -> Metrics:
         accuracy=sum(per_bench.values()) / len(per_bench),
         llm_token_ratio=llm_token_ratio(usages),
         llm_calls=total.llm_calls / len(records),
-        cost_usd=total.cost(prices),
+        cost_usd=sum(record_cost(r, prices) for r in records),
         usage=total,
         usage_by_benchmark={b: total_usage(us) for b, us in sorted(usage_by_bench.items())},
         n=len(records),
@@ -329,6 +368,8 @@ def render(run_dir: str | Path, prices: Prices | None = None) -> tuple[str, dict
     out += table4(ms, prices, t4 or "")
     out += ["", "## Pareto verdict", ""] + pareto_verdict(ms) + ["", "![Pareto](pareto.png)"]
     out += ["", "## Baselines as run", ""] + baseline_notes(Path(run_dir), runs)
+    out += ["", "## LLM endpoints (mesh)", "", "Each endpoint's tokens at its own price sheet (`llm_endpoints` of the "
+            "records); the totals above use these prices for mesh records.", ""] + mesh_table(runs, prices)
     out += ["", "## Trigger positions", "",
             "Where the LLM first takes over, in steps (boundary `\\n\\n`), relative to the first step the SLM was not "
             "taught (`meta.hard_steps`).", ""]

@@ -164,3 +164,48 @@ def test_long_history_is_trimmed_per_model_and_counted(chat_stack, tmp_path_fact
         metrics = httpx.get(f"{srv.url}/metrics").text
         assert 'pyrodash_history_trimmed_messages_total{side="slm"} 2' in metrics
         assert 'pyrodash_history_trimmed_requests_total{side="slm"} 1' in metrics
+
+
+# ---------------------------------------------------------------- pyrodash generate: --history, --turn, --llm x2
+
+
+def test_generate_conversation_and_mesh_flags(tmp_path, capsys):
+    import json
+    import socket
+
+    from tiny_models import tiny_model_dir
+
+    from pyrodash.backends.hf import HFBackend
+    from pyrodash.cli import main
+    from pyrodash.cost import Prices
+    from pyrodash.engine import CollaborateEngine
+
+    slm_dir = str(tiny_model_dir(tmp_path / "slm", seed=0))
+    llm_dir = str(tiny_model_dir(tmp_path / "llm", seed=1, offload=False))
+    hist = tmp_path / "h.json"
+    hist.write_text(json.dumps([{"role": "user", "content": "1+1="},
+                               {"role": "assistant", "content": f"2{OFFLOAD_TOKEN}"}]))
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    dead = f"http://127.0.0.1:{s.getsockname()[1]}/v1#tiny-llm"
+    s.close()  # nothing listens: the first mesh endpoint refuses the connection
+    saved = tmp_path / "saved.json"
+    argv = ["generate", "--slm", slm_dir, "--llm", dead, "--llm", llm_dir, "--prompts", "world-v1", "--max-tokens",
+            "12", "--offload-bias", "100", "--history", str(hist), "--turn", "+2?", "--save-history", str(saved),
+            "--json", "3+4="]
+    assert main(argv) == 0
+    lines = [json.loads(x) for x in capsys.readouterr().out.strip().splitlines() if x.startswith("{")]
+    assert [d["turn"] for d in lines] == [2, 3]
+    ref = CollaborateEngine(HFBackend(slm_dir), HFBackend(llm_dir), PROMPTS, Prices.from_yaml("paper"), max_tokens=12)
+    convo = [{"role": "user", "content": "1+1="}, {"role": "assistant", "content": "2"},
+             {"role": "user", "content": "3+4="}]
+    want = ref.run(convo, offload_bias=100.0)
+    assert lines[0]["output"] == want.output and lines[0]["usage"]["llm_calls"] == 1
+    refused, used = lines[0]["llm_endpoints"]
+    assert (refused["calls"], refused["errors"], used["calls"], used["errors"]) == (0, 1, 1, 0)
+    convo += [{"role": "assistant", "content": want.output}, {"role": "user", "content": "+2?"}]
+    assert lines[1]["output"] == ref.run(convo, offload_bias=100.0).output
+    assert json.loads(saved.read_text())[-1] == {"role": "assistant", "content": lines[1]["output"]}
+    assert len(json.loads(saved.read_text())) == 6
+    hist.write_text('{"role": "user"}')
+    assert main(argv) == 2 and "--history" in capsys.readouterr().err

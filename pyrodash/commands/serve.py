@@ -25,7 +25,13 @@ import argparse
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="YAML recipe (configs/serve/*.yaml); flags override it")
     p.add_argument("--slm", help="SLM backend: a model dir / hub id (in-process) or http(s)://host:port/v1#model")
-    p.add_argument("--llm", help="LLM backend: same forms as --slm")
+    p.add_argument("--llm", action="append", help="LLM backend: same forms as --slm; repeat it for an LLM mesh "
+                   "(the next endpoint takes over mid-stream when one fails)")
+    p.add_argument("--llm-policy", choices=("fallback", "cheapest"), help="mesh policy (default: fallback, in order)")
+    p.add_argument("--llm-prices", action="append", metavar="SHEET",
+                   help="price sheet of the i-th --llm (repeatable, in order; YAML, name, or LiteLLM FILE.json#MODEL)")
+    p.add_argument("--llm-cooldown", type=float, metavar="S", help="seconds a failed mesh endpoint sits out (30)")
+    p.add_argument("--llm-timeout", type=float, metavar="S", help="mesh: longest wait for an endpoint's next chunk")
     p.add_argument("--prices", help="price sheet: a YAML path or a name in configs/prices/ (default: paper)")
     p.add_argument("--prompts", help="prompt set name (default: qwen-math-v1)")
     p.add_argument("--offload-bias", type=float, help="offload_bias of the default model (first operating point)")
@@ -41,10 +47,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def config_from_args(args: argparse.Namespace):
     """The ServeConfig that the YAML (if any) and the flags describe."""
+    from pyrodash.backends.mesh import spec_from_flags
     from pyrodash.server.config import Limits, ServeConfig
 
-    flags = {k: getattr(args, k, None) for k in ("slm", "llm", "prices", "prompts", "host", "port", "api_key",
+    llm = spec_from_flags(args.llm, args.llm_prices, args.llm_policy, args.llm_cooldown, args.llm_timeout)
+    flags = {k: getattr(args, k, None) for k in ("slm", "prices", "prompts", "host", "port", "api_key",
                                                  "cors_origins", "log_level")}  # fmt: skip
+    flags["llm"] = llm
     config = ServeConfig.from_yaml(args.config, **flags) if args.config else ServeConfig(
         **{k: v for k, v in flags.items() if v is not None})  # fmt: skip
     if args.offload_bias is not None:

@@ -2,6 +2,8 @@
 
     slm: worlds/demo/slm                       # a backend spec, as `load_backend` takes it (path, URL, or dict)
     llm: {url: http://127.0.0.1:8001/v1, model: llm, api_key_env: LLM_API_KEY, timeout_s: 60}
+    # or an LLM mesh (pyrodash.backends.mesh): a list of endpoints (policy fallback), or
+    # llm: {policy: cheapest, cooldown_s: 30, timeout_s: 20, endpoints: [{url: ..., prices: SHEET}, ...]}
     prices: paper                              # a sheet in configs/prices/, a YAML path, or an inline dict
     prompts: qwen-math-v1
     handoff_style: continue
@@ -70,7 +72,7 @@ class Failure:
 @dataclass
 class ServeConfig:
     slm: str | dict | None = None
-    llm: str | dict | None = None
+    llm: str | dict | list | None = None
     prices: str | dict = "paper"
     prompts: str = "qwen-math-v1"
     handoff_style: str = "continue"
@@ -120,8 +122,8 @@ class ServeConfig:
     def check_models(self) -> None:
         """Fail early, with a message, when an SLM/LLM spec names a local directory that is not there (a string with
         one slash and no leading . or / is taken as a hub id; URLs are checked when the server starts)."""
-        for side in ("slm", "llm"):
-            spec = getattr(self, side)
+        specs = [("slm", self.slm)] + [("llm", s) for s in _members(self.llm)]
+        for side, spec in specs:
             if spec is None:
                 raise ValueError(f"no {side.upper()} given: set {side} in the config or pass --{side}")
             path = spec.get("path") if isinstance(spec, dict) else spec
@@ -159,8 +161,23 @@ class ServeConfig:
         return cls(**{k: v for k, v in data.items() if v is not None})
 
 
+def _members(spec: object) -> list:
+    """The endpoint specs of an LLM spec (one, or a mesh's members)."""
+    if isinstance(spec, list):
+        return spec or [None]
+    if isinstance(spec, dict) and "endpoints" in spec:
+        return list(spec["endpoints"] or [None])
+    return [spec]
+
+
 def _resolve_paths(spec: object, base: Path) -> object:
     """A relative local path in a spec is taken relative to the YAML file when it exists there."""
+    if isinstance(spec, list):
+        return [_resolve_paths(s, base) for s in spec]
+    if isinstance(spec, dict) and "endpoints" in spec:
+        return {**spec, "endpoints": _resolve_paths(spec["endpoints"], base)}
+    if isinstance(spec, dict) and isinstance(spec.get("prices"), str):
+        spec = {**spec, "prices": _resolve_paths(spec["prices"], base)}
     if isinstance(spec, dict) and "path" in spec:
         return {**spec, "path": _resolve_paths(spec["path"], base)}
     if isinstance(spec, str) and "://" not in spec and not Path(spec).is_absolute():
