@@ -143,3 +143,9 @@ def backend_context(backend) -> int | None:
     model = getattr(backend, "model", None)
     n = getattr(getattr(model, "config", None), "max_position_embeddings", None)
     return n if isinstance(n, int) and n > 0 else None
+
+
+def example_messages(prompts, question: str, history: list[dict] | None = None) -> list[dict]:
+    """The chat of an evaluation example: its earlier turns (`Example.meta["history"]`, verbatim) and the question
+    under the prompt set's template, as every method puts it to a model."""
+    return [dict(m) for m in history or []] + prompts.plain_messages(question)

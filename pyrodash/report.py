@@ -142,6 +142,35 @@ def mesh_table(runs: dict[str, list[dict]], prices: Prices) -> list[str]:
     return _table(["Method", "LLM endpoint", "calls", "failed", "LLM in", "LLM out", "$/M in/out", "$"], rows)
 
 
+def per_turn(runs: dict[str, list[dict]], prices: Prices) -> dict[str, dict[int, dict]]:
+    """{method: {turn: {n, accuracy, llm_calls, handoff_share, cost_usd}}} over the records of conversation turns
+    (`meta.turn`, e.g. the world's multi-turn split); per-example means. Empty when the run has none."""
+    out: dict[str, dict[int, dict]] = {}
+    for name, recs in runs.items():
+        by: dict[int, list[dict]] = {}
+        for r in recs:
+            turn = (r.get("meta") or {}).get("turn")
+            if turn is not None:
+                by.setdefault(int(turn), []).append(r)
+        if by:
+            out[name] = {t: {"n": len(rs), "accuracy": sum(bool(r["correct"]) for r in rs) / len(rs),
+                             "llm_calls": sum(r.get("llm_calls", 0) for r in rs) / len(rs),
+                             "handoff_share": sum(r.get("handoff") is not None for r in rs) / len(rs),
+                             "cost_usd": sum(record_cost(r, prices) for r in rs) / len(rs)}
+                         for t, rs in sorted(by.items())}  # fmt: skip
+    return out
+
+
+def turn_table(runs: dict[str, list[dict]], prices: Prices) -> list[str]:
+    """The conversations section: accuracy, LLM calls and dollars per example, by method and turn."""
+    pt = per_turn(runs, prices)
+    if not pt:
+        return ["(no conversation turns in this run: add the world's `world:multiturn` split to the benchmarks)"]
+    rows = [[name, t, v["n"], _pct(v["accuracy"]), f"{v['llm_calls']:.2f}", _pct(v["handoff_share"]),
+             f"{v['cost_usd']:.8f}"] for name, turns in pt.items() for t, v in turns.items()]  # fmt: skip
+    return _table(["Method", "turn", "n", "accuracy", "LLM calls / ex.", "handoffs", "$ / ex."], rows)
+
+
 def compute_metrics(name: str, records: list[dict], prices: Prices) -> Metrics:
     if not records:
         raise ValueError(f"method {name!r} has no records; re-run eval for it or delete its empty file")
@@ -368,6 +397,9 @@ def render(run_dir: str | Path, prices: Prices | None = None) -> tuple[str, dict
     out += table4(ms, prices, t4 or "")
     out += ["", "## Pareto verdict", ""] + pareto_verdict(ms) + ["", "![Pareto](pareto.png)"]
     out += ["", "## Baselines as run", ""] + baseline_notes(Path(run_dir), runs)
+    out += ["", "## Conversations: per turn", "", "Each turn of a conversation is graded with the gold earlier turns "
+            "as history (the same context for every method); a follow-up continues from the previous answer.", ""]
+    out += turn_table(runs, prices)
     out += ["", "## LLM endpoints (mesh)", "", "Each endpoint's tokens at its own price sheet (`llm_endpoints` of the "
             "records); the totals above use these prices for mesh records.", ""] + mesh_table(runs, prices)
     out += ["", "## Trigger positions", "",
@@ -393,7 +425,11 @@ def render(run_dir: str | Path, prices: Prices | None = None) -> tuple[str, dict
     out += ["", "## Re-pricing (total $ under each sheet)", ""]
     out += _table(["Method"] + list(sheets),
                   [[n] + [f"{m.usage.cost(s):.6f}" for s in sheets.values()] for n, m in ms.items()])
-    return "\n".join(out) + "\n", summary_dict(ms, prices), ms
+    summary = summary_dict(ms, prices)
+    turns = per_turn(runs, prices)
+    if turns:
+        summary["per_turn"] = turns
+    return "\n".join(out) + "\n", summary, ms
 
 
 def write_report(run_dir: str | Path, prices: Prices | None = None) -> Path:
