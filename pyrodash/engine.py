@@ -20,6 +20,12 @@ everything already streamed (O_s plus any LLM text that arrived), so no text is 
 `on_error="raise"`: the stream raises `EngineError`, whose `.done` is the final record (finish_reason "error",
 usage of every attempt, the error messages). `Usage.llm_calls` counts the LLM attempts that reached the server.
 
+Conversations (`pyrodash.conversation`): a list of messages is one user turn with its history; `<offload>` is
+stripped from every message, each model's request is trimmed to its context window (oldest earlier turns first,
+`Done.trimmed`), and `Done.turn` / `Done.segments` say which turn this is and who wrote what in it. An LLM that is
+several endpoints (`pyrodash.backends.mesh`) reports one entry per upstream call on its last chunk; each is billed
+at its endpoint's prices (`Done.llm_endpoints`) and counted in `llm_calls`.
+
 Token budget: `max_tokens` bounds each model's decoding separately (the SLM, including a fallback resume; the LLM).
 Usage is what the backends report (the tokenizer's counts in process, the server's `usage` over HTTP); only for a
 server that reports none are SLM output tokens estimated as one per streamed chunk.

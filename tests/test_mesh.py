@@ -309,3 +309,29 @@ def test_report_prices_mesh_records_per_endpoint():
     assert compute_metrics("pyrodash@0", [rec, plain], cheap).cost_usd == pytest.approx(want + 56 / 1e6)
     table = "\n".join(mesh_table({"pyrodash@0": [rec, plain]}, cheap))
     assert "| pyrodash@0 | a | 1 | 1 | 100 | 5 | 2.0/8.0 | 0.000240 |" in table
+
+
+def test_a_hanging_endpoint_times_out_and_the_next_one_answers(llm_up):
+    flaky = FaultInjectingLLM(llm_up.url)
+    flaky.mode = "hang"
+    with UvicornThread(flaky.app, log_level="error") as hang:
+        mesh = load_llm({"timeout_s": 1.0, "endpoints": [f"{hang.url}/v1#tiny-llm", f"{llm_up.url}/v1#tiny-llm"]})
+        t0 = time.monotonic()
+        text, last = _collect(mesh, GenRequest(messages=MSGS, max_tokens=6, temperature=0.0))
+        assert time.monotonic() - t0 < 10 and text
+        first, second = last.endpoints
+        assert "no chunk within 1.0s" in first["error"] and first["text"] == "" and second["error"] is None
+
+
+def test_serve_flags_build_a_mesh_config():
+    from pyrodash.cli import build_parser
+    from pyrodash.commands.serve import config_from_args
+
+    args = build_parser().parse_args(["serve", "--slm", "s", "--llm", "http://a:1/v1#m", "--llm", "http://b:2/v1#m",
+                                      "--llm-prices", "paper", "--llm-policy", "fallback", "--context-slm", "512"])
+    c = config_from_args(args)
+    assert c.llm == {"endpoints": [{"url": "http://a:1/v1", "model": "m", "prices": "paper"},
+                                   {"url": "http://b:2/v1", "model": "m"}], "policy": "fallback"}
+    assert (c.context.slm, c.context.llm) == (512, None)
+    one = config_from_args(build_parser().parse_args(["serve", "--slm", "s", "--llm", "http://a:1/v1#m"]))
+    assert one.llm == "http://a:1/v1#m"

@@ -41,6 +41,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cors-origin", action="append", dest="cors_origins", metavar="ORIGIN",
                    help="allow browser requests from ORIGIN (repeatable); CORS is off otherwise")  # fmt: skip
     p.add_argument("--max-tokens", type=int, help="largest max_tokens a request may ask for")
+    p.add_argument("--context-slm", type=int, metavar="N", help="SLM context window, tokens (trims long chats)")
+    p.add_argument("--context-llm", type=int, metavar="N", help="LLM context window, tokens (trims long chats)")
     p.add_argument("--graceful-timeout", type=float, default=30.0, help="seconds to let requests finish on stop")
     p.add_argument("--log-level", choices=["critical", "error", "warning", "info", "debug"], help="uvicorn log level")
 
@@ -58,6 +60,12 @@ def config_from_args(args: argparse.Namespace):
         **{k: v for k, v in flags.items() if v is not None})  # fmt: skip
     if args.offload_bias is not None:
         config.operating_points[config.default_model] = float(args.offload_bias)
+    if args.context_slm is not None or args.context_llm is not None:
+        from pyrodash.conversation import ContextLimits
+
+        ctx = config.context
+        config.context = ContextLimits(slm=args.context_slm if args.context_slm is not None else ctx.slm,
+                                       llm=args.context_llm if args.context_llm is not None else ctx.llm)
     if args.max_tokens is not None:
         lim = config.limits
         config.limits = Limits(max_body_bytes=lim.max_body_bytes, max_tokens=args.max_tokens,
