@@ -153,9 +153,14 @@ class CollaborateEngine:
     def _fit(self, side: str, req: GenRequest) -> int:
         """Trim `req.messages` (in place) to `side`'s context window by the rule of pyrodash.conversation; returns
         the number of messages dropped."""
-        backend = self.slm if side == "slm" else self.llm
+        backend, limit = (self.slm if side == "slm" else self.llm), getattr(self.context, side)
+        if limit is None:
+            return 0
+        render = getattr(backend, "render", None)  # in-process: a prompt never has more tokens than UTF-8 bytes,
+        if callable(render) and len(render(req).encode()) + req.max_tokens <= limit:  # so no tokenizing when it fits
+            return 0
         count, _ = conv.token_counter(backend, req.prefix)
-        req.messages, dropped = conv.fit_context(req.messages, count, getattr(self.context, side), req.max_tokens)
+        req.messages, dropped = conv.fit_context(req.messages, count, limit, req.max_tokens)
         return dropped
 
     def llm_request(self, messages: list[dict], partial: str, max_tokens: int, sampling: dict) -> GenRequest:
