@@ -161,6 +161,14 @@ def per_turn(runs: dict[str, list[dict]], prices: Prices) -> dict[str, dict[int,
     return out
 
 
+def single_turn(runs: dict[str, list[dict]]) -> dict[str, list[dict]]:
+    """The runs without conversation turns (`meta.turn`): Tables 1-4, the Pareto verdict and the case studies
+    cover single questions, as in the paper; turns have their own section. A run of turns only is kept whole."""
+    out = {n: [r for r in rs if (r.get("meta") or {}).get("turn") is None] for n, rs in runs.items()}
+    out = {n: rs for n, rs in out.items() if rs}
+    return out or runs
+
+
 def turn_table(runs: dict[str, list[dict]], prices: Prices) -> list[str]:
     """The conversations section: accuracy, LLM calls and dollars per example, by method and turn."""
     pt = per_turn(runs, prices)
@@ -381,7 +389,8 @@ def _fence(text: str) -> list[str]:
 
 def render(run_dir: str | Path, prices: Prices | None = None) -> tuple[str, dict, dict[str, Metrics]]:
     """(markdown, summary dict, metrics) of a run; `prices` re-prices it (default: the run's own sheet)."""
-    runs = load_run(run_dir)
+    all_runs = load_run(run_dir)
+    runs = single_turn(all_runs)
     own = run_prices(run_dir)
     prices = prices or own
     ms = all_metrics(runs, prices)
@@ -399,9 +408,9 @@ def render(run_dir: str | Path, prices: Prices | None = None) -> tuple[str, dict
     out += ["", "## Baselines as run", ""] + baseline_notes(Path(run_dir), runs)
     out += ["", "## Conversations: per turn", "", "Each turn of a conversation is graded with the gold earlier turns "
             "as history (the same context for every method); a follow-up continues from the previous answer.", ""]
-    out += turn_table(runs, prices)
+    out += turn_table(all_runs, prices)
     out += ["", "## LLM endpoints (mesh)", "", "Each endpoint's tokens at its own price sheet (`llm_endpoints` of the "
-            "records); the totals above use these prices for mesh records.", ""] + mesh_table(runs, prices)
+            "records); the totals above use these prices for mesh records.", ""] + mesh_table(all_runs, prices)
     out += ["", "## Trigger positions", "",
             "Where the LLM first takes over, in steps (boundary `\\n\\n`), relative to the first step the SLM was not "
             "taught (`meta.hard_steps`).", ""]
@@ -426,7 +435,7 @@ def render(run_dir: str | Path, prices: Prices | None = None) -> tuple[str, dict
     out += _table(["Method"] + list(sheets),
                   [[n] + [f"{m.usage.cost(s):.6f}" for s in sheets.values()] for n, m in ms.items()])
     summary = summary_dict(ms, prices)
-    turns = per_turn(runs, prices)
+    turns = per_turn(all_runs, prices)
     if turns:
         summary["per_turn"] = turns
     return "\n".join(out) + "\n", summary, ms

@@ -22,7 +22,7 @@ from pyrodash.world.multiturn import (
     pretrain_example,
     sample_conversation,
 )  # fmt: skip
-from pyrodash.world.task import Problem, make_known, make_table, solve, untaught_spans
+from pyrodash.world.task import Problem, make_known, make_split, make_table, solve, untaught_spans
 from pyrodash.world.tokenizer import IM_END_ID, encode_chat
 
 TABLE, KNOWN = make_table(0), make_known(0.65)
@@ -96,13 +96,14 @@ def test_multiturn_split_is_evaluated_and_reported_per_turn(tmp_path, backends):
     prompts, prices = get_prompts("world-v1"), Prices.from_yaml("paper")
     env = Env(prompts, prices, max_tokens=10, batch_size=4)
     exs = make_multiturn_split(0, 3, 2, [1], [1], TABLE, KNOWN)
+    single = make_split(0, "tier1", 2, [1], TABLE, KNOWN)
     methods = {"slm": Solo("slm", slm, "slm", env), "llm": Solo("llm", llm, "llm", env),
                "pyrodash@0.1": PyroDash("pyrodash@0.1", slm, llm, env, offload_bias=100.0)}
     evaluate(EvalConfig(run_dir=str(tmp_path), benchmarks=["world:multiturn"], batch_size=4), methods,
-             examples=exs, quiet=True)
-    recs = [json.loads(x) for x in (tmp_path / "records" / "pyrodash@0.1.jsonl").read_text().splitlines()]
+             examples=exs + single, quiet=True)
+    recs = [json.loads(x) for x in (tmp_path / "records" / "pyrodash@0.1.jsonl").read_text().splitlines()][:6]
     assert [r["meta"]["turn"] for r in recs] == [1, 2] * 3 and all(r["llm_calls"] == 1 for r in recs)
-    slm_recs = [json.loads(x) for x in (tmp_path / "records" / "slm.jsonl").read_text().splitlines()]
+    slm_recs = [json.loads(x) for x in (tmp_path / "records" / "slm.jsonl").read_text().splitlines()][:6]
     for ex, r in zip(exs, slm_recs):  # each model read the gold history, then the turn's question
         n = len(slm.prompt_ids(GenRequest(messages=ex.meta["history"] + prompts.plain_messages(ex.question))))
         assert r["usage"]["slm_in"] == n
@@ -116,3 +117,5 @@ def test_multiturn_split_is_evaluated_and_reported_per_turn(tmp_path, backends):
     md, summary, _ = render(tmp_path)
     assert "## Conversations: per turn" in md and "| pyrodash@0.1 | 2 | 3 |" in md
     assert summary["per_turn"]["llm"][1]["n"] == 3
+    # the paper's tables cover single questions: turns are only in their own section
+    assert set(summary["methods"]["slm"]["per_benchmark"]) == {"world:tier1"} and summary["methods"]["slm"]["n"] == 2
