@@ -119,3 +119,22 @@ def test_multiturn_split_is_evaluated_and_reported_per_turn(tmp_path, backends):
     assert summary["per_turn"]["llm"][1]["n"] == 3
     # the paper's tables cover single questions: turns are only in their own section
     assert set(summary["methods"]["slm"]["per_benchmark"]) == {"world:tier1"} and summary["methods"]["slm"]["n"] == 2
+
+
+def test_turn_prompts_and_per_turn_accuracy_of_a_world_model(backends):
+    from pyrodash.world.multiturn import evaluate_turns, turn_prompt_ids
+    from pyrodash.world.tokenizer import encode_chat
+
+    exs = make_multiturn_split(1, 2, 3, [1], [1], TABLE, KNOWN)
+    slm = backends[0]
+    ids = turn_prompt_ids(exs[2], encode_chat)
+    assert ids == slm.prompt_ids(GenRequest(messages=exs[2].meta["history"] + [{"role": "user",
+                                                                                "content": exs[2].question}]))
+    acc = evaluate_turns(slm.model, exs, batch_size=8)
+    # the same turns decoded one by one through the engine's own greedy loop, graded by the gold answers
+    from pyrodash.grading import grade_batch
+
+    outs = [slm.generate(GenRequest(messages=ex.meta["history"] + [{"role": "user", "content": ex.question}],
+                                    max_tokens=len(ex.meta["solution"]) + 24)).text for ex in exs]
+    ok = grade_batch(outs, [ex.gold for ex in exs], workers=0)
+    assert acc == {t: sum(ok[t - 1 :: 3]) / 2 for t in (1, 2, 3)}

@@ -124,3 +124,30 @@ def make_multiturn_split(seed: int, n: int, turns: int, tiers: list[int], follow
             ))  # fmt: skip
         c += 1
     return out
+
+
+def turn_prompt_ids(ex: Example, encode_chat) -> list[int]:
+    """Ids of a conversation turn put to a world model: the gold history, the turn's question, the generation
+    prompt."""
+    msgs = list(ex.meta.get("history") or []) + [{"role": "user", "content": ex.question}]
+    ids, _ = encode_chat(msgs, add_generation_prompt=True)
+    return ids
+
+
+def evaluate_turns(model, examples: list[Example], batch_size: int = 200, progress=None,
+                   label: str = "turns") -> dict[int, float]:
+    """{turn: greedy accuracy} of a world model answering each conversation turn after its gold history (the
+    build's check that pretraining taught follow-ups)."""
+    from pyrodash.world.evaluate import grade, greedy_generate, max_new_tokens_for
+    from pyrodash.world.tokenizer import encode_chat
+
+    if not examples:
+        return {}
+    cap = max(max_new_tokens_for(ex) for ex in examples)
+    outs = greedy_generate(model, [turn_prompt_ids(ex, encode_chat) for ex in examples], cap, batch_size, progress,
+                           label)
+    ok = grade(outs, [ex.gold for ex in examples])
+    by: dict[int, list[bool]] = {}
+    for ex, c in zip(examples, ok):
+        by.setdefault(int(ex.meta["turn"]), []).append(c)
+    return {t: round(sum(v) / len(v), 4) for t, v in sorted(by.items())}
