@@ -22,7 +22,7 @@ function usd(x) {
   if (x === null || x === undefined || Number.isNaN(x)) return "–";
   if (x === 0) return "$0";
   if (x >= 0.01) return "$" + x.toFixed(4);
-  return "$" + x.toPrecision(3);
+  return "$" + x.toFixed(Math.min(12, 2 - Math.floor(Math.log10(x))));  // 3 significant digits, never 1e-7
 }
 function perThousand(x) {
   return x > 0 ? `$${(x * 1000).toFixed(x * 1000 >= 1 ? 2 : 4)} per 1,000 such answers` : "";
@@ -153,6 +153,8 @@ class AnswerView {
     this.text += text;
     this.chunks[source] += 1;
     if (this.onLive) this.onLive(this.chunks);
+    const pane = this.target.closest(".history");
+    if (pane) pane.scrollTop = pane.scrollHeight;  // follow the stream
   }
   handoff(n) {
     this.handedOff = true;
@@ -234,7 +236,7 @@ function meterFinal(info) {
   const est = info.llm_only_estimate;
   only.textContent = (est && est.estimated ? "≈" : "") + usd(info.llm_only_cost_usd);
   only.dataset.usd = String(info.llm_only_cost_usd);
-  $("tok-llm_only").textContent = est ? `${est.prompt_tokens} + ${est.completion_tokens}` : "";
+  $("tok-llm_only").textContent = est ? `${est.prompt_tokens} in + ${est.completion_tokens} out` : "";
   $("meter-how").textContent = est ? `LLM only: ${est.method}, at the LLM's prices.` : "";
   drawBars($("meter-bars"), [
     { label: "PyroDash", parts: COMPONENTS.map((c) => ({ cls: c.split("_")[0] + " " + c, v: by[c] || 0 })) },
