@@ -381,6 +381,7 @@ async function sendCompare(ev) {
     }
   });
   await Promise.all(runs);
+  if (results.collab) meterFinal(results.collab);  // the meter prices the PyroDash column
   const names = { slm: "SLM only", llm: "LLM only", collab: "PyroDash" };
   drawBars($("compare-bars"), ["slm", "llm", "collab"].filter((m) => results[m]).map((m) => ({
     label: names[m],
