@@ -100,3 +100,10 @@ def test_bad_pyrodash_options_are_400s(stack):  # noqa: F811
         assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
     r = httpx.post(url, json={"messages": Q, "pyrodash": "slm"}, headers=auth)
     assert r.status_code == 400 and r.json()["error"]["param"] == "pyrodash"
+
+
+def test_legacy_completions_stream_sources(client):  # noqa: F811
+    parts = list(client.completions.create(model="always-offload", prompt="3+4=", max_tokens=6, stream=True,
+                                           extra_body={"pyrodash": {"sources": True}}))  # fmt: skip
+    tagged = [p.model_extra["pyrodash"]["source"] for p in parts if "pyrodash" in (p.model_extra or {})]
+    assert tagged[0] == "handoff" and set(tagged[1:]) == {"llm"}, "bias 100: the handoff comes first"
