@@ -17,6 +17,7 @@ import contextlib
 import hmac
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import asdict
 
 import anyio
@@ -372,7 +373,8 @@ async def _probe(backend) -> dict:
         return {"name": name, "reachable": False, "error": f"{type(e).__name__}: {e}"}
 
 
-async def _unary(app: FastAPI, request: Request, run: EngineRun, kind: str, model: str, route: str, info_of):
+async def _unary(app: FastAPI, request: Request, run: EngineRun, kind: str, model: str, route: str,
+                 info_of: Callable[[Done], P.PyroDashInfo]):
     metrics: Metrics = app.state.metrics
     watcher = asyncio.create_task(_wait_disconnect(request))
     waiter = asyncio.create_task(run.done())
@@ -406,7 +408,7 @@ async def _unary(app: FastAPI, request: Request, run: EngineRun, kind: str, mode
 
 
 async def _sse(app: FastAPI, run: EngineRun, first: list | None, kind: str, model: str, route: str,
-               include_usage: bool, info_of, sources: bool = False):  # fmt: skip
+               include_usage: bool, info_of: Callable[[Done], P.PyroDashInfo], sources: bool = False):  # fmt: skip
     metrics: Metrics = app.state.metrics
     rid = P.new_id("chatcmpl" if kind == "chat" else "cmpl")
     w = ChunkWriter(rid, P.now(), model, kind, include_usage)
