@@ -162,11 +162,21 @@ def test_mid_stream_cut_continues_on_the_next_endpoint_in_process(llm_up, tmp_pa
     flaky.mode, flaky.cut_after = "cut", 3
     slm = HFBackend(tiny_model_dir(tmp_path_factory.mktemp("slm"), seed=0))
     with UvicornThread(flaky.app, log_level="error") as cut:
-        mesh = load_llm([{"url": f"{cut.url}/v1", "model": "tiny-llm", "name": "cut"},
-                         {"url": f"{llm_up.url}/v1", "model": "tiny-llm", "name": "whole", "prices": LITELLM}])
+        mesh = load_llm({"cooldown_s": 0, "endpoints": [
+            {"url": f"{cut.url}/v1", "model": "tiny-llm", "name": "cut"},
+            {"url": f"{llm_up.url}/v1", "model": "tiny-llm", "name": "whole", "prices": LITELLM}]})
         engine = CollaborateEngine(slm, mesh, PROMPTS, PRICES, max_tokens=24, failure=FailurePolicy(retries=0))
         ref = CollaborateEngine(slm, load_llm(f"{llm_up.url}/v1#tiny-llm"), PROMPTS, PRICES, max_tokens=24)
         done, want = engine.run("3+4=", offload_bias=100.0), ref.run("3+4=", offload_bias=100.0)
+        flaky.mode = "cut"  # the playground's "llm alone" mode goes through the same mesh and billing
+        from pyrodash.server.modes import SoloEngine
+
+        async def alone():
+            return [ev async for ev in SoloEngine(engine, "llm").stream(MSGS, max_tokens=24)][-1]
+
+        solo = asyncio.run(alone())
+        assert solo.usage.llm_calls == 2 and [s["endpoint"] for s in solo.segments] == ["cut", "whole"]
+        assert solo.cost_usd == pytest.approx(sum(e["cost_usd"] for e in solo.llm_endpoints))
     assert done.output == want.output and not done.fallback and done.usage.llm_calls == 2
     by = [(s["by"], s.get("endpoint")) for s in done.segments]
     assert by == [("llm", "cut"), ("llm", "whole")] and len(done.segments[0]["text"]) >= 1
