@@ -138,3 +138,26 @@ def test_turn_prompts_and_per_turn_accuracy_of_a_world_model(backends):
                                     max_tokens=len(ex.meta["solution"]) + 24)).text for ex in exs]
     ok = grade_batch(outs, [ex.gold for ex in exs], workers=0)
     assert acc == {t: sum(ok[t - 1 :: 3]) / 2 for t in (1, 2, 3)}
+
+
+def test_pretraining_mix_adds_conversations_without_changing_single_questions():
+    from dataclasses import replace
+
+    from pyrodash.world.config import WorldConfig
+    from pyrodash.world.pretrain import example_stream
+    from pyrodash.world.tokenizer import IM_START_ID
+
+    cfg = WorldConfig.from_preset("quick")
+    with pytest.raises(ValueError, match="multiturn_frac"):
+        replace(cfg, multiturn_frac=1.5)
+    plain = example_stream("slm", replace(cfg, multiturn_frac=0.0), 0)
+    mixed = example_stream("slm", cfg, 0)
+    singles, convos = [], 0
+    for _ in range(400):
+        ids, labels = next(mixed)
+        if ids.count(IM_START_ID) >= 4:  # [system] user assistant user assistant ...: a conversation
+            convos += 1
+        else:
+            singles.append((ids, labels))
+    assert 0.12 < convos / 400 < 0.28  # multiturn_frac = 0.2
+    assert singles == [next(plain) for _ in singles]  # the single-question stream is untouched
