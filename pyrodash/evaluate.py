@@ -81,7 +81,8 @@ class EvalConfig:
         if not p.exists():
             raise ValueError(f"eval config {path} not found; see configs/eval/ for examples")
         if not p.is_file():
-            raise ValueError(f"eval config {path} is a directory: pass the YAML file, e.g. configs/eval/world-quick.yaml")
+            raise ValueError(f"eval config {path} is a directory: pass the YAML file, e.g. "
+                             "configs/eval/world-quick.yaml")
         try:
             data = yaml.safe_load(p.read_text(encoding="utf-8"))
         except (yaml.YAMLError, UnicodeDecodeError) as e:
@@ -101,7 +102,8 @@ class EvalConfig:
                              f"expected {sorted(known)}")
         missing = [f.name for f in fields(cls) if f.name in ("run_dir", "benchmarks") and f.name not in data]
         if missing:
-            raise ValueError(f"eval config {p}: missing {', '.join(missing)}; e.g. run_dir: runs/x, benchmarks: [gsm8k]")
+            raise ValueError(f"eval config {p}: missing {', '.join(missing)}; e.g. run_dir: runs/x, "
+                             "benchmarks: [gsm8k]")
         try:
             return cls(**data)
         except ValueError as e:
