@@ -2,7 +2,16 @@
 
 Models keep OpenAI's field order and allow extra fields (clients send fields we do not use; we ignore them).
 Requests are validated strictly (no "1" for 1, no true for 1, no NaN): a wrong type is a 400, never a silent guess.
-PyroDash adds one request field, `offload_bias`, and one response object, `pyrodash` (`PyroDashInfo`).
+OpenAI parameters the engine cannot honour are declared with their neutral value only (`n: 1`, `echo: false`,
+`tools: []` ...), so the schema says what the server accepts; `pyrodash.server.validation` refuses anything else
+by name. PyroDash adds two request fields, `offload_bias` and `max_tokens_per_model`, and one response object,
+`pyrodash` (`PyroDashInfo`).
+
+`max_tokens` (and `max_completion_tokens`) is the TOTAL budget of the joint answer, SLM + LLM output tokens, as
+OpenAI clients read it (`finish_reason: "length"` when it runs out); `max_tokens_per_model` caps each model's share.
+`temperature` defaults to 0 (greedy), not OpenAI's 1: the model names (operating points) promise an offload_bias
+whose handoff rate and cost were measured under greedy decoding, as in the paper's evaluation, and an identical
+request should get an identical answer. Send `temperature` to sample.
 """
 
 from __future__ import annotations
@@ -14,6 +23,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from pyrodash.events import Done
+
+DEFAULT_TEMPERATURE = 0.0  # greedy when omitted (see the module docstring)
 
 
 class _Strict(BaseModel):
@@ -53,21 +64,37 @@ class StreamOptions(_Strict):
     include_usage: bool = False
 
 
+class ResponseFormatText(_Strict):
+    type: Literal["text"]
+
+
 class _Sampling(_Strict):
     """Fields shared by both request kinds (`model` first, as in OpenAI's reference)."""
 
     model: str | None = None  # an operating point listed by /v1/models; None = the server's default
-    max_tokens: int | None = Field(None, ge=1)
-    n: int | None = Field(None, ge=1)
+    max_tokens: int | None = Field(None, ge=1, description="The TOTAL output budget of the joint answer (SLM + LLM "
+                                   "tokens); omitted: the server's default_max_tokens, shrunk to fit the context.")
+    n: Literal[1] | None = Field(None, description="Only 1 is supported.")
     seed: int | None = Field(None, ge=-(2**63), le=2**64 - 1)
     stop: str | list[str] | None = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
-    temperature: float | None = Field(None, ge=0.0, le=2.0, allow_inf_nan=False)
+    temperature: float | None = Field(DEFAULT_TEMPERATURE, ge=0.0, le=2.0, allow_inf_nan=False,
+                                      description="Omitted or null: 0 (greedy), unlike OpenAI's 1.")
     top_p: float | None = Field(None, gt=0.0, le=1.0, allow_inf_nan=False)
     user: str | None = None
     # PyroDash extra: added to the SLM's <offload> logit (higher = hand off to the LLM more often)
     offload_bias: float | None = Field(None, ge=-100.0, le=100.0, allow_inf_nan=False)
+    # PyroDash extra: the most tokens either model may decode (the total is max_tokens)
+    max_tokens_per_model: int | None = Field(None, ge=1, description="PyroDash: at most this many output tokens "
+                                             "from each model (SLM, LLM); the total is max_tokens.")
+    # OpenAI parameters accepted with their neutral value only (anything else is a 400 unsupported_parameter)
+    echo: Literal[False] | None = None
+    best_of: Literal[1] | None = None
+    suffix: Literal[""] | None = None
+    logit_bias: dict[str, float] | None = Field(None, max_length=0)
+    presence_penalty: float | None = Field(None, ge=0.0, le=0.0)
+    frequency_penalty: float | None = Field(None, ge=0.0, le=0.0)
 
     @field_validator("stop")
     @classmethod
@@ -90,8 +117,12 @@ class _Sampling(_Strict):
 
 class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
-    logprobs: bool | None = None
-    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: Literal[False] | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=0)
+    max_completion_tokens: int | None = Field(None, ge=1, description="Same as max_tokens (wins over it).")
+    tools: list[dict] | None = Field(None, max_length=0)
+    tool_choice: Literal["none"] | None = None
+    response_format: ResponseFormatText | None = None
 
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
@@ -101,6 +132,7 @@ class CompletionRequest(_Sampling):
     """Legacy `/v1/completions`: the prompt goes to the engine as a question (the prompt set's template applies)."""
 
     prompt: str = Field(min_length=1)
+    logprobs: int | None = Field(None, ge=0, le=0)
 
 
 # ---------------------------------------------------------------- responses
