@@ -226,7 +226,7 @@ def test_cli_eval_bad_configs_are_one_line_errors(tmp_path, capsys, text, messag
     from pyrodash.cli import main
 
     p = tmp_path / "c.yaml"
-    p.write_text(text)
+    p.write_text(text.replace("run_dir: x", f"run_dir: {tmp_path / 'x'}"))
     assert main(["eval", "--config", str(p)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "Traceback" not in err, err
