@@ -373,6 +373,11 @@ def _install_openapi(app: FastAPI) -> None:
                         responses[str(code)] = {"description": _ERRORS[code], **err}
                     responses["405"] = {"description": "Method not allowed (the Allow header lists the methods)",
                                         "headers": {"Allow": {"schema": {"type": "string"}}}, **err}
+            for path in ("/v1/chat/completions", "/v1/completions"):
+                ok = schema["paths"][path]["post"]["responses"]["200"]
+                ok["description"] = "The completion (JSON), or with stream: true server-sent events of chunks"
+                event = {"type": "object", "properties": {"event": {"type": "string"}, "data": {"type": "string"}}}
+                ok.setdefault("content", {})["text/event-stream"] = {"schema": event}
             metrics_ok = schema["paths"]["/metrics"]["get"]["responses"]["200"]
             metrics_ok["content"] = {"text/plain": {"schema": {"type": "string"}}}
             health = schema["paths"]["/health"]["get"]["responses"]

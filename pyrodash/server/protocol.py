@@ -18,13 +18,33 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, field_validator
 
 from pyrodash.events import Done
 
 DEFAULT_TEMPERATURE = 0.0  # greedy when omitted (see the module docstring)
+
+
+def _json_int(v: object) -> object:
+    """JSON Schema's integer: 5.0 is the integer 5 (strings and booleans stay refused by the strict int check)."""
+    if isinstance(v, float) and v.is_integer() and abs(v) < 2**64:
+        return int(v)
+    return v
+
+
+def _int(ge: int, le: int | None = None):
+    """An integer field type with its bounds in the JSON schema (minimum/maximum) that takes 5.0 as 5."""
+    return Annotated[int, Field(ge=ge, le=le), BeforeValidator(_json_int)]
+
+
+PositiveInt, ZeroInt, SeedInt = _int(1), _int(0, 0), _int(-(2**63), 2**64 - 1)
+_STOP_SCHEMA = {"anyOf": [
+    {"type": "string", "minLength": 1},
+    {"type": "array", "items": {"type": "string", "minLength": 1}, "maxItems": 4},
+    {"type": "null"},
+], "default": None, "title": "Stop"}  # fmt: skip
 
 
 class _Strict(BaseModel):
@@ -72,11 +92,12 @@ class _Sampling(_Strict):
     """Fields shared by both request kinds (`model` first, as in OpenAI's reference)."""
 
     model: str | None = None  # an operating point listed by /v1/models; None = the server's default
-    max_tokens: int | None = Field(None, ge=1, description="The TOTAL output budget of the joint answer (SLM + LLM "
-                                   "tokens); omitted: the server's default_max_tokens, shrunk to fit the context.")
+    max_tokens: PositiveInt | None = Field(None, description="The TOTAL output budget of the joint answer (SLM + "
+                                       "LLM tokens); omitted: the server's default_max_tokens, shrunk to fit the "
+                                       "context.")
     n: Literal[1] | None = Field(None, description="Only 1 is supported.")
-    seed: int | None = Field(None, ge=-(2**63), le=2**64 - 1)
-    stop: str | list[str] | None = None
+    seed: SeedInt | None = None
+    stop: Annotated[str | list[str] | None, WithJsonSchema(_STOP_SCHEMA)] = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     temperature: float | None = Field(DEFAULT_TEMPERATURE, ge=0.0, le=2.0, allow_inf_nan=False,
@@ -86,7 +107,7 @@ class _Sampling(_Strict):
     # PyroDash extra: added to the SLM's <offload> logit (higher = hand off to the LLM more often)
     offload_bias: float | None = Field(None, ge=-100.0, le=100.0, allow_inf_nan=False)
     # PyroDash extra: the most tokens either model may decode (the total is max_tokens)
-    max_tokens_per_model: int | None = Field(None, ge=1, description="PyroDash: at most this many output tokens "
+    max_tokens_per_model: PositiveInt | None = Field(None, description="PyroDash: at most this many output tokens "
                                              "from each model (SLM, LLM); the total is max_tokens.")
     # OpenAI parameters accepted with their neutral value only (anything else is a 400 unsupported_parameter)
     echo: Literal[False] | None = None
@@ -118,8 +139,8 @@ class _Sampling(_Strict):
 class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
     logprobs: Literal[False] | None = None
-    top_logprobs: int | None = Field(None, ge=0, le=0)
-    max_completion_tokens: int | None = Field(None, ge=1, description="Same as max_tokens (wins over it).")
+    top_logprobs: ZeroInt | None = None
+    max_completion_tokens: PositiveInt | None = Field(None, description="Same as max_tokens (wins over it).")
     tools: list[dict] | None = Field(None, max_length=0)
     tool_choice: Literal["none"] | None = None
     response_format: ResponseFormatText | None = None
@@ -132,7 +153,7 @@ class CompletionRequest(_Sampling):
     """Legacy `/v1/completions`: the prompt goes to the engine as a question (the prompt set's template applies)."""
 
     prompt: str = Field(min_length=1)
-    logprobs: int | None = Field(None, ge=0, le=0)
+    logprobs: ZeroInt | None = None
 
 
 # ---------------------------------------------------------------- responses

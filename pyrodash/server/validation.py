@@ -125,7 +125,9 @@ def parse(model: type[BaseModel], obj: object) -> BaseModel:
                          "Unicode; send well-formed UTF-8.", param=where, code="invalid_unicode")  # fmt: skip
     if isinstance(obj, dict):
         for name, (neutral, why) in UNSUPPORTED.items():
-            if name in obj and not any(obj[name] == v and type(obj[name]) is type(v) for v in neutral):
+            if name == "logprobs":  # chat: a boolean; legacy completions: a count
+                neutral = (None, False) if model is P.ChatCompletionRequest else (None, 0)
+            if name in obj and not any(_same(obj[name], v) for v in neutral):
                 code = "unsupported_value" if name in ("n", "logprobs") else "unsupported_parameter"
                 raise P.APIError(400, f"Unsupported parameter: '{name}': {why}; remove it or send "
                                  f"{_neutral(neutral)}.", param=name, code=code)  # fmt: skip
@@ -138,6 +140,17 @@ def parse(model: type[BaseModel], obj: object) -> BaseModel:
         param = ".".join(str(x) for x in err["loc"] if isinstance(x, int) or x in known) or None
         where = f"{param}: " if param else ""
         raise P.APIError(400, f"{where}{err['msg']}", param=param, code="invalid_value") from None
+
+
+def _same(a: object, b: object) -> bool:
+    """JSON equality: 1 and 1.0 are the same number, false and 0 are not; {type: text, ...} is the text format."""
+    if isinstance(a, dict) and isinstance(b, dict) and b.get("type") == "text":
+        return a.get("type") == "text"
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return a == b
+    return type(a) is type(b) and a == b
 
 
 def _neutral(values: tuple) -> str:
