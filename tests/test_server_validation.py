@@ -76,7 +76,7 @@ def test_lone_surrogates_are_a_400_and_counted(http, body, param):
     assert r.status_code == 400, r.text
     err = _err(r)
     assert (err["param"], err["code"]) == (param, "invalid_unicode")
-    assert _requests_total(http) == before + 1
+    assert _requests_total(http) == before + 2  # this 400, and the GET /metrics that read `before`
 
 
 def test_the_error_handler_survives_a_surrogate_it_must_echo(http):
@@ -251,3 +251,16 @@ def test_an_http_llm_still_gets_checked_for_the_slm_context(tmp_path_factory):
             r = httpx.post(f"{s.url}{CHAT}", headers=AUTH, timeout=60,
                            json={"messages": [{"role": "user", "content": "y" * 2100}], "max_tokens": 2})
             assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+
+
+def test_every_response_is_counted_once(http):
+    before = _requests_total(http)  # this GET /metrics is counted after its body was rendered
+    http.get("/v1/models")
+    http.get("/v1/models/pyrodash")
+    http.get("/v1/models/nope")
+    _post(http, {"messages": [{"role": "user", "content": "x"}], "max_tokens": 1})
+    _post(http, b"{bad json")
+    after = _requests_total(http)
+    assert after == before + 1 + 5
+    text = http.get("/metrics").text
+    assert 'route="/v1/models",status="200"' in text and 'route="/metrics",status="200"' in text

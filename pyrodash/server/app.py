@@ -172,6 +172,7 @@ def _install_routes(app: FastAPI) -> None:
         req = V.parse(model_cls, await V.read_json(request, config.limits.max_body_bytes))
         model, prompt, kwargs = V.engine_call(app, req, kind)
         request.state.model = model  # a validated name: the metrics' model label stays bounded
+        request.state.counted = True  # from here the route (or the error handler) counts the response itself
         kwargs = await V.check_context(app, prompt, kwargs)
         route = "/v1/chat/completions" if kind == "chat" else "/v1/completions"
         metrics.in_flight.inc()

@@ -49,6 +49,31 @@ def count(request: Request, status: int) -> None:
     metrics = request.app.state.metrics
     model = getattr(request.state, "model", "") or ""
     metrics.requests.inc(route=route_label(request), model=model, status=str(status))
+    request.state.counted = True
+
+
+class CountResponses:
+    """ASGI middleware: every HTTP response that no handler counted (the GET routes' 200s, /health's 503) goes into
+    requests_total with its route template. Completion routes count themselves (they know the model and the
+    in-stream outcome) and error handlers count through `count`; both mark the request as counted."""
+
+    def __init__(self, app, metrics) -> None:
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        status: list[int] = []
+
+        async def send_status(message) -> None:
+            if message["type"] == "http.response.start":
+                status.append(message["status"])
+            await send(message)
+
+        await self.app(scope, receive, send_status)  # an exception propagates: the 500 handler counts it
+        if status and not scope.get("state", {}).get("counted"):
+            route = getattr(scope.get("route"), "path", None) or "unmatched"
+            self.metrics.requests.inc(route=route, model="", status=str(status[0]))
 
 
 def error_response(request: Request, err: P.APIError, headers: dict | None = None) -> ErrorResponse:
@@ -79,6 +104,8 @@ def failure(exc: BaseException) -> P.APIError:
 
 
 def install(app: FastAPI) -> None:
+    app.add_middleware(CountResponses, metrics=app.state.metrics)
+
     @app.exception_handler(P.APIError)
     async def api_error(request: Request, exc: P.APIError):
         return error_response(request, exc)
