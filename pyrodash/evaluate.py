@@ -48,6 +48,9 @@ class EvalConfig:
         for name in ("benchmarks", "methods"):  # `benchmarks: gsm8k` is a one-item list, not the letters g, s, m ...
             if isinstance(getattr(self, name), (str, dict)):
                 setattr(self, name, [getattr(self, name)])
+        for name in ("run_dir", "world_dir"):  # a Path from Python callers is a path too
+            if isinstance(getattr(self, name), os.PathLike):
+                setattr(self, name, os.fspath(getattr(self, name)))
         _expect("run_dir", self.run_dir, str, "a directory path")
         _expect("benchmarks", self.benchmarks, list, "a list such as [gsm8k, world:test]")
         if not all(isinstance(b, str) and b for b in self.benchmarks):
