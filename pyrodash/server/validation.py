@@ -112,7 +112,7 @@ def _bad_unicode(obj: object, path: str = "") -> str | None:
 
 def _fields(model: type[BaseModel]) -> set[str]:
     names: set[str] = set()
-    for m in (model, P.ChatMessage, P.TextPart, P.StreamOptions):
+    for m in (model, P.ChatMessage, P.TextPart, P.StreamOptions, P.ResponseFormatText, P.PyroDashOptions):
         names |= set(m.model_fields)
     return names
 
