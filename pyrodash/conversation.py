@@ -7,7 +7,8 @@ A chat request is `[system?] + earlier turns + the current user message`. The SL
 hand off once in the current turn; the LLM's handoff request carries the same history plus the partial turn. Earlier
 assistant turns are plain history, whoever wrote them (the SLM alone, the LLM after a handoff, the SLM after a
 fallback): nothing records who wrote what, and `<offload>` (a control token, never model-visible history) is
-stripped from every message sent to either model.
+stripped from every earlier message sent to either model (the current message is left to the server's literal
+marking: its `<offload>` text reaches the model as plain characters, never as the token).
 
 Trimming rule (`fit_context`), applied to each model's request separately, so the SLM and the LLM each respect
 their own context window:
@@ -46,16 +47,31 @@ class ContextLimits:
                 raise ValueError(f"context.{side}={v!r} must be a positive integer (tokens) or null (no trimming)")
 
 
+class ContextLengthError(ValueError):
+    """The current message (with the system prompt) alone does not fit a model's context window."""
+
+    def __init__(self, message: str, prompt_tokens: int, window: int):
+        super().__init__(message)
+        self.prompt_tokens, self.window = prompt_tokens, window
+
+
 def strip_offload(text: str) -> str:
-    return text.replace(OFFLOAD_TOKEN, "")
+    """`text` without `<offload>`, also in the literal-marked form `pyrodash serve` gives client text
+    (`pyrodash.backends.literal`), so no empty marker pair is left behind."""
+    from pyrodash.backends.literal import CLOSE, OPEN
+
+    return text.replace(f"{OPEN}{OFFLOAD_TOKEN}{CLOSE}", "").replace(OFFLOAD_TOKEN, "")
 
 
 def clean_history(messages: list[dict]) -> list[dict]:
-    """The messages with `<offload>` removed from every content (history is plain text for both models)."""
+    """The messages with `<offload>` removed from every earlier message (history is plain text for both models).
+    The current user message is left as sent: `pyrodash serve` marks special-token text there as plain characters
+    (`pyrodash.backends.literal`), so a client's `<offload>` can never fire the handoff token."""
+    cur = current_turn_index(messages)
     out = []
-    for m in messages:
+    for i, m in enumerate(messages):
         content = m.get("content")
-        if isinstance(content, str) and OFFLOAD_TOKEN in content:
+        if i < cur and isinstance(content, str) and OFFLOAD_TOKEN in content:
             m = {**m, "content": strip_offload(content)}
         out.append(m)
     return out
@@ -109,9 +125,9 @@ def fit_context(messages: list[dict], count: Callable[[list[dict]], int], limit:
             return kept, len(drop)
     if need - budget < limit:  # no history left: the decode budget is what the window leaves (ends by "length")
         return kept, len(drop)
-    raise ValueError(
+    raise ContextLengthError(
         f"the prompt needs {need - budget} tokens even with every earlier turn dropped, but the context window is "
-        f"{limit}: shorten the current message or the system prompt"
+        f"{limit}: shorten the current message or the system prompt", need - budget, limit,
     )
 
 
@@ -133,9 +149,11 @@ def token_counter(backend, prefix: str = "") -> tuple[Callable[[list[dict]], int
 
 
 def backend_context(backend) -> int | None:
-    """A backend's context window when it knows one (`context_window` attribute, or an in-process model's
-    `max_position_embeddings`); None otherwise."""
+    """A backend's context window when it knows one (`context_window`, a number or a method such as
+    `HFBackend.context_window()`, or an in-process model's `max_position_embeddings`); None otherwise."""
     n = getattr(backend, "context_window", None)
+    if callable(n):
+        n = n()
     if isinstance(n, int) and n > 0:
         return n
     if not callable(getattr(backend, "prompt_ids", None)):  # only in-process models (an HTTP `model` is a name)

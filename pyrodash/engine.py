@@ -21,12 +21,16 @@ everything already streamed (O_s plus any LLM text that arrived), so no text is 
 usage of every attempt, the error messages). `Usage.llm_calls` counts the LLM attempts that reached the server.
 
 Conversations (`pyrodash.conversation`): a list of messages is one user turn with its history; `<offload>` is
-stripped from every message, each model's request is trimmed to its context window (oldest earlier turns first,
+stripped from every earlier message, each model's request is trimmed to its context window (oldest earlier turns first,
 `Done.trimmed`), and `Done.turn` / `Done.segments` say which turn this is and who wrote what in it. An LLM that is
 several endpoints (`pyrodash.backends.mesh`) reports one entry per upstream call on its last chunk; each is billed
 at its endpoint's prices (`Done.llm_endpoints`) and counted in `llm_calls`.
 
 Token budget: `max_tokens` bounds each model's decoding separately (the SLM, including a fallback resume; the LLM).
+`max_total_tokens` (optional, what `pyrodash serve` makes of a request's `max_tokens`) bounds the joint answer:
+SLM + LLM output tokens (the `<offload>` stop token included, as billed) never exceed it, each model decodes at most
+what is left of it, and a request that runs out gets `finish_reason: "length"` (a handoff with nothing left for the
+LLM makes no LLM call).
 Usage is what the backends report (the tokenizer's counts in process, the server's `usage` over HTTP); only for a
 server that reports none are SLM output tokens estimated as one per streamed chunk.
 """
@@ -104,6 +108,22 @@ def handoff_request(
     history = list(messages[:cur]) if cur >= 0 else []  # earlier turns (and the caller's system text) stay
     msgs = _with_system(prompts.completion_system, history + [{"role": "user", "content": user}])
     return GenRequest(messages=msgs, max_tokens=max_tokens, **sampling)
+
+
+def _total_budget(max_total_tokens: int | None) -> int | None:
+    if max_total_tokens is None:
+        return None
+    if isinstance(max_total_tokens, bool) or not isinstance(max_total_tokens, int) or max_total_tokens <= 0:
+        raise ValueError(f"max_total_tokens={max_total_tokens!r} must be a positive integer (or None: no joint limit)")
+    return max_total_tokens
+
+
+def _left(per_model: int, total: int | None, usage: Usage) -> int:
+    """Tokens the next model may decode: its own limit, and what is left of the joint budget (output so far =
+    SLM + LLM output tokens, as billed)."""
+    if total is None:
+        return per_model
+    return min(per_model, total - usage.slm_out - usage.llm_out)
 
 
 class CollaborateEngine:
@@ -210,13 +230,18 @@ class CollaborateEngine:
         top_p: float | None = None,
         seed: int | None = None,
         stop: list[str] | None = None,
+        max_total_tokens: int | None = None,
     ) -> AsyncIterator[Event]:
         t0 = time.perf_counter()
         messages = self.messages(question)
+        total = _total_budget(max_total_tokens)
+        per_model = self.max_tokens if max_tokens is None else int(max_tokens)
+        if total is not None:
+            max_tokens = min(per_model, total)
         # Lines 1-2, 9-10: SLM decoding; <offload> is a stop token id
         req = self.slm_request(messages, offload_bias, max_tokens, temperature, top_p, seed, stop)
         bias = req.logit_bias.get(self.offload_id, 0.0)
-        budget, slm_msgs = req.max_tokens, req.messages
+        budget, slm_msgs = per_model, req.messages
         sampling = {"seed": req.seed, "stop": req.stop, "temperature": req.temperature, "top_p": req.top_p}
         turn = {"turn": conv.turn_number(messages), "trimmed": {
             "slm": len(_with_system(self.prompts.offload_system, messages)) - len(slm_msgs), "llm": 0}}
@@ -250,9 +275,13 @@ class CollaborateEngine:
         llm_finish: str | None = None
         pol = self.failure
         for attempt in range(pol.retries + 1):
+            left = _left(budget, total, usage)
+            if left <= 0:  # the joint budget is spent (by the SLM, or by LLM text that arrived before a failure)
+                llm_finish = "length"
+                break
             if attempt:
                 await asyncio.sleep(pol.backoff_s * 2 ** (attempt - 1))
-            lreq = handoff_request(self.prompts, self.handoff_style, messages, packed + llm_text, budget, sampling)
+            lreq = handoff_request(self.prompts, self.handoff_style, messages, packed + llm_text, left, sampling)
             turn["trimmed"]["llm"] = max(turn["trimmed"]["llm"], self._fit("llm", lreq))
             got, attempt_text = GenChunk(), ""
             streamed = 0  # tokens received in this attempt (billed if the stream breaks before reporting usage)
@@ -317,10 +346,16 @@ class CollaborateEngine:
             raise EngineError(f"the LLM failed {len(errors)} time(s): {errors[-1]}", done)
 
         # fallback: the SLM resumes from everything so far, <offload> banned
+        left = min(max(budget - slm_out, 1), _left(budget, total, usage))
+        if left <= 0:  # nothing left of the joint budget to finish with
+            done = self._done(slm_text, llm_text, usage, "length", handoff, bias, t0, turn, calls)
+            done.errors = errors
+            yield done
+            return
         freq = GenRequest(
             messages=slm_msgs,
             prefix=slm_text + llm_text,
-            max_tokens=max(budget - slm_out, 1),
+            max_tokens=left,
             logit_bias={self.offload_id: BAN},
             **sampling,
         )

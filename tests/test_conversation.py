@@ -209,3 +209,22 @@ def test_generate_conversation_and_mesh_flags(tmp_path, capsys):
     assert len(json.loads(saved.read_text())) == 6
     hist.write_text('{"role": "user"}')
     assert main(argv) == 2 and "--history" in capsys.readouterr().err
+
+
+def test_a_conversation_longer_than_the_window_is_trimmed_not_refused(chat_stack):
+    """The tiny models have 2,048 positions: 6 turns of 400 characters do not fit, so the server (its context check
+    counts the requests as the engine builds them) answers with the oldest turns dropped; a current message that
+    alone is too long is a 400 context_length_exceeded."""
+    srv = chat_stack[0]
+    msgs = []
+    for i in range(6):
+        msgs += [{"role": "user", "content": f"{i}" * 400}, {"role": "assistant", "content": "ok"}]
+    msgs.append({"role": "user", "content": "3+4="})
+    auth = {"Authorization": f"Bearer {KEY}"}
+    r = httpx.post(f"{srv.url}/v1/chat/completions", headers=auth, timeout=60,
+                   json={"messages": msgs, "max_tokens": 16, "offload_bias": -100.0})
+    p = r.json()["pyrodash"]
+    assert r.status_code == 200 and p["trimmed"]["slm"] >= 2 and p["turn"] == 7
+    r = httpx.post(f"{srv.url}/v1/chat/completions", headers=auth, timeout=60,
+                   json={"messages": msgs[:-1] + [{"role": "user", "content": "9" * 2100}], "max_tokens": 16})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"

@@ -24,6 +24,7 @@ from collections.abc import AsyncIterator
 
 import httpx
 
+from pyrodash.backends import literal
 from pyrodash.backends.base import BackendError, GenChunk, GenRequest
 
 BIAS_LIMIT = 100.0
@@ -114,7 +115,9 @@ class OpenAICompatBackend:
         return tid
 
     def body(self, req: GenRequest) -> dict:
-        msgs = list(req.messages)
+        # special-token text a client sent (marked by the server) must not become the remote model's real token
+        msgs = [{**m, "content": literal.defang(m["content"])} if isinstance(m.get("content"), str) else m
+                for m in req.messages]
         body: dict = {"model": self.model, "messages": msgs, "max_tokens": req.max_tokens,
                       "temperature": req.temperature, "top_p": req.top_p, "stream": True,
                       "stream_options": {"include_usage": True}}
