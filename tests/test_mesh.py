@@ -257,7 +257,7 @@ def test_first_llm_killed_mid_handoff_the_second_finishes(tmp_path):
         first.backend = SigkillAfterChunks(first.backend, procs[0], n=5)
         second.backend = RecordingBackend(second.backend)
         ref = CollaborateEngine(engine.slm, HFBackend(str(llm_dir)), PROMPTS, engine.prices, max_tokens=60)
-        want = ref.run(MSGS, offload_bias=100.0, max_tokens=60)
+        want = ref.run(MSGS, offload_bias=100.0, max_tokens=60, max_total_tokens=60)  # the server's max_tokens
         with UvicornThread(build_app(config, engine=engine)) as srv:
             client = openai.OpenAI(base_url=f"{srv.url}/v1", api_key=KEY, max_retries=0, timeout=120)
             chunks = list(client.chat.completions.create(
