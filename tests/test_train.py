@@ -317,6 +317,37 @@ def test_quick_stage2_offloads_on_hard_not_easy(quick_run):
 # --- several processes: `accelerate launch` (gloo on this CPU machine) ---------------------------------------------
 
 
+@pytest.mark.parametrize("name", ["ddp", "zero2", "zero3"])
+def test_accelerate_configs_parse_as_accelerate_reads_them(name):
+    from accelerate.commands.config.config_args import load_config_from_file
+    from accelerate.utils import DistributedType
+
+    cfg = load_config_from_file(str(ROOT / "configs" / "accelerate" / f"{name}.yaml"))
+    assert cfg.num_processes > 1 and not cfg.use_cpu and cfg.mixed_precision == "bf16"
+    if name == "ddp":
+        assert cfg.distributed_type == DistributedType.MULTI_GPU
+    else:
+        assert cfg.distributed_type == DistributedType.DEEPSPEED
+        assert cfg.deepspeed_config["zero_stage"] == int(name[-1])
+
+
+def test_a_cpu_launch_that_started_one_of_n_processes_is_refused(monkeypatch):
+    """`accelerate launch --cpu --num_processes 2` without MPI starts ONE process (with MASTER_ADDR set and no
+    RANK): training alone while the user asked for two would be silent, so setup() stops and names the fix."""
+    from pyrodash.train import distributed
+
+    for key in ("WORLD_SIZE", "RANK", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("ACCELERATE_USE_CPU", "True")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    with pytest.raises(ValueError, match="--multi_gpu"):
+        distributed.setup()
+    monkeypatch.delenv("MASTER_ADDR")
+    assert distributed.setup().num_processes == 1 and distributed.is_main() and distributed.world_size() == 1
+    assert distributed.gather_objects({"a": 1}) == [{"a": 1}]
+
+
+
 def _accelerate_launch(nproc: int, argv: list[str], cwd: Path):
     """`accelerate launch --num_processes N -m pyrodash ARGV` on this CPU machine. N > 1 goes through `--multi_gpu`
     (torchrun starts the N processes; accelerate's `--cpu` form starts one unless MPI is set up) and the ranks join
