@@ -9,7 +9,9 @@ Backends are TEST DOUBLES (`ScriptedBackend`, no model): the SLM streams `--toke
   pyrodash  `build_app` + CollaborateEngine over the two scripted backends (the real server and engine).
 For each, `--streams` asyncio + httpx clients each post streaming chat completions in a loop for `--duration`
 seconds. A request counts when it returns 200 and ends with `data: [DONE]`; anything else is an error.
-Added latency = pyrodash percentile - direct percentile of the per-request time to the last byte.
+Added latency = pyrodash percentile - direct percentile of the per-request time to the last byte. The server's CPU
+time (user + system, from psutil) over the load gives its CPU cost per request and per streamed token, which does not
+depend on what else runs on the machine: one core's capacity is its inverse.
 The last line is exactly: `streams=<n> errors=<e> rps=<r> p50_added_ms=<a> p99_added_ms=<b>`.
 
 With `--url` no server is started: the same clients load that server (one `pyrodash serve`, or nginx in front of
@@ -221,7 +223,13 @@ def measure(kind: str, args: argparse.Namespace) -> dict:
     url = f"http://127.0.0.1:{port}"
     try:
         _wait_up(url, proc)
-        return asyncio.run(_load(("127.0.0.1", port, ""), args.streams, args.duration))
+        import psutil
+
+        server = psutil.Process(proc.pid)
+        cpu0 = sum(server.cpu_times()[:2])
+        res = asyncio.run(_load(("127.0.0.1", port, ""), args.streams, args.duration))
+        res["server_cpu_s"] = sum(server.cpu_times()[:2]) - cpu0  # user + system seconds of the server process
+        return res
     finally:
         proc.send_signal(signal.SIGINT)
         try:
@@ -299,6 +307,10 @@ def main() -> int:
         for e in sorted(set(r["errors"]))[:5]:
             print(f"  {kind} error: {e}")
     d, s = res["direct"], res["pyrodash"]
+    per_req = s["server_cpu_s"] / max(1, s["requests"] + len(s["errors"]))
+    print(f"pyrodash server process: cpu_ms_per_request={per_req * 1e3:.3f} "
+          f"cpu_us_per_token={per_req * 1e6 / (2 * args.tokens):.1f} (user+system CPU time of its one process; "
+          f"capacity of one core ~ {1 / per_req:.0f} requests/s of {2 * args.tokens} streamed tokens)")  # fmt: skip
     p50 = (_pct(s["lat"], 50) - _pct(d["lat"], 50)) * 1e3
     p99 = (_pct(s["lat"], 99) - _pct(d["lat"], 99)) * 1e3
     print(f"streams={args.streams} errors={len(s['errors'])} rps={s['rps']:.1f} p50_added_ms={p50:.1f} "

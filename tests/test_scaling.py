@@ -128,6 +128,7 @@ def test_nginx_before_two_replicas_serves_the_load_and_metrics_add_up(tmp_path_f
                                "16"], capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
         assert load.returncode == 0, load.stdout + load.stderr
         last = load.stdout.strip().splitlines()[-1]
+        print(f"\nnginx + 2 replicas: {last}")  # the measured figures (pytest -s shows them)
         fields = dict(kv.split("=", 1) for kv in last.split())
         sent, errors = int(fields["requests"]), int(fields["errors"])
         assert errors == 0 and sent > 0, load.stdout
