@@ -10,8 +10,9 @@ prefill); LLM = first LLM token to `Done` (LLM decode). `--slm`/`--llm` take mod
 machine's CPU or GPU) or http(s)://host:port/v1#model URLs (e.g. `pyrodash serve-model`, vLLM, an API).
 The last line is exactly:
 `n=<n> handoff_rate=<h> slm_ms_p50=<a> handoff_ms_p50=<b> llm_ms_p50=<c> slm_ms_per_token=<d> llm_ms_per_token=<e>
-slm_tokens_mean=<f> llm_in_mean=<g> llm_out_mean=<i> total_ms_p50=<j>` (p50s over the requests that handed off;
-per-token times = decode time / tokens decoded, over all requests).
+slm_in_mean=<k> slm_tokens_mean=<f> llm_in_mean=<g> llm_out_mean=<i> total_ms_p50=<j>` (p50s over the requests that
+handed off; per-token times = decode time / tokens decoded, over all requests). Tiny in-process models: run with
+OMP_NUM_THREADS=1 (several threads on small matrices make a shared CPU ~10-30x slower).
 """
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ async def one(engine, question: str) -> dict:
             done = ev
     end = time.perf_counter()
     u = done.usage
-    rec = {"total": end - t0, "handoff": done.handoff is not None, "slm_out": u.slm_out, "llm_in": u.llm_in,
+    rec = {"total": end - t0, "handoff": done.handoff is not None, "slm_in": u.slm_in, "slm_out": u.slm_out,
+           "llm_in": u.llm_in,
            "llm_out": u.llm_out}
     if t_handoff is None:
         rec.update(slm=end - t0, hand=0.0, llm=0.0)
@@ -97,7 +99,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:38s} p50 {p50(key):8.1f} ms   share of a handed-off request's time {share:6.1%}")
     print(f"n={len(recs)} handoff_rate={sum(r['handoff'] for r in recs) / len(recs):.3f} "
           f"slm_ms_p50={p50('slm'):.1f} handoff_ms_p50={p50('hand'):.1f} llm_ms_p50={p50('llm'):.1f} "
-          f"slm_ms_per_token={slm_ms_tok:.2f} llm_ms_per_token={llm_ms_tok:.2f} slm_tokens_mean={mean('slm_out'):.1f} "
+          f"slm_ms_per_token={slm_ms_tok:.2f} llm_ms_per_token={llm_ms_tok:.2f} slm_in_mean={mean('slm_in'):.1f} "
+          f"slm_tokens_mean={mean('slm_out'):.1f} "
           f"llm_in_mean={mean('llm_in'):.1f} llm_out_mean={mean('llm_out'):.1f} total_ms_p50={p50('total'):.1f}")
     return 0
 
