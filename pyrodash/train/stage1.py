@@ -109,10 +109,10 @@ def train_stage1(base_path: str | Path, rows: list[dict], cfg, out_dir: str | Pa
     before = {k: w.detach().clone() for k, w in _row_weights(base).items()}
     trainer = SFTTrainer(model=peft_model, args=cfg, train_dataset=messages_dataset(rows), processing_class=tok,
                          callbacks=callbacks(cfg, log_path))
-    result = trainer.train()
     if dist.uses_zero3(trainer):
         raise ValueError("Stage 1 trains two embedding rows: run it with DDP or ZeRO-2, not ZeRO-3 (the rows would be "
                          "sharded across ranks)")
+    result = trainer.train()
     if not dist.is_main():  # the checkpoint and its stats: the main process only
         return Path(out_dir), None
     trained = offload_rows(base, tid)
