@@ -161,12 +161,12 @@ class PyroDash(Method):
                                         max_tokens=env.max_tokens)
 
     def _record(self, slm_text: str, llm_text: str, usage: Usage, handoff: int | None, finish: str,
-                fallback: bool = False) -> dict:
+                fallback: bool = False, errors: list[str] | None = None, estimated: bool = False) -> dict:
         segs = [{"model": "slm", "text": slm_text}] + ([{"model": "llm", "text": llm_text}] if handoff is not None
                                                         else [])
         return {"output": slm_text + llm_text, "usage": usage.to_dict(), "llm_calls": usage.llm_calls,
                 "handoff": handoff, "finish_reason": finish, "segments": segs, "offload_bias": self.bias,
-                "fallback": fallback}
+                "fallback": fallback, "llm_errors": list(errors or []), "usage_estimated": estimated}
 
     def __call__(self, items: list[Item]) -> list[dict]:
         eng = self.engine
@@ -202,8 +202,8 @@ class PyroDash(Method):
 
             return await asyncio.gather(*(one(ex, s) for ex, s in items))
 
-        return [self._record(d.slm_text, d.llm_text, d.usage, d.handoff, d.finish_reason, d.fallback)
-                for d in asyncio.run(main())]
+        return [self._record(d.slm_text, d.llm_text, d.usage, d.handoff, d.finish_reason, d.fallback, d.errors,
+                             d.usage_estimated) for d in asyncio.run(main())]
 
 
 class RouteLLM(Method):
@@ -271,12 +271,15 @@ class Backends:
     def __init__(self):
         self._cache: dict[str, object] = {}
 
-    def get(self, spec):
-        key = repr(spec)
+    def get(self, spec, llm: bool = False, mode: str | None = None, offload: bool = False):
+        """The backend of `spec`; `llm=True`: an LLM endpoint (its continuation mode probed at load, `mode`
+        overriding the spec's); `offload=True`: an HTTP SLM is checked to stop at <offload>."""
+        key = repr((spec, llm, mode, offload))
         if key not in self._cache:
             from pyrodash.backends import load_backend
+            from pyrodash.backends.endpoint import load_llm, load_slm
 
-            self._cache[key] = load_backend(spec)
+            self._cache[key] = load_llm(spec, mode) if llm else load_slm(spec) if offload else load_backend(spec)
         return self._cache[key]
 
 
@@ -303,7 +306,7 @@ def build_methods(cfg, env: Env, backends: Backends | None = None, load_examples
     def model(key: str):
         if not models.get(key):
             raise ValueError(f"this method needs models.{key} in the eval config (a model path or backend spec)")
-        return be.get(models[key])
+        return be.get(models[key], llm=key == "llm", mode=getattr(cfg, "llm_mode", None) if key == "llm" else None)
 
     lam_specs = {float(k): v for k, v in (models.get("pyrodash") or {}).items()}
     out: dict[str, Method] = {}
@@ -318,14 +321,15 @@ def build_methods(cfg, env: Env, backends: Backends | None = None, load_examples
                 if float(lam) not in lam_specs:
                     raise ValueError(f"pyrodash λ={lam} has no checkpoint: add it under models.pyrodash")
                 name = f"pyrodash@{knob(lam)}"
-                out[name] = PyroDash(name, be.get(lam_specs[float(lam)]), model("llm"), env)
+                out[name] = PyroDash(name, be.get(lam_specs[float(lam)], offload=True), model("llm"), env)
         elif kind == "pyrodash_bias":
             lam = float(opt.get("lambda", min(lam_specs) if lam_specs else 0))
             if lam not in lam_specs:
                 raise ValueError(f"pyrodash_bias lambda={lam} has no checkpoint under models.pyrodash")
             for b in opt.get("biases", []):
                 name = f"pyrodash@{knob(lam)}+bias{knob(b)}"
-                out[name] = PyroDash(name, be.get(lam_specs[lam]), model("llm"), env, offload_bias=float(b))
+                out[name] = PyroDash(name, be.get(lam_specs[lam], offload=True), model("llm"), env,
+                                         offload_bias=float(b))
         elif kind == "glimprouter":
             taus = [float(t) for t in opt.get("taus", [] if opt.get("step_shares") else [0.9])]
             if opt.get("step_shares"):

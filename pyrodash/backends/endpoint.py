@@ -130,3 +130,38 @@ def load_llm(spec: str | dict, mode: str | None = None, probe: bool = True):
     if probe:
         backend.resolve(raise_on_unreachable=False)
     return backend
+
+
+def with_mode(spec: str | dict | None, mode: str | None) -> str | dict | None:
+    """`spec` with its continuation mode set to `mode` (a CLI `--llm-mode`); a local model spec refuses one."""
+    if mode is None:
+        return spec
+    if mode not in LLM_MODES:
+        raise ValueError(f"--llm-mode {mode!r}: use one of {', '.join(LLM_MODES)}")
+    if not is_http_spec(spec):
+        raise ValueError(f"--llm-mode {mode}: the LLM is a local model ({spec!r}), which continues the trace in "
+                         "process; give an http(s)://host:port/v1#model LLM or drop the flag")
+    ep = LLMEndpoint.parse(spec) if isinstance(spec, str) else None
+    return {"url": ep.url, "model": ep.model, "mode": mode} if ep else {**spec, "mode": mode}
+
+
+def load_slm(spec: str | dict):
+    """The SLM backend of a spec; an HTTP SLM server is checked once (`probe_slm`): it must stop at `<offload>`
+    (stop_token_ids) and report which stop token ended a generation, else a one-line ValueError naming the fix."""
+    from pyrodash.backends import load_backend
+
+    backend = load_backend(spec)
+    if is_http_spec(spec):
+        from pyrodash.backends.probe import probe_slm
+
+        rep = probe_slm(backend)
+        if rep.error:
+            raise ValueError(rep.error)
+    return backend
+
+
+def add_llm_mode_argument(parser) -> None:
+    """The `--llm-mode` flag every command that calls an LLM takes."""
+    parser.add_argument("--llm-mode", choices=LLM_MODES, default=None,
+                        help="how the HTTP LLM continues a partial trace (default: the spec's mode, else auto = "
+                             "detected at start-up); see README 'Point it at your LLM'")

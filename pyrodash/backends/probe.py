@@ -190,22 +190,24 @@ async def _try_mode(backend, mode: str, rep: ProbeReport) -> tuple[Wire | None, 
                 return None, str(e)
             msg = str(e).split(": ", 1)[-1][:160]
             low = msg.lower()
+            if mode == "completion" and st is not None and st < 500:  # e.g. no /completions route for this model
+                return None, f"HTTP {st}: {msg}"
             if st == 404 and "model" not in low:
                 rep.error = (f"the LLM URL {backend.base} answered 404 ({msg}): check that it ends in /v1 (or the "
                              "API's base path)")
                 return None, msg
-            if (st in (400, 404) and "model" in low and any(w in low for w in ("pinned", "not", "invalid", "unknown"))
-                    and not rejected_fields(e) - {"model"}):
+            fields = rejected_fields(e)
+            if mode == "anthropic" and wire.prefill and "prefill" in low:
+                wire.prefill = False
+                continue
+            named = str(backend.model).lower() in low or "pinned" in low
+            if "model" in low and (st == 404 or (st == 400 and named)) and not fields - {"model"}:
                 served = f"; it serves: {', '.join(rep.models_listed)}" if rep.models_listed else ""
                 rep.model_served = False
                 fix = f"use {backend.base}#{rep.models_listed[0]}" if rep.models_listed else "fix '#MODEL' in --llm"
                 rep.error = (f"the LLM at {backend.base} does not serve model {backend.model!r} (HTTP {st}{served}): "
                              f"{fix}")
                 return None, msg
-            fields = rejected_fields(e)
-            if mode == "anthropic" and wire.prefill and "prefill" in msg.lower():
-                wire.prefill = False
-                continue
             if "max_tokens" in fields and wire.max_tokens_field == "max_tokens" and mode not in (
                     "completion", "anthropic"):
                 wire.max_tokens_field = "max_completion_tokens"

@@ -119,6 +119,8 @@ class PyroDashInfo(_Out):
     cost_usd: float
     offload_bias: float
     fallback: bool  # the LLM failed and the SLM finished the answer
+    llm_errors: list[str] = []  # every failed LLM attempt (retried, or ending in the fallback), in order
+    usage_estimated: bool = False  # some token counts were not reported by a server (counted locally / estimated)
 
     @classmethod
     def from_done(cls, done: Done) -> PyroDashInfo:
@@ -126,7 +128,7 @@ class PyroDashInfo(_Out):
         return cls(
             slm_in=u.slm_in, slm_out=u.slm_out, llm_in=u.llm_in, llm_out=u.llm_out, llm_cached_in=u.llm_cached_in,
             llm_calls=u.llm_calls, handoff=done.handoff, cost_usd=done.cost_usd, offload_bias=done.offload_bias,
-            fallback=done.fallback,
+            fallback=done.fallback, llm_errors=list(done.errors), usage_estimated=done.usage_estimated,
         )  # fmt: skip
 
 
