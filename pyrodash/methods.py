@@ -40,9 +40,11 @@ class Gen:
     stop_token_id: int | None = None
     top_logprobs: list[dict[str, float]] | None = None
     eos: bool | None = None  # True: ended by EOS; False: by a stop string/id or length; None: unknown
+    error: str | None = None  # the call failed after its retries (`pyrodash.backends.retry`); finish_reason "error"
+    usage_estimated: bool = False
 
 
-async def _collect(backend, req: GenRequest) -> Gen:
+async def _collect_once(backend, req: GenRequest) -> Gen:
     text, tops, last = "", [], GenChunk()
     async with contextlib.aclosing(backend.stream(req)) as it:
         async for ch in it:
@@ -51,7 +53,24 @@ async def _collect(backend, req: GenRequest) -> Gen:
             if ch.finish_reason is not None:
                 last = ch
     return Gen(text, last.finish_reason or "length", last.prompt_tokens or 0, last.completion_tokens or 0,
-               last.cached_tokens or 0, last.stop_token_id, tops or None, None)
+               last.cached_tokens or 0, last.stop_token_id, tops or None, None, usage_estimated=last.usage_estimated)
+
+
+async def _collect(backend, req: GenRequest) -> Gen:
+    """One HTTP call under the batch call policy: retried when it may pass, a failed `Gen` when it never does."""
+    from pyrodash.backends.retry import RetryPolicy
+
+    pol, error = RetryPolicy(), None
+    for attempt in range(pol.retries + 1):
+        if attempt:
+            await asyncio.sleep(pol.backoff_s * 2 ** (attempt - 1))
+        try:
+            return await _collect_once(backend, req)
+        except Exception as e:  # noqa: BLE001 - judged by the policy, recorded, never fatal
+            error = f"attempt {attempt + 1}: {type(e).__name__}: {e}"
+            if not getattr(e, "retryable", True):
+                break
+    return Gen("", "error", 0, 0, error=error)
 
 
 def generate(backend, reqs: list[GenRequest], batch_size: int = 16, concurrency: int = 8) -> list[Gen]:
@@ -116,7 +135,7 @@ class Solo(Method):
         self.name, self.backend, self.role, self.env = name, backend, role, env
 
     def requests(self, items: list[Item]) -> list[GenRequest]:
-        ban = _ban_offload(self.backend)
+        ban = _ban_offload(self.backend) if self.role == "slm" else {}  # an LLM has no <offload>
         return [GenRequest(messages=self.env.prompts.plain_messages(ex.question), max_tokens=self.env.max_tokens,
                            logit_bias=dict(ban), **s) for ex, s in items]
 
@@ -130,6 +149,10 @@ class Solo(Method):
                           llm_calls=1)
             out.append({"output": g.text, "usage": u.to_dict(), "llm_calls": u.llm_calls, "handoff": None,
                         "finish_reason": g.finish_reason, "segments": [{"model": self.role, "text": g.text}]})
+            if g.error is not None:
+                out[-1].update(llm_failed=self.role == "llm", llm_errors=[g.error])
+            if g.usage_estimated:
+                out[-1]["usage_estimated"] = True
             if latencies and latencies[i] is not None:  # an answer generated earlier for another method
                 out[-1].update(latency_s=latencies[i], reused_answer=True)
         return out

@@ -139,7 +139,8 @@ def with_mode(spec: str | dict | None, mode: str | None) -> str | dict | None:
     if mode not in LLM_MODES:
         raise ValueError(f"--llm-mode {mode!r}: use one of {', '.join(LLM_MODES)}")
     if not is_http_spec(spec):
-        raise ValueError(f"--llm-mode {mode}: the LLM is a local model ({spec!r}), which continues the trace in "
+        what = "the world's LLM" if spec is None else repr(spec)
+        raise ValueError(f"--llm-mode {mode}: the LLM is a local model ({what}), which continues the trace in "
                          "process; give an http(s)://host:port/v1#model LLM or drop the flag")
     ep = LLMEndpoint.parse(spec) if isinstance(spec, str) else None
     return {"url": ep.url, "model": ep.model, "mode": mode} if ep else {**spec, "mode": mode}
