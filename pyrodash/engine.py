@@ -243,6 +243,7 @@ class CollaborateEngine:
                         final = ch
                         if early is None and ch.stop_token_id == self.offload_id:
                             early = _EarlyCall(self.llm, self.llm_request(messages, pack(slm_text), budget, sampling))
+                            await asyncio.sleep(0)  # let it put the request on the wire before the SLM is drained
             slm_out = final.completion_tokens
             if slm_out is None:  # a server that reports no usage: one streamed chunk per token, plus the stop token
                 slm_out = seen + (final.stop_token_id is not None)

@@ -15,10 +15,10 @@ import sys
 
 import pytest
 from provider_doubles import anthropic_double, deepseek_double, openai_double
+from tiny_models import mid_trace_bias as tiny_mid_trace_bias
 from tiny_models import tiny_model_dir
 
 from pyrodash.backends import load_backend, load_llm
-from pyrodash.backends.base import GenRequest
 from pyrodash.backends.endpoint import LLMEndpoint, load_slm, redact
 from pyrodash.backends.hf import HFBackend
 from pyrodash.backends.model_server import build_model_app, serve_in_thread
@@ -40,25 +40,8 @@ def models(tmp_path_factory):
     return slm, HFBackend(llm_dir, name="llm"), llm_dir
 
 
-_BIAS: dict[int, float] = {}
-
-
 def mid_trace_bias(slm) -> float:
-    """An offload_bias at which the tiny SLM hands off after a few tokens (a mid-trace handoff): the one, in a small
-    grid, with the latest handoff."""
-    if id(slm) in _BIAS:
-        return _BIAS[id(slm)]
-    oid = slm.token_id(OFFLOAD_TOKEN)
-    msgs = [{"role": "system", "content": PROMPTS.offload_system}] + PROMPTS.plain_messages(QUESTION)
-    found = []
-    for i in range(21):
-        b = 1.0 + 0.05 * i
-        r = slm.generate(GenRequest(messages=msgs, max_tokens=24, stop_token_ids=[oid], logit_bias={oid: b}))
-        if r.stop_token_id == oid and r.completion_tokens >= 3:
-            found.append((r.completion_tokens, b))
-    assert found, "no bias gives a mid-trace handoff on the tiny SLM"
-    _BIAS[id(slm)] = max(found)[1]
-    return _BIAS[id(slm)]
+    return tiny_mid_trace_bias(slm, PROMPTS, QUESTION)
 
 
 @pytest.fixture(scope="module")

@@ -22,6 +22,7 @@ stops generating. `token_id()` asks a local tokenizer or the server's vLLM-style
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import AsyncIterator
@@ -75,6 +76,9 @@ class OpenAICompatBackend:
         self._client_loop: asyncio.AbstractEventLoop | None = None
         self._last_used = 0.0
         self._ids: dict[str, int | None] = {}
+        self._urls: dict[str, httpx.URL] = {}
+        self._req_headers: dict[int, httpx.Headers] = {}
+        self._timeout_ext = self._timeout().as_dict()
         self._tok = None
         self._tok_missing = False
 
@@ -223,7 +227,7 @@ class OpenAICompatBackend:
         st, texts, n_chunks = StreamState(), [], 0
         self._last_used = time.monotonic()
         try:
-            async with self.client().stream("POST", f"{self.base}{path}", json=body) as resp:
+            async with self._post(path, body) as resp:
                 if resp.status_code != 200:
                     text = (await resp.aread()).decode(errors="replace")
                     msg = f"HTTP {resp.status_code} from {self.base}: {_error_message(text)}"
@@ -272,6 +276,28 @@ class OpenAICompatBackend:
             estimated = True
         yield GenChunk(finish_reason=st.finish, stop_token_id=_stop_id(st.stop_reason), prompt_tokens=prompt,
                        completion_tokens=completion, cached_tokens=st.cached_tokens, usage_estimated=estimated)
+
+    @contextlib.asynccontextmanager
+    async def _post(self, path: str, body: dict):
+        """POST `body` and stream the response. The request is built by hand (URL parsed once, the client's
+        headers merged once, JSON encoded here), not through `client.stream`, whose per-request URL, header and
+        cookie merging is most of the client-side handoff time."""
+        client = self.client()
+        url = self._urls.get(path)
+        if url is None:
+            url = self._urls[path] = httpx.URL(f"{self.base}{path}")
+        content = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+        headers = self._req_headers.get(id(client))
+        if headers is None:
+            headers = httpx.Headers(client.headers)
+            headers["content-type"] = "application/json"
+            self._req_headers = {id(client): headers}
+        req = httpx.Request("POST", url, headers=headers, content=content, extensions={"timeout": self._timeout_ext})
+        resp = await client.send(req, stream=True)
+        try:
+            yield resp
+        finally:
+            await resp.aclose()
 
     async def health(self) -> None:
         """Raise when the endpoint is misconfigured (the probe's finding) or does not list its models."""
