@@ -85,7 +85,9 @@ class ProbeReport:
 
     def lines(self) -> list[str]:
         served = {True: "yes", False: "no", None: "unknown"}[self.model_served]
-        listed = "" if self.models_listed is None else f" (the server lists: {', '.join(self.models_listed[:8])})"
+        listed = "" if self.models_listed is None else (
+            f" (the server lists: {', '.join(self.models_listed[:8])})" if self.models_listed else
+            " (the server lists none)")
         usage = {True: "yes", False: "no (counted locally or estimated, marked usage_estimated)",
                  None: "unknown"}[self.usage_reported]
         out = [f"LLM endpoint      {self.url}",
