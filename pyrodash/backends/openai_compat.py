@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -34,6 +35,7 @@ from pyrodash.backends.base import BackendError, GenChunk, GenRequest
 from pyrodash.backends.continuation import ANTHROPIC_VERSION, StreamState, Wire, build_request, trimmed_prefill
 from pyrodash.backends.endpoint import LLMEndpoint, redact
 
+log = logging.getLogger("pyrodash.llm")
 CHARS_PER_TOKEN = 4  # the estimate when neither the server nor a local tokenizer counts
 KEEPALIVE_S = 120.0
 
@@ -195,6 +197,10 @@ class OpenAICompatBackend:
             self.config_error = rep.error
             raise ValueError(rep.error)
         self.config_error = rep.error
+        if rep.mode:
+            log.info("LLM %s: continuation mode %s (%s)", self.name, rep.mode, rep.mode_reason)
+        else:  # unreachable at start-up: probed again at the first handoff, reported by /health meanwhile
+            log.warning("LLM %s: %s (probed again at the first handoff)", self.name, rep.error)
         return rep
 
     @property

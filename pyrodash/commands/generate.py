@@ -68,6 +68,9 @@ def run(args: argparse.Namespace) -> int:
         from rich.console import Console
 
         out = Console(highlight=False, soft_wrap=True)
+        rep = getattr(llm, "report", None)
+        if rep is not None and rep.mode:
+            out.print(f"[LLM {llm.name}: continuation mode {rep.mode}]", style="dim", markup=False)
         done = None
         try:
             async for ev in engine.stream(question, **kw):
