@@ -297,7 +297,7 @@ class Backends:
     def get(self, spec, llm: bool = False, mode: str | None = None, offload: bool = False):
         """The backend of `spec`; `llm=True`: an LLM endpoint (its continuation mode probed at load, `mode`
         overriding the spec's); `offload=True`: an HTTP SLM is checked to stop at <offload>."""
-        key = repr((spec, llm, mode, offload))
+        key = repr(spec) if mode is None else repr((spec, mode))  # one backend per spec, whatever its role
         if key not in self._cache:
             from pyrodash.backends import load_backend
             from pyrodash.backends.endpoint import load_llm, load_slm
