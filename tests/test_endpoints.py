@@ -307,3 +307,22 @@ def test_pyrodash_check_reports_both_sides(models, servers, tmp_path):
     out = r.stdout
     assert "mode            continue" in out and "served yes" in out and "usage reported  yes" in out
     assert "stop_token_ids honoured   yes" in out and "pyrodash check: ok" in out
+
+
+def test_each_provider_gets_its_own_key_variable(monkeypatch):
+    from pyrodash.backends.openai_compat import OpenAICompatBackend
+
+    for var in ("OPENAI_API_KEY", "DEEPSEEK_API_KEY", "ANTHROPIC_API_KEY"):
+        monkeypatch.setenv(var, f"key-of-{var}")
+
+    def backend(spec, mode=None):
+        return OpenAICompatBackend.from_endpoint(LLMEndpoint.parse(spec, mode))
+
+    assert backend("https://api.openai.com/v1#m").headers == {"Authorization": "Bearer key-of-OPENAI_API_KEY"}
+    assert backend("https://api.deepseek.com/beta#m").headers == {"Authorization": "Bearer key-of-DEEPSEEK_API_KEY"}
+    anthropic = backend("https://api.anthropic.com/v1#m")  # auto on anthropic.com: Anthropic's headers
+    assert anthropic.headers == {"anthropic-version": "2023-06-01", "x-api-key": "key-of-ANTHROPIC_API_KEY"}
+    assert backend("http://127.0.0.1:9/v1#m", "anthropic").headers["x-api-key"] == "key-of-ANTHROPIC_API_KEY"
+    monkeypatch.setenv("MY_PROXY_KEY", "proxy")
+    named = backend({"url": "https://api.deepseek.com/beta", "model": "m", "api_key_env": "MY_PROXY_KEY"})
+    assert named.headers == {"Authorization": "Bearer proxy"}

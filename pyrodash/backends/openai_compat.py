@@ -28,6 +28,7 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from urllib.parse import urlparse
 
 import httpx
 
@@ -91,7 +92,10 @@ class OpenAICompatBackend:
 
     @property
     def headers(self) -> dict:
-        if self.mode == "anthropic" or (self.wire is not None and self.wire.mode == "anthropic"):
+        host = (urlparse(self.base).hostname or "").lower()
+        anthropic = self.wire.mode == "anthropic" if self.wire is not None else (
+            self.mode == "anthropic" or (self.mode == "auto" and host.endswith("anthropic.com")))
+        if anthropic:
             h = {"anthropic-version": ANTHROPIC_VERSION}
             return {**h, "x-api-key": self.api_key} if self.api_key else h
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
