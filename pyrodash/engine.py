@@ -28,6 +28,10 @@ everything already streamed (O_s plus any LLM text that arrived), so no text is 
 usage of every attempt, the error messages). `Usage.llm_calls` counts the LLM attempts that reached the server.
 
 Token budget: `max_tokens` bounds each model's decoding separately (the SLM, including a fallback resume; the LLM).
+`max_total_tokens` (optional, what `pyrodash serve` makes of a request's `max_tokens`) bounds the joint answer:
+SLM + LLM output tokens (the `<offload>` stop token included, as billed) never exceed it, each model decodes at most
+what is left of it, and a request that runs out gets `finish_reason: "length"` (a handoff with nothing left for the
+LLM makes no LLM call).
 Usage is what the backends report (the tokenizer's counts in process, the server's `usage` over HTTP); only for a
 server that reports none are counts estimated (`Done.usage_estimated`: SLM output as one token per streamed chunk;
 an HTTP backend counts what its server did not report with a local tokenizer or estimates it).
@@ -132,6 +136,22 @@ def handoff_request(
     return GenRequest(messages=msgs, max_tokens=max_tokens, **sampling)
 
 
+def _total_budget(max_total_tokens: int | None) -> int | None:
+    if max_total_tokens is None:
+        return None
+    if isinstance(max_total_tokens, bool) or not isinstance(max_total_tokens, int) or max_total_tokens <= 0:
+        raise ValueError(f"max_total_tokens={max_total_tokens!r} must be a positive integer (or None: no joint limit)")
+    return max_total_tokens
+
+
+def _left(per_model: int, total: int | None, usage: Usage) -> int:
+    """Tokens the next model may decode: its own limit, and what is left of the joint budget (output so far =
+    SLM + LLM output tokens, as billed)."""
+    if total is None:
+        return per_model
+    return min(per_model, total - usage.slm_out - usage.llm_out)
+
+
 class CollaborateEngine:
     def __init__(
         self,
@@ -218,31 +238,40 @@ class CollaborateEngine:
         top_p: float | None = None,
         seed: int | None = None,
         stop: list[str] | None = None,
+        max_total_tokens: int | None = None,
     ) -> AsyncIterator[Event]:
         t0 = time.perf_counter()
         messages = self.messages(question)
+        total = _total_budget(max_total_tokens)
+        per_model = self.max_tokens if max_tokens is None else int(max_tokens)
+        if total is not None:
+            max_tokens = min(per_model, total)
         # Lines 1-2, 9-10: SLM decoding; <offload> is a stop token id
         req = self.slm_request(messages, offload_bias, max_tokens, temperature, top_p, seed, stop)
         bias = req.logit_bias.get(self.offload_id, 0.0)
-        budget, slm_msgs = req.max_tokens, req.messages
+        budget, slm_msgs = per_model, req.messages
         sampling = {"seed": req.seed, "stop": req.stop, "temperature": req.temperature, "top_p": req.top_p}
         usage = Usage()
         slm_text, llm_text = "", ""
         final, seen = GenChunk(), 0
-        estimated = False
+        estimated, counted = False, True
         early = None  # the LLM's first attempt, started the moment the <offload> stop arrives
         self._warm_llm()
         try:
             async with contextlib.aclosing(self.slm.stream(req)) as it:
                 async for ch in it:
                     seen += len(ch.token_ids) or bool(ch.text)
+                    counted = counted and (bool(ch.token_ids) or not ch.text)  # exact token counts as we go
                     if ch.text:
                         slm_text += ch.text
                         yield SLMDelta(ch.text)
                     if ch.finish_reason is not None:
                         final = ch
-                        if early is None and ch.stop_token_id == self.offload_id:
-                            early = _EarlyCall(self.llm, self.llm_request(messages, pack(slm_text), budget, sampling))
+                        # the LLM's budget is known now unless a joint budget needs the SLM's exact count
+                        left_now = budget if total is None else min(budget, total - seen - 1) if counted else 0
+                        if early is None and ch.stop_token_id == self.offload_id and left_now > 0:
+                            early = _EarlyCall(self.llm, self.llm_request(messages, pack(slm_text), left_now,
+                                                                          sampling))
                             await asyncio.sleep(0)  # let it put the request on the wire before the SLM is drained
             slm_out = final.completion_tokens
             if slm_out is None:  # a server that reports no usage: one streamed chunk per token, plus the stop token
@@ -270,12 +299,20 @@ class CollaborateEngine:
         llm_finish: str | None = None
         pol = self.failure
         for attempt in range(pol.retries + 1):
+            left = _left(budget, total, usage)
+            if left <= 0:  # the joint budget is spent (by the SLM, or by LLM text that arrived before a failure)
+                if early is not None and attempt == 0:
+                    await early.cancel()
+                llm_finish = "length"
+                break
             if attempt:
                 await asyncio.sleep(pol.backoff_s * 2 ** (attempt - 1))
-            if attempt == 0 and early is not None:
+            if attempt == 0 and early is not None and early.req.max_tokens == left:
                 lreq, stream = early.req, early.stream()
             else:
-                lreq = self.llm_request(messages, packed + llm_text, budget, sampling)
+                if early is not None and attempt == 0:  # (only if a token count was off) not the request we need
+                    await early.cancel()
+                lreq = self.llm_request(messages, packed + llm_text, left, sampling)
                 stream = self.llm.stream(lreq)
             got = GenChunk()
             streamed = 0  # tokens received in this attempt (billed if the stream breaks before reporting usage)
@@ -341,10 +378,16 @@ class CollaborateEngine:
             raise EngineError(f"the LLM failed {len(errors)} time(s): {errors[-1]}", done)
 
         # fallback: the SLM resumes from everything so far, <offload> banned
+        left = min(max(budget - slm_out, 1), _left(budget, total, usage))
+        if left <= 0:  # nothing left of the joint budget to finish with
+            done = self._done(slm_text, llm_text, usage, "length", handoff, bias, t0)
+            done.errors, done.usage_estimated = errors, estimated
+            yield done
+            return
         freq = GenRequest(
             messages=slm_msgs,
             prefix=slm_text + llm_text,
-            max_tokens=max(budget - slm_out, 1),
+            max_tokens=left,
             logit_bias={self.offload_id: BAN},
             **sampling,
         )

@@ -63,13 +63,29 @@ def read_records(path: Path) -> list[dict]:
     return out
 
 
-def load_run(run_dir: str | Path) -> dict[str, list[dict]]:
-    """{method: records} for every `records/*.jsonl` of a run directory."""
+def dedupe(records: list[dict]) -> tuple[list[dict], int]:
+    """(records with one line per (benchmark, id, sample), the LAST one kept in file order; lines dropped).
+    A records file gets a duplicate when two runs append to it (e.g. a copied or merged file); counting both would
+    weigh those examples twice."""
+    last: dict[tuple, int] = {}
+    for i, r in enumerate(records):
+        last[(r.get("benchmark"), str(r.get("id")), int(r.get("sample", 0) or 0))] = i
+    keep = sorted(last.values())
+    return [records[i] for i in keep], len(records) - len(keep)
+
+
+def load_run(run_dir: str | Path, duplicates: dict[str, int] | None = None) -> dict[str, list[dict]]:
+    """{method: records} for every `records/*.jsonl` of a run directory, deduplicated (`dedupe`); the number of
+    dropped lines per method goes into `duplicates` when given."""
     rec_dir = Path(run_dir) / "records"
     files = sorted(rec_dir.glob("*.jsonl")) if rec_dir.is_dir() else []
     if not files:
         raise ValueError(f"no records in {rec_dir}: run `pyrodash eval --config CFG` with run_dir={run_dir} first")
-    runs = {f.stem: read_records(f) for f in files}
+    runs = {}
+    for f in files:
+        runs[f.stem], dropped = dedupe(read_records(f))
+        if dropped and duplicates is not None:
+            duplicates[f.stem] = dropped
     for name in runs:
         parse_method(name)
     return dict(sorted(runs.items(), key=lambda kv: sort_key(kv[0])))
@@ -323,7 +339,8 @@ def _fence(text: str) -> list[str]:
 
 def render(run_dir: str | Path, prices: Prices | None = None) -> tuple[str, dict, dict[str, Metrics]]:
     """(markdown, summary dict, metrics) of a run; `prices` re-prices it (default: the run's own sheet)."""
-    runs = load_run(run_dir)
+    duplicates: dict[str, int] = {}
+    runs = load_run(run_dir, duplicates)
     own = run_prices(run_dir)
     prices = prices or own
     ms = all_metrics(runs, prices)
@@ -331,7 +348,11 @@ def render(run_dir: str | Path, prices: Prices | None = None) -> tuple[str, dict
                        key=lambda n: parse_method(n)[1])
     out = [f"# PyroDash evaluation report: `{Path(run_dir).name}`", "",
            f"Prices (USD per million tokens): {prices.to_dict()}. Every number below is recomputed from "
-           f"`records/*.jsonl`.", "", "## Table 1: per-benchmark accuracy", ""] + table1(ms)
+           f"`records/*.jsonl`.", ""]
+    if duplicates:
+        out += ["Duplicate records ignored (the last line per (benchmark, id, sample) is kept): "
+                + ", ".join(f"{n}: {k}" for n, k in duplicates.items()) + ".", ""]
+    out += ["## Table 1: per-benchmark accuracy", ""] + table1(ms)
     out += ["", "## Table 2: averages and dollars", ""] + table2(ms)
     out += ["", "## Table 3: sensitivity to λ", ""] + (table3(ms) if lam_names else ["(no pyrodash@<λ> records)"])
     t4 = lam_names[-1] if lam_names else None
@@ -362,7 +383,10 @@ def render(run_dir: str | Path, prices: Prices | None = None) -> tuple[str, dict
     out += ["", "## Re-pricing (total $ under each sheet)", ""]
     out += _table(["Method"] + list(sheets),
                   [[n] + [f"{m.usage.cost(s):.6f}" for s in sheets.values()] for n, m in ms.items()])
-    return "\n".join(out) + "\n", summary_dict(ms, prices), ms
+    summary = summary_dict(ms, prices)
+    if duplicates:
+        summary["duplicates_dropped"] = duplicates
+    return "\n".join(out) + "\n", summary, ms
 
 
 def write_report(run_dir: str | Path, prices: Prices | None = None) -> Path:

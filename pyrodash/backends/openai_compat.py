@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import time
@@ -32,6 +33,7 @@ from urllib.parse import urlparse
 
 import httpx
 
+from pyrodash.backends import literal
 from pyrodash.backends.base import BackendError, GenChunk, GenRequest
 from pyrodash.backends.continuation import ANTHROPIC_VERSION, StreamState, Wire, build_request, trimmed_prefill
 from pyrodash.backends.endpoint import LLMEndpoint, redact
@@ -217,6 +219,10 @@ class OpenAICompatBackend:
 
     def _build(self, req: GenRequest, wire: Wire | None = None) -> tuple[str, dict]:
         wire = wire or self.wire or Wire("continue")
+        # special-token text a client sent (marked by the server) must not become the remote model's real token
+        msgs = [{**m, "content": literal.defang(m["content"])} if isinstance(m.get("content"), str) else m
+                for m in req.messages]
+        req = dataclasses.replace(req, messages=msgs)
         path, body = build_request(wire, req, self.model, self._render if wire.mode == "completion" else None)
         body.update(self.extra_body)
         return path, body
