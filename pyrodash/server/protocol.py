@@ -196,6 +196,8 @@ class PyroDashInfo(_Out):
     cost_usd: float
     offload_bias: float
     fallback: bool  # the LLM failed and the SLM finished the answer
+    llm_errors: list[str] = []  # every failed LLM attempt (retried, or ending in the fallback), in order
+    usage_estimated: bool = False  # some token counts were not reported by a server (counted locally / estimated)
     mode: str = "collab"  # who answered: "collab" (the engine), "slm" or "llm" alone (request `pyrodash.mode`)
     cost_usd_by_component: dict[str, float] | None = None  # cost_usd split into slm_in, slm_out, llm_in, llm_out
     # what the LLM alone would have billed for this answer: an ESTIMATE except in mode "llm" (then it is cost_usd);
@@ -212,7 +214,7 @@ class PyroDashInfo(_Out):
         info = cls(
             slm_in=u.slm_in, slm_out=u.slm_out, llm_in=u.llm_in, llm_out=u.llm_out, llm_cached_in=u.llm_cached_in,
             llm_calls=u.llm_calls, handoff=done.handoff, cost_usd=done.cost_usd, offload_bias=done.offload_bias,
-            fallback=done.fallback, mode=mode,
+            fallback=done.fallback, llm_errors=_scrubbed(done.errors), usage_estimated=done.usage_estimated, mode=mode,
         )  # fmt: skip
         if prices is not None:
             from pyrodash.server.modes import cost_by_component, llm_only_estimate
@@ -221,6 +223,13 @@ class PyroDashInfo(_Out):
             est = llm_only_estimate(done, prices, llm_only_prompt, mode)
             info.llm_only_cost_usd, info.llm_only_estimate = est.cost_usd, est
         return info
+
+
+def _scrubbed(errors: list[str]) -> list[str]:
+    """The LLM's error messages as a client may see them: backend URLs removed (`errors.scrub`)."""
+    from pyrodash.server.errors import scrub
+
+    return [scrub(e) for e in errors]
 
 
 class PromptTokensDetails(_Out):

@@ -58,7 +58,8 @@ def evaluate_collaboration(model, tokenizer, llm, rows: list[dict], prompts: Pro
     gens = generate(HFBackend(model, tokenizer), reqs, batch_size=batch_size, desc=desc)
     model.train(was_training)
     idx = [i for i, g in enumerate(gens) if g.stop_token_id == tid]
-    llm_gens = dict(zip(idx, llm.generate([handoff_request(prompts, rows[i]["question"], gens[i].text, llm_max_tokens)
+    llm_gens = dict(zip(idx, llm.generate([handoff_request(prompts, rows[i]["question"], gens[i].text, llm_max_tokens,
+                                                           getattr(llm, "style", "continue"))
                                            for i in idx]), strict=True)) if idx else {}
     joint = [g.text + (llm_gens[i].text if i in llm_gens else "") for i, g in enumerate(gens)]
     ok = grade_batch(joint, [r["gold"] for r in rows])
@@ -143,7 +144,8 @@ def run_stage3(recipe, out_dir: str | Path, lam: float | None = None, stage2: st
     out = save_checkpoint(merged, tok, dest)
     stats = {"lambda": lam, "cost_penalty": cfg.cost_penalty, "train_loss": result.training_loss,
              "steps": result.global_step, "prompts": len(examples), "rollouts": reward.totals["rollouts"],
-             "llm_handoff_calls": reward.totals["llm_calls"], "cost_base_computed": computed,
+             "llm_handoff_calls": reward.totals["llm_calls"], "llm_failures": reward.totals["llm_failures"],
+             "cost_base_computed": computed,
              "cost_base_cached": len(examples) - computed, "resumed_from": last}
     heldout_path = curated_dir(out_dir) / "heldout.jsonl"
     if heldout_path.exists():
