@@ -34,6 +34,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lambda", dest="lam", type=float, default=None, help="stage3: λ (default: the recipe's)")
     p.add_argument("--lambdas", type=_lambdas, default=None, help="stage3: a sweep, e.g. 0.05,0.1,0.3,0.6")
     p.add_argument("--resume", action="store_true", help="stage3: resume from the last checkpoint in DIR")
+    from pyrodash.backends.endpoint import add_llm_mode_argument
+
+    add_llm_mode_argument(p)
     p.add_argument("--dry-run", action="store_true", help="validate the config and print the plan; load nothing")
 
 
@@ -50,6 +53,10 @@ def run(args: argparse.Namespace) -> int:
 
         dist.setup()  # before any TRL config is built: under a launcher the ranks join one process group
     recipe = load_recipe(args.config)
+    if args.llm_mode:
+        from pyrodash.backends.endpoint import with_mode
+
+        recipe.llm = with_mode(recipe.llm, args.llm_mode)
     lambdas = args.lambdas or ([args.lam] if args.lam is not None else None)
     if args.dry_run:
         print_plan(recipe, args.output_dir, [args.stage], lambdas=lambdas)

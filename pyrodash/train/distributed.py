@@ -122,17 +122,18 @@ def pop_reward_stats(reward) -> dict[str, float]:
     from the trainer's `log`, which every rank runs at the same steps)."""
     if world_size() == 1:
         return reward.pop_stats()
-    parts = gather_objects({"acc": reward._acc, "llm_calls": reward.totals["llm_calls"]})
+    parts = gather_objects({"acc": reward._acc, "totals": dict(reward.totals)})
     merged: dict[str, list[float]] = {}
     for part in parts:
         for key, values in part["acc"].items():
             merged.setdefault(key, []).extend(values)
-    own_calls = reward.totals["llm_calls"]
-    reward._acc, reward.totals["llm_calls"] = merged, sum(p["llm_calls"] for p in parts)
+    own_totals = reward.totals
+    reward._acc = merged
+    reward.totals = {k: sum(p["totals"].get(k, 0) for p in parts) for k in own_totals}  # running totals, all ranks
     try:
         return reward.pop_stats()  # the same means, over all ranks' rollouts; clears the accumulator
     finally:
-        reward.totals["llm_calls"] = own_calls
+        reward.totals = own_totals
 
 
 def reward_totals_by_rank(reward) -> list[dict[str, int]]:

@@ -61,7 +61,8 @@ def evaluate_collaboration(model, tokenizer, llm, rows: list[dict], prompts: Pro
     gens = generate(HFBackend(model, tokenizer), reqs, batch_size=batch_size, desc=desc)
     model.train(was_training)
     idx = [i for i, g in enumerate(gens) if g.stop_token_id == tid]
-    llm_gens = dict(zip(idx, llm.generate([handoff_request(prompts, rows[i]["question"], gens[i].text, llm_max_tokens)
+    llm_gens = dict(zip(idx, llm.generate([handoff_request(prompts, rows[i]["question"], gens[i].text, llm_max_tokens,
+                                                           getattr(llm, "style", "continue"))
                                            for i in idx]), strict=True)) if idx else {}
     joint = [g.text + (llm_gens[i].text if i in llm_gens else "") for i, g in enumerate(gens)]
     ok = grade_batch(joint, [r["gold"] for r in rows])
@@ -156,7 +157,8 @@ def run_stage3(recipe, out_dir: str | Path, lam: float | None = None, stage2: st
     stats = {"lambda": lam, "cost_penalty": cfg.cost_penalty, "train_loss": result.training_loss,
              "steps": result.global_step, "prompts": len(examples),
              "rollouts": sum(r["rollouts"] for r in by_rank),
-             "llm_handoff_calls": sum(r["llm_calls"] for r in by_rank), "cost_base_computed": computed,
+             "llm_handoff_calls": sum(r["llm_calls"] for r in by_rank),
+             "llm_failures": sum(r.get("llm_failures", 0) for r in by_rank), "cost_base_computed": computed,
              "cost_base_cached": len(examples) - computed, "resumed_from": last, "processes": len(by_rank),
              "llm_handoff_calls_by_rank": [r["llm_calls"] for r in by_rank],
              "rollouts_by_rank": [r["rollouts"] for r in by_rank], "cost_base_computed_by_rank": computed_by_rank}
