@@ -363,7 +363,8 @@ def _accelerate_launch(nproc: int, argv: list[str], cwd: Path):
     launch = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(nproc), "--num_machines",
               "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(port),
               "--multi_gpu" if nproc > 1 else "--cpu"]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
+           "OMP_NUM_THREADS": "1"}  # tiny models: one thread per process (accelerate's --cpu would pick 2 here)
     proc = subprocess.run([*launch, "-m", "pyrodash", *argv], cwd=cwd, env=env, capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
