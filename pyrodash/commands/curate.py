@@ -24,6 +24,10 @@ def run(args: argparse.Namespace) -> int:
     from pyrodash.train.config import load_recipe
     from pyrodash.train.plan import print_plan
 
+    if not args.dry_run:
+        from pyrodash.train import distributed as dist
+
+        dist.setup()  # before any TRL config is built: under a launcher the ranks join one process group
     overrides = {"curate.limit": args.limit} if args.limit is not None else None
     recipe = load_recipe(args.config, overrides)
     if args.llm_mode:
@@ -35,6 +39,10 @@ def run(args: argparse.Namespace) -> int:
         return 0
     from pyrodash.data.curate import run_curation
 
+    if not dist.is_main():  # under `accelerate launch`: the main process curates (one set of LLM calls), others wait
+        dist.barrier()
+        return 0
     out = run_curation(recipe, args.output_dir)
+    dist.barrier()
     print(json.dumps({"curated": str(out), **json.loads((out / "stats.json").read_text())}, indent=1))
     return 0
