@@ -32,6 +32,7 @@ class EvalConfig:
     benchmarks: list[str]
     methods: list = field(default_factory=lambda: ["slm", "llm"])
     models: dict = field(default_factory=dict)  # slm, llm, sft: backend specs; pyrodash: {λ: spec}
+    llm_mode: str | None = None  # continuation mode of an HTTP LLM (None: the spec's, else auto-detected)
     world_dir: str | None = None  # for world:<split> benchmarks
     benchmark_paths: dict = field(default_factory=dict)  # name -> local JSONL for real benchmarks
     limit: int | None = None  # examples per benchmark

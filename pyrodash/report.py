@@ -117,6 +117,9 @@ class Metrics:
     n: int  # records
     cost_normalized: float | None = None
     extra: dict = field(default_factory=dict)
+    llm_failures: int = 0  # records with a failed LLM call (retried or not)
+    fallbacks: int = 0  # records the SLM finished after the LLM failed
+    usage_estimated: int = 0  # records with token counts a server did not report
 
 
 def record_cost(r: dict, prices: Prices, endpoint_prices: dict[str, Prices] | None = None) -> float:
@@ -218,6 +221,9 @@ def compute_metrics(name: str, records: list[dict], prices: Prices) -> Metrics:
         usage=total,
         usage_by_benchmark={b: total_usage(us) for b, us in sorted(usage_by_bench.items())},
         n=len(records),
+        llm_failures=sum(1 for r in records if r.get("llm_errors") or r.get("llm_failed")),
+        fallbacks=sum(1 for r in records if r.get("fallback")),
+        usage_estimated=sum(1 for r in records if r.get("usage_estimated")),
     )
 
 
@@ -242,6 +248,9 @@ def summary_dict(ms: dict[str, Metrics], prices: Prices) -> dict:
                 "per_benchmark": m.per_benchmark,
                 "usage": m.usage.to_dict(),
                 "n": m.n,
+                "llm_failures": m.llm_failures,
+                "fallbacks": m.fallbacks,
+                "usage_estimated": m.usage_estimated,
             }
             for name, m in ms.items()
         },
@@ -316,9 +325,10 @@ def table1(ms: dict[str, Metrics]) -> list[str]:
 
 def table2(ms: dict[str, Metrics]) -> list[str]:
     rows = [[n, _pct(m.accuracy), _pct(m.llm_token_ratio), f"{m.llm_calls:.3f}", f"{m.cost_usd:.6f}",
-             "--" if m.cost_normalized is None else f"{m.cost_normalized:.4f}", m.n] for n, m in ms.items()]
+             "--" if m.cost_normalized is None else f"{m.cost_normalized:.4f}", m.n,
+             f"{m.llm_failures} / {m.fallbacks}"] for n, m in ms.items()]
     return _table(["Method", "Avg. Acc. (%)", "LLM Token Ratio (%)", "Avg. LLM Calls", "Cost ($)",
-                   "Cost / LLM-only", "Records"], rows)
+                   "Cost / LLM-only", "Records", "LLM failures / fallbacks"], rows)
 
 
 def table3(ms: dict[str, Metrics]) -> list[str]:

@@ -124,6 +124,7 @@ def test_cheapest_uses_the_cheap_endpoint_and_cools_down_a_failing_one(llm_up):
              "prices": {"input_cost_per_token": 1e-5, "output_cost_per_token": 4e-5}},
             {"url": f"{cheap.url}/v1", "model": "tiny-llm", "name": "cheap", "prices": LITELLM}]}  # fmt: skip
         mesh = load_llm(spec)
+        flaky.calls = 0  # loading probed each endpoint's continuation mode (pyrodash.backends.endpoint)
         req = GenRequest(messages=MSGS, max_tokens=8, temperature=0.0)
         text, last = _collect(mesh, req)
         assert [e["endpoint"] for e in last.endpoints] == ["cheap"] and flaky.calls == 1
@@ -143,13 +144,13 @@ def test_cheapest_uses_the_cheap_endpoint_and_cools_down_a_failing_one(llm_up):
 
 def test_every_endpoint_down_raises_with_the_bill(llm_up):
     flaky = FaultInjectingLLM(llm_up.url)
-    flaky.mode = "http500"
     with UvicornThread(flaky.app, log_level="error") as bad:
         free = socket.socket()
         free.bind(("127.0.0.1", 0))
         port = free.getsockname()[1]
         free.close()  # nothing listens there: connection refused, never reached a server
         mesh = load_llm([f"{bad.url}/v1#tiny-llm", f"http://127.0.0.1:{port}/v1#tiny-llm"])
+        flaky.mode = "http500"  # healthy at start-up (its probe passed), failing now
         with pytest.raises(BackendError) as e:
             _collect(mesh, GenRequest(messages=MSGS, max_tokens=4))
         assert e.value.reached_server and [c["calls"] for c in e.value.usage.endpoints] == [1, 0]
@@ -323,9 +324,9 @@ def test_report_prices_mesh_records_per_endpoint():
 
 def test_a_hanging_endpoint_times_out_and_the_next_one_answers(llm_up):
     flaky = FaultInjectingLLM(llm_up.url)
-    flaky.mode = "hang"
     with UvicornThread(flaky.app, log_level="error") as hang:
         mesh = load_llm({"timeout_s": 1.0, "endpoints": [f"{hang.url}/v1#tiny-llm", f"{llm_up.url}/v1#tiny-llm"]})
+        flaky.mode = "hang"  # after its start-up probe passed
         t0 = time.monotonic()
         text, last = _collect(mesh, GenRequest(messages=MSGS, max_tokens=6, temperature=0.0))
         assert time.monotonic() - t0 < 10 and text

@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -41,6 +42,7 @@ from pyrodash.conversation import estimate_tokens
 from pyrodash.cost import Prices
 
 POLICIES = ("fallback", "cheapest")
+log = logging.getLogger("pyrodash.mesh")
 
 
 @dataclass
@@ -137,11 +139,13 @@ class MeshBackend:
                 finish_reason=final.finish_reason or "stop", stop_token_id=final.stop_token_id,
                 prompt_tokens=sum(e["llm_in"] for e in entries), completion_tokens=sum(e["llm_out"] for e in entries),
                 cached_tokens=sum(e["llm_cached_in"] for e in entries), endpoints=entries,
+                usage_estimated=any(e["estimated"] for e in entries),
             )  # fmt: skip
             return
         usage = GenChunk(prompt_tokens=sum(e["llm_in"] for e in entries),
                          completion_tokens=sum(e["llm_out"] for e in entries),
-                         cached_tokens=sum(e["llm_cached_in"] for e in entries), endpoints=entries)  # fmt: skip
+                         cached_tokens=sum(e["llm_cached_in"] for e in entries), endpoints=entries,
+                         usage_estimated=any(e["estimated"] for e in entries))  # fmt: skip
         raise BackendError(f"every LLM endpoint failed ({'; '.join(errors)})",
                            reached_server=any(e["calls"] for e in entries), usage=usage)  # fmt: skip
 
@@ -149,7 +153,7 @@ class MeshBackend:
     def _entry(m: Member, req: GenRequest, text: str, n: int, rep: GenChunk | None, reached: int,
                error: str | None) -> dict:  # fmt: skip
         """One upstream call's record: server-reported usage, else what was delivered (estimated input)."""
-        estimated = False
+        estimated = bool(rep is not None and rep.usage_estimated)
         llm_in = rep.prompt_tokens if rep is not None else None
         llm_out = rep.completion_tokens if rep is not None else None
         if llm_out is None:
@@ -166,6 +170,17 @@ class MeshBackend:
     def token_id(self, token: str) -> int | None:
         return self.members[0].backend.token_id(token)
 
+    @property
+    def continues_prefix(self) -> bool:
+        """Every endpoint continues an assistant prefix (else the engine hands off in its instruct style; a
+        takeover still continues the streamed text as the new endpoint's prefix)."""
+        return all(getattr(m.backend, "continues_prefix", True) for m in self.members)
+
+    async def warm(self) -> None:
+        """Open connections to every HTTP endpoint ahead of a handoff (best effort, as each backend's `warm`)."""
+        await asyncio.gather(*(m.backend.warm() for m in self.members if hasattr(m.backend, "warm")),
+                             return_exceptions=True)
+
     async def health(self) -> None:
         """Raises unless at least one endpoint answers (used by the server's /health)."""
         from pyrodash.server.app import _probe
@@ -179,29 +194,37 @@ class MeshBackend:
             await m.backend.aclose()
 
 
-def _member(spec: str | dict) -> Member:
-    from pyrodash.backends import load_backend
+def _member(spec: str | dict, mode: str | None = None) -> Member:
+    """One endpoint, loaded as any LLM is (`pyrodash.backends.endpoint.load_llm`: an HTTP endpoint's continuation
+    mode detected or verified), with its own price sheet."""
+    from pyrodash.backends.endpoint import load_llm as load_endpoint
 
+    prices = None
     if isinstance(spec, dict):
         spec = dict(spec)
         prices = spec.pop("prices", None)
-        backend = load_backend(spec)
-        name = spec.get("name") or backend.name
-        return Member(backend, name, Prices.load(prices) if prices is not None else None)
-    backend = load_backend(spec)
-    return Member(backend, backend.name)
+    backend = load_endpoint(spec, mode, probe=False)
+    name = (spec.get("name") if isinstance(spec, dict) else None) or backend.name
+    resolve = getattr(backend, "resolve", None)
+    if resolve is not None:  # probed as a single LLM is, but one failing endpoint does not stop the mesh: it fails
+        try:  # its calls (and cools down) like an endpoint that breaks later, and /health shows its config_error
+            resolve(raise_on_unreachable=False)
+        except ValueError as e:
+            log.warning("LLM mesh endpoint %s failed its start-up probe: %s", name, e)
+    return Member(backend, name, Prices.load(prices) if prices is not None else None)
 
 
 def is_mesh_spec(spec: object) -> bool:
     return isinstance(spec, list) or (isinstance(spec, dict) and ("endpoints" in spec or "prices" in spec))
 
 
-def load_llm(spec: str | dict | list) -> Backend:
-    """The LLM backend a spec describes: one endpoint (`load_backend`) or a `MeshBackend` (module docstring)."""
-    from pyrodash.backends import load_backend
+def load_llm(spec: str | dict | list, mode: str | None = None) -> Backend:
+    """The LLM backend a spec describes: one endpoint (`pyrodash.backends.endpoint.load_llm`, `mode` as there) or
+    a `MeshBackend` (module docstring; `mode` applies to every HTTP member)."""
+    from pyrodash.backends.endpoint import load_llm as load_endpoint
 
     if isinstance(spec, list):
-        return MeshBackend([_member(s) for s in spec])
+        return MeshBackend([_member(s, mode) for s in spec])
     if isinstance(spec, dict) and "endpoints" in spec:
         opts = dict(spec)
         members = opts.pop("endpoints")
@@ -210,10 +233,10 @@ def load_llm(spec: str | dict | list) -> Backend:
             raise ValueError(f"llm mesh: unknown keys {sorted(unknown)}; use endpoints, policy, cooldown_s, timeout_s")
         if not isinstance(members, list) or not members:
             raise ValueError("llm mesh: `endpoints` must be a non-empty list of backend specs")
-        return MeshBackend([_member(s) for s in members], **opts)
+        return MeshBackend([_member(s, mode) for s in members], **opts)
     if isinstance(spec, dict) and "prices" in spec:  # one endpoint with its own price sheet
-        return MeshBackend([_member(spec)])
-    return load_backend(spec)
+        return MeshBackend([_member(spec, mode)])
+    return load_endpoint(spec, mode)
 
 
 def spec_from_flags(llms: list[str] | None, prices: list[str] | None = None, policy: str | None = None,

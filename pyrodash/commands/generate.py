@@ -35,6 +35,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--turn", action="append", default=[], metavar="TEXT",
                    help="a follow-up user turn after the question (repeatable, asked in order)")
     p.add_argument("--save-history", metavar="FILE.json", help="write the whole conversation here afterwards")
+    from pyrodash.backends.endpoint import add_llm_mode_argument
+
+    add_llm_mode_argument(p)
     p.add_argument("--offload-bias", type=float, default=0.0, help="added to the <offload> logit (+ hands off sooner)")
     p.add_argument("--handoff-style", choices=("continue", "instruct"), default="continue")
     p.add_argument("--prompts", default="qwen-math-v1", help="prompt set (pyrodash.prompts), e.g. world-v1")
@@ -54,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
 
     from transformers.utils import logging as hf_logging
 
-    from pyrodash.backends import load_backend
+    from pyrodash.backends.endpoint import load_slm
     from pyrodash.backends.mesh import load_llm, spec_from_flags
     from pyrodash.cost import Prices
     from pyrodash.engine import CollaborateEngine, EngineError, FailurePolicy
@@ -71,9 +74,9 @@ def run(args: argparse.Namespace) -> int:
     prompts = get_prompts(args.prompts)
     failure = FailurePolicy(retries=args.retries, timeout_s=args.timeout_s, on_error=args.on_error)
     hf_logging.disable_progress_bar()  # no "Loading weights" bars around the answer
-    slm = load_backend(args.slm)
+    slm = load_slm(args.slm)
     spec = spec_from_flags(args.llm, args.llm_prices, args.llm_policy, args.llm_cooldown, args.llm_timeout)
-    llm = slm if spec == args.slm else load_llm(spec)
+    llm = slm if spec == args.slm and args.llm_mode is None else load_llm(spec, args.llm_mode)
     engine = CollaborateEngine(slm, llm, prompts, prices, handoff_style=args.handoff_style,
                                offload_bias=args.offload_bias, max_tokens=args.max_tokens, failure=failure)
     kw = {"temperature": args.temperature, "top_p": args.top_p, "seed": args.seed}
@@ -105,6 +108,9 @@ def run(args: argparse.Namespace) -> int:
         from rich.console import Console
 
         out = Console(highlight=False, soft_wrap=True)
+        rep = getattr(llm, "report", None)
+        if rep is not None and rep.mode and i == 0:
+            out.print(f"[LLM {llm.name}: continuation mode {rep.mode}]", style="dim", markup=False)
         if conversation:
             out.print(f"[turn {sum(m['role'] == 'user' for m in prompt)}] {turns[i]}", style="bold", markup=False)
         done = None
@@ -121,6 +127,11 @@ def run(args: argparse.Namespace) -> int:
         out.print()
         if done.fallback:
             out.print(f"[LLM failed, the SLM finished the answer: {done.errors[-1]}]", style="red", markup=False)
+        elif done.errors:
+            out.print(f"[LLM retried after: {'; '.join(done.errors)}]", style="yellow", markup=False)
+        if done.usage_estimated:
+            out.print("[some token counts were not reported by a server: counted locally or estimated]",
+                      style="yellow", markup=False)
         handoff = "no handoff" if done.handoff is None else f"handoff after {done.handoff} SLM tokens"
         out.print(f"{handoff} · SLM in/out {u.slm_in}/{u.slm_out} · LLM in/out {u.llm_in}/{u.llm_out} "
                   f"(cached {u.llm_cached_in}, calls {u.llm_calls}) · ${done.cost_usd:.6f} · {done.finish_reason}",

@@ -32,6 +32,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="price sheet of the i-th --llm (repeatable, in order; YAML, name, or LiteLLM FILE.json#MODEL)")
     p.add_argument("--llm-cooldown", type=float, metavar="S", help="seconds a failed mesh endpoint sits out (30)")
     p.add_argument("--llm-timeout", type=float, metavar="S", help="mesh: longest wait for an endpoint's next chunk")
+    from pyrodash.backends.endpoint import add_llm_mode_argument
+
+    add_llm_mode_argument(p)
     p.add_argument("--prices", help="price sheet: a YAML path or a name in configs/prices/ (default: paper)")
     p.add_argument("--prompts", help="prompt set name (default: qwen-math-v1)")
     p.add_argument("--offload-bias", type=float, help="offload_bias of the default model (first operating point)")
@@ -54,7 +57,7 @@ def config_from_args(args: argparse.Namespace):
 
     llm = spec_from_flags(args.llm, args.llm_prices, args.llm_policy, args.llm_cooldown, args.llm_timeout)
     flags = {k: getattr(args, k, None) for k in ("slm", "prices", "prompts", "host", "port", "api_key",
-                                                 "cors_origins", "log_level")}  # fmt: skip
+                                                 "cors_origins", "log_level", "llm_mode")}  # fmt: skip
     flags["llm"] = llm
     config = ServeConfig.from_yaml(args.config, **flags) if args.config else ServeConfig(
         **{k: v for k, v in flags.items() if v is not None})  # fmt: skip
@@ -77,7 +80,7 @@ def config_from_args(args: argparse.Namespace):
 def run(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from pyrodash.server.app import build_app
+    from pyrodash.server.app import build_app, build_engine
 
     config = config_from_args(args)
     if config.slm is None or config.llm is None:
@@ -85,6 +88,14 @@ def run(args: argparse.Namespace) -> int:
     config.check_models()
     config.load_prices()
     app = build_app(config)
+    # the engine is built (and the LLM endpoint probed) before the server starts, so a misconfiguration is one line
+    # here, not a traceback from the lifespan; the app still closes it at shutdown
+    app.state.engine = build_engine(config)
+    llm = app.state.engine.llm
+    rep = getattr(llm, "report", None)
+    if rep is not None:
+        how = rep.mode or f"not detected yet ({rep.error})"
+        print(f"pyrodash serve: LLM {llm.name}: continuation mode {how}", flush=True)
     auth = "on" if app.state.api_key else "off"
     print(f"pyrodash serve: http://{config.host}:{config.port}/v1  models={list(config.operating_points)}  "
           f"auth={auth}  cors={config.cors_origins or 'off'}", flush=True)  # fmt: skip

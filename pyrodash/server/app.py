@@ -40,15 +40,16 @@ log = logging.getLogger("pyrodash.serve")
 
 def build_engine(config: ServeConfig):
     """The CollaborateEngine a config describes (opens the SLM and LLM backends)."""
-    from pyrodash.backends import load_backend
+    from pyrodash.backends.endpoint import load_slm
     from pyrodash.backends.mesh import load_llm
     from pyrodash.engine import CollaborateEngine, FailurePolicy
     from pyrodash.prompts import get_prompts
 
     if config.slm is None or config.llm is None:
         raise ValueError("serve needs both an SLM and an LLM: set slm/llm in the config or pass --slm and --llm")
-    slm = load_backend(config.slm)
-    llm = load_llm(config.llm)  # one endpoint, or several behind one handoff (backends/mesh.py)
+    slm = load_slm(config.slm)
+    # one endpoint (probed: its continuation mode detected / verified), or several behind one handoff (a mesh)
+    llm = load_llm(config.llm, config.llm_mode)
     return CollaborateEngine(
         slm, llm, get_prompts(config.prompts), config.load_prices(), handoff_style=config.handoff_style,
         offload_bias=config.operating_points[config.default_model], max_tokens=config.limits.default_max_tokens,

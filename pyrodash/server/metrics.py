@@ -101,6 +101,9 @@ class Metrics:
         self.in_flight = Gauge("pyrodash_requests_in_flight", "Engine requests running now.")
         self.handoffs = Counter("pyrodash_handoffs_total", "Requests in which the SLM handed off to the LLM.")
         self.fallbacks = Counter("pyrodash_fallbacks_total", "Requests finished by the SLM after the LLM failed.")
+        self.llm_errors = Counter("pyrodash_llm_errors_total", "Failed LLM attempts (retried, or then a fallback).")
+        self.usage_estimated = Counter("pyrodash_usage_estimated_total",
+                                       "Requests with token counts a server did not report (counted or estimated).")
         self.errors = Counter("pyrodash_errors_total", "Failed requests by kind (client, upstream, disconnect).")
         self.tokens = Counter("pyrodash_tokens_total", "Tokens billed, by component (slm_in ... llm_cached_in).")
         self.llm_calls = Counter("pyrodash_llm_calls_total", "LLM requests made (retries included).")
@@ -115,9 +118,10 @@ class Metrics:
         self.ep_calls = Counter("pyrodash_llm_endpoint_calls_total", "LLM calls that reached each endpoint.")
         self.ep_errors = Counter("pyrodash_llm_endpoint_errors_total", "LLM calls that failed, per endpoint.")
         self.ep_cost = Counter("pyrodash_llm_endpoint_cost_usd_total", "Dollars per LLM endpoint, at its own prices.")
-        self._all = [self.requests, self.in_flight, self.handoffs, self.fallbacks, self.errors, self.tokens,
-                     self.llm_calls, self.cost, self.latency, self.ttft, self.trimmed, self.trimmed_requests,
-                     self.ep_tokens, self.ep_calls, self.ep_errors, self.ep_cost]  # fmt: skip
+        self._all = [self.requests, self.in_flight, self.handoffs, self.fallbacks, self.llm_errors,
+                     self.usage_estimated, self.errors, self.tokens, self.llm_calls, self.cost, self.latency,
+                     self.ttft, self.trimmed, self.trimmed_requests, self.ep_tokens, self.ep_calls, self.ep_errors,
+                     self.ep_cost]  # fmt: skip
 
     def observe_done(self, done: Done, model: str, latency_s: float, ttft_s: float | None) -> None:
         u = done.usage
@@ -129,6 +133,10 @@ class Metrics:
             self.handoffs.inc(model=model)
         if done.fallback:
             self.fallbacks.inc(model=model)
+        if done.errors:
+            self.llm_errors.inc(len(done.errors), model=model)
+        if done.usage_estimated:
+            self.usage_estimated.inc(model=model)
         for side, n in (done.trimmed or {}).items():
             if n:
                 self.trimmed.inc(n, side=side)

@@ -196,6 +196,8 @@ class PyroDashInfo(_Out):
     cost_usd: float
     offload_bias: float
     fallback: bool  # the LLM failed and the SLM finished the answer
+    llm_errors: list[str] = []  # every failed LLM attempt (retried, or ending in the fallback), in order
+    usage_estimated: bool = False  # some token counts were not reported by a server (counted locally / estimated)
     turn: int = 1  # which user turn of the conversation this response answers
     trimmed: dict[str, int] = Field(default_factory=dict)  # earlier messages dropped to fit each model's window
     segments: list[dict] = Field(default_factory=list)  # who wrote what in this turn: {by, endpoint?, text}
@@ -216,8 +218,9 @@ class PyroDashInfo(_Out):
         info = cls(
             slm_in=u.slm_in, slm_out=u.slm_out, llm_in=u.llm_in, llm_out=u.llm_out, llm_cached_in=u.llm_cached_in,
             llm_calls=u.llm_calls, handoff=done.handoff, cost_usd=done.cost_usd, offload_bias=done.offload_bias,
-            fallback=done.fallback, mode=mode, turn=done.turn, trimmed=dict(done.trimmed),
-            segments=list(done.segments), llm_endpoints=list(done.llm_endpoints),
+            fallback=done.fallback, llm_errors=_scrubbed(done.errors), usage_estimated=done.usage_estimated, mode=mode,
+            turn=done.turn, trimmed=dict(done.trimmed), segments=list(done.segments),
+            llm_endpoints=list(done.llm_endpoints),
         )  # fmt: skip
         if prices is not None:
             from pyrodash.server.modes import cost_by_component, llm_only_estimate
@@ -226,6 +229,13 @@ class PyroDashInfo(_Out):
             est = llm_only_estimate(done, prices, llm_only_prompt, mode)
             info.llm_only_cost_usd, info.llm_only_estimate = est.cost_usd, est
         return info
+
+
+def _scrubbed(errors: list[str]) -> list[str]:
+    """The LLM's error messages as a client may see them: backend URLs removed (`errors.scrub`)."""
+    from pyrodash.server.errors import scrub
+
+    return [scrub(e) for e in errors]
 
 
 class PromptTokensDetails(_Out):
