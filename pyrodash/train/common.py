@@ -31,6 +31,14 @@ def callbacks(args, log_path: str | Path) -> list:
     return [RichProgressCallback(), JsonlLogCallback(log_path)]
 
 
+def quiet(trainer) -> None:
+    """Drop transformers' PrinterCallback (added whenever tqdm is off): it prints every log dict to stdout, which the
+    JSONL log and the rich bar already show."""
+    from transformers.trainer_callback import PrinterCallback
+
+    trainer.remove_callback(PrinterCallback)
+
+
 def messages_dataset(rows: list[dict]):
     """A `datasets.Dataset` with only the `messages` column (what SFTTrainer's conversational path reads)."""
     import datasets

@@ -87,7 +87,7 @@ def train_stage1(base_path: str | Path, rows: list[dict], cfg, out_dir: str | Pa
     Returns (checkpoint dir, stats dict)."""
     from trl import SFTTrainer
 
-    from pyrodash.train.common import callbacks, messages_dataset, save_checkpoint
+    from pyrodash.train.common import callbacks, messages_dataset, quiet, save_checkpoint
     from pyrodash.train.models import load_local
 
     if cfg.weight_decay != 0:
@@ -108,6 +108,7 @@ def train_stage1(base_path: str | Path, rows: list[dict], cfg, out_dir: str | Pa
     before = {k: w.detach().clone() for k, w in _row_weights(base).items()}
     trainer = SFTTrainer(model=peft_model, args=cfg, train_dataset=messages_dataset(rows), processing_class=tok,
                          callbacks=callbacks(cfg, log_path))
+    quiet(trainer)
     result = trainer.train()
     trained = offload_rows(base, tid)
     others = torch.ones(next(iter(before.values())).shape[0], dtype=torch.bool)

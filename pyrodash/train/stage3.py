@@ -90,7 +90,7 @@ def run_stage3(recipe, out_dir: str | Path, lam: float | None = None, stage2: st
     from pyrodash.data.curate import load_examples, read_jsonl
     from pyrodash.prompts import get_prompts
     from pyrodash.tokens import offload_token_id
-    from pyrodash.train.common import callbacks, save_checkpoint
+    from pyrodash.train.common import callbacks, quiet, save_checkpoint
     from pyrodash.train.config import save_resolved
     from pyrodash.train.models import FrozenLLM, load_local
     from pyrodash.train.paths import curated_dir, llm_spec, require, resolve_world, stage_dir
@@ -136,6 +136,7 @@ def run_stage3(recipe, out_dir: str | Path, lam: float | None = None, stage2: st
     trainer = CostAwareGRPOTrainer(model=model, reward_funcs=[reward], args=cfg, train_dataset=ds,
                                    processing_class=tok, peft_config=cfg.lora_config(),
                                    callbacks=callbacks(cfg, dest / "log.jsonl"), collab=reward)
+    quiet(trainer)
     last = get_last_checkpoint(str(cfg.output_dir)) if resume and Path(cfg.output_dir).exists() else None
     result = trainer.train(resume_from_checkpoint=last)
     merged = trainer.model.merge_and_unload()
