@@ -3,7 +3,8 @@
     app = build_app(ServeConfig(slm="worlds/demo/slm", llm="http://127.0.0.1:8001/v1"))
     uvicorn.run(app, host="127.0.0.1", port=8000)
 
-Routes: POST /v1/chat/completions and /v1/completions (streaming and not), GET /v1/models, /health, /metrics.
+Routes: POST /v1/chat/completions and /v1/completions (streaming and not), GET /v1/models, /health, /metrics, and
+the browser playground (GET /, /static/*, /playground/config: `pyrodash.server.playground`).
 Nothing happens at import time: backends are opened in the app's lifespan (or an engine is passed in, and then
 the caller owns it). Every refusal is OpenAI's error body; bodies are read by hand (size-limited, any content type)
 so malformed JSON, wrong types and oversized bodies all get a precise 4xx.
@@ -16,6 +17,7 @@ import contextlib
 import hmac
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import asdict
 
 import anyio
@@ -25,7 +27,8 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from pyrodash.events import Done, LLMDelta, SLMDelta
+from pyrodash.events import Done, Handoff, LLMDelta, SLMDelta
+from pyrodash.server import modes, playground
 from pyrodash.server import protocol as P
 from pyrodash.server.config import ServeConfig
 from pyrodash.server.metrics import Metrics
@@ -102,6 +105,7 @@ def build_app(config: ServeConfig, engine=None) -> FastAPI:
     app.state.engine = engine
     app.state.metrics = Metrics()
     app.state.runs = set()
+    app.state.solo = {}  # mode -> SoloEngine, made on first use (pyrodash.server.modes)
     app.state.api_key = config.resolved_api_key()
     app.state.sem = asyncio.Semaphore(config.limits.max_concurrency)  # binds to the serving loop on first wait
     if config.cors_origins:
@@ -111,6 +115,7 @@ def build_app(config: ServeConfig, engine=None) -> FastAPI:
                            allow_headers=["Authorization", "Content-Type"])
     _install_errors(app)
     _install_routes(app)
+    playground.install(app, dependencies=[Depends(_check_auth)])
     _install_openapi(app)
     return app
 
@@ -284,8 +289,17 @@ def _install_routes(app: FastAPI) -> None:
         model, kwargs = _engine_kwargs(request, req)
         prompt = [m.to_engine() for m in req.messages] if kind == "chat" else req.prompt
         route = "/v1/chat/completions" if kind == "chat" else "/v1/completions"
+        opts = req.pyrodash or P.PyroDashOptions()
+        engine = app.state.engine
+
+        def info(done: Done) -> P.PyroDashInfo:
+            prices = getattr(engine, "prices", None)
+            llm_only = modes.llm_only_prompt(engine, prompt) if prices is not None and opts.mode != "llm" else None
+            return P.PyroDashInfo.from_done(done, prices, llm_only, opts.mode)
+
         metrics.in_flight.inc()
-        run = EngineRun(app.state.engine, prompt, kwargs, app.state.runs, app.state.sem, on_exit=metrics.in_flight.dec)
+        run = EngineRun(modes.answerer(engine, opts.mode, app.state.solo), prompt, kwargs, app.state.runs,
+                        app.state.sem, on_exit=metrics.in_flight.dec)  # fmt: skip
         if req.stream:
             # the status line waits for the engine's first events: an error before any output is a real 4xx/5xx
             gone, first = await _first_batch(request, run)
@@ -294,9 +308,9 @@ def _install_routes(app: FastAPI) -> None:
                 metrics.requests.inc(route=route, model=model, status="499")
                 return _error(499, "client closed request", code="client_closed")
             include = bool(req.stream_options and req.stream_options.include_usage)
-            return SSEResponse(_sse(app, run, first, kind, model, route, include), run,
+            return SSEResponse(_sse(app, run, first, kind, model, route, include, info, opts.sources), run,
                                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        return await _unary(app, request, run, kind, model, route)
+        return await _unary(app, request, run, kind, model, route, info)
 
     @app.post("/v1/chat/completions", dependencies=auth, response_model=P.ChatCompletion,
               openapi_extra=_openapi_body(P.ChatCompletionRequest))
@@ -359,7 +373,8 @@ async def _probe(backend) -> dict:
         return {"name": name, "reachable": False, "error": f"{type(e).__name__}: {e}"}
 
 
-async def _unary(app: FastAPI, request: Request, run: EngineRun, kind: str, model: str, route: str):
+async def _unary(app: FastAPI, request: Request, run: EngineRun, kind: str, model: str, route: str,
+                 info_of: Callable[[Done], P.PyroDashInfo]):
     metrics: Metrics = app.state.metrics
     watcher = asyncio.create_task(_wait_disconnect(request))
     waiter = asyncio.create_task(run.done())
@@ -380,7 +395,7 @@ async def _unary(app: FastAPI, request: Request, run: EngineRun, kind: str, mode
         run.cancel()
     metrics.observe_done(done, model, run.elapsed, run.ttft)
     metrics.requests.inc(route=route, model=model, status="200")
-    info, usage = P.PyroDashInfo.from_done(done), P.UsageInfo.from_done(done)
+    info, usage = info_of(done), P.UsageInfo.from_done(done)
     if kind == "chat":
         choice = P.Choice(message=P.ResponseMessage(content=done.output), finish_reason=done.finish_reason)
         body = P.ChatCompletion(id=P.new_id(), created=P.now(), model=model, choices=[choice], usage=usage,
@@ -393,7 +408,7 @@ async def _unary(app: FastAPI, request: Request, run: EngineRun, kind: str, mode
 
 
 async def _sse(app: FastAPI, run: EngineRun, first: list | None, kind: str, model: str, route: str,
-               include_usage: bool):  # fmt: skip
+               include_usage: bool, info_of: Callable[[Done], P.PyroDashInfo], sources: bool = False):  # fmt: skip
     metrics: Metrics = app.state.metrics
     rid = P.new_id("chatcmpl" if kind == "chat" else "cmpl")
     w = ChunkWriter(rid, P.now(), model, kind, include_usage)
@@ -405,12 +420,16 @@ async def _sse(app: FastAPI, run: EngineRun, first: list | None, kind: str, mode
             while batch is not None:  # one write per batch of ready events, one SSE event per delta
                 for ev in batch:
                     if isinstance(ev, (SLMDelta, LLMDelta)):
-                        if ev.text:
+                        if ev.text and sources:
+                            out.append(w.tagged(ev.text, {"source": "slm" if isinstance(ev, SLMDelta) else "llm"}))
+                        elif ev.text:
                             out.append(w.delta(ev.text))
+                    elif isinstance(ev, Handoff) and sources:
+                        out.append(w.tagged("", {"source": "handoff", "handoff": ev.slm_tokens}))
                     elif isinstance(ev, Done):
                         out.append(w.finish(ev.finish_reason))
                         if include_usage:
-                            info = P.PyroDashInfo.from_done(ev).model_dump()
+                            info = info_of(ev).model_dump()
                             out.append(w.usage(P.UsageInfo.from_done(ev).model_dump(), info))
                         metrics.observe_done(ev, model, run.elapsed, run.ttft)
                 if out:

@@ -2,7 +2,8 @@
 
 Models keep OpenAI's field order and allow extra fields (clients send fields we do not use; we ignore them).
 Requests are validated strictly (no "1" for 1, no true for 1, no NaN): a wrong type is a 400, never a silent guess.
-PyroDash adds one request field, `offload_bias`, and one response object, `pyrodash` (`PyroDashInfo`).
+PyroDash adds two request fields, `offload_bias` and `pyrodash` (`PyroDashOptions`: who answers, and whether stream
+chunks say which model wrote them), and one response object, `pyrodash` (`PyroDashInfo`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from pyrodash.cost import Prices
 from pyrodash.events import Done
 
 
@@ -53,6 +55,17 @@ class StreamOptions(_Strict):
     include_usage: bool = False
 
 
+class PyroDashOptions(_Strict):
+    """The request's `pyrodash` object (the playground sends it; any client may)."""
+
+    # "collab": the Collaborate Engine (default); "slm" / "llm": that model answers alone, as the `slm`/`llm`
+    # baselines of `pyrodash eval` do (no system prompt added, `<offload>` banned), for side-by-side comparisons
+    mode: Literal["collab", "slm", "llm"] = "collab"
+    # stream chunks carry `pyrodash: {"source": "slm"|"llm"}` on each content delta, and one
+    # `pyrodash: {"source": "handoff", "handoff": N}` chunk (empty delta) where `<offload>` fired
+    sources: bool = False
+
+
 class _Sampling(_Strict):
     """Fields shared by both request kinds (`model` first, as in OpenAI's reference)."""
 
@@ -68,6 +81,7 @@ class _Sampling(_Strict):
     user: str | None = None
     # PyroDash extra: added to the SLM's <offload> logit (higher = hand off to the LLM more often)
     offload_bias: float | None = Field(None, ge=-100.0, le=100.0, allow_inf_nan=False)
+    pyrodash: PyroDashOptions | None = None  # PyroDash extra: mode (collab / slm / llm) and stream sources
 
     @field_validator("stop")
     @classmethod
@@ -106,6 +120,16 @@ class CompletionRequest(_Sampling):
 # ---------------------------------------------------------------- responses
 
 
+class LLMOnlyEstimate(_Out):
+    """How `llm_only_cost_usd` was counted: the LLM's prices times these tokens."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    cost_usd: float
+    estimated: bool  # False only in mode "llm", where the LLM did answer alone
+    method: str  # how prompt_tokens / completion_tokens were obtained (see pyrodash.server.modes)
+
+
 class PyroDashInfo(_Out):
     """Where the tokens and dollars of one request went."""
 
@@ -119,15 +143,31 @@ class PyroDashInfo(_Out):
     cost_usd: float
     offload_bias: float
     fallback: bool  # the LLM failed and the SLM finished the answer
+    mode: str = "collab"  # who answered: "collab" (the engine), "slm" or "llm" alone (request `pyrodash.mode`)
+    cost_usd_by_component: dict[str, float] | None = None  # cost_usd split into slm_in, slm_out, llm_in, llm_out
+    # what the LLM alone would have billed for this answer: an ESTIMATE except in mode "llm" (then it is cost_usd);
+    # how it is counted: `llm_only_estimate` below and pyrodash.server.modes.llm_only_estimate
+    llm_only_cost_usd: float | None = None
+    llm_only_estimate: LLMOnlyEstimate | None = None
 
     @classmethod
-    def from_done(cls, done: Done) -> PyroDashInfo:
+    def from_done(cls, done: Done, prices: Prices | None = None, llm_only_prompt: tuple[int, str] | None = None,
+                  mode: str = "collab") -> PyroDashInfo:  # fmt: skip
+        """The record's numbers; with `prices`, also the cost split and the LLM-only estimate (`llm_only_prompt`:
+        the LLM-only request's input tokens and whose tokenizer counted them, when the server could)."""
         u = done.usage
-        return cls(
+        info = cls(
             slm_in=u.slm_in, slm_out=u.slm_out, llm_in=u.llm_in, llm_out=u.llm_out, llm_cached_in=u.llm_cached_in,
             llm_calls=u.llm_calls, handoff=done.handoff, cost_usd=done.cost_usd, offload_bias=done.offload_bias,
-            fallback=done.fallback,
+            fallback=done.fallback, mode=mode,
         )  # fmt: skip
+        if prices is not None:
+            from pyrodash.server.modes import cost_by_component, llm_only_estimate
+
+            info.cost_usd_by_component = cost_by_component(u, prices)
+            est = llm_only_estimate(done, prices, llm_only_prompt, mode)
+            info.llm_only_cost_usd, info.llm_only_estimate = est.cost_usd, est
+        return info
 
 
 class PromptTokensDetails(_Out):

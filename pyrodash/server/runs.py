@@ -125,6 +125,11 @@ class ChunkWriter:
     def delta(self, text: str) -> str:
         return self.delta_pre + json.dumps(text, ensure_ascii=False) + self.delta_post
 
+    def tagged(self, text: str, pyrodash: dict) -> str:
+        """A content delta that also carries a `pyrodash` object (request `pyrodash.sources`: who wrote it)."""
+        post = self.delta_post[: -len("}\n\n")]
+        return f'{self.delta_pre}{json.dumps(text, ensure_ascii=False)}{post},"pyrodash":{json.dumps(pyrodash)}}}\n\n'
+
     def finish(self, reason: str) -> str:
         tail = ',"usage":null' if self.include_usage else ""
         if self.kind == "chat":

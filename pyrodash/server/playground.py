@@ -1,0 +1,63 @@
+"""The browser playground of `pyrodash serve`: a page at `/` that streams answers with the SLM's and the LLM's text in
+two colours, marks where `<offload>` fired, meters the answer's cost against the LLM alone, and compares SLM only,
+LLM only and PyroDash side by side.
+
+Plain HTML/JS/CSS in `pyrodash/server/static/` (package data; no build step). The page and its files load without a
+key; everything it asks the server for goes through the API with the same bearer key as any client
+(`/v1/models`, `/v1/chat/completions` with `stream`, `stream_options.include_usage` and
+`pyrodash: {"mode": ..., "sources": true}`, and `/playground/config` below).
+
+    GET /                    the page
+    GET /static/{file}       its script and style sheet
+    GET /playground/config   (auth) prices, operating points, token limits and modes the page shows
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fastapi import FastAPI
+from fastapi.responses import FileResponse
+from fastapi.staticfiles import StaticFiles
+
+from pyrodash.server.modes import MODES
+
+STATIC = Path(__file__).resolve().parent / "static"
+NO_CACHE = {"Cache-Control": "no-cache"}  # a page from an older server version must not outlive an upgrade
+
+
+def _short(backend) -> str | None:
+    """A backend's display name without its directory or URL (the page needs no server paths)."""
+    name = getattr(backend, "name", None)
+    if not isinstance(name, str):
+        return None
+    return name.rstrip("/").rsplit("/", 1)[-1].split("#")[-1] or name
+
+
+def install(app: FastAPI, dependencies: list) -> None:
+    """Add the playground's routes to `app`; `dependencies` guard `/playground/config` (the API's auth check)."""
+    if not (STATIC / "index.html").exists():
+        raise RuntimeError(f"the playground's files are missing from {STATIC}: reinstall pyrodash")
+    app.mount("/static", StaticFiles(directory=STATIC), name="static")
+
+    @app.get("/", include_in_schema=False)
+    async def page():
+        return FileResponse(STATIC / "index.html", headers=NO_CACHE)
+
+    @app.get("/playground/config", dependencies=dependencies, include_in_schema=False)
+    async def playground_config():
+        config = app.state.config
+        engine = app.state.engine
+        prices = getattr(engine, "prices", None) or config.load_prices()
+        return {
+            "prices_usd_per_million": prices.to_dict(),
+            "operating_points": config.operating_points,
+            "default_model": config.default_model,
+            "max_tokens": config.limits.max_tokens,
+            "default_max_tokens": config.limits.default_max_tokens,
+            "modes": list(MODES),
+            "slm": _short(getattr(engine, "slm", None)),
+            "llm": _short(getattr(engine, "llm", None)),
+            "handoff_style": getattr(engine, "handoff_style", config.handoff_style),
+            "fallback": config.failure.on_error == "fallback",
+        }
