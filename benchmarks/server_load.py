@@ -1,6 +1,7 @@
 """Load benchmark of `pyrodash serve`: N concurrent streaming clients for a bounded time, vs the same script direct.
 
     .venv/bin/python benchmarks/server_load.py [--streams 256] [--duration 20] [--tokens 16] [--token-ms 20]
+    .venv/bin/python benchmarks/server_load.py --url http://127.0.0.1:8080 [--streams 64] [--max-tokens 32]
 
 Backends are TEST DOUBLES (`ScriptedBackend`, no model): the SLM streams `--tokens` tokens, one every
 `--token-ms`, then emits `<offload>`; the LLM streams `--tokens` more. Two servers run in their own processes:
@@ -8,8 +9,14 @@ Backends are TEST DOUBLES (`ScriptedBackend`, no model): the SLM streams `--toke
   pyrodash  `build_app` + CollaborateEngine over the two scripted backends (the real server and engine).
 For each, `--streams` asyncio + httpx clients each post streaming chat completions in a loop for `--duration`
 seconds. A request counts when it returns 200 and ends with `data: [DONE]`; anything else is an error.
-Added latency = pyrodash percentile - direct percentile of the per-request time to the last byte.
+Added latency = pyrodash percentile - direct percentile of the per-request time to the last byte. The server's CPU
+time (user + system, from psutil) over the load gives its CPU cost per request and per streamed token, which does not
+depend on what else runs on the machine: one core's capacity is its inverse.
 The last line is exactly: `streams=<n> errors=<e> rps=<r> p50_added_ms=<a> p99_added_ms=<b>`.
+
+With `--url` no server is started: the same clients load that server (one `pyrodash serve`, or nginx in front of
+several, see docs/scaling.md) with real models behind it, asking `--max-tokens` per request, and the last line is
+exactly: `url=<u> streams=<n> requests=<k> errors=<e> rps=<r> p50_ms=<a> p99_ms=<b> ttft_p50_ms=<c>`.
 """
 
 from __future__ import annotations
@@ -169,14 +176,16 @@ class _Conn:
             self.reader = self.writer = None
 
 
-async def _client(port: int, deadline: float, lat: list[float], ttft: list[float], errs: list[str]) -> None:
-    body = json.dumps({"model": "pyrodash", "messages": [{"role": "user", "content": "2+2?"}], "max_tokens": 256,
+async def _client(target: tuple[str, int, str], deadline: float, lat: list[float], ttft: list[float],
+                  errs: list[str], max_tokens: int = 256, model: str = "pyrodash") -> None:
+    host, port, prefix = target
+    body = json.dumps({"model": model, "messages": [{"role": "user", "content": "2+2?"}], "max_tokens": max_tokens,
                        "stream": True}).encode()  # fmt: skip
-    conn = _Conn("127.0.0.1", port)
+    conn = _Conn(host, port)
     while time.perf_counter() < deadline:
         t0 = time.perf_counter()
         try:
-            status, text, first = await conn.post_stream("/v1/chat/completions", body)
+            status, text, first = await conn.post_stream(f"{prefix}/v1/chat/completions", body)
         except (OSError, ValueError, IndexError, asyncio.IncompleteReadError) as e:
             errs.append(f"{type(e).__name__}: {e}")
             await conn.close()
@@ -190,10 +199,10 @@ async def _client(port: int, deadline: float, lat: list[float], ttft: list[float
     await conn.close()
 
 
-async def _load(port: int, streams: int, duration: float) -> dict:
+async def _load(target: tuple[str, int, str], streams: int, duration: float, **body) -> dict:
     lat, ttft, errs = [], [], []
     t0 = time.perf_counter()
-    await asyncio.gather(*(_client(port, t0 + duration, lat, ttft, errs) for _ in range(streams)))
+    await asyncio.gather(*(_client(target, t0 + duration, lat, ttft, errs, **body) for _ in range(streams)))
     wall = time.perf_counter() - t0
     return {"requests": len(lat), "errors": errs, "rps": len(lat) / wall, "lat": lat, "ttft": ttft}
 
@@ -214,7 +223,13 @@ def measure(kind: str, args: argparse.Namespace) -> dict:
     url = f"http://127.0.0.1:{port}"
     try:
         _wait_up(url, proc)
-        return asyncio.run(_load(port, args.streams, args.duration))
+        import psutil
+
+        server = psutil.Process(proc.pid)
+        cpu0 = sum(server.cpu_times()[:2])
+        res = asyncio.run(_load(("127.0.0.1", port, ""), args.streams, args.duration))
+        res["server_cpu_s"] = sum(server.cpu_times()[:2]) - cpu0  # user + system seconds of the server process
+        return res
     finally:
         proc.send_signal(signal.SIGINT)
         try:
@@ -240,18 +255,47 @@ def _wait_up(url: str, proc: subprocess.Popen) -> None:
     raise RuntimeError(f"{url} did not come up")
 
 
+def target_of(url: str) -> tuple[str, int, str]:
+    """(host, port, path prefix) of an http:// URL such as http://127.0.0.1:8080 (the server's root, no /v1)."""
+    from urllib.parse import urlsplit
+
+    u = urlsplit(url)
+    if u.scheme != "http" or not u.hostname:
+        raise SystemExit(f"--url {url!r}: give the server's root as http://HOST:PORT (plain HTTP, no /v1)")
+    return u.hostname, u.port or 80, u.path.rstrip("/").removesuffix("/v1")
+
+
+def measure_url(args: argparse.Namespace) -> int:
+    """Load an already running server; print the request count, errors and latency percentiles."""
+    print(f"{args.streams} streams x {args.duration:.0f}s against {args.url}, max_tokens={args.max_tokens}; "
+          f"{os.cpu_count()} CPUs shared by clients and server(s)", flush=True)  # fmt: skip
+    r = asyncio.run(_load(target_of(args.url), args.streams, args.duration, max_tokens=args.max_tokens,
+                          model=args.model))  # fmt: skip
+    for e in sorted(set(r["errors"]))[:5]:
+        print(f"  error: {e}")
+    print(f"url={args.url} streams={args.streams} requests={r['requests']} errors={len(r['errors'])} "
+          f"rps={r['rps']:.1f} p50_ms={_pct(r['lat'], 50) * 1e3:.1f} p99_ms={_pct(r['lat'], 99) * 1e3:.1f} "
+          f"ttft_p50_ms={_pct(r['ttft'], 50) * 1e3:.1f}")  # fmt: skip
+    return 0
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--streams", type=int, default=256, help="concurrent streaming clients")
     p.add_argument("--duration", type=float, default=20.0, help="seconds of load per target")
     p.add_argument("--tokens", type=int, default=16, help="tokens per model (SLM, then LLM after the handoff)")
     p.add_argument("--token-ms", type=float, default=20.0, help="scripted time per token")
+    p.add_argument("--url", help="load this running server (e.g. nginx before N replicas) instead of starting two")
+    p.add_argument("--max-tokens", type=int, default=256, help="--url: max_tokens of each request")
+    p.add_argument("--model", default="pyrodash", help="--url: the model (operating point) each request names")
     p.add_argument("--serve", choices=["direct", "pyrodash"], help=argparse.SUPPRESS)
     p.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.serve:
         serve(args.serve, args.port, args)
         return 0
+    if args.url:
+        return measure_url(args)
     print(f"{args.streams} streams x {args.duration:.0f}s; script: {args.tokens} SLM + {args.tokens} LLM tokens at "
           f"{args.token_ms:g} ms/token (ideal {2 * args.tokens * args.token_ms:.0f} ms/request); "
           f"{os.cpu_count()} CPUs shared by clients and server", flush=True)  # fmt: skip
@@ -263,6 +307,10 @@ def main() -> int:
         for e in sorted(set(r["errors"]))[:5]:
             print(f"  {kind} error: {e}")
     d, s = res["direct"], res["pyrodash"]
+    per_req = s["server_cpu_s"] / max(1, s["requests"] + len(s["errors"]))
+    print(f"pyrodash server process: cpu_ms_per_request={per_req * 1e3:.3f} "
+          f"cpu_us_per_token={per_req * 1e6 / (2 * args.tokens):.1f} (user+system CPU time of its one process; "
+          f"capacity of one core ~ {1 / per_req:.0f} requests/s of {2 * args.tokens} streamed tokens)")  # fmt: skip
     p50 = (_pct(s["lat"], 50) - _pct(d["lat"], 50)) * 1e3
     p99 = (_pct(s["lat"], 99) - _pct(d["lat"], 99)) * 1e3
     print(f"streams={args.streams} errors={len(s['errors'])} rps={s['rps']:.1f} p50_added_ms={p50:.1f} "

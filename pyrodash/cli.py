@@ -26,6 +26,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "report": ("pyrodash.commands.report", "tables, Pareto figure and case studies from stored records"),
     "benchmarks": ("pyrodash.commands.benchmarks", "list or load the math benchmarks"),
     "cost": ("pyrodash.commands.cost", "price token counts with a price sheet"),
+    "check": ("pyrodash.commands.check", "probe an LLM endpoint (and an SLM server): model, key, continuation mode"),
 }
 
 

@@ -14,15 +14,27 @@ Handoff styles: "continue" (default, as in the paper: the LLM continues the part
 message: messages = [P_l] + query, assistant prefix = Pack(O_s)); "instruct" (the user message is
 `prompts.handoff_template` with the question and the partial solution as text).
 
-Failure policy (LLM errors and timeouts): `retries` more attempts with exponential backoff; a retry continues from
+An LLM endpoint that cannot continue a prefix (`llm.continues_prefix` False: continuation mode instruct, or an
+Anthropic model without prefill) gets the "instruct" request whatever the configured style.
+
+Handoff latency: the LLM request is sent as soon as the SLM's `<offload>` stop arrives (before its usage chunk and
+the end of its stream), and `llm.warm()` keeps a pooled connection open from the start of each request.
+
+Failure policy (LLM errors and timeouts): `retries` more attempts with exponential backoff (client errors, 4xx other
+than 408/429, are not retried: they fail the same way again); a retry continues from
 everything already streamed (O_s plus any LLM text that arrived), so no text is duplicated or lost. Then
 `on_error="fallback"`: the SLM resumes from that text with `<offload>` banned and `Done.fallback` is True; or
 `on_error="raise"`: the stream raises `EngineError`, whose `.done` is the final record (finish_reason "error",
 usage of every attempt, the error messages). `Usage.llm_calls` counts the LLM attempts that reached the server.
 
 Token budget: `max_tokens` bounds each model's decoding separately (the SLM, including a fallback resume; the LLM).
+`max_total_tokens` (optional, what `pyrodash serve` makes of a request's `max_tokens`) bounds the joint answer:
+SLM + LLM output tokens (the `<offload>` stop token included, as billed) never exceed it, each model decodes at most
+what is left of it, and a request that runs out gets `finish_reason: "length"` (a handoff with nothing left for the
+LLM makes no LLM call).
 Usage is what the backends report (the tokenizer's counts in process, the server's `usage` over HTTP); only for a
-server that reports none are SLM output tokens estimated as one per streamed chunk.
+server that reports none are counts estimated (`Done.usage_estimated`: SLM output as one token per streamed chunk;
+an HTTP backend counts what its server did not report with a local tokenizer or estimates it).
 """
 
 from __future__ import annotations
@@ -53,6 +65,33 @@ class FailurePolicy:
             raise ValueError(f"FailurePolicy.on_error={self.on_error!r}: use 'fallback' or 'raise'")
         if self.retries < 0 or self.backoff_s < 0 or self.timeout_s <= 0:
             raise ValueError("FailurePolicy: retries >= 0, backoff_s >= 0 and timeout_s > 0 are required")
+
+
+class _EarlyCall:
+    """The first LLM attempt, started as a task the moment the SLM's `<offload>` stop arrives, so the request is on
+    the wire while the SLM stream is still being drained (its usage chunk, [DONE]). `stream()` replays the first
+    chunk (or its exception) and then continues the same backend stream."""
+
+    def __init__(self, llm: Backend, req: GenRequest):
+        self.req = req
+        self._it = llm.stream(req)
+        self._first = asyncio.ensure_future(anext(self._it, None))
+
+    async def stream(self):
+        try:
+            ch = await self._first
+            while ch is not None:
+                yield ch
+                ch = await anext(self._it, None)
+        finally:
+            await self._it.aclose()
+
+    async def cancel(self) -> None:
+        self._first.cancel()
+        with contextlib.suppress(BaseException):
+            await self._first
+        with contextlib.suppress(BaseException):
+            await self._it.aclose()
 
 
 class EngineError(RuntimeError):
@@ -97,6 +136,22 @@ def handoff_request(
     return GenRequest(messages=msgs, max_tokens=max_tokens, **sampling)
 
 
+def _total_budget(max_total_tokens: int | None) -> int | None:
+    if max_total_tokens is None:
+        return None
+    if isinstance(max_total_tokens, bool) or not isinstance(max_total_tokens, int) or max_total_tokens <= 0:
+        raise ValueError(f"max_total_tokens={max_total_tokens!r} must be a positive integer (or None: no joint limit)")
+    return max_total_tokens
+
+
+def _left(per_model: int, total: int | None, usage: Usage) -> int:
+    """Tokens the next model may decode: its own limit, and what is left of the joint budget (output so far =
+    SLM + LLM output tokens, as billed)."""
+    if total is None:
+        return per_model
+    return min(per_model, total - usage.slm_out - usage.llm_out)
+
+
 class CollaborateEngine:
     def __init__(
         self,
@@ -118,6 +173,7 @@ class CollaborateEngine:
         self.offload_bias = float(offload_bias)
         self.max_tokens = max_tokens
         self.failure = failure or FailurePolicy()
+        self._bg: set[asyncio.Task] = set()
         oid = slm.token_id(OFFLOAD_TOKEN)
         if oid is None:
             raise ValueError(
@@ -134,9 +190,14 @@ class CollaborateEngine:
             raise ValueError("a question is a str or a non-empty list of chat messages ({'role', 'content'} dicts)")
         return question
 
+    @property
+    def llm_style(self) -> str:
+        """The handoff style in use: "instruct" when the LLM endpoint cannot continue a prefix."""
+        return self.handoff_style if getattr(self.llm, "continues_prefix", True) else "instruct"
+
     def llm_request(self, messages: list[dict], partial: str, max_tokens: int, sampling: dict) -> GenRequest:
-        """The single handoff request (Line 6) in the configured style (reads only `prompts` and `handoff_style`)."""
-        return handoff_request(self.prompts, self.handoff_style, messages, partial, max_tokens, sampling)
+        """The single handoff request (Line 6) in the style in use (`llm_style`)."""
+        return handoff_request(self.prompts, self.llm_style, messages, partial, max_tokens, sampling)
 
     def slm_request(
         self,
@@ -177,32 +238,56 @@ class CollaborateEngine:
         top_p: float | None = None,
         seed: int | None = None,
         stop: list[str] | None = None,
+        max_total_tokens: int | None = None,
     ) -> AsyncIterator[Event]:
         t0 = time.perf_counter()
         messages = self.messages(question)
+        total = _total_budget(max_total_tokens)
+        per_model = self.max_tokens if max_tokens is None else int(max_tokens)
+        if total is not None:
+            max_tokens = min(per_model, total)
         # Lines 1-2, 9-10: SLM decoding; <offload> is a stop token id
         req = self.slm_request(messages, offload_bias, max_tokens, temperature, top_p, seed, stop)
         bias = req.logit_bias.get(self.offload_id, 0.0)
-        budget, slm_msgs = req.max_tokens, req.messages
+        budget, slm_msgs = per_model, req.messages
         sampling = {"seed": req.seed, "stop": req.stop, "temperature": req.temperature, "top_p": req.top_p}
         usage = Usage()
         slm_text, llm_text = "", ""
         final, seen = GenChunk(), 0
-        async with contextlib.aclosing(self.slm.stream(req)) as it:
-            async for ch in it:
-                seen += len(ch.token_ids) or bool(ch.text)
-                if ch.text:
-                    slm_text += ch.text
-                    yield SLMDelta(ch.text)
-                if ch.finish_reason is not None:
-                    final = ch
-        slm_out = final.completion_tokens
-        if slm_out is None:  # a server that reports no usage: one streamed chunk per token, plus the stop token
-            slm_out = seen + (final.stop_token_id is not None)
-        usage += Usage(slm_in=final.prompt_tokens or 0, slm_out=slm_out)
-        if final.stop_token_id != self.offload_id:  # Line 11: the SLM answered alone
-            yield self._done(slm_text, "", usage, final.finish_reason or "length", None, bias, t0)
-            return
+        estimated, counted = False, True
+        early = None  # the LLM's first attempt, started the moment the <offload> stop arrives
+        self._warm_llm()
+        try:
+            async with contextlib.aclosing(self.slm.stream(req)) as it:
+                async for ch in it:
+                    seen += len(ch.token_ids) or bool(ch.text)
+                    counted = counted and (bool(ch.token_ids) or not ch.text)  # exact token counts as we go
+                    if ch.text:
+                        slm_text += ch.text
+                        yield SLMDelta(ch.text)
+                    if ch.finish_reason is not None:
+                        final = ch
+                        # the LLM's budget is known now unless a joint budget needs the SLM's exact count
+                        left_now = budget if total is None else min(budget, total - seen - 1) if counted else 0
+                        if early is None and ch.stop_token_id == self.offload_id and left_now > 0:
+                            early = _EarlyCall(self.llm, self.llm_request(messages, pack(slm_text), left_now,
+                                                                          sampling))
+                            await asyncio.sleep(0)  # let it put the request on the wire before the SLM is drained
+            slm_out = final.completion_tokens
+            if slm_out is None:  # a server that reports no usage: one streamed chunk per token, plus the stop token
+                slm_out = seen + (final.stop_token_id is not None)
+                estimated = True
+            estimated = estimated or final.usage_estimated
+            usage += Usage(slm_in=final.prompt_tokens or 0, slm_out=slm_out)
+            if final.stop_token_id != self.offload_id:  # Line 11: the SLM answered alone
+                done = self._done(slm_text, "", usage, final.finish_reason or "length", None, bias, t0)
+                done.usage_estimated = estimated
+                yield done
+                return
+        except BaseException:
+            if early is not None:
+                await early.cancel()
+            raise
 
         # Lines 3-5: <offload> detected (it ended SLM decoding); Pack(O_s) excludes it
         handoff = max(slm_out - 1, 0)
@@ -214,13 +299,25 @@ class CollaborateEngine:
         llm_finish: str | None = None
         pol = self.failure
         for attempt in range(pol.retries + 1):
+            left = _left(budget, total, usage)
+            if left <= 0:  # the joint budget is spent (by the SLM, or by LLM text that arrived before a failure)
+                if early is not None and attempt == 0:
+                    await early.cancel()
+                llm_finish = "length"
+                break
             if attempt:
                 await asyncio.sleep(pol.backoff_s * 2 ** (attempt - 1))
-            lreq = self.llm_request(messages, packed + llm_text, budget, sampling)
+            if attempt == 0 and early is not None and early.req.max_tokens == left:
+                lreq, stream = early.req, early.stream()
+            else:
+                if early is not None and attempt == 0:  # (only if a token count was off) not the request we need
+                    await early.cancel()
+                lreq = self.llm_request(messages, packed + llm_text, left, sampling)
+                stream = self.llm.stream(lreq)
             got = GenChunk()
             streamed = 0  # tokens received in this attempt (billed if the stream breaks before reporting usage)
             try:
-                async with contextlib.aclosing(self.llm.stream(lreq)) as it:
+                async with contextlib.aclosing(stream) as it:
                     while True:
                         ch = await _next_within(it, pol.timeout_s)  # the timeout never spans a yield
                         if ch is None:
@@ -237,6 +334,7 @@ class CollaborateEngine:
                 if isinstance(rep, GenChunk):
                     got = rep
                 if got.completion_tokens is None and streamed:
+                    estimated = True  # the stream broke before the server reported usage: chunks counted
                     got = GenChunk(
                         prompt_tokens=got.prompt_tokens or self._prompt_tokens(self.llm, lreq),
                         completion_tokens=streamed,
@@ -254,7 +352,11 @@ class CollaborateEngine:
                     llm_cached_in=got.cached_tokens or 0,
                     llm_calls=int(reached),
                 )
+                estimated = estimated or got.usage_estimated
+                if not getattr(e, "retryable", True):  # a client error: the same request fails the same way
+                    break
                 continue
+            estimated = estimated or got.usage_estimated
             usage += Usage(
                 llm_in=got.prompt_tokens or 0,
                 llm_out=got.completion_tokens or 0,
@@ -266,20 +368,26 @@ class CollaborateEngine:
 
         if llm_finish is not None:  # Line 8: O_s || O_l
             done = self._done(slm_text, llm_text, usage, llm_finish, handoff, bias, t0)
-            done.errors = errors
+            done.errors, done.usage_estimated = errors, estimated
             yield done
             return
 
         if pol.on_error == "raise":
             done = self._done(slm_text, llm_text, usage, "error", handoff, bias, t0)
-            done.errors = errors
+            done.errors, done.usage_estimated = errors, estimated
             raise EngineError(f"the LLM failed {len(errors)} time(s): {errors[-1]}", done)
 
         # fallback: the SLM resumes from everything so far, <offload> banned
+        left = min(max(budget - slm_out, 1), _left(budget, total, usage))
+        if left <= 0:  # nothing left of the joint budget to finish with
+            done = self._done(slm_text, llm_text, usage, "length", handoff, bias, t0)
+            done.errors, done.usage_estimated = errors, estimated
+            yield done
+            return
         freq = GenRequest(
             messages=slm_msgs,
             prefix=slm_text + llm_text,
-            max_tokens=max(budget - slm_out, 1),
+            max_tokens=left,
             logit_bias={self.offload_id: BAN},
             **sampling,
         )
@@ -295,7 +403,16 @@ class CollaborateEngine:
         done = self._done(slm_text + fb_text, llm_text, usage, fin.finish_reason or "length", handoff, bias, t0)
         done.output = slm_text + llm_text + fb_text
         done.fallback, done.errors = True, errors
+        done.usage_estimated = estimated or fin.usage_estimated or fin.completion_tokens is None
         yield done
+
+    def _warm_llm(self) -> None:
+        """Keep a connection to an HTTP LLM open ahead of the handoff (`llm.warm()`, best effort, in background)."""
+        warm = getattr(self.llm, "warm", None)
+        if warm is not None:
+            task = asyncio.ensure_future(warm())
+            self._bg.add(task)
+            task.add_done_callback(self._bg.discard)
 
     @staticmethod
     def _prompt_tokens(backend: Backend, req: GenRequest) -> int | None:

@@ -32,6 +32,7 @@ class EvalConfig:
     benchmarks: list[str]
     methods: list = field(default_factory=lambda: ["slm", "llm"])
     models: dict = field(default_factory=dict)  # slm, llm, sft: backend specs; pyrodash: {λ: spec}
+    llm_mode: str | None = None  # continuation mode of an HTTP LLM (None: the spec's, else auto-detected)
     world_dir: str | None = None  # for world:<split> benchmarks
     benchmark_paths: dict = field(default_factory=dict)  # name -> local JSONL for real benchmarks
     limit: int | None = None  # examples per benchmark
@@ -45,12 +46,37 @@ class EvalConfig:
     concurrency: int = 8
 
     def __post_init__(self) -> None:
+        for name in ("benchmarks", "methods"):  # `benchmarks: gsm8k` is a one-item list, not the letters g, s, m ...
+            if isinstance(getattr(self, name), (str, dict)):
+                setattr(self, name, [getattr(self, name)])
+        for name in ("run_dir", "world_dir"):  # a Path from Python callers is a path too
+            if isinstance(getattr(self, name), os.PathLike):
+                setattr(self, name, os.fspath(getattr(self, name)))
+        _expect("run_dir", self.run_dir, str, "a directory path")
+        _expect("benchmarks", self.benchmarks, list, "a list such as [gsm8k, world:test]")
+        if not all(isinstance(b, str) and b for b in self.benchmarks):
+            raise ValueError(f"eval config: benchmarks={self.benchmarks!r} must be benchmark names (strings)")
+        _expect("methods", self.methods, list, "a list such as [slm, llm, pyrodash]")
+        for name in ("models", "benchmark_paths", "samples"):
+            _expect(name, getattr(self, name), dict, "a mapping (key: value lines)")
+        _expect("world_dir", self.world_dir, (str, type(None)), "a directory path")
+        _expect("prices", self.prices, (str, dict), "a price sheet name, a YAML path or a mapping")
+        _expect("prompts", self.prompts, str, "a prompt set name such as qwen-math-v1")
+        for name in ("max_tokens", "batch_size", "concurrency"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                raise ValueError(f"eval config: {name}={v!r} must be a positive integer, e.g. {name}: 256")
+        if self.limit is not None and (not isinstance(self.limit, int) or isinstance(self.limit, bool)
+                                       or self.limit < 1):
+            raise ValueError(f"eval config: limit={self.limit!r} must be a positive integer or null (every example)")
+        for name in ("sample_temperature", "sample_top_p"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0:
+                raise ValueError(f"eval config: {name}={v!r} must be a non-negative number")
         if not self.benchmarks:
             raise ValueError("eval config: benchmarks must list at least one benchmark (e.g. world:test)")
-        if self.max_tokens <= 0 or self.batch_size <= 0 or self.concurrency <= 0:
-            raise ValueError("eval config: max_tokens, batch_size and concurrency must be positive")
         for b, k in self.samples.items():
-            if not isinstance(k, int) or k < 1:
+            if not isinstance(k, int) or isinstance(k, bool) or k < 1:
                 raise ValueError(f"eval config: samples.{b}={k!r} must be a positive integer (k of avg@k)")
 
     @classmethod
@@ -58,16 +84,66 @@ class EvalConfig:
         p = Path(path)
         if not p.exists():
             raise ValueError(f"eval config {path} not found; see configs/eval/ for examples")
-        data = (yaml.safe_load(p.read_text()) or {}) | {k: v for k, v in overrides.items() if v is not None}
+        if not p.is_file():
+            raise ValueError(f"eval config {path} is a directory: pass the YAML file, e.g. "
+                             "configs/eval/world-quick.yaml")
+        try:
+            data = yaml.safe_load(p.read_text(encoding="utf-8"))
+        except (yaml.YAMLError, UnicodeDecodeError) as e:
+            where = getattr(e, "problem_mark", None)
+            at = f" at line {where.line + 1}, column {where.column + 1}" if where is not None else ""
+            what = getattr(e, "problem", None) or type(e).__name__
+            raise ValueError(f"eval config {p} is not valid YAML{at} ({what}); fix the file") from None
+        if data is None:
+            data = {}
+        if not isinstance(data, dict):
+            raise ValueError(f"eval config {p}: the top level must be a mapping (run_dir: ..., benchmarks: [...]), "
+                             f"not a {type(data).__name__}")
+        data = data | {k: v for k, v in overrides.items() if v is not None}
         known = {f.name for f in fields(cls)}
         if set(data) - known:
-            raise ValueError(f"eval config {p}: unknown keys {sorted(set(data) - known)}; expected {sorted(known)}")
-        return cls(**data)
+            raise ValueError(f"eval config {p}: unknown keys {sorted(set(data) - known, key=str)}; "
+                             f"expected {sorted(known)}")
+        missing = [f.name for f in fields(cls) if f.name in ("run_dir", "benchmarks") and f.name not in data]
+        if missing:
+            raise ValueError(f"eval config {p}: missing {', '.join(missing)}; e.g. run_dir: runs/x, "
+                             "benchmarks: [gsm8k]")
+        try:
+            return cls(**data)
+        except ValueError as e:
+            raise ValueError(f"{e} (in {p})") from None
+
+    def check_models(self) -> None:
+        """Fail before anything is written when a model spec names a local directory that is not there (URLs and
+        hub ids such as Qwen/Qwen3-1.7B are not checked here)."""
+        models = self.models or {}
+        specs = [(f"models.{k}", v) for k, v in models.items() if k != "pyrodash"]
+        pyro = models.get("pyrodash") or {}
+        if not isinstance(pyro, dict):
+            raise ValueError("eval config: models.pyrodash must map each λ to a checkpoint, e.g. {0.6: runs/x/lam0.6}")
+        specs += [(f"models.pyrodash.{lam}", v) for lam, v in pyro.items()]
+        for key, spec in specs:
+            path = spec.get("path") if isinstance(spec, dict) else spec
+            if isinstance(spec, dict) and "url" in spec:
+                continue
+            if not isinstance(path, str) or not path:
+                raise ValueError(f"eval config: {key}={spec!r} must be a model path, hub id or backend spec")
+            if "://" in path or Path(path).exists():
+                continue
+            if path.count("/") == 1 and not path.startswith((".", "/", "~")):
+                continue  # a hub id
+            raise ValueError(f"eval config: {key}={path} does not exist; build or train that model first or fix the "
+                             "path (nothing was written)")
 
     def price_sheet(self):
         from pyrodash.cost import Prices
 
         return Prices(**self.prices) if isinstance(self.prices, dict) else Prices.from_yaml(self.prices)
+
+
+def _expect(name: str, value: object, types: type | tuple, what: str) -> None:
+    if not isinstance(value, types):
+        raise ValueError(f"eval config: {name}={value!r} must be {what}")
 
 
 # --- resumable JSONL ---------------------------------------------------------------------------------------------
@@ -113,7 +189,13 @@ def check_compatible(run_dir: Path, cfg: EvalConfig) -> None:
     old_path = run_dir / "config.resolved.json"
     if not old_path.exists() or not any((run_dir / "records").glob("*.jsonl")):
         return
-    old = json.loads(old_path.read_text())
+    try:
+        old = json.loads(old_path.read_text())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ValueError(f"{old_path} is not valid JSON ({e}); restore it, or delete it to accept the current "
+                         "config for the records already in this run_dir") from None
+    if not isinstance(old, dict):
+        raise ValueError(f"{old_path} must hold a JSON object; restore it or delete it")
     new = json.loads(json.dumps(asdict(cfg), default=str))
     diff = [k for k in RECORD_KEYS if k in old and old[k] != new[k]]
     om, nm = old.get("models") or {}, new.get("models") or {}
@@ -149,9 +231,11 @@ def evaluate(cfg: EvalConfig, methods: dict | None = None, examples: list[Exampl
     from pyrodash.prompts import get_prompts
 
     run_dir = Path(cfg.run_dir)
-    (run_dir / "records").mkdir(parents=True, exist_ok=True)
+    if methods is None:
+        cfg.check_models()  # before the run directory exists: a typo in a path leaves nothing behind
     prices = cfg.price_sheet()
     check_compatible(run_dir, cfg)
+    (run_dir / "records").mkdir(parents=True, exist_ok=True)
     resolved = asdict(cfg) | {"prices": prices.to_dict(), "prices_sheet": cfg.prices}
     (run_dir / "config.resolved.json").write_text(json.dumps(resolved, indent=2, default=str) + "\n")
     if examples is None:

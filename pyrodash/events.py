@@ -43,6 +43,7 @@ class Done:
     offload_bias: float = 0.0
     fallback: bool = False  # the LLM failed and the SLM finished the answer with <offload> banned
     errors: list[str] = field(default_factory=list)  # messages of failed LLM attempts, in order
+    usage_estimated: bool = False  # some counts were not reported by a server (counted locally or estimated)
     latency_s: float = 0.0
 
     def to_dict(self) -> dict:

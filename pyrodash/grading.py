@@ -5,7 +5,8 @@
 - `is_correct(output_text, gold)`: only the extracted answer of the output is compared (no box -> False). A fast
   path decides without math-verify when both sides are the same after light normalisation, or both are integers
   (the built-in world's answers, GSM8K, AIME), or both plain numbers (`-1.5`, `4.5e33`, `4.5\\times10^{33}`: equal
-  within a relative tolerance of 1e-6, where math-verify's 6-decimal rounding would call 1e-27 and 3e-19 equal).
+  within a relative tolerance of 1e-6, where math-verify's 6-decimal rounding would call 1e-27 and 3e-19 equal;
+  an integer gold takes no tolerance: `1450000.0` is right for `1450000`, `1450001.0` is wrong).
   Otherwise math-verify decides, with the gold wrapped as `$gold$` and the answer as `\\boxed{answer}`. `gold`
   may be a list (OlympiadBench multi-answer): the output must give all of them, in any order (`\\boxed{1, 2}`).
 - `grade_batch(outputs, golds, workers=None)`: the batched form, safe from any thread.
@@ -105,6 +106,8 @@ def _fast(answer: str | None, gold: str | list[str]) -> bool | None:
         return _int_key(a) == _int_key(g)
     x, y = _plain_number(a), _plain_number(g)
     if x is not None and y is not None:
+        if _INT_RE.fullmatch(g):  # an integer gold (GSM8K, AIME) is exact: 1450001.0 is not 1450000
+            return x == y
         return x == y or abs(x - y) <= REL_TOL * max(abs(x), abs(y))
     return None
 

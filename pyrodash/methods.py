@@ -42,9 +42,11 @@ class Gen:
     stop_token_id: int | None = None
     top_logprobs: list[dict[str, float]] | None = None
     eos: bool | None = None  # True: ended by EOS; False: by a stop string/id or length; None: unknown
+    error: str | None = None  # the call failed after its retries (`pyrodash.backends.retry`); finish_reason "error"
+    usage_estimated: bool = False
 
 
-async def _collect(backend, req: GenRequest) -> Gen:
+async def _collect_once(backend, req: GenRequest) -> Gen:
     text, tops, last = "", [], GenChunk()
     async with contextlib.aclosing(backend.stream(req)) as it:
         async for ch in it:
@@ -53,7 +55,24 @@ async def _collect(backend, req: GenRequest) -> Gen:
             if ch.finish_reason is not None:
                 last = ch
     return Gen(text, last.finish_reason or "length", last.prompt_tokens or 0, last.completion_tokens or 0,
-               last.cached_tokens or 0, last.stop_token_id, tops or None, None)
+               last.cached_tokens or 0, last.stop_token_id, tops or None, None, usage_estimated=last.usage_estimated)
+
+
+async def _collect(backend, req: GenRequest) -> Gen:
+    """One HTTP call under the batch call policy: retried when it may pass, a failed `Gen` when it never does."""
+    from pyrodash.backends.retry import RetryPolicy
+
+    pol, error = RetryPolicy(), None
+    for attempt in range(pol.retries + 1):
+        if attempt:
+            await asyncio.sleep(pol.backoff_s * 2 ** (attempt - 1))
+        try:
+            return await _collect_once(backend, req)
+        except Exception as e:  # noqa: BLE001 - judged by the policy, recorded, never fatal
+            error = f"attempt {attempt + 1}: {type(e).__name__}: {e}"
+            if not getattr(e, "retryable", True):
+                break
+    return Gen("", "error", 0, 0, error=error)
 
 
 def generate(backend, reqs: list[GenRequest], batch_size: int = 16, concurrency: int = 8) -> list[Gen]:
@@ -118,7 +137,7 @@ class Solo(Method):
         self.name, self.backend, self.role, self.env = name, backend, role, env
 
     def requests(self, items: list[Item]) -> list[GenRequest]:
-        ban = _ban_offload(self.backend)
+        ban = _ban_offload(self.backend) if self.role == "slm" else {}  # an LLM has no <offload>
         return [GenRequest(messages=self.env.prompts.plain_messages(ex.question), max_tokens=self.env.max_tokens,
                            logit_bias=dict(ban), **s) for ex, s in items]
 
@@ -132,6 +151,10 @@ class Solo(Method):
                           llm_calls=1)
             out.append({"output": g.text, "usage": u.to_dict(), "llm_calls": u.llm_calls, "handoff": None,
                         "finish_reason": g.finish_reason, "segments": [{"model": self.role, "text": g.text}]})
+            if g.error is not None:
+                out[-1].update(llm_failed=self.role == "llm", llm_errors=[g.error])
+            if g.usage_estimated:
+                out[-1]["usage_estimated"] = True
             if latencies and latencies[i] is not None:  # an answer generated earlier for another method
                 out[-1].update(latency_s=latencies[i], reused_answer=True)
         return out
@@ -163,12 +186,12 @@ class PyroDash(Method):
                                         max_tokens=env.max_tokens)
 
     def _record(self, slm_text: str, llm_text: str, usage: Usage, handoff: int | None, finish: str,
-                fallback: bool = False) -> dict:
+                fallback: bool = False, errors: list[str] | None = None, estimated: bool = False) -> dict:
         segs = [{"model": "slm", "text": slm_text}] + ([{"model": "llm", "text": llm_text}] if handoff is not None
                                                         else [])
         return {"output": slm_text + llm_text, "usage": usage.to_dict(), "llm_calls": usage.llm_calls,
                 "handoff": handoff, "finish_reason": finish, "segments": segs, "offload_bias": self.bias,
-                "fallback": fallback}
+                "fallback": fallback, "llm_errors": list(errors or []), "usage_estimated": estimated}
 
     def __call__(self, items: list[Item]) -> list[dict]:
         eng = self.engine
@@ -204,8 +227,8 @@ class PyroDash(Method):
 
             return await asyncio.gather(*(one(ex, s) for ex, s in items))
 
-        return [self._record(d.slm_text, d.llm_text, d.usage, d.handoff, d.finish_reason, d.fallback)
-                for d in asyncio.run(main())]
+        return [self._record(d.slm_text, d.llm_text, d.usage, d.handoff, d.finish_reason, d.fallback, d.errors,
+                             d.usage_estimated) for d in asyncio.run(main())]
 
 
 class RouteLLM(Method):
@@ -273,12 +296,15 @@ class Backends:
     def __init__(self):
         self._cache: dict[str, object] = {}
 
-    def get(self, spec):
-        key = repr(spec)
+    def get(self, spec, llm: bool = False, mode: str | None = None, offload: bool = False):
+        """The backend of `spec`; `llm=True`: an LLM endpoint (its continuation mode probed at load, `mode`
+        overriding the spec's); `offload=True`: an HTTP SLM is checked to stop at <offload>."""
+        key = repr(spec) if mode is None else repr((spec, mode))  # one backend per spec, whatever its role
         if key not in self._cache:
             from pyrodash.backends import load_backend
+            from pyrodash.backends.endpoint import load_llm, load_slm
 
-            self._cache[key] = load_backend(spec)
+            self._cache[key] = load_llm(spec, mode) if llm else load_slm(spec) if offload else load_backend(spec)
         return self._cache[key]
 
 
@@ -305,7 +331,7 @@ def build_methods(cfg, env: Env, backends: Backends | None = None, load_examples
     def model(key: str):
         if not models.get(key):
             raise ValueError(f"this method needs models.{key} in the eval config (a model path or backend spec)")
-        return be.get(models[key])
+        return be.get(models[key], llm=key == "llm", mode=getattr(cfg, "llm_mode", None) if key == "llm" else None)
 
     lam_specs = {float(k): v for k, v in (models.get("pyrodash") or {}).items()}
     out: dict[str, Method] = {}
@@ -320,14 +346,15 @@ def build_methods(cfg, env: Env, backends: Backends | None = None, load_examples
                 if float(lam) not in lam_specs:
                     raise ValueError(f"pyrodash λ={lam} has no checkpoint: add it under models.pyrodash")
                 name = f"pyrodash@{knob(lam)}"
-                out[name] = PyroDash(name, be.get(lam_specs[float(lam)]), model("llm"), env)
+                out[name] = PyroDash(name, be.get(lam_specs[float(lam)], offload=True), model("llm"), env)
         elif kind == "pyrodash_bias":
             lam = float(opt.get("lambda", min(lam_specs) if lam_specs else 0))
             if lam not in lam_specs:
                 raise ValueError(f"pyrodash_bias lambda={lam} has no checkpoint under models.pyrodash")
             for b in opt.get("biases", []):
                 name = f"pyrodash@{knob(lam)}+bias{knob(b)}"
-                out[name] = PyroDash(name, be.get(lam_specs[lam]), model("llm"), env, offload_bias=float(b))
+                out[name] = PyroDash(name, be.get(lam_specs[lam], offload=True), model("llm"), env,
+                                         offload_bias=float(b))
         elif kind == "oracle":
             from pyrodash.methods_oracle import Oracle
 

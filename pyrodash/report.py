@@ -63,13 +63,29 @@ def read_records(path: Path) -> list[dict]:
     return out
 
 
-def load_run(run_dir: str | Path) -> dict[str, list[dict]]:
-    """{method: records} for every `records/*.jsonl` of a run directory."""
+def dedupe(records: list[dict]) -> tuple[list[dict], int]:
+    """(records with one line per (benchmark, id, sample), the LAST one kept in file order; lines dropped).
+    A records file gets a duplicate when two runs append to it (e.g. a copied or merged file); counting both would
+    weigh those examples twice."""
+    last: dict[tuple, int] = {}
+    for i, r in enumerate(records):
+        last[(r.get("benchmark"), str(r.get("id")), int(r.get("sample", 0) or 0))] = i
+    keep = sorted(last.values())
+    return [records[i] for i in keep], len(records) - len(keep)
+
+
+def load_run(run_dir: str | Path, duplicates: dict[str, int] | None = None) -> dict[str, list[dict]]:
+    """{method: records} for every `records/*.jsonl` of a run directory, deduplicated (`dedupe`); the number of
+    dropped lines per method goes into `duplicates` when given."""
     rec_dir = Path(run_dir) / "records"
     files = sorted(rec_dir.glob("*.jsonl")) if rec_dir.is_dir() else []
     if not files:
         raise ValueError(f"no records in {rec_dir}: run `pyrodash eval --config CFG` with run_dir={run_dir} first")
-    runs = {f.stem: read_records(f) for f in files}
+    runs = {}
+    for f in files:
+        runs[f.stem], dropped = dedupe(read_records(f))
+        if dropped and duplicates is not None:
+            duplicates[f.stem] = dropped
     for name in runs:
         parse_method(name)
     return dict(sorted(runs.items(), key=lambda kv: sort_key(kv[0])))
@@ -101,6 +117,9 @@ class Metrics:
     n: int  # records
     cost_normalized: float | None = None
     extra: dict = field(default_factory=dict)
+    llm_failures: int = 0  # records with a failed LLM call (retried or not)
+    fallbacks: int = 0  # records the SLM finished after the LLM failed
+    usage_estimated: int = 0  # records with token counts a server did not report
 
 
 def compute_metrics(name: str, records: list[dict], prices: Prices) -> Metrics:
@@ -126,6 +145,9 @@ def compute_metrics(name: str, records: list[dict], prices: Prices) -> Metrics:
         usage=total,
         usage_by_benchmark={b: total_usage(us) for b, us in sorted(usage_by_bench.items())},
         n=len(records),
+        llm_failures=sum(1 for r in records if r.get("llm_errors") or r.get("llm_failed")),
+        fallbacks=sum(1 for r in records if r.get("fallback")),
+        usage_estimated=sum(1 for r in records if r.get("usage_estimated")),
     )
 
 
@@ -150,6 +172,9 @@ def summary_dict(ms: dict[str, Metrics], prices: Prices) -> dict:
                 "per_benchmark": m.per_benchmark,
                 "usage": m.usage.to_dict(),
                 "n": m.n,
+                "llm_failures": m.llm_failures,
+                "fallbacks": m.fallbacks,
+                "usage_estimated": m.usage_estimated,
             }
             for name, m in ms.items()
         },
@@ -224,9 +249,10 @@ def table1(ms: dict[str, Metrics]) -> list[str]:
 
 def table2(ms: dict[str, Metrics]) -> list[str]:
     rows = [[n, _pct(m.accuracy), _pct(m.llm_token_ratio), f"{m.llm_calls:.3f}", f"{m.cost_usd:.6f}",
-             "--" if m.cost_normalized is None else f"{m.cost_normalized:.4f}", m.n] for n, m in ms.items()]
+             "--" if m.cost_normalized is None else f"{m.cost_normalized:.4f}", m.n,
+             f"{m.llm_failures} / {m.fallbacks}"] for n, m in ms.items()]
     return _table(["Method", "Avg. Acc. (%)", "LLM Token Ratio (%)", "Avg. LLM Calls", "Cost ($)",
-                   "Cost / LLM-only", "Records"], rows)
+                   "Cost / LLM-only", "Records", "LLM failures / fallbacks"], rows)
 
 
 def table3(ms: dict[str, Metrics]) -> list[str]:
@@ -357,7 +383,8 @@ def _fence(text: str) -> list[str]:
 
 def render(run_dir: str | Path, prices: Prices | None = None) -> tuple[str, dict, dict[str, Metrics]]:
     """(markdown, summary dict, metrics) of a run; `prices` re-prices it (default: the run's own sheet)."""
-    runs = load_run(run_dir)
+    duplicates: dict[str, int] = {}
+    runs = load_run(run_dir, duplicates)
     own = run_prices(run_dir)
     prices = prices or own
     ms = all_metrics(runs, prices)
@@ -365,7 +392,11 @@ def render(run_dir: str | Path, prices: Prices | None = None) -> tuple[str, dict
                        key=lambda n: parse_method(n)[1])
     out = [f"# PyroDash evaluation report: `{Path(run_dir).name}`", "",
            f"Prices (USD per million tokens): {prices.to_dict()}. Every number below is recomputed from "
-           f"`records/*.jsonl`.", "", "## Table 1: per-benchmark accuracy", ""] + table1(ms)
+           f"`records/*.jsonl`.", ""]
+    if duplicates:
+        out += ["Duplicate records ignored (the last line per (benchmark, id, sample) is kept): "
+                + ", ".join(f"{n}: {k}" for n, k in duplicates.items()) + ".", ""]
+    out += ["## Table 1: per-benchmark accuracy", ""] + table1(ms)
     out += ["", "## Table 2: averages and dollars", ""] + table2(ms)
     out += ["", "## Table 3: sensitivity to λ", ""] + (table3(ms) if lam_names else ["(no pyrodash@<λ> records)"])
     t4 = lam_names[-1] if lam_names else None
@@ -397,7 +428,10 @@ def render(run_dir: str | Path, prices: Prices | None = None) -> tuple[str, dict
     out += ["", "## Re-pricing (total $ under each sheet)", ""]
     out += _table(["Method"] + list(sheets),
                   [[n] + [f"{m.usage.cost(s):.6f}" for s in sheets.values()] for n, m in ms.items()])
-    return "\n".join(out) + "\n", summary_dict(ms, prices), ms
+    summary = summary_dict(ms, prices)
+    if duplicates:
+        summary["duplicates_dropped"] = duplicates
+    return "\n".join(out) + "\n", summary, ms
 
 
 def write_report(run_dir: str | Path, prices: Prices | None = None) -> Path:

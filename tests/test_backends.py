@@ -291,7 +291,7 @@ def test_raw_completion_prompt_mode_matches_chat_continuation(models, servers, t
     ref = llm.generate(GenRequest(messages=MSGS, prefix="ab", max_tokens=5))
     assert r.choices[0].text == ref.text and r.usage.prompt_tokens == len(ref.prompt_ids)
     assert len(r.choices[0].logprobs.top_logprobs) == 5
-    with pytest.raises(ValueError, match="tokenizer=DIR"):
+    with pytest.raises(ValueError, match="tokenizer: DIR"):
         OpenAICompatBackend(servers[1], "llm", prompt_mode="completion")
 
 

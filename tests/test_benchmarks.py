@@ -76,6 +76,31 @@ def test_olympiadbench_multi_answer_golds_join_the_answers():
     assert any(e.gold == "69, 84" for e in multi)  # '$69$,$84$' in the file
 
 
+@pytest.mark.parametrize(
+    ("raw", "parts"),
+    [
+        ("$69$,$84$", ["69", "84"]),
+        ("1,3", ["1,3"]),
+        ("$221,$8$", ["221", "8"]),  # unbalanced `$` in the real file: both parts kept
+        ("$(1,2),$3$", ["(1,2)", "3"]),  # commas inside brackets do not split
+        ("$a=2$, $a=-6-4 \\sqrt{2}$", ["a=2", "a=-6-4 \\sqrt{2}"]),
+        ("$(-\\infty, 0) \\cup\\{1\\}$.", ["(-\\infty, 0) \\cup\\{1\\}"]),
+        ("$f(x)=a x+b$, where $b$ is an arbitrary integer", ["f(x)=a x+b, where b is an arbitrary integer"]),
+    ],
+)
+def test_olympiadbench_answer_parts(raw, parts):
+    assert bm._strip_dollars(raw) == parts
+
+
+def test_olympiadbench_real_file_has_no_truncated_or_prose_multi_golds():
+    _need("olympiadbench")
+    exs = load_benchmark("olympiadbench")
+    assert not [e.gold for e in exs if e.gold.rstrip().endswith(",")], "a gold lost its last part"
+    assert any(e.meta["answers"] == ["221", "8"] for e in exs)  # '$221,$8$' in the file
+    prose = [e for e in exs if "where" in e.gold]
+    assert prose and all(len(e.meta["answers"]) == 1 for e in prose)
+
+
 def test_limit_and_seed_subsample_deterministically_in_file_order(tmp_path):
     f = _write_jsonl(tmp_path / "gsm.jsonl", [{"question": f"q{i}", "answer": f"s\n#### {i}"} for i in range(50)])
     all_ = load_benchmark("gsm8k", path=f, limit=None)

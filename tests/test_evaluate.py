@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -206,3 +207,67 @@ def test_refuses_records_from_other_settings(tmp_path, backends):
     more = EvalConfig(**{**cfg.__dict__, "methods": ["slm", "llm"], "prices": "cached"})
     evaluate(more, {"slm": Solo("slm", slm, "slm", env())}, examples=examples(3), quiet=True)
     assert len((tmp_path / "records" / "slm.jsonl").read_text().splitlines()) == 3
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("run_dir: x\nbenchmarks: [toy\n", "not valid YAML at line"),
+        ("- run_dir: x\n- benchmarks: [toy]\n", "top level must be a mapping"),
+        ("run_dir: x\nbenchmarks: [toy]\nmax_tokens: abc\n", "max_tokens='abc' must be a positive integer"),
+        ("run_dir: x\nbenchmarks: 7\n", "benchmarks=7 must be a list"),
+        ("run_dir: x\nbenchmarks: [toy]\nmodels: [a]\n", "models=\\['a'\\] must be a mapping"),
+        ("benchmarks: [toy]\n", "missing run_dir"),
+        ("run_dir: x\nbenchmarks: [toy]\nlimit: 0\n", "limit=0 must be a positive integer"),
+        ("run_dir: x\nbenchmarks: [toy]\nsamples: {toy: true}\n", "samples.toy=True"),
+    ],
+)
+def test_cli_eval_bad_configs_are_one_line_errors(tmp_path, capsys, text, message):
+    from pyrodash.cli import main
+
+    p = tmp_path / "c.yaml"
+    p.write_text(text.replace("run_dir: x", f"run_dir: {tmp_path / 'x'}"))
+    assert main(["eval", "--config", str(p)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert re.search(message, err), err
+    assert not (tmp_path / "x").exists()
+
+
+def test_cli_eval_directory_as_config(tmp_path, capsys):
+    from pyrodash.cli import main
+
+    assert main(["eval", "--config", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "is a directory" in err, err
+
+
+def test_a_string_benchmark_is_a_one_item_list(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("run_dir: x\nbenchmarks: gsm8k\nmethods: slm\n")
+    cfg = EvalConfig.from_yaml(p)
+    assert cfg.benchmarks == ["gsm8k"] and cfg.methods == ["slm"]
+
+
+def test_missing_model_path_fails_before_the_run_dir_exists(tmp_path, capsys):
+    from pyrodash.cli import main
+
+    p = tmp_path / "c.yaml"
+    run = tmp_path / "run"
+    p.write_text(json.dumps({"run_dir": str(run), "benchmarks": ["aime24"], "methods": ["slm"],
+                             "models": {"slm": str(tmp_path / "no-such-model")}}))
+    assert main(["eval", "--config", str(p)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "models.slm" in err and "does not exist" in err and len(err.splitlines()) == 1, err
+    assert not run.exists()
+
+
+def test_broken_resolved_config_names_the_file(tmp_path, backends):
+    from pyrodash.methods import Solo
+
+    slm, _ = backends
+    cfg = EvalConfig(run_dir=str(tmp_path), benchmarks=["toy"], models={"slm": "a"})
+    evaluate(cfg, {"slm": Solo("slm", slm, "slm", env())}, examples=examples(1), quiet=True)
+    (tmp_path / "config.resolved.json").write_text('{"models": ')
+    with pytest.raises(ValueError, match=r"config\.resolved\.json is not valid JSON"):
+        evaluate(cfg, {"slm": Solo("slm", slm, "slm", env())}, examples=examples(1), quiet=True)

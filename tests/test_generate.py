@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+import textwrap
 
 import pytest
 from tiny_models import tiny_model_dir
@@ -127,3 +131,42 @@ def test_serve_model_cli_serves_on_127_0_0_1(dirs):
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def _python(*args: str, **kw) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=300, env=env, **kw)
+
+
+def test_generate_json_exits_0_every_time(dirs):
+    """The in-process decode threads are joined before the interpreter exits: `generate --json` never aborts after
+    printing its answer (it did with `terminate called without an active exception`, exit 134)."""
+    for i in range(3):
+        r = _python("-m", "pyrodash", *gen(dirs, "--json", "--offload-bias", "1e4", f"{i}+{i}"))
+        assert r.returncode == 0, f"run {i}: exit {r.returncode}: {r.stderr[-500:]}"
+        assert "terminate called" not in r.stderr
+        assert json.loads(r.stdout.strip().splitlines()[-1])["handoff"] == 0
+
+
+def test_a_stream_left_mid_decode_does_not_abort_the_interpreter(dirs, tmp_path):
+    """The deterministic form of the exit crash: leave a stream while its thread is inside a torch forward and let
+    the interpreter exit. A daemon decode thread was killed there by pthread_exit -> abort (exit 134, 3 runs of 3
+    before the fix); now the stream's close cancels it and exit waits for it."""
+    script = tmp_path / "leave.py"
+    script.write_text(textwrap.dedent(f"""
+        import asyncio
+        from pyrodash.backends.base import GenRequest
+        from pyrodash.backends.hf import HFBackend
+
+        backend = HFBackend({dirs[1]!r})
+
+        async def main():
+            it = backend.stream(GenRequest(messages=[{{"role": "user", "content": "abc"}}], max_tokens=400))
+            await anext(it)  # one token, then leave: the thread is still decoding
+
+        asyncio.run(main())
+        print("left", flush=True)
+    """))
+    r = _python(str(script))
+    assert r.returncode == 0 and "terminate called" not in r.stderr, f"exit {r.returncode}: {r.stderr[-500:]}"
+    assert r.stdout.strip() == "left"

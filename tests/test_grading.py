@@ -63,6 +63,7 @@ def test_extract_answer(text, expected):
         (r"\boxed{070}", "70"),
         (r"\boxed{-3}", "$-3$"),
         (r"\boxed{-0}", "0"),
+        (r"\boxed{1450000.0}", "1450000"),  # the same integer written as a decimal
         (r"\boxed{2.880 \cdot 10^{-19}}", "2.88e-19"),
         ("\\boxed{" + "9" * 5000 + "}", "9" * 5000),
     ],
@@ -84,6 +85,8 @@ def test_equivalent_answers_are_correct(output, gold):
         (r"\boxed{1,001}", "1000"),
         (r"\boxed{2.88e-19}", "1.325e-27"),  # tiny numbers differ (math-verify alone rounds both to 0)
         (r"\boxed{4.6 \times 10^{33}}", "4.5e33"),
+        (r"\boxed{1450001.0}", "1450000"),  # an integer gold takes no relative tolerance (GSM8K golds >= 10^6)
+        (r"\boxed{1000000.5}", "1000000"),
         ("\\boxed{" + "9" * 5000 + "}", "9" * 4999),  # huge integers: no int() overflow
     ],
 )

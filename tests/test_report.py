@@ -9,7 +9,15 @@ import pytest
 
 from pyrodash.cli import main
 from pyrodash.cost import Prices, Usage
-from pyrodash.report import first_llm_step, load_run, parse_method, render, trigger_positions, write_report
+from pyrodash.report import (
+    compute_metrics,
+    first_llm_step,
+    load_run,
+    parse_method,
+    render,
+    trigger_positions,
+    write_report,
+)
 
 
 def _simulate(method: str, ex: dict, rng: random.Random) -> dict:
@@ -139,3 +147,25 @@ def test_cli(tmp_path, capsys):
     assert main(["report", str(tmp_path), "--prices", "cached"]) == 0
     assert "report.md" in capsys.readouterr().out
     assert main(["report", str(tmp_path), "--prices", "no-such-sheet"]) == 2
+
+
+def test_duplicated_records_count_once_keeping_the_last(tmp_path, capsys):
+    runs = make_run(tmp_path)
+    path = tmp_path / "records" / "slm.jsonl"
+    first = runs["slm"][0]
+    n = len(runs["slm"])
+    flipped = {**first, "correct": not first["correct"]}
+    with path.open("a") as f:  # the same (benchmark, id, sample) again, graded the other way, plus an exact copy
+        f.write(json.dumps(flipped) + "\n" + json.dumps(runs["slm"][1]) + "\n")
+    dups: dict = {}
+    loaded = load_run(tmp_path, dups)["slm"]
+    assert len(loaded) == n and dups == {"slm": 2}
+    assert [r for r in loaded if r["id"] == first["id"]] == [flipped]  # the last line wins
+    md, summary, ms = render(tmp_path)
+    assert ms["slm"].n == n
+    expect = compute_metrics("slm", [flipped] + runs["slm"][1:], Prices.from_yaml("paper"))
+    assert ms["slm"].accuracy == pytest.approx(expect.accuracy)
+    assert ms["slm"].cost_usd == pytest.approx(expect.cost_usd)
+    assert summary["duplicates_dropped"] == {"slm": 2} and "Duplicate records ignored" in md
+    assert main(["report", str(tmp_path)]) == 0
+    assert "duplicate records ignored" in capsys.readouterr().out

@@ -1,7 +1,10 @@
-"""No client input makes `pyrodash serve` answer 5xx: fuzzing over real HTTP, real tiny models, bounded in time.
+"""No client input makes `pyrodash serve` answer 5xx or break its own schema: fuzzing over real HTTP, real tiny
+models, bounded in examples (and so in time).
 
 1. schemathesis reads the server's own OpenAPI document and generates requests that fit it and requests that
-   break it (positive and negative modes) for every operation.
+   break it (positive and negative modes) for every operation, and runs ALL its checks on every response (as
+   `st run --checks all`): no 5xx, status codes / content types / headers / bodies as the schema declares them,
+   schema-violating requests rejected, schema-valid ones accepted, 405 with Allow, auth not ignored.
 2. hypothesis posts arbitrary JSON, and valid requests with one field replaced by arbitrary JSON, to both
    completion routes; every refusal must be OpenAI's error body.
 Both models run in process (the HTTP LLM path is covered in test_server.py); max_tokens is capped at 4, so every
@@ -22,8 +25,34 @@ from pyrodash.server.app import build_app
 from pyrodash.server.config import Limits
 
 schemathesis = pytest.importorskip("schemathesis")
+from schemathesis import GenerationMode  # noqa: E402
+from schemathesis.checks import CHECKS, load_all_checks  # noqa: E402
 
-FUZZ = settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+load_all_checks()
+# Refusals no JSON schema can express are not "valid data rejected": a body over limits.max_body_bytes (413), a
+# prompt longer than the model's context (400 context_length_exceeded) and a lone UTF-16 surrogate (400
+# invalid_unicode: JSON Schema strings admit them, valid Unicode does not).
+UNSCHEMABLE = (b'"context_length_exceeded"', b'"invalid_unicode"')
+
+
+def positive_data_acceptance_within_limits(ctx, response, case):
+    if response.status_code == 413 or (response.status_code == 400 and any(c in response.content
+                                                                            for c in UNSCHEMABLE)):
+        return None
+    return schemathesis.checks.positive_data_acceptance(ctx, response, case)
+
+
+def negative_data_rejection_413_included(ctx, response, case):
+    if response.status_code == 413:  # refused for its size before its content was read: a rejection too
+        return None
+    return schemathesis.checks.negative_data_rejection(ctx, response, case)
+
+
+WRAPPED = ("positive_data_acceptance", "negative_data_rejection")
+ALL_CHECKS = [c for c in CHECKS.get_all() if c.__name__ not in WRAPPED] + [
+    positive_data_acceptance_within_limits, negative_data_rejection_413_included]
+
+FUZZ = settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 AUTH = {"Authorization": f"Bearer {KEY}"}
 
 
@@ -58,17 +87,24 @@ def _header(headers, name: str) -> str:
     return value[0] if isinstance(value, list) else value
 
 
-@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/models/{model_id}",
-                                  "/health", "/metrics"])
-def test_schemathesis_finds_no_server_error(server, http, path):
+PATHS = [("/v1/chat/completions", "POST"), ("/v1/completions", "POST"), ("/v1/models", "GET"),
+         ("/v1/models/{model_id}", "GET"), ("/health", "GET"), ("/metrics", "GET")]
+
+
+# GET routes take nothing a request could get wrong (any model id is a valid string): positive mode only
+CASES = [(p, m, g) for p, m in PATHS for g in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE)
+         if m == "POST" or g == GenerationMode.POSITIVE]
+
+
+@pytest.mark.parametrize(("path", "method", "mode"), CASES, ids=[f"{p}-{g.value}" for p, _, g in CASES])
+def test_schemathesis_all_checks(server, path, method, mode):
     schema = schemathesis.openapi.from_url(f"{server.url}/openapi.json")
-    method = "POST" if path.endswith("completions") else "GET"
-    strategy = schema[path][method].as_strategy()
+    strategy = schema[path][method].as_strategy(generation_mode=mode)
 
     @FUZZ
     @given(case=strategy)
     def run(case):
-        r = case.call(base_url=server.url, headers=AUTH, timeout=60)
+        r = case.call_and_validate(base_url=server.url, headers=AUTH, checks=ALL_CHECKS, timeout=60)
         _check(r.status_code, r.headers, r.text)
 
     run()

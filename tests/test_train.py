@@ -312,3 +312,114 @@ def test_quick_stage2_offloads_on_hard_not_easy(quick_run):
     rates = json.loads((quick_run["stage2"] / "offload_rates.json").read_text())
     assert rates["hard_with_ps"] > rates["easy_with_ps"], rates  # offloads where the SLM fails
     assert rates["all_without_ps"] < rates["hard_with_ps"], rates  # ... and only when P_s enables it
+
+
+# --- several processes: `accelerate launch` (gloo on this CPU machine) ---------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["ddp", "zero2", "zero3"])
+def test_accelerate_configs_parse_as_accelerate_reads_them(name):
+    from accelerate.commands.config.config_args import load_config_from_file
+    from accelerate.utils import DistributedType
+
+    cfg = load_config_from_file(str(ROOT / "configs" / "accelerate" / f"{name}.yaml"))
+    assert cfg.num_processes > 1 and not cfg.use_cpu and cfg.mixed_precision == "bf16"
+    if name == "ddp":
+        assert cfg.distributed_type == DistributedType.MULTI_GPU
+    else:
+        assert cfg.distributed_type == DistributedType.DEEPSPEED
+        assert cfg.deepspeed_config["zero_stage"] == int(name[-1])
+
+
+def test_a_cpu_launch_that_started_one_of_n_processes_is_refused(monkeypatch):
+    """`accelerate launch --cpu --num_processes 2` without MPI starts ONE process (with MASTER_ADDR set and no
+    RANK): training alone while the user asked for two would be silent, so setup() stops and names the fix."""
+    from pyrodash.train import distributed
+
+    for key in ("WORLD_SIZE", "RANK", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("ACCELERATE_USE_CPU", "True")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    with pytest.raises(ValueError, match="--multi_gpu"):
+        distributed.setup()
+    monkeypatch.delenv("MASTER_ADDR")
+    assert distributed.setup().num_processes == 1 and distributed.is_main() and distributed.world_size() == 1
+    assert distributed.gather_objects({"a": 1}) == [{"a": 1}]
+
+
+
+def _accelerate_launch(nproc: int, argv: list[str], cwd: Path):
+    """`accelerate launch --num_processes N -m pyrodash ARGV` on this CPU machine. N > 1 goes through `--multi_gpu`
+    (torchrun starts the N processes; accelerate's `--cpu` form starts one unless MPI is set up) and the ranks join
+    one gloo group because there is no GPU; N = 1 is the plain `--cpu` launch."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    launch = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(nproc), "--num_machines",
+              "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(port),
+              "--multi_gpu" if nproc > 1 else "--cpu"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
+           "OMP_NUM_THREADS": "1"}  # tiny models: one thread per process (accelerate's --cpu would pick 2 here)
+    proc = subprocess.run([*launch, "-m", "pyrodash", *argv], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    return proc
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_quick_stages_2_and_3_under_accelerate_launch(quick_run, tmp_path, nproc):
+    """Stage 2 and Stage 3 of the quick world, 2 steps each, launched with `accelerate launch --num_processes N`:
+    the checkpoints load; logs, checkpoints and held-out files come from one process; Cost_base is computed by the
+    main process only; every rank's rollouts hand off to the LLM and the stats and logs count all of them."""
+    import shutil
+
+    import yaml
+    from transformers import AutoModelForCausalLM
+
+    from pyrodash.train.common import read_log
+    from pyrodash.train.config import load_yaml
+
+    recipe = load_yaml((ROOT / "configs" / "world" / "quick.yaml").read_text())
+    recipe["world"] = {"dir": str(quick_run["world"])}
+    recipe["stage2"].update(max_steps=2, logging_steps=1, measure_limit=8)
+    recipe["stage3"].update(max_steps=2, logging_steps=1, save_steps=2, save_strategy="steps", train_limit=8)
+    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe))
+    run, cur = tmp_path / "run", tmp_path / "run" / "curated"
+    cur.mkdir(parents=True)
+    for name in ("corpus_a.jsonl", "corpus_b.jsonl"):
+        shutil.copy(quick_run["curated"] / name, cur / name)
+    held = (quick_run["curated"] / "heldout.jsonl").read_text().splitlines()[:8]
+    (cur / "heldout.jsonl").write_text("\n".join(held) + "\n")
+    cli = ["--config", str(tmp_path / "recipe.yaml"), "--output-dir", str(run)]
+
+    _accelerate_launch(nproc, ["train", "stage2", *cli, "--from", str(quick_run["stage1"])], tmp_path)
+    prev = AutoModelForCausalLM.from_pretrained(quick_run["stage1"])
+    changed, same = _changed(prev.state_dict(), AutoModelForCausalLM.from_pretrained(run / "stage2").state_dict())
+    assert changed and all(k.split(".")[-2] in ("q_proj", "k_proj", "v_proj", "o_proj") for k in changed)
+    steps2 = [r for r in read_log(run / "stage2" / "log.jsonl") if "loss" in r]
+    assert [r["step"] for r in steps2] == [1, 2]  # one log line per step: the main process writes the log
+    assert json.loads((run / "stage2" / "offload_rates.json").read_text())["n"] == 8
+
+    out = _accelerate_launch(nproc, ["train", "stage3", *cli, "--from", str(quick_run["stage2"])], tmp_path).stdout
+    assert out.count("saved ") == 1  # the main process reports
+    dest = run / "stage3-lambda0.1"
+    st = json.loads((dest / "stage3_stats.json").read_text())
+    per_step = recipe["stage3"]["per_device_train_batch_size"]
+    assert st["processes"] == nproc and st["steps"] == 2 and st["rollouts_by_rank"] == [2 * per_step] * nproc
+    assert all(n > 0 for n in st["llm_handoff_calls_by_rank"]), st  # every rank's rollouts called the LLM
+    assert sum(st["llm_handoff_calls_by_rank"]) == st["llm_handoff_calls"]
+    assert st["cost_base_computed_by_rank"] == [st["prompts"]] + [0] * (nproc - 1)  # Cost_base: one rank's calls
+    log = [r for r in read_log(dest / "log.jsonl") if "pyrodash/llm_calls" in r]
+    assert [r["step"] for r in log] == [1, 2] and sum(r["pyrodash/llm_calls"] for r in log) == st["llm_handoff_calls"]
+    for r in log:  # each log line averages the rollouts of every rank
+        if r["pyrodash/llm_calls"]:
+            assert round(r["pyrodash/llm_calls"] / r["pyrodash/llm_calls_per_rollout"]) == per_step * nproc
+    assert [p.name for p in (dest / "trainer").glob("checkpoint-*")] == ["checkpoint-2"]
+    assert AutoModelForCausalLM.from_pretrained(dest).config.vocab_size == prev.config.vocab_size
+    assert st["heldout"]["n"] == 8

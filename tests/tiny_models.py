@@ -72,3 +72,29 @@ def tiny_model_dir(out_dir: str | Path, seed: int = 0, offload: bool = True, tie
     tok.save_pretrained(str(out))
     _CACHE[key] = out
     return out
+
+
+def mid_trace_bias(slm, prompts, question: str, max_tokens: int = 24) -> float:
+    """An offload_bias at which the SLM backend `slm` hands off after a few tokens on `question` (a mid-trace
+    handoff): of a small grid, the bias with the latest handoff (cached per backend and question)."""
+    from pyrodash.backends.base import GenRequest
+    from pyrodash.prompts import OFFLOAD_TOKEN
+
+    key = (id(slm), prompts.name, question, max_tokens)
+    if key in _BIAS:
+        return _BIAS[key]
+    oid = slm.token_id(OFFLOAD_TOKEN)
+    msgs = [{"role": "system", "content": prompts.offload_system}] + prompts.plain_messages(question)
+    found = []
+    for i in range(21):
+        b = 1.0 + 0.05 * i
+        r = slm.generate(GenRequest(messages=msgs, max_tokens=max_tokens, stop_token_ids=[oid], logit_bias={oid: b}))
+        if r.stop_token_id == oid and r.completion_tokens >= 3:
+            found.append((r.completion_tokens, b))
+    if not found:
+        raise AssertionError("no bias gives a mid-trace handoff on this SLM")
+    _BIAS[key] = max(found)[1]
+    return _BIAS[key]
+
+
+_BIAS: dict[tuple, float] = {}

@@ -4,17 +4,19 @@
   - "path/to/model" or "org/hub-id"                   -> HFBackend (in-process transformers)
   - "http://host:port/v1#model" (fragment optional)    -> OpenAICompatBackend (else the server's first model)
   - {"path": ..., "device": ...}                       -> HFBackend
-  - {"url": ..., "model": ..., "api_key_env": ..., "timeout_s": ..., "tokenizer": ..., "prompt_mode": ...}
+  - {"url": ..., "model": ..., "api_key_env": ..., "timeout_s": ..., "tokenizer": ..., "mode": ...}
                                                        -> OpenAICompatBackend
+Without a `mode` an HTTP backend continues a prefix vLLM-style (what an SLM server needs). For the LLM side use
+`load_llm(spec, mode)` (`pyrodash.backends.endpoint`): mode auto by default, detected by a start-up probe.
 """
 
 from __future__ import annotations
 
 from pyrodash.backends.base import Backend, BackendError, GenChunk, GenRequest, GenResult
+from pyrodash.backends.endpoint import SPEC_KEYS as _HTTP_KEYS
+from pyrodash.backends.endpoint import load_llm
 
-__all__ = ["Backend", "BackendError", "GenChunk", "GenRequest", "GenResult", "load_backend"]
-
-_HTTP_KEYS = {"url", "model", "api_key_env", "timeout_s", "tokenizer", "extra_body", "name", "prompt_mode"}
+__all__ = ["Backend", "BackendError", "GenChunk", "GenRequest", "GenResult", "load_backend", "load_llm"]
 _HF_KEYS = {"path", "device", "dtype", "name"}
 
 

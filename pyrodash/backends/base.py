@@ -40,6 +40,7 @@ class GenChunk:
     prompt_tokens: int | None = None  # input tokens billed for this request (prefix included)
     completion_tokens: int | None = None
     cached_tokens: int | None = None
+    usage_estimated: bool = False  # the server reported no usage: counted locally or estimated
 
 
 @dataclass
@@ -58,12 +59,21 @@ class GenResult:
 
 class BackendError(RuntimeError):
     """A generation failed. `reached_server` is False when the request never got to the model (connection
-    refused), so the engine does not count it as an LLM call; `usage` holds any counts the server reported."""
+    refused), so the engine does not count it as an LLM call; `usage` holds any counts the server reported;
+    `status` is the HTTP status of a refused request (None: a network error, a timeout, a broken stream)."""
 
-    def __init__(self, message: str, reached_server: bool = True, usage: GenChunk | None = None):
+    def __init__(self, message: str, reached_server: bool = True, usage: GenChunk | None = None,
+                 status: int | None = None, param: str | None = None):
         super().__init__(message)
         self.reached_server = reached_server
         self.usage = usage
+        self.status = status
+        self.param = param  # the request field an OpenAI-style error names, if any
+
+    @property
+    def retryable(self) -> bool:
+        """A client error (4xx other than 408 timeout / 429 rate limit) fails the same way again: not retried."""
+        return self.status is None or self.status in (408, 429) or self.status >= 500
 
 
 @runtime_checkable

@@ -9,6 +9,16 @@ the model continues as its own assistant message). Our own loop, rather than `mo
 handling (a stop id ends the sequence and is never decoded into text), per-request `logit_bias`, top-k logprobs of
 the raw distribution, stop strings, and cancellation between any two tokens. One lock per model serialises
 concurrent requests; `stream` runs the loop in a worker thread and hands chunks to the event loop.
+
+Worker threads are joined, never left running: `stream` joins its thread once the thread has handed over its last
+chunk, and `aclose()` cancels and joins any thread still decoding (a client that went away). They are not daemon
+threads either, so the interpreter waits for them at exit. A daemon thread still inside a torch op when the
+interpreter finalises is killed with `pthread_exit`, whose forced unwind through torch's C++ frames aborts the
+process ("terminate called without an active exception", exit 134) after the answer was already printed.
+
+Special-token text in message content that was marked as literal (`pyrodash.backends.literal.mark`, done by
+`pyrodash serve` for everything a client sends) is tokenized as plain characters, so a client cannot forge
+`<|im_end|>` or `<offload>`; the template's own markup and the system prompt keep their special tokens.
 """
 
 from __future__ import annotations
@@ -21,6 +31,7 @@ from pathlib import Path
 
 import torch
 
+from pyrodash.backends import literal
 from pyrodash.backends.base import GenChunk, GenRequest, GenResult
 
 _END = object()
@@ -107,6 +118,7 @@ class HFBackend:
         pad = tokenizer.pad_token_id
         self.pad_id = int(pad if pad is not None else min(self.eos_ids, default=0))
         self._lock = threading.Lock()
+        self._threads: set[threading.Thread] = set()  # decode threads that may still be running
         self._keep_arg = "logits_to_keep" in inspect.signature(model.forward).parameters
 
     # ---- prompts -------------------------------------------------------------------------------------------
@@ -127,13 +139,29 @@ class HFBackend:
         return text + req.prefix
 
     def prompt_ids(self, req: GenRequest) -> list[int]:
-        ids = list(self.tokenizer.encode(self.render(req), add_special_tokens=False))
+        """Token ids of the prompt; literal-marked spans are tokenized with special-token parsing off."""
+        ids: list[int] = []
+        for text, is_literal in literal.split(self.render(req)):
+            if is_literal:
+                ids += self.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True)
+            else:
+                ids += self.tokenizer.encode(text, add_special_tokens=False)
         if not ids:
             raise ValueError(f"{self.name}: the prompt is empty; give messages or a non-empty prefix")
         return ids
 
     def count_tokens(self, text: str) -> int:
         return len(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def special_tokens(self) -> list[str]:
+        """Every string the tokenizer turns into a single added/special token (what a client must not forge)."""
+        return sorted({t.content for t in self.tokenizer.added_tokens_decoder.values()} | set(
+            self.tokenizer.all_special_tokens))
+
+    def context_window(self) -> int | None:
+        """Positions the model was built for (prompt + generated tokens), or None when the config does not say."""
+        n = getattr(self.model.config, "max_position_embeddings", None)
+        return int(n) if isinstance(n, int) and n > 0 else None
 
     # ---- the decode loop -----------------------------------------------------------------------------------
     def _top(self, vals: list[float], ids: list[int]) -> dict[str, float]:
@@ -273,18 +301,25 @@ class HFBackend:
             except BaseException as e:  # noqa: BLE001 - handed to the consumer
                 put(e)
 
-        threading.Thread(target=work, daemon=True, name="pyrodash-hf-decode").start()
+        thread = threading.Thread(target=work, name="pyrodash-hf-decode")  # not a daemon: see the module docstring
+        self._threads = {t for t in self._threads if t.is_alive()} | {thread}
+        thread.start()
+        ended = False
         try:
             while True:
                 item = await queue.get()
                 if item is _END:
+                    ended = True
                     return
                 if isinstance(item, BaseException):
+                    ended = True
                     raise item
                 if item.text or item.token_ids or item.finish_reason:
                     yield item
         finally:
             cancel.set()
+            if ended:  # the thread has handed over its last item: only its return is left
+                thread.join(timeout=5)
 
     def generate_batch(self, reqs: list[GenRequest], batch_size: int | None = None) -> list[GenResult]:
         """Generate for every request (blocking). Left-padded batches of `batch_size` (default: all at once);
@@ -317,4 +352,7 @@ class HFBackend:
         return self.generate_batch([req])[0]
 
     async def aclose(self) -> None:
-        return None
+        """Wait for decode threads still running (each stops before its next token once its stream is closed)."""
+        threads, self._threads = [t for t in self._threads if t.is_alive()], set()
+        if threads:
+            await asyncio.to_thread(lambda: [t.join(timeout=30) for t in threads])

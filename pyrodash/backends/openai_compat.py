@@ -1,66 +1,109 @@
-"""OpenAI-compatible HTTP backend (vLLM, `pyrodash serve-model`, `transformers serve`, OpenAI, DeepSeek, ...).
+"""HTTP LLM/SLM backend: OpenAI-compatible servers (vLLM, SGLang, `pyrodash serve-model`, `transformers serve`,
+LiteLLM, OpenAI, DeepSeek, ...) and Anthropic's Messages API.
 
     backend = OpenAICompatBackend("http://127.0.0.1:8000/v1", model="slm", api_key_env="OPENAI_API_KEY")
     async for chunk in backend.stream(GenRequest(messages=[...], stop_token_ids=[offload_id])): ...
+    llm = OpenAICompatBackend.from_endpoint(LLMEndpoint.parse("http://host/v1#big")); llm.resolve()  # probe
 
-Streams `/v1/chat/completions` with `stream_options.include_usage`, so the last chunk carries the server's exact
-token usage (`prompt_tokens_details.cached_tokens` -> `cached_tokens`). vLLM extras are sent only when a request
-needs them: `stop_token_ids`; an assistant prefix to continue (`continue_final_message: true`,
-`add_generation_prompt: false`); `logit_bias` (clamped to [-100, 100] as vLLM and OpenAI do: -100 is a ban);
-`logprobs`/`top_logprobs`. `prompt_mode="completion"` instead renders the chat template locally (`tokenizer=DIR`)
-and sends the raw prompt + prefix to `/v1/completions` (thinking models whose templates rewrite a final assistant
-message, e.g. drop its `<think>` part). Which stop token ended a generation comes from vLLM's `stop_reason` (the
-token id), never from the text. One `httpx.AsyncClient` per event loop (connection reuse); closing the stream
-closes the HTTP response, so the server stops generating. `token_id()` asks a local tokenizer (`tokenizer=DIR`) or the
-server's vLLM-style `POST /tokenize`.
+Streams with `stream_options.include_usage`, so the last chunk carries the server's token usage
+(`prompt_tokens_details.cached_tokens` / DeepSeek's `prompt_cache_hit_tokens` -> `cached_tokens`). How a partial
+trace is continued is the continuation mode (`pyrodash.backends.continuation`); `mode="auto"` is detected by
+`resolve()` (`pyrodash.backends.probe`) before the first call. A chunk with `finish_reason` is yielded as soon as the
+server sends it (the engine starts its LLM request on an `<offload>` stop right then), and the last chunk repeats it
+with the usage. Which stop token ended a generation comes from vLLM's `stop_reason` (the token id), never from the
+text. Usage the server did not report is counted with a local tokenizer (`tokenizer=DIR`, or the model name when it
+is a local model dir), else estimated (4 characters a token; one token per streamed chunk), and the last chunk says
+`usage_estimated=True`. Errors are `BackendError`s with the HTTP status: 4xx other than 408/429 are not retryable.
+Keys never appear in error messages. One `httpx.AsyncClient` per event loop (connection reuse, kept alive 120 s;
+`warm()` opens a connection ahead of the first handoff); closing the stream closes the HTTP response, so the server
+stops generating. `token_id()` asks a local tokenizer or the server's vLLM-style `POST /tokenize`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import json
-import os
+import logging
+import time
 from collections.abc import AsyncIterator
+from pathlib import Path
+from urllib.parse import urlparse
 
 import httpx
 
+from pyrodash.backends import literal
 from pyrodash.backends.base import BackendError, GenChunk, GenRequest
+from pyrodash.backends.continuation import ANTHROPIC_VERSION, StreamState, Wire, build_request, trimmed_prefill
+from pyrodash.backends.endpoint import LLMEndpoint, redact
 
-BIAS_LIMIT = 100.0
+log = logging.getLogger("pyrodash.llm")
+CHARS_PER_TOKEN = 4  # the estimate when neither the server nor a local tokenizer counts
+KEEPALIVE_S = 120.0
 
 
 class OpenAICompatBackend:
     def __init__(self, url: str, model: str | None = None, api_key_env: str | None = None, timeout_s: float = 60.0,
                  tokenizer: str | None = None, extra_body: dict | None = None, name: str | None = None,
-                 prompt_mode: str = "chat"):
-        if not url.startswith(("http://", "https://")):
-            raise ValueError(f"backend url {url!r} must start with http:// or https:// (e.g. http://host:8000/v1)")
-        self.base = url.rstrip("/")
+                 prompt_mode: str | None = None, mode: str | None = None):
+        spec = {"url": url, "model": model, "api_key_env": api_key_env, "timeout_s": timeout_s,
+                "tokenizer": tokenizer, "extra_body": extra_body, "name": name, "prompt_mode": prompt_mode}
+        ep = LLMEndpoint.parse({k: v for k, v in spec.items() if v is not None}, mode)
+        if prompt_mode is None and mode is None:
+            ep.mode = "continue"  # an SLM / a plain backend: vLLM-style continuation, no probe
+        self._setup(ep)
+
+    @classmethod
+    def from_endpoint(cls, ep: LLMEndpoint) -> OpenAICompatBackend:
+        self = cls.__new__(cls)
+        self._setup(ep)
+        return self
+
+    def _setup(self, ep: LLMEndpoint) -> None:
+        self.endpoint = ep
+        self.base = ep.url.rstrip("/")
         self.root = self.base[: -len("/v1")] if self.base.endswith("/v1") else self.base
-        self.api_key = None
-        if api_key_env:
-            self.api_key = os.environ.get(api_key_env)
-            if not self.api_key:
-                raise ValueError(f"environment variable {api_key_env} (api_key_env) is not set: export the API key")
-        self.timeout_s = float(timeout_s)
-        if prompt_mode not in ("chat", "completion"):
-            raise ValueError(f"prompt_mode={prompt_mode!r}: use 'chat' (/v1/chat/completions) or 'completion'")
-        if prompt_mode == "completion" and not tokenizer:
-            raise ValueError("prompt_mode='completion' renders the chat template locally: give tokenizer=DIR")
-        self.prompt_mode = prompt_mode
-        self.tokenizer_dir = tokenizer
-        self.extra_body = dict(extra_body or {})
-        self._model = model
-        self.name = name or f"{self.base}#{model or ''}"
+        self.api_key = ep.api_key
+        self.timeout_s = float(ep.timeout_s)
+        self.tokenizer_dir = ep.tokenizer
+        self.extra_body = dict(ep.extra_body)
+        self._model = ep.model
+        self.name = ep.name or f"{self.base}#{ep.model or ''}"
+        self.mode = ep.mode  # as configured; `wire.mode` is the one in use once resolved
+        self.wire: Wire | None = None if ep.mode == "auto" else Wire(ep.mode)
+        if self.wire is not None and self.wire.mode == "completion" and not self.local_tokenizer_dir():
+            raise ValueError("mode completion renders the chat template locally: give tokenizer: DIR in the LLM "
+                             "spec (the model's tokenizer directory)")
+        self.report = None  # the probe's ProbeReport once resolve() ran
+        self.config_error: str | None = None  # a misconfiguration found by the probe (reported by /health)
         self._client: httpx.AsyncClient | None = None
         self._client_loop: asyncio.AbstractEventLoop | None = None
+        self._last_used = 0.0
         self._ids: dict[str, int | None] = {}
+        self._urls: dict[str, httpx.URL] = {}
+        self._req_headers: dict[int, httpx.Headers] = {}
+        self._timeout_ext = self._timeout().as_dict()
         self._tok = None
+        self._tok_missing = False
 
     # ---- plumbing ------------------------------------------------------------------------------------------
     @property
+    def prompt_mode(self) -> str:  # the former name of the two modes it had
+        return "completion" if self.wire is not None and self.wire.mode == "completion" else "chat"
+
+    @property
     def headers(self) -> dict:
+        host = (urlparse(self.base).hostname or "").lower()
+        anthropic = self.wire.mode == "anthropic" if self.wire is not None else (
+            self.mode == "anthropic" or (self.mode == "auto" and host.endswith("anthropic.com")))
+        if anthropic:
+            h = {"anthropic-version": ANTHROPIC_VERSION}
+            return {**h, "x-api-key": self.api_key} if self.api_key else h
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+    def redact(self, text: str) -> str:
+        return redact(text, self.api_key)
 
     def _timeout(self) -> httpx.Timeout:
         return httpx.Timeout(self.timeout_s, connect=min(self.timeout_s, 10.0))
@@ -68,10 +111,21 @@ class OpenAICompatBackend:
     def client(self) -> httpx.AsyncClient:
         loop = asyncio.get_running_loop()
         if self._client is None or self._client_loop is not loop or self._client.is_closed:
-            limits = httpx.Limits(max_connections=256, max_keepalive_connections=64)
+            limits = httpx.Limits(max_connections=256, max_keepalive_connections=64, keepalive_expiry=KEEPALIVE_S)
             self._client = httpx.AsyncClient(timeout=self._timeout(), limits=limits, headers=self.headers)
             self._client_loop = loop
         return self._client
+
+    async def warm(self) -> None:
+        """Open (or keep open) a pooled connection before the first handoff: a cheap GET /models when the
+        connection may have gone idle. Failures are ignored (the handoff itself reports them)."""
+        if time.monotonic() - self._last_used < KEEPALIVE_S / 2:
+            return
+        self._last_used = time.monotonic()
+        try:
+            await self.client().get(f"{self.base}/models", timeout=5)
+        except Exception:  # noqa: BLE001 - warming is best effort
+            pass
 
     @property
     def model(self) -> str:
@@ -81,22 +135,46 @@ class OpenAICompatBackend:
                 r = httpx.get(f"{self.base}/models", headers=self.headers, timeout=self._timeout())
                 r.raise_for_status()
                 self._model = r.json()["data"][0]["id"]
-            except (httpx.HTTPError, KeyError, IndexError, ValueError) as e:
-                raise ValueError(f"{self.base}/models did not name a model ({e}); add '#MODEL' to the URL") from e
+            except (httpx.HTTPError, KeyError, IndexError, ValueError, TypeError) as e:
+                raise ValueError(self.redact(f"{self.base}/models did not name a model ({e}); add '#MODEL' to the "
+                                             "URL")) from e
         return self._model
+
+    def local_tokenizer_dir(self) -> str | None:
+        """A local tokenizer for this model: the spec's `tokenizer`, or the model name when it is a model dir."""
+        if self.tokenizer_dir:
+            return self.tokenizer_dir
+        if self._model and (Path(self._model) / "tokenizer_config.json").exists():
+            return self._model
+        return None
 
     @property
     def tokenizer(self):
         if self._tok is None:
+            path = self.local_tokenizer_dir()
+            if path is None:
+                raise ValueError(f"{self.name}: no local tokenizer; give tokenizer: DIR in the spec")
             from transformers import AutoTokenizer
 
-            self._tok = AutoTokenizer.from_pretrained(self.tokenizer_dir)
+            self._tok = AutoTokenizer.from_pretrained(path)
         return self._tok
+
+    def _count(self, text: str) -> tuple[int, bool]:
+        """(tokens in `text`, estimated?) with the local tokenizer when there is one."""
+        if not self._tok_missing and self.local_tokenizer_dir():
+            try:
+                return len(self.tokenizer.encode(text, add_special_tokens=False)), False
+            except Exception:  # noqa: BLE001 - an unreadable tokenizer: estimate instead
+                self._tok_missing = True
+        return max(1, round(len(text) / CHARS_PER_TOKEN)) if text else 0, True
+
+    def _render(self, messages: list[dict]) -> str:
+        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
     def token_id(self, token: str) -> int | None:
         if token in self._ids:
             return self._ids[token]
-        if self.tokenizer_dir:
+        if self.local_tokenizer_dir():
             tid = self.tokenizer.convert_tokens_to_ids(token)
             tid = None if tid is None or tid == self.tokenizer.unk_token_id else int(tid)
         else:
@@ -104,7 +182,7 @@ class OpenAICompatBackend:
             try:
                 r = httpx.post(f"{self.root}/tokenize", json=body, headers=self.headers, timeout=self._timeout())
             except httpx.HTTPError as e:
-                raise ValueError(f"cannot reach {self.root}/tokenize ({e}); is the server up?") from e
+                raise ValueError(f"cannot reach {self.root}/tokenize ({type(e).__name__}); is the server up?") from e
             if r.status_code != 200:
                 raise ValueError(f"{self.root}/tokenize answered {r.status_code}: give the model's tokenizer "
                                  "directory in the backend spec (tokenizer: DIR)")
@@ -113,83 +191,137 @@ class OpenAICompatBackend:
         self._ids[token] = tid
         return tid
 
+    # ---- continuation mode ---------------------------------------------------------------------------------
+    def resolve(self, raise_on_unreachable: bool = True):
+        """Probe the endpoint once (mode auto: detect; else verify) and log the choice; returns the ProbeReport.
+        A misconfiguration raises a one-line ValueError (and stays in `config_error` for /health)."""
+        from pyrodash.backends.probe import probe_llm
+
+        rep = probe_llm(self)
+        self.report = rep
+        if rep.error and (rep.reachable or raise_on_unreachable):
+            self.config_error = rep.error
+            raise ValueError(rep.error)
+        self.config_error = rep.error
+        if rep.mode:
+            log.info("LLM %s: continuation mode %s (%s)", self.name, rep.mode, rep.mode_reason)
+        else:  # unreachable at start-up: probed again at the first handoff, reported by /health meanwhile
+            log.warning("LLM %s: %s (probed again at the first handoff)", self.name, rep.error)
+        return rep
+
+    @property
+    def continues_prefix(self) -> bool:
+        """Whether this endpoint continues an assistant prefix (else the engine hands off in its instruct style)."""
+        return True if self.wire is None else self.wire.continues_prefix
+
     def body(self, req: GenRequest) -> dict:
-        msgs = list(req.messages)
-        body: dict = {"model": self.model, "messages": msgs, "max_tokens": req.max_tokens,
-                      "temperature": req.temperature, "top_p": req.top_p, "stream": True,
-                      "stream_options": {"include_usage": True}}
-        if self.prompt_mode == "completion":  # the raw prompt: chat template + generation prompt + prefix
-            del body["messages"]
-            body["prompt"] = (self.tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
-                              if msgs else "") + req.prefix
-        elif req.prefix:
-            body["messages"] = msgs + [{"role": "assistant", "content": req.prefix}]
-            body["continue_final_message"] = True
-            body["add_generation_prompt"] = False
-        if req.seed is not None:
-            body["seed"] = req.seed
-        if req.stop:
-            body["stop"] = list(req.stop)
-        if req.stop_token_ids:
-            body["stop_token_ids"] = list(req.stop_token_ids)
-        if req.logit_bias:
-            body["logit_bias"] = {str(k): max(-BIAS_LIMIT, min(BIAS_LIMIT, v)) for k, v in req.logit_bias.items()}
-        if req.top_logprobs > 0 and self.prompt_mode == "completion":
-            body["logprobs"] = req.top_logprobs
-        elif req.top_logprobs > 0:
-            body["logprobs"] = True
-            body["top_logprobs"] = req.top_logprobs
+        return self._build(req)[1]
+
+    def _build(self, req: GenRequest, wire: Wire | None = None) -> tuple[str, dict]:
+        wire = wire or self.wire or Wire("continue")
+        # special-token text a client sent (marked by the server) must not become the remote model's real token
+        msgs = [{**m, "content": literal.defang(m["content"])} if isinstance(m.get("content"), str) else m
+                for m in req.messages]
+        req = dataclasses.replace(req, messages=msgs)
+        path, body = build_request(wire, req, self.model, self._render if wire.mode == "completion" else None)
         body.update(self.extra_body)
-        return body
+        return path, body
+
+    async def _ensure_wire(self) -> Wire:
+        if self.wire is None:  # mode auto and the start-up probe could not reach the server: probe now
+            try:
+                await asyncio.to_thread(self.resolve)
+            except ValueError as e:
+                raise BackendError(str(e), reached_server=False, status=None) from e
+        return self.wire
 
     # ---- the protocol --------------------------------------------------------------------------------------
-    async def stream(self, req: GenRequest) -> AsyncIterator[GenChunk]:
-        body = self.body(req)
-        finish: str | None = None
-        stop_reason = None
-        usage: dict = {}
-        route = "completions" if self.prompt_mode == "completion" else "chat/completions"
+    async def stream(self, req: GenRequest, wire: Wire | None = None) -> AsyncIterator[GenChunk]:
+        wire = wire or await self._ensure_wire()
+        path, body = self._build(req, wire)
+        trimmed = trimmed_prefill(wire, req)
+        st, texts, n_chunks = StreamState(), [], 0
+        self._last_used = time.monotonic()
         try:
-            async with self.client().stream("POST", f"{self.base}/{route}", json=body) as resp:
+            async with self._post(path, body) as resp:
                 if resp.status_code != 200:
                     text = (await resp.aread()).decode(errors="replace")
-                    raise BackendError(f"HTTP {resp.status_code} from {self.base}: {_error_message(text)}")
+                    msg = f"HTTP {resp.status_code} from {self.base}: {_error_message(text)}"
+                    raise BackendError(self.redact(msg), status=resp.status_code, param=_error_param(text))
                 async for line in resp.aiter_lines():
                     if not line.startswith("data:"):
                         continue
                     data = line[5:].strip()
                     if data == "[DONE]":
                         break
-                    obj = json.loads(data)
-                    if "error" in obj:
-                        raise BackendError(f"error event from {self.base}: {_error_message(data)}")
-                    if obj.get("usage"):
-                        usage = obj["usage"]
-                    for choice in obj.get("choices") or []:
-                        text = choice.get("text") or (choice.get("delta") or {}).get("content") or ""
-                        lps, lp = None, choice.get("logprobs") or {}
-                        if lp.get("content"):  # chat format
-                            lps = [{t["token"]: t["logprob"] for t in c.get("top_logprobs") or []}
-                                   for c in lp["content"]]
-                        elif lp.get("top_logprobs"):  # completions format
-                            lps = [dict(d or {}) for d in lp["top_logprobs"]]
-                        if choice.get("finish_reason"):
-                            finish = choice["finish_reason"]
-                            stop_reason = choice.get("stop_reason")
-                        if text or lps:
-                            yield GenChunk(text=text, top_logprobs=lps)
+                    try:
+                        obj = json.loads(data)
+                    except ValueError as e:
+                        raise BackendError(f"unreadable event from {self.base}: {data[:200]!r}") from e
+                    had_finish = st.finish is not None
+                    text, lps = st.feed(obj)
+                    if st.error is not None:
+                        raise BackendError(self.redact(f"error event from {self.base}: {st.error}"))
+                    if text and trimmed and not texts:
+                        text = text[len(text) - len(text.lstrip()):] if text[:1].isspace() else text
+                    if text or lps:
+                        texts.append(text)
+                        n_chunks += 1
+                        yield GenChunk(text=text, top_logprobs=lps)
+                    if st.finish is not None and not had_finish:  # the stop, as soon as it is known
+                        yield GenChunk(finish_reason=st.finish, stop_token_id=_stop_id(st.stop_reason))
         except httpx.ConnectError as e:
-            raise BackendError(f"cannot connect to {self.base}: {e}", reached_server=False) from e
+            raise BackendError(f"cannot connect to {self.base}: {type(e).__name__}", reached_server=False) from e
         except httpx.TimeoutException as e:
             raise BackendError(f"timeout after {self.timeout_s}s from {self.base}: {type(e).__name__}") from e
         except httpx.HTTPError as e:
-            raise BackendError(f"HTTP error from {self.base}: {type(e).__name__}: {e}") from e
-        if finish is None:
+            raise BackendError(self.redact(f"HTTP error from {self.base}: {type(e).__name__}: {e}")) from e
+        finally:
+            self._last_used = time.monotonic()
+        if st.finish is None:
             raise BackendError(f"the stream from {self.base} ended without a finish_reason")
-        details = usage.get("prompt_tokens_details") or {}
-        yield GenChunk(finish_reason=finish, stop_token_id=stop_reason if isinstance(stop_reason, int) else None,
-                       prompt_tokens=usage.get("prompt_tokens"), completion_tokens=usage.get("completion_tokens"),
-                       cached_tokens=details.get("cached_tokens"))
+        prompt, completion, estimated = st.prompt_tokens, st.completion_tokens, False
+        if prompt is None:  # counted locally (template tokens left out) or estimated; marked either way
+            src = body.get("prompt")
+            if src is None:
+                src = str(body.get("system", "")) + "".join(str(m.get("content", "")) for m in body["messages"])
+            prompt, estimated = self._count(src)[0], True
+        if completion is None:
+            counted, est = self._count("".join(texts))
+            completion = max(counted, n_chunks) if est else counted
+            estimated = True
+        yield GenChunk(finish_reason=st.finish, stop_token_id=_stop_id(st.stop_reason), prompt_tokens=prompt,
+                       completion_tokens=completion, cached_tokens=st.cached_tokens, usage_estimated=estimated)
+
+    @contextlib.asynccontextmanager
+    async def _post(self, path: str, body: dict):
+        """POST `body` and stream the response. The request is built by hand (URL parsed once, the client's
+        headers merged once, JSON encoded here), not through `client.stream`, whose per-request URL, header and
+        cookie merging is most of the client-side handoff time."""
+        client = self.client()
+        url = self._urls.get(path)
+        if url is None:
+            url = self._urls[path] = httpx.URL(f"{self.base}{path}")
+        content = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+        headers = self._req_headers.get(id(client))
+        if headers is None:
+            headers = httpx.Headers(client.headers)
+            headers["content-type"] = "application/json"
+            self._req_headers = {id(client): headers}
+        req = httpx.Request("POST", url, headers=headers, content=content, extensions={"timeout": self._timeout_ext})
+        resp = await client.send(req, stream=True)
+        try:
+            yield resp
+        finally:
+            await resp.aclose()
+
+    async def health(self) -> None:
+        """Raise when the endpoint is misconfigured (the probe's finding) or does not list its models."""
+        if self.config_error:
+            raise ValueError(self.config_error)
+        r = await self.client().get(f"{self.base}/models", timeout=5)
+        if r.status_code != 200:
+            raise ConnectionError(f"GET {self.base}/models answered {r.status_code}")
 
     async def aclose(self) -> None:
         if self._client is not None and self._client_loop is asyncio.get_running_loop():
@@ -197,10 +329,26 @@ class OpenAICompatBackend:
         self._client = None
 
 
-def _error_message(text: str) -> str:
+def _stop_id(stop_reason: object) -> int | None:
+    return stop_reason if isinstance(stop_reason, int) and not isinstance(stop_reason, bool) else None
+
+
+def _error_obj(text: str) -> dict:
     try:
         obj = json.loads(text)
-        err = obj.get("error", obj)
-        return str(err.get("message", err) if isinstance(err, dict) else err)[:500]
-    except (ValueError, AttributeError):
-        return text[:500]
+    except ValueError:
+        return {}
+    if not isinstance(obj, dict):
+        return {}
+    err = obj.get("error", obj.get("detail", obj))
+    return err if isinstance(err, dict) else {"message": err}
+
+
+def _error_message(text: str) -> str:
+    err = _error_obj(text)
+    return str(err.get("message", err) if err else text)[:500]
+
+
+def _error_param(text: str) -> str | None:
+    p = _error_obj(text).get("param")
+    return p if isinstance(p, str) else None

@@ -18,6 +18,9 @@ from pathlib import Path
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--slm", required=True, help="SLM backend: model path / hub id or http(s)://host:port/v1#model")
     p.add_argument("--llm", required=True, help="LLM backend (used in --budget-usd mode)")
+    from pyrodash.backends.endpoint import add_llm_mode_argument
+
+    add_llm_mode_argument(p)
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--questions", help="JSONL with a 'question' field, or one question per line")
     src.add_argument("--benchmark", help="a benchmark name, e.g. world:val or gsm8k")
@@ -59,7 +62,7 @@ def read_questions(path: str, limit: int | None = None) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     from transformers.utils import logging as hf_logging
 
-    from pyrodash.backends import load_backend
+    from pyrodash.backends.endpoint import load_llm, load_slm
     from pyrodash.calibrate import calibrate_offload_bias
     from pyrodash.cost import Prices
     from pyrodash.engine import CollaborateEngine
@@ -72,8 +75,8 @@ def run(args: argparse.Namespace) -> int:
 
         questions = [ex.question for ex in load_benchmark(args.benchmark, path=args.path, limit=args.limit)]
     hf_logging.disable_progress_bar()  # no "Loading weights" bars around the answer
-    slm = load_backend(args.slm)
-    llm = slm if args.llm == args.slm else load_backend(args.llm)
+    slm = load_slm(args.slm)
+    llm = slm if args.llm == args.slm and args.llm_mode is None else load_llm(args.llm, args.llm_mode)
     engine = CollaborateEngine(slm, llm, get_prompts(args.prompts), Prices.from_yaml(args.prices),
                                max_tokens=args.max_tokens)
     cal = calibrate_offload_bias(engine, questions, target_rate=args.target_rate, budget_usd=args.budget_usd,

@@ -13,7 +13,36 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", required=True, help="eval YAML (see configs/eval/)")
     p.add_argument("--run-dir", default=None, help="override run_dir of the config")
     p.add_argument("--limit", type=int, default=None, help="override limit (examples per benchmark)")
+    from pyrodash.backends.endpoint import add_llm_mode_argument
+
+    add_llm_mode_argument(p)
     p.add_argument("--no-report", action="store_true", help="do not write report.md / summary.json afterwards")
+
+
+def warn_llm_failures(run_dir, console) -> int:
+    """A loud warning per method whose records hold failed LLM calls, fallbacks or estimated usage; returns how many
+    records had a failed LLM call."""
+    import json
+    from pathlib import Path
+
+    from rich.markup import escape
+
+    bad = 0
+    for path in sorted((Path(run_dir) / "records").glob("*.jsonl")):
+        recs = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+        failed = [r for r in recs if r.get("llm_errors") or r.get("llm_failed")]
+        fallbacks = sum(1 for r in recs if r.get("fallback"))
+        est = sum(1 for r in recs if r.get("usage_estimated"))
+        bad += len(failed)
+        if failed or fallbacks:
+            first = next((r.get("llm_errors") or [r.get("llm_error", "")] for r in failed), [""])[-1]
+            console.print(f"[bold red]WARNING: {path.stem}: {len(failed)} of {len(recs)} records had a failed LLM "
+                          f"call, {fallbacks} fell back to the SLM; accuracy and cost do not measure the LLM you "
+                          f"configured. First error: {escape(str(first))}[/]", markup=True, highlight=False)
+        if est:
+            console.print(f"[yellow]{path.stem}: {est} records have token counts the server did not report "
+                          "(counted locally or estimated: usage_estimated)[/]")
+    return bad
 
 
 def run(args: argparse.Namespace) -> int:
@@ -22,10 +51,11 @@ def run(args: argparse.Namespace) -> int:
     from pyrodash.evaluate import EvalConfig, evaluate
     from pyrodash.report import write_report
 
-    cfg = EvalConfig.from_yaml(args.config, run_dir=args.run_dir, limit=args.limit)
+    cfg = EvalConfig.from_yaml(args.config, run_dir=args.run_dir, limit=args.limit, llm_mode=args.llm_mode)
     run_dir = evaluate(cfg)
     console = Console()
     console.print(f"records: [bold]{run_dir / 'records'}[/]")
+    warn_llm_failures(run_dir, console)
     if not args.no_report:
         from pyrodash.commands.demo import print_table2
 

@@ -18,6 +18,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("question", help="the question ('-' reads it from stdin)")
     p.add_argument("--slm", required=True, help="SLM backend: model path / hub id or http(s)://host:port/v1#model")
     p.add_argument("--llm", required=True, help="LLM backend: model path / hub id or http(s)://host:port/v1#model")
+    from pyrodash.backends.endpoint import add_llm_mode_argument
+
+    add_llm_mode_argument(p)
     p.add_argument("--offload-bias", type=float, default=0.0, help="added to the <offload> logit (+ hands off sooner)")
     p.add_argument("--handoff-style", choices=("continue", "instruct"), default="continue")
     p.add_argument("--prompts", default="qwen-math-v1", help="prompt set (pyrodash.prompts), e.g. world-v1")
@@ -37,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
 
     from transformers.utils import logging as hf_logging
 
-    from pyrodash.backends import load_backend
+    from pyrodash.backends.endpoint import load_llm, load_slm
     from pyrodash.cost import Prices
     from pyrodash.engine import CollaborateEngine, EngineError, FailurePolicy
     from pyrodash.events import Done, Handoff, LLMDelta, SLMDelta
@@ -50,8 +53,8 @@ def run(args: argparse.Namespace) -> int:
     prompts = get_prompts(args.prompts)
     failure = FailurePolicy(retries=args.retries, timeout_s=args.timeout_s, on_error=args.on_error)
     hf_logging.disable_progress_bar()  # no "Loading weights" bars around the answer
-    slm = load_backend(args.slm)
-    llm = slm if args.llm == args.slm else load_backend(args.llm)
+    slm = load_slm(args.slm)
+    llm = slm if args.llm == args.slm and args.llm_mode is None else load_llm(args.llm, args.llm_mode)
     engine = CollaborateEngine(slm, llm, prompts, prices, handoff_style=args.handoff_style,
                                offload_bias=args.offload_bias, max_tokens=args.max_tokens, failure=failure)
     kw = {"temperature": args.temperature, "top_p": args.top_p, "seed": args.seed}
@@ -65,6 +68,9 @@ def run(args: argparse.Namespace) -> int:
         from rich.console import Console
 
         out = Console(highlight=False, soft_wrap=True)
+        rep = getattr(llm, "report", None)
+        if rep is not None and rep.mode:
+            out.print(f"[LLM {llm.name}: continuation mode {rep.mode}]", style="dim", markup=False)
         done = None
         try:
             async for ev in engine.stream(question, **kw):
@@ -82,6 +88,11 @@ def run(args: argparse.Namespace) -> int:
         out.print()
         if done.fallback:
             out.print(f"[LLM failed, the SLM finished the answer: {done.errors[-1]}]", style="red", markup=False)
+        elif done.errors:
+            out.print(f"[LLM retried after: {'; '.join(done.errors)}]", style="yellow", markup=False)
+        if done.usage_estimated:
+            out.print("[some token counts were not reported by a server: counted locally or estimated]",
+                      style="yellow", markup=False)
         handoff = "no handoff" if done.handoff is None else f"handoff after {done.handoff} SLM tokens"
         out.print(f"{handoff} · SLM in/out {u.slm_in}/{u.slm_out} · LLM in/out {u.llm_in}/{u.llm_out} "
                   f"(cached {u.llm_cached_in}, calls {u.llm_calls}) · ${done.cost_usd:.6f} · {done.finish_reason}",

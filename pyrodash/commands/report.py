@@ -20,6 +20,14 @@ def run(args: argparse.Namespace) -> int:
     from pyrodash.report import write_report
 
     prices = Prices.from_yaml(args.prices) if args.prices else None
+    import json
+    from pathlib import Path
+
     path = write_report(args.run_dir, prices)
-    Console().print(f"report: [bold]{path}[/]  (summary.json, pareto.png beside it)")
+    console = Console()
+    dups = json.loads((Path(args.run_dir) / "summary.json").read_text()).get("duplicates_dropped")
+    if dups:
+        console.print(f"duplicate records ignored (last line per (benchmark, id, sample) kept): {dups}",
+                      style="yellow", markup=False)
+    console.print(f"report: [bold]{path}[/]  (summary.json, pareto.png beside it)")
     return 0

@@ -26,6 +26,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="YAML recipe (configs/serve/*.yaml); flags override it")
     p.add_argument("--slm", help="SLM backend: a model dir / hub id (in-process) or http(s)://host:port/v1#model")
     p.add_argument("--llm", help="LLM backend: same forms as --slm")
+    from pyrodash.backends.endpoint import add_llm_mode_argument
+
+    add_llm_mode_argument(p)
     p.add_argument("--prices", help="price sheet: a YAML path or a name in configs/prices/ (default: paper)")
     p.add_argument("--prompts", help="prompt set name (default: qwen-math-v1)")
     p.add_argument("--offload-bias", type=float, help="offload_bias of the default model (first operating point)")
@@ -44,7 +47,7 @@ def config_from_args(args: argparse.Namespace):
     from pyrodash.server.config import Limits, ServeConfig
 
     flags = {k: getattr(args, k, None) for k in ("slm", "llm", "prices", "prompts", "host", "port", "api_key",
-                                                 "cors_origins", "log_level")}  # fmt: skip
+                                                 "cors_origins", "log_level", "llm_mode")}  # fmt: skip
     config = ServeConfig.from_yaml(args.config, **flags) if args.config else ServeConfig(
         **{k: v for k, v in flags.items() if v is not None})  # fmt: skip
     if args.offload_bias is not None:
@@ -60,7 +63,7 @@ def config_from_args(args: argparse.Namespace):
 def run(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from pyrodash.server.app import build_app
+    from pyrodash.server.app import build_app, build_engine
 
     config = config_from_args(args)
     if config.slm is None or config.llm is None:
@@ -68,6 +71,14 @@ def run(args: argparse.Namespace) -> int:
     config.check_models()
     config.load_prices()
     app = build_app(config)
+    # the engine is built (and the LLM endpoint probed) before the server starts, so a misconfiguration is one line
+    # here, not a traceback from the lifespan; the app still closes it at shutdown
+    app.state.engine = build_engine(config)
+    llm = app.state.engine.llm
+    rep = getattr(llm, "report", None)
+    if rep is not None:
+        how = rep.mode or f"not detected yet ({rep.error})"
+        print(f"pyrodash serve: LLM {llm.name}: continuation mode {how}", flush=True)
     auth = "on" if app.state.api_key else "off"
     print(f"pyrodash serve: http://{config.host}:{config.port}/v1  models={list(config.operating_points)}  "
           f"auth={auth}  cors={config.cors_origins or 'off'}", flush=True)  # fmt: skip

@@ -4,6 +4,9 @@
     pyrodash train stage2 --config configs/world/quick.yaml --output-dir runs/quick
     pyrodash train stage3 --config configs/world/quick.yaml --output-dir runs/quick --lambdas 0.05,0.1,0.3,0.6
     pyrodash train stage3 --config configs/paper/qwen3.5-4b-glm5.2.yaml --output-dir runs/paper --dry-run
+    accelerate launch --num_processes 4 -m pyrodash train stage3 --config ... --output-dir ...   # several GPUs
+
+Under `accelerate launch` every rank runs the stage (see pyrodash.train.distributed); the main process prints.
 """
 
 from __future__ import annotations
@@ -31,6 +34,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lambda", dest="lam", type=float, default=None, help="stage3: λ (default: the recipe's)")
     p.add_argument("--lambdas", type=_lambdas, default=None, help="stage3: a sweep, e.g. 0.05,0.1,0.3,0.6")
     p.add_argument("--resume", action="store_true", help="stage3: resume from the last checkpoint in DIR")
+    from pyrodash.backends.endpoint import add_llm_mode_argument
+
+    add_llm_mode_argument(p)
     p.add_argument("--dry-run", action="store_true", help="validate the config and print the plan; load nothing")
 
 
@@ -42,11 +48,20 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--lambda/--lambdas/--resume apply to stage3 only")
     if args.lam is not None and args.lambdas:
         raise ValueError("give either --lambda or --lambdas, not both")
+    if not args.dry_run:
+        from pyrodash.train import distributed as dist
+
+        dist.setup()  # before any TRL config is built: under a launcher the ranks join one process group
     recipe = load_recipe(args.config)
+    if args.llm_mode:
+        from pyrodash.backends.endpoint import with_mode
+
+        recipe.llm = with_mode(recipe.llm, args.llm_mode)
     lambdas = args.lambdas or ([args.lam] if args.lam is not None else None)
     if args.dry_run:
         print_plan(recipe, args.output_dir, [args.stage], lambdas=lambdas)
         return 0
+    show = dist.is_main()
     if args.stage == "stage1":
         from pyrodash.train.stage1 import run_stage1
 
@@ -56,13 +71,15 @@ def run(args: argparse.Namespace) -> int:
 
         out = run_stage2(recipe, args.output_dir, stage1=args.source)
         rates = out / "offload_rates.json"
-        if rates.exists():
+        if rates.exists() and show:
             print(json.dumps({"offload_rates": json.loads(rates.read_text())}, indent=1))
     elif args.lambdas:
         from pyrodash.train.stage3 import run_sweep
 
         out = run_sweep(recipe, args.output_dir, args.lambdas, resume=args.resume)
         summary = json.loads(out.read_text())
+        if not show:
+            return 0
         print(f"SLM+SFT accuracy (held-out, no P_s): {summary.get('slm_sft_accuracy')}")
         for row in summary["table"]:
             print("  ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()))
@@ -70,6 +87,8 @@ def run(args: argparse.Namespace) -> int:
         from pyrodash.train.stage3 import run_stage3
 
         out = run_stage3(recipe, args.output_dir, lam=args.lam, stage2=args.source, resume=args.resume)
-        print((out / "stage3_stats.json").read_text())
-    print(f"saved {out}")
+        if show:
+            print((out / "stage3_stats.json").read_text())
+    if show:
+        print(f"saved {out}")
     return 0

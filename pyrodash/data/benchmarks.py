@@ -13,7 +13,8 @@ Neither available -> ValueError naming both options.
 
 Golds are strings graded by `pyrodash.grading.is_correct`: GSM8K's number after `####` (thousands commas removed),
 Minerva's `answer` or else the last `\\boxed{}` of its solution, OlympiadBench's `final_answer` list joined with
-", " (`$` removed; multi-answer golds grade as a set), AIME's integer answer. Loader extras go to `Example.meta`.
+", " (`$` removed; multi-answer golds grade as a set; `$221,$8$` gives 221 and 8; a prose answer with `$...$` inside
+stays one answer), AIME's integer answer. Loader extras go to `Example.meta`.
 
 `limit` and `seed`: `limit=None` keeps every row; with a limit, `seed=None` keeps the first `limit` rows and an
 integer seed keeps a deterministic random subset of `limit` rows (same seed -> same rows), in file order.
@@ -117,11 +118,34 @@ def _load_from_hub(name: str) -> list[dict]:
     return [dict(r) for r in ds]
 
 
-def _strip_dollars(s: str) -> str:
-    """OlympiadBench `'$69$,$84$'` -> `'69, 84'`; `'1,3'` stays."""
+def _strip_dollars(s: str) -> list[str]:
+    """The parts of an OlympiadBench final answer: `'$69$,$84$'` -> `['69', '84']`; `'1,3'` -> `['1,3']`;
+    a malformed `'$221,$8$'` (odd number of `$`) -> `['221', '8']` (split at commas outside brackets); a prose
+    answer (`'$f(x)=ax+b$, where $b$ is an arbitrary integer'`) stays ONE answer with its `$` removed."""
     s = str(s).strip()
+    if s.count("$") % 2:  # unbalanced delimiters: the commas outside brackets separate the parts
+        return [p for p in (q.strip() for q in _split_top_level(s.replace("$", ""))) if p] or [s.strip("$ ")]
     parts = re.findall(r"\$([^$]*)\$", s)
-    return ", ".join(p.strip() for p in parts) if parts else s.strip("$ ")
+    if not parts:
+        return [s.strip("$ ")]
+    outside = re.sub(r"\$[^$]*\$", "", s)
+    if re.fullmatch(r"[\s,.;]*", outside):  # only separators between the $...$ parts
+        return [p.strip() for p in parts]
+    return [re.sub(r"\s+", " ", s.replace("$", "")).strip().rstrip(".")]  # prose: one answer
+
+
+def _split_top_level(s: str) -> list[str]:
+    """`s` split at commas that are not inside (), [] or {}."""
+    out, depth, cur = [], 0, ""
+    for c in s:
+        depth += c in "([{"
+        depth -= c in ")]}"
+        if c == "," and depth <= 0:
+            out.append(cur)
+            cur = ""
+        else:
+            cur += c
+    return out + [cur]
 
 
 def _first(row: dict, *keys: str) -> str | None:
@@ -150,7 +174,7 @@ def _row_to_example(name: str, row: dict, index: int) -> Example:
     elif name == "olympiadbench":
         finals = row.get("final_answer") or []
         finals = [finals] if isinstance(finals, str) else list(finals)
-        answers = [_strip_dollars(a) for a in finals]
+        answers = [part for a in finals for part in _strip_dollars(a)]
         gold = ", ".join(answers)
         if row.get("context"):
             question = f"{row['context']}\n{question}"

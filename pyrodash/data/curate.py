@@ -166,7 +166,8 @@ def _locate_hard_steps(steps: list[str], meta: dict) -> list[int] | None:
 
 
 def label_and_reconstruct(examples: list[Example], slm, llm, prompts: Prompts, cfg, reconstruct: bool = True,
-                          tag: str = "") -> tuple[dict[str, str], dict[str, str], dict]:
+                          tag: str = "", cache: str | Path | None = None) -> tuple[dict[str, str], dict[str, str],
+                                                                                  dict]:
     """Run the base SLM (a backend; greedy, no P_s) -> easy/hard, then the LLM (`FrozenLLM`) on the hard ones.
     Returns (solutions of the kept examples, difficulty, counts)."""
     from pyrodash.backends.base import GenRequest
@@ -183,9 +184,11 @@ def label_and_reconstruct(examples: list[Example], slm, llm, prompts: Prompts, c
               "hard_dropped": 0, "slm_truncated": sum(g.finish_reason == "length" for g in gens)}
     hard = [ex for ex, c in zip(examples, ok, strict=True) if not c]
     if reconstruct and hard:
+        journal = {"cache": cache} if cache else {}  # results appended as they arrive: a re-run resumes
         recs = llm.generate([GenRequest(messages=_reconstruct_messages(ex, prompts, cfg),
                                         max_tokens=cfg.llm_max_new_tokens) for ex in hard],
-                            desc="LLM reconstructions")
+                            desc="LLM reconstructions", **journal)
+        counts["llm_failures"] = sum(r.finish_reason == "error" for r in recs)  # not cached: retried by a re-run
         good = grade_batch([r.text for r in recs], [ex.gold for ex in hard])
         for ex, r, g in zip(hard, recs, good, strict=True):
             if g:
@@ -221,7 +224,11 @@ def run_curation(recipe, out_dir: str | Path) -> Path:
         raise ValueError(f"curate.source {cfg.source!r} gave no examples")
     slm = HFBackend(*load_local(slm_spec(recipe)))
     llm = FrozenLLM.from_spec(llm_spec(recipe), batch_size=cfg.batch_size, concurrency=cfg.llm_concurrency)
-    solutions, difficulty, counts = label_and_reconstruct(examples, slm, llm, prompts, cfg)
+    solutions, difficulty, counts = label_and_reconstruct(examples, slm, llm, prompts, cfg,
+                                                          cache=curated_dir(out_dir) / "llm_calls.jsonl")
+    if counts.get("llm_failures"):
+        print(f"pyrodash curate: WARNING: {counts['llm_failures']} LLM reconstruction call(s) failed after retries "
+              "and were dropped; re-run the same command to retry them (the others are journaled)", flush=True)
     rows_a, rows_b, inserted = build_corpora(examples, solutions, difficulty, prompts, cfg)
     heldout = []
     if cfg.heldout_source:

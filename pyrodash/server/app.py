@@ -7,7 +7,9 @@ Routes: POST /v1/chat/completions and /v1/completions (streaming and not), GET /
 the browser playground (GET /, /static/*, /playground/config: `pyrodash.server.playground`).
 Nothing happens at import time: backends are opened in the app's lifespan (or an engine is passed in, and then
 the caller owns it). Every refusal is OpenAI's error body; bodies are read by hand (size-limited, any content type)
-so malformed JSON, wrong types and oversized bodies all get a precise 4xx.
+so malformed JSON, wrong types and oversized bodies all get a precise 4xx. Request validation lives in
+`pyrodash.server.validation`, error shaping (bodies, status headers, counting, what a 502 may say) in
+`pyrodash.server.errors`.
 """
 
 from __future__ import annotations
@@ -15,39 +17,37 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
-import json
 import logging
 from collections.abc import Callable
 from dataclasses import asdict
 
 import anyio
 from fastapi import Depends, FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
-from pydantic import BaseModel, ValidationError
-from starlette.exceptions import HTTPException as StarletteHTTPException
+from pydantic import BaseModel
 
 from pyrodash.events import Done, Handoff, LLMDelta, SLMDelta
+from pyrodash.server import errors as E
 from pyrodash.server import modes, playground
 from pyrodash.server import protocol as P
+from pyrodash.server import validation as V
 from pyrodash.server.config import ServeConfig
 from pyrodash.server.metrics import Metrics
 from pyrodash.server.runs import ChunkWriter, EngineRun
 
 log = logging.getLogger("pyrodash.serve")
-SAMPLING_EPS = 1e-5
 
 
 def build_engine(config: ServeConfig):
     """The CollaborateEngine a config describes (opens the SLM and LLM backends)."""
-    from pyrodash.backends import load_backend
+    from pyrodash.backends.endpoint import load_llm, load_slm
     from pyrodash.engine import CollaborateEngine, FailurePolicy
     from pyrodash.prompts import get_prompts
 
     if config.slm is None or config.llm is None:
         raise ValueError("serve needs both an SLM and an LLM: set slm/llm in the config or pass --slm and --llm")
-    slm = load_backend(config.slm)
-    llm = load_backend(config.llm)
+    slm = load_slm(config.slm)
+    llm = load_llm(config.llm, config.llm_mode)  # probed: the continuation mode detected / verified
     return CollaborateEngine(
         slm, llm, get_prompts(config.prompts), config.load_prices(), handoff_style=config.handoff_style,
         offload_bias=config.operating_points[config.default_model], max_tokens=config.limits.default_max_tokens,
@@ -113,7 +113,7 @@ def build_app(config: ServeConfig, engine=None) -> FastAPI:
 
         app.add_middleware(CORSMiddleware, allow_origins=config.cors_origins, allow_methods=["GET", "POST"],
                            allow_headers=["Authorization", "Content-Type"])
-    _install_errors(app)
+    E.install(app)
     _install_routes(app)
     playground.install(app, dependencies=[Depends(_check_auth)])
     _install_openapi(app)
@@ -125,34 +125,7 @@ def build_app(config: ServeConfig, engine=None) -> FastAPI:
 
 def _error(status: int, message: str, type: str = "invalid_request_error", param: str | None = None,
            code: str | None = None) -> JSONResponse:  # fmt: skip
-    return JSONResponse(P.APIError(status, message, type, param, code).body(), status_code=status)
-
-
-def _install_errors(app: FastAPI) -> None:
-    @app.exception_handler(P.APIError)
-    async def api_error(request: Request, exc: P.APIError):
-        app.state.metrics.errors.inc(kind="client" if exc.status < 500 else "upstream")
-        app.state.metrics.requests.inc(route=request.url.path, model="", status=str(exc.status))
-        return JSONResponse(exc.body(), status_code=exc.status,
-                            headers={"WWW-Authenticate": "Bearer"} if exc.status == 401 else None)
-
-    @app.exception_handler(RequestValidationError)
-    async def validation_error(request: Request, exc: RequestValidationError):
-        err = exc.errors()[0] if exc.errors() else {}
-        param = ".".join(str(x) for x in err.get("loc", ())[1:]) or None
-        app.state.metrics.errors.inc(kind="client")
-        return _error(400, f"{param or 'request'}: {err.get('msg', 'invalid request')}", param=param)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, exc: StarletteHTTPException):
-        kind = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
-        return _error(exc.status_code, str(exc.detail), code=kind)
-
-    @app.exception_handler(Exception)
-    async def server_error(request: Request, exc: Exception):
-        log.exception("unhandled error on %s", request.url.path)
-        app.state.metrics.errors.inc(kind="server")
-        return _error(500, f"internal server error: {type(exc).__name__}", type="server_error")
+    return E.ErrorResponse(P.APIError(status, message, type, param, code).body(), status_code=status)
 
 
 def _check_auth(request: Request) -> None:
@@ -166,82 +139,6 @@ def _check_auth(request: Request) -> None:
                          type="authentication_error", code="missing_api_key")  # fmt: skip
     if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
         raise P.APIError(401, "Incorrect API key provided.", type="authentication_error", code="invalid_api_key")
-
-
-async def _read_json(request: Request, limit: int) -> object:
-    """The request body as JSON: 413 above `limit` bytes (checked while reading), 400 when it does not parse."""
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        raise P.APIError(413, f"Request body of {declared} bytes exceeds the limit of {limit} bytes.",
-                         code="request_too_large")  # fmt: skip
-    parts, size = [], 0
-    async for part in request.stream():
-        size += len(part)
-        if size > limit:
-            raise P.APIError(413, f"Request body exceeds the limit of {limit} bytes.", code="request_too_large")
-        parts.append(part)
-    body = b"".join(parts)
-    if not body.strip():
-        raise P.APIError(400, "The request body is empty: send a JSON object.", code="invalid_json")
-    try:
-        return json.loads(body)
-    except (ValueError, RecursionError) as e:
-        raise P.APIError(400, f"We could not parse the JSON body of your request: {e}", code="invalid_json") from e
-
-
-def _field_names(*models: type[BaseModel]) -> set[str]:
-    names: set[str] = set()
-    for m in models:
-        for name, f in m.model_fields.items():
-            names.add(name)
-            for arg in getattr(f.annotation, "__args__", ()) + (f.annotation,):
-                inner = getattr(arg, "__args__", (arg,))[0] if getattr(arg, "__args__", None) else arg
-                if isinstance(inner, type) and issubclass(inner, BaseModel) and inner is not m:
-                    names |= _field_names(inner)
-    return names
-
-
-_PARAMS = _field_names(P.ChatCompletionRequest, P.CompletionRequest)
-
-
-def _validate(model: type[BaseModel], obj: object) -> BaseModel:
-    try:
-        return model.model_validate(obj)
-    except ValidationError as e:
-        err = e.errors(include_url=False)[0]
-        # OpenAI-style param path: field names and list indices, without pydantic's union-branch tags
-        param = ".".join(str(x) for x in err["loc"] if isinstance(x, int) or x in _PARAMS) or None
-        where = f"{param}: " if param else ""
-        raise P.APIError(400, f"{where}{err['msg']}", param=param, code="invalid_value") from None
-
-
-def _engine_kwargs(request: Request, req: P._Sampling) -> tuple[str, dict]:
-    """(model name, engine.stream keyword arguments) for a validated request, or a 4xx."""
-    config: ServeConfig = request.app.state.config
-    model = req.model if req.model is not None else config.default_model
-    if model not in config.operating_points:
-        known = ", ".join(config.operating_points)
-        raise P.APIError(404, f"The model `{model}` does not exist; this server offers: {known}.", param="model",
-                         code="model_not_found")  # fmt: skip
-    if req.n not in (None, 1):
-        raise P.APIError(400, "Only n=1 is supported.", param="n", code="unsupported_value")
-    if getattr(req, "logprobs", None):
-        raise P.APIError(400, "logprobs are not supported by the Collaborate Engine.", param="logprobs",
-                         code="unsupported_value")  # fmt: skip
-    limit = config.limits.max_tokens
-    max_tokens = req.requested_max_tokens()
-    if max_tokens is not None and max_tokens > limit:
-        param = "max_completion_tokens" if getattr(req, "max_completion_tokens", None) is not None else "max_tokens"
-        raise P.APIError(400, f"{param}={max_tokens} exceeds this server's limit of {limit}.", param=param,
-                         code="invalid_value")  # fmt: skip
-    bias = req.offload_bias if req.offload_bias is not None else config.operating_points[model]
-    temperature = req.temperature
-    if temperature is not None and temperature < SAMPLING_EPS:
-        temperature = 0.0  # as vLLM does: a vanishing temperature is greedy decoding (and 1/T must stay finite)
-    return model, {
-        "offload_bias": bias, "max_tokens": max_tokens or config.limits.default_max_tokens,
-        "temperature": temperature, "top_p": req.top_p, "seed": req.seed, "stop": req.stop_list(),
-    }  # fmt: skip
 
 
 async def _wait_disconnect(request: Request) -> None:
@@ -264,15 +161,7 @@ async def _first_batch(request: Request, run: EngineRun) -> tuple[bool, list | N
     try:
         return False, getter.result()
     except Exception as e:  # noqa: BLE001 - mapped to an OpenAI error
-        raise _failure(e) from e
-
-
-def _failure(exc: BaseException) -> P.APIError:
-    """What an engine failure means for the client: a bad input (400) or a failing model backend (502)."""
-    if isinstance(exc, ValueError):
-        return P.APIError(400, str(exc), code="invalid_value")
-    return P.APIError(502, f"The model backend failed: {type(exc).__name__}: {exc}", type="upstream_error",
-                      code="backend_error")  # fmt: skip
+        raise E.failure(e) from e
 
 
 # ---------------------------------------------------------------- routes
@@ -285,9 +174,11 @@ def _install_routes(app: FastAPI) -> None:
 
     async def complete(request: Request, kind: str):
         model_cls = P.ChatCompletionRequest if kind == "chat" else P.CompletionRequest
-        req = _validate(model_cls, await _read_json(request, config.limits.max_body_bytes))
-        model, kwargs = _engine_kwargs(request, req)
-        prompt = [m.to_engine() for m in req.messages] if kind == "chat" else req.prompt
+        req = V.parse(model_cls, await V.read_json(request, config.limits.max_body_bytes))
+        model, prompt, kwargs = V.engine_call(app, req, kind)
+        request.state.model = model  # a validated name: the metrics' model label stays bounded
+        request.state.counted = True  # from here the route (or the error handler) counts the response itself
+        kwargs = await V.check_context(app, prompt, kwargs)
         route = "/v1/chat/completions" if kind == "chat" else "/v1/completions"
         opts = req.pyrodash or P.PyroDashOptions()
         engine = app.state.engine
@@ -331,7 +222,8 @@ def _install_routes(app: FastAPI) -> None:
     @app.get("/v1/models/{model_id}", dependencies=auth, response_model=P.ModelCard)
     async def model_card(model_id: str):
         if model_id not in config.operating_points:
-            raise P.APIError(404, f"The model `{model_id}` does not exist.", param="model", code="model_not_found")
+            raise P.APIError(404, f"The model `{model_id[:100]}` does not exist.", param="model",
+                             code="model_not_found")
         return P.ModelCard(id=model_id, created=app.state.created, offload_bias=config.operating_points[model_id])
 
     @app.get("/health")
@@ -389,7 +281,7 @@ async def _unary(app: FastAPI, request: Request, run: EngineRun, kind: str, mode
         try:
             done: Done = waiter.result()
         except Exception as e:  # noqa: BLE001 - mapped to an OpenAI error (counted by its handler)
-            raise _failure(e) from e
+            raise E.failure(e) from e
     finally:
         watcher.cancel()
         run.cancel()
@@ -437,7 +329,7 @@ async def _sse(app: FastAPI, run: EngineRun, first: list | None, kind: str, mode
                     out = []
                 batch = await run.next_batch()
         except Exception as e:  # noqa: BLE001 - the status line is sent: report in the stream, as OpenAI does
-            err = _failure(e)
+            err = E.failure(e)
             status = str(err.status)
             metrics.errors.inc(kind="client" if err.status < 500 else "upstream")
             out.append(w.error(err.body()))
@@ -452,18 +344,65 @@ async def _sse(app: FastAPI, run: EngineRun, first: list | None, kind: str, mode
         metrics.requests.inc(route=route, model=model, status=status)
 
 
+_ERRORS = {
+    400: "Invalid request: malformed JSON, a wrong type or value, an unsupported parameter, lone surrogates, or "
+         "prompt + max_tokens over the context length (code context_length_exceeded)",
+    401: "Missing or wrong API key (when the server has one)",
+    404: "Unknown model",
+    413: "Request body over limits.max_body_bytes",
+    499: "The client closed the request",
+    502: "A model backend failed (the body names no backend address; the server log has the details)",
+}
+
+
 def _install_openapi(app: FastAPI) -> None:
-    """Put the request models (read by hand in the routes) into the OpenAPI components, for clients and fuzzers."""
+    """Put the request models (read by hand in the routes) into the OpenAPI components, for clients and fuzzers;
+    declare every error a route can answer (OpenAI's error body), this server's token limits, and /metrics as
+    Prometheus text."""
     from fastapi.openapi.utils import get_openapi
+
+    config: ServeConfig = app.state.config
 
     def openapi() -> dict:
         if app.openapi_schema is None:
             schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
             comps = schema.setdefault("components", {}).setdefault("schemas", {})
-            for model in (P.ChatCompletionRequest, P.CompletionRequest):
+            for model in (P.ChatCompletionRequest, P.CompletionRequest, P.ErrorResponse):
                 js = model.model_json_schema(ref_template="#/components/schemas/{model}")
                 comps.update(js.pop("$defs", {}))
                 comps[model.__name__] = js
+            for name in ("ChatCompletionRequest", "CompletionRequest"):
+                props = comps[name]["properties"]
+                for key in ("max_tokens", "max_completion_tokens", "max_tokens_per_model"):
+                    if key in props:
+                        for branch in props[key].get("anyOf", [props[key]]):
+                            if branch.get("type") == "integer":
+                                branch["maximum"] = config.limits.max_tokens
+            err = {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}}}
+            auth = app.state.api_key is not None
+            for path, item in schema.get("paths", {}).items():
+                for op in item.values():
+                    responses = op.setdefault("responses", {})
+                    responses.pop("422", None)  # FastAPI's default; this server answers 400 for invalid input
+                    codes = [400, 401, 404, 413, 499, 502] if path.endswith("completions") else [400, 404]
+                    if path in ("/health", "/metrics"):
+                        codes = []
+                    for code in codes:
+                        if code == 401 and not auth:
+                            continue
+                        responses[str(code)] = {"description": _ERRORS[code], **err}
+                    responses["405"] = {"description": "Method not allowed (the Allow header lists the methods)",
+                                        "headers": {"Allow": {"schema": {"type": "string"}}}, **err}
+            for path in ("/v1/chat/completions", "/v1/completions"):
+                ok = schema["paths"][path]["post"]["responses"]["200"]
+                ok["description"] = "The completion (JSON), or with stream: true server-sent events of chunks"
+                event = {"type": "object", "properties": {"event": {"type": "string"}, "data": {"type": "string"}}}
+                ok.setdefault("content", {})["text/event-stream"] = {"schema": event}
+            metrics_ok = schema["paths"]["/metrics"]["get"]["responses"]["200"]
+            metrics_ok["content"] = {"text/plain": {"schema": {"type": "string"}}}
+            health = schema["paths"]["/health"]["get"]["responses"]
+            health["503"] = {"description": "A backend is unreachable (status: degraded)",
+                             "content": {"application/json": {"schema": {"type": "object"}}}}
             app.openapi_schema = schema
         return app.openapi_schema
 

@@ -5,6 +5,7 @@
     prices: paper                              # a sheet in configs/prices/, a YAML path, or an inline dict
     prompts: qwen-math-v1
     handoff_style: continue
+    llm_mode: auto                             # how an HTTP LLM continues a trace (overrides the llm spec's mode)
     operating_points: {pyrodash: 0.0, pyrodash-eco: -2.0}   # model name -> offload_bias; the first is the default
     failure: {retries: 2, backoff_s: 0.2, timeout_s: 60, on_error: fallback}
     limits: {max_body_bytes: 1048576, max_tokens: 4096, default_max_tokens: 512, max_concurrency: 256}
@@ -71,6 +72,7 @@ class ServeConfig:
     prices: str | dict = "paper"
     prompts: str = "qwen-math-v1"
     handoff_style: str = "continue"
+    llm_mode: str | None = None  # None: the llm spec's mode (default auto: detected at start-up)
     operating_points: dict[str, float] = field(default_factory=lambda: {"pyrodash": 0.0})
     failure: Failure = field(default_factory=Failure)
     limits: Limits = field(default_factory=Limits)

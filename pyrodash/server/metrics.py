@@ -101,14 +101,18 @@ class Metrics:
         self.in_flight = Gauge("pyrodash_requests_in_flight", "Engine requests running now.")
         self.handoffs = Counter("pyrodash_handoffs_total", "Requests in which the SLM handed off to the LLM.")
         self.fallbacks = Counter("pyrodash_fallbacks_total", "Requests finished by the SLM after the LLM failed.")
+        self.llm_errors = Counter("pyrodash_llm_errors_total", "Failed LLM attempts (retried, or then a fallback).")
+        self.usage_estimated = Counter("pyrodash_usage_estimated_total",
+                                       "Requests with token counts a server did not report (counted or estimated).")
         self.errors = Counter("pyrodash_errors_total", "Failed requests by kind (client, upstream, disconnect).")
         self.tokens = Counter("pyrodash_tokens_total", "Tokens billed, by component (slm_in ... llm_cached_in).")
         self.llm_calls = Counter("pyrodash_llm_calls_total", "LLM requests made (retries included).")
         self.cost = Counter("pyrodash_cost_usd_total", "Dollars spent, priced with the server's price sheet.")
         self.latency = Histogram("pyrodash_request_duration_seconds", "Time from request to last byte.")
         self.ttft = Histogram("pyrodash_time_to_first_token_seconds", "Time from request to first content token.")
-        self._all = [self.requests, self.in_flight, self.handoffs, self.fallbacks, self.errors, self.tokens,
-                     self.llm_calls, self.cost, self.latency, self.ttft]  # fmt: skip
+        self._all = [self.requests, self.in_flight, self.handoffs, self.fallbacks, self.llm_errors,
+                     self.usage_estimated, self.errors, self.tokens, self.llm_calls, self.cost, self.latency,
+                     self.ttft]  # fmt: skip
 
     def observe_done(self, done: Done, model: str, latency_s: float, ttft_s: float | None) -> None:
         u = done.usage
@@ -120,6 +124,10 @@ class Metrics:
             self.handoffs.inc(model=model)
         if done.fallback:
             self.fallbacks.inc(model=model)
+        if done.errors:
+            self.llm_errors.inc(len(done.errors), model=model)
+        if done.usage_estimated:
+            self.usage_estimated.inc(model=model)
         self.latency.observe(latency_s, model=model)
         if ttft_s is not None:
             self.ttft.observe(ttft_s, model=model)

@@ -65,6 +65,7 @@ class SoloEngine:
         top_p: float | None = None,
         seed: int | None = None,
         stop: list[str] | None = None,
+        max_total_tokens: int | None = None,
     ) -> AsyncIterator[Event]:
         t0 = time.perf_counter()
         eng = self.engine
@@ -74,6 +75,8 @@ class SoloEngine:
         if top_p is not None:
             sampling["top_p"] = float(top_p)
         budget = eng.max_tokens if max_tokens is None else int(max_tokens)
+        if max_total_tokens is not None:  # one model answers: the joint budget is its budget
+            budget = min(budget, int(max_total_tokens))
         req = GenRequest(messages=eng.messages(question), max_tokens=budget, logit_bias=dict(await self.ban()),
                          **sampling)  # fmt: skip
         delta = SLMDelta if self.role == "slm" else LLMDelta

@@ -2,20 +2,51 @@
 
 Models keep OpenAI's field order and allow extra fields (clients send fields we do not use; we ignore them).
 Requests are validated strictly (no "1" for 1, no true for 1, no NaN): a wrong type is a 400, never a silent guess.
-PyroDash adds two request fields, `offload_bias` and `pyrodash` (`PyroDashOptions`: who answers, and whether stream
-chunks say which model wrote them), and one response object, `pyrodash` (`PyroDashInfo`).
+OpenAI parameters the engine cannot honour are declared with their neutral value only (`n: 1`, `echo: false`,
+`tools: []` ...), so the schema says what the server accepts; `pyrodash.server.validation` refuses anything else
+by name. PyroDash adds three request fields, `offload_bias`, `max_tokens_per_model` and `pyrodash`
+(`PyroDashOptions`: who answers, and whether stream chunks say which model wrote them), and one response object,
+`pyrodash` (`PyroDashInfo`).
+
+`max_tokens` (and `max_completion_tokens`) is the TOTAL budget of the joint answer, SLM + LLM output tokens, as
+OpenAI clients read it (`finish_reason: "length"` when it runs out); `max_tokens_per_model` caps each model's share.
+`temperature` defaults to 0 (greedy), not OpenAI's 1: the model names (operating points) promise an offload_bias
+whose handoff rate and cost were measured under greedy decoding, as in the paper's evaluation, and an identical
+request should get an identical answer. Send `temperature` to sample.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, field_validator
 
 from pyrodash.cost import Prices
 from pyrodash.events import Done
+
+DEFAULT_TEMPERATURE = 0.0  # greedy when omitted (see the module docstring)
+
+
+def _json_int(v: object) -> object:
+    """JSON Schema's integer: 5.0 is the integer 5 (strings and booleans stay refused by the strict int check)."""
+    if isinstance(v, float) and v.is_integer() and abs(v) < 2**64:
+        return int(v)
+    return v
+
+
+def _int(ge: int, le: int | None = None):
+    """An integer field type with its bounds in the JSON schema (minimum/maximum) that takes 5.0 as 5."""
+    return Annotated[int, Field(ge=ge, le=le), BeforeValidator(_json_int)]
+
+
+PositiveInt, ZeroInt, SeedInt = _int(1), _int(0, 0), _int(-(2**63), 2**64 - 1)
+_STOP_SCHEMA = {"anyOf": [
+    {"type": "string", "minLength": 1},
+    {"type": "array", "items": {"type": "string", "minLength": 1}, "maxItems": 4},
+    {"type": "null"},
+], "default": None, "title": "Stop"}  # fmt: skip
 
 
 class _Strict(BaseModel):
@@ -55,6 +86,10 @@ class StreamOptions(_Strict):
     include_usage: bool = False
 
 
+class ResponseFormatText(_Strict):
+    type: Literal["text"]
+
+
 class PyroDashOptions(_Strict):
     """The request's `pyrodash` object (the playground sends it; any client may)."""
 
@@ -70,17 +105,30 @@ class _Sampling(_Strict):
     """Fields shared by both request kinds (`model` first, as in OpenAI's reference)."""
 
     model: str | None = None  # an operating point listed by /v1/models; None = the server's default
-    max_tokens: int | None = Field(None, ge=1)
-    n: int | None = Field(None, ge=1)
-    seed: int | None = Field(None, ge=-(2**63), le=2**64 - 1)
-    stop: str | list[str] | None = None
+    max_tokens: PositiveInt | None = Field(None, description="The TOTAL output budget of the joint answer (SLM + "
+                                       "LLM tokens); omitted: the server's default_max_tokens, shrunk to fit the "
+                                       "context.")
+    n: Literal[1] | None = Field(None, description="Only 1 is supported.")
+    seed: SeedInt | None = None
+    stop: Annotated[str | list[str] | None, WithJsonSchema(_STOP_SCHEMA)] = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
-    temperature: float | None = Field(None, ge=0.0, le=2.0, allow_inf_nan=False)
+    temperature: float | None = Field(DEFAULT_TEMPERATURE, ge=0.0, le=2.0, allow_inf_nan=False,
+                                      description="Omitted or null: 0 (greedy), unlike OpenAI's 1.")
     top_p: float | None = Field(None, gt=0.0, le=1.0, allow_inf_nan=False)
     user: str | None = None
     # PyroDash extra: added to the SLM's <offload> logit (higher = hand off to the LLM more often)
     offload_bias: float | None = Field(None, ge=-100.0, le=100.0, allow_inf_nan=False)
+    # PyroDash extra: the most tokens either model may decode (the total is max_tokens)
+    max_tokens_per_model: PositiveInt | None = Field(None, description="PyroDash: at most this many output tokens "
+                                             "from each model (SLM, LLM); the total is max_tokens.")
+    # OpenAI parameters accepted with their neutral value only (anything else is a 400 unsupported_parameter)
+    echo: Literal[False] | None = None
+    best_of: Literal[1] | None = None
+    suffix: Literal[""] | None = None
+    logit_bias: dict[str, float] | None = Field(None, max_length=0)
+    presence_penalty: float | None = Field(None, ge=0.0, le=0.0)
+    frequency_penalty: float | None = Field(None, ge=0.0, le=0.0)
     pyrodash: PyroDashOptions | None = None  # PyroDash extra: mode (collab / slm / llm) and stream sources
 
     @field_validator("stop")
@@ -104,8 +152,12 @@ class _Sampling(_Strict):
 
 class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
-    logprobs: bool | None = None
-    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: Literal[False] | None = None
+    top_logprobs: ZeroInt | None = None
+    max_completion_tokens: PositiveInt | None = Field(None, description="Same as max_tokens (wins over it).")
+    tools: list[dict] | None = Field(None, max_length=0)
+    tool_choice: Literal["none"] | None = None
+    response_format: ResponseFormatText | None = None
 
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
@@ -115,6 +167,7 @@ class CompletionRequest(_Sampling):
     """Legacy `/v1/completions`: the prompt goes to the engine as a question (the prompt set's template applies)."""
 
     prompt: str = Field(min_length=1)
+    logprobs: ZeroInt | None = None
 
 
 # ---------------------------------------------------------------- responses
@@ -143,6 +196,8 @@ class PyroDashInfo(_Out):
     cost_usd: float
     offload_bias: float
     fallback: bool  # the LLM failed and the SLM finished the answer
+    llm_errors: list[str] = []  # every failed LLM attempt (retried, or ending in the fallback), in order
+    usage_estimated: bool = False  # some token counts were not reported by a server (counted locally / estimated)
     mode: str = "collab"  # who answered: "collab" (the engine), "slm" or "llm" alone (request `pyrodash.mode`)
     cost_usd_by_component: dict[str, float] | None = None  # cost_usd split into slm_in, slm_out, llm_in, llm_out
     # what the LLM alone would have billed for this answer: an ESTIMATE except in mode "llm" (then it is cost_usd);
@@ -159,7 +214,7 @@ class PyroDashInfo(_Out):
         info = cls(
             slm_in=u.slm_in, slm_out=u.slm_out, llm_in=u.llm_in, llm_out=u.llm_out, llm_cached_in=u.llm_cached_in,
             llm_calls=u.llm_calls, handoff=done.handoff, cost_usd=done.cost_usd, offload_bias=done.offload_bias,
-            fallback=done.fallback, mode=mode,
+            fallback=done.fallback, llm_errors=_scrubbed(done.errors), usage_estimated=done.usage_estimated, mode=mode,
         )  # fmt: skip
         if prices is not None:
             from pyrodash.server.modes import cost_by_component, llm_only_estimate
@@ -168,6 +223,13 @@ class PyroDashInfo(_Out):
             est = llm_only_estimate(done, prices, llm_only_prompt, mode)
             info.llm_only_cost_usd, info.llm_only_estimate = est.cost_usd, est
         return info
+
+
+def _scrubbed(errors: list[str]) -> list[str]:
+    """The LLM's error messages as a client may see them: backend URLs removed (`errors.scrub`)."""
+    from pyrodash.server.errors import scrub
+
+    return [scrub(e) for e in errors]
 
 
 class PromptTokensDetails(_Out):

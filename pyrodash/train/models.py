@@ -3,11 +3,19 @@
     model, tok = load_local("worlds/quick-seed0/slm")              # trainable, float32 on CPU
     llm = FrozenLLM.from_spec("worlds/quick-seed0/llm")            # in-process: batched generation
     llm = FrozenLLM.from_spec("http://127.0.0.1:8000/v1#glm-5.2")  # any OpenAI-compatible server: concurrent calls
-    gens = llm.generate([GenRequest(...), ...])
+    gens = llm.generate([GenRequest(...), ...], cache="runs/x/llm_calls.jsonl")   # journaled: resumable
+
+Over HTTP every call goes through the batch call policy (`pyrodash.backends.retry.RetryPolicy`: retries for what may
+pass, none for client errors, `concurrency` calls at a time); a call that still fails comes back as a `Gen` with
+finish_reason "error" (counted in `failures`), never as an exception. With `cache=PATH` each result is appended to a
+JSONL journal the moment it arrives, and a later run (after a kill) reuses every journaled result.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -42,25 +50,84 @@ def is_remote(spec: Any) -> bool:
 class FrozenLLM:
     """The LLM M_l, never trained: a backend plus the batch size / concurrency its calls are issued with."""
 
-    def __init__(self, backend, batch_size: int = 32, concurrency: int = 16):
+    def __init__(self, backend, batch_size: int = 32, concurrency: int = 16, key: str = "", policy=None):
+        from pyrodash.backends.retry import RetryPolicy
+
         self.backend, self.batch_size, self.concurrency = backend, batch_size, concurrency
+        self.key = key or getattr(backend, "name", "")  # identifies the LLM in call journals
+        self.policy = policy or RetryPolicy()
         self.calls = 0  # requests issued so far (each one is an LLM call)
+        self.failures = 0  # calls that failed after their retries (returned as finish_reason "error")
+        self.reused = 0  # results taken from a call journal instead of a call
+
+    @property
+    def style(self) -> str:
+        """The handoff style this LLM needs: "instruct" when its endpoint cannot continue a prefix."""
+        return "continue" if getattr(self.backend, "continues_prefix", True) else "instruct"
 
     @classmethod
-    def from_spec(cls, spec: Any, batch_size: int = 32, concurrency: int = 16) -> FrozenLLM:
+    def from_spec(cls, spec: Any, batch_size: int = 32, concurrency: int = 16, mode: str | None = None) -> FrozenLLM:
         if spec is None:
             raise ValueError("no LLM given: set `llm:` in the recipe (a path, hub id or http(s)://host:port/v1#model)")
+        key = json.dumps(spec, sort_keys=True, default=str)
         if is_remote(spec):
-            from pyrodash.backends import load_backend
+            from pyrodash.backends.endpoint import load_llm
 
-            return cls(load_backend(spec), batch_size=batch_size, concurrency=concurrency)
+            return cls(load_llm(spec, mode), batch_size=batch_size, concurrency=concurrency, key=key)
         from pyrodash.backends.hf import HFBackend
 
         model, tok = load_local(spec["path"] if isinstance(spec, dict) else spec)
         model.requires_grad_(False)
         return cls(HFBackend(model, tok), batch_size=batch_size, concurrency=concurrency)
 
-    def generate(self, reqs: list[GenRequest], desc: str | None = None) -> list[Gen]:
-        """One LLM call per request, all issued together (batched in-process, concurrent over HTTP)."""
-        self.calls += len(reqs)
-        return generate(self.backend, reqs, batch_size=self.batch_size, concurrency=self.concurrency, desc=desc)
+    def generate(self, reqs: list[GenRequest], desc: str | None = None, cache: str | Path | None = None) -> list[Gen]:
+        """One LLM call per request, all issued together (batched in-process, concurrent over HTTP); with `cache`,
+        journaled results are reused and new ones appended as they arrive."""
+        journal = CallJournal(cache, self.key) if cache else None
+        out: list[Gen | None] = [journal.get(r) if journal else None for r in reqs]
+        todo = [i for i, g in enumerate(out) if g is None]
+        self.reused += len(reqs) - len(todo)
+
+        def arrived(j: int, g: Gen) -> None:
+            if journal is not None and g.finish_reason != "error":
+                journal.append(reqs[todo[j]], g)
+
+        gens = generate(self.backend, [reqs[i] for i in todo], batch_size=self.batch_size,
+                        concurrency=self.concurrency, desc=desc, policy=self.policy, on_result=arrived)
+        for i, g in zip(todo, gens, strict=True):
+            out[i] = g
+        self.calls += len(todo)
+        self.failures += sum(g.finish_reason == "error" for g in gens)
+        return out  # type: ignore[return-value]
+
+
+class CallJournal:
+    """LLM results keyed by (LLM, request), one JSON line each, appended (and flushed) as results arrive; a torn last
+    line (a killed run) is skipped when read."""
+
+    def __init__(self, path: str | Path, llm_key: str):
+        self.path, self.llm_key = Path(path), llm_key
+        self.entries: dict[str, dict] = {}
+        if self.path.exists():
+            for line in self.path.read_text().splitlines():
+                try:
+                    row = json.loads(line)
+                    self.entries[row["key"]] = row["gen"]
+                except (ValueError, KeyError, TypeError):
+                    continue
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    def key(self, req: GenRequest) -> str:
+        return hashlib.sha256(json.dumps([self.llm_key, asdict(req)], sort_keys=True, default=str).encode()
+                              ).hexdigest()[:24]
+
+    def get(self, req: GenRequest) -> Gen | None:
+        g = self.entries.get(self.key(req))
+        return Gen(**g) if g is not None else None
+
+    def append(self, req: GenRequest, gen: Gen) -> None:
+        k = self.key(req)
+        self.entries[k] = asdict(gen)
+        with self.path.open("a") as f:
+            f.write(json.dumps({"key": k, "gen": asdict(gen)}) + "\n")
+            f.flush()

@@ -60,7 +60,13 @@ class BaselineCache:
             return 0
         items = list(todo.values())
         reqs = [GenRequest(messages=self.prompts.plain_messages(q), max_tokens=self.max_tokens) for q, _ in items]
-        gens = llm.generate(reqs, desc="LLM-only baseline (Cost_base)")
+        # journaled as the calls return: a killed run resumes without paying for them again
+        gens = llm.generate(reqs, desc="LLM-only baseline (Cost_base)", cache=self.path.with_suffix(".calls.jsonl"))
+        failed = [g.error for g in gens if g.finish_reason == "error"]
+        if failed:
+            raise ValueError(f"{len(failed)} of {len(gens)} LLM-only baseline calls (Cost_base) failed after retries "
+                             f"(first: {failed[0]}); the {len(gens) - len(failed)} that succeeded are saved: fix the "
+                             "LLM endpoint and run the same command again to resume")
         ok = grade_batch([g.text for g in gens], [g for _, g in items])
         for (q, _), gen, c in zip(items, gens, ok, strict=True):
             self.entries[self.key(q)] = {"t_in": gen.prompt_tokens, "t_llm_dec": gen.completion_tokens,
@@ -94,7 +100,7 @@ class CollaborativeReward:
         self.llm, self.prompts, self.prices, self.baselines = llm, prompts, prices, baselines
         self.offload_id, self.lam, self.cost_penalty = offload_id, lam, cost_penalty
         self.llm_max_tokens, self.slm_price, self.handoff_style = llm_max_tokens, slm_price, handoff_style
-        self.totals = {"llm_calls": 0, "rollouts": 0}
+        self.totals = {"llm_calls": 0, "rollouts": 0, "llm_failures": 0}
         self._acc: dict[str, list[float]] = {}
         self.last: list[dict] = []  # per-rollout details of the last call (for tests and case studies)
 
@@ -102,8 +108,8 @@ class CollaborativeReward:
         texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
         off = [bool(ids) and ids[-1] == self.offload_id for ids in completion_ids]
         idx = [i for i, o in enumerate(off) if o]
-        reqs = [handoff_request(self.prompts, question[i], texts[i], self.llm_max_tokens, self.handoff_style)
-                for i in idx]
+        style = self.handoff_style if getattr(self.llm, "style", "continue") == "continue" else "instruct"
+        reqs = [handoff_request(self.prompts, question[i], texts[i], self.llm_max_tokens, style) for i in idx]
         llm_out = dict(zip(idx, self.llm.generate(reqs), strict=True)) if reqs else {}
         joint = [texts[i] + (llm_out[i].text if i in llm_out else "") for i in range(len(texts))]
         from pyrodash.grading import grade_batch
@@ -121,10 +127,25 @@ class CollaborativeReward:
             r_acc = 1.0 if acc[i] else 0.0
             rewards.append(grpo_total_reward(r_acc, r_eff, self.lam))
             self.last.append({"offload": off[i], "t_slm": t_slm, "t_llm_dec": t_llm, "cost_act": cost_act,
-                              "r_acc": r_acc, "r_eff": r_eff, "reward": rewards[-1], "joint": joint[i]})
+                              "r_acc": r_acc, "r_eff": r_eff, "reward": rewards[-1], "joint": joint[i],
+                              "llm_failed": i in llm_out and llm_out[i].finish_reason == "error"})
+        self._skip_failed(rewards, list(question))
         self._record(off, acc, [d["r_eff"] for d in self.last], [d["t_slm"] for d in self.last if d["offload"]],
                      len(reqs))
         return rewards
+
+    def _skip_failed(self, rewards: list[float], questions: list[str]) -> None:
+        """A rollout whose LLM call failed (after retries) is skipped, not fatal: it gets the mean reward of the
+        other rollouts of its prompt (zero advantage in GRPO's group normalisation, so it teaches nothing), or 0
+        when none succeeded; it is counted in `totals["llm_failures"]` and the step's stats."""
+        failed = [i for i, d in enumerate(self.last) if d["llm_failed"]]
+        for i in failed:
+            peers = [rewards[j] for j, q in enumerate(questions)
+                     if q == questions[i] and not self.last[j]["llm_failed"]]
+            rewards[i] = sum(peers) / len(peers) if peers else 0.0
+            self.last[i]["reward"] = rewards[i]
+        self.totals["llm_failures"] += len(failed)
+        self._acc.setdefault("llm_failures", []).append(float(len(failed)))
 
     def _record(self, off, acc, r_eff, positions, calls) -> None:
         a = self._acc
@@ -151,7 +172,9 @@ class CollaborativeReward:
                 "pyrodash/handoff_position": mean(a.get("handoff_pos", [])),
                 "pyrodash/llm_calls": sum(a.get("llm_calls", [])),
                 "pyrodash/llm_calls_per_rollout": sum(a.get("llm_calls", [])) / n if n else 0.0,
-                "pyrodash/llm_calls_total": float(self.totals["llm_calls"])}
+                "pyrodash/llm_calls_total": float(self.totals["llm_calls"]),
+                "pyrodash/llm_failures": sum(a.get("llm_failures", [])),
+                "pyrodash/llm_failures_total": float(self.totals["llm_failures"])}
         if not a.get("handoff_pos"):
             del out["pyrodash/handoff_position"]  # no handoff since the last log: no position to average
         return out

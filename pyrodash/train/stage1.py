@@ -84,9 +84,10 @@ def _row_weights(model) -> dict[str, torch.Tensor]:
 
 def train_stage1(base_path: str | Path, rows: list[dict], cfg, out_dir: str | Path, log_path: str | Path):
     """Train the `<offload>` rows on Corpus B `rows`; save the base + rows checkpoint to `out_dir`.
-    Returns (checkpoint dir, stats dict)."""
+    Returns (checkpoint dir, stats dict); under `accelerate launch` the other ranks get (dir, None)."""
     from trl import SFTTrainer
 
+    from pyrodash.train import distributed as dist
     from pyrodash.train.common import callbacks, messages_dataset, quiet, save_checkpoint
     from pyrodash.train.models import load_local
 
@@ -109,7 +110,12 @@ def train_stage1(base_path: str | Path, rows: list[dict], cfg, out_dir: str | Pa
     trainer = SFTTrainer(model=peft_model, args=cfg, train_dataset=messages_dataset(rows), processing_class=tok,
                          callbacks=callbacks(cfg, log_path))
     quiet(trainer)
+    if dist.uses_zero3(trainer):
+        raise ValueError("Stage 1 trains two embedding rows: run it with DDP or ZeRO-2, not ZeRO-3 (the rows would be "
+                         "sharded across ranks)")
     result = trainer.train()
+    if not dist.is_main():  # the checkpoint and its stats: the main process only
+        return Path(out_dir), None
     trained = offload_rows(base, tid)
     others = torch.ones(next(iter(before.values())).shape[0], dtype=torch.bool)
     others[tid] = False
@@ -138,14 +144,19 @@ def train_stage1(base_path: str | Path, rows: list[dict], cfg, out_dir: str | Pa
 def run_stage1(recipe, out_dir: str | Path, base: str | Path | None = None) -> Path:
     """Stage 1 of `recipe`: reads DIR/curated/corpus_b.jsonl, writes DIR/stage1/. Returns the checkpoint dir."""
     from pyrodash.data.curate import read_jsonl
+    from pyrodash.train import distributed as dist
     from pyrodash.train.config import save_resolved
     from pyrodash.train.paths import curated_dir, require, slm_spec, stage_dir
 
+    dist.setup()
     corpus_b = require(curated_dir(out_dir) / "corpus_b.jsonl", "Corpus B",
                        "run `pyrodash curate --config CFG --output-dir DIR` first")
     dest = stage_dir(out_dir, "stage1")
     cfg = recipe.stage_config("stage1", output_dir=dest / "trainer")
-    base_path = base or slm_spec(recipe)
+    with dist.main_first():  # one rank builds a missing world; the others then find it
+        base_path = base or slm_spec(recipe)
     out, stats = train_stage1(base_path, read_jsonl(corpus_b), cfg, dest, dest / "log.jsonl")
-    save_resolved(out, recipe, cfg, {"base": str(base_path), "stats": stats})
+    if dist.is_main():
+        save_resolved(out, recipe, cfg, {"base": str(base_path), "stats": stats})
+    dist.barrier()
     return out

@@ -60,6 +60,7 @@ def train_stage2(stage1_path: str | Path, rows: list[dict], cfg, out_dir: str | 
     train stats)."""
     from trl import SFTTrainer
 
+    from pyrodash.train import distributed as dist
     from pyrodash.train.common import callbacks, messages_dataset, quiet, save_checkpoint
     from pyrodash.train.models import load_local
 
@@ -70,8 +71,8 @@ def train_stage2(stage1_path: str | Path, rows: list[dict], cfg, out_dir: str | 
                          peft_config=cfg.lora_config(), callbacks=callbacks(cfg, log_path))
     quiet(trainer)
     result = trainer.train()
-    merged = trainer.model.merge_and_unload()
-    out = save_checkpoint(merged, tok, out_dir)
+    merged = dist.merged_model(trainer, stage1_path, Path(out_dir) / "trainer" / "final-adapter")
+    out = save_checkpoint(merged, tok, out_dir) if dist.is_main() else Path(out_dir)  # the main process writes
     return out, merged, tok, {"train_loss": result.training_loss, "steps": result.global_step, "rows": len(rows)}
 
 
@@ -79,9 +80,11 @@ def run_stage2(recipe, out_dir: str | Path, stage1: str | Path | None = None) ->
     """Stage 2 of `recipe`: reads DIR/stage1/ and DIR/curated/, writes DIR/stage2/ (+ offload_rates.json)."""
     from pyrodash.data.curate import read_jsonl
     from pyrodash.prompts import get_prompts
+    from pyrodash.train import distributed as dist
     from pyrodash.train.config import save_resolved
     from pyrodash.train.paths import curated_dir, require, stage_dir
 
+    dist.setup()
     cur = curated_dir(out_dir)
     hint = "run `pyrodash curate` and `pyrodash train stage1` with the same --output-dir first"
     rows = read_jsonl(require(cur / "corpus_a.jsonl", "Corpus A", hint)) + read_jsonl(cur / "corpus_b.jsonl")
@@ -89,6 +92,9 @@ def run_stage2(recipe, out_dir: str | Path, stage1: str | Path | None = None) ->
     dest = stage_dir(out_dir, "stage2")
     cfg = recipe.stage_config("stage2", output_dir=dest / "trainer")
     out, model, tok, stats = train_stage2(src, rows, cfg, dest, dest / "log.jsonl")
+    if not dist.is_main():  # the measurement and the files: the main process only
+        dist.barrier()
+        return out
     heldout = read_jsonl(cur / "heldout.jsonl") if (cur / "heldout.jsonl").exists() else []
     if cfg.measure_limit:
         heldout = heldout[: cfg.measure_limit]
@@ -97,4 +103,5 @@ def run_stage2(recipe, out_dir: str | Path, stage1: str | Path | None = None) ->
         rates = measure_offload_rates(model, tok, heldout, get_prompts(recipe.prompts), cfg.measure_max_new_tokens)
         (dest / "offload_rates.json").write_text(json.dumps(rates, indent=2))
     save_resolved(out, recipe, cfg, {"stage1": str(src), "stats": stats, "offload_rates": rates})
+    dist.barrier()
     return out

@@ -10,8 +10,9 @@
    `<offload>` is continued by the LLM (all handoffs of a batch issued together), the joint output graded, and
    R_total = R_acc - λ R_eff. Only SLM tokens enter the loss.
 4. Per-step logs (TRL's reward/loss metrics plus accuracy, offload rate, mean R_eff, mean handoff position, LLM
-   calls) go to DIR/stage3-lambda<λ>/log.jsonl and the rich progress panel; checkpoints to .../trainer/ (resume
-   with --resume). The adapters are merged into DIR/stage3-lambda<λ>/.
+   calls; over the rollouts of every rank under `accelerate launch`) go to DIR/stage3-lambda<λ>/log.jsonl and the
+   rich progress panel; checkpoints to .../trainer/ (resume with --resume). The adapters are merged into
+   DIR/stage3-lambda<λ>/.
 5. The trained policy is evaluated on the held-out set (greedy SLM under P_s, one handoff, as the engine does):
    accuracy, offload rate, LLM calls per example, cost; a sweep writes DIR/stage3-sweep.json.
 """
@@ -35,7 +36,9 @@ class CostAwareGRPOTrainer(GRPOTrainer):
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         if self.collab is not None and self.model.training:
-            logs.update(self.collab.pop_stats())
+            from pyrodash.train.distributed import pop_reward_stats
+
+            logs.update(pop_reward_stats(self.collab))  # every rank's rollouts (a collective under accelerate)
         super().log(logs, start_time)
 
 
@@ -58,7 +61,8 @@ def evaluate_collaboration(model, tokenizer, llm, rows: list[dict], prompts: Pro
     gens = generate(HFBackend(model, tokenizer), reqs, batch_size=batch_size, desc=desc)
     model.train(was_training)
     idx = [i for i, g in enumerate(gens) if g.stop_token_id == tid]
-    llm_gens = dict(zip(idx, llm.generate([handoff_request(prompts, rows[i]["question"], gens[i].text, llm_max_tokens)
+    llm_gens = dict(zip(idx, llm.generate([handoff_request(prompts, rows[i]["question"], gens[i].text, llm_max_tokens,
+                                                           getattr(llm, "style", "continue"))
                                            for i in idx]), strict=True)) if idx else {}
     joint = [g.text + (llm_gens[i].text if i in llm_gens else "") for i, g in enumerate(gens)]
     ok = grade_batch(joint, [r["gold"] for r in rows])
@@ -90,12 +94,14 @@ def run_stage3(recipe, out_dir: str | Path, lam: float | None = None, stage2: st
     from pyrodash.data.curate import load_examples, read_jsonl
     from pyrodash.prompts import get_prompts
     from pyrodash.tokens import offload_token_id
+    from pyrodash.train import distributed as dist
     from pyrodash.train.common import callbacks, quiet, save_checkpoint
     from pyrodash.train.config import save_resolved
     from pyrodash.train.models import FrozenLLM, load_local
     from pyrodash.train.paths import curated_dir, llm_spec, require, resolve_world, stage_dir
     from pyrodash.train.reward import BaselineCache, CollaborativeReward
 
+    dist.setup()
     overrides = {} if lam is None else {"lam": float(lam)}
     lam = float(lam if lam is not None else recipe.stage3.get("lam", 0.1))
     dest = stage_dir(out_dir, "stage3", lam)
@@ -103,7 +109,8 @@ def run_stage3(recipe, out_dir: str | Path, lam: float | None = None, stage2: st
     src = Path(stage2) if stage2 else require(stage_dir(out_dir, "stage2"), "the Stage 2 checkpoint",
                                                "run `pyrodash train stage2` with the same --output-dir first")
     prompts, prices = get_prompts(recipe.prompts), Prices.from_yaml(recipe.prices)
-    world = resolve_world(recipe)
+    with dist.main_first():  # one rank builds a missing world; the others then find it
+        world = resolve_world(recipe)
     examples = load_examples(cfg.source, world, cfg.source_split, cfg.question_field, cfg.answer_field,
                              cfg.train_limit, cfg.train_offset)
     if not examples:
@@ -122,9 +129,10 @@ def run_stage3(recipe, out_dir: str | Path, lam: float | None = None, stage2: st
 
     spec = llm_spec(recipe)
     llm = FrozenLLM.from_spec(spec, batch_size=cfg.llm_batch_size, concurrency=cfg.llm_concurrency)
-    cache = BaselineCache(Path(out_dir) / "cost_base.json", json.dumps(spec, sort_keys=True, default=str), prompts,
-                          prices, cfg.llm_max_new_tokens)
-    computed = cache.fill(llm, [ex.question for ex in examples], [ex.gold for ex in examples])
+    with dist.main_first():  # the main process computes Cost_base; the other ranks read its file (no LLM calls)
+        cache = BaselineCache(Path(out_dir) / "cost_base.json", json.dumps(spec, sort_keys=True, default=str),
+                              prompts, prices, cfg.llm_max_new_tokens)
+        computed = cache.fill(llm, [ex.question for ex in examples], [ex.gold for ex in examples])
     llm.calls = 0  # count only the handoffs of training from here on
     reward = CollaborativeReward(llm, prompts, prices, cache, tid, lam, cfg.cost_penalty, cfg.llm_max_new_tokens,
                                  cfg.slm_price)
@@ -139,13 +147,22 @@ def run_stage3(recipe, out_dir: str | Path, lam: float | None = None, stage2: st
     quiet(trainer)
     last = get_last_checkpoint(str(cfg.output_dir)) if resume and Path(cfg.output_dir).exists() else None
     result = trainer.train(resume_from_checkpoint=last)
-    merged = trainer.model.merge_and_unload()
+    by_rank = dist.reward_totals_by_rank(reward)  # each rank's rollouts made their own handoffs
+    computed_by_rank = dist.gather_objects(computed)  # Cost_base: LLM calls by the main process only
+    merged = dist.merged_model(trainer, src, dest / "trainer" / "final-adapter")
+    if not dist.is_main():  # checkpoint, held-out evaluation (its LLM calls) and stats: the main process only
+        dist.barrier()
+        return dest
     merged.generation_config.eos_token_id = original_eos
     out = save_checkpoint(merged, tok, dest)
     stats = {"lambda": lam, "cost_penalty": cfg.cost_penalty, "train_loss": result.training_loss,
-             "steps": result.global_step, "prompts": len(examples), "rollouts": reward.totals["rollouts"],
-             "llm_handoff_calls": reward.totals["llm_calls"], "cost_base_computed": computed,
-             "cost_base_cached": len(examples) - computed, "resumed_from": last}
+             "steps": result.global_step, "prompts": len(examples),
+             "rollouts": sum(r["rollouts"] for r in by_rank),
+             "llm_handoff_calls": sum(r["llm_calls"] for r in by_rank),
+             "llm_failures": sum(r.get("llm_failures", 0) for r in by_rank), "cost_base_computed": computed,
+             "cost_base_cached": len(examples) - computed, "resumed_from": last, "processes": len(by_rank),
+             "llm_handoff_calls_by_rank": [r["llm_calls"] for r in by_rank],
+             "rollouts_by_rank": [r["rollouts"] for r in by_rank], "cost_base_computed_by_rank": computed_by_rank}
     heldout_path = curated_dir(out_dir) / "heldout.jsonl"
     if heldout_path.exists():
         rows = read_jsonl(heldout_path)
@@ -153,6 +170,7 @@ def run_stage3(recipe, out_dir: str | Path, lam: float | None = None, stage2: st
                                                   cfg.llm_max_new_tokens)
     (dest / "stage3_stats.json").write_text(json.dumps(stats, indent=2))
     save_resolved(out, recipe, cfg, {"stage2": str(src), "stats": stats})
+    dist.barrier()
     return out
 
 
@@ -177,5 +195,9 @@ def run_sweep(recipe, out_dir: str | Path, lambdas: list[float], resume: bool = 
     summary["table"] = table
     summary["slm_sft_accuracy"] = sft_acc
     path = Path(out_dir) / "stage3-sweep.json"
-    path.write_text(json.dumps(summary, indent=2))
+    from pyrodash.train import distributed as dist
+
+    if dist.is_main():
+        path.write_text(json.dumps(summary, indent=2))
+    dist.barrier()
     return path

@@ -1,0 +1,197 @@
+"""How an HTTP LLM continues a partial trace: the request body and the stream parser of each continuation mode.
+
+    wire = Wire("continue")                       # or completion | instruct | prefix | anthropic
+    path, body = build_request(wire, req, model="llm", render=None)
+    state = StreamState(); state.feed(json_event)  # -> text delta; then state.finish / stop_reason / usage
+
+Modes (the request a handoff sends; `req.prefix` is Pack(O_s), the text to continue):
+- `continue`: vLLM / SGLang chat continuation: the prefix as the final assistant message with
+  `continue_final_message: true, add_generation_prompt: false`.
+- `completion`: raw `/v1/completions`: the chat template rendered locally (`render`) + the prefix.
+- `instruct`: plain chat, no extension field. The engine then hands off in its "instruct" style (the partial trace as
+  text in a user message, `prompts.handoff_template`); a prefix that still reaches the backend is sent as an
+  assistant turn followed by a user "continue" note. Works on the OpenAI API, reasoning models included.
+- `prefix`: DeepSeek's chat prefix completion (beta): `{"role": "assistant", "content": prefix, "prefix": true}`.
+- `anthropic`: the Messages API (`POST /v1/messages`, `x-api-key`, `anthropic-version`), the prefix as an assistant
+  prefill (trailing whitespace removed, as the API requires); with `wire.prefill=False` (a model that refuses
+  prefill) the instruct form.
+
+`Wire` also holds what the start-up probe learned about the endpoint: the name of the token-limit field
+(`max_completion_tokens` for OpenAI reasoning models) and request fields it rejected (never sent again).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from pyrodash.backends.base import GenRequest
+
+MODES = ("continue", "completion", "instruct", "prefix", "anthropic")
+CONTINUE_NOTE = "Continue your previous message from exactly where it stops; do not repeat it."
+ANTHROPIC_VERSION = "2023-06-01"
+BIAS_LIMIT = 100.0
+
+
+@dataclass
+class Wire:
+    mode: str = "continue"
+    max_tokens_field: str = "max_tokens"
+    dropped: set[str] = field(default_factory=set)  # request fields the endpoint rejected
+    prefill: bool = True  # anthropic: the model accepts an assistant prefill
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"continuation mode {self.mode!r}: use one of {', '.join(MODES)} (or auto)")
+
+    @property
+    def continues_prefix(self) -> bool:
+        """True when the endpoint continues an assistant prefix token for token (else: hand off as instruct)."""
+        if self.mode == "anthropic":
+            return self.prefill
+        return self.mode != "instruct"
+
+    def describe(self) -> str:
+        extra = [f"{self.max_tokens_field}"] if self.max_tokens_field != "max_tokens" else []
+        extra += [f"without {f}" for f in sorted(self.dropped)]
+        if self.mode == "anthropic" and not self.prefill:
+            extra.append("no prefill: instruct form")
+        return self.mode + (f" ({', '.join(extra)})" if extra else "")
+
+
+def build_request(wire: Wire, req: GenRequest, model: str, render: Callable[[list[dict]], str] | None = None
+                  ) -> tuple[str, dict]:
+    """(path relative to the base URL, JSON body) of the streamed request for `req` in `wire`'s mode."""
+    if wire.mode == "anthropic":
+        return "/messages", _anthropic_body(wire, req, model)
+    if wire.mode == "completion":
+        if render is None:
+            raise ValueError("completion mode renders the chat template locally: give tokenizer: DIR in the spec")
+        body: dict = {"model": model, "prompt": (render(req.messages) if req.messages else "") + req.prefix,
+                      "max_tokens": req.max_tokens}
+        path = "/completions"
+    else:
+        msgs = list(req.messages)
+        if req.prefix:
+            if wire.mode == "continue":
+                msgs.append({"role": "assistant", "content": req.prefix})
+            elif wire.mode == "prefix":
+                msgs.append({"role": "assistant", "content": req.prefix, "prefix": True})
+            else:  # instruct: no extension field can continue the prefix; ask for it in words
+                msgs += [{"role": "assistant", "content": req.prefix}, {"role": "user", "content": CONTINUE_NOTE}]
+        body = {"model": model, "messages": msgs, wire.max_tokens_field: req.max_tokens}
+        if req.prefix and wire.mode == "continue":
+            body["continue_final_message"] = True
+            body["add_generation_prompt"] = False
+        path = "/chat/completions"
+    body.update({"temperature": req.temperature, "top_p": req.top_p, "stream": True,
+                 "stream_options": {"include_usage": True}})
+    if req.seed is not None:
+        body["seed"] = req.seed
+    if req.stop:
+        body["stop"] = list(req.stop)
+    if req.stop_token_ids:
+        body["stop_token_ids"] = list(req.stop_token_ids)
+    if req.logit_bias:
+        body["logit_bias"] = {str(k): max(-BIAS_LIMIT, min(BIAS_LIMIT, v)) for k, v in req.logit_bias.items()}
+    if req.top_logprobs > 0 and wire.mode == "completion":
+        body["logprobs"] = req.top_logprobs
+    elif req.top_logprobs > 0:
+        body["logprobs"] = True
+        body["top_logprobs"] = req.top_logprobs
+    for f in wire.dropped:
+        body.pop(f, None)
+    return path, body
+
+
+def _anthropic_body(wire: Wire, req: GenRequest, model: str) -> dict:
+    system = "\n\n".join(str(m["content"]) for m in req.messages if m.get("role") == "system")
+    msgs = [{"role": m["role"], "content": m["content"]} for m in req.messages if m.get("role") != "system"]
+    if not msgs and req.prefix:
+        msgs = [{"role": "user", "content": CONTINUE_NOTE}]
+    if req.prefix:
+        prefill = req.prefix.rstrip()  # "final assistant content cannot end with trailing whitespace"
+        if wire.prefill and prefill:
+            msgs.append({"role": "assistant", "content": prefill})
+        elif prefill:
+            msgs += [{"role": "assistant", "content": prefill}, {"role": "user", "content": CONTINUE_NOTE}]
+    body: dict = {"model": model, "max_tokens": req.max_tokens, "messages": msgs, "stream": True,
+                  "temperature": req.temperature}  # not top_p too: newer models refuse both at once
+    if system:
+        body["system"] = system
+    if req.stop:
+        body["stop_sequences"] = list(req.stop)
+    for f in wire.dropped:
+        body.pop(f, None)
+    return body
+
+
+def trimmed_prefill(wire: Wire, req: GenRequest) -> str:
+    """The trailing whitespace an Anthropic prefill lost (the continuation then starts without it)."""
+    if wire.mode != "anthropic" or not wire.prefill or not req.prefix:
+        return ""
+    return req.prefix[len(req.prefix.rstrip()):]
+
+
+@dataclass
+class StreamState:
+    """Reads one streamed response (OpenAI chat / completions chunks or Anthropic events)."""
+
+    finish: str | None = None
+    stop_reason: object = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    cached_tokens: int | None = None
+    error: str | None = None
+
+    def feed(self, obj: dict) -> tuple[str, list[dict] | None]:
+        """(text delta, top logprobs) of one event; sets `error` on an error event."""
+        kind = obj.get("type")
+        if kind is not None and kind != "error" and "choices" not in obj:
+            return self._anthropic(obj)
+        if "error" in obj:
+            err = obj["error"]
+            self.error = str(err.get("message", err) if isinstance(err, dict) else err)[:500]
+            return "", None
+        if obj.get("usage"):
+            u = obj["usage"]
+            self.prompt_tokens = u.get("prompt_tokens", self.prompt_tokens)
+            self.completion_tokens = u.get("completion_tokens", self.completion_tokens)
+            details = u.get("prompt_tokens_details") or {}
+            cached = details.get("cached_tokens", u.get("prompt_cache_hit_tokens"))  # OpenAI / DeepSeek
+            if cached is not None:
+                self.cached_tokens = cached
+        text, lps = "", None
+        for choice in obj.get("choices") or []:
+            text += choice.get("text") or (choice.get("delta") or {}).get("content") or ""
+            lp = choice.get("logprobs") or {}
+            if lp.get("content"):  # chat format
+                lps = [{t["token"]: t["logprob"] for t in c.get("top_logprobs") or []} for c in lp["content"]]
+            elif lp.get("top_logprobs"):  # completions format
+                lps = [dict(d or {}) for d in lp["top_logprobs"]]
+            if choice.get("finish_reason"):
+                self.finish = choice["finish_reason"]
+                self.stop_reason = choice.get("stop_reason")
+        return text, lps
+
+    def _anthropic(self, obj: dict) -> tuple[str, None]:
+        kind = obj["type"]
+        if kind == "message_start":
+            u = (obj.get("message") or {}).get("usage") or {}
+            cached = u.get("cache_read_input_tokens") or 0
+            created = u.get("cache_creation_input_tokens") or 0
+            self.prompt_tokens = (u.get("input_tokens") or 0) + cached + created
+            self.cached_tokens = cached
+            self.completion_tokens = u.get("output_tokens")
+        elif kind == "content_block_delta":
+            delta = obj.get("delta") or {}
+            return (delta.get("text") or "") if delta.get("type") == "text_delta" else "", None
+        elif kind == "message_delta":
+            reason = (obj.get("delta") or {}).get("stop_reason")
+            if reason:
+                self.finish = "length" if reason == "max_tokens" else "stop"
+                self.stop_reason = (obj.get("delta") or {}).get("stop_sequence")
+            out = (obj.get("usage") or {}).get("output_tokens")
+            if out is not None:
+                self.completion_tokens = out
+        return "", None

@@ -1,0 +1,140 @@
+"""The one error-shaping layer of `pyrodash serve`: every refusal is OpenAI's error body, counted, and safe.
+
+    install(app)                 # exception handlers for APIError, validation errors, 404/405 and crashes
+    raise failure(exc)           # an engine failure as the client may see it (details go to the server log only)
+
+Every error response
+- is `{"error": {message, type, param, code}}` rendered as ASCII JSON (a lone surrogate that reached a message or a
+  param can never crash the handler: it is written as the escape `\\ud800`);
+- is counted in `pyrodash_requests_total` with the route TEMPLATE as label (`/v1/models/{model_id}`, never the raw
+  path; `unmatched` for unknown paths) and in `pyrodash_errors_total` by kind, so label sets stay bounded;
+- keeps the headers the status needs: `WWW-Authenticate` on 401, `Allow` on 405.
+A failing model backend becomes a 502 whose body names no internal URL and carries no upstream text: the server log
+has those, under the `request_id` the body gives.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import uuid
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from pyrodash.server import protocol as P
+
+log = logging.getLogger("pyrodash.serve")
+_URL_RE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://\S+")
+
+
+class ErrorResponse(JSONResponse):
+    """OpenAI's error body as ASCII JSON (surrogates and any other character are escaped, never an encode error)."""
+
+    def render(self, content: object) -> bytes:
+        return json.dumps(content, ensure_ascii=True, separators=(",", ":")).encode("ascii")
+
+
+def route_label(request: Request) -> str:
+    """The matched route's template (bounded: one value per route), or "unmatched"."""
+    route = request.scope.get("route")
+    return getattr(route, "path", None) or "unmatched"
+
+
+def count(request: Request, status: int) -> None:
+    """Count a response in requests_total (model: the validated model name, else "")."""
+    metrics = request.app.state.metrics
+    model = getattr(request.state, "model", "") or ""
+    metrics.requests.inc(route=route_label(request), model=model, status=str(status))
+    request.state.counted = True
+
+
+class CountResponses:
+    """ASGI middleware: every HTTP response that no handler counted (the GET routes' 200s, /health's 503) goes into
+    requests_total with its route template. Completion routes count themselves (they know the model and the
+    in-stream outcome) and error handlers count through `count`; both mark the request as counted."""
+
+    def __init__(self, app, metrics) -> None:
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        status: list[int] = []
+
+        async def send_status(message) -> None:
+            if message["type"] == "http.response.start":
+                status.append(message["status"])
+            await send(message)
+
+        await self.app(scope, receive, send_status)  # an exception propagates: the 500 handler counts it
+        if status and not scope.get("state", {}).get("counted"):
+            route = getattr(scope.get("route"), "path", None) or "unmatched"
+            self.metrics.requests.inc(route=route, model="", status=str(status[0]))
+
+
+def error_response(request: Request, err: P.APIError, headers: dict | None = None) -> ErrorResponse:
+    request.app.state.metrics.errors.inc(kind="client" if err.status < 500 else
+                                         ("upstream" if err.status in (502, 503, 504) else "server"))
+    count(request, err.status)
+    if err.status == 401:
+        headers = {**(headers or {}), "WWW-Authenticate": "Bearer"}
+    return ErrorResponse(err.body(), status_code=err.status, headers=headers)
+
+
+def scrub(text: str) -> str:
+    """`text` without URLs (an internal backend address must not reach a client)."""
+    return _URL_RE.sub("<backend>", text)
+
+
+def failure(exc: BaseException) -> P.APIError:
+    """What an engine failure means for the client. A ValueError is a request the models cannot take (400, URLs
+    removed); anything else is a failing model backend (502) with a request id; the details are logged here."""
+    if isinstance(exc, P.APIError):
+        return exc
+    if isinstance(exc, ValueError):
+        return P.APIError(400, scrub(str(exc)), code="invalid_value")
+    rid = uuid.uuid4().hex[:16]
+    log.error("request %s: the model backend failed: %s: %s", rid, type(exc).__name__, exc)
+    return P.APIError(502, f"The model backend failed ({type(exc).__name__}); the server log has the details under "
+                      f"request id {rid}.", type="upstream_error", code="backend_error")  # fmt: skip
+
+
+def install(app: FastAPI) -> None:
+    app.add_middleware(CountResponses, metrics=app.state.metrics)
+
+    @app.exception_handler(P.APIError)
+    async def api_error(request: Request, exc: P.APIError):
+        return error_response(request, exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError):
+        err = exc.errors()[0] if exc.errors() else {}
+        param = ".".join(str(x) for x in err.get("loc", ())[1:]) or None
+        msg = f"{param or 'request'}: {err.get('msg', 'invalid request')}"
+        return error_response(request, P.APIError(400, msg, param=param, code="invalid_value"))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException):
+        if exc.status_code == 404:
+            msg, code = f"No route {request.method} {route_label(request)}: see /docs for this API.", "not_found"
+            if route_label(request) == "unmatched":
+                msg = f"Unknown path for {request.method}: see /docs for this API's routes."
+        elif exc.status_code == 405:
+            allow = (exc.headers or {}).get("Allow", "")
+            msg, code = f"Method {request.method} is not allowed here; use {allow or 'another method'}.", \
+                "method_not_allowed"
+        else:
+            msg, code = str(exc.detail), None
+        return error_response(request, P.APIError(exc.status_code, msg, code=code), headers=exc.headers)
+
+    @app.exception_handler(Exception)
+    async def server_error(request: Request, exc: Exception):
+        rid = uuid.uuid4().hex[:16]
+        log.exception("request %s: unhandled error on %s", rid, route_label(request))
+        err = P.APIError(500, f"Internal server error ({type(exc).__name__}); the server log has the details under "
+                         f"request id {rid}.", type="server_error")  # fmt: skip
+        return error_response(request, err)

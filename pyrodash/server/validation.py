@@ -1,0 +1,260 @@
+"""The one request-validation layer of `pyrodash serve`: from raw bytes to the engine's arguments, or a 4xx.
+
+    raw = await read_json(request, limit)                  # 413 / 400 invalid_json
+    req = parse(P.ChatCompletionRequest, raw)              # 400: lone surrogates, unsupported parameters, types
+    call = await engine_call(app, req, kind)               # 404 model, 400 limits and context length
+
+Checks, in order:
+1. The body: at most `limits.max_body_bytes` (413), non-empty, JSON.
+2. Text: no lone UTF-16 surrogate (`"\\ud800"`) anywhere in the body, keys included (400 `invalid_unicode`, with
+   the JSON path of the first one as `param`): such a string cannot be encoded, so it must not reach a tokenizer,
+   a log line or an error message.
+3. OpenAI parameters the Collaborate Engine cannot honour are refused by name (400 `unsupported_parameter`) unless
+   they carry their neutral value (`n: 1`, `echo: false`, `tools: []`, `response_format: {type: text}` ...):
+   a client must not get an answer that silently ignored what it asked for. Fields OpenAI documents as metadata
+   (`user`, `metadata`, `store`, `service_tier`, `parallel_tool_calls`) are accepted and have no effect.
+4. Types and ranges (pydantic, strict).
+5. The model name (404), `max_tokens` / `max_completion_tokens` (the TOTAL budget of the joint SLM + LLM answer)
+   and `max_tokens_per_model` against `limits.max_tokens`.
+6. Client text is marked (`pyrodash.backends.literal`) so special-token strings (`<offload>`, `<|im_end|>` ...)
+   stay plain characters for every backend.
+7. Context length: prompt tokens + the token budget must fit each in-process model's positions (400
+   `context_length_exceeded`); without an explicit `max_tokens` the default budget shrinks to what fits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from fastapi import FastAPI, Request
+from pydantic import BaseModel, ValidationError
+
+from pyrodash.backends import literal
+from pyrodash.prompts import OFFLOAD_TOKEN
+from pyrodash.server import protocol as P
+
+SAMPLING_EPS = 1e-5
+# chat markup common to the models PyroDash serves, refused as tokens even when a backend's tokenizer is remote
+DEFAULT_SPECIALS = (OFFLOAD_TOKEN, "<|im_start|>", "<|im_end|>", "<|endoftext|>", "<think>", "</think>")
+# parameter -> (its neutral values, what to say)
+UNSUPPORTED: dict[str, tuple[tuple, str]] = {
+    "tools": ((None, []), "tool calling is not supported by the Collaborate Engine"),
+    "tool_choice": ((None, "none"), "tool calling is not supported by the Collaborate Engine"),
+    "functions": ((None, []), "function calling is not supported by the Collaborate Engine"),
+    "function_call": ((None, "none"), "function calling is not supported by the Collaborate Engine"),
+    "response_format": ((None, {"type": "text"}), "only plain text output is supported (response_format text)"),
+    "echo": ((None, False), "echo is not supported"),
+    "best_of": ((None, 1), "best_of > 1 is not supported"),
+    "suffix": ((None, ""), "suffix (insertion) is not supported"),
+    "n": ((None, 1), "only n=1 is supported"),
+    "logprobs": ((None, False, 0), "logprobs are not supported by the Collaborate Engine"),
+    "top_logprobs": ((None, 0), "top_logprobs are not supported by the Collaborate Engine"),
+    "logit_bias": ((None, {}), "logit_bias is not supported (offload_bias is PyroDash's own bias)"),
+    "presence_penalty": ((None, 0, 0.0), "presence_penalty is not supported"),
+    "frequency_penalty": ((None, 0, 0.0), "frequency_penalty is not supported"),
+    "audio": ((None,), "audio output is not supported"),
+    "modalities": ((None, ["text"]), "only the text modality is supported"),
+    "prediction": ((None,), "predicted outputs are not supported"),
+    "web_search_options": ((None,), "web search is not supported"),
+    "reasoning_effort": ((None,), "reasoning_effort is not supported"),
+}
+
+
+# ---------------------------------------------------------------- the body
+
+
+async def read_json(request: Request, limit: int) -> object:
+    """The request body as JSON: 413 above `limit` bytes (checked while reading), 400 when it does not parse."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise P.APIError(413, f"Request body of {declared} bytes exceeds the limit of {limit} bytes.",
+                         code="request_too_large")  # fmt: skip
+    parts, size = [], 0
+    async for part in request.stream():
+        size += len(part)
+        if size > limit:
+            raise P.APIError(413, f"Request body exceeds the limit of {limit} bytes.", code="request_too_large")
+        parts.append(part)
+    body = b"".join(parts)
+    if not body.strip():
+        raise P.APIError(400, "The request body is empty: send a JSON object.", code="invalid_json")
+    try:
+        return json.loads(body)
+    except (ValueError, RecursionError) as e:
+        raise P.APIError(400, f"We could not parse the JSON body of your request: {e}", code="invalid_json") from e
+
+
+def _bad_unicode(obj: object, path: str = "") -> str | None:
+    """The JSON path of the first string (or key) holding a lone surrogate, else None."""
+    stack = [(obj, path)]
+    while stack:
+        o, p = stack.pop()
+        if isinstance(o, str):
+            if not o.isascii():
+                try:
+                    o.encode("utf-8")
+                except UnicodeEncodeError:
+                    return p or "body"
+        elif isinstance(o, dict):
+            for k, v in o.items():
+                kp = f"{p}.{k}" if p else str(k)
+                if isinstance(k, str) and not k.isascii():
+                    try:
+                        k.encode("utf-8")
+                    except UnicodeEncodeError:
+                        return p or "body"
+                stack.append((v, kp))
+        elif isinstance(o, list):
+            stack.extend((v, f"{p}.{i}" if p else str(i)) for i, v in enumerate(o))
+    return None
+
+
+def _fields(model: type[BaseModel]) -> set[str]:
+    names: set[str] = set()
+    for m in (model, P.ChatMessage, P.TextPart, P.StreamOptions, P.ResponseFormatText, P.PyroDashOptions):
+        names |= set(m.model_fields)
+    return names
+
+
+def parse(model: type[BaseModel], obj: object) -> BaseModel:
+    """A validated request model, or a 400 naming the parameter."""
+    where = _bad_unicode(obj)
+    if where is not None:
+        raise P.APIError(400, f"{where}: the text holds a lone UTF-16 surrogate (e.g. \\ud800), which is not valid "
+                         "Unicode; send well-formed UTF-8.", param=where, code="invalid_unicode")  # fmt: skip
+    if isinstance(obj, dict):
+        for name, (neutral, why) in UNSUPPORTED.items():
+            if name == "logprobs":  # chat: a boolean; legacy completions: a count
+                neutral = (None, False) if model is P.ChatCompletionRequest else (None, 0)
+            if name in obj and not any(_same(obj[name], v) for v in neutral):
+                code = "unsupported_value" if name in ("n", "logprobs") else "unsupported_parameter"
+                raise P.APIError(400, f"Unsupported parameter: '{name}': {why}; remove it or send "
+                                 f"{_neutral(neutral)}.", param=name, code=code)  # fmt: skip
+    try:
+        return model.model_validate(obj)
+    except ValidationError as e:
+        err = e.errors(include_url=False)[0]
+        known = _fields(model)
+        # OpenAI-style param path: field names and list indices, without pydantic's union-branch tags
+        param = ".".join(str(x) for x in err["loc"] if isinstance(x, int) or x in known) or None
+        where = f"{param}: " if param else ""
+        raise P.APIError(400, f"{where}{err['msg']}", param=param, code="invalid_value") from None
+
+
+def _same(a: object, b: object) -> bool:
+    """JSON equality: 1 and 1.0 are the same number, false and 0 are not; {type: text, ...} is the text format."""
+    if isinstance(a, dict) and isinstance(b, dict) and b.get("type") == "text":
+        return a.get("type") == "text"
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return a == b
+    return type(a) is type(b) and a == b
+
+
+def _neutral(values: tuple) -> str:
+    shown = [json.dumps(v) for v in values if v is not None]
+    return "null" if not shown else " or ".join(shown)
+
+
+# ---------------------------------------------------------------- what the engine gets
+
+
+def specials(app: FastAPI) -> tuple[str, ...]:
+    """Special-token strings of both models (cached per app): what client text may not produce as tokens."""
+    cached = getattr(app.state, "specials", None)
+    if cached is None:
+        found = set(DEFAULT_SPECIALS)
+        for side in ("slm", "llm"):
+            get = getattr(getattr(app.state.engine, side, None), "special_tokens", None)
+            if callable(get):
+                found |= set(get())
+        cached = app.state.specials = tuple(sorted(found, key=len, reverse=True))
+    return cached
+
+
+def _client_text(app: FastAPI, text: str) -> str:
+    return literal.mark(literal.strip_markers(text), specials(app))
+
+
+def engine_call(app: FastAPI, req: P._Sampling, kind: str) -> tuple[str, object, dict]:
+    """(model name, the engine's question, engine.stream keyword arguments) for a validated request, or a 4xx.
+    The context-length check comes after (`check_context`), off the event loop."""
+    config = app.state.config
+    model = req.model if req.model is not None else config.default_model
+    if model not in config.operating_points:
+        known = ", ".join(config.operating_points)
+        raise P.APIError(404, f"The model `{model[:100]}` does not exist; this server offers: {known}.", param="model",
+                         code="model_not_found")  # fmt: skip
+    limit = config.limits.max_tokens
+    total = req.requested_max_tokens()
+    param = "max_completion_tokens" if getattr(req, "max_completion_tokens", None) is not None else "max_tokens"
+    if total is not None and total > limit:
+        raise P.APIError(400, f"{param}={total} exceeds this server's limit of {limit}.", param=param,
+                         code="invalid_value")  # fmt: skip
+    per_model = req.max_tokens_per_model
+    if per_model is not None and per_model > limit:
+        raise P.APIError(400, f"max_tokens_per_model={per_model} exceeds this server's limit of {limit}.",
+                         param="max_tokens_per_model", code="invalid_value")  # fmt: skip
+    bias = req.offload_bias if req.offload_bias is not None else config.operating_points[model]
+    temperature = req.temperature if req.temperature is not None else P.DEFAULT_TEMPERATURE
+    if temperature < SAMPLING_EPS:
+        temperature = 0.0  # as vLLM does: a vanishing temperature is greedy decoding (and 1/T must stay finite)
+    if kind == "chat":
+        question: object = [{**m.to_engine(), "content": _client_text(app, m.text())} for m in req.messages]
+    else:
+        question = _client_text(app, req.prompt)
+    explicit = total is not None
+    total = total or config.limits.default_max_tokens
+    kwargs = {
+        "offload_bias": bias, "max_tokens": per_model or total, "max_total_tokens": total,
+        "temperature": temperature, "top_p": req.top_p, "seed": req.seed, "stop": req.stop_list(),
+    }  # fmt: skip
+    return model, question, {**kwargs, "_explicit_budget": explicit, "_param": param}
+
+
+def _context_need(engine, question, kwargs: dict) -> list[tuple[str, int, int]]:
+    """(side, prompt tokens, context window) for each in-process model that can count its prompt."""
+    out = []
+    sides = []
+    slm, llm = getattr(engine, "slm", None), getattr(engine, "llm", None)
+    build_slm = getattr(engine, "slm_request", None)
+    build_llm = getattr(engine, "llm_request", None)
+    messages = getattr(engine, "messages", lambda q: q)(question)
+    if build_slm is not None:
+        sides.append(("SLM", slm, lambda: build_slm(messages, max_tokens=1)))
+    if build_llm is not None:
+        sides.append(("LLM", llm, lambda: build_llm(messages, "", 1, {})))
+    for name, backend, build in sides:
+        window = getattr(backend, "context_window", None)
+        count = getattr(backend, "prompt_ids", None)
+        if not callable(window) or not callable(count) or window() is None:
+            continue
+        out.append((name, len(count(build())), window()))
+    return out
+
+
+async def check_context(app: FastAPI, question, kwargs: dict) -> dict:
+    """The engine kwargs once the prompt is known to fit: 400 `context_length_exceeded` when prompt tokens + the
+    requested budget exceed a model's positions; an implicit (default) budget shrinks to fit instead."""
+    explicit, param = kwargs.pop("_explicit_budget"), kwargs.pop("_param")
+    try:
+        needs = await asyncio.to_thread(_context_need, app.state.engine, question, kwargs)
+    except ValueError as e:  # the prompt cannot be rendered for this model (e.g. a role its template refuses)
+        from pyrodash.server.errors import failure
+
+        raise failure(e) from None
+    total = kwargs["max_total_tokens"]
+    for side, prompt, window in needs:
+        room = window - prompt
+        if room < 1 or (explicit and prompt + total > window):
+            asked = f"{total} requested tokens" if explicit else "no room for any output"
+            raise P.APIError(400, f"This model's maximum context length is {window} tokens ({side}); the messages "
+                             f"take {prompt} tokens and {asked}. Shorten the messages or lower {param}.",
+                             param="messages" if room < 1 else param, code="context_length_exceeded")  # fmt: skip
+        if not explicit and total > room:
+            total = room
+    if total != kwargs["max_total_tokens"]:
+        kwargs = {**kwargs, "max_total_tokens": total, "max_tokens": min(kwargs["max_tokens"], total)}
+    return kwargs
