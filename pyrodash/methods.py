@@ -4,6 +4,8 @@ per item (output, usage, llm_calls, handoff, segments, ...); `pyrodash.evaluate`
 - `slm`, `slm+sft`, `llm`: one model answers alone (`Solo`); the question template, no system prompt, `<offload>`
   banned where the vocabulary has it (SLM+SFT is the Stage-2 model without P_s, as in the paper).
 - `pyrodash@<λ>` / `pyrodash@<λ>+bias<b>`: the Collaborate Engine with the Stage-3 model for λ (`PyroDash`).
+- `oracle`: one handoff exactly before the first step the SLM was not taught (`pyrodash.methods_oracle`), the
+  ceiling of any single-handoff policy on the world.
 - `routellm@<α>`: RouteLLM-MF (`pyrodash.routing.routellm_mf`), `glimprouter@<τ>`: GlimpRouter
   (`pyrodash.routing.glimprouter`).
 
@@ -367,6 +369,10 @@ def build_methods(cfg, env: Env, backends: Backends | None = None, load_examples
                 name = f"pyrodash@{knob(lam)}+bias{knob(b)}"
                 out[name] = PyroDash(name, be.get(lam_specs[lam], offload=True), model("llm"), env,
                                          offload_bias=float(b))
+        elif kind == "oracle":
+            from pyrodash.methods_oracle import Oracle
+
+            out[kind] = Oracle(kind, model("slm"), model("llm"), env)
         elif kind == "glimprouter":
             taus = [float(t) for t in opt.get("taus", [] if opt.get("step_shares") else [0.9])]
             if opt.get("step_shares"):
@@ -377,8 +383,8 @@ def build_methods(cfg, env: Env, backends: Backends | None = None, load_examples
         elif kind == "routellm":
             out.update(build_routellm(opt, env, model("slm"), model("llm"), be, Path(cfg.run_dir), load_examples))
         else:
-            raise ValueError(f"unknown method {kind!r}: use slm, slm+sft, llm, pyrodash, pyrodash_bias, routellm, "
-                             "glimprouter")
+            raise ValueError(f"unknown method {kind!r}: use slm, slm+sft, llm, oracle, pyrodash, pyrodash_bias, "
+                             "routellm, glimprouter")
     return out
 
 

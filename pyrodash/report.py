@@ -19,8 +19,8 @@ from pathlib import Path
 from pyrodash.cost import PRICES_DIR, Prices, Usage, llm_token_ratio, total_usage
 
 STEP_BOUNDARY = "\n\n"
-BASE_ORDER = ("slm", "slm+sft", "llm")
-FAMILY_ORDER = ("slm", "slm+sft", "routellm", "glimprouter", "pyrodash", "pyrodash-bias", "llm")
+BASE_ORDER = ("slm", "slm+sft", "oracle", "llm")
+FAMILY_ORDER = ("slm", "slm+sft", "routellm", "glimprouter", "pyrodash", "pyrodash-bias", "oracle", "llm")
 _NAME_RE = re.compile(r"^(routellm|glimprouter|pyrodash)@([0-9.eE+-]+?)(?:\+bias([0-9.eE+-]+))?$")
 
 
@@ -31,7 +31,7 @@ def parse_method(name: str) -> tuple[str, float | None, float | None]:
     m = _NAME_RE.match(name)
     if not m:
         raise ValueError(
-            f"method name {name!r} does not follow the scheme slm | slm+sft | llm | routellm@<alpha> | "
+            f"method name {name!r} does not follow the scheme slm | slm+sft | oracle | llm | routellm@<alpha> | "
             "glimprouter@<tau> | pyrodash@<lambda> | pyrodash@<lambda>+bias<b>; rename its records file"
         )
     if m.group(3) is not None and m.group(1) != "pyrodash":
@@ -378,6 +378,50 @@ def pareto_verdict(ms: dict[str, Metrics]) -> list[str]:
     return lines
 
 
+def verdict_sentence(ms: dict[str, Metrics]) -> str:
+    """The Pareto verdict in one sentence: how many routing points PyroDash matches or beats at no higher cost
+    (among those at or above its cheapest point's cost), and its closest point to the oracle."""
+    ours = [m for n, m in ms.items() if parse_method(n)[0] == "pyrodash"]
+    if not ours:
+        return "No PyroDash records in this run."
+    floor = min(o.cost_usd for o in ours)
+    routed = [m for n, m in ms.items() if parse_method(n)[0] in ("routellm", "glimprouter") and m.cost_usd >= floor]
+    beaten = [m for m in routed if any(o.cost_usd <= m.cost_usd and o.accuracy >= m.accuracy for o in ours)]
+    lost = [m.name for m in routed if m not in beaten]
+    text = (f"PyroDash matches or beats {len(beaten)} of {len(routed)} RouteLLM-MF/GlimpRouter points at no higher "
+            f"cost (those at or above its cheapest point's cost)" + (f"; not {', '.join(lost)}" if lost else ""))
+    o = ms.get("oracle")
+    if o is not None and o.cost_normalized is not None:
+        best = max((m for m in ours if m.cost_normalized is not None and m.cost_normalized <= o.cost_normalized
+                    + 0.10), key=lambda m: m.accuracy, default=None)
+        text += (f"; the oracle single handoff reaches {_pct(o.accuracy)}% at {o.cost_normalized:.3f} of LLM-only "
+                 "cost, and " + (f"the best PyroDash point within +0.10 of its cost is {best.name} at "
+                                 f"{_pct(best.accuracy)}% ({best.cost_normalized:.3f})" if best else
+                                 "no PyroDash point comes within +0.10 of its cost"))
+    return text + "."
+
+
+def oracle_distance(ms: dict[str, Metrics]) -> list[str]:
+    """Each PyroDash point against the oracle single handoff (`pyrodash.methods_oracle`): accuracy gap (points) and
+    cost gap (fraction of LLM-only), so a world limit (the oracle itself is far from LLM-only) reads apart from a
+    training gap (the policy is far from the oracle)."""
+    if "oracle" not in ms:
+        return ["(no oracle records in this run: add `- oracle` to the eval config's methods)"]
+    o = ms["oracle"]
+    rows = []
+    for n, m in ms.items():
+        if parse_method(n)[0] != "pyrodash":
+            continue
+        dc = None if m.cost_normalized is None or o.cost_normalized is None else m.cost_normalized - o.cost_normalized
+        rows.append([n, _pct(m.accuracy), "--" if m.cost_normalized is None else f"{m.cost_normalized:.4f}",
+                     f"{100 * (m.accuracy - o.accuracy):+.2f}", "--" if dc is None else f"{dc:+.4f}",
+                     "yes" if dc is not None and m.accuracy >= o.accuracy - 0.05 and dc <= 0.10 else "no"])
+    head = [f"Oracle: {_pct(o.accuracy)}% at {o.cost_normalized:.4f} of LLM-only cost, {o.llm_calls:.3f} LLM calls "
+            "per problem.", ""] if o.cost_normalized is not None else []
+    return head + _table(["Method", "Avg. Acc. (%)", "Cost / LLM-only", "Δ acc. vs oracle (points)",
+                          "Δ cost vs oracle", "within 5 points at ≤ oracle cost + 0.10"], rows)
+
+
 def baseline_notes(run_dir: Path, runs: dict[str, list[dict]]) -> list[str]:
     """RouteLLM-MF's router (labels, fit, α) and the realised LLM shares / steps of both routing baselines."""
     lines = []
@@ -435,7 +479,8 @@ def render(run_dir: str | Path, prices: Prices | None = None) -> tuple[str, dict
     t4 = lam_names[-1] if lam_names else None
     out += ["", f"## Table 4: token usage and cost per benchmark (slm, {t4 or '--'}, llm)", ""]
     out += table4(ms, prices, t4 or "")
-    out += ["", "## Pareto verdict", ""] + pareto_verdict(ms) + ["", "![Pareto](pareto.png)"]
+    out += ["", "## Pareto verdict", "", verdict_sentence(ms), ""] + pareto_verdict(ms) + ["", "![Pareto](pareto.png)"]
+    out += ["", "## Distance to the oracle single handoff", ""] + oracle_distance(ms)
     out += ["", "## Baselines as run", ""] + baseline_notes(Path(run_dir), runs)
     out += ["", "## Conversations: per turn", "", "Each turn of a conversation is graded with the gold earlier turns "
             "as history (the same context for every method); a follow-up continues from the previous answer.", ""]
@@ -446,7 +491,7 @@ def render(run_dir: str | Path, prices: Prices | None = None) -> tuple[str, dict
             "Where the LLM first takes over, in steps (boundary `\\n\\n`), relative to the first step the SLM was not "
             "taught (`meta.hard_steps`).", ""]
     rows = [[n] + list(trigger_positions(runs[n]).values()) for n in ms
-            if parse_method(n)[0] in ("pyrodash", "glimprouter")]
+            if parse_method(n)[0] in ("pyrodash", "glimprouter", "oracle")]
     out += _table(["Method", "before", "at", "after", "no hard step", "hard, no handoff", "handoffs"], rows)
     out += ["", "## Case studies", ""]
     for n, r in case_studies(runs):

@@ -8,7 +8,7 @@ from pathlib import Path
 from pyrodash.report import Metrics, parse_method
 
 STYLE = {
-    "slm": ("tab:gray", "s"), "slm+sft": ("tab:brown", "s"), "llm": ("black", "*"),
+    "slm": ("tab:gray", "s"), "slm+sft": ("tab:brown", "s"), "llm": ("black", "*"), "oracle": ("tab:purple", "P"),
     "routellm": ("tab:blue", "o"), "glimprouter": ("tab:green", "^"), "pyrodash": ("tab:red", "D"),
     "pyrodash-bias": ("tab:orange", "v"),
 }

@@ -288,3 +288,17 @@ def test_training_attention_is_sdpa_in_float32_and_causal():
     assert torch.allclose(out, ref, atol=1e-4)
     assert torch.equal(out2[:, :10], out[:, :10])  # causal: changing tokens 10.. leaves positions 0..9 alone
     assert not torch.allclose(out2[:, 10:], out[:, 10:])
+
+
+def test_first_hard_frac_and_its_distribution():
+    from pyrodash.data.example import Example
+    from pyrodash.world.build import first_hard_distribution, first_hard_frac
+
+    sol = "1+2=3\n\nf(3)=7\n\n7+1=8\n\n\\boxed{8}"
+    meta = {"steps": ["1+2=3", "f(3)=7", "7+1=8"], "hard_steps": [1], "solution": sol}
+    assert first_hard_frac(meta) == len("1+2=3\n\n") / len(sol)
+    assert first_hard_frac({**meta, "hard_steps": []}) is None
+    exs = [Example(str(i), "world:t", "q", "8", {**meta, "hard_steps": h}) for i, h in enumerate([[1], [2], []])]
+    d = first_hard_distribution(exs)
+    assert d["n"] == 2 and d["share_of_problems"] == round(2 / 3, 4) and sum(d["histogram_tenths"]) == 2
+    assert d["min"] == round(first_hard_frac(meta), 4) < d["median"] < d["max"]

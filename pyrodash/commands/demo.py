@@ -13,12 +13,64 @@ GlimpRouter, PyroDash per λ and across offload_bias) on the five world test tie
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent.parent
-LAMBDAS = {"quick": [0.05, 0.6], "full": [0.05, 0.1, 0.2, 0.3, 0.6]}
+# λ spans the world's trade-off, not the paper's grid: a correct handoff beats a wrong SLM-alone answer while
+# 1 - λ·Cost_norm(handoff) > -λ·Cost_norm(SLM alone), i.e. λ < 1 / (Cost_norm(handoff) - Cost_norm(SLM alone)).
+# A handoff on this world costs ~0.8 of LLM-only (the oracle's, measured), the SLM alone ~0.03, so only λ above
+# ~1.3 makes a policy keep hard problems to itself (SLM-only cost); λ 0.05 hands off nearly always (LLM-only cost).
+LAMBDAS = {"quick": [0.05, 0.6, 2.0], "full": [0.05, 0.1, 0.3, 0.6, 1.2, 2.5]}
+LOG_NAME = "demo.log"
+
+
+@contextlib.contextmanager
+def library_log(path: Path):
+    """Send library noise (transformers/datasets/TRL log records, FutureWarnings and other warnings) to `path`, and
+    turn off transformers' weight-loading and datasets' map bars: the console keeps the stage headers, our rich
+    bars and the tables."""
+    import logging
+    import warnings
+
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+    loggers = [logging.getLogger(n) for n in ("py.warnings", "transformers", "datasets", "trl", "accelerate", "peft",
+                                              "torch")]
+    saved = [(lg, lg.handlers[:], lg.propagate) for lg in loggers]
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_default_handler()
+        hf_logging.disable_progress_bar()  # "Loading weights" bars of every from_pretrained
+    except ImportError:  # pragma: no cover - transformers is a dependency
+        hf_logging = None
+    try:
+        import datasets
+
+        datasets.disable_progress_bars()
+    except ImportError:  # pragma: no cover
+        datasets = None
+    logging.captureWarnings(True)
+    for lg in loggers:
+        lg.handlers = [handler]
+        lg.propagate = False
+    with warnings.catch_warnings():
+        warnings.simplefilter("default")
+        try:
+            yield
+        finally:
+            logging.captureWarnings(False)
+            for lg, hs, prop in saved:
+                lg.handlers, lg.propagate = hs, prop
+            if hf_logging is not None:
+                hf_logging.enable_default_handler()
+                hf_logging.enable_progress_bar()
+            if datasets is not None:
+                datasets.enable_progress_bars()
+            handler.close()
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -100,7 +152,7 @@ def run_demo(out: str | Path, quick: bool = True, seed: int = 0, lambdas: list[f
         if skip:
             console.print(f"[dim]{name}: reused[/]")
             return None
-        console.rule(name)
+        console.rule(f"[bold]{name}[/]")
         res = fn()
         times[name] = round(time.perf_counter() - t0, 1)
         return res
@@ -135,9 +187,16 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out or ("runs/demo-quick" if args.quick else "runs/demo"))
     lambdas = [float(x) for x in args.lambdas.split(",")] if args.lambdas else None
     t0 = time.perf_counter()
-    path = run_demo(out, quick=args.quick, seed=args.seed, lambdas=lambdas, console=console, world_dir=args.world)
+    out.mkdir(parents=True, exist_ok=True)
+    with library_log(out / LOG_NAME):
+        path = run_demo(out, quick=args.quick, seed=args.seed, lambdas=lambdas, console=console,
+                        world_dir=args.world)
     print_table2(out, console)
     print_turns(out, console)
-    console.print(f"report: [bold]{path}[/] (pareto.png, summary.json, records/ beside it) "
-                  f"in {time.perf_counter() - t0:.0f}s")
+    from pyrodash.report import all_metrics, load_run, run_prices, single_turn, verdict_sentence
+
+    verdict = verdict_sentence(all_metrics(single_turn(load_run(out)), run_prices(out)))
+    console.print(f"[bold]Verdict:[/] {verdict}")
+    console.print(f"report: [bold]{path}[/] (pareto.png, summary.json, records/ beside it; library logs in "
+                  f"{out / LOG_NAME}) in {time.perf_counter() - t0:.0f}s")
     return 0

@@ -23,12 +23,52 @@ class JsonlLogCallback(TrainerCallback):
                 f.write(json.dumps(row, default=float) + "\n")
 
 
-def callbacks(args, log_path: str | Path) -> list:
-    """A rich progress bar (TRL's) in place of tqdm, plus the JSONL log."""
-    from trl.trainer.callbacks import RichProgressCallback
+class ProgressBarCallback(TrainerCallback):
+    """One rich progress bar per training run, its description showing the last logged loss (and reward, for
+    GRPO). Unlike TRL's RichProgressCallback it draws no table of every logged metric: those are in the JSONL log."""
 
+    def __init__(self):
+        self.progress = None
+        self.task = None
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if not state.is_world_process_zero:
+            return
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                 TimeElapsedColumn())
+        self.progress.start()
+        self.task = self.progress.add_task("train", total=state.max_steps)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.progress is not None:
+            self.progress.update(self.task, completed=state.global_step)
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if self.progress is None or not logs:
+            return
+        shown = [f"{k} {logs[k]:.3f}" for k in ("loss", "reward") if isinstance(logs.get(k), (int, float))]
+        self.progress.update(self.task, description="train " + " ".join(shown))
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if self.progress is not None:
+            self.progress.stop()
+            self.progress = None
+
+
+def callbacks(args, log_path: str | Path) -> list:
+    """A rich progress bar in place of tqdm, plus the JSONL log (every metric of every logging step)."""
     args.disable_tqdm = True
-    return [RichProgressCallback(), JsonlLogCallback(log_path)]
+    return [ProgressBarCallback(), JsonlLogCallback(log_path)]
+
+
+def quiet(trainer) -> None:
+    """Drop transformers' PrinterCallback (added whenever tqdm is off): it prints every log dict to stdout, which the
+    JSONL log and the rich bar already show."""
+    from transformers.trainer_callback import PrinterCallback
+
+    trainer.remove_callback(PrinterCallback)
 
 
 def messages_dataset(rows: list[dict]):

@@ -88,7 +88,7 @@ def train_stage1(base_path: str | Path, rows: list[dict], cfg, out_dir: str | Pa
     from trl import SFTTrainer
 
     from pyrodash.train import distributed as dist
-    from pyrodash.train.common import callbacks, messages_dataset, save_checkpoint
+    from pyrodash.train.common import callbacks, messages_dataset, quiet, save_checkpoint
     from pyrodash.train.models import load_local
 
     if cfg.weight_decay != 0:
@@ -109,6 +109,7 @@ def train_stage1(base_path: str | Path, rows: list[dict], cfg, out_dir: str | Pa
     before = {k: w.detach().clone() for k, w in _row_weights(base).items()}
     trainer = SFTTrainer(model=peft_model, args=cfg, train_dataset=messages_dataset(rows), processing_class=tok,
                          callbacks=callbacks(cfg, log_path))
+    quiet(trainer)
     if dist.uses_zero3(trainer):
         raise ValueError("Stage 1 trains two embedding rows: run it with DDP or ZeRO-2, not ZeRO-3 (the rows would be "
                          "sharded across ranks)")

@@ -61,7 +61,7 @@ def train_stage2(stage1_path: str | Path, rows: list[dict], cfg, out_dir: str | 
     from trl import SFTTrainer
 
     from pyrodash.train import distributed as dist
-    from pyrodash.train.common import callbacks, messages_dataset, save_checkpoint
+    from pyrodash.train.common import callbacks, messages_dataset, quiet, save_checkpoint
     from pyrodash.train.models import load_local
 
     model, tok = load_local(stage1_path)
@@ -69,6 +69,7 @@ def train_stage2(stage1_path: str | Path, rows: list[dict], cfg, out_dir: str | 
     random.Random(cfg.seed).shuffle(rows)
     trainer = SFTTrainer(model=model, args=cfg, train_dataset=messages_dataset(rows), processing_class=tok,
                          peft_config=cfg.lora_config(), callbacks=callbacks(cfg, log_path))
+    quiet(trainer)
     result = trainer.train()
     merged = dist.merged_model(trainer, stage1_path, Path(out_dir) / "trainer" / "final-adapter")
     out = save_checkpoint(merged, tok, out_dir) if dist.is_main() else Path(out_dir)  # the main process writes

@@ -95,7 +95,7 @@ def run_stage3(recipe, out_dir: str | Path, lam: float | None = None, stage2: st
     from pyrodash.prompts import get_prompts
     from pyrodash.tokens import offload_token_id
     from pyrodash.train import distributed as dist
-    from pyrodash.train.common import callbacks, save_checkpoint
+    from pyrodash.train.common import callbacks, quiet, save_checkpoint
     from pyrodash.train.config import save_resolved
     from pyrodash.train.models import FrozenLLM, load_local
     from pyrodash.train.paths import curated_dir, llm_spec, require, resolve_world, stage_dir
@@ -144,6 +144,7 @@ def run_stage3(recipe, out_dir: str | Path, lam: float | None = None, stage2: st
     trainer = CostAwareGRPOTrainer(model=model, reward_funcs=[reward], args=cfg, train_dataset=ds,
                                    processing_class=tok, peft_config=cfg.lora_config(),
                                    callbacks=callbacks(cfg, dest / "log.jsonl"), collab=reward)
+    quiet(trainer)
     last = get_last_checkpoint(str(cfg.output_dir)) if resume and Path(cfg.output_dir).exists() else None
     result = trainer.train(resume_from_checkpoint=last)
     by_rank = dist.reward_totals_by_rank(reward)  # each rank's rollouts made their own handoffs

@@ -20,7 +20,7 @@ from pathlib import Path
 from pyrodash.data.example import Example
 from pyrodash.world.config import BUILD_RECIPE, TIER_SPLITS, WorldConfig
 from pyrodash.world.multiturn import evaluate_turns, make_multiturn_split
-from pyrodash.world.task import make_known, make_split, make_table, sample_problem
+from pyrodash.world.task import STEP_SEP, make_known, make_split, make_table, sample_problem
 
 SPLITS = ("train", "val", *TIER_SPLITS, "multiturn")
 
@@ -99,6 +99,34 @@ def world_warnings(info: dict) -> list[str]:
         out.append(f"the LLM solves follow-up turns at {min(follow.values()):.0%} (want >= 75%): the multi-turn "
                    "split will not separate the methods")
     return out
+
+
+def first_hard_frac(meta: dict) -> float | None:
+    """Where a world problem's first untaught step starts, as a fraction of its gold solution's length (None when it
+    has none), from its Example meta (steps, hard_steps, solution)."""
+    hard = meta.get("hard_steps") or []
+    if not hard:
+        return None
+    start = sum(len(s) + len(STEP_SEP) for s in meta["steps"][: hard[0]])
+    return start / len(meta["solution"])
+
+
+def first_hard_distribution(examples: list[Example]) -> dict:
+    """Where the first step the SLM was not taught starts, as a fraction of the gold solution's length, over the
+    problems that have one: quartiles, mean and a histogram in tenths (a single handoff there leaves the LLM the
+    rest of the solution to write)."""
+    import statistics
+
+    fr = sorted(f for f in (first_hard_frac(ex.meta) for ex in examples) if f is not None)
+    if len(fr) < 2:
+        return {"n": len(fr)}
+    q1, med, q3 = statistics.quantiles(fr, n=4)
+    hist = [0] * 10
+    for f in fr:
+        hist[min(int(f * 10), 9)] += 1
+    return {"n": len(fr), "share_of_problems": round(len(fr) / len(examples), 4), "median": round(med, 4),
+            "q1": round(q1, 4), "q3": round(q3, 4), "mean": round(statistics.mean(fr), 4),
+            "min": round(fr[0], 4), "max": round(fr[-1], 4), "histogram_tenths": hist}
 
 
 def is_built(world_dir: Path, cfg: WorldConfig, seed: int) -> bool:
@@ -278,6 +306,7 @@ def _run_build(world_dir: Path, cfg: WorldConfig, seed: int, verbose: bool, para
         "llm_continue": llm_continue,
         "multiturn_accuracy": turns,  # {model: {turn: accuracy}} on the multiturn split (gold earlier turns)
         "first_wrong_step": first_wrong_distribution(tests, outs, oks),
+        "first_hard_frac": first_hard_distribution(tests),
         "losses": losses,
         "timings": timings,
         "build_seconds": round(time.time() - t0, 1),
