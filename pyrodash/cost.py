@@ -54,8 +54,98 @@ class Prices:
             raise ValueError(f"price sheet {p}: unknown keys {sorted(unknown)}; expected {sorted(known)}")
         return cls(**data)
 
+    @classmethod
+    def from_litellm(cls, llm: dict, slm: dict | None = None) -> Prices:
+        """Prices from LiteLLM `model_prices_and_context_window.json` entries (USD per token: `input_cost_per_token`,
+        `output_cost_per_token`, optional `cache_read_input_token_cost`); the SLM side is free when not given."""
+        lin, lout, lcached = _litellm_entry(llm)
+        sin, sout, _ = _litellm_entry(slm) if slm is not None else (0.0, 0.0, None)
+        return cls(slm_in=sin, slm_out=sout, llm_in=lin, llm_out=lout, llm_cached_in=lcached)
+
+    @classmethod
+    def load(cls, spec: str | Path | dict) -> Prices:
+        """Any price sheet: a name in configs/prices/ or a YAML path (`from_yaml`); `FILE.json#MODEL` (a LiteLLM
+        price file and the model's key in it: the LLM side, SLM free); an inline dict in our keys; one LiteLLM entry
+        (the LLM side); or `{slm: ..., llm: ...}` with a LiteLLM entry or `FILE.json#MODEL` on each side."""
+        if isinstance(spec, (str, Path)):
+            if "#" in str(spec) and str(spec).split("#", 1)[0].endswith(".json"):
+                return cls.from_litellm(_litellm_file_entry(str(spec)))
+            return cls.from_yaml(spec)
+        if not isinstance(spec, dict):
+            raise ValueError(f"price sheet {spec!r}: give a sheet name, a YAML path, FILE.json#MODEL or a mapping")
+        if set(spec) & set(LITELLM_KEYS):
+            return cls.from_litellm(spec)
+        if set(spec) and set(spec) <= {"slm", "llm"}:
+            sides = {k: _litellm_file_entry(v) if isinstance(v, str) else v for k, v in spec.items()}
+            if "llm" not in sides:
+                raise ValueError("price sheet {slm: ..., llm: ...}: the llm side is required")
+            return cls.from_litellm(sides["llm"], sides.get("slm"))
+        known = {f.name for f in fields(cls)}
+        if set(spec) - known:
+            raise ValueError(f"price sheet: unknown keys {sorted(set(spec) - known)}; expected {sorted(known)}, "
+                             f"LiteLLM's {sorted(LITELLM_KEYS)}, or {{slm: ..., llm: ...}}")
+        return cls(**spec)
+
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+LITELLM_KEYS = ("input_cost_per_token", "output_cost_per_token", "cache_read_input_token_cost")
+
+
+def _litellm_entry(entry: dict) -> tuple[float, float, float | None]:
+    """(input, output, cached input) in USD per million tokens from one LiteLLM entry (USD per token)."""
+    if not isinstance(entry, dict) or "input_cost_per_token" not in entry or "output_cost_per_token" not in entry:
+        raise ValueError("a LiteLLM price entry needs input_cost_per_token and output_cost_per_token (USD per token)")
+    vals = []
+    for key in LITELLM_KEYS:
+        v = entry.get(key)
+        if v is not None and (not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0):
+            raise ValueError(f"LiteLLM price {key}={v!r} must be a non-negative number (USD per token)")
+        vals.append(None if v is None else float(v) * MILLION)
+    return vals[0], vals[1], vals[2]
+
+
+def _litellm_file_entry(ref: str) -> dict:
+    """The entry `MODEL` of a LiteLLM price file, from `FILE.json#MODEL`."""
+    import json
+
+    path, _, model = ref.partition("#")
+    p = Path(path)
+    if not p.exists():
+        raise ValueError(f"LiteLLM price file {path} not found (give FILE.json#MODEL)")
+    try:
+        table = json.loads(p.read_text())
+    except ValueError as e:
+        raise ValueError(f"LiteLLM price file {path} is not JSON: {e}") from e
+    if model not in table:
+        raise ValueError(f"{path} has no entry {model!r}: use the model's key in that file after '#'")
+    return table[model]
+
+
+def endpoint_bill(calls: Iterable[dict], default: Prices) -> list[dict]:
+    """Per-endpoint totals of LLM calls (`Done.llm_endpoints`): each call entry has endpoint, calls, llm_in,
+    llm_out, llm_cached_in, text and its endpoint's `prices` (a Prices dict, or None = `default`); each endpoint is
+    billed at its own LLM prices."""
+    out: dict[str, dict] = {}
+    for c in calls:
+        sheet = Prices(**c["prices"]) if c.get("prices") else default
+        e = out.setdefault(c["endpoint"], {
+            "endpoint": c["endpoint"], "calls": 0, "llm_in": 0, "llm_out": 0, "llm_cached_in": 0, "chars": 0,
+            "errors": 0, "estimated": False, "price": {"llm_in": sheet.llm_in, "llm_out": sheet.llm_out,
+                                   "llm_cached_in": sheet.llm_cached_in},
+            "cost_usd": 0.0,
+        })  # fmt: skip
+        u = Usage(llm_in=c.get("llm_in", 0), llm_out=c.get("llm_out", 0), llm_cached_in=c.get("llm_cached_in", 0))
+        e["calls"] += c.get("calls", 0)
+        e["llm_in"] += u.llm_in
+        e["llm_out"] += u.llm_out
+        e["llm_cached_in"] += u.llm_cached_in
+        e["chars"] += len(c.get("text") or "")
+        e["errors"] += bool(c.get("error"))
+        e["estimated"] = e["estimated"] or bool(c.get("estimated"))  # counts of a broken call: as delivered
+        e["cost_usd"] += u.cost(sheet)
+    return list(out.values())
 
 
 @dataclass(frozen=True)

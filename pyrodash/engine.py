@@ -27,6 +27,12 @@ everything already streamed (O_s plus any LLM text that arrived), so no text is 
 `on_error="raise"`: the stream raises `EngineError`, whose `.done` is the final record (finish_reason "error",
 usage of every attempt, the error messages). `Usage.llm_calls` counts the LLM attempts that reached the server.
 
+Conversations (`pyrodash.conversation`): a list of messages is one user turn with its history; `<offload>` is
+stripped from every earlier message, each model's request is trimmed to its context window (oldest earlier turns first,
+`Done.trimmed`), and `Done.turn` / `Done.segments` say which turn this is and who wrote what in it. An LLM that is
+several endpoints (`pyrodash.backends.mesh`) reports one entry per upstream call on its last chunk; each is billed
+at its endpoint's prices (`Done.llm_endpoints`) and counted in `llm_calls`.
+
 Token budget: `max_tokens` bounds each model's decoding separately (the SLM, including a fallback resume; the LLM).
 `max_total_tokens` (optional, what `pyrodash serve` makes of a request's `max_tokens`) bounds the joint answer:
 SLM + LLM output tokens (the `<offload>` stop token included, as billed) never exceed it, each model decodes at most
@@ -45,8 +51,9 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+from pyrodash import conversation as conv
 from pyrodash.backends.base import Backend, GenChunk, GenRequest
-from pyrodash.cost import Prices, Usage
+from pyrodash.cost import Prices, Usage, endpoint_bill
 from pyrodash.events import Done, Event, Handoff, LLMDelta, SLMDelta
 from pyrodash.prompts import OFFLOAD_TOKEN, Prompts, pack
 
@@ -130,9 +137,11 @@ def handoff_request(
         return GenRequest(messages=msgs, prefix=partial, max_tokens=max_tokens, **sampling)
     if style != "instruct":
         raise ValueError(f"handoff style {style!r}: use 'continue' or 'instruct'")
-    question = next((m["content"] for m in reversed(messages) if m.get("role") == "user"), "")
+    cur = conv.current_turn_index(messages)
+    question = messages[cur]["content"] if cur >= 0 else ""
     user = prompts.handoff_template.format(question=question, partial=partial)
-    msgs = _with_system(prompts.completion_system, [{"role": "user", "content": user}])
+    history = list(messages[:cur]) if cur >= 0 else []  # earlier turns (and the caller's system text) stay
+    msgs = _with_system(prompts.completion_system, history + [{"role": "user", "content": user}])
     return GenRequest(messages=msgs, max_tokens=max_tokens, **sampling)
 
 
@@ -163,6 +172,7 @@ class CollaborateEngine:
         offload_bias: float = 0.0,
         max_tokens: int = 512,
         failure: FailurePolicy | None = None,
+        context: conv.ContextLimits | None = None,
     ):
         if handoff_style not in ("continue", "instruct"):
             raise ValueError(f"handoff_style={handoff_style!r}: use 'continue' or 'instruct'")
@@ -173,6 +183,11 @@ class CollaborateEngine:
         self.offload_bias = float(offload_bias)
         self.max_tokens = max_tokens
         self.failure = failure or FailurePolicy()
+        ctx = context or conv.ContextLimits()
+        self.context = conv.ContextLimits(  # None = the backend's own window when it knows one (in-process models)
+            slm=ctx.slm if ctx.slm is not None else conv.backend_context(slm),
+            llm=ctx.llm if ctx.llm is not None else conv.backend_context(llm),
+        )
         self._bg: set[asyncio.Task] = set()
         oid = slm.token_id(OFFLOAD_TOKEN)
         if oid is None:
@@ -184,11 +199,25 @@ class CollaborateEngine:
 
     # ---- messages ------------------------------------------------------------------------------------------
     def messages(self, question: str | list[dict]) -> list[dict]:
+        """A question as chat messages; a conversation's history is plain text (`<offload>` stripped)."""
         if isinstance(question, str):
             return self.prompts.plain_messages(question)
         if not isinstance(question, list) or not question or not all(isinstance(m, dict) for m in question):
             raise ValueError("a question is a str or a non-empty list of chat messages ({'role', 'content'} dicts)")
-        return question
+        return conv.clean_history(question)
+
+    def _fit(self, side: str, req: GenRequest) -> int:
+        """Trim `req.messages` (in place) to `side`'s context window by the rule of pyrodash.conversation; returns
+        the number of messages dropped."""
+        backend, limit = (self.slm if side == "slm" else self.llm), getattr(self.context, side)
+        if limit is None:
+            return 0
+        render = getattr(backend, "render", None)  # in-process: a prompt never has more tokens than UTF-8 bytes,
+        if callable(render) and len(render(req).encode()) + req.max_tokens <= limit:  # so no tokenizing when it fits
+            return 0
+        count, _ = conv.token_counter(backend, req.prefix)
+        req.messages, dropped = conv.fit_context(req.messages, count, limit, req.max_tokens)
+        return dropped
 
     @property
     def llm_style(self) -> str:
@@ -196,8 +225,13 @@ class CollaborateEngine:
         return self.handoff_style if getattr(self.llm, "continues_prefix", True) else "instruct"
 
     def llm_request(self, messages: list[dict], partial: str, max_tokens: int, sampling: dict) -> GenRequest:
-        """The single handoff request (Line 6) in the style in use (`llm_style`)."""
-        return handoff_request(self.prompts, self.llm_style, messages, partial, max_tokens, sampling)
+        """The single handoff request (Line 6) in the style in use (`llm_style`), trimmed to the LLM's window."""
+        return self._handoff(messages, partial, max_tokens, sampling)[0]
+
+    def _handoff(self, messages: list[dict], partial: str, max_tokens: int, sampling: dict) -> tuple[GenRequest, int]:
+        """(`llm_request`, earlier messages dropped to fit the LLM's context window)."""
+        req = handoff_request(self.prompts, self.llm_style, messages, partial, max_tokens, sampling)
+        return req, self._fit("llm", req)
 
     def slm_request(
         self,
@@ -220,13 +254,15 @@ class CollaborateEngine:
         if top_p is not None:
             sampling["top_p"] = float(top_p)
         slm_msgs = _with_system(self.prompts.offload_system, self.messages(question))
-        return GenRequest(
+        req = GenRequest(
             messages=slm_msgs,
             max_tokens=budget,
             stop_token_ids=[self.offload_id],
             logit_bias={self.offload_id: bias} if bias else {},
             **sampling,
         )
+        self._fit("slm", req)
+        return req
 
     # ---- Algorithm 1 ---------------------------------------------------------------------------------------
     async def stream(
@@ -251,6 +287,9 @@ class CollaborateEngine:
         bias = req.logit_bias.get(self.offload_id, 0.0)
         budget, slm_msgs = per_model, req.messages
         sampling = {"seed": req.seed, "stop": req.stop, "temperature": req.temperature, "top_p": req.top_p}
+        turn = {"turn": conv.turn_number(messages), "trimmed": {
+            "slm": len(_with_system(self.prompts.offload_system, messages)) - len(slm_msgs), "llm": 0}}
+        calls: list[dict] = []  # one entry per LLM call: endpoint, tokens, text, price
         usage = Usage()
         slm_text, llm_text = "", ""
         final, seen = GenChunk(), 0
@@ -268,10 +307,12 @@ class CollaborateEngine:
                     if ch.finish_reason is not None:
                         final = ch
                         # the LLM's budget is known now unless a joint budget needs the SLM's exact count
-                        left_now = budget if total is None else min(budget, total - seen - 1) if counted else 0
+                        # (`seen` counts every streamed id, the <offload> stop's own chunk included, as slm_out does)
+                        left_now = budget if total is None else min(budget, total - seen) if counted else 0
                         if early is None and ch.stop_token_id == self.offload_id and left_now > 0:
-                            early = _EarlyCall(self.llm, self.llm_request(messages, pack(slm_text), left_now,
-                                                                          sampling))
+                            ereq, dropped = self._handoff(messages, pack(slm_text), left_now, sampling)
+                            turn["trimmed"]["llm"] = max(turn["trimmed"]["llm"], dropped)
+                            early = _EarlyCall(self.llm, ereq)
                             await asyncio.sleep(0)  # let it put the request on the wire before the SLM is drained
             slm_out = final.completion_tokens
             if slm_out is None:  # a server that reports no usage: one streamed chunk per token, plus the stop token
@@ -280,7 +321,7 @@ class CollaborateEngine:
             estimated = estimated or final.usage_estimated
             usage += Usage(slm_in=final.prompt_tokens or 0, slm_out=slm_out)
             if final.stop_token_id != self.offload_id:  # Line 11: the SLM answered alone
-                done = self._done(slm_text, "", usage, final.finish_reason or "length", None, bias, t0)
+                done = self._done(slm_text, "", usage, final.finish_reason or "length", None, bias, t0, turn, calls)
                 done.usage_estimated = estimated
                 yield done
                 return
@@ -312,9 +353,10 @@ class CollaborateEngine:
             else:
                 if early is not None and attempt == 0:  # (only if a token count was off) not the request we need
                     await early.cancel()
-                lreq = self.llm_request(messages, packed + llm_text, left, sampling)
+                lreq, dropped = self._handoff(messages, packed + llm_text, left, sampling)
+                turn["trimmed"]["llm"] = max(turn["trimmed"]["llm"], dropped)
                 stream = self.llm.stream(lreq)
-            got = GenChunk()
+            got, attempt_text = GenChunk(), ""
             streamed = 0  # tokens received in this attempt (billed if the stream breaks before reporting usage)
             try:
                 async with contextlib.aclosing(stream) as it:
@@ -325,6 +367,7 @@ class CollaborateEngine:
                         streamed += len(ch.token_ids) or int(bool(ch.text))
                         if ch.text:
                             llm_text += ch.text
+                            attempt_text += ch.text
                             yield LLMDelta(ch.text)
                         if ch.finish_reason is not None:
                             got = ch
@@ -339,6 +382,7 @@ class CollaborateEngine:
                         prompt_tokens=got.prompt_tokens or self._prompt_tokens(self.llm, lreq),
                         completion_tokens=streamed,
                         cached_tokens=got.cached_tokens,
+                        endpoints=got.endpoints,
                     )
                 msg = (
                     f"attempt {attempt + 1}: {type(e).__name__}: {e}"
@@ -346,41 +390,43 @@ class CollaborateEngine:
                     else f"attempt {attempt + 1}: {type(e).__name__} (no chunk within {pol.timeout_s}s)"
                 )
                 errors.append(msg)
+                calls += self._calls(got, attempt_text, int(reached), msg)
                 usage += Usage(
                     llm_in=got.prompt_tokens or 0,
                     llm_out=got.completion_tokens or 0,
                     llm_cached_in=got.cached_tokens or 0,
-                    llm_calls=int(reached),
+                    llm_calls=sum(c["calls"] for c in got.endpoints) if got.endpoints else int(reached),
                 )
                 estimated = estimated or got.usage_estimated
                 if not getattr(e, "retryable", True):  # a client error: the same request fails the same way
                     break
                 continue
+            calls += self._calls(got, attempt_text, 1, None)
             estimated = estimated or got.usage_estimated
             usage += Usage(
                 llm_in=got.prompt_tokens or 0,
                 llm_out=got.completion_tokens or 0,
                 llm_cached_in=got.cached_tokens or 0,
-                llm_calls=1,
+                llm_calls=sum(c["calls"] for c in got.endpoints) if got.endpoints else 1,
             )
             llm_finish = got.finish_reason or "stop"
             break
 
         if llm_finish is not None:  # Line 8: O_s || O_l
-            done = self._done(slm_text, llm_text, usage, llm_finish, handoff, bias, t0)
+            done = self._done(slm_text, llm_text, usage, llm_finish, handoff, bias, t0, turn, calls)
             done.errors, done.usage_estimated = errors, estimated
             yield done
             return
 
         if pol.on_error == "raise":
-            done = self._done(slm_text, llm_text, usage, "error", handoff, bias, t0)
+            done = self._done(slm_text, llm_text, usage, "error", handoff, bias, t0, turn, calls)
             done.errors, done.usage_estimated = errors, estimated
             raise EngineError(f"the LLM failed {len(errors)} time(s): {errors[-1]}", done)
 
         # fallback: the SLM resumes from everything so far, <offload> banned
         left = min(max(budget - slm_out, 1), _left(budget, total, usage))
         if left <= 0:  # nothing left of the joint budget to finish with
-            done = self._done(slm_text, llm_text, usage, "length", handoff, bias, t0)
+            done = self._done(slm_text, llm_text, usage, "length", handoff, bias, t0, turn, calls)
             done.errors, done.usage_estimated = errors, estimated
             yield done
             return
@@ -400,8 +446,11 @@ class CollaborateEngine:
                 if ch.finish_reason is not None:
                     fin = ch
         usage += Usage(slm_in=fin.prompt_tokens or 0, slm_out=fin.completion_tokens or 0)
-        done = self._done(slm_text + fb_text, llm_text, usage, fin.finish_reason or "length", handoff, bias, t0)
+        done = self._done(slm_text + fb_text, llm_text, usage, fin.finish_reason or "length", handoff, bias, t0, turn,
+                          calls)
         done.output = slm_text + llm_text + fb_text
+        if fb_text:
+            done.segments.append({"by": "slm", "text": fb_text, "fallback": True})
         done.fallback, done.errors = True, errors
         done.usage_estimated = estimated or fin.usage_estimated or fin.completion_tokens is None
         yield done
@@ -420,19 +469,44 @@ class CollaborateEngine:
         count = getattr(backend, "prompt_ids", None)
         return len(count(req)) if callable(count) else None
 
+    def _calls(self, got: GenChunk, text: str, reached: int, error: str | None) -> list[dict]:
+        """The per-endpoint entries of one LLM attempt: a composite backend's own (`GenChunk.endpoints`), else one
+        entry for this backend, billed at the engine's price sheet."""
+        if got.endpoints:
+            return [dict(e) for e in got.endpoints]
+        return [{"endpoint": getattr(self.llm, "name", "llm"), "calls": reached, "llm_in": got.prompt_tokens or 0,
+                 "llm_out": got.completion_tokens or 0, "llm_cached_in": got.cached_tokens or 0, "text": text,
+                 "prices": None, "error": error}]  # fmt: skip
+
     def _done(
-        self, slm_text: str, llm_text: str, usage: Usage, finish: str, handoff: int | None, bias: float, t0: float
-    ) -> Done:
+        self, slm_text: str, llm_text: str, usage: Usage, finish: str, handoff: int | None, bias: float, t0: float,
+        turn: dict | None = None, calls: list[dict] | None = None,
+    ) -> Done:  # fmt: skip
+        bill = endpoint_bill(calls or [], self.prices)
+        slm_cost = Usage(slm_in=usage.slm_in, slm_out=usage.slm_out).cost(self.prices)
+        segments = [{"by": "slm", "text": slm_text}] if slm_text else []
+        for c in calls or []:
+            if not c.get("text"):
+                continue
+            if segments and segments[-1]["by"] == "llm" and segments[-1]["endpoint"] == c["endpoint"]:
+                segments[-1]["text"] += c["text"]
+            else:
+                segments.append({"by": "llm", "endpoint": c["endpoint"], "text": c["text"]})
+        turn = turn or {}
         return Done(
             output=slm_text + llm_text,
             slm_text=slm_text,
             llm_text=llm_text,
             usage=usage,
-            cost_usd=usage.cost(self.prices),
+            cost_usd=slm_cost + sum(e["cost_usd"] for e in bill),
             finish_reason=finish,
             handoff=handoff,
             offload_bias=bias,
             latency_s=time.perf_counter() - t0,
+            turn=turn.get("turn", 1),
+            trimmed=dict(turn.get("trimmed", {"slm": 0, "llm": 0})),
+            segments=segments,
+            llm_endpoints=bill,
         )
 
     # ---- conveniences --------------------------------------------------------------------------------------

@@ -45,6 +45,12 @@ class Done:
     errors: list[str] = field(default_factory=list)  # messages of failed LLM attempts, in order
     usage_estimated: bool = False  # some counts were not reported by a server (counted locally or estimated)
     latency_s: float = 0.0
+    turn: int = 1  # the number of this user turn in its conversation (1 = a single question)
+    trimmed: dict = field(default_factory=lambda: {"slm": 0, "llm": 0})  # earlier messages dropped per model
+    # who wrote what in this turn, in order: {"by": "slm", "text"} | {"by": "llm", "endpoint", "text"}
+    segments: list[dict] = field(default_factory=list)
+    # per LLM endpoint: {endpoint, calls, llm_in, llm_out, llm_cached_in, chars, price, cost_usd} (a mesh has several)
+    llm_endpoints: list[dict] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         d = asdict(self)

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pyrodash.backends.base import GenChunk, GenRequest
+from pyrodash.conversation import example_messages
 from pyrodash.cost import Prices, Usage
 from pyrodash.data.example import Example
 from pyrodash.prompts import OFFLOAD_TOKEN, Prompts, pack
@@ -127,6 +128,10 @@ class Env:
     # stored model answers. Each entry keeps the per-item latency of the batch that produced it.
     solo_memo: dict = field(default_factory=dict)
 
+    def chat(self, ex: Example) -> list[dict]:
+        """The messages every method puts to a model for `ex` (earlier turns of a conversation first)."""
+        return example_messages(self.prompts, ex.question, ex.meta.get("history"))
+
 
 class Solo(Method):
     """One model answers the whole query alone."""
@@ -138,8 +143,8 @@ class Solo(Method):
 
     def requests(self, items: list[Item]) -> list[GenRequest]:
         ban = _ban_offload(self.backend) if self.role == "slm" else {}  # an LLM has no <offload>
-        return [GenRequest(messages=self.env.prompts.plain_messages(ex.question), max_tokens=self.env.max_tokens,
-                           logit_bias=dict(ban), **s) for ex, s in items]
+        return [GenRequest(messages=self.env.chat(ex), max_tokens=self.env.max_tokens, logit_bias=dict(ban), **s)
+                for ex, s in items]
 
     def records(self, gens: list[Gen], latencies: list[float | None] | None = None) -> list[dict]:
         out = []
@@ -198,9 +203,9 @@ class PyroDash(Method):
         if not (hasattr(eng.slm, "generate_batch") and hasattr(eng.llm, "generate_batch")):
             return self._via_engine(items)
         oid, budget = eng.offload_id, eng.max_tokens
-        msgs = [eng.messages(ex.question) for ex, _ in items]
+        msgs = [eng.messages(self.env.chat(ex)) for ex, _ in items]
         samp = [{"stop": [], **s} for _, s in items]
-        reqs = [eng.slm_request(ex.question, **s) for ex, s in items]
+        reqs = [eng.slm_request(m, **s) for m, (_, s) in zip(msgs, items)]
         slm = generate(eng.slm, reqs, self.env.batch_size)
         hand = [i for i, g in enumerate(slm) if g.stop_token_id == oid]
         lreqs = [eng.llm_request(msgs[i], pack(slm[i].text), budget, samp[i]) for i in hand]
@@ -223,12 +228,20 @@ class PyroDash(Method):
 
             async def one(ex, s):
                 async with sem:
-                    return await self.engine.arun(ex.question, **s)
+                    return await self.engine.arun(self.env.chat(ex), **s)
 
             return await asyncio.gather(*(one(ex, s) for ex, s in items))
 
-        return [self._record(d.slm_text, d.llm_text, d.usage, d.handoff, d.finish_reason, d.fallback, d.errors,
-                             d.usage_estimated) for d in asyncio.run(main())]
+        out = []
+        for d in asyncio.run(main()):
+            rec = self._record(d.slm_text, d.llm_text, d.usage, d.handoff, d.finish_reason, d.fallback, d.errors,
+                               d.usage_estimated)
+            if d.llm_endpoints and (len(d.llm_endpoints) > 1 or d.llm_endpoints[0]["price"] != {
+                    "llm_in": self.env.prices.llm_in, "llm_out": self.env.prices.llm_out,
+                    "llm_cached_in": self.env.prices.llm_cached_in}):  # fmt: skip
+                rec["llm_endpoints"] = d.llm_endpoints  # a mesh: who was called, at which price
+            out.append(rec)
+        return out
 
 
 class RouteLLM(Method):
@@ -261,7 +274,7 @@ class GlimpRouter(Method):
         def gen(role: str, reqs: list[GenRequest]) -> list[Gen]:
             return generate(self.slm if role == "slm" else self.llm, reqs, self.env.batch_size, self.env.concurrency)
 
-        its = [(self.env.prompts.plain_messages(ex.question), s) for ex, s in items]
+        its = [(self.env.chat(ex), s) for ex, s in items]
         out = run_glimprouter(its, self.tau, gen, self.env.max_tokens, top_k=self.top_k,
                               slm_logit_bias=_ban_offload(self.slm))
         for r in out:
@@ -302,7 +315,8 @@ class Backends:
         key = repr(spec) if mode is None else repr((spec, mode))  # one backend per spec, whatever its role
         if key not in self._cache:
             from pyrodash.backends import load_backend
-            from pyrodash.backends.endpoint import load_llm, load_slm
+            from pyrodash.backends.endpoint import load_slm
+            from pyrodash.backends.mesh import load_llm  # one endpoint, or several behind one handoff (a mesh)
 
             self._cache[key] = load_llm(spec, mode) if llm else load_slm(spec) if offload else load_backend(spec)
         return self._cache[key]

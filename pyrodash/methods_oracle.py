@@ -51,7 +51,7 @@ class Oracle(Method):
             if "hard_steps" not in (ex.meta or {}):
                 raise ValueError(f"the oracle needs meta.hard_steps (where the SLM's untaught steps are) on every "
                                  f"example; {ex.id} ({ex.benchmark}) has none: run it on world:<tier> benchmarks")
-        msgs = [env.prompts.plain_messages(ex.question) for ex, _ in items]
+        msgs = [env.chat(ex) for ex, _ in items]  # conversation turns: their earlier turns first
         ban = _ban_offload(self.slm)
         reqs = [GenRequest(messages=_with_system(env.prompts.offload_system, m), max_tokens=env.max_tokens,
                            logit_bias=dict(ban), **s) for m, (_, s) in zip(msgs, items)]

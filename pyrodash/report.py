@@ -122,6 +122,82 @@ class Metrics:
     usage_estimated: int = 0  # records with token counts a server did not report
 
 
+def record_cost(r: dict, prices: Prices, endpoint_prices: dict[str, Prices] | None = None) -> float:
+    """Dollars of one record: SLM tokens at `prices`; LLM tokens at `prices` too, unless the record was served by
+    an LLM mesh (`llm_endpoints`), whose endpoints are billed at `endpoint_prices[name]` when given, else at the
+    price each endpoint was configured with (stored in the record)."""
+    eps = r.get("llm_endpoints")
+    if not eps:
+        return Usage.from_dict(r["usage"]).cost(prices)
+    u = Usage.from_dict(r["usage"])
+    total = Usage(slm_in=u.slm_in, slm_out=u.slm_out).cost(prices)
+    for e in eps:
+        sheet = (endpoint_prices or {}).get(e["endpoint"])
+        if sheet is None:
+            pr = e.get("price") or {}
+            sheet = Prices(slm_in=0, slm_out=0, llm_in=pr.get("llm_in", prices.llm_in),
+                           llm_out=pr.get("llm_out", prices.llm_out), llm_cached_in=pr.get("llm_cached_in"))
+        total += Usage(llm_in=e["llm_in"], llm_out=e["llm_out"], llm_cached_in=e["llm_cached_in"]).cost(sheet)
+    return total
+
+
+def mesh_table(runs: dict[str, list[dict]], prices: Prices) -> list[str]:
+    """Per method and LLM endpoint: calls, failed calls, tokens, the endpoint's price and dollars (mesh runs)."""
+    rows = []
+    for name, recs in runs.items():
+        agg: dict[str, dict] = {}
+        for r in recs:
+            for e in r.get("llm_endpoints") or []:
+                a = agg.setdefault(e["endpoint"], {"calls": 0, "errors": 0, "llm_in": 0, "llm_out": 0, "cost": 0.0,
+                                                   "price": e.get("price") or {}})
+                for k in ("calls", "errors", "llm_in", "llm_out"):
+                    a[k] += e.get(k, 0)
+                a["cost"] += record_cost({"usage": {}, "llm_endpoints": [e]}, prices)
+        rows += [[name, ep, a["calls"], a["errors"], a["llm_in"], a["llm_out"],
+                  f"{a['price'].get('llm_in')}/{a['price'].get('llm_out')}", f"{a['cost']:.6f}"]
+                 for ep, a in agg.items()]
+    if not rows:
+        return ["(no LLM mesh in this run: every LLM call went to the one configured LLM)"]
+    return _table(["Method", "LLM endpoint", "calls", "failed", "LLM in", "LLM out", "$/M in/out", "$"], rows)
+
+
+def per_turn(runs: dict[str, list[dict]], prices: Prices) -> dict[str, dict[int, dict]]:
+    """{method: {turn: {n, accuracy, llm_calls, handoff_share, cost_usd}}} over the records of conversation turns
+    (`meta.turn`, e.g. the world's multi-turn split); per-example means. Empty when the run has none."""
+    out: dict[str, dict[int, dict]] = {}
+    for name, recs in runs.items():
+        by: dict[int, list[dict]] = {}
+        for r in recs:
+            turn = (r.get("meta") or {}).get("turn")
+            if turn is not None:
+                by.setdefault(int(turn), []).append(r)
+        if by:
+            out[name] = {t: {"n": len(rs), "accuracy": sum(bool(r["correct"]) for r in rs) / len(rs),
+                             "llm_calls": sum(r.get("llm_calls", 0) for r in rs) / len(rs),
+                             "handoff_share": sum(r.get("handoff") is not None for r in rs) / len(rs),
+                             "cost_usd": sum(record_cost(r, prices) for r in rs) / len(rs)}
+                         for t, rs in sorted(by.items())}  # fmt: skip
+    return out
+
+
+def single_turn(runs: dict[str, list[dict]]) -> dict[str, list[dict]]:
+    """The runs without conversation turns (`meta.turn`): Tables 1-4, the Pareto verdict and the case studies
+    cover single questions, as in the paper; turns have their own section. A run of turns only is kept whole."""
+    out = {n: [r for r in rs if (r.get("meta") or {}).get("turn") is None] for n, rs in runs.items()}
+    out = {n: rs for n, rs in out.items() if rs}
+    return out or runs
+
+
+def turn_table(runs: dict[str, list[dict]], prices: Prices) -> list[str]:
+    """The conversations section: accuracy, LLM calls and dollars per example, by method and turn."""
+    pt = per_turn(runs, prices)
+    if not pt:
+        return ["(no conversation turns in this run: add the world's `world:multiturn` split to the benchmarks)"]
+    rows = [[name, t, v["n"], _pct(v["accuracy"]), f"{v['llm_calls']:.2f}", _pct(v["handoff_share"]),
+             f"{v['cost_usd']:.8f}"] for name, turns in pt.items() for t, v in turns.items()]  # fmt: skip
+    return _table(["Method", "turn", "n", "accuracy", "LLM calls / ex.", "handoffs", "$ / ex."], rows)
+
+
 def compute_metrics(name: str, records: list[dict], prices: Prices) -> Metrics:
     if not records:
         raise ValueError(f"method {name!r} has no records; re-run eval for it or delete its empty file")
@@ -141,7 +217,7 @@ def compute_metrics(name: str, records: list[dict], prices: Prices) -> Metrics:
         accuracy=sum(per_bench.values()) / len(per_bench),
         llm_token_ratio=llm_token_ratio(usages),
         llm_calls=total.llm_calls / len(records),
-        cost_usd=total.cost(prices),
+        cost_usd=sum(record_cost(r, prices) for r in records),
         usage=total,
         usage_by_benchmark={b: total_usage(us) for b, us in sorted(usage_by_bench.items())},
         n=len(records),
@@ -384,7 +460,8 @@ def _fence(text: str) -> list[str]:
 def render(run_dir: str | Path, prices: Prices | None = None) -> tuple[str, dict, dict[str, Metrics]]:
     """(markdown, summary dict, metrics) of a run; `prices` re-prices it (default: the run's own sheet)."""
     duplicates: dict[str, int] = {}
-    runs = load_run(run_dir, duplicates)
+    all_runs = load_run(run_dir, duplicates)
+    runs = single_turn(all_runs)
     own = run_prices(run_dir)
     prices = prices or own
     ms = all_metrics(runs, prices)
@@ -405,6 +482,11 @@ def render(run_dir: str | Path, prices: Prices | None = None) -> tuple[str, dict
     out += ["", "## Pareto verdict", "", verdict_sentence(ms), ""] + pareto_verdict(ms) + ["", "![Pareto](pareto.png)"]
     out += ["", "## Distance to the oracle single handoff", ""] + oracle_distance(ms)
     out += ["", "## Baselines as run", ""] + baseline_notes(Path(run_dir), runs)
+    out += ["", "## Conversations: per turn", "", "Each turn of a conversation is graded with the gold earlier turns "
+            "as history (the same context for every method); a follow-up continues from the previous answer.", ""]
+    out += turn_table(all_runs, prices)
+    out += ["", "## LLM endpoints (mesh)", "", "Each endpoint's tokens at its own price sheet (`llm_endpoints` of the "
+            "records); the totals above use these prices for mesh records.", ""] + mesh_table(all_runs, prices)
     out += ["", "## Trigger positions", "",
             "Where the LLM first takes over, in steps (boundary `\\n\\n`), relative to the first step the SLM was not "
             "taught (`meta.hard_steps`).", ""]
@@ -429,6 +511,9 @@ def render(run_dir: str | Path, prices: Prices | None = None) -> tuple[str, dict
     out += _table(["Method"] + list(sheets),
                   [[n] + [f"{m.usage.cost(s):.6f}" for s in sheets.values()] for n, m in ms.items()])
     summary = summary_dict(ms, prices)
+    turns = per_turn(all_runs, prices)
+    if turns:
+        summary["per_turn"] = turns
     if duplicates:
         summary["duplicates_dropped"] = duplicates
     return "\n".join(out) + "\n", summary, ms

@@ -24,8 +24,10 @@ def demo(tmp_path_factory):
     return out
 
 
-def _records(out):
-    return {p.stem: [json.loads(x) for x in p.read_text().splitlines()] for p in (out / "records").glob("*.jsonl")}
+def _records(out, turns: bool = False):
+    """Records per method: single questions (Tables 1-4), or with `turns=True` the multi-turn split's turns."""
+    recs = {p.stem: [json.loads(x) for x in p.read_text().splitlines()] for p in (out / "records").glob("*.jsonl")}
+    return {k: [r for r in v if ("turn" in r["meta"]) == turns] for k, v in recs.items()}
 
 
 def test_report_structure(demo):
@@ -33,7 +35,7 @@ def test_report_structure(demo):
         assert (demo / name).exists(), name
     md = (demo / "report.md").read_text()
     for head in ("Table 1", "Table 2", "Table 3", "Table 4", "Pareto verdict", "Distance to the oracle single handoff",
-                 "Trigger positions", "Case studies", "Re-pricing"):
+                 "Trigger positions", "Case studies", "Re-pricing", "Conversations: per turn"):
         assert f"## {head}" in md
     names = set(json.loads((demo / "summary.json").read_text())["methods"])
     assert {"slm", "slm+sft", "llm", "oracle", "pyrodash@0.05", "pyrodash@0.6", "pyrodash@2"} <= names
@@ -65,6 +67,25 @@ def test_summary_matches_records(demo):
             assert "".join(seg["text"] for seg in r["segments"]) == r["output"]
             assert r["llm_calls"] == r["usage"]["llm_calls"]
     assert summary["slm"]["llm_calls"] == 0 and summary["llm"]["llm_token_ratio"] == 1.0
+
+
+def test_conversation_turns_are_evaluated_per_turn(demo):
+    prices = Prices.from_yaml("paper")
+    per_turn = json.loads((demo / "summary.json").read_text())["per_turn"]
+    turns = _records(demo, turns=True)
+    for name in ("slm", "llm", "pyrodash@0.05", "pyrodash@0.6"):
+        rs = turns[name]
+        assert len(rs) == 10 * 3 and {r["meta"]["turn"] for r in rs} == {1, 2, 3}
+        for k in (1, 2, 3):
+            at = [r for r in rs if r["meta"]["turn"] == k]
+            v = per_turn[name][str(k)]
+            assert v["n"] == 10 and v["accuracy"] == pytest.approx(sum(r["correct"] for r in at) / 10)
+            assert v["llm_calls"] == pytest.approx(sum(r["llm_calls"] for r in at) / 10)
+            assert v["cost_usd"] == pytest.approx(sum(Usage.from_dict(r["usage"]).cost(prices) for r in at) / 10)
+    assert all(v["llm_calls"] == 0 for v in per_turn["slm"].values())
+    assert all(v["llm_calls"] == 1 for v in per_turn["llm"].values())
+    # the world LLM learnt follow-ups (pretraining mix): it answers later turns as well as first ones
+    assert min(per_turn["llm"][k]["accuracy"] for k in ("2", "3")) >= 0.7
 
 
 def test_lambda_controls_llm_use(demo):

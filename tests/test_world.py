@@ -47,9 +47,12 @@ def test_splits_deterministic_per_seed_and_disjoint():
     assert [e.to_dict() for s in a.values() for e in s] == [e.to_dict() for s in b.values() for e in s]
     assert [e.question for e in a["tier3"]] != [e.question for e in c["tier3"]]
     assert make_table(0) != make_table(1) and sorted(make_table(0)) == list(range(100))
-    questions = [e.question for s in a.values() for e in s]
+    # every question is new, conversation openers included (follow-ups like "Then: +3, f." naturally repeat)
+    questions = [e.question for s in a.values() for e in s if e.meta.get("turn", 1) == 1]
     assert len(questions) == len(set(questions))
-    assert {s: len(v) for s, v in a.items()} == {"train": 12, "val": 6, **{t: 4 for t in TIER_SPLITS}}
+    n_turns = TINY.n_multiturn * TINY.multiturn_turns
+    assert {s: len(v) for s, v in a.items()} == {"train": 12, "val": 6, **{t: 4 for t in TIER_SPLITS},
+                                                 "multiturn": n_turns}
 
 
 def test_solution_format_and_hard_steps():
@@ -80,7 +83,7 @@ def test_slm_pretraining_never_sees_untaught_lookup_results():
     from pyrodash.world.evaluate import ID_TO_TOKEN
     from pyrodash.world.pretrain import example_stream
 
-    cfg = WorldConfig.from_preset("quick")
+    cfg = replace(WorldConfig.from_preset("quick"), multiturn_frac=0.0)  # conversations: tests/test_multiturn.py
     known = make_known(cfg.known_frac)
     assert known == frozenset(range(65))
     masked_some = 0

@@ -41,6 +41,9 @@ class GenChunk:
     completion_tokens: int | None = None
     cached_tokens: int | None = None
     usage_estimated: bool = False  # the server reported no usage: counted locally or estimated
+    # set by a composite backend (backends/mesh.py) on the last chunk: one dict per upstream call, in order
+    # ({endpoint, calls, llm_in, llm_out, llm_cached_in, text, prices, error}); None = this backend is one endpoint
+    endpoints: list[dict] | None = None
 
 
 @dataclass

@@ -5,7 +5,8 @@
 
 Steps (each reused when its output is already in DIR, so an interrupted demo resumes): world build (cached) →
 EasyHard curation → Stage 1 → Stage 2 → Stage 3 per λ → evaluation of every method (SLM, SLM+SFT, LLM, RouteLLM-MF,
-GlimpRouter, PyroDash per λ and across offload_bias) on the five world test tiers → `DIR/report.md`,
+GlimpRouter, PyroDash per λ and across offload_bias) on the five world test tiers and the multi-turn split
+(conversations whose follow-ups continue from the previous answer, reported per turn) → `DIR/report.md`,
 `DIR/pareto.png`, `DIR/summary.json`, `DIR/records/`. Prints where the report is and the headline table.
 """
 
@@ -95,6 +96,30 @@ def print_table2(run_dir: str | Path, console) -> None:
     console.print(t)
 
 
+def print_turns(run_dir: str | Path, console, methods: tuple[str, ...] = ("slm", "llm")) -> None:
+    """Conversations per turn (from RUN_DIR/summary.json): accuracy, LLM calls and $ per example of the SLM, the
+    LLM and every PyroDash λ."""
+    from rich.table import Table
+
+    per_turn = json.loads((Path(run_dir) / "summary.json").read_text()).get("per_turn") or {}
+    names = [n for n in per_turn if n in methods or (n.startswith("pyrodash@") and "+bias" not in n)]
+    if not names:
+        return
+    t = Table(title="Conversations: accuracy / LLM calls / $ per example, by turn")
+    turns = sorted({int(k) for n in names for k in per_turn[n]})
+    t.add_column("Method", no_wrap=True)
+    for k in turns:
+        t.add_column(f"turn {k}", justify="right")
+    for n in names:
+        cells = []
+        for k in turns:
+            v = per_turn[n].get(str(k)) or per_turn[n].get(k)
+            cells.append("--" if v is None else f"{100 * v['accuracy']:.0f}% / {v['llm_calls']:.2f} / "
+                                                 f"{v['cost_usd']:.2e}")
+        t.add_row(n, *cells)
+    console.print(t)
+
+
 def _done(path: Path) -> bool:
     return (path / "config.resolved.json").exists()
 
@@ -146,7 +171,7 @@ def run_demo(out: str | Path, quick: bool = True, seed: int = 0, lambdas: list[f
              skip=_done(stage_dir(out, "stage3", lam)))
     cfg = EvalConfig.from_yaml(
         ROOT / "configs" / "eval" / f"world-{preset}.yaml", run_dir=str(out), world_dir=str(world),
-        benchmarks=[f"world:{s}" for s in TIER_SPLITS],
+        benchmarks=[f"world:{s}" for s in TIER_SPLITS] + ["world:multiturn"],
         models={"slm": str(world / "slm"), "llm": str(world / "llm"), "sft": str(stage_dir(out, "stage2")),
                 "pyrodash": {lam: str(stage_dir(out, "stage3", lam)) for lam in lambdas}})
     step("evaluation", lambda: evaluate(cfg))
@@ -167,9 +192,11 @@ def run(args: argparse.Namespace) -> int:
         path = run_demo(out, quick=args.quick, seed=args.seed, lambdas=lambdas, console=console,
                         world_dir=args.world)
     print_table2(out, console)
-    from pyrodash.report import all_metrics, load_run, run_prices, verdict_sentence
+    print_turns(out, console)
+    from pyrodash.report import all_metrics, load_run, run_prices, single_turn, verdict_sentence
 
-    console.print(f"[bold]Verdict:[/] {verdict_sentence(all_metrics(load_run(out), run_prices(out)))}")
+    verdict = verdict_sentence(all_metrics(single_turn(load_run(out)), run_prices(out)))
+    console.print(f"[bold]Verdict:[/] {verdict}")
     console.print(f"report: [bold]{path}[/] (pareto.png, summary.json, records/ beside it; library logs in "
                   f"{out / LOG_NAME}) in {time.perf_counter() - t0:.0f}s")
     return 0

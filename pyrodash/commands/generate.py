@@ -3,6 +3,12 @@
     pyrodash generate --slm worlds/w/slm --llm http://127.0.0.1:8001/v1#llm --offload-bias 2 "What is 17*23?"
     pyrodash generate --slm SLM --llm LLM --json "question"     # one JSON object: output, usage, cost_usd, handoff
 
+Conversations: `--history FILE.json` (earlier messages, OpenAI chat format) comes before the question, and each
+`--turn TEXT` is a follow-up user turn asked after it, with everything so far as history (one engine request per
+turn; `--json` prints one line per turn); `--save-history FILE.json` writes the whole conversation for a later
+`--history`. An LLM mesh: repeat `--llm` (the next endpoint continues mid-stream when one fails), with
+`--llm-policy cheapest` and `--llm-prices SHEET` per endpoint (see pyrodash.backends.mesh).
+
 SLM text is shown in cyan, LLM text in magenta, then token usage and dollars. A backend is a model path / hub id
 (in-process transformers) or an OpenAI-compatible URL `http(s)://host:port/v1#model`.
 """
@@ -12,12 +18,23 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("question", help="the question ('-' reads it from stdin)")
     p.add_argument("--slm", required=True, help="SLM backend: model path / hub id or http(s)://host:port/v1#model")
-    p.add_argument("--llm", required=True, help="LLM backend: model path / hub id or http(s)://host:port/v1#model")
+    p.add_argument("--llm", required=True, action="append",
+                   help="LLM backend: model path / hub id or http(s)://host:port/v1#model; repeat it for an LLM mesh")
+    p.add_argument("--llm-policy", choices=("fallback", "cheapest"), help="mesh policy (default: fallback, in order)")
+    p.add_argument("--llm-prices", action="append", metavar="SHEET",
+                   help="price sheet of the i-th --llm (repeatable; YAML, name, or LiteLLM FILE.json#MODEL)")
+    p.add_argument("--llm-cooldown", type=float, metavar="S", help="seconds a failed mesh endpoint sits out (30)")
+    p.add_argument("--llm-timeout", type=float, metavar="S", help="mesh: longest wait for an endpoint's next chunk")
+    p.add_argument("--history", metavar="FILE.json", help="earlier messages of the conversation (OpenAI format)")
+    p.add_argument("--turn", action="append", default=[], metavar="TEXT",
+                   help="a follow-up user turn after the question (repeatable, asked in order)")
+    p.add_argument("--save-history", metavar="FILE.json", help="write the whole conversation here afterwards")
     from pyrodash.backends.endpoint import add_llm_mode_argument
 
     add_llm_mode_argument(p)
@@ -40,7 +57,8 @@ def run(args: argparse.Namespace) -> int:
 
     from transformers.utils import logging as hf_logging
 
-    from pyrodash.backends.endpoint import load_llm, load_slm
+    from pyrodash.backends.endpoint import load_slm
+    from pyrodash.backends.mesh import load_llm, spec_from_flags
     from pyrodash.cost import Prices
     from pyrodash.engine import CollaborateEngine, EngineError, FailurePolicy
     from pyrodash.events import Done, Handoff, LLMDelta, SLMDelta
@@ -49,41 +67,62 @@ def run(args: argparse.Namespace) -> int:
     question = sys.stdin.read() if args.question == "-" else args.question
     if not question.strip():
         raise ValueError("the question is empty")
-    prices = Prices.from_yaml(args.prices)
+    history = read_history(args.history) if args.history else []
+    if any(not t.strip() for t in args.turn):
+        raise ValueError("a --turn is empty: give the follow-up text")
+    prices = Prices.load(args.prices)
     prompts = get_prompts(args.prompts)
     failure = FailurePolicy(retries=args.retries, timeout_s=args.timeout_s, on_error=args.on_error)
     hf_logging.disable_progress_bar()  # no "Loading weights" bars around the answer
     slm = load_slm(args.slm)
-    llm = slm if args.llm == args.slm and args.llm_mode is None else load_llm(args.llm, args.llm_mode)
+    spec = spec_from_flags(args.llm, args.llm_prices, args.llm_policy, args.llm_cooldown, args.llm_timeout)
+    llm = slm if spec == args.slm and args.llm_mode is None else load_llm(spec, args.llm_mode)
     engine = CollaborateEngine(slm, llm, prompts, prices, handoff_style=args.handoff_style,
                                offload_bias=args.offload_bias, max_tokens=args.max_tokens, failure=failure)
     kw = {"temperature": args.temperature, "top_p": args.top_p, "seed": args.seed}
 
+    conversation = bool(history or args.turn)
+    turns = [question] + list(args.turn)
+    messages = list(history)
+
     async def main() -> Done:
-        if args.json:
-            try:
-                return await engine.arun(question, **kw)
-            finally:
-                await engine.aclose()
+        try:
+            done = None
+            for i, text in enumerate(turns):
+                prompt = text
+                if conversation:
+                    messages.append({"role": "user", "content": prompts.question(text)})
+                    prompt = list(messages)
+                done = await (one_json(prompt) if args.json else one_stream(prompt, i))
+                messages.append({"role": "assistant", "content": done.output})
+                if args.json:
+                    print(json.dumps(done.to_dict()), flush=True)
+            return done
+        finally:
+            await engine.aclose()
+
+    async def one_json(prompt) -> Done:
+        return await engine.arun(prompt, **kw)
+
+    async def one_stream(prompt, i: int) -> Done:
         from rich.console import Console
 
         out = Console(highlight=False, soft_wrap=True)
         rep = getattr(llm, "report", None)
-        if rep is not None and rep.mode:
+        if rep is not None and rep.mode and i == 0:
             out.print(f"[LLM {llm.name}: continuation mode {rep.mode}]", style="dim", markup=False)
+        if conversation:
+            out.print(f"[turn {sum(m['role'] == 'user' for m in prompt)}] {turns[i]}", style="bold", markup=False)
         done = None
-        try:
-            async for ev in engine.stream(question, **kw):
-                if isinstance(ev, SLMDelta):
-                    out.print(ev.text, style="cyan", end="", markup=False)
-                elif isinstance(ev, Handoff):
-                    out.print(f" ⟶ LLM (after {ev.slm_tokens} SLM tokens) ", style="bold yellow", end="")
-                elif isinstance(ev, LLMDelta):
-                    out.print(ev.text, style="magenta", end="", markup=False)
-                elif isinstance(ev, Done):
-                    done = ev
-        finally:
-            await engine.aclose()
+        async for ev in engine.stream(prompt, **kw):
+            if isinstance(ev, SLMDelta):
+                out.print(ev.text, style="cyan", end="", markup=False)
+            elif isinstance(ev, Handoff):
+                out.print(f" ⟶ LLM (after {ev.slm_tokens} SLM tokens) ", style="bold yellow", end="")
+            elif isinstance(ev, LLMDelta):
+                out.print(ev.text, style="magenta", end="", markup=False)
+            elif isinstance(ev, Done):
+                done = ev
         u = done.usage
         out.print()
         if done.fallback:
@@ -97,15 +136,40 @@ def run(args: argparse.Namespace) -> int:
         out.print(f"{handoff} · SLM in/out {u.slm_in}/{u.slm_out} · LLM in/out {u.llm_in}/{u.llm_out} "
                   f"(cached {u.llm_cached_in}, calls {u.llm_calls}) · ${done.cost_usd:.6f} · {done.finish_reason}",
                   style="dim", markup=False)
+        if len(done.llm_endpoints) > 1 or any(e["errors"] for e in done.llm_endpoints):
+            for e in done.llm_endpoints:
+                out.print(f"  {e['endpoint']}: calls {e['calls']} (failed {e['errors']}) · in/out {e['llm_in']}/"
+                          f"{e['llm_out']} · {e['chars']} chars · ${e['cost_usd']:.6f}", style="dim", markup=False)
+        if any(done.trimmed.values()):
+            out.print(f"  history trimmed to fit the context windows: {done.trimmed} messages dropped", style="yellow",
+                      markup=False)
         return done
 
     try:
-        done = asyncio.run(main())
+        asyncio.run(main())
     except EngineError as e:
         if args.json:
             print(json.dumps({**e.done.to_dict(), "error": str(e)}))
         print(f"pyrodash generate: error: {e}", file=sys.stderr)
         return 1
-    if args.json:
-        print(json.dumps(done.to_dict()))
+    finally:
+        if args.save_history:
+            Path(args.save_history).write_text(json.dumps(messages, indent=1, ensure_ascii=False) + "\n")
     return 0
+
+
+def read_history(path: str) -> list[dict]:
+    """Earlier messages from a JSON file: a list of {"role", "content"} (OpenAI chat format)."""
+    p = Path(path)
+    if not p.exists():
+        raise ValueError(f"--history {path}: no such file (a JSON list of {{role, content}} messages)")
+    try:
+        msgs = json.loads(p.read_text())
+    except ValueError as e:
+        raise ValueError(f"--history {path} is not JSON ({e}): give a list of {{role, content}} messages") from e
+    ok = isinstance(msgs, list) and all(
+        isinstance(m, dict) and m.get("role") in ("system", "user", "assistant") and isinstance(m.get("content"), str)
+        for m in msgs)  # fmt: skip
+    if not ok:
+        raise ValueError(f"--history {path}: expected a JSON list of {{role: system|user|assistant, content: str}}")
+    return msgs

@@ -25,7 +25,13 @@ import argparse
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="YAML recipe (configs/serve/*.yaml); flags override it")
     p.add_argument("--slm", help="SLM backend: a model dir / hub id (in-process) or http(s)://host:port/v1#model")
-    p.add_argument("--llm", help="LLM backend: same forms as --slm")
+    p.add_argument("--llm", action="append", help="LLM backend: same forms as --slm; repeat it for an LLM mesh "
+                   "(the next endpoint takes over mid-stream when one fails)")
+    p.add_argument("--llm-policy", choices=("fallback", "cheapest"), help="mesh policy (default: fallback, in order)")
+    p.add_argument("--llm-prices", action="append", metavar="SHEET",
+                   help="price sheet of the i-th --llm (repeatable, in order; YAML, name, or LiteLLM FILE.json#MODEL)")
+    p.add_argument("--llm-cooldown", type=float, metavar="S", help="seconds a failed mesh endpoint sits out (30)")
+    p.add_argument("--llm-timeout", type=float, metavar="S", help="mesh: longest wait for an endpoint's next chunk")
     from pyrodash.backends.endpoint import add_llm_mode_argument
 
     add_llm_mode_argument(p)
@@ -38,20 +44,31 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cors-origin", action="append", dest="cors_origins", metavar="ORIGIN",
                    help="allow browser requests from ORIGIN (repeatable); CORS is off otherwise")  # fmt: skip
     p.add_argument("--max-tokens", type=int, help="largest max_tokens a request may ask for")
+    p.add_argument("--context-slm", type=int, metavar="N", help="SLM context window, tokens (trims long chats)")
+    p.add_argument("--context-llm", type=int, metavar="N", help="LLM context window, tokens (trims long chats)")
     p.add_argument("--graceful-timeout", type=float, default=30.0, help="seconds to let requests finish on stop")
     p.add_argument("--log-level", choices=["critical", "error", "warning", "info", "debug"], help="uvicorn log level")
 
 
 def config_from_args(args: argparse.Namespace):
     """The ServeConfig that the YAML (if any) and the flags describe."""
+    from pyrodash.backends.mesh import spec_from_flags
     from pyrodash.server.config import Limits, ServeConfig
 
-    flags = {k: getattr(args, k, None) for k in ("slm", "llm", "prices", "prompts", "host", "port", "api_key",
+    llm = spec_from_flags(args.llm, args.llm_prices, args.llm_policy, args.llm_cooldown, args.llm_timeout)
+    flags = {k: getattr(args, k, None) for k in ("slm", "prices", "prompts", "host", "port", "api_key",
                                                  "cors_origins", "log_level", "llm_mode")}  # fmt: skip
+    flags["llm"] = llm
     config = ServeConfig.from_yaml(args.config, **flags) if args.config else ServeConfig(
         **{k: v for k, v in flags.items() if v is not None})  # fmt: skip
     if args.offload_bias is not None:
         config.operating_points[config.default_model] = float(args.offload_bias)
+    if args.context_slm is not None or args.context_llm is not None:
+        from pyrodash.conversation import ContextLimits
+
+        ctx = config.context
+        config.context = ContextLimits(slm=args.context_slm if args.context_slm is not None else ctx.slm,
+                                       llm=args.context_llm if args.context_llm is not None else ctx.llm)
     if args.max_tokens is not None:
         lim = config.limits
         config.limits = Limits(max_body_bytes=lim.max_body_bytes, max_tokens=args.max_tokens,

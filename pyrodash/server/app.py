@@ -40,18 +40,20 @@ log = logging.getLogger("pyrodash.serve")
 
 def build_engine(config: ServeConfig):
     """The CollaborateEngine a config describes (opens the SLM and LLM backends)."""
-    from pyrodash.backends.endpoint import load_llm, load_slm
+    from pyrodash.backends.endpoint import load_slm
+    from pyrodash.backends.mesh import load_llm
     from pyrodash.engine import CollaborateEngine, FailurePolicy
     from pyrodash.prompts import get_prompts
 
     if config.slm is None or config.llm is None:
         raise ValueError("serve needs both an SLM and an LLM: set slm/llm in the config or pass --slm and --llm")
     slm = load_slm(config.slm)
-    llm = load_llm(config.llm, config.llm_mode)  # probed: the continuation mode detected / verified
+    # one endpoint (probed: its continuation mode detected / verified), or several behind one handoff (a mesh)
+    llm = load_llm(config.llm, config.llm_mode)
     return CollaborateEngine(
         slm, llm, get_prompts(config.prompts), config.load_prices(), handoff_style=config.handoff_style,
         offload_bias=config.operating_points[config.default_model], max_tokens=config.limits.default_max_tokens,
-        failure=FailurePolicy(**asdict(config.failure)),
+        failure=FailurePolicy(**asdict(config.failure)), context=config.context,
     )  # fmt: skip
 
 
@@ -260,7 +262,8 @@ async def _probe(backend) -> dict:
                 r = await client.get(f"{base}/models")
             if r.status_code != 200:
                 raise ConnectionError(f"GET {base}/models answered {r.status_code}")
-        return {"name": name, "reachable": True}
+        mesh = getattr(backend, "status", None)
+        return {"name": name, "reachable": True, **({"endpoints": mesh()} if callable(mesh) else {})}
     except Exception as e:  # noqa: BLE001 - any failure means unreachable
         return {"name": name, "reachable": False, "error": f"{type(e).__name__}: {e}"}
 

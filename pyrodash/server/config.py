@@ -2,6 +2,8 @@
 
     slm: worlds/demo/slm                       # a backend spec, as `load_backend` takes it (path, URL, or dict)
     llm: {url: http://127.0.0.1:8001/v1, model: llm, api_key_env: LLM_API_KEY, timeout_s: 60}
+    # or an LLM mesh (pyrodash.backends.mesh): a list of endpoints (policy fallback), or
+    # llm: {policy: cheapest, cooldown_s: 30, timeout_s: 20, endpoints: [{url: ..., prices: SHEET}, ...]}
     prices: paper                              # a sheet in configs/prices/, a YAML path, or an inline dict
     prompts: qwen-math-v1
     handoff_style: continue
@@ -9,6 +11,8 @@
     operating_points: {pyrodash: 0.0, pyrodash-eco: -2.0}   # model name -> offload_bias; the first is the default
     failure: {retries: 2, backoff_s: 0.2, timeout_s: 60, on_error: fallback}
     limits: {max_body_bytes: 1048576, max_tokens: 4096, default_max_tokens: 512, max_concurrency: 256}
+    context: {slm: 32768, llm: 131072}         # context windows for trimming long chats (default: what the model
+                                               # says, in-process only; see pyrodash.conversation)
     host: 127.0.0.1
     port: 8000
     api_key_env: PYRODASH_API_KEY               # bearer-token auth is on when this variable (or --api-key) is set
@@ -25,6 +29,7 @@ from pathlib import Path
 
 import yaml
 
+from pyrodash.conversation import ContextLimits
 from pyrodash.cost import Prices
 from pyrodash.prompts import get_prompts
 
@@ -68,7 +73,7 @@ class Failure:
 @dataclass
 class ServeConfig:
     slm: str | dict | None = None
-    llm: str | dict | None = None
+    llm: str | dict | list | None = None
     prices: str | dict = "paper"
     prompts: str = "qwen-math-v1"
     handoff_style: str = "continue"
@@ -76,6 +81,7 @@ class ServeConfig:
     operating_points: dict[str, float] = field(default_factory=lambda: {"pyrodash": 0.0})
     failure: Failure = field(default_factory=Failure)
     limits: Limits = field(default_factory=Limits)
+    context: ContextLimits = field(default_factory=ContextLimits)
     host: str = "127.0.0.1"
     port: int = 8000
     api_key: str | None = None  # set directly (--api-key) or read from `api_key_env`
@@ -88,6 +94,11 @@ class ServeConfig:
             self.failure = Failure(**self.failure)
         if isinstance(self.limits, dict):
             self.limits = Limits(**self.limits)
+        if isinstance(self.context, dict):
+            unknown = set(self.context) - {"slm", "llm"}
+            if unknown:
+                raise ValueError(f"context: unknown keys {sorted(unknown)}; use slm and llm (tokens)")
+            self.context = ContextLimits(**self.context)
         if not self.operating_points:
             raise ValueError("operating_points must name at least one model, e.g. {pyrodash: 0.0}")
         for name, bias in self.operating_points.items():
@@ -113,8 +124,8 @@ class ServeConfig:
     def check_models(self) -> None:
         """Fail early, with a message, when an SLM/LLM spec names a local directory that is not there (a string with
         one slash and no leading . or / is taken as a hub id; URLs are checked when the server starts)."""
-        for side in ("slm", "llm"):
-            spec = getattr(self, side)
+        specs = [("slm", self.slm)] + [("llm", s) for s in _members(self.llm)]
+        for side, spec in specs:
             if spec is None:
                 raise ValueError(f"no {side.upper()} given: set {side} in the config or pass --{side}")
             path = spec.get("path") if isinstance(spec, dict) else spec
@@ -126,7 +137,7 @@ class ServeConfig:
                              f"--{side} with a model directory, hub id or http(s)://host:port/v1#model URL")
 
     def load_prices(self) -> Prices:
-        return Prices(**self.prices) if isinstance(self.prices, dict) else Prices.from_yaml(self.prices)
+        return Prices.load(self.prices)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -152,8 +163,23 @@ class ServeConfig:
         return cls(**{k: v for k, v in data.items() if v is not None})
 
 
+def _members(spec: object) -> list:
+    """The endpoint specs of an LLM spec (one, or a mesh's members)."""
+    if isinstance(spec, list):
+        return spec or [None]
+    if isinstance(spec, dict) and "endpoints" in spec:
+        return list(spec["endpoints"] or [None])
+    return [spec]
+
+
 def _resolve_paths(spec: object, base: Path) -> object:
     """A relative local path in a spec is taken relative to the YAML file when it exists there."""
+    if isinstance(spec, list):
+        return [_resolve_paths(s, base) for s in spec]
+    if isinstance(spec, dict) and "endpoints" in spec:
+        return {**spec, "endpoints": _resolve_paths(spec["endpoints"], base)}
+    if isinstance(spec, dict) and isinstance(spec.get("prices"), str):
+        spec = {**spec, "prices": _resolve_paths(spec["prices"], base)}
     if isinstance(spec, dict) and "path" in spec:
         return {**spec, "path": _resolve_paths(spec["path"], base)}
     if isinstance(spec, str) and "://" not in spec and not Path(spec).is_absolute():

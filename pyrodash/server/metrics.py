@@ -110,9 +110,18 @@ class Metrics:
         self.cost = Counter("pyrodash_cost_usd_total", "Dollars spent, priced with the server's price sheet.")
         self.latency = Histogram("pyrodash_request_duration_seconds", "Time from request to last byte.")
         self.ttft = Histogram("pyrodash_time_to_first_token_seconds", "Time from request to first content token.")
+        self.trimmed = Counter("pyrodash_history_trimmed_messages_total",
+                               "Earlier conversation messages dropped to fit a model's context window, by side.")
+        self.trimmed_requests = Counter("pyrodash_history_trimmed_requests_total",
+                                        "Requests whose history was trimmed for a model, by side.")
+        self.ep_tokens = Counter("pyrodash_llm_endpoint_tokens_total", "LLM tokens billed per endpoint and component.")
+        self.ep_calls = Counter("pyrodash_llm_endpoint_calls_total", "LLM calls that reached each endpoint.")
+        self.ep_errors = Counter("pyrodash_llm_endpoint_errors_total", "LLM calls that failed, per endpoint.")
+        self.ep_cost = Counter("pyrodash_llm_endpoint_cost_usd_total", "Dollars per LLM endpoint, at its own prices.")
         self._all = [self.requests, self.in_flight, self.handoffs, self.fallbacks, self.llm_errors,
                      self.usage_estimated, self.errors, self.tokens, self.llm_calls, self.cost, self.latency,
-                     self.ttft]  # fmt: skip
+                     self.ttft, self.trimmed, self.trimmed_requests, self.ep_tokens, self.ep_calls, self.ep_errors,
+                     self.ep_cost]  # fmt: skip
 
     def observe_done(self, done: Done, model: str, latency_s: float, ttft_s: float | None) -> None:
         u = done.usage
@@ -128,6 +137,16 @@ class Metrics:
             self.llm_errors.inc(len(done.errors), model=model)
         if done.usage_estimated:
             self.usage_estimated.inc(model=model)
+        for side, n in (done.trimmed or {}).items():
+            if n:
+                self.trimmed.inc(n, side=side)
+                self.trimmed_requests.inc(side=side)
+        for e in done.llm_endpoints:
+            for comp in ("llm_in", "llm_out", "llm_cached_in"):
+                self.ep_tokens.inc(e[comp], endpoint=e["endpoint"], component=comp)
+            self.ep_calls.inc(e["calls"], endpoint=e["endpoint"])
+            self.ep_errors.inc(e.get("errors", 0), endpoint=e["endpoint"])
+            self.ep_cost.inc(e["cost_usd"], endpoint=e["endpoint"])
         self.latency.observe(latency_s, model=model)
         if ttft_s is not None:
             self.ttft.observe(ttft_s, model=model)

@@ -25,6 +25,7 @@ import time
 from collections.abc import AsyncIterator
 
 from pyrodash.backends.base import GenChunk, GenRequest
+from pyrodash.conversation import turn_number
 from pyrodash.cost import MILLION, Prices, Usage
 from pyrodash.events import Done, Event, LLMDelta, SLMDelta
 from pyrodash.prompts import OFFLOAD_TOKEN
@@ -89,16 +90,16 @@ class SoloEngine:
                 if ch.finish_reason is not None:
                     final = ch
         n_in, n_out = final.prompt_tokens or 0, final.completion_tokens or 0
+        bias = eng.offload_bias if offload_bias is None else float(offload_bias)
+        turn = {"turn": turn_number(req.messages), "trimmed": {"slm": 0, "llm": 0}}
         if self.role == "slm":
             usage = Usage(slm_in=n_in, slm_out=n_out)
-        else:
-            usage = Usage(llm_in=n_in, llm_out=n_out, llm_cached_in=final.cached_tokens or 0, llm_calls=1)
-        yield Done(
-            output=text, slm_text=text if self.role == "slm" else "", llm_text=text if self.role == "llm" else "",
-            usage=usage, cost_usd=usage.cost(eng.prices), finish_reason=final.finish_reason or "length",
-            handoff=None, offload_bias=eng.offload_bias if offload_bias is None else float(offload_bias),
-            latency_s=time.perf_counter() - t0,
-        )  # fmt: skip
+            yield eng._done(text, "", usage, final.finish_reason or "length", None, bias, t0, turn, [])
+            return
+        calls = eng._calls(final, text, 1, None)  # one entry per endpoint an LLM mesh called, each at its price
+        usage = Usage(llm_in=n_in, llm_out=n_out, llm_cached_in=final.cached_tokens or 0,
+                      llm_calls=sum(c["calls"] for c in calls))
+        yield eng._done("", text, usage, final.finish_reason or "length", None, bias, t0, turn, calls)
 
 
 def answerer(engine, mode: str, cache: dict):

@@ -198,6 +198,10 @@ class PyroDashInfo(_Out):
     fallback: bool  # the LLM failed and the SLM finished the answer
     llm_errors: list[str] = []  # every failed LLM attempt (retried, or ending in the fallback), in order
     usage_estimated: bool = False  # some token counts were not reported by a server (counted locally / estimated)
+    turn: int = 1  # which user turn of the conversation this response answers
+    trimmed: dict[str, int] = Field(default_factory=dict)  # earlier messages dropped to fit each model's window
+    segments: list[dict] = Field(default_factory=list)  # who wrote what in this turn: {by, endpoint?, text}
+    llm_endpoints: list[dict] = Field(default_factory=list)  # per LLM endpoint: calls, tokens, price, cost_usd
     mode: str = "collab"  # who answered: "collab" (the engine), "slm" or "llm" alone (request `pyrodash.mode`)
     cost_usd_by_component: dict[str, float] | None = None  # cost_usd split into slm_in, slm_out, llm_in, llm_out
     # what the LLM alone would have billed for this answer: an ESTIMATE except in mode "llm" (then it is cost_usd);
@@ -215,6 +219,8 @@ class PyroDashInfo(_Out):
             slm_in=u.slm_in, slm_out=u.slm_out, llm_in=u.llm_in, llm_out=u.llm_out, llm_cached_in=u.llm_cached_in,
             llm_calls=u.llm_calls, handoff=done.handoff, cost_usd=done.cost_usd, offload_bias=done.offload_bias,
             fallback=done.fallback, llm_errors=_scrubbed(done.errors), usage_estimated=done.usage_estimated, mode=mode,
+            turn=done.turn, trimmed=dict(done.trimmed), segments=list(done.segments),
+            llm_endpoints=list(done.llm_endpoints),
         )  # fmt: skip
         if prices is not None:
             from pyrodash.server.modes import cost_by_component, llm_only_estimate

@@ -222,10 +222,13 @@ def _context_need(engine, question, kwargs: dict) -> list[tuple[str, int, int]]:
     build_slm = getattr(engine, "slm_request", None)
     build_llm = getattr(engine, "llm_request", None)
     messages = getattr(engine, "messages", lambda q: q)(question)
+    # each request as the engine builds it for this budget: a long conversation is trimmed first (oldest turns,
+    # pyrodash.conversation), so only what is still too long after trimming is refused
+    budget = kwargs.get("max_tokens") or 1
     if build_slm is not None:
-        sides.append(("SLM", slm, lambda: build_slm(messages, max_tokens=1)))
+        sides.append(("SLM", slm, lambda: build_slm(messages, max_tokens=budget)))
     if build_llm is not None:
-        sides.append(("LLM", llm, lambda: build_llm(messages, "", 1, {})))
+        sides.append(("LLM", llm, lambda: build_llm(messages, "", budget, {})))
     for name, backend, build in sides:
         window = getattr(backend, "context_window", None)
         count = getattr(backend, "prompt_ids", None)
@@ -239,8 +242,13 @@ async def check_context(app: FastAPI, question, kwargs: dict) -> dict:
     """The engine kwargs once the prompt is known to fit: 400 `context_length_exceeded` when prompt tokens + the
     requested budget exceed a model's positions; an implicit (default) budget shrinks to fit instead."""
     explicit, param = kwargs.pop("_explicit_budget"), kwargs.pop("_param")
+    from pyrodash.conversation import ContextLengthError
+
     try:
         needs = await asyncio.to_thread(_context_need, app.state.engine, question, kwargs)
+    except ContextLengthError as e:  # the current message alone is too long, even with no history left
+        raise P.APIError(400, f"This model's maximum context length is {e.window} tokens; {e}.", param="messages",
+                         code="context_length_exceeded") from None
     except ValueError as e:  # the prompt cannot be rendered for this model (e.g. a role its template refuses)
         from pyrodash.server.errors import failure
 

@@ -3,7 +3,7 @@
     pyrodash world build --out worlds/demo --quick
 
     DIR/slm/, DIR/llm/        HF dirs (model + tokenizer + generation config, EOS <|im_end|>)
-    DIR/data/<split>.jsonl    Example.to_dict rows: train, val, tier1..tier5
+    DIR/data/<split>.jsonl    Example.to_dict rows: train, val, tier1..tier5, multiturn (one row per conversation turn)
     DIR/world.json            config, config hash, seed, tier -> benchmark mapping, measured accuracies, timings
 
 `build_world(out_dir=None, quick=False, seed=0)` reuses a directory whose world.json has the same config hash and
@@ -19,9 +19,10 @@ from pathlib import Path
 
 from pyrodash.data.example import Example
 from pyrodash.world.config import BUILD_RECIPE, TIER_SPLITS, WorldConfig
-from pyrodash.world.task import STEP_SEP, make_known, make_split, make_table
+from pyrodash.world.multiturn import evaluate_turns, make_multiturn_split
+from pyrodash.world.task import STEP_SEP, make_known, make_split, make_table, sample_problem
 
-SPLITS = ("train", "val", *TIER_SPLITS)
+SPLITS = ("train", "val", *TIER_SPLITS, "multiturn")
 
 
 def cache_root() -> Path:
@@ -42,6 +43,10 @@ def make_splits(cfg: WorldConfig, seed: int) -> dict[str, list[Example]]:
         out[name] = make_split(seed, name, cfg.n_test, [tier], table, known, seen, cfg.max_addend)
     out["val"] = make_split(seed, "val", cfg.n_val, list(cfg.tiers), table, known, seen, cfg.max_addend)
     out["train"] = make_split(seed, "train", cfg.n_train, list(cfg.tiers), table, known, seen, cfg.max_addend)
+    # conversations (one example per turn, gold history in meta): openers of tiers 1-2, follow-ups of followup_tiers
+    out["multiturn"] = make_multiturn_split(seed, cfg.n_multiturn, cfg.multiturn_turns, list(cfg.tiers[:2]),
+                                            list(cfg.followup_tiers), table, known, seen,
+                                            sample=lambda r, t: sample_problem(r, t, cfg.max_addend))
     return {name: out[name] for name in SPLITS}
 
 
@@ -89,6 +94,10 @@ def world_warnings(info: dict) -> list[str]:
     if info.get("llm_continue", 1.0) < 0.75:
         out.append(f"the LLM continues a gold prefix correctly on only {info['llm_continue']:.0%} (want >= 75%): "
                    "handoffs will often fail")
+    follow = {int(t): a for t, a in (info.get("multiturn_accuracy") or {}).get("llm", {}).items() if int(t) > 1}
+    if follow and min(follow.values()) < 0.75:
+        out.append(f"the LLM solves follow-up turns at {min(follow.values()):.0%} (want >= 75%): the multi-turn "
+                   "split will not separate the methods")
     return out
 
 
@@ -276,6 +285,8 @@ def _run_build(world_dir: Path, cfg: WorldConfig, seed: int, verbose: bool, para
         cont_set = [ex for name in TIER_SPLITS for ex in splits[name][:per_tier]][: cfg.n_continue]
         llm_continue = evaluate_continue(models["llm"], cont_set, get_prompts("world-v1").completion_system, seed,
                                          cfg.eval_batch_size, progress)
+        turns = {w: evaluate_turns(models[w], splits["multiturn"], cfg.eval_batch_size, progress, f"eval {w} turns")
+                 for w in ("slm", "llm")}  # fmt: skip
         timings["evaluate"], timings["cpu_evaluate"] = round(time.time() - t, 1), round(time.process_time() - cpu, 1)
     tests = [ex for name in TIER_SPLITS for ex in splits[name]]
     outs = [o for name in TIER_SPLITS for o in slm_out[name][0]]
@@ -293,6 +304,7 @@ def _run_build(world_dir: Path, cfg: WorldConfig, seed: int, verbose: bool, para
                                        "has_hard_step": sum(hard) / len(hard) if hard else float("nan"),
                                        "n_no_hard_step": len(easy), "n_has_hard_step": len(hard)},
         "llm_continue": llm_continue,
+        "multiturn_accuracy": turns,  # {model: {turn: accuracy}} on the multiturn split (gold earlier turns)
         "first_wrong_step": first_wrong_distribution(tests, outs, oks),
         "first_hard_frac": first_hard_distribution(tests),
         "losses": losses,

@@ -20,6 +20,7 @@ import torch
 
 from pyrodash.prompts import get_prompts
 from pyrodash.world.config import ModelSpec, WorldConfig
+from pyrodash.world.multiturn import pretrain_example
 from pyrodash.world.task import make_known, make_table, sample_problem, solve, untaught_spans
 from pyrodash.world.tokenizer import IM_END_ID, PAD_ID, VOCAB, encode_chat, save_tokenizer
 
@@ -54,7 +55,16 @@ def example_stream(which: str, cfg: WorldConfig, seed: int) -> Iterator[tuple[li
     prompts = get_prompts("world-v1")
     systems = [prompts.offload_system, prompts.completion_system]
     rng = random.Random(f"world-pretrain-{seed}-{which}")
+    # conversations come from their own generator, so the single-question examples are the same with or without them
+    mt_rng = random.Random(f"world-pretrain-multiturn-{seed}-{which}")
     while True:
+        if cfg.multiturn_frac and mt_rng.random() < cfg.multiturn_frac:
+            system = mt_rng.choice(systems) if mt_rng.random() < cfg.system_frac else None
+            ids, labels = pretrain_example(mt_rng, which, cfg.multiturn_turns, list(cfg.pretrain_tiers),
+                                           list(cfg.followup_tiers), table, known, encode_chat, system,
+                                           sample=lambda r, t: sample_problem(r, t, cfg.max_addend))
+            yield ids[:-1], labels[:-1]  # as below: the trailing "\n" after the last <|im_end|> is never trained
+            continue
         tier = rng.choice(cfg.pretrain_tiers)
         p = sample_problem(rng, tier, cfg.max_addend)
         sol = solve(p, table)

@@ -1,0 +1,263 @@
+"""An LLM mesh: several LLM endpoints behind one `Backend`, so a handoff stays one call from the engine's side.
+
+    llm = load_llm([{"url": "http://a:8001/v1#llm", "prices": "paper"},
+                    {"url": "http://b:8002/v1#llm", "prices": {"input_cost_per_token": 2e-7, ...}}])
+    llm = load_llm({"endpoints": [...], "policy": "cheapest", "cooldown_s": 30, "timeout_s": 20})
+
+Policies (which endpoint is tried first, and who takes over):
+  - "fallback": the endpoints in the order given.
+  - "cheapest": the endpoint with the lowest estimated cost for this request (its own price sheet: estimated input
+    tokens x input price + max_tokens x output price) first, then the next cheapest.
+In both, an endpoint that fails (an error, a broken stream, no chunk within `timeout_s`) cools down for `cooldown_s`
+seconds (as LiteLLM's router does): it is tried only after every healthy endpoint. When an endpoint fails in the
+middle of its stream, the next one continues from everything already streamed: its request is the same request with
+the streamed text appended to the assistant prefix (and max_tokens reduced by the tokens already decoded), so the
+client sees one uninterrupted answer with no duplicated text.
+
+Accounting: the last chunk carries `endpoints`, one entry per upstream call (endpoint name, whether it reached the
+server, tokens, the text it wrote, its price sheet, the error); the engine bills each at its own prices and counts
+`llm_calls` as the calls that reached a server (2 when the first endpoint died mid-stream). A call that broke before
+its server reported usage is billed as delivered: output = chunks received (one token each), input = the member's
+tokenizer count when it has one, else an estimate (characters / 3); such entries say `"estimated": true`. When every
+endpoint fails the stream raises `BackendError` whose `usage.endpoints` holds the same entries.
+
+Spec forms (`load_llm`): a backend spec (`load_backend`'s forms: one endpoint, no mesh); a list of member specs
+(policy "fallback"); or `{endpoints: [...], policy, cooldown_s, timeout_s, name}`. A member spec is `load_backend`'s
+string or dict plus optional `prices` (any form `Prices.load` takes, LiteLLM entries included: the endpoint's LLM
+prices; without one the engine's sheet applies) and `name`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from pyrodash.backends.base import Backend, BackendError, GenChunk, GenRequest
+from pyrodash.conversation import estimate_tokens
+from pyrodash.cost import Prices
+
+POLICIES = ("fallback", "cheapest")
+log = logging.getLogger("pyrodash.mesh")
+
+
+@dataclass
+class Member:
+    backend: Backend
+    name: str
+    prices: Prices | None = None
+    cooldown_until: float = 0.0  # time.monotonic() before which this endpoint is cooling down
+    failures: int = 0
+
+    def healthy(self, now: float) -> bool:
+        return now >= self.cooldown_until
+
+
+class MeshBackend:
+    """Several LLM endpoints as one backend (see the module docstring)."""
+
+    def __init__(self, members: list[Member], policy: str = "fallback", cooldown_s: float = 30.0,
+                 timeout_s: float = 30.0, name: str | None = None):  # fmt: skip
+        if not members:
+            raise ValueError("an LLM mesh needs at least one endpoint")
+        if policy not in POLICIES:
+            raise ValueError(f"llm policy {policy!r}: use one of {POLICIES}")
+        if cooldown_s < 0 or timeout_s <= 0:
+            raise ValueError("llm mesh: cooldown_s >= 0 and timeout_s > 0 are required")
+        names = [m.name for m in members]
+        if len(set(names)) != len(names):
+            raise ValueError(f"llm mesh endpoint names must differ (got {names}); give each a `name`")
+        if policy == "cheapest" and any(m.prices is None for m in members):
+            missing = [m.name for m in members if m.prices is None]
+            raise ValueError(f"policy 'cheapest' needs a price sheet on every endpoint: add `prices` to {missing}")
+        self.members, self.policy = members, policy
+        self.cooldown_s, self.timeout_s = float(cooldown_s), float(timeout_s)
+        self.name = name or f"mesh[{policy}]({', '.join(names)})"
+
+    # ---- routing -------------------------------------------------------------------------------------------
+    def estimated_cost(self, m: Member, req: GenRequest) -> float:
+        p = m.prices
+        assert p is not None
+        return estimate_tokens(req.messages, req.prefix) * p.llm_in + req.max_tokens * p.llm_out
+
+    def order(self, req: GenRequest) -> list[Member]:
+        """Endpoints in the order they will be tried: healthy ones by policy, then cooling ones by policy."""
+        ranked = list(self.members)
+        if self.policy == "cheapest":
+            ranked.sort(key=lambda m: self.estimated_cost(m, req))  # stable: ties keep the configured order
+        now = time.monotonic()
+        return [m for m in ranked if m.healthy(now)] + [m for m in ranked if not m.healthy(now)]
+
+    def status(self) -> list[dict]:
+        now = time.monotonic()
+        return [{"endpoint": m.name, "healthy": m.healthy(now), "cooldown_left_s": max(m.cooldown_until - now, 0.0),
+                 "failures": m.failures} for m in self.members]  # fmt: skip
+
+    # ---- the protocol --------------------------------------------------------------------------------------
+    async def stream(self, req: GenRequest) -> AsyncIterator[GenChunk]:
+        entries: list[dict] = []
+        streamed, decoded = "", 0
+        errors: list[str] = []
+        for m in self.order(req):
+            sub = req
+            if streamed:  # continue from everything already streamed, within the remaining budget
+                budget = max(req.max_tokens - decoded, 1)
+                sub = dataclasses.replace(req, prefix=req.prefix + streamed, max_tokens=budget)
+            text, n, final = "", 0, GenChunk()
+            try:
+                async with contextlib.aclosing(m.backend.stream(sub)) as it:
+                    while True:
+                        async with asyncio.timeout(self.timeout_s):
+                            ch = await anext(it, None)
+                        if ch is None:
+                            break
+                        n += len(ch.token_ids) or int(bool(ch.text))
+                        if ch.text:
+                            text += ch.text
+                            streamed += ch.text
+                            yield GenChunk(text=ch.text, token_ids=list(ch.token_ids), top_logprobs=ch.top_logprobs)
+                        if ch.finish_reason is not None:
+                            final = ch
+            except Exception as e:  # noqa: BLE001 - any member failure hands over to the next endpoint
+                msg = f"{m.name}: {type(e).__name__}: {e}" if str(e) else f"{m.name}: {type(e).__name__}"
+                if isinstance(e, TimeoutError):
+                    msg = f"{m.name}: no chunk within {self.timeout_s}s"
+                errors.append(msg)
+                m.failures += 1
+                m.cooldown_until = time.monotonic() + self.cooldown_s
+                rep = getattr(e, "usage", None)
+                entries.append(self._entry(m, sub, text, n, rep if isinstance(rep, GenChunk) else None,
+                                           int(getattr(e, "reached_server", True)), msg))
+                decoded += entries[-1]["llm_out"]
+                continue
+            entries.append(self._entry(m, sub, text, n, final, 1, None))
+            yield GenChunk(
+                finish_reason=final.finish_reason or "stop", stop_token_id=final.stop_token_id,
+                prompt_tokens=sum(e["llm_in"] for e in entries), completion_tokens=sum(e["llm_out"] for e in entries),
+                cached_tokens=sum(e["llm_cached_in"] for e in entries), endpoints=entries,
+                usage_estimated=any(e["estimated"] for e in entries),
+            )  # fmt: skip
+            return
+        usage = GenChunk(prompt_tokens=sum(e["llm_in"] for e in entries),
+                         completion_tokens=sum(e["llm_out"] for e in entries),
+                         cached_tokens=sum(e["llm_cached_in"] for e in entries), endpoints=entries,
+                         usage_estimated=any(e["estimated"] for e in entries))  # fmt: skip
+        raise BackendError(f"every LLM endpoint failed ({'; '.join(errors)})",
+                           reached_server=any(e["calls"] for e in entries), usage=usage)  # fmt: skip
+
+    @staticmethod
+    def _entry(m: Member, req: GenRequest, text: str, n: int, rep: GenChunk | None, reached: int,
+               error: str | None) -> dict:  # fmt: skip
+        """One upstream call's record: server-reported usage, else what was delivered (estimated input)."""
+        estimated = bool(rep is not None and rep.usage_estimated)
+        llm_in = rep.prompt_tokens if rep is not None else None
+        llm_out = rep.completion_tokens if rep is not None else None
+        if llm_out is None:
+            llm_out, estimated = n, bool(n)
+        if llm_in is None and reached:
+            count = getattr(m.backend, "prompt_ids", None)
+            llm_in = len(count(req)) if callable(count) else estimate_tokens(req.messages, req.prefix)
+            estimated = estimated or not callable(count)
+        return {"endpoint": m.name, "calls": reached, "llm_in": llm_in or 0, "llm_out": llm_out,
+                "llm_cached_in": (rep.cached_tokens if rep is not None else None) or 0, "text": text,
+                "prices": m.prices.to_dict() if m.prices is not None else None, "error": error,
+                "estimated": estimated}  # fmt: skip
+
+    def token_id(self, token: str) -> int | None:
+        return self.members[0].backend.token_id(token)
+
+    @property
+    def continues_prefix(self) -> bool:
+        """Every endpoint continues an assistant prefix (else the engine hands off in its instruct style; a
+        takeover still continues the streamed text as the new endpoint's prefix)."""
+        return all(getattr(m.backend, "continues_prefix", True) for m in self.members)
+
+    async def warm(self) -> None:
+        """Open connections to every HTTP endpoint ahead of a handoff (best effort, as each backend's `warm`)."""
+        await asyncio.gather(*(m.backend.warm() for m in self.members if hasattr(m.backend, "warm")),
+                             return_exceptions=True)
+
+    async def health(self) -> None:
+        """Raises unless at least one endpoint answers (used by the server's /health)."""
+        from pyrodash.server.app import _probe
+
+        results = await asyncio.gather(*(_probe(m.backend) for m in self.members))
+        if not any(r["reachable"] for r in results):
+            raise ConnectionError("; ".join(f"{m.name}: {r.get('error')}" for m, r in zip(self.members, results)))
+
+    async def aclose(self) -> None:
+        for m in self.members:
+            await m.backend.aclose()
+
+
+def _member(spec: str | dict, mode: str | None = None) -> Member:
+    """One endpoint, loaded as any LLM is (`pyrodash.backends.endpoint.load_llm`: an HTTP endpoint's continuation
+    mode detected or verified), with its own price sheet."""
+    from pyrodash.backends.endpoint import load_llm as load_endpoint
+
+    prices = None
+    if isinstance(spec, dict):
+        spec = dict(spec)
+        prices = spec.pop("prices", None)
+    backend = load_endpoint(spec, mode, probe=False)
+    name = (spec.get("name") if isinstance(spec, dict) else None) or backend.name
+    resolve = getattr(backend, "resolve", None)
+    if resolve is not None:  # probed as a single LLM is, but one failing endpoint does not stop the mesh: it fails
+        try:  # its calls (and cools down) like an endpoint that breaks later, and /health shows its config_error
+            resolve(raise_on_unreachable=False)
+        except ValueError as e:
+            log.warning("LLM mesh endpoint %s failed its start-up probe: %s", name, e)
+    return Member(backend, name, Prices.load(prices) if prices is not None else None)
+
+
+def is_mesh_spec(spec: object) -> bool:
+    return isinstance(spec, list) or (isinstance(spec, dict) and ("endpoints" in spec or "prices" in spec))
+
+
+def load_llm(spec: str | dict | list, mode: str | None = None) -> Backend:
+    """The LLM backend a spec describes: one endpoint (`pyrodash.backends.endpoint.load_llm`, `mode` as there) or
+    a `MeshBackend` (module docstring; `mode` applies to every HTTP member)."""
+    from pyrodash.backends.endpoint import load_llm as load_endpoint
+
+    if isinstance(spec, list):
+        return MeshBackend([_member(s, mode) for s in spec])
+    if isinstance(spec, dict) and "endpoints" in spec:
+        opts = dict(spec)
+        members = opts.pop("endpoints")
+        unknown = set(opts) - {"policy", "cooldown_s", "timeout_s", "name"}
+        if unknown:
+            raise ValueError(f"llm mesh: unknown keys {sorted(unknown)}; use endpoints, policy, cooldown_s, timeout_s")
+        if not isinstance(members, list) or not members:
+            raise ValueError("llm mesh: `endpoints` must be a non-empty list of backend specs")
+        return MeshBackend([_member(s, mode) for s in members], **opts)
+    if isinstance(spec, dict) and "prices" in spec:  # one endpoint with its own price sheet
+        return MeshBackend([_member(spec, mode)])
+    return load_endpoint(spec, mode)
+
+
+def spec_from_flags(llms: list[str] | None, prices: list[str] | None = None, policy: str | None = None,
+                    cooldown_s: float | None = None, timeout_s: float | None = None) -> str | dict | None:
+    """The LLM spec of repeatable `--llm` flags (with `--llm-prices` paired in order, `--llm-policy`, ...): one
+    endpoint stays a plain spec; several (or any mesh option) make a mesh spec."""
+    if not llms:
+        if prices or policy or cooldown_s is not None or timeout_s is not None:
+            raise ValueError("--llm-prices/--llm-policy/--llm-cooldown/--llm-timeout need at least one --llm")
+        return None
+    prices = list(prices or [])
+    if len(prices) > len(llms):
+        raise ValueError(f"{len(prices)} --llm-prices for {len(llms)} --llm: give one price sheet per --llm, in order")
+    if len(llms) == 1 and not prices and policy is None and cooldown_s is None and timeout_s is None:
+        return llms[0]
+    members: list[str | dict] = []
+    for i, url in enumerate(llms):
+        member: dict = {"url": url.partition("#")[0], "model": url.partition("#")[2] or None} \
+            if url.startswith(("http://", "https://")) else {"path": url}
+        if i < len(prices):
+            member["prices"] = prices[i]
+        members.append(member)
+    opts = {"policy": policy, "cooldown_s": cooldown_s, "timeout_s": timeout_s}
+    return {"endpoints": members, **{k: v for k, v in opts.items() if v is not None}}

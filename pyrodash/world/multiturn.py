@@ -1,0 +1,153 @@
+"""The built-in world's conversations: follow-up turns that continue from the previous answer.
+
+A conversation opens with an ordinary world problem; each follow-up applies more operations to the previous turn's
+answer, written "Then: " + the operations (the previous answer is not repeated: the model reads it from the last
+`\\boxed{}` of the history):
+
+    user:       Start 47: +5, f.                 assistant: 47+5=52 ... \\boxed{19}
+    user:       Then: +4, f.                     assistant: 19+4=23 ... \\boxed{64}
+
+A follow-up's gold solution is `solve(Problem(previous answer, ops))`: the same steps and the same secret table,
+so its hard steps (lookups the SLM was not taught) are as in any problem and the SLM can hand off in any turn.
+
+- Pretraining (`chat_messages`, `pretrain_example`): a `WorldConfig.multiturn_frac` share of the pretraining
+  examples are conversations of 2..`multiturn_turns` turns; every assistant turn is trained, and for the SLM the
+  results of untaught lookups are masked in every turn (as in single-turn examples).
+- Evaluation (`make_multiturn_split`): `n` conversations of `turns` turns become one `Example` per turn, with the
+  gold earlier turns as `meta["history"]` (teacher-forced history: every turn is graded on the same context for
+  every method) and `meta["turn"]` / `meta["conversation"]`; the report breaks accuracy, LLM calls and cost down
+  by turn.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+from pyrodash.data.example import Example
+from pyrodash.world.task import Problem, Solution, sample_problem, solve, untaught_spans
+
+FOLLOWUP = "Then: "
+
+
+def followup_question(problem: Problem) -> str:
+    """A follow-up's text: "Then: " and the problem's operations, without its start (the previous answer)."""
+    q = problem.question()
+    head, sep, ops = q.partition(": ")
+    if not sep:
+        raise ValueError(f"a world question has the form 'START: OPS', got {q!r}")
+    return FOLLOWUP + ops
+
+
+def sample_conversation(rng: random.Random, turns: int, first_tier: int, followup_tiers: list[int],
+                        table: list[int], sample: Callable[[random.Random, int], Problem] | None = None,
+                        ) -> list[tuple[str, Problem, Solution]]:  # fmt: skip
+    """`turns` (question text, problem, gold solution) triples: a problem of `first_tier`, then follow-ups (tiers
+    drawn from `followup_tiers`) each starting from the previous answer. `sample(rng, tier)` draws a problem
+    (default: `task.sample_problem`)."""
+    if turns < 1:
+        raise ValueError(f"a conversation has at least one turn, got turns={turns}")
+    if not followup_tiers and turns > 1:
+        raise ValueError("followup_tiers must list at least one tier for conversations of 2+ turns")
+    draw = sample or (lambda r, t: sample_problem(r, t))
+    p = draw(rng, first_tier)
+    sol = solve(p, table)
+    out = [(p.question(), p, sol)]
+    for _ in range(turns - 1):
+        nxt = draw(rng, rng.choice(followup_tiers))
+        p = Problem(sol.answer, nxt.ops)
+        sol = solve(p, table)
+        out.append((followup_question(p), p, sol))
+    return out
+
+
+def chat_messages(convo: list[tuple[str, Problem, Solution]], system: str | None = None) -> list[dict]:
+    """The whole conversation as chat messages (gold assistant turns)."""
+    msgs = [{"role": "system", "content": system}] if system else []
+    for q, _, sol in convo:
+        msgs += [{"role": "user", "content": q}, {"role": "assistant", "content": sol.text()}]
+    return msgs
+
+
+def assistant_starts(messages: list[dict], encode_chat) -> list[int]:
+    """Token position where each assistant message's content starts in `encode_chat(messages)` (found through the
+    chat encoder itself, so any template works): the end-of-turn token of an empty assistant message there."""
+    starts = []
+    for i, m in enumerate(messages):
+        if m["role"] == "assistant":
+            _, mask = encode_chat(messages[:i] + [{"role": "assistant", "content": ""}])
+            starts.append(len(mask) - 1 - mask[::-1].index(1))
+    return starts
+
+
+def pretrain_example(rng: random.Random, which: str, turns_max: int, tiers: list[int], followup_tiers: list[int],
+                     table: list[int], known: frozenset[int], encode_chat, system: str | None = None,
+                     sample: Callable[[random.Random, int], Problem] | None = None,
+                     ) -> tuple[list[int], list[int]]:  # fmt: skip
+    """(input ids, labels) of one pretraining conversation of 2..`turns_max` turns; every assistant turn is
+    trained, and for the SLM (`which == "slm"`) the results of lookups outside `known` are masked in each."""
+    convo = sample_conversation(rng, rng.randint(2, max(turns_max, 2)), rng.choice(tiers), followup_tiers, table,
+                                sample)
+    msgs = chat_messages(convo, system)
+    ids, mask = encode_chat(msgs)
+    if which == "slm":
+        for start, (_, _, sol) in zip(assistant_starts(msgs, encode_chat), convo):
+            for a, b in untaught_spans(sol, known):
+                mask[start + a : start + b] = [0] * (b - a)
+    return ids, [t if m else -100 for t, m in zip(ids, mask)]
+
+
+def make_multiturn_split(seed: int, n: int, turns: int, tiers: list[int], followup_tiers: list[int],
+                         table: list[int], known: frozenset[int], exclude: set[str] | None = None,
+                         split: str = "multiturn",
+                         sample: Callable[[random.Random, int], Problem] | None = None) -> list[Example]:  # fmt: skip
+    """`n` conversations of `turns` turns as `n * turns` examples (one per turn, gold history in meta); the first
+    turns' questions are kept out of `exclude` (and added to it), so no split shares a question."""
+    if n < 0:
+        raise ValueError(f"split size must be >= 0, got {n}")
+    rng = random.Random(f"world-split-{seed}-{split}")
+    seen = exclude if exclude is not None else set()
+    out: list[Example] = []
+    c = 0
+    while c < n:
+        convo = sample_conversation(rng, turns, tiers[c % len(tiers)], followup_tiers, table, sample)
+        if convo[0][0] in seen:
+            continue
+        seen.add(convo[0][0])
+        for k, (q, _, sol) in enumerate(convo):
+            hard = [i for i, x in sol.lookups if x not in known]
+            out.append(Example(
+                id=f"world-{split}-{c:05d}-t{k + 1}", benchmark=f"world:{split}", question=q, gold=str(sol.answer),
+                meta={"turn": k + 1, "conversation": f"world-{split}-{c:05d}", "history": chat_messages(convo[:k]),
+                      "steps": list(sol.steps), "hard_steps": hard, "solution": sol.text(),
+                      "tier": len(sol.lookups)},
+            ))  # fmt: skip
+        c += 1
+    return out
+
+
+def turn_prompt_ids(ex: Example, encode_chat) -> list[int]:
+    """Ids of a conversation turn put to a world model: the gold history, the turn's question, the generation
+    prompt."""
+    msgs = list(ex.meta.get("history") or []) + [{"role": "user", "content": ex.question}]
+    ids, _ = encode_chat(msgs, add_generation_prompt=True)
+    return ids
+
+
+def evaluate_turns(model, examples: list[Example], batch_size: int = 200, progress=None,
+                   label: str = "turns") -> dict[int, float]:
+    """{turn: greedy accuracy} of a world model answering each conversation turn after its gold history (the
+    build's check that pretraining taught follow-ups)."""
+    from pyrodash.world.evaluate import grade, greedy_generate, max_new_tokens_for
+    from pyrodash.world.tokenizer import encode_chat
+
+    if not examples:
+        return {}
+    cap = max(max_new_tokens_for(ex) for ex in examples)
+    outs = greedy_generate(model, [turn_prompt_ids(ex, encode_chat) for ex in examples], cap, batch_size, progress,
+                           label)
+    ok = grade(outs, [ex.gold for ex in examples])
+    by: dict[int, list[bool]] = {}
+    for ex, c in zip(examples, ok):
+        by.setdefault(int(ex.meta["turn"]), []).append(c)
+    return {t: round(sum(v) / len(v), 4) for t, v in sorted(by.items())}
