@@ -126,6 +126,17 @@ def _with_system(system: str, messages: list[dict]) -> list[dict]:
     return [{"role": "system", "content": system}] + list(messages)
 
 
+def sampling_fields(temperature: float | None, top_p: float | None, seed: int | None,
+                    stop: list[str] | None) -> dict:
+    """The sampling fields of a `GenRequest` from a caller's options (unset temperature/top_p: the backend default)."""
+    sampling: dict = {"seed": seed, "stop": list(stop or [])}
+    if temperature is not None:
+        sampling["temperature"] = float(temperature)
+    if top_p is not None:
+        sampling["top_p"] = float(top_p)
+    return sampling
+
+
 def handoff_request(
     prompts: Prompts, style: str, messages: list[dict], partial: str, max_tokens: int, sampling: dict | None = None
 ) -> GenRequest:
@@ -248,11 +259,7 @@ class CollaborateEngine:
         budget = self.max_tokens if max_tokens is None else int(max_tokens)
         if budget <= 0:
             raise ValueError(f"max_tokens={budget} must be positive")
-        sampling: dict = {"seed": seed, "stop": list(stop or [])}
-        if temperature is not None:
-            sampling["temperature"] = float(temperature)
-        if top_p is not None:
-            sampling["top_p"] = float(top_p)
+        sampling = sampling_fields(temperature, top_p, seed, stop)
         slm_msgs = _with_system(self.prompts.offload_system, self.messages(question))
         req = GenRequest(
             messages=slm_msgs,

@@ -27,6 +27,7 @@ from collections.abc import AsyncIterator
 from pyrodash.backends.base import GenChunk, GenRequest
 from pyrodash.conversation import turn_number
 from pyrodash.cost import MILLION, Prices, Usage
+from pyrodash.engine import sampling_fields
 from pyrodash.events import Done, Event, LLMDelta, SLMDelta
 from pyrodash.prompts import OFFLOAD_TOKEN
 
@@ -70,11 +71,7 @@ class SoloEngine:
     ) -> AsyncIterator[Event]:
         t0 = time.perf_counter()
         eng = self.engine
-        sampling: dict = {"seed": seed, "stop": list(stop or [])}
-        if temperature is not None:
-            sampling["temperature"] = float(temperature)
-        if top_p is not None:
-            sampling["top_p"] = float(top_p)
+        sampling = sampling_fields(temperature, top_p, seed, stop)
         budget = eng.max_tokens if max_tokens is None else int(max_tokens)
         if max_total_tokens is not None:  # one model answers: the joint budget is its budget
             budget = min(budget, int(max_total_tokens))
