@@ -34,19 +34,8 @@ Where the hard steps fall: a tier-t problem has t lookups between t+1 groups; th
 the first lookup the SLM was not taught lies, as a fraction of the gold solution's length, between about 0.3 and 0.8
 (`first_hard_frac`). A single handoff there leaves the LLM only the rest of the solution to write.
 
-The SLM is taught the table only on the inputs below a threshold (`make_known`: 0..64 at known_frac 0.65); the LLM
-on all of it. The SLM still pretrains on every kind of chain, but the loss never covers the result of a lookup it
-was not taught (`untaught_spans`), so it adds correctly over the whole range and fails exactly at those lookups.
-Which entry a chain needs is only known once the earlier steps are done, so a problem's difficulty is hidden from
-its surface: the SLM solves the first steps and meets, mid-trajectory, a lookup it was never taught (`hard_steps`).
-
-Why a threshold and not a random subset of the table: a model can only learn to hand off before a step it cannot do
-if it can tell that step apart. Measured on a quick-world SLM (hidden 64) taught a random 65% of the table, a linear
-probe on its hidden state at the step boundary before a lookup predicts "untaught" no better than the base rate
-(63% vs 65% on held-out problems): the tiny model holds no usable "I never saw f(x)" feature, so no amount of SFT
-on attention LoRA makes it emit `<offload>` there (Stage 2 measured 0-7.5% on hard problems). The same probe
-predicts "x >= 65" at 96%. A large model's self-knowledge is richer; the threshold gives a 2-layer model the same
-kind of recognisable gap (like a model that can do arithmetic only up to some size).
+What the SLM is taught (the table below a threshold), why a threshold, and how hidden difficulty arises are as in
+the built-in world: see `pyrodash/world/task.py`'s docstring; this module reuses its table and threshold.
 """
 
 from __future__ import annotations
@@ -55,10 +44,9 @@ import random
 from dataclasses import dataclass
 
 from pyrodash.data.example import Example
+from pyrodash.world.task import MOD, STEP_SEP, make_known, make_table  # noqa: F401  (the same table and threshold)
 
-STEP_SEP = "\n\n"
 LINE_SEP = "\n"
-MOD = 100
 MAX_REPS = 9  # the countdown is one digit
 
 # (lo, hi) repetitions of the lead group, of the groups between lookups, and of the tail group.
@@ -93,21 +81,6 @@ class Solution:
             starts.append(pos)
             pos += len(step) + len(STEP_SEP)
         return starts
-
-
-def make_table(seed: int) -> list[int]:
-    """The secret lookup table f, a random permutation of 0..99 fixed by `seed`."""
-    table = list(range(MOD))
-    random.Random(f"world-table-{seed}").shuffle(table)
-    return table
-
-
-def make_known(known_frac: float) -> frozenset[int]:
-    """The table inputs the SLM is taught: 0 .. round(known_frac * 100) - 1 (see the module docstring for why a
-    threshold)."""
-    if not 0.0 < known_frac < 1.0:
-        raise ValueError(f"known_frac must be in (0, 1), got {known_frac}")
-    return frozenset(range(round(known_frac * MOD)))
 
 
 def add_lines(x: int, n: int, k: int) -> tuple[list[str], int]:
