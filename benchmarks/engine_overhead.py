@@ -63,9 +63,10 @@ def scripted_app(script: list[str], handoff_at: int, token_s: float = 0.0, promp
         t_arrive = time.perf_counter()
         body = await request.json()
         model = body["model"]
-        banned = float((body.get("logit_bias") or {}).get(str(OFFLOAD_ID), 0)) <= -100
-        stops = OFFLOAD_ID in (body.get("stop_token_ids") or []) and not banned
-        toks = {"direct": script, "slm": script[:handoff_at] if stops else script, "llm": script[handoff_at:]}[model]
+        bias = float((body.get("logit_bias") or {}).get(str(OFFLOAD_ID), 0))
+        stops = OFFLOAD_ID in (body.get("stop_token_ids") or []) and bias > -100
+        at = 0 if bias >= 100 else handoff_at  # <offload> forced (as a real server would): it is the first token
+        toks = {"direct": script, "slm": script[:at] if stops else script, "llm": script[handoff_at:]}[model]
         rec = [model, t_arrive, None]
         app.state.log.append(rec)
 
