@@ -18,10 +18,8 @@ import argparse
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -30,10 +28,9 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 
 def main(argv: list[str] | None = None) -> int:
-    import httpx
     import psutil
     from engine_overhead import scripted_server_process
-    from server_load import _load, _pct
+    from server_load import _free_port, _load, _pct, _wait_up
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tokens", type=int, default=200, help="tokens per request (SLM + LLM)")
@@ -43,9 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--duration", type=float, default=15.0)
     a = p.parse_args(argv)
     upstream, up_proc = scripted_server_process(a.tokens, a.handoff_at, a.token_ms / 1e3)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = _free_port()
     cmd = [sys.executable, "-m", "pyrodash", "serve", "--slm", f"{upstream}#slm", "--llm", f"{upstream}#llm",
            "--prompts", "qwen-math-v1", "--port", str(port), "--max-tokens", str(4 * a.tokens), "--log-level",
            "warning"]  # fmt: skip
@@ -53,15 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     env.pop("PYRODASH_API_KEY", None)
     serve = subprocess.Popen(cmd, env=env)
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            if serve.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit("pyrodash serve did not come up")
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.3)
+        _wait_up(f"http://127.0.0.1:{port}", serve)
         proc = psutil.Process(serve.pid)
         asyncio.run(_load(("127.0.0.1", port, ""), 2, 2.0, max_tokens=4 * a.tokens))  # warm-up, not counted
         cpu0 = sum(proc.cpu_times()[:2])
