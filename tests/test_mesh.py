@@ -27,6 +27,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+from servers import free_port
 from test_conversation import RecordingBackend
 from test_server import KEY, UvicornThread, llm_server, serve_config, tiny_llm
 from test_server_faults import FaultInjectingLLM
@@ -211,14 +212,6 @@ class SigkillAfterChunks:
         return getattr(self.inner, name)
 
 
-def _free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
 def _start(cmd: list[str], port: int, log: Path, env: dict | None = None) -> subprocess.Popen:
     proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
     deadline = time.monotonic() + 180
@@ -240,7 +233,7 @@ def test_first_llm_killed_mid_handoff_the_second_finishes(tmp_path):
     llm_dir = tiny_model_dir(tmp_path / "llm", seed=1, offload=False)
     slm_dir = tiny_model_dir(tmp_path / "slm", seed=0)
     transformers_cli = Path(sys.executable).parent / "transformers"
-    p1, p2 = _free_port(), _free_port()
+    p1, p2 = free_port(), free_port()
     procs = []
     try:
         procs.append(_start([sys.executable, "-m", "pyrodash", "serve-model", str(llm_dir), "--port", str(p1),

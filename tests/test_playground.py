@@ -11,15 +11,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
+from servers import free_port, stop, wait_healthy
 from test_server import UvicornThread, tiny_llm
 from tiny_models import tiny_model_dir
 
@@ -39,12 +37,6 @@ from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.support.ui import Select, WebDriverWait  # noqa: E402
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     """(pyrodash serve URL, the LLM's server): `pyrodash serve` as a process, stopped at the end."""
@@ -59,30 +51,17 @@ def stack(tmp_path_factory):
         f"prices: paper\noperating_points: {OPS}\nfailure: {{retries: 1, backoff_s: 0.05, timeout_s: 10}}\n"
         "limits: {max_tokens: 256, default_max_tokens: 40}\n"
     )
-    port = _free_port()
+    port = free_port()
     cmd = [sys.executable, "-m", "pyrodash", "serve", "--config", str(cfg), "--port", str(port), "--api-key", KEY,
            "--log-level", "warning"]  # fmt: skip
     proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 180
-        while True:
-            assert proc.poll() is None, proc.stdout.read()
-            assert time.monotonic() < deadline, "pyrodash serve did not come up"
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.3)
+        wait_healthy(url, proc, "pyrodash serve")
         yield url, lsrv
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc)
         if lsrv.thread.is_alive():
             lsrv.__exit__(None, None, None)
 

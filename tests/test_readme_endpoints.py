@@ -13,7 +13,6 @@ import json
 import os
 import shlex
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ from pathlib import Path
 import httpx
 import pytest
 from provider_doubles import anthropic_double, deepseek_double, openai_double
+from servers import free_port
 from tiny_models import mid_trace_bias, tiny_model_dir
 
 from pyrodash.backends.base import GenRequest
@@ -96,12 +96,6 @@ def test_vllm_openai_deepseek_anthropic_examples(tiny, capsys, monkeypatch):
                 assert len(app.state.calls) >= 1
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextlib.contextmanager
 def _process(cmd: list[str], ready_url: str, env: dict, log: Path, timeout: float = 120):
     with log.open("w") as out:
@@ -129,7 +123,7 @@ def _process(cmd: list[str], ready_url: str, env: dict, log: Path, timeout: floa
 @pytest.mark.slow
 def test_transformers_serve_example(tiny, capsys, tmp_path):
     readme_llm = _by_host(":8002/")
-    port = _free_port()
+    port = free_port()
     (tmp_path / "hub").mkdir()
     env = {**os.environ, "HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1"}
     exe = shutil.which("transformers") or str(Path(sys.executable).parent / "transformers")
@@ -161,7 +155,7 @@ def test_litellm_proxy_example(tiny, capsys, tmp_path, monkeypatch):
         cfg = tmp_path / "litellm.yaml"
         cfg.write_text(json.dumps({"model_list": [{"model_name": name, "litellm_params": {
             "model": "hosted_vllm/llm", "api_base": upstream, "api_key": "none"}}]}))
-        port = _free_port()
+        port = free_port()
         master = "sk-litellm-master-0123456789abcdef"  # the proxy's key; clients send it as their API key
         env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "NO_DOCS": "True", "DISABLE_ADMIN_UI": "True",
                "LITELLM_MASTER_KEY": master}

@@ -13,7 +13,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,16 +22,11 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
+from servers import free_port, stop, wait_healthy
 from tiny_models import tiny_model_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _nginx() -> str | None:
@@ -71,29 +65,6 @@ def nginx_conf(upstreams: list[str], port: int, prefix: Path) -> str:
     return conf.replace("http {\n", "http {\n" + temp, 1)
 
 
-def _wait_health(url: str, proc: subprocess.Popen, what: str, timeout: float = 240) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        assert proc.poll() is None, f"{what} exited: {proc.stdout.read() if proc.stdout else ''}"
-        assert time.monotonic() < deadline, f"{what} did not come up"
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.3)
-
-
-def _stop(proc: subprocess.Popen, sig: int = signal.SIGTERM) -> None:
-    if proc.poll() is None:
-        proc.send_signal(sig)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
 @pytest.mark.slow
 def test_nginx_before_two_replicas_serves_the_load_and_metrics_add_up(tmp_path_factory):
     nginx = _nginx()
@@ -102,7 +73,7 @@ def test_nginx_before_two_replicas_serves_the_load_and_metrics_add_up(tmp_path_f
     tmp = tmp_path_factory.mktemp("replicas")
     slm = tiny_model_dir(tmp_path_factory.mktemp("slm"), seed=0)
     llm = tiny_model_dir(tmp_path_factory.mktemp("llm"), seed=1)
-    ports = [_free_port(), _free_port()]
+    ports = [free_port(), free_port()]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     env.pop("PYRODASH_API_KEY", None)
     procs: list[subprocess.Popen] = []
@@ -114,12 +85,12 @@ def test_nginx_before_two_replicas_serves_the_load_and_metrics_add_up(tmp_path_f
             procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                           text=True))  # fmt: skip
         for port, proc in zip(ports, procs):
-            _wait_health(f"http://127.0.0.1:{port}", proc, f"replica :{port}")
-        lb_port = _free_port()
+            wait_healthy(f"http://127.0.0.1:{port}", proc, f"replica :{port}")
+        lb_port = free_port()
         (tmp / "nginx.conf").write_text(nginx_conf([f"127.0.0.1:{p}" for p in ports], lb_port, tmp))
         lb = subprocess.Popen([nginx, "-p", str(tmp), "-c", str(tmp / "nginx.conf"), "-e", str(tmp / "error.log"),
                                "-g", "daemon off;"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        _wait_health(f"http://127.0.0.1:{lb_port}", lb, "nginx", timeout=30)
+        wait_healthy(f"http://127.0.0.1:{lb_port}", lb, "nginx", timeout=30)
         assert httpx.get(f"http://127.0.0.1:{lb_port}/metrics").status_code == 404  # scrape replicas, not nginx
 
         before = [parse_metrics(httpx.get(f"http://127.0.0.1:{p}/metrics").text) for p in ports]
@@ -156,9 +127,9 @@ def test_nginx_before_two_replicas_serves_the_load_and_metrics_add_up(tmp_path_f
         assert 0 <= handoffs <= sent and calls >= handoffs
     finally:
         if lb is not None:
-            _stop(lb, signal.SIGQUIT)  # nginx first (SIGQUIT: graceful shutdown), then the replicas
+            stop(lb, signal.SIGQUIT)  # nginx first (SIGQUIT: graceful shutdown), then the replicas
         for proc in procs:
-            _stop(proc)
+            stop(proc)
 
 
 def test_parse_metrics_reads_labels_and_sums_over_replicas():

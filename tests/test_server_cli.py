@@ -9,27 +9,19 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx
 import openai
 import pytest
+from servers import free_port, wait_healthy
 from test_server import llm_server, tiny_llm
 from tiny_models import tiny_model_dir
 
 from pyrodash.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_serve_without_models_is_a_clear_cli_error(capsys, monkeypatch):
@@ -46,7 +38,7 @@ def test_serve_without_models_is_a_clear_cli_error(capsys, monkeypatch):
 
 def test_serve_process_answers_and_shuts_down_gracefully(tmp_path_factory):
     slm_dir = tiny_model_dir(tmp_path_factory.mktemp("slm"), seed=0)
-    port = _free_port()
+    port = free_port()
     with llm_server(tiny_llm(tmp_path_factory)) as lsrv:
         cmd = [sys.executable, "-m", "pyrodash.cli", "serve", "--slm", str(slm_dir), "--llm",
                f"{lsrv.url}/v1#tiny-llm", "--prompts", "world-v1", "--port", str(port), "--api-key", "k",
@@ -55,15 +47,7 @@ def test_serve_process_answers_and_shuts_down_gracefully(tmp_path_factory):
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
         url = f"http://127.0.0.1:{port}"
         try:
-            deadline = time.monotonic() + 180
-            while True:
-                assert proc.poll() is None, proc.stdout.read()
-                assert time.monotonic() < deadline, "pyrodash serve did not come up"
-                try:
-                    if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    time.sleep(0.3)
+            wait_healthy(url, proc, "pyrodash serve")
             client = openai.OpenAI(base_url=f"{url}/v1", api_key="k", max_retries=0, timeout=60)
             r = client.chat.completions.create(model="pyrodash", messages=[{"role": "user", "content": "1+2="}],
                                                max_tokens=5, extra_body={"offload_bias": 100.0})  # fmt: skip
