@@ -34,17 +34,17 @@ def test_followups_continue_from_the_previous_answer():
     for (_, _, prev), (q, p, sol) in zip(convo, convo[1:]):
         assert q.startswith(FOLLOWUP) and p.start == prev.answer
         assert q == FOLLOWUP + p.question().split(": ", 1)[1] and sol == solve(p, TABLE)
-        assert sol.steps[0].startswith(f"{prev.answer}+")  # the first step starts from the previous answer
-    assert followup_question(Problem(5, (3, None))) == FOLLOWUP + Problem(5, (3, None)).question().split(": ", 1)[1]
+        assert sol.steps[0].startswith(f"{prev.answer:02d}+")  # the first step starts from the previous answer
+    assert followup_question(Problem(5, 3, 4, 1)) == FOLLOWUP + "+3x4 f1"
     with pytest.raises(ValueError, match="at least one turn"):
         sample_conversation(random.Random(0), 0, 1, [1], TABLE)
 
 
 def test_multiturn_split_one_example_per_turn_with_gold_history():
-    seen = {"Start 1: +1, f."}
+    seen = {"01: +1x7 f1"}
     exs = make_multiturn_split(0, 5, 3, [1, 2], [1], TABLE, KNOWN, exclude=seen)
     assert len(exs) == 15 and len({e.id for e in exs}) == 15 and {e.benchmark for e in exs} == {"world:multiturn"}
-    assert exs == make_multiturn_split(0, 5, 3, [1, 2], [1], TABLE, KNOWN, exclude={"Start 1: +1, f."})
+    assert exs == make_multiturn_split(0, 5, 3, [1, 2], [1], TABLE, KNOWN, exclude={"01: +1x7 f1"})
     for c in range(5):
         t1, t2, t3 = exs[3 * c : 3 * c + 3]
         assert [e.meta["turn"] for e in (t1, t2, t3)] == [1, 2, 3] and t1.meta["history"] == []
@@ -53,7 +53,8 @@ def test_multiturn_split_one_example_per_turn_with_gold_history():
                                       {"role": "assistant", "content": t1.meta["solution"]}]
         assert t3.meta["history"] == t2.meta["history"] + [{"role": "user", "content": t2.question},
                                                            {"role": "assistant", "content": t2.meta["solution"]}]
-        assert t3.meta["solution"].startswith(t2.gold + "+") and t3.meta["solution"].endswith(f"{{{t3.gold}}}")
+        assert t3.meta["solution"].startswith(f"{int(t2.gold):02d}+")
+        assert t3.meta["solution"].endswith(f"{{{t3.gold}}}")
 
 
 @pytest.mark.parametrize("which", ["slm", "llm"])

@@ -57,7 +57,7 @@ def test_splits_deterministic_per_seed_and_disjoint():
 
 def test_solution_format_and_hard_steps():
     from pyrodash.grading import is_correct
-    from pyrodash.world.task import to_example
+    from pyrodash.world.task import ADDS_PER_LOOKUP, Problem, to_example
 
     table, known = make_table(0), make_known(0.6)
     rng = random.Random(0)
@@ -66,8 +66,9 @@ def test_solution_format_and_hard_steps():
             p = sample_problem(rng, tier)
             ex = to_example(p, table, known, "t", 0, tier)
             steps = ex.meta["steps"]
-            assert len(steps) == 2 * tier and sum(s.startswith("f(") for s in steps) == tier
-            assert "+" in steps[0]  # the first step is always an addition: no lookup is visible in the question
+            assert len(steps) == 2 * tier + 1 and sum(s.startswith("f(") for s in steps) == tier
+            assert len(steps[0].split("\n")) == p.run and "+" in steps[0]  # the lead run: no lookup in the question
+            assert all(len(s.split("\n")) == ADDS_PER_LOOKUP for s in steps[2::2])
             assert ex.meta["solution"] == STEP_SEP.join(steps) + STEP_SEP + f"\\boxed{{{ex.gold}}}"
             assert is_correct(ex.meta["solution"], ex.gold)
             for i in ex.meta["hard_steps"]:
@@ -75,6 +76,33 @@ def test_solution_format_and_hard_steps():
                 assert x not in known and i >= 1
             assert all(int(s[2 : s.index(")")]) in known for i, s in enumerate(steps)
                        if s.startswith("f(") and i not in ex.meta["hard_steps"])
+    # every addition line carries (additions left in its run, lookups left): each line follows from the one before
+    sol = solve(Problem(95, 7, 3, 2), table)
+    assert sol.steps[0] == "95+7=02 (2,2)\n02+7=09 (1,2)\n09+7=16 (0,2)"
+    y = table[16]
+    assert sol.steps[1] == f"f(16)={y:02d}" and sol.steps[2] == f"{y:02d}+7={(y + 7) % 100:02d} (0,1)"
+    assert sol.steps[4].endswith("(0,0)") and Problem(5, 7, 3, 2).question() == "05: +7x3 f2"
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_world_economics_hold_from_gold_solutions(seed):
+    """The task's design targets, from gold solutions and the real token counts (no model): LLM-only writes >= 10x
+    what it reads, the first untaught step sits mid-solution (median 0.3-0.7 of its length), and a single handoff
+    right before it costs <= 50% of LLM-only (`scripts/world_economics.py` prints the same per tier)."""
+    import importlib.util
+    from pathlib import Path
+
+    from pyrodash.cost import Prices
+    from pyrodash.world.build import make_splits
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "world_economics.py"
+    spec = importlib.util.spec_from_file_location("world_economics", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    splits = make_splits(WorldConfig.from_preset("quick"), seed)
+    out = mod.economics({n: splits[n] for n in TIER_SPLITS}, get_prompts("world-v1"), Prices.from_yaml("paper"))
+    assert out["out_in"] >= 10 and 0.3 <= out["first_hard_median"] <= 0.7 and out["oracle_cost"] <= 0.5, out
+    assert 0.2 <= out["no_hard_share"] <= 0.4, out  # what the base SLM can solve alone (paper: 28.4%)
 
 
 def test_slm_pretraining_never_sees_untaught_lookup_results():
@@ -97,6 +125,7 @@ def test_slm_pretraining_never_sees_untaught_lookup_results():
             for k, step in enumerate(sol.split(STEP_SEP)):
                 if step.startswith("f("):
                     x, y = step[2 : step.index(")")], step[step.index("=") + 1 :]
+                    assert len(x) == len(y) == 2
                     seg = trained.split(STEP_SEP)[k]
                     untaught = which == "slm" and int(x) not in known
                     assert seg == (step[: step.index("=") + 1] + "_" * len(y) if untaught else step)
@@ -112,7 +141,7 @@ def test_untaught_spans_point_at_lookup_results():
         spans = untaught_spans(sol, known)
         assert len(spans) == sum(x not in known for _, x in sol.lookups)
         for (a, b), (_, x) in zip(spans, [lk for lk in sol.lookups if lk[1] not in known]):
-            assert sol.text()[a:b] == str(table[x]) and sol.text()[a - 1] == "="
+            assert sol.text()[a:b] == f"{table[x]:02d}" and sol.text()[a - 1] == "="
 
 
 def test_bad_config_raises():
@@ -129,9 +158,12 @@ def test_bad_config_raises():
 def test_tokenizer_round_trip(tok):
     from pyrodash.world.tokenizer import encode_text
 
-    text = "Start 47: +35, f.\n\n47+35=82\n\n\\boxed{82} ~!`|"
+    text = "47: +5x1 f1\n\n47+5=52 (0,1)\n\n\\boxed{52} ~!`|"
     ids = tok.encode(text, add_special_tokens=False)
     assert ids == encode_text(text) and len(ids) == len(text)
+    # a role word is one token wherever it appears, in HF's tokenizer and in `encode_text` alike
+    assert tok.encode("users assistant", add_special_tokens=False) == encode_text("users assistant")
+    assert len(encode_text("users assistant")) == 4 and tok.decode(encode_text("users assistant")) == "users assistant"
     assert tok.decode(ids) == text
     assert tok.eos_token == "<|im_end|>" and tok.pad_token == "<|endoftext|>" and tok.pad_token_id != tok.eos_token_id
     assert tok.convert_tokens_to_ids(OFFLOAD_TOKEN) == tok.unk_token_id  # not in the base vocabulary
@@ -141,8 +173,8 @@ def test_chat_template_matches_fast_encoder(tok):
     from pyrodash.world.tokenizer import encode_chat, render_chat
 
     p = get_prompts("world-v1")
-    msgs = [{"role": "system", "content": p.completion_system}, {"role": "user", "content": "Start 1: +2, f."},
-            {"role": "assistant", "content": "1+2=3\n\nf(3)=7\n\n\\boxed{7}"}]
+    msgs = [{"role": "system", "content": p.completion_system}, {"role": "user", "content": "01: +2x1 f1"},
+            {"role": "assistant", "content": "01+2=03 (0,1)\n\nf(03)=07\n\n\\boxed{7}"}]
     out = tok.apply_chat_template(msgs, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
     ids, mask = encode_chat(msgs)
     assert out["input_ids"] == ids and out["assistant_masks"] == mask
@@ -150,9 +182,10 @@ def test_chat_template_matches_fast_encoder(tok):
     assert tok.apply_chat_template(msgs, tokenize=False) == render_chat(msgs)
     gen = tok.apply_chat_template(msgs[:2], tokenize=False, add_generation_prompt=True)
     assert gen == render_chat(msgs[:2], add_generation_prompt=True) and gen.endswith("<|im_start|>assistant\n")
-    partial = [*msgs[:2], {"role": "assistant", "content": "1+2=3\n\n"}]
+    partial = [*msgs[:2], {"role": "assistant", "content": "01+2=03 (0,1)\n\n"}]
     cont = tok.apply_chat_template(partial, tokenize=False, continue_final_message=True)
-    assert cont == gen + "1+2=3\n\n"
+    assert cont == gen + "01+2=03 (0,1)\n\n"
+    assert len(encode_chat(msgs[1:2], add_generation_prompt=True)[0]) == 8 + len("01: +2x1 f1")  # compact roles
     with pytest.raises(ValueError, match="role"):
         encode_chat([{"role": "tool", "content": "x"}])
 
@@ -174,7 +207,7 @@ def test_tiny_build_loads_with_hf(tiny_world):
         assert type(model).__name__ == "Qwen3ForCausalLM" and model.config.tie_word_embeddings is tied
         assert any(n.endswith("q_proj.weight") for n, _ in model.named_parameters())
         assert GenerationConfig.from_pretrained(str(tiny_world / which)).eos_token_id == tk.eos_token_id
-        ids = tk.apply_chat_template([{"role": "user", "content": "Start 1: +2, f."}], add_generation_prompt=True,
+        ids = tk.apply_chat_template([{"role": "user", "content": "01: +2x1 f1"}], add_generation_prompt=True,
                                      return_tensors="pt", return_dict=True)
         out = model.generate(**ids, max_new_tokens=5, do_sample=False)
         assert out.shape[1] > ids["input_ids"].shape[1]

@@ -40,13 +40,15 @@ def make_splits(cfg: WorldConfig, seed: int) -> dict[str, list[Example]]:
     seen: set[str] = set()
     out = {}
     for name, tier in zip(TIER_SPLITS, cfg.tiers):
-        out[name] = make_split(seed, name, cfg.n_test, [tier], table, known, seen, cfg.max_addend)
-    out["val"] = make_split(seed, "val", cfg.n_val, list(cfg.tiers), table, known, seen, cfg.max_addend)
-    out["train"] = make_split(seed, "train", cfg.n_train, list(cfg.tiers), table, known, seen, cfg.max_addend)
+        out[name] = make_split(seed, name, cfg.n_test, [tier], table, known, seen, cfg.max_addend,
+                               cfg.lead_runs)
+    out["val"] = make_split(seed, "val", cfg.n_val, list(cfg.tiers), table, known, seen, cfg.max_addend, cfg.lead_runs)
+    out["train"] = make_split(seed, "train", cfg.n_train, list(cfg.tiers), table, known, seen, cfg.max_addend,
+                              cfg.lead_runs)
     # conversations (one example per turn, gold history in meta): openers of tiers 1-2, follow-ups of followup_tiers
     out["multiturn"] = make_multiturn_split(seed, cfg.n_multiturn, cfg.multiturn_turns, list(cfg.tiers[:2]),
                                             list(cfg.followup_tiers), table, known, seen,
-                                            sample=lambda r, t: sample_problem(r, t, cfg.max_addend))
+                                            sample=lambda r, t: sample_problem(r, t, cfg.max_addend, cfg.lead_runs))
     return {name: out[name] for name in SPLITS}
 
 

@@ -4,11 +4,11 @@ A conversation opens with an ordinary world problem; each follow-up applies more
 answer, written "Then: " + the operations (the previous answer is not repeated: the model reads it from the last
 `\\boxed{}` of the history):
 
-    user:       Start 47: +5, f.                 assistant: 47+5=52 ... \\boxed{19}
-    user:       Then: +4, f.                     assistant: 19+4=23 ... \\boxed{64}
+    user:       47: +7x4 f1                     assistant: 47+7=54 (3,1) ... \\boxed{26}
+    user:       Then: +3x6 f2                   assistant: 26+3=29 (5,2) ... \\boxed{64}
 
-A follow-up's gold solution is `solve(Problem(previous answer, ops))`: the same steps and the same secret table,
-so its hard steps (lookups the SLM was not taught) are as in any problem and the SLM can hand off in any turn.
+A follow-up's gold solution is `solve(replace(problem, start=previous answer))`: the same steps and the same secret
+table, so its hard steps (lookups the SLM was not taught) are as in any problem and the SLM can hand off in any turn.
 
 - Pretraining (`chat_messages`, `pretrain_example`): a `WorldConfig.multiturn_frac` share of the pretraining
   examples are conversations of 2..`multiturn_turns` turns; every assistant turn is trained, and for the SLM the
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from dataclasses import replace
 
 from pyrodash.data.example import Example
 from pyrodash.world.task import Problem, Solution, sample_problem, solve, untaught_spans
@@ -32,11 +33,7 @@ FOLLOWUP = "Then: "
 
 def followup_question(problem: Problem) -> str:
     """A follow-up's text: "Then: " and the problem's operations, without its start (the previous answer)."""
-    q = problem.question()
-    head, sep, ops = q.partition(": ")
-    if not sep:
-        raise ValueError(f"a world question has the form 'START: OPS', got {q!r}")
-    return FOLLOWUP + ops
+    return FOLLOWUP + problem.program()
 
 
 def sample_conversation(rng: random.Random, turns: int, first_tier: int, followup_tiers: list[int],
@@ -55,7 +52,7 @@ def sample_conversation(rng: random.Random, turns: int, first_tier: int, followu
     out = [(p.question(), p, sol)]
     for _ in range(turns - 1):
         nxt = draw(rng, rng.choice(followup_tiers))
-        p = Problem(sol.answer, nxt.ops)
+        p = replace(nxt, start=sol.answer)
         sol = solve(p, table)
         out.append((followup_question(p), p, sol))
     return out

@@ -62,11 +62,12 @@ def example_stream(which: str, cfg: WorldConfig, seed: int) -> Iterator[tuple[li
             system = mt_rng.choice(systems) if mt_rng.random() < cfg.system_frac else None
             ids, labels = pretrain_example(mt_rng, which, cfg.multiturn_turns, list(cfg.pretrain_tiers),
                                            list(cfg.followup_tiers), table, known, encode_chat, system,
-                                           sample=lambda r, t: sample_problem(r, t, cfg.max_addend))
+                                           sample=lambda r, t: sample_problem(r, t, cfg.max_addend,
+                                                                                   cfg.pretrain_lead_runs))
             yield ids[:-1], labels[:-1]  # as below: the trailing "\n" after the last <|im_end|> is never trained
             continue
         tier = rng.choice(cfg.pretrain_tiers)
-        p = sample_problem(rng, tier, cfg.max_addend)
+        p = sample_problem(rng, tier, cfg.max_addend, cfg.pretrain_lead_runs)
         sol = solve(p, table)
         system = rng.choice(systems) if rng.random() < cfg.system_frac else None
         ids, mask = encode_chat(chat_example(p.question(), sol.text(), system))
@@ -104,29 +105,6 @@ def lr_at(step: int, spec: ModelSpec) -> float:
     return spec.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, t))))
 
 
-def fp32_eager_attention(module, query, key, value, attention_mask, **kwargs):
-    """Transformers' eager attention computed in float32 inside a bf16 autocast region: the projections and MLPs run
-    in bf16, the attention scores and softmax do not. Measured on the quick world (same steps, same data): with the
-    scores rounded to bf16 (plain eager attention under autocast) the LLM solved 0% of the 4- and 5-lookup tiers;
-    with them in float32, 100%."""
-    from transformers.models.qwen3.modeling_qwen3 import eager_attention_forward
-
-    with torch.autocast("cpu", enabled=False):
-        out, weights = eager_attention_forward(module, query.float(), key.float(), value.float(), attention_mask,
-                                               **kwargs)
-    return out.to(query.dtype), weights
-
-
-def use_fp32_eager_attention(model) -> None:
-    """Switch `model` to `fp32_eager_attention`, with the causal mask transformers builds for eager attention."""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, eager_mask
-
-    AttentionInterface.register("fp32_eager", fp32_eager_attention)
-    AttentionMaskInterface.register("fp32_eager", eager_mask)  # without it, no mask: every token sees the future
-    model.set_attn_implementation("fp32_eager")
-
-
 def train_step(model, opt, x: torch.Tensor, y: torch.Tensor) -> float:
     """One pretraining update: forward under bf16 autocast, backward, clip to norm 1, optimizer step; the loss."""
     with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -158,12 +136,10 @@ def _pretrain(which: str, cfg: WorldConfig, seed: int, progress=None,
     spec = cfg.slm if which == "slm" else cfg.llm
     torch.manual_seed(seed * 1000 + (0 if which == "slm" else 1))
     model = Qwen3ForCausalLM(model_config(spec))
-    # Training step speed, measured single-threaded on this machine kind (ms per step, quick LLM / the earlier
-    # 128-wide full LLM / SLM): SDPA (its CPU flash-attention kernel; bf16 autocast for the LLMs, fp32 for the SLM)
-    # 69 / 131 / 61; fp32 eager attention under bf16 autocast 50 / 104 / 59 (`benchmarks/world_pretrain_step.py`).
-    # SDPA's CPU backward is slow at head dim 16-32 (37% of a step). Inference (evaluation here, and every later
-    # `from_pretrained`) uses SDPA, restored after training.
-    use_fp32_eager_attention(model)
+    # SDPA (PyTorch's CPU flash-attention kernel, which accumulates in float32 under bf16 autocast). On this world's
+    # ~220-token examples it is faster than eager attention computed in float32 (what builds of the earlier,
+    # 130-token world used): `benchmarks/world_pretrain_step.py` prints the ratio.
+    model.set_attn_implementation("sdpa")
     model.train()
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
@@ -185,7 +161,6 @@ def _pretrain(which: str, cfg: WorldConfig, seed: int, progress=None,
             progress.update(task, advance=1, description=f"pretrain {which} loss {value:.3f}")
         if on_step is not None:
             on_step(step + 1, value)
-    model.set_attn_implementation("sdpa")
     model.eval()
     return model, losses
 

@@ -1,35 +1,58 @@
-"""The built-in world's task: chains of additions mod 100 and lookups in a secret table, solved step by step.
+"""The built-in world's task: runs of additions mod 100 and lookups in a secret table, worked out line by line.
 
-A problem starts from a number and applies a list of operations; `+n` adds n (mod 100) and `f` looks the current
-value up in a fixed random permutation `f: 0..99 -> 0..99` (seeded). The question and its gold solution:
+A problem gives a start, an addend, a run length and a number of lookups. The solution adds the addend `run`
+times, then does `lookups` rounds of: look the value up in a fixed random permutation `f: 0..99 -> 0..99` (seeded),
+and add the addend `ADDS_PER_LOOKUP` times. The question and its gold solution:
 
-    Start 47: +5, f, +2, f.
+    47: +7x4 f2
 
-    47+5=52
+    47+7=54 (3,2)
+    54+7=61 (2,2)
+    61+7=68 (1,2)
+    68+7=75 (0,2)
 
-    f(52)=19
+    f(75)=19
 
-    19+2=21
+    19+7=26 (1,1)
+    26+7=33 (0,1)
 
-    f(21)=64
+    f(33)=64
 
-    \\boxed{64}
+    64+7=71 (1,0)
+    71+7=78 (0,0)
 
-Steps are separated by a blank line (`STEP_SEP`, the boundary GlimpRouter cuts at). The SLM is taught the table
-only on the inputs below a threshold (`make_known`: 0..64 at known_frac 0.65); the LLM on all of it. The SLM still
-pretrains on every kind of chain, but the loss never covers the result of a lookup it was not taught
-(`untaught_spans`), so it adds correctly over the whole range and fails exactly at those lookups. Which entry a
-chain needs is only known once the earlier steps are done, so a problem's difficulty is hidden from its surface:
-the SLM solves the first steps and meets, mid-trajectory, a lookup it was never taught (`hard_steps`). A problem of
-tier t has t lookups, each after an addition (2t steps), so higher tiers are longer and more likely to be hard.
+    \\boxed{78}
+
+Every addition line carries two counters: the additions left in its run and the lookups left. So each line follows
+from the line before it (and the table), and no step needs to find its place in the question: a small model never
+counts a run or looks far back. (The earlier world listed every operation in the question, "Start 47: +5, f, +2,
+f."; its models had to locate the next operation in the question, a skill a 3-layer model learnt late and abruptly,
+and its solutions were only 1.4x as long as the prompt.) Values are written with two digits ("07").
+
+A step is a run of additions (its lines joined by "\\n") or one lookup; steps are separated by a blank line
+(`STEP_SEP`, the boundary GlimpRouter cuts at and `<offload>` is placed at).
+
+Why this shape, measured by `scripts/world_economics.py` from gold solutions before any training:
+- reasoning-workload economics: a short question expands into a long worked solution (LLM-only writes ~10x the
+  tokens it reads, as in the paper's Table 4 where it writes ~30x);
+- the lookups sit after a long lead run, so the first lookup the SLM was not taught falls anywhere from about a
+  third of the way through the solution to near its end (`first_hard_frac`); a single handoff there leaves the LLM
+  only the rest to write.
+
+The SLM is taught the table only on the inputs below a threshold (`make_known`: 0..64 at known_frac 0.65); the LLM
+on all of it. The SLM still pretrains on every kind of problem, but the loss never covers the result of a lookup it
+was not taught (`untaught_spans`), so it adds and counts correctly everywhere and fails exactly at those lookups.
+Which entry a problem needs is only known once the earlier lines are worked out, so difficulty is hidden from the
+question: the SLM meets, mid-solution, a lookup it was never taught (`hard_steps`). A problem of tier t has t
+lookups, so higher tiers are longer and more likely to be hard.
 
 Why a threshold and not a random subset of the table: a model can only learn to hand off before a step it cannot do
 if it can tell that step apart. Measured on a quick-world SLM (hidden 64) taught a random 65% of the table, a linear
 probe on its hidden state at the step boundary before a lookup predicts "untaught" no better than the base rate
 (63% vs 65% on held-out problems): the tiny model holds no usable "I never saw f(x)" feature, so no amount of SFT
 on attention LoRA makes it emit `<offload>` there (Stage 2 measured 0-7.5% on hard problems). The same probe
-predicts "x >= 65" at 96%. A large model's self-knowledge is richer; the threshold gives a 2-layer model the same
-kind of recognisable gap (like a model that can do arithmetic only up to some size).
+predicts "x >= 65" at 96%. A large model's self-knowledge is richer; the threshold gives a small model the same kind
+of recognisable gap (like a model that can do arithmetic only up to some size).
 """
 
 from __future__ import annotations
@@ -40,26 +63,43 @@ from dataclasses import dataclass
 from pyrodash.data.example import Example
 
 STEP_SEP = "\n\n"
+LINE_SEP = "\n"
 MOD = 100
+ADDS_PER_LOOKUP = 1  # additions after every lookup
+MAX_RUN = 9  # the counters are one digit
 
 
 @dataclass(frozen=True)
 class Problem:
     start: int
-    ops: tuple[int | None, ...]  # an int n is "+n", None is a lookup "f"
+    addend: int  # 1..9
+    run: int  # additions before the first lookup (the lead run)
+    lookups: int  # rounds of "f, then ADDS_PER_LOOKUP additions"
 
     def question(self) -> str:
-        return f"Start {self.start}: " + ", ".join("f" if op is None else f"+{op}" for op in self.ops) + "."
+        return f"{self.start:02d}: {self.program()}"
+
+    def program(self) -> str:
+        """The question without its start, e.g. "+7x4 f2" (a follow-up turn's operations)."""
+        return f"+{self.addend}x{self.run} f{self.lookups}"
 
 
 @dataclass(frozen=True)
 class Solution:
-    steps: tuple[str, ...]  # one string per step, e.g. "47+35=82" or "f(82)=19"
+    steps: tuple[str, ...]  # one string per step: a run of addition lines, or "f(62)=19"
     lookups: tuple[tuple[int, int], ...]  # (step index, table input) of every lookup step
     answer: int
 
     def text(self) -> str:
-        return STEP_SEP.join(self.steps) + STEP_SEP + f"\\boxed{{{self.answer}}}"
+        return STEP_SEP.join(self.steps) + STEP_SEP + f"\\boxed{{{self.answer:02d}}}"
+
+    def step_starts(self) -> list[int]:
+        """Character offset of every step in `text()`."""
+        starts, pos = [], 0
+        for step in self.steps:
+            starts.append(pos)
+            pos += len(step) + len(STEP_SEP)
+        return starts
 
 
 def make_table(seed: int) -> list[int]:
@@ -77,41 +117,45 @@ def make_known(known_frac: float) -> frozenset[int]:
     return frozenset(range(round(known_frac * MOD)))
 
 
+def add_lines(x: int, n: int, k: int, lookups_left: int) -> tuple[list[str], int]:
+    """The worked lines of adding n to x, k times, each with its counters (additions left, lookups left)."""
+    lines = []
+    for left in range(k - 1, -1, -1):
+        y = (x + n) % MOD
+        lines.append(f"{x:02d}+{n}={y:02d} ({left},{lookups_left})")
+        x = y
+    return lines, x
+
+
 def solve(problem: Problem, table: list[int]) -> Solution:
     """The gold step-by-step solution of `problem` under `table`."""
-    x, steps, lookups = problem.start, [], []
-    for op in problem.ops:
-        if op is None:
-            lookups.append((len(steps), x))
-            steps.append(f"f({x})={table[x]}")
-            x = table[x]
-        else:
-            y = (x + op) % MOD
-            steps.append(f"{x}+{op}={y}")
-            x = y
+    steps, lookups = [], []
+    lines, x = add_lines(problem.start, problem.addend, problem.run, problem.lookups)
+    steps.append(LINE_SEP.join(lines))
+    for r in range(problem.lookups - 1, -1, -1):
+        lookups.append((len(steps), x))
+        steps.append(f"f({x:02d})={table[x]:02d}")
+        lines, x = add_lines(table[x], problem.addend, ADDS_PER_LOOKUP, r)
+        steps.append(LINE_SEP.join(lines))
     return Solution(tuple(steps), tuple(lookups), x)
 
 
-def sample_problem(rng: random.Random, tier: int, max_addend: int = 9) -> Problem:
-    """A random problem of `tier` (>= 1): `tier` pairs "+n, f" with distinct addends n in 1..max_addend, so each
-    step is located in the question by the addend before it (small models cannot count long runs of "f")."""
+def sample_problem(rng: random.Random, tier: int, max_addend: int = 9, runs: tuple[int, int] = (7, 9)) -> Problem:
+    """A random problem of `tier` (>= 1 lookups): start 0..99, addend 1..max_addend, lead run in `runs`."""
     if tier < 1:
         raise ValueError(f"tier must be >= 1, got {tier}")
-    if not tier <= max_addend < MOD:
-        raise ValueError(f"max_addend must be in {tier}..{MOD - 1} (distinct addends per problem), got {max_addend}")
-    ops: list[int | None] = []
-    for n in rng.sample(range(1, max_addend + 1), tier):
-        ops += [n, None]
-    return Problem(rng.randrange(MOD), tuple(ops))
+    if not 1 <= max_addend <= 9:
+        raise ValueError(f"max_addend must be in 1..9 (one digit), got {max_addend}")
+    lo, hi = runs
+    if not 1 <= lo <= hi <= MAX_RUN:
+        raise ValueError(f"the lead run range must satisfy 1 <= lo <= hi <= {MAX_RUN}, got {runs}")
+    return Problem(rng.randrange(MOD), rng.randint(1, max_addend), rng.randint(lo, hi), tier)
 
 
 def untaught_spans(solution: Solution, known: frozenset[int]) -> list[tuple[int, int]]:
     """Character spans of `solution.text()` holding the result of a lookup outside `known`, e.g. "23" in
     "f(70)=23": the SLM's pretraining loss skips them, so it never learns those entries."""
-    starts, pos = [], 0
-    for step in solution.steps:
-        starts.append(pos)
-        pos += len(step) + len(STEP_SEP)
+    starts = solution.step_starts()
     spans = []
     for j, x in solution.lookups:
         if x not in known:
@@ -133,7 +177,8 @@ def to_example(problem: Problem, table: list[int], known: frozenset[int], split:
 
 
 def make_split(seed: int, split: str, n: int, tiers: list[int], table: list[int], known: frozenset[int],
-               exclude: set[str] | None = None, max_addend: int = 9) -> list[Example]:
+               exclude: set[str] | None = None, max_addend: int = 9, runs: tuple[int, int] = (7, 9)
+               ) -> list[Example]:  # fmt: skip
     """`n` distinct problems for `split`, tiers cycling through `tiers`; questions in `exclude` are skipped (and
     the new ones added to it), so splits never share a question."""
     if n < 0:
@@ -143,7 +188,7 @@ def make_split(seed: int, split: str, n: int, tiers: list[int], table: list[int]
     out: list[Example] = []
     while len(out) < n:
         tier = tiers[len(out) % len(tiers)]
-        p = sample_problem(rng, tier, max_addend)
+        p = sample_problem(rng, tier, max_addend, runs)
         q = p.question()
         if q in seen:
             continue

@@ -1,22 +1,25 @@
 """The built-in world's character-level tokenizer, built locally with the `tokenizers` library.
 
-One token per character of printable ASCII plus newline and tab, and four special tokens: `<|im_start|>` and
-`<|im_end|>` (chat roles; `<|im_end|>` is the EOS used for generation), `<|endoftext|>` (padding) and `<|unk|>`
-(any other character). The chat template is Qwen-style and wraps assistant content in `{% generation %}` markers,
-so TRL's assistant-only loss and `return_assistant_tokens_mask` work. `<offload>` is NOT in the vocabulary: Stage 1
-adds it (`pyrodash.tokens.add_offload_token`), as in the paper.
+One token per character of printable ASCII plus newline and tab, one token for each role word (`system`, `user`,
+`assistant`: a prompt's template costs 8 tokens, not 19, which matters to the world's token economics), and four
+special tokens: `<|im_start|>` and `<|im_end|>` (chat roles; `<|im_end|>` is the EOS used for generation),
+`<|endoftext|>` (padding) and `<|unk|>` (any other character). The chat template is Qwen-style and wraps assistant
+content in `{% generation %}` markers, so TRL's assistant-only loss and `return_assistant_tokens_mask` work.
+`<offload>` is NOT in the vocabulary: Stage 1 adds it (`pyrodash.tokens.add_offload_token`), as in the paper.
 
 `render_chat` and `encode_chat` reproduce the template in plain Python (the pretraining loop encodes hundreds of
-thousands of examples; jinja would be the bottleneck); tests check that they agree with `apply_chat_template`.
-"""
+thousands of examples; jinja would be the bottleneck); tests check that they agree with `apply_chat_template`."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 IM_START, IM_END, PAD, UNK = "<|im_start|>", "<|im_end|>", "<|endoftext|>", "<|unk|>"
 SPECIAL_TOKENS = (PAD, IM_START, IM_END, UNK)  # ids 0..3
 CHARS = "\n\t" + "".join(chr(c) for c in range(32, 127))
+ROLES = ("system", "user", "assistant")  # one token each, wherever they appear (as HF added tokens match)
+_ROLE_RE = re.compile("|".join(ROLES))
 
 CHAT_TEMPLATE = (
     "{%- for message in messages -%}"
@@ -33,19 +36,20 @@ CHAT_TEMPLATE = (
     "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
 )
 
-VOCAB: dict[str, int] = {tok: i for i, tok in enumerate(SPECIAL_TOKENS + tuple(CHARS))}
+VOCAB: dict[str, int] = {tok: i for i, tok in enumerate(SPECIAL_TOKENS + tuple(CHARS) + ROLES)}
 PAD_ID, IM_START_ID, IM_END_ID, UNK_ID = (VOCAB[t] for t in SPECIAL_TOKENS)
 
 
 def build_tokenizer():
     """A `PreTrainedTokenizerFast` over the world vocabulary, with the chat template and special tokens set."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.WordLevel(vocab=dict(VOCAB), unk_token=UNK))
     tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
     tok.decoder = decoders.Fuse()
     tok.add_special_tokens(list(SPECIAL_TOKENS))
+    tok.add_tokens([AddedToken(r, normalized=False) for r in ROLES])
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok, bos_token=None, eos_token=IM_END, pad_token=PAD, unk_token=UNK,
         additional_special_tokens=[IM_START], model_max_length=1024, padding_side="left",
@@ -76,8 +80,14 @@ def render_chat(messages: list[dict], add_generation_prompt: bool = False) -> st
 
 
 def encode_text(text: str) -> list[int]:
-    """Ids of plain text with no special tokens in it (one id per character; others map to `<|unk|>`)."""
-    return [VOCAB.get(c, UNK_ID) for c in text]
+    """Ids of plain text with no special tokens in it: one id per role word (`ROLES`), else one per character
+    (characters outside the vocabulary map to `<|unk|>`)."""
+    ids, pos = [], 0
+    for m in _ROLE_RE.finditer(text):
+        ids += [VOCAB.get(c, UNK_ID) for c in text[pos : m.start()]]
+        ids.append(VOCAB[m.group()])
+        pos = m.end()
+    return ids + [VOCAB.get(c, UNK_ID) for c in text[pos:]]
 
 
 def encode_chat(messages: list[dict], add_generation_prompt: bool = False) -> tuple[list[int], list[int]]:
