@@ -54,7 +54,7 @@ def test_multiturn_split_one_example_per_turn_with_gold_history():
         assert t3.meta["history"] == t2.meta["history"] + [{"role": "user", "content": t2.question},
                                                            {"role": "assistant", "content": t2.meta["solution"]}]
         assert t3.meta["solution"].startswith(f"{int(t2.gold):02d}+")
-        assert t3.meta["solution"].endswith(f"{{{t3.gold}}}")
+        assert t3.meta["solution"].endswith(f"{{{int(t3.gold):02d}}}")
 
 
 @pytest.mark.parametrize("which", ["slm", "llm"])
