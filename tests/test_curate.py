@@ -58,6 +58,21 @@ def test_before_hard_puts_the_first_offload_before_the_untaught_step():
         assert text[first:].startswith(OFFLOAD_TOKEN + "f(31)=64") and n == 2  # the other one: the only later boundary
 
 
+def test_at_hard_puts_an_offload_before_every_untaught_step_and_nowhere_else():
+    steps = SOLUTION.split("\n\n")
+    for seed in range(5):
+        text, n = insert_offloads(SOLUTION, "\n\n", 4, random.Random(seed), "at_hard", hard_steps=[3, 1])
+        assert n == 2 and text.count(OFFLOAD_TOKEN) == 2
+        assert text.split("\n\n")[1] == OFFLOAD_TOKEN + steps[1] and text.split("\n\n")[3] == OFFLOAD_TOKEN + steps[3]
+    text, n = insert_offloads(SOLUTION, "\n\n", 1, random.Random(0), "at_hard", hard_steps=[3, 1])
+    assert n == 1 and text.split("\n\n")[1].startswith(OFFLOAD_TOKEN)  # capped at `count`, earliest first
+    exs = [ex for ex in world_examples(40) if len(ex.meta["hard_steps"]) >= 2]
+    cfg = CurateConfig(offload_min=1, offload_max=4, placement="at_hard", seed=3)
+    sols = {ex.id: ex.meta["solution"] for ex in exs}
+    _, b, _ = build_corpora(exs, sols, {ex.id: "hard" for ex in exs}, get_prompts("world-v1"), cfg)
+    assert exs and all(r["n_offload"] == min(4, len(ex.meta["hard_steps"])) for r, ex in zip(b, exs))
+
+
 def test_corpora_follow_the_paper():
     exs = world_examples(40)
     sols = {ex.id: ex.meta["solution"] for ex in exs}

@@ -34,7 +34,7 @@ def test_followups_continue_from_the_previous_answer():
     for (_, _, prev), (q, p, sol) in zip(convo, convo[1:]):
         assert q.startswith(FOLLOWUP) and p.start == prev.answer
         assert q == FOLLOWUP + p.question().split(": ", 1)[1] and sol == solve(p, TABLE)
-        assert sol.steps[0].startswith(f"{prev.answer:02d}+")  # the first step starts from the previous answer
+        assert sol.steps[0].split(" ")[1].startswith(f"{prev.answer:02d}+")  # it starts from the previous answer
     assert followup_question(Problem(5, 3, 4, 1)) == FOLLOWUP + "+3x4 f1"
     with pytest.raises(ValueError, match="at least one turn"):
         sample_conversation(random.Random(0), 0, 1, [1], TABLE)
@@ -53,7 +53,7 @@ def test_multiturn_split_one_example_per_turn_with_gold_history():
                                       {"role": "assistant", "content": t1.meta["solution"]}]
         assert t3.meta["history"] == t2.meta["history"] + [{"role": "user", "content": t2.question},
                                                            {"role": "assistant", "content": t2.meta["solution"]}]
-        assert t3.meta["solution"].startswith(f"{int(t2.gold):02d}+")
+        assert t3.meta["solution"].split(" ")[1].startswith(f"{int(t2.gold):02d}+")
         assert t3.meta["solution"].endswith(f"{{{int(t3.gold):02d}}}")
 
 

@@ -78,10 +78,10 @@ def test_solution_format_and_hard_steps():
                        if s.startswith("f(") and i not in ex.meta["hard_steps"])
     # every addition line carries (additions left in its run, lookups left): each line follows from the one before
     sol = solve(Problem(95, 7, 3, 2), table)
-    assert sol.steps[0] == "95+7=02 (2,2)\n02+7=09 (1,2)\n09+7=16 (0,2)"
+    assert sol.steps[0] == "(2,2) 95+7=02\n(1,2) 02+7=09\n(0,2) 09+7=16"
     y = table[16]
-    assert sol.steps[1] == f"f(16)={y:02d}" and sol.steps[2] == f"{y:02d}+7={(y + 7) % 100:02d} (0,1)"
-    assert sol.steps[4].endswith("(0,0)") and Problem(5, 7, 3, 2).question() == "05: +7x3 f2"
+    assert sol.steps[1] == f"f(16)={y:02d}" and sol.steps[2] == f"(0,1) {y:02d}+7={(y + 7) % 100:02d}"
+    assert sol.steps[4].startswith("(0,0) ") and Problem(5, 7, 3, 2).question() == "05: +7x3 f2"
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -158,7 +158,7 @@ def test_bad_config_raises():
 def test_tokenizer_round_trip(tok):
     from pyrodash.world.tokenizer import encode_text
 
-    text = "47: +5x1 f1\n\n47+5=52 (0,1)\n\n\\boxed{52} ~!`|"
+    text = "47: +5x1 f1\n\n(0,1) 47+5=52\n\n\\boxed{52} ~!`|"
     ids = tok.encode(text, add_special_tokens=False)
     assert ids == encode_text(text) and len(ids) == len(text)
     # a role word is one token wherever it appears, in HF's tokenizer and in `encode_text` alike
@@ -174,7 +174,7 @@ def test_chat_template_matches_fast_encoder(tok):
 
     p = get_prompts("world-v1")
     msgs = [{"role": "system", "content": p.completion_system}, {"role": "user", "content": "01: +2x1 f1"},
-            {"role": "assistant", "content": "01+2=03 (0,1)\n\nf(03)=07\n\n\\boxed{7}"}]
+            {"role": "assistant", "content": "(0,1) 01+2=03\n\nf(03)=07\n\n\\boxed{07}"}]
     out = tok.apply_chat_template(msgs, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
     ids, mask = encode_chat(msgs)
     assert out["input_ids"] == ids and out["assistant_masks"] == mask
@@ -182,9 +182,9 @@ def test_chat_template_matches_fast_encoder(tok):
     assert tok.apply_chat_template(msgs, tokenize=False) == render_chat(msgs)
     gen = tok.apply_chat_template(msgs[:2], tokenize=False, add_generation_prompt=True)
     assert gen == render_chat(msgs[:2], add_generation_prompt=True) and gen.endswith("<|im_start|>assistant\n")
-    partial = [*msgs[:2], {"role": "assistant", "content": "01+2=03 (0,1)\n\n"}]
+    partial = [*msgs[:2], {"role": "assistant", "content": "(0,1) 01+2=03\n\n"}]
     cont = tok.apply_chat_template(partial, tokenize=False, continue_final_message=True)
-    assert cont == gen + "01+2=03 (0,1)\n\n"
+    assert cont == gen + "(0,1) 01+2=03\n\n"
     assert len(encode_chat(msgs[1:2], add_generation_prompt=True)[0]) == 8 + len("01: +2x1 f1")  # compact roles
     with pytest.raises(ValueError, match="role"):
         encode_chat([{"role": "tool", "content": "x"}])

@@ -100,21 +100,25 @@ def insert_offloads(text: str, step_sep: str, count: int, rng: random.Random, pl
     """Insert up to `count` `<offload>` tokens at step boundaries of `text`; return (new text, number inserted).
 
     random: distinct boundaries drawn uniformly. before_hard: the first one right before the first hard step
-    (`hard_steps`, e.g. the world's untaught-fact steps), any others drawn from the later boundaries."""
+    (`hard_steps`, e.g. the world's untaught-fact steps), any others drawn from the later boundaries. at_hard: right
+    before each hard step (the first `count`) and nowhere else, so every boundary in Corpus B teaches the same
+    rule: hand off exactly when the next step needs what the SLM does not know."""
     steps = text.split(step_sep)
     cands = boundary_candidates(steps)
     if not cands or count < 1:
         return text, 0
-    if placement == "before_hard" and hard_steps:
+    if placement == "at_hard" and hard_steps:
+        chosen = [h for h in sorted(set(hard_steps)) if h in cands][:count] or [cands[-1]]
+    elif placement == "before_hard" and hard_steps:
         first = min(hard_steps)
         if first not in cands:
             first = cands[-1]
         later = [c for c in cands if c > first]
         chosen = [first] + rng.sample(later, min(count - 1, len(later)))
-    elif placement in ("random", "before_hard"):
+    elif placement in ("random", "before_hard", "at_hard"):
         chosen = rng.sample(cands, min(count, len(cands)))
     else:
-        raise ValueError(f"placement={placement!r}: choose 'random' or 'before_hard'")
+        raise ValueError(f"placement={placement!r}: choose 'random', 'before_hard' or 'at_hard'")
     for j in chosen:
         steps[j] = OFFLOAD_TOKEN + steps[j]
     return step_sep.join(steps), len(chosen)
@@ -139,9 +143,9 @@ def build_corpora(examples: list[Example], solutions: dict[str, str], difficulty
                        + [{"role": "assistant", "content": target}]})
         n = 0
         if diff == "hard":
-            count = rng.randint(cfg.offload_min, cfg.offload_max)
-            hard_steps = _locate_hard_steps(target.split(cfg.step_sep), ex.meta) if cfg.placement == "before_hard" \
-                else None
+            count = cfg.offload_max if cfg.placement == "at_hard" else rng.randint(cfg.offload_min, cfg.offload_max)
+            hard_steps = _locate_hard_steps(target.split(cfg.step_sep), ex.meta) \
+                if cfg.placement in ("before_hard", "at_hard") else None
             target, n = insert_offloads(target, cfg.step_sep, count, rng, cfg.placement, hard_steps)
             inserted[n] += 1
             if n == 0:

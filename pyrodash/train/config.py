@@ -34,7 +34,7 @@ from pyrodash.cost import Prices
 from pyrodash.prompts import get_prompts
 
 ATTENTION_PROJECTIONS = ["q_proj", "k_proj", "v_proj", "o_proj"]
-PLACEMENTS = ("random", "before_hard")
+PLACEMENTS = ("random", "before_hard", "at_hard")
 COST_PENALTIES = ("normalized", "direct")
 
 
@@ -58,6 +58,7 @@ class CurateConfig:
     offload_min: int = 1
     offload_max: int = 4
     placement: str = "random"  # "random" | "before_hard" (world: before the first step needing an untaught fact)
+    # | "at_hard" (before every such step, nowhere else)
     seed: int = 0
 
     def validate(self) -> None:

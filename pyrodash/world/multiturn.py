@@ -4,8 +4,8 @@ A conversation opens with an ordinary world problem; each follow-up applies more
 answer, written "Then: " + the operations (the previous answer is not repeated: the model reads it from the last
 `\\boxed{}` of the history):
 
-    user:       47: +7x4 f1                     assistant: 47+7=54 (3,1) ... \\boxed{26}
-    user:       Then: +3x6 f2                   assistant: 26+3=29 (5,2) ... \\boxed{64}
+    user:       47: +7x4 f1                     assistant: (3,1) 47+7=54 ... \\boxed{81}
+    user:       Then: +3x6 f2                   assistant: (5,2) 81+3=84 ... \\boxed{64}
 
 A follow-up's gold solution is `solve(replace(problem, start=previous answer))`: the same steps and the same secret
 table, so its hard steps (lookups the SLM was not taught) are as in any problem and the SLM can hand off in any turn.

@@ -6,26 +6,26 @@ and add the addend `ADDS_PER_LOOKUP` times. The question and its gold solution:
 
     47: +7x4 f2
 
-    47+7=54 (3,2)
-    54+7=61 (2,2)
-    61+7=68 (1,2)
-    68+7=75 (0,2)
+    (3,2) 47+7=54
+    (2,2) 54+7=61
+    (1,2) 61+7=68
+    (0,2) 68+7=75
 
     f(75)=19
 
-    19+7=26 (1,1)
-    26+7=33 (0,1)
+    (0,1) 19+7=26
 
-    f(33)=64
+    f(26)=64
 
-    64+7=71 (1,0)
-    71+7=78 (0,0)
+    (0,0) 64+7=71
 
-    \\boxed{78}
+    \\boxed{71}
 
-Every addition line carries two counters: the additions left in its run and the lookups left. So each line follows
-from the line before it (and the table), and no step needs to find its place in the question: a small model never
-counts a run or looks far back. (The earlier world listed every operation in the question, "Start 47: +5, f, +2,
+Every addition line starts with two counters: the additions left in its run and the lookups left. So each line
+follows from the line before it (and the table), and no step needs to find its place in the question: a small model
+never counts a run or looks far back. The value a lookup needs ends the line before it, right before the step
+boundary where the SLM decides whether to hand off (measured: with the counters after the value, "68+7=75 (0,2)",
+the trained policy handed off at the first lookup on every problem, easy or hard). (The earlier world listed every operation in the question, "Start 47: +5, f, +2,
 f."; its models had to locate the next operation in the question, a skill a 3-layer model learnt late and abruptly,
 and its solutions were only 1.4x as long as the prompt.) Values are written with two digits ("07").
 
@@ -118,11 +118,11 @@ def make_known(known_frac: float) -> frozenset[int]:
 
 
 def add_lines(x: int, n: int, k: int, lookups_left: int) -> tuple[list[str], int]:
-    """The worked lines of adding n to x, k times, each with its counters (additions left, lookups left)."""
+    """The worked lines of adding n to x, k times, each after its counters (additions left, lookups left)."""
     lines = []
     for left in range(k - 1, -1, -1):
         y = (x + n) % MOD
-        lines.append(f"{x:02d}+{n}={y:02d} ({left},{lookups_left})")
+        lines.append(f"({left},{lookups_left}) {x:02d}+{n}={y:02d}")
         x = y
     return lines, x
 
