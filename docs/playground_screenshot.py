@@ -1,7 +1,7 @@
 """Screenshots of the playground of a running `pyrodash serve` (the README's docs/playground*.png come from this).
 
     pyrodash serve --config configs/serve/world.yaml --slm runs/q/stage1 &
-    python docs/playground_screenshot.py --url http://127.0.0.1:8000 --bias 2 "Start 47: +3, f, +5, f."
+    python docs/playground_screenshot.py --url http://127.0.0.1:8000 --bias 2 "47: +3x8 f2"
 
 Headless Debian chromium through /usr/bin/chromedriver (Selenium Manager is never asked to download a driver).
 It types the key (if given), sets offload_bias, asks the question in the chat, then the same question in the
