@@ -24,10 +24,10 @@ and add the addend `ADDS_PER_LOOKUP` times. The question and its gold solution:
 Every addition line starts with two counters: the additions left in its run and the lookups left. So each line
 follows from the line before it (and the table), and no step needs to find its place in the question: a small model
 never counts a run or looks far back. The value a lookup needs ends the line before it, right before the step
-boundary where the SLM decides whether to hand off (measured: with the counters after the value, "68+7=75 (0,2)",
-the trained policy handed off at the first lookup on every problem, easy or hard). (The earlier world listed every operation in the question, "Start 47: +5, f, +2,
-f."; its models had to locate the next operation in the question, a skill a 3-layer model learnt late and abruptly,
-and its solutions were only 1.4x as long as the prompt.) Values are written with two digits ("07").
+boundary where the SLM decides whether to hand off (a design choice for the decision's locality; not measured on its
+own). The earlier world listed every operation in the question ("Start 47: +5, f, +2, f."): its models had to
+locate the next operation there, a skill a 3-layer model learnt late and abruptly, and its solutions were only 1.4x
+as long as the prompt. Values are written with two digits ("07").
 
 A step is a run of additions (its lines joined by "\\n") or one lookup; steps are separated by a blank line
 (`STEP_SEP`, the boundary GlimpRouter cuts at and `<offload>` is placed at).
