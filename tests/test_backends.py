@@ -280,9 +280,9 @@ def test_raw_completion_prompt_mode_matches_chat_continuation(models, servers, t
     slm, llm = models
     llm.tokenizer.save_pretrained(tmp_path)
     raw = load_backend({"url": servers[1], "model": "llm", "tokenizer": str(tmp_path), "prompt_mode": "completion"})
-    local = CollaborateEngine(slm, llm, PROMPTS, PRICES, max_tokens=12)
-    remote = CollaborateEngine(slm, raw, PROMPTS, PRICES, max_tokens=12)
-    for bias in (1.5, 1e4):
+    local = CollaborateEngine(slm, llm, PROMPTS, PRICES, max_tokens=16)
+    remote = CollaborateEngine(slm, raw, PROMPTS, PRICES, max_tokens=16)
+    for bias in (1.5, 1e4):  # a handoff mid-trace (as in the tests above), then at once
         a, b = local.run("x", offload_bias=bias), remote.run("x", offload_bias=bias)
         assert (a.output, a.handoff, a.usage) == (b.output, b.handoff, b.usage) and b.usage.llm_calls == 1
     client = openai.OpenAI(base_url=servers[1], api_key="none")
