@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -30,7 +29,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 def main(argv: list[str] | None = None) -> int:
     import psutil
     from engine_overhead import scripted_server_process
-    from server_load import _free_port, _load, _pct, _wait_up
+    from server_load import _free_port, _load, _pct, _stop, _wait_up
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tokens", type=int, default=200, help="tokens per request (SLM + LLM)")
@@ -55,11 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         r = asyncio.run(_load(("127.0.0.1", port, ""), a.streams, a.duration, max_tokens=4 * a.tokens))
         cpu = sum(proc.cpu_times()[:2]) - cpu0
     finally:
-        serve.send_signal(signal.SIGINT)
-        try:
-            serve.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            serve.kill()
+        _stop(serve, timeout=30)
         up_proc.terminate()
     n = r["requests"]
     per_req = cpu / max(1, n + len(r["errors"]))

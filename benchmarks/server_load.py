@@ -231,12 +231,17 @@ def measure(kind: str, args: argparse.Namespace) -> dict:
         res["server_cpu_s"] = sum(server.cpu_times()[:2]) - cpu0  # user + system seconds of the server process
         return res
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        _stop(proc, timeout=20)
+
+
+def _stop(proc: subprocess.Popen, timeout: float) -> None:
+    """Ctrl-C the server (a clean uvicorn shutdown); kill it if it is still there after `timeout` seconds."""
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def _wait_up(url: str, proc: subprocess.Popen) -> None:
