@@ -25,7 +25,7 @@ QUESTIONS = ["x", "abc", "2+3=?", "What is 7*8?", "hello", "q: 9-4", "zz top", "
 @pytest.fixture(scope="module")
 def dirs(tmp_path_factory):
     root = tmp_path_factory.mktemp("gen")
-    return str(tiny_model_dir(root / "slm", seed=0)), str(tiny_model_dir(root / "llm", seed=1, offload=False))
+    return str(tiny_model_dir(root / "slm", seed=9)), str(tiny_model_dir(root / "llm", seed=1, offload=False))
 
 
 @pytest.fixture(scope="module")

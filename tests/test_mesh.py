@@ -230,7 +230,7 @@ def _start(cmd: list[str], port: int, log: Path, env: dict | None = None) -> sub
 
 @pytest.mark.slow
 def test_first_llm_killed_mid_handoff_the_second_finishes(tmp_path):
-    llm_dir = tiny_model_dir(tmp_path / "llm", seed=1, offload=False)
+    llm_dir = tiny_model_dir(tmp_path / "llm", seed=3, offload=False)
     slm_dir = tiny_model_dir(tmp_path / "slm", seed=0)
     transformers_cli = Path(sys.executable).parent / "transformers"
     p1, p2 = free_port(), free_port()

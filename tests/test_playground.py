@@ -43,7 +43,7 @@ def stack(tmp_path_factory):
     from pyrodash.backends.model_server import build_model_app
 
     tmp = tmp_path_factory.mktemp("playground")
-    slm_dir = tiny_model_dir(tmp / "slm", seed=0)
+    slm_dir = tiny_model_dir(tmp / "slm", seed=9)
     lsrv = UvicornThread(build_model_app(tiny_llm(tmp_path_factory), model_name="tiny-llm")).__enter__()
     cfg = tmp / "serve.yaml"
     cfg.write_text(

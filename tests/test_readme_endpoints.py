@@ -56,8 +56,8 @@ def _by_host(part: str) -> str:
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    slm_dir = tiny_model_dir(tmp_path_factory.mktemp("slm"), seed=0)
-    llm_dir = tiny_model_dir(tmp_path_factory.mktemp("llm"), seed=1, offload=False)
+    slm_dir = tiny_model_dir(tmp_path_factory.mktemp("slm"), seed=9)
+    llm_dir = tiny_model_dir(tmp_path_factory.mktemp("llm"), seed=5, offload=False)
     slm = HFBackend(slm_dir)
     return slm_dir, llm_dir, HFBackend(llm_dir), mid_trace_bias(slm, get_prompts("world-v1"), "Start 47: +3, f.")
 

@@ -66,8 +66,8 @@ class UvicornThread:
         self.sock.close()
 
 
-def tiny_slm(tmp_path_factory) -> HFBackend:
-    return HFBackend(tiny_model_dir(tmp_path_factory.mktemp("slm"), seed=0), name="tiny-slm")
+def tiny_slm(tmp_path_factory, seed: int = 0) -> HFBackend:
+    return HFBackend(tiny_model_dir(tmp_path_factory.mktemp("slm"), seed=seed), name="tiny-slm")
 
 
 def tiny_llm(tmp_path_factory) -> HFBackend:
