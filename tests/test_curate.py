@@ -73,6 +73,28 @@ def test_at_hard_puts_an_offload_before_every_untaught_step_and_nowhere_else():
     assert exs and all(r["n_offload"] == min(4, len(ex.meta["hard_steps"])) for r, ex in zip(b, exs))
 
 
+def test_hard_target_to_first_offload_ends_hard_targets_at_the_handoff():
+    exs = world_examples(40)
+    sols = {ex.id: ex.meta["solution"] for ex in exs}
+    diff = {ex.id: "hard" if ex.meta["hard_steps"] else "easy" for ex in exs}
+    prompts = get_prompts("world-v1")
+    cfg = CurateConfig(placement="at_hard", hard_target="to_first_offload", seed=3)
+    a, b, _ = build_corpora(exs, sols, diff, prompts, cfg)
+    full_a, full_b, _ = build_corpora(exs, sols, diff, prompts, CurateConfig(placement="at_hard", seed=3))
+    assert {r["difficulty"] for r in a} == {"easy"} and a == [r for r in full_a if r["difficulty"] == "easy"]
+    hard = [r for r in b if r["difficulty"] == "hard"]
+    assert hard and len(b) == len(full_b)
+    for r, f in zip(b, full_b):
+        target, full = r["messages"][-1]["content"], f["messages"][-1]["content"]
+        if r["difficulty"] == "easy":
+            assert r == f
+        else:  # the full target up to and including its first <offload>, nothing after it
+            assert target.endswith(OFFLOAD_TOKEN) and target.count(OFFLOAD_TOKEN) == 1 == r["n_offload"]
+            assert full.startswith(target) and len(full) > len(target)
+    with pytest.raises(ValueError, match="hard_target"):
+        CurateConfig(hard_target="half").validate()
+
+
 def test_corpora_follow_the_paper():
     exs = world_examples(40)
     sols = {ex.id: ex.meta["solution"] for ex in exs}

@@ -8,6 +8,9 @@
 3. Corpus A: [user, assistant] without P_s and without `<offload>` (easy: the SLM's own solution; hard: the
    reconstruction). Corpus B: P_s as system message; easy targets unchanged; hard targets with 1-4 `<offload>`
    inserted at step boundaries inside the reasoning (never inside the final-answer step), seeded.
+   `hard_target: to_first_offload` (not the paper's; the world recipes) cuts each hard target of Corpus B right
+   after its first `<offload>` and leaves hard examples out of Corpus A: at inference the SLM never writes past
+   its first `<offload>`, and on a small SLM the loss on the LLM's text after it moves what the SLM already knew.
 
 Writes DIR/curated/{corpus_a,corpus_b,heldout}.jsonl, DIR/curated/dataset/ (datasets.save_to_disk, splits corpus_a
 and corpus_b), stats.json and config.resolved.json. `heldout.jsonl` labels a separate set easy/hard the same way,
@@ -139,8 +142,10 @@ def build_corpora(examples: list[Example], solutions: dict[str, str], difficulty
         if OFFLOAD_TOKEN in target:
             target = target.replace(OFFLOAD_TOKEN, "")
         base = {"id": ex.id, "benchmark": ex.benchmark, "question": ex.question, "gold": ex.gold, "difficulty": diff}
-        rows_a.append({**base, "corpus": "A", "n_offload": 0, "messages": prompts.plain_messages(ex.question)
-                       + [{"role": "assistant", "content": target}]})
+        cut = diff == "hard" and cfg.hard_target == "to_first_offload"
+        if not cut:  # a hard target cut at its handoff has nothing to teach without P_s
+            rows_a.append({**base, "corpus": "A", "n_offload": 0, "messages": prompts.plain_messages(ex.question)
+                           + [{"role": "assistant", "content": target}]})
         n = 0
         if diff == "hard":
             count = cfg.offload_max if cfg.placement == "at_hard" else rng.randint(cfg.offload_min, cfg.offload_max)
@@ -151,6 +156,8 @@ def build_corpora(examples: list[Example], solutions: dict[str, str], difficulty
             if n == 0:
                 inserted["no_boundary"] += 1
                 continue  # no step boundary before the answer: this hard example cannot teach a handoff position
+            if cut:  # the SLM never writes past its first <offload> (the CE hands the rest to the LLM)
+                target, n = target[: target.index(OFFLOAD_TOKEN) + len(OFFLOAD_TOKEN)], 1
         rows_b.append({**base, "corpus": "B", "n_offload": n, "messages": prompts.slm_messages(ex.question)
                        + [{"role": "assistant", "content": target}]})
     return rows_a, rows_b, inserted

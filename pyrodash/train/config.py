@@ -35,6 +35,7 @@ from pyrodash.prompts import get_prompts
 
 ATTENTION_PROJECTIONS = ["q_proj", "k_proj", "v_proj", "o_proj"]
 PLACEMENTS = ("random", "before_hard", "at_hard")
+HARD_TARGETS = ("full", "to_first_offload")
 COST_PENALTIES = ("normalized", "direct")
 
 
@@ -59,6 +60,8 @@ class CurateConfig:
     offload_max: int = 4
     placement: str = "random"  # "random" | "before_hard" (world: before the first step needing an untaught fact)
     # | "at_hard" (before every such step, nowhere else)
+    hard_target: str = "full"  # "full" (the paper) | "to_first_offload": hard targets of Corpus B end at their
+    # first <offload>, hard examples stay out of Corpus A (see pyrodash.data.curate)
     seed: int = 0
 
     def validate(self) -> None:
@@ -66,6 +69,8 @@ class CurateConfig:
             raise ValueError(f"curate: need 1 <= offload_min ({self.offload_min}) <= offload_max ({self.offload_max})")
         if self.placement not in PLACEMENTS:
             raise ValueError(f"curate.placement={self.placement!r}: choose one of {PLACEMENTS}")
+        if self.hard_target not in HARD_TARGETS:
+            raise ValueError(f"curate.hard_target={self.hard_target!r}: choose one of {HARD_TARGETS}")
         if not self.step_sep:
             raise ValueError("curate.step_sep must be a non-empty string (the step boundary, e.g. '\\n\\n')")
         for name in ("slm_max_new_tokens", "llm_max_new_tokens", "batch_size", "llm_concurrency"):
