@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from pyrodash.prompts import OFFLOAD_TOKEN
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -262,7 +264,10 @@ def quick_run(tmp_path_factory):
 def test_quick_curation(quick_run):
     stats = json.loads((quick_run["curated"] / "stats.json").read_text())
     assert stats["easy"] > 0 and stats["hard_kept"] > 0 and stats["corpus_b_hard"] > 0, stats
-    assert stats["corpus_a"] == stats["easy"] + stats["hard_kept"] and stats["llm_calls"] == stats["hard"]
+    # the world recipe cuts hard targets at their first <offload> (curate.hard_target), so Corpus A is the easy rows
+    assert stats["corpus_a"] == stats["easy"] and stats["llm_calls"] == stats["hard"]
+    b = [json.loads(x) for x in (quick_run["curated"] / "corpus_b.jsonl").read_text().splitlines()]
+    assert all(r["messages"][-1]["content"].endswith(OFFLOAD_TOKEN) for r in b if r["difficulty"] == "hard")
     assert (quick_run["curated"] / "dataset" / "corpus_b").is_dir()
 
 
