@@ -79,11 +79,12 @@ def test_hard_target_to_first_offload_ends_hard_targets_at_the_handoff():
     diff = {ex.id: "hard" if ex.meta["hard_steps"] else "easy" for ex in exs}
     prompts = get_prompts("world-v1")
     cfg = CurateConfig(placement="at_hard", hard_target="to_first_offload", seed=3)
-    a, b, _ = build_corpora(exs, sols, diff, prompts, cfg)
+    a, b, inserted = build_corpora(exs, sols, diff, prompts, cfg)
     full_a, full_b, _ = build_corpora(exs, sols, diff, prompts, CurateConfig(placement="at_hard", seed=3))
     assert {r["difficulty"] for r in a} == {"easy"} and a == [r for r in full_a if r["difficulty"] == "easy"]
     hard = [r for r in b if r["difficulty"] == "hard"]
     assert hard and len(b) == len(full_b)
+    assert inserted == {1: len(hard)}  # the stats count the <offload> a target holds, not how many were placed first
     for r, f in zip(b, full_b):
         target, full = r["messages"][-1]["content"], f["messages"][-1]["content"]
         if r["difficulty"] == "easy":

@@ -152,12 +152,12 @@ def build_corpora(examples: list[Example], solutions: dict[str, str], difficulty
             hard_steps = _locate_hard_steps(target.split(cfg.step_sep), ex.meta) \
                 if cfg.placement in ("before_hard", "at_hard") else None
             target, n = insert_offloads(target, cfg.step_sep, count, rng, cfg.placement, hard_steps)
-            inserted[n] += 1
+            if cut and n:  # the SLM never writes past its first <offload> (the CE hands the rest to the LLM)
+                target, n = target[: target.index(OFFLOAD_TOKEN) + len(OFFLOAD_TOKEN)], 1
+            inserted[n] += 1  # what the Corpus B target holds
             if n == 0:
                 inserted["no_boundary"] += 1
                 continue  # no step boundary before the answer: this hard example cannot teach a handoff position
-            if cut:  # the SLM never writes past its first <offload> (the CE hands the rest to the LLM)
-                target, n = target[: target.index(OFFLOAD_TOKEN) + len(OFFLOAD_TOKEN)], 1
         rows_b.append({**base, "corpus": "B", "n_offload": n, "messages": prompts.slm_messages(ex.question)
                        + [{"role": "assistant", "content": target}]})
     return rows_a, rows_b, inserted
