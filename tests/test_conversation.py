@@ -12,6 +12,7 @@ import httpx
 import openai
 import pytest
 from test_server import KEY, UvicornThread, llm_server, make_engine, remote, serve_config, tiny_llm, tiny_slm
+from tiny_models import HANDOFF_SLM_SEED
 
 from pyrodash.backends.base import GenRequest
 from pyrodash.conversation import ContextLimits, clean_history, earlier_turns, fit_context
@@ -75,7 +76,7 @@ def test_fit_context_drops_oldest_turns_keeps_system_and_current():
 @pytest.fixture(scope="module")
 def chat_stack(tmp_path_factory):
     """(server, SLM recorder, LLM recorder, engine) over real tiny models, the LLM behind its own HTTP server."""
-    slm = RecordingBackend(tiny_slm(tmp_path_factory, seed=9))  # seed 9: hands off mid-turn at a moderate bias
+    slm = RecordingBackend(tiny_slm(tmp_path_factory, seed=HANDOFF_SLM_SEED))
     config = serve_config()
     with llm_server(tiny_llm(tmp_path_factory)) as lsrv:
         llm = RecordingBackend(remote(lsrv.url))
@@ -180,7 +181,7 @@ def test_generate_conversation_and_mesh_flags(tmp_path, capsys):
     from pyrodash.cost import Prices
     from pyrodash.engine import CollaborateEngine
 
-    slm_dir = str(tiny_model_dir(tmp_path / "slm", seed=9))
+    slm_dir = str(tiny_model_dir(tmp_path / "slm", seed=HANDOFF_SLM_SEED))
     llm_dir = str(tiny_model_dir(tmp_path / "llm", seed=1, offload=False))
     hist = tmp_path / "h.json"
     hist.write_text(json.dumps([{"role": "user", "content": "1+1="},

@@ -15,8 +15,8 @@ import sys
 
 import pytest
 from provider_doubles import anthropic_double, deepseek_double, openai_double
+from tiny_models import HANDOFF_SLM_SEED, tiny_model_dir
 from tiny_models import mid_trace_bias as tiny_mid_trace_bias
-from tiny_models import tiny_model_dir
 
 from pyrodash.backends import load_backend, load_llm
 from pyrodash.backends.endpoint import LLMEndpoint, load_slm, redact
@@ -36,7 +36,7 @@ OPENAI_KEY = "sk-double-0123456789abcdefXYZ"
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     llm_dir = tiny_model_dir(tmp_path_factory.mktemp("llm"), seed=1, offload=False)
-    slm = HFBackend(tiny_model_dir(tmp_path_factory.mktemp("slm"), seed=9), name="slm")
+    slm = HFBackend(tiny_model_dir(tmp_path_factory.mktemp("slm"), seed=HANDOFF_SLM_SEED), name="slm")
     return slm, HFBackend(llm_dir, name="llm"), llm_dir
 
 
@@ -173,7 +173,7 @@ def test_bad_configurations_are_one_line_errors(models, servers, keys):
 
 def test_cli_bad_llm_is_one_line_without_traceback(models, servers, tmp_path):
     urls, _ = servers
-    slm_dir = tiny_model_dir(tmp_path / "slm", seed=9)
+    slm_dir = tiny_model_dir(tmp_path / "slm", seed=HANDOFF_SLM_SEED)
     r = subprocess.run([sys.executable, "-m", "pyrodash", "generate", "--slm", str(slm_dir), "--llm",
                         urls["vllm-style"] + "#wrong", "--prompts", "world-v1", "q"],
                        capture_output=True, text=True, timeout=120)
@@ -265,7 +265,7 @@ def test_slm_server_must_stop_at_offload_and_say_so(models, tmp_path):
     slm, _, _ = models
     good = probe_slm(slm)
     assert good.error is None and good.stop_honoured and good.stop_reason_reported
-    tok = str(tiny_model_dir(tmp_path / "slm", seed=9))
+    tok = str(tiny_model_dir(tmp_path / "slm", seed=HANDOFF_SLM_SEED))
     with serve_in_thread(build_model_app(slm, "slm")) as url:
         rep = probe_slm(load_backend({"url": url, "model": "slm", "tokenizer": tok}))
         assert rep.error is None and rep.offload_id == slm.token_id(OFFLOAD_TOKEN)
@@ -301,7 +301,7 @@ def test_health_reports_a_misconfigured_llm(models, servers):
 
 def test_pyrodash_check_reports_both_sides(models, servers, tmp_path):
     urls, _ = servers
-    slm_dir = tiny_model_dir(tmp_path / "slm", seed=9)
+    slm_dir = tiny_model_dir(tmp_path / "slm", seed=HANDOFF_SLM_SEED)
     r = subprocess.run([sys.executable, "-m", "pyrodash", "check", "--llm", urls["vllm-style"] + "#llm", "--slm",
                         str(slm_dir)], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr

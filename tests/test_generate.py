@@ -9,7 +9,7 @@ import sys
 import textwrap
 
 import pytest
-from tiny_models import tiny_model_dir
+from tiny_models import HANDOFF_SLM_SEED, tiny_model_dir
 
 from pyrodash.backends.hf import HFBackend
 from pyrodash.calibrate import calibrate_offload_bias
@@ -25,7 +25,8 @@ QUESTIONS = ["x", "abc", "2+3=?", "What is 7*8?", "hello", "q: 9-4", "zz top", "
 @pytest.fixture(scope="module")
 def dirs(tmp_path_factory):
     root = tmp_path_factory.mktemp("gen")
-    return str(tiny_model_dir(root / "slm", seed=9)), str(tiny_model_dir(root / "llm", seed=1, offload=False))
+    slm = tiny_model_dir(root / "slm", seed=HANDOFF_SLM_SEED)
+    return str(slm), str(tiny_model_dir(root / "llm", seed=1, offload=False))
 
 
 @pytest.fixture(scope="module")

@@ -31,7 +31,7 @@ from servers import free_port
 from test_conversation import RecordingBackend
 from test_server import KEY, UvicornThread, llm_server, serve_config, tiny_llm
 from test_server_faults import FaultInjectingLLM
-from tiny_models import tiny_model_dir
+from tiny_models import CLEAN_LLM_SEEDS, tiny_model_dir
 
 from pyrodash.backends.base import BackendError, GenRequest
 from pyrodash.backends.hf import HFBackend
@@ -230,7 +230,7 @@ def _start(cmd: list[str], port: int, log: Path, env: dict | None = None) -> sub
 
 @pytest.mark.slow
 def test_first_llm_killed_mid_handoff_the_second_finishes(tmp_path):
-    llm_dir = tiny_model_dir(tmp_path / "llm", seed=3, offload=False)
+    llm_dir = tiny_model_dir(tmp_path / "llm", seed=CLEAN_LLM_SEEDS[0], offload=False)
     slm_dir = tiny_model_dir(tmp_path / "slm", seed=0)
     transformers_cli = Path(sys.executable).parent / "transformers"
     p1, p2 = free_port(), free_port()

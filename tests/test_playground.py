@@ -19,7 +19,7 @@ import httpx
 import pytest
 from servers import free_port, stop, wait_healthy
 from test_server import UvicornThread, tiny_llm
-from tiny_models import tiny_model_dir
+from tiny_models import HANDOFF_SLM_SEED, tiny_model_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
@@ -43,7 +43,7 @@ def stack(tmp_path_factory):
     from pyrodash.backends.model_server import build_model_app
 
     tmp = tmp_path_factory.mktemp("playground")
-    slm_dir = tiny_model_dir(tmp / "slm", seed=9)
+    slm_dir = tiny_model_dir(tmp / "slm", seed=HANDOFF_SLM_SEED)
     lsrv = UvicornThread(build_model_app(tiny_llm(tmp_path_factory), model_name="tiny-llm")).__enter__()
     cfg = tmp / "serve.yaml"
     cfg.write_text(

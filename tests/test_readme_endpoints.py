@@ -22,7 +22,7 @@ import httpx
 import pytest
 from provider_doubles import anthropic_double, deepseek_double, openai_double
 from servers import free_port
-from tiny_models import mid_trace_bias, tiny_model_dir
+from tiny_models import CLEAN_LLM_SEEDS, HANDOFF_SLM_SEED, mid_trace_bias, tiny_model_dir
 
 from pyrodash.backends.base import GenRequest
 from pyrodash.backends.hf import HFBackend
@@ -56,8 +56,8 @@ def _by_host(part: str) -> str:
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    slm_dir = tiny_model_dir(tmp_path_factory.mktemp("slm"), seed=9)
-    llm_dir = tiny_model_dir(tmp_path_factory.mktemp("llm"), seed=5, offload=False)
+    slm_dir = tiny_model_dir(tmp_path_factory.mktemp("slm"), seed=HANDOFF_SLM_SEED)
+    llm_dir = tiny_model_dir(tmp_path_factory.mktemp("llm"), seed=CLEAN_LLM_SEEDS[1], offload=False)
     slm = HFBackend(slm_dir)
     return slm_dir, llm_dir, HFBackend(llm_dir), mid_trace_bias(slm, get_prompts("world-v1"), "Start 47: +3, f.")
 
