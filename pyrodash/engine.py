@@ -33,6 +33,11 @@ stripped from every earlier message, each model's request is trimmed to its cont
 several endpoints (`pyrodash.backends.mesh`) reports one entry per upstream call on its last chunk; each is billed
 at its endpoint's prices (`Done.llm_endpoints`) and counted in `llm_calls`.
 
+Handoff share (`handoff_share` < 1, an operating-point knob beside `offload_bias`): only that share of requests may
+hand off, chosen by a fixed hash of the request's messages (`handoff_admitted`); the others run with `<offload>`
+banned from the first token and the SLM answers alone (`Done.handoff_admitted` False). It mixes the trained policy
+with the SLM alone per request, so a lower share costs less in proportion; a negative `offload_bias` instead delays
+handoffs, and on a hard problem a delayed handoff often comes after a wrong step and pays the LLM for a lost answer.
 Token budget: `max_tokens` bounds each model's decoding separately (the SLM, including a fallback resume; the LLM).
 `max_total_tokens` (optional, what `pyrodash serve` makes of a request's `max_tokens`) bounds the joint answer:
 SLM + LLM output tokens (the `<offload>` stop token included, as billed) never exceed it, each model decodes at most
@@ -47,6 +52,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import json
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -58,6 +65,18 @@ from pyrodash.events import Done, Event, Handoff, LLMDelta, SLMDelta
 from pyrodash.prompts import OFFLOAD_TOKEN, Prompts, pack
 
 BAN = float("-inf")
+
+
+def handoff_admitted(messages: list[dict], share: float) -> bool:
+    """Whether a request may hand off under a handoff share: a fixed hash of its non-system messages, uniform in
+    [0, 1), is below `share`. Deterministic (a request and its retries agree), and a share s admits about s of any
+    set of distinct requests."""
+    if share >= 1.0:
+        return True
+    if share <= 0.0:
+        return False
+    key = json.dumps([[m.get("role"), m.get("content")] for m in messages if m.get("role") != "system"])
+    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") / 2**64 < share
 
 
 @dataclass(frozen=True)
@@ -184,11 +203,16 @@ class CollaborateEngine:
         max_tokens: int = 512,
         failure: FailurePolicy | None = None,
         context: conv.ContextLimits | None = None,
+        handoff_share: float = 1.0,
     ):
         if handoff_style not in ("continue", "instruct"):
             raise ValueError(f"handoff_style={handoff_style!r}: use 'continue' or 'instruct'")
         if max_tokens <= 0:
             raise ValueError(f"max_tokens={max_tokens} must be positive")
+        if not 0.0 <= float(handoff_share) <= 1.0:
+            raise ValueError(f"handoff_share={handoff_share} must be in [0, 1] (the share of requests that may "
+                             "hand off)")
+        self.handoff_share = float(handoff_share)
         self.slm, self.llm, self.prompts, self.prices = slm, llm, prompts, prices
         self.handoff_style = handoff_style
         self.offload_bias = float(offload_bias)
@@ -254,13 +278,17 @@ class CollaborateEngine:
         seed: int | None = None,
         stop: list[str] | None = None,
     ) -> GenRequest:
-        """The SLM's request (Lines 1-2): P_s + the query, `<offload>` as a stop id with `offload_bias` on it."""
+        """The SLM's request (Lines 1-2): P_s + the query, `<offload>` as a stop id with `offload_bias` on it
+        (banned when the request is outside the engine's `handoff_share`)."""
         bias = self.offload_bias if offload_bias is None else float(offload_bias)
         budget = self.max_tokens if max_tokens is None else int(max_tokens)
         if budget <= 0:
             raise ValueError(f"max_tokens={budget} must be positive")
         sampling = sampling_fields(temperature, top_p, seed, stop)
-        slm_msgs = _with_system(self.prompts.offload_system, self.messages(question))
+        messages = self.messages(question)
+        if not handoff_admitted(messages, self.handoff_share):
+            bias = BAN
+        slm_msgs = _with_system(self.prompts.offload_system, messages)
         req = GenRequest(
             messages=slm_msgs,
             max_tokens=budget,
@@ -291,7 +319,10 @@ class CollaborateEngine:
             max_tokens = min(per_model, total)
         # Lines 1-2, 9-10: SLM decoding; <offload> is a stop token id
         req = self.slm_request(messages, offload_bias, max_tokens, temperature, top_p, seed, stop)
-        bias = req.logit_bias.get(self.offload_id, 0.0)
+        admitted = handoff_admitted(messages, self.handoff_share)
+        # the bias the request was run at (a request outside handoff_share is marked by handoff_admitted, not -inf)
+        bias = req.logit_bias.get(self.offload_id, 0.0) if admitted else (
+            self.offload_bias if offload_bias is None else float(offload_bias))
         budget, slm_msgs = per_model, req.messages
         sampling = {"seed": req.seed, "stop": req.stop, "temperature": req.temperature, "top_p": req.top_p}
         turn = {"turn": conv.turn_number(messages), "trimmed": {
@@ -328,7 +359,8 @@ class CollaborateEngine:
             estimated = estimated or final.usage_estimated
             usage += Usage(slm_in=final.prompt_tokens or 0, slm_out=slm_out)
             if final.stop_token_id != self.offload_id:  # Line 11: the SLM answered alone
-                done = self._done(slm_text, "", usage, final.finish_reason or "length", None, bias, t0, turn, calls)
+                done = self._done(slm_text, "", usage, final.finish_reason or "length", None, bias, t0, turn, calls,
+                                  admitted=admitted)
                 done.usage_estimated = estimated
                 yield done
                 return
@@ -487,7 +519,7 @@ class CollaborateEngine:
 
     def _done(
         self, slm_text: str, llm_text: str, usage: Usage, finish: str, handoff: int | None, bias: float, t0: float,
-        turn: dict | None = None, calls: list[dict] | None = None,
+        turn: dict | None = None, calls: list[dict] | None = None, admitted: bool = True,
     ) -> Done:  # fmt: skip
         bill = endpoint_bill(calls or [], self.prices)
         slm_cost = Usage(slm_in=usage.slm_in, slm_out=usage.slm_out).cost(self.prices)
@@ -509,6 +541,7 @@ class CollaborateEngine:
             finish_reason=finish,
             handoff=handoff,
             offload_bias=bias,
+            handoff_admitted=admitted,
             latency_s=time.perf_counter() - t0,
             turn=turn.get("turn", 1),
             trimmed=dict(turn.get("trimmed", {"slm": 0, "llm": 0})),

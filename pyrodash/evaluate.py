@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
@@ -37,6 +38,10 @@ class EvalConfig:
     benchmark_paths: dict = field(default_factory=dict)  # name -> local JSONL for real benchmarks
     limit: int | None = None  # examples per benchmark
     samples: dict = field(default_factory=dict)  # name -> k for avg@k (the paper: aime24/aime25 -> 32)
+    # benchmark -> the methods that run on it (regular expressions matched against the whole method name, e.g.
+    # "pyrodash@[0-9.]+" for every λ but no sweep point); a benchmark not listed runs every method. E.g.
+    # conversations only for the methods whose per-turn rows the demo shows.
+    benchmark_methods: dict = field(default_factory=dict)
     sample_temperature: float = 0.6
     sample_top_p: float = 0.95
     prices: str | dict = "paper"
@@ -57,8 +62,18 @@ class EvalConfig:
         if not all(isinstance(b, str) and b for b in self.benchmarks):
             raise ValueError(f"eval config: benchmarks={self.benchmarks!r} must be benchmark names (strings)")
         _expect("methods", self.methods, list, "a list such as [slm, llm, pyrodash]")
-        for name in ("models", "benchmark_paths", "samples"):
+        for name in ("models", "benchmark_paths", "samples", "benchmark_methods"):
             _expect(name, getattr(self, name), dict, "a mapping (key: value lines)")
+        for b, pats in self.benchmark_methods.items():
+            if not isinstance(pats, list) or not all(isinstance(x, str) and x for x in pats):
+                raise ValueError(f"eval config: benchmark_methods.{b}={pats!r} must be a list of method names or "
+                                 "regular expressions, e.g. [slm, llm, 'pyrodash@[0-9.]+']")
+            for x in pats:
+                try:
+                    re.compile(x)
+                except re.error as e:
+                    raise ValueError(f"eval config: benchmark_methods.{b}: {x!r} is not a regular expression "
+                                     f"({e})") from None
         _expect("world_dir", self.world_dir, (str, type(None)), "a directory path")
         _expect("prices", self.prices, (str, dict), "a price sheet name, a YAML path or a mapping")
         _expect("prompts", self.prompts, str, "a prompt set name such as qwen-math-v1")
@@ -134,6 +149,11 @@ class EvalConfig:
                 continue  # a hub id
             raise ValueError(f"eval config: {key}={path} does not exist; build or train that model first or fix the "
                              "path (nothing was written)")
+
+    def runs_on(self, method: str, benchmark: str) -> bool:
+        """Whether `method` runs on `benchmark` (`benchmark_methods`)."""
+        pats = self.benchmark_methods.get(benchmark)
+        return pats is None or any(re.fullmatch(p, method) for p in pats)
 
     def price_sheet(self):
         from pyrodash.cost import Prices
@@ -252,8 +272,9 @@ def evaluate(cfg: EvalConfig, methods: dict | None = None, examples: list[Exampl
         for name, method in methods.items():
             path = run_dir / "records" / f"{name}.jsonl"
             done = resume(path)
-            todo = [k for k in keys if k not in done]
-            task = bar.add_task(f"{name:<28}", total=len(keys), completed=len(keys) - len(todo))
+            mine = [k for k in keys if cfg.runs_on(name, k[0])]
+            todo = [k for k in mine if k not in done]
+            task = bar.add_task(f"{name:<28}", total=len(mine), completed=len(mine) - len(todo))
             for i in range(0, len(todo), cfg.batch_size):
                 chunk = todo[i : i + cfg.batch_size]
                 items = [(by_key[(b, id_)], _sampling(cfg, cfg.samples.get(b, 1), s)) for b, id_, s in chunk]

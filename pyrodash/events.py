@@ -41,6 +41,7 @@ class Done:
     finish_reason: str  # "stop" | "length" | "error"
     handoff: int | None  # SLM tokens before the handoff, or None when the SLM answered alone
     offload_bias: float = 0.0
+    handoff_admitted: bool = True  # False: outside the engine's handoff_share, so the SLM answered alone
     fallback: bool = False  # the LLM failed and the SLM finished the answer with <offload> banned
     errors: list[str] = field(default_factory=list)  # messages of failed LLM attempts, in order
     usage_estimated: bool = False  # some counts were not reported by a server (counted locally or estimated)

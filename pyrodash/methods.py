@@ -26,6 +26,7 @@ from pyrodash.backends.base import GenChunk, GenRequest
 from pyrodash.conversation import example_messages
 from pyrodash.cost import Prices, Usage
 from pyrodash.data.example import Example
+from pyrodash.engine import handoff_admitted
 from pyrodash.prompts import OFFLOAD_TOKEN, Prompts, pack
 
 Item = tuple[Example, dict]  # (example, sampling: temperature / top_p / seed)
@@ -181,21 +182,23 @@ class Solo(Method):
 
 
 class PyroDash(Method):
-    """The Collaborate Engine with a trained SLM at a fixed offload_bias."""
+    """The Collaborate Engine with a trained SLM at a fixed offload_bias and handoff_share."""
 
-    def __init__(self, name: str, slm, llm, env: Env, offload_bias: float = 0.0):
+    def __init__(self, name: str, slm, llm, env: Env, offload_bias: float = 0.0, handoff_share: float = 1.0):
         from pyrodash.engine import CollaborateEngine
 
-        self.name, self.env, self.bias = name, env, float(offload_bias)
+        self.name, self.env, self.bias, self.share = name, env, float(offload_bias), float(handoff_share)
         self.engine = CollaborateEngine(slm, llm, env.prompts, env.prices, offload_bias=self.bias,
-                                        max_tokens=env.max_tokens)
+                                        max_tokens=env.max_tokens, handoff_share=self.share)
 
     def _record(self, slm_text: str, llm_text: str, usage: Usage, handoff: int | None, finish: str,
-                fallback: bool = False, errors: list[str] | None = None, estimated: bool = False) -> dict:
+                fallback: bool = False, errors: list[str] | None = None, estimated: bool = False,
+                admitted: bool = True) -> dict:
         segs = [{"model": "slm", "text": slm_text}] + ([{"model": "llm", "text": llm_text}] if handoff is not None
                                                         else [])
         return {"output": slm_text + llm_text, "usage": usage.to_dict(), "llm_calls": usage.llm_calls,
                 "handoff": handoff, "finish_reason": finish, "segments": segs, "offload_bias": self.bias,
+                "handoff_share": self.share, "handoff_admitted": admitted,
                 "fallback": fallback, "llm_errors": list(errors or []), "usage_estimated": estimated}
 
     def __call__(self, items: list[Item]) -> list[dict]:
@@ -214,7 +217,8 @@ class PyroDash(Method):
         for i, g in enumerate(slm):
             u = Usage(slm_in=g.prompt_tokens, slm_out=g.completion_tokens)
             if i not in llm:
-                out.append(self._record(g.text, "", u, None, g.finish_reason))
+                out.append(self._record(g.text, "", u, None, g.finish_reason,
+                                        admitted=handoff_admitted(msgs[i], self.share)))
                 continue
             lg = llm[i]
             u += Usage(llm_in=lg.prompt_tokens, llm_out=lg.completion_tokens, llm_cached_in=lg.cached_tokens,
@@ -235,7 +239,7 @@ class PyroDash(Method):
         out = []
         for d in asyncio.run(main()):
             rec = self._record(d.slm_text, d.llm_text, d.usage, d.handoff, d.finish_reason, d.fallback, d.errors,
-                               d.usage_estimated)
+                               d.usage_estimated, d.handoff_admitted)
             if d.llm_endpoints and (len(d.llm_endpoints) > 1 or d.llm_endpoints[0]["price"] != {
                     "llm_in": self.env.prices.llm_in, "llm_out": self.env.prices.llm_out,
                     "llm_cached_in": self.env.prices.llm_cached_in}):  # fmt: skip
@@ -369,6 +373,16 @@ def build_methods(cfg, env: Env, backends: Backends | None = None, load_examples
                 name = f"pyrodash@{knob(lam)}+bias{knob(b)}"
                 out[name] = PyroDash(name, be.get(lam_specs[lam], offload=True), model("llm"), env,
                                          offload_bias=float(b))
+        elif kind == "pyrodash_share":
+            lam = float(opt.get("lambda", min(lam_specs) if lam_specs else 0))
+            if lam not in lam_specs:
+                raise ValueError(f"pyrodash_share lambda={lam} has no checkpoint under models.pyrodash")
+            for share in opt.get("shares", []):
+                if not 0.0 <= float(share) <= 1.0:
+                    raise ValueError(f"pyrodash_share: share {share} must be in [0, 1]")
+                name = f"pyrodash@{knob(lam)}+share{knob(share)}"
+                out[name] = PyroDash(name, be.get(lam_specs[lam], offload=True), model("llm"), env,
+                                     handoff_share=float(share))
         elif kind == "oracle":
             from pyrodash.methods_oracle import Oracle
 
@@ -384,7 +398,7 @@ def build_methods(cfg, env: Env, backends: Backends | None = None, load_examples
             out.update(build_routellm(opt, env, model("slm"), model("llm"), be, Path(cfg.run_dir), load_examples))
         else:
             raise ValueError(f"unknown method {kind!r}: use slm, slm+sft, llm, oracle, pyrodash, pyrodash_bias, "
-                             "routellm, glimprouter")
+                             "pyrodash_share, routellm, glimprouter")
     return out
 
 

@@ -1,16 +1,17 @@
 """The Pareto figure of a run: total dollars (x) vs average accuracy (y), one marker per method, each knob sweep
-(RouteLLM α, GlimpRouter τ, PyroDash λ, one PyroDash policy across offload_bias) drawn as connected points."""
+(RouteLLM α, GlimpRouter τ, PyroDash λ, one PyroDash policy across offload_bias or handoff_share) drawn as connected
+points."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from pyrodash.report import Metrics, parse_method
+from pyrodash.report import Metrics, parse_method, sweep_kind
 
 STYLE = {
     "slm": ("tab:gray", "s"), "slm+sft": ("tab:brown", "s"), "llm": ("black", "*"), "oracle": ("tab:purple", "P"),
     "routellm": ("tab:blue", "o"), "glimprouter": ("tab:green", "^"), "pyrodash": ("tab:red", "D"),
-    "pyrodash-bias": ("tab:orange", "v"),
+    "pyrodash-bias": ("tab:orange", "v"), "pyrodash-share": ("tab:pink", "<"),
 }
 
 
@@ -18,24 +19,27 @@ def series(ms: dict[str, Metrics]) -> dict[str, list[tuple[float, Metrics]]]:
     """{series label: [(knob, metrics)] sorted by knob}; single methods are one-point series."""
     out: dict[str, list[tuple[float, Metrics]]] = {}
     for name, m in ms.items():
-        fam, knob, bias = parse_method(name)
-        if bias is not None:
-            out.setdefault(f"pyrodash@{knob:g} bias sweep", []).append((bias, m))
+        fam, knob, value = parse_method(name)
+        if value is not None:
+            out.setdefault(f"pyrodash@{knob:g} {sweep_kind(name)} sweep", []).append((value, m))
         elif knob is not None:
             out.setdefault({"routellm": "RouteLLM-MF (α)", "glimprouter": "GlimpRouter (τ)",
                             "pyrodash": "PyroDash (λ)"}[fam], []).append((knob, m))
         else:
             out[name] = [(0.0, m)]
-    for name, m in ms.items():  # a bias sweep starts from its policy at bias 0
-        fam, knob, bias = parse_method(name)
-        if fam == "pyrodash" and bias is None and f"pyrodash@{knob:g} bias sweep" in out:
-            out[f"pyrodash@{knob:g} bias sweep"].append((0.0, m))
+    for name, m in ms.items():  # a bias sweep starts from its policy at bias 0, a share sweep ends at share 1
+        fam, knob, value = parse_method(name)
+        if fam == "pyrodash" and value is None:
+            for kind, at in (("bias", 0.0), ("share", 1.0)):
+                if f"pyrodash@{knob:g} {kind} sweep" in out:
+                    out[f"pyrodash@{knob:g} {kind} sweep"].append((at, m))
     return {k: sorted(v, key=lambda x: x[0]) for k, v in out.items()}
 
 
 def _style(label: str) -> tuple[str, str]:
-    if "bias" in label:
-        return STYLE["pyrodash-bias"]
+    for kind in ("bias", "share"):
+        if f"{kind} sweep" in label:
+            return STYLE[f"pyrodash-{kind}"]
     for key in ("RouteLLM", "GlimpRouter", "PyroDash"):
         if label.startswith(key):
             return STYLE[key.lower().replace("-mf", "")]

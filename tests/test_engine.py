@@ -230,3 +230,36 @@ def test_tokens_streamed_before_a_cut_are_billed(slm, llm):
     assert done.usage.llm_in >= 2 * ref.usage.llm_in + 3
     assert done.usage.llm_out >= 3 + 1
     assert done.output.startswith(done.slm_text) and OFFLOAD_TOKEN not in done.output
+
+
+def test_handoff_admitted_is_a_fixed_hash_admitting_about_the_share():
+    from pyrodash.engine import handoff_admitted
+
+    reqs = [[{"role": "user", "content": f"{i}: +3x8 f2"}] for i in range(4000)]
+    for share in (0.1, 0.5, 0.9):
+        rate = sum(handoff_admitted(m, share) for m in reqs) / len(reqs)
+        assert abs(rate - share) < 0.03, (share, rate)
+    assert not any(handoff_admitted(m, 0.0) for m in reqs) and all(handoff_admitted(m, 1.0) for m in reqs)
+    # the same request always gets the same answer; a system prompt does not change it; a smaller share admits a subset
+    sys_ = [{"role": "system", "content": "P_s"}]
+    assert all(handoff_admitted(m, 0.5) == handoff_admitted(sys_ + m, 0.5) for m in reqs[:200])
+    assert all(handoff_admitted(m, 0.5) for m in reqs if handoff_admitted(m, 0.25))
+
+
+def test_handoff_share_bans_offload_outside_the_share_and_says_so(slm, llm):
+    from pyrodash.engine import handoff_admitted
+
+    with pytest.raises(ValueError, match="handoff_share"):
+        CollaborateEngine(slm, llm, PROMPTS, PRICES, handoff_share=1.5)
+    eng = CollaborateEngine(slm, llm, PROMPTS, PRICES, offload_bias=1e4, max_tokens=8, handoff_share=0.5)
+    qs = [f"q{i}" for i in range(12)]
+    admitted = [handoff_admitted(eng.messages(q), 0.5) for q in qs]
+    assert any(admitted) and not all(admitted)  # both kinds among these questions
+    for q, ok in zip(qs, admitted):
+        done = eng.run(q)
+        assert done.handoff_admitted is ok and done.offload_bias == 1e4
+        if ok:  # +1e4 hands off at once
+            assert done.handoff == 0 and done.usage.llm_calls == 1
+        else:  # <offload> banned from the first token: the SLM answers alone, no LLM call
+            assert done.handoff is None and done.usage.llm_calls == 0 and done.slm_text
+            assert done.output == eng.run(q, offload_bias=float("-inf")).output

@@ -178,11 +178,17 @@ def test_cli_eval_avg_at_k(tmp_path):
         "samples": {"aime24": 2}, "prompts": "world-v1", "max_tokens": 8, "batch_size": 4,
         "models": {"slm": str(slm), "llm": str(llm), "pyrodash": {0.1: str(slm)}},
         "methods": ["slm", "llm", "pyrodash", {"glimprouter": {"taus": [1.0]}},
-                    {"pyrodash_bias": {"lambda": 0.1, "biases": [5.0]}}]}))
+                    {"pyrodash_bias": {"lambda": 0.1, "biases": [5.0]}},
+                    {"pyrodash_share": {"lambda": 0.1, "shares": [0.0]}}]}))
     assert main(["eval", "--config", str(cfg)]) == 0
     rec = tmp_path / "run" / "records"
     names = sorted(p.stem for p in rec.glob("*.jsonl"))
-    assert names == sorted(["slm", "llm", "pyrodash@0.1", "glimprouter@1", "pyrodash@0.1+bias5"])
+    assert names == sorted(["slm", "llm", "pyrodash@0.1", "glimprouter@1", "pyrodash@0.1+bias5",
+                            "pyrodash@0.1+share0"])
+    # handoff_share 0: no request may hand off, and every record says so
+    share0 = [json.loads(x) for x in (rec / "pyrodash@0.1+share0.jsonl").read_text().splitlines()]
+    assert all(r["handoff_admitted"] is False and r["llm_calls"] == 0 and r["handoff_share"] == 0.0 for r in share0)
+    assert all(json.loads(x)["handoff_admitted"] for x in (rec / "pyrodash@0.1.jsonl").read_text().splitlines())
     first = {n: (rec / f"{n}.jsonl").read_text() for n in names}
     for n in names:
         rows = [json.loads(x) for x in first[n].splitlines()]
@@ -271,3 +277,24 @@ def test_broken_resolved_config_names_the_file(tmp_path, backends):
     (tmp_path / "config.resolved.json").write_text('{"models": ')
     with pytest.raises(ValueError, match=r"config\.resolved\.json is not valid JSON"):
         evaluate(cfg, {"slm": Solo("slm", slm, "slm", env())}, examples=examples(1), quiet=True)
+
+
+def test_benchmark_methods_limits_which_methods_run_on_a_benchmark(tmp_path, backends):
+    from pyrodash.methods import Solo
+
+    slm, llm = backends
+    e = env()
+    other = [Example(id=f"c{i}", benchmark="chat", question=f"q{i}", gold="1", meta={}) for i in range(3)]
+    cfg = EvalConfig(run_dir=str(tmp_path), benchmarks=["toy", "chat"], batch_size=4,
+                     benchmark_methods={"chat": ["llm", "pyrodash@[0-9.]+"]})
+    methods = {"slm": Solo("slm", slm, "slm", e), "llm": Solo("llm", llm, "llm", e)}
+    evaluate(cfg, methods, examples=examples(4) + other, quiet=True)
+    benches = {n: sorted({json.loads(x)["benchmark"] for x in (tmp_path / "records" / f"{n}.jsonl").read_text()
+                          .splitlines()}) for n in ("slm", "llm")}
+    assert benches == {"slm": ["toy"], "llm": ["chat", "toy"]}
+    assert cfg.runs_on("pyrodash@0.6", "chat") and not cfg.runs_on("pyrodash@0.6+share0.5", "chat")
+    assert cfg.runs_on("pyrodash@0.6+share0.5", "toy")
+    with pytest.raises(ValueError, match="not a regular expression"):
+        EvalConfig(run_dir="x", benchmarks=["toy"], benchmark_methods={"toy": ["pyrodash@(["]})
+    with pytest.raises(ValueError, match="list of method names"):
+        EvalConfig(run_dir="x", benchmarks=["toy"], benchmark_methods={"toy": "slm"})

@@ -51,6 +51,16 @@ def test_generate_json_matches_the_engine(dirs, engine, capsys):
         assert out["usage"]["llm_calls"] == (handoff is not None)
 
 
+def test_generate_handoff_share_zero_bans_the_handoff_and_says_so(dirs, capsys):
+    assert main(gen(dirs, "--json", "--offload-bias", "1e4", "--handoff-share", "0", "abc")) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["handoff_admitted"] is False and out["handoff"] is None and out["usage"]["llm_calls"] == 0
+    assert main(gen(dirs, "--offload-bias", "1e4", "--handoff-share", "0", "abc")) == 0
+    assert "outside --handoff-share 0" in capsys.readouterr().out
+    assert main(gen(dirs, "--handoff-share", "2", "abc")) == 2
+    assert "handoff_share=2.0 must be in [0, 1]" in capsys.readouterr().err
+
+
 def test_generate_colours_slm_and_llm_text(dirs, engine, capsys, monkeypatch):
     monkeypatch.setenv("FORCE_COLOR", "1")
     monkeypatch.delenv("NO_COLOR", raising=False)

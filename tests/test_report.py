@@ -169,3 +169,24 @@ def test_duplicated_records_count_once_keeping_the_last(tmp_path, capsys):
     assert summary["duplicates_dropped"] == {"slm": 2} and "Duplicate records ignored" in md
     assert main(["report", str(tmp_path)]) == 0
     assert "duplicate records ignored" in capsys.readouterr().out
+
+
+def test_sweep_names_parse_sort_and_draw_as_their_own_series():
+    from pyrodash.report import Metrics, sort_key, sweep_kind
+    from pyrodash.report_plots import series
+
+    assert parse_method("pyrodash@0.6+share0.25") == ("pyrodash", 0.6, 0.25)
+    assert parse_method("pyrodash@0.6+bias-2") == ("pyrodash", 0.6, -2.0)
+    assert [sweep_kind(n) for n in ("pyrodash@0.6+share0.5", "pyrodash@0.6+bias1", "pyrodash@0.6", "llm")] == [
+        "share", "bias", None, None]
+    with pytest.raises(ValueError, match="only pyrodash"):
+        parse_method("routellm@0.5+share0.5")
+    names = ["llm", "pyrodash@0.6+share0.5", "pyrodash@0.6+bias1", "pyrodash@0.6", "slm", "pyrodash@0.6+share0.25"]
+    assert sorted(names, key=sort_key) == ["slm", "pyrodash@0.6", "pyrodash@0.6+bias1", "pyrodash@0.6+share0.25",
+                                           "pyrodash@0.6+share0.5", "llm"]
+    ms = {n: Metrics(name=n, per_benchmark={}, accuracy=0.5, llm_token_ratio=0.0, llm_calls=0.0, cost_usd=1.0,
+                     usage=Usage(), usage_by_benchmark={}, n=1) for n in names}
+    s = series(ms)
+    # a share sweep ends at its policy (share 1), a bias sweep passes through it (bias 0)
+    assert [k for k, _ in s["pyrodash@0.6 share sweep"]] == [0.25, 0.5, 1.0]
+    assert [k for k, _ in s["pyrodash@0.6 bias sweep"]] == [0.0, 1.0]

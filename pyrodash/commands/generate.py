@@ -39,6 +39,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
     add_llm_mode_argument(p)
     p.add_argument("--offload-bias", type=float, default=0.0, help="added to the <offload> logit (+ hands off sooner)")
+    p.add_argument("--handoff-share", type=float, default=1.0,
+                   help="share of requests that may hand off, by a fixed hash of each request (others: the SLM alone)")
     p.add_argument("--handoff-style", choices=("continue", "instruct"), default="continue")
     p.add_argument("--prompts", default="qwen-math-v1", help="prompt set (pyrodash.prompts), e.g. world-v1")
     p.add_argument("--prices", default="paper", help="price sheet: a YAML path or a name in configs/prices/")
@@ -78,7 +80,8 @@ def run(args: argparse.Namespace) -> int:
     spec = spec_from_flags(args.llm, args.llm_prices, args.llm_policy, args.llm_cooldown, args.llm_timeout)
     llm = slm if spec == args.slm and args.llm_mode is None else load_llm(spec, args.llm_mode)
     engine = CollaborateEngine(slm, llm, prompts, prices, handoff_style=args.handoff_style,
-                               offload_bias=args.offload_bias, max_tokens=args.max_tokens, failure=failure)
+                               offload_bias=args.offload_bias, max_tokens=args.max_tokens, failure=failure,
+                               handoff_share=args.handoff_share)
     kw = {"temperature": args.temperature, "top_p": args.top_p, "seed": args.seed}
 
     conversation = bool(history or args.turn)
@@ -132,6 +135,9 @@ def run(args: argparse.Namespace) -> int:
         if done.usage_estimated:
             out.print("[some token counts were not reported by a server: counted locally or estimated]",
                       style="yellow", markup=False)
+        if not done.handoff_admitted:
+            out.print(f"[outside --handoff-share {args.handoff_share:g}: <offload> was banned, the SLM answered "
+                      "alone]", style="yellow", markup=False)
         handoff = "no handoff" if done.handoff is None else f"handoff after {done.handoff} SLM tokens"
         out.print(f"{handoff} · SLM in/out {u.slm_in}/{u.slm_out} · LLM in/out {u.llm_in}/{u.llm_out} "
                   f"(cached {u.llm_cached_in}, calls {u.llm_calls}) · ${done.cost_usd:.6f} · {done.finish_reason}",

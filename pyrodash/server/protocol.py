@@ -195,6 +195,7 @@ class PyroDashInfo(_Out):
     handoff: int | None  # SLM tokens decoded before <offload>, or None when the SLM answered alone
     cost_usd: float
     offload_bias: float
+    handoff_admitted: bool = True  # False: outside the engine's handoff_share, so the SLM answered alone
     fallback: bool  # the LLM failed and the SLM finished the answer
     llm_errors: list[str] = []  # every failed LLM attempt (retried, or ending in the fallback), in order
     usage_estimated: bool = False  # some token counts were not reported by a server (counted locally / estimated)
@@ -218,7 +219,8 @@ class PyroDashInfo(_Out):
         info = cls(
             slm_in=u.slm_in, slm_out=u.slm_out, llm_in=u.llm_in, llm_out=u.llm_out, llm_cached_in=u.llm_cached_in,
             llm_calls=u.llm_calls, handoff=done.handoff, cost_usd=done.cost_usd, offload_bias=done.offload_bias,
-            fallback=done.fallback, llm_errors=_scrubbed(done.errors), usage_estimated=done.usage_estimated, mode=mode,
+            handoff_admitted=done.handoff_admitted, fallback=done.fallback, llm_errors=_scrubbed(done.errors),
+            usage_estimated=done.usage_estimated, mode=mode,
             turn=done.turn, trimmed=dict(done.trimmed), segments=list(done.segments),
             llm_endpoints=list(done.llm_endpoints),
         )  # fmt: skip
