@@ -38,9 +38,9 @@ def test_report_structure(demo):
                  "Trigger positions", "Case studies", "Re-pricing", "Conversations: per turn"):
         assert f"## {head}" in md
     names = set(json.loads((demo / "summary.json").read_text())["methods"])
-    assert {"slm", "slm+sft", "llm", "oracle", "pyrodash@0.05", "pyrodash@0.6", "pyrodash@2"} <= names
+    assert {"slm", "slm+sft", "llm", "oracle", "pyrodash@0.6", "pyrodash@2", "pyrodash@4"} <= names
     assert (demo / "demo.log").exists()  # library logs and warnings, off the console
-    for prefix in ("routellm@", "glimprouter@", "pyrodash@0.6+bias"):
+    for prefix in ("routellm@", "glimprouter@", "pyrodash@2+bias", "pyrodash@2+share"):
         assert any(n.startswith(prefix) for n in names), prefix
 
 
@@ -73,7 +73,7 @@ def test_conversation_turns_are_evaluated_per_turn(demo):
     prices = Prices.from_yaml("paper")
     per_turn = json.loads((demo / "summary.json").read_text())["per_turn"]
     turns = _records(demo, turns=True)
-    for name in ("slm", "llm", "pyrodash@0.05", "pyrodash@0.6"):
+    for name in ("slm", "llm", "pyrodash@0.6", "pyrodash@2"):
         rs = turns[name]
         assert len(rs) == 10 * 3 and {r["meta"]["turn"] for r in rs} == {1, 2, 3}
         for k in (1, 2, 3):
@@ -105,3 +105,22 @@ def test_report_reprices(demo, capsys):
     assert main(["report", str(demo), "--prices", "cached"]) == 0
     after = json.loads((demo / "summary.json").read_text())["methods"]["llm"]["cost_usd"]
     assert after <= before
+
+
+def test_handoff_share_sweep_runs_from_slm_alone_to_the_policy(demo):
+    """The share sweep mixes the λ 2 policy with the SLM alone per request: a larger share admits a superset of
+    requests, so LLM calls and dollars rise with it, and a request outside the share never calls the LLM."""
+    summary = json.loads((demo / "summary.json").read_text())["methods"]
+    recs = _records(demo)
+    shares = sorted(float(m.group(1)) for k in summary if (m := re.fullmatch(r"pyrodash@2\+share([0-9.]+)", k)))
+    assert shares, "no share sweep in the demo"
+    names = [f"pyrodash@2+share{s:g}" for s in shares] + ["pyrodash@2"]
+    costs, calls = [summary[n]["cost_usd"] for n in names], [summary[n]["llm_calls"] for n in names]
+    assert costs == sorted(costs) and calls == sorted(calls), list(zip(names, costs, calls))
+    for s in shares:
+        rs = recs[f"pyrodash@2+share{s:g}"]
+        assert all(r["llm_calls"] == 0 for r in rs if not r["handoff_admitted"])
+        admitted = sum(r["handoff_admitted"] for r in rs) / len(rs)
+        assert abs(admitted - s) < 0.15, (s, admitted)  # a fixed hash of 150 questions
+    # the sweeps answer single questions only (benchmark_methods in configs/eval/world-quick.yaml)
+    assert not _records(demo, turns=True).get("pyrodash@2+share0.5")

@@ -296,6 +296,18 @@ def test_quick_stages_2_and_3_train_only_attention_lora(quick_run, stage):
 
 
 @pytest.mark.slow
+def test_explore_no_handoff_bans_offload_in_the_last_rollouts_of_each_group():
+    from pyrodash.train.stage3 import ExploreNoHandoff
+
+    proc = ExploreNoHandoff(token_id=3, group=8, k=2)
+    scores = torch.zeros(16, 5)
+    out = proc(None, scores.clone())
+    banned = [i for i in range(16) if out[i, 3] == float("-inf")]
+    assert banned == [6, 7, 14, 15] and proc.banned_rows(16) == banned
+    assert torch.equal(out[:, [0, 1, 2, 4]], scores[:, [0, 1, 2, 4]])  # nothing else moves
+    assert ExploreNoHandoff(3, 8, 0).banned_rows(16) == []
+
+
 def test_quick_stage3_reward_used_real_llm_handoffs(quick_run):
     from pyrodash.train.common import read_log
 
@@ -304,6 +316,9 @@ def test_quick_stage3_reward_used_real_llm_handoffs(quick_run):
     log = [r for r in read_log(quick_run["stage3"] / "log.jsonl") if "reward" in r]
     assert len(log) == st3["steps"] and sum(r["pyrodash/llm_calls"] for r in log) == st3["llm_handoff_calls"]
     assert all({"pyrodash/accuracy", "pyrodash/offload_rate", "pyrodash/r_eff"} <= set(r) for r in log)
+    # the world recipe bans <offload> in 2 of every 8 rollouts (stage3.explore_no_handoff): no step offloads more
+    k, g = 2, 8
+    assert max(r["pyrodash/offload_rate"] for r in log) <= (g - k) / g, [r["pyrodash/offload_rate"] for r in log]
     assert 0 <= st3["heldout"]["llm_calls_per_example"] <= 1
     # the sweep reused the cached Cost_base; --resume picked up the last checkpoint
     assert quick_run["sweep_rc"] == 0 and quick_run["resume_rc"] == 0

@@ -58,6 +58,9 @@ def run(args: argparse.Namespace) -> int:
     from pyrodash.world.build import build_world, read_world_info
 
     if args.world_command == "build":
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # no "Writing model shards" bars between ours
         world_dir = build_world(args.out, quick=args.quick, seed=args.seed, force=args.force)
         print_info(read_world_info(world_dir), str(world_dir))
         print(world_dir)

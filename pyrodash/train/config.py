@@ -128,10 +128,18 @@ class Stage3Config(LoraFields, GRPOConfig):
     llm_concurrency: int = 16
     llm_batch_size: int = 64
     slm_price: float | None = None  # C_s of eq:grpo-cost-actual (USD / M tokens); default: the sheet's slm_out
+    # Rollouts per group of num_generations sampled with <offload> banned (0, the paper: all from the policy).
+    # A policy that hands off with near certainty (low rollout temperature) never samples the other branch, so its
+    # groups carry no signal on the decision; a few banned rollouts per group give λ something to compare
+    # (pyrodash.train.stage3.ExploreNoHandoff).
+    explore_no_handoff: int = 0
 
     def validate(self) -> None:
         if self.lam < 0:
             raise ValueError(f"stage3.lam={self.lam} must be >= 0")
+        if not 0 <= self.explore_no_handoff < self.num_generations:
+            raise ValueError(f"stage3.explore_no_handoff={self.explore_no_handoff} must be in [0, num_generations) "
+                             f"(num_generations={self.num_generations})")
         if self.cost_penalty not in COST_PENALTIES:
             raise ValueError(f"stage3.cost_penalty={self.cost_penalty!r}: choose one of {COST_PENALTIES}")
 

@@ -27,12 +27,50 @@ from trl import GRPOTrainer
 from pyrodash.prompts import Prompts
 
 
-class CostAwareGRPOTrainer(GRPOTrainer):
-    """GRPOTrainer whose logs also carry the collaborative reward's statistics since the previous log."""
+class ExploreNoHandoff:
+    """A logits processor for Stage 3 rollouts: bans `<offload>` in the last `k` rollouts of every group of `group`
+    consecutive rows (TRL's RepeatSampler puts a prompt's G rollouts side by side). Those rollouts answer alone, so
+    every group holds both branches of the handoff decision, whatever the policy's confidence; their tokens still enter
+    the loss with their group advantage (at a large λ the SLM-alone branch wins and its tokens are pushed up)."""
 
-    def __init__(self, *args, collab=None, **kwargs):
+    def __init__(self, token_id: int, group: int, k: int):
+        self.token_id, self.group, self.k = token_id, group, k
+
+    def banned_rows(self, n: int) -> list[int]:
+        return [i for i in range(n) if i % self.group >= self.group - self.k]
+
+    def __call__(self, input_ids, scores):
+        rows = self.banned_rows(scores.shape[0])
+        if rows:
+            scores[rows, self.token_id] = float("-inf")
+        return scores
+
+
+class CostAwareGRPOTrainer(GRPOTrainer):
+    """GRPOTrainer whose logs also carry the collaborative reward's statistics since the previous log; with
+    `explore` (an ExploreNoHandoff), in-process rollouts are generated through it."""
+
+    def __init__(self, *args, collab=None, explore: ExploreNoHandoff | None = None, **kwargs):
         super().__init__(*args, **kwargs)
-        self.collab = collab
+        self.collab, self.explore = collab, explore
+
+    def _generate_single_turn(self, *args, **kwargs):
+        if self.explore is None:
+            return super()._generate_single_turn(*args, **kwargs)
+        from transformers import LogitsProcessorList
+
+        model = self.accelerator.unwrap_model(self.model_wrapped)  # what TRL's generation context hands out
+        plain = model.generate
+
+        def generate(*a, **kw):
+            kw["logits_processor"] = LogitsProcessorList([*(kw.get("logits_processor") or []), self.explore])
+            return plain(*a, **kw)
+
+        model.generate = generate
+        try:
+            return super()._generate_single_turn(*args, **kwargs)
+        finally:
+            del model.generate  # the class's method again
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         if self.collab is not None and self.model.training:
@@ -141,9 +179,14 @@ def run_stage3(recipe, out_dir: str | Path, lam: float | None = None, stage2: st
     ds = datasets.Dataset.from_list([{"prompt": prompts.slm_messages(ex.question), "question": ex.question,
                                       "gold": ex.gold} for ex in examples])
     torch.manual_seed(cfg.seed)
+    explore = None
+    if cfg.explore_no_handoff:
+        if cfg.use_vllm:
+            raise ValueError("stage3.explore_no_handoff works with in-process rollouts only; set it to 0 with vLLM")
+        explore = ExploreNoHandoff(tid, cfg.num_generations, cfg.explore_no_handoff)
     trainer = CostAwareGRPOTrainer(model=model, reward_funcs=[reward], args=cfg, train_dataset=ds,
                                    processing_class=tok, peft_config=cfg.lora_config(),
-                                   callbacks=callbacks(cfg, dest / "log.jsonl"), collab=reward)
+                                   callbacks=callbacks(cfg, dest / "log.jsonl"), collab=reward, explore=explore)
     quiet(trainer)
     last = get_last_checkpoint(str(cfg.output_dir)) if resume and Path(cfg.output_dir).exists() else None
     result = trainer.train(resume_from_checkpoint=last)
