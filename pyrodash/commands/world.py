@@ -1,7 +1,7 @@
 """`pyrodash world`: build the built-in world (synthetic task + two small models trained from scratch), or show one.
 
-    pyrodash world build --out worlds/demo --quick      # about 2 minutes on 2 cores; CI uses this
-    pyrodash world build --out worlds/full              # the full world, at most about 10 minutes
+    pyrodash world build --out worlds/demo --quick      # about 3 minutes on 2 cores; CI uses this
+    pyrodash world build --out worlds/full              # the full world, about 5 minutes
     pyrodash world info worlds/demo                     # the measured accuracies
 """
 
@@ -16,7 +16,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     b = sub.add_parser("build", help="build (or reuse a cached build of) the world")
     b.add_argument("--out", default=None, help="output directory (default: $PYRODASH_CACHE/worlds/<preset>-seed<N>-"
                                                "<hash>)")
-    b.add_argument("--quick", action="store_true", help="the small CI preset (about 2 minutes)")
+    b.add_argument("--quick", action="store_true", help="the small CI preset (about 3 minutes)")
     b.add_argument("--seed", type=int, default=0, help="world seed: table, splits, training order")
     b.add_argument("--force", action="store_true", help="rebuild even if OUT already holds this world")
     i = sub.add_parser("info", help="print a built world's accuracies")

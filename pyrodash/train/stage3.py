@@ -1,7 +1,7 @@
 """Stage 3 — cost-aware GRPO with the frozen LLM inside the rollout.
 
     pyrodash train stage3 --config configs/world/quick.yaml --output-dir runs/quick [--lambda 0.3]
-    pyrodash train stage3 --config configs/world/full.yaml --output-dir runs/full --lambdas 0.05,0.1,0.3,0.6
+    pyrodash train stage3 --config configs/world/full.yaml --output-dir runs/full --lambdas 0.05,0.6,2,4
 
 1. Load the Stage 2 model; `<offload>` joins its generation EOS ids, so TRL cuts every completion there.
 2. Run the LLM alone on every training prompt and cache Cost_base (`eq:grpo-baseline`) in DIR/cost_base.json
