@@ -319,10 +319,9 @@ class CollaborateEngine:
             max_tokens = min(per_model, total)
         # Lines 1-2, 9-10: SLM decoding; <offload> is a stop token id
         req = self.slm_request(messages, offload_bias, max_tokens, temperature, top_p, seed, stop)
+        # the bias asked for (a request outside handoff_share runs with <offload> banned: Done.handoff_admitted)
+        bias = self.offload_bias if offload_bias is None else float(offload_bias)
         admitted = handoff_admitted(messages, self.handoff_share)
-        # the bias the request was run at (a request outside handoff_share is marked by handoff_admitted, not -inf)
-        bias = req.logit_bias.get(self.offload_id, 0.0) if admitted else (
-            self.offload_bias if offload_bias is None else float(offload_bias))
         budget, slm_msgs = per_model, req.messages
         sampling = {"seed": req.seed, "stop": req.stop, "temperature": req.temperature, "top_p": req.top_p}
         turn = {"turn": conv.turn_number(messages), "trimmed": {

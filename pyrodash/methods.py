@@ -340,6 +340,10 @@ def _method_specs(methods: list) -> list[tuple[str, dict]]:
     return out
 
 
+# eval method -> (its option listing the values, the name suffix, the PyroDash argument they set)
+SWEEPS = {"pyrodash_bias": ("biases", "bias", "offload_bias"), "pyrodash_share": ("shares", "share", "handoff_share")}
+
+
 def build_methods(cfg, env: Env, backends: Backends | None = None, load_examples=None) -> dict[str, Method]:
     """{name: method} for an EvalConfig-like `cfg` (fields models, methods, run_dir). `load_examples(name, limit)`
     loads a training pool for RouteLLM. Models load lazily through `backends`."""
@@ -365,24 +369,15 @@ def build_methods(cfg, env: Env, backends: Backends | None = None, load_examples
                     raise ValueError(f"pyrodash λ={lam} has no checkpoint: add it under models.pyrodash")
                 name = f"pyrodash@{knob(lam)}"
                 out[name] = PyroDash(name, be.get(lam_specs[float(lam)], offload=True), model("llm"), env)
-        elif kind == "pyrodash_bias":
+        elif kind in SWEEPS:  # one λ policy across offload_bias or handoff_share values
             lam = float(opt.get("lambda", min(lam_specs) if lam_specs else 0))
             if lam not in lam_specs:
-                raise ValueError(f"pyrodash_bias lambda={lam} has no checkpoint under models.pyrodash")
-            for b in opt.get("biases", []):
-                name = f"pyrodash@{knob(lam)}+bias{knob(b)}"
+                raise ValueError(f"{kind} lambda={lam} has no checkpoint under models.pyrodash")
+            key, suffix, field_ = SWEEPS[kind]
+            for v in opt.get(key, []):
+                name = f"pyrodash@{knob(lam)}+{suffix}{knob(v)}"
                 out[name] = PyroDash(name, be.get(lam_specs[lam], offload=True), model("llm"), env,
-                                         offload_bias=float(b))
-        elif kind == "pyrodash_share":
-            lam = float(opt.get("lambda", min(lam_specs) if lam_specs else 0))
-            if lam not in lam_specs:
-                raise ValueError(f"pyrodash_share lambda={lam} has no checkpoint under models.pyrodash")
-            for share in opt.get("shares", []):
-                if not 0.0 <= float(share) <= 1.0:
-                    raise ValueError(f"pyrodash_share: share {share} must be in [0, 1]")
-                name = f"pyrodash@{knob(lam)}+share{knob(share)}"
-                out[name] = PyroDash(name, be.get(lam_specs[lam], offload=True), model("llm"), env,
-                                     handoff_share=float(share))
+                                     **{field_: float(v)})
         elif kind == "oracle":
             from pyrodash.methods_oracle import Oracle
 

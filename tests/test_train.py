@@ -103,6 +103,13 @@ def test_recipe_errors_name_the_fix(tmp_path):
     bad.write_text("name: x\nworld: {quick: true}\nstage3: {cost_penalty: cheap}\n")
     with pytest.raises(ValueError, match="normalized"):
         load_recipe(bad)
+    # under several processes each one's generation batch must hold whole groups for explore_no_handoff (TRL checks
+    # only the batch of all processes together, which one process here cannot miss)
+    s3 = load_recipe(ROOT / "configs" / "world" / "quick.yaml").stage_config("stage3", output_dir=str(tmp_path))
+    s3.validate()
+    s3.per_device_train_batch_size, s3.steps_per_generation = 4, 1
+    with pytest.raises(ValueError, match="multiple of num_generations"):
+        s3.validate()
     bad.write_text("name: x\nslm: a\n")
     with pytest.raises(ValueError, match="llm"):
         load_recipe(bad)

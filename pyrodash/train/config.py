@@ -140,6 +140,13 @@ class Stage3Config(LoraFields, GRPOConfig):
         if not 0 <= self.explore_no_handoff < self.num_generations:
             raise ValueError(f"stage3.explore_no_handoff={self.explore_no_handoff} must be in [0, num_generations) "
                              f"(num_generations={self.num_generations})")
+        local = self.per_device_train_batch_size * (self.steps_per_generation or self.gradient_accumulation_steps)
+        if self.explore_no_handoff and local % self.num_generations:
+            # ExploreNoHandoff finds a prompt's rollouts by row index within each process's generation batch (TRL
+            # checks only the batch of all processes together)
+            raise ValueError(f"stage3.explore_no_handoff needs each process's generation batch ({local}: "
+                             f"per_device_train_batch_size x steps_per_generation) to be a multiple of "
+                             f"num_generations ({self.num_generations})")
         if self.cost_penalty not in COST_PENALTIES:
             raise ValueError(f"stage3.cost_penalty={self.cost_penalty!r}: choose one of {COST_PENALTIES}")
 
