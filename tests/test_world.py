@@ -316,3 +316,23 @@ def test_first_hard_frac_and_its_distribution():
     d = first_hard_distribution(exs)
     assert d["n"] == 2 and d["share_of_problems"] == round(2 / 3, 4) and sum(d["histogram_tenths"]) == 2
     assert d["min"] == round(first_hard_frac(meta), 4) < d["median"] < d["max"]
+
+
+def test_a_failure_in_the_slm_process_reaches_the_build(tmp_path):
+    """Pretraining runs the SLM in a second process beside the LLM (2+ cores): its error is the build's error, not a
+    silent missing model. (Injected fault: an SLM shape the model config refuses.)"""
+    from dataclasses import replace
+
+    import torch
+    from rich.progress import Progress
+
+    from pyrodash.world.build import train_models
+
+    bad = replace(TINY, slm=replace(TINY.slm, hidden_size=32, num_heads=3))
+    threads = torch.get_num_threads()
+    try:
+        with Progress(disable=True) as progress, pytest.raises(ValueError, match="divisible by num_heads"):
+            train_models(tmp_path, bad, 0, progress)
+    finally:
+        torch.set_num_threads(threads)
+    assert not (tmp_path / "slm").exists()

@@ -156,26 +156,95 @@ def build_world(out_dir: str | Path | None = None, quick: bool = False, seed: in
     return world_dir
 
 
-def train_models(world_dir: Path, cfg: WorldConfig, seed: int, progress) -> tuple[dict, dict]:
-    """Pretrain the SLM, then the LLM, on the threads torch has; save them; return (losses, seconds) per model.
-    `seconds` has wall time and CPU time (`cpu_slm`, `cpu_llm`)."""
+def train_models(world_dir: Path, cfg: WorldConfig, seed: int, progress,
+                 side_by_side: bool = True) -> tuple[dict, dict]:
+    """Pretrain the SLM and the LLM, save them, return (losses, seconds) per model; `seconds` has wall time and
+    CPU time (`cpu_slm`, `cpu_llm`).
+
+    On one core (or with `side_by_side=False`): one after the other on all threads. On n = `build_threads()` > 1:
+    side by side, the SLM in a second process on 1 thread and the LLM on n - 1 threads for its first
+    `cfg.llm_beside_slm_steps` steps, then on all n (the SLM is done by then). Deterministic for a seed and n: thread
+    counts change at a fixed step, never at a time. Why: the models are too small to use 2 threads well (measured on
+    2 cores, ms a step on 1 / 2 threads: SLM ~60 / 39, LLM ~145 / 88, the 1-thread times with the other model on the
+    other core), so the LLM's steps beside the SLM cost less than waiting for it. The quick world's pretraining, seed
+    0: 203 s one after the other, 170 s side by side (`benchmarks/world_build_schedule.py` compares the two)."""
     from pyrodash.world.pretrain import pretrain, save_model
 
-    losses: dict[str, list[float]] = {}
-    seconds: dict[str, float] = {}
-    for which in ("slm", "llm"):
-        t, cpu = time.time(), time.process_time()
-        model, losses[which] = pretrain(which, cfg, seed, progress)
-        save_model(model, world_dir / which)
-        seconds[which], seconds[f"cpu_{which}"] = round(time.time() - t, 1), round(time.process_time() - cpu, 1)
-    return losses, seconds
+    n = build_threads()
+    if n < 2 or not side_by_side:
+        losses, seconds = {}, {}
+        for which in ("slm", "llm"):
+            losses[which], s = _pretrain_and_save(which, world_dir, cfg, seed, progress)
+            seconds.update(s)
+        return losses, seconds
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    import torch
+
+    ctx = mp.get_context("spawn")  # a fresh interpreter: torch's thread pools are not fork-safe
+    slm_step = ctx.Value("i", 0)
+    slm_task = progress.add_task("pretrain slm (1 thread, beside the LLM)", total=cfg.slm.train_steps)
+
+    def show_slm(*_):
+        progress.update(slm_task, completed=slm_step.value)
+
+    threads = torch.get_num_threads()
+    with ProcessPoolExecutor(1, mp_context=ctx, initializer=_init_slm_process, initargs=(slm_step,)) as pool:
+        slm = pool.submit(_pretrain_and_save, "slm", world_dir, cfg, seed, None, 1)
+        torch.set_num_threads(n - 1)
+        try:
+            t, cpu = time.time(), time.process_time()
+            model, llm_losses = pretrain("llm", cfg, seed, progress, on_step=show_slm,
+                                         threads_from=(cfg.llm_beside_slm_steps, n))
+            save_model(model, world_dir / "llm")
+            seconds = {"llm": round(time.time() - t, 1), "cpu_llm": round(time.process_time() - cpu, 1)}
+        finally:
+            torch.set_num_threads(threads)
+        while not slm.done():
+            show_slm()
+            time.sleep(0.2)
+        slm_losses, slm_seconds = slm.result()  # the SLM process's exception, if it failed
+    show_slm()
+    return {"slm": slm_losses, "llm": llm_losses}, {**slm_seconds, **seconds}
+
+
+_COUNTER = None  # the SLM process's step counter, shared with the build (set by `_init_slm_process`)
+
+
+def _init_slm_process(counter) -> None:
+    """In the SLM's process: keep the shared step counter; no "Writing model shards" bar (the build draws its own)."""
+    from transformers.utils import logging as hf_logging
+
+    global _COUNTER
+    _COUNTER = counter
+    hf_logging.disable_progress_bar()
+
+
+def _pretrain_and_save(which: str, world_dir: Path, cfg: WorldConfig, seed: int, progress=None,
+                       threads: int | None = None) -> tuple[list[float], dict]:
+    """Pretrain one model (on `threads` threads if given) and save it; (losses, {which: s, cpu_<which>: s})."""
+    import torch
+
+    from pyrodash.world.pretrain import pretrain, save_model
+
+    if threads is not None:
+        torch.set_num_threads(threads)
+
+    def count(step, _loss):
+        if _COUNTER is not None:
+            _COUNTER.value = step
+
+    t, cpu = time.time(), time.process_time()
+    model, losses = pretrain(which, cfg, seed, progress, on_step=count)
+    save_model(model, world_dir / which)
+    return losses, {which: round(time.time() - t, 1), f"cpu_{which}": round(time.process_time() - cpu, 1)}
 
 
 def run_build(world_dir: Path, cfg: WorldConfig, seed: int, verbose: bool = True) -> dict:
     """Generate the splits, pretrain both models, measure them, and write everything to `world_dir`.
-    Everything runs on `build_threads()` threads: deterministic for a seed and a thread count. (Measured on 2 cores,
-    float32: one model on 2 threads trains 1.6x as fast as on 1, so training the two one after the other on both
-    cores beats training them side by side on one core each.)"""
+    Everything runs on `build_threads()` threads (pretraining: see `train_models`): deterministic for a seed and a
+    thread count."""
     import torch
 
     threads = torch.get_num_threads()
@@ -253,6 +322,9 @@ def _run_build(world_dir: Path, cfg: WorldConfig, seed: int, verbose: bool) -> d
         "timings": timings,
         "build_seconds": round(time.time() - t0, 1),
         "threads": torch.get_num_threads(),
+        # pretraining's threads: the SLM's, and the LLM's before and from step llm_beside_slm_steps
+        "pretrain_threads": ({"slm": 1, "llm": [torch.get_num_threads() - 1, torch.get_num_threads()]}
+                             if torch.get_num_threads() > 1 else {"slm": 1, "llm": [1, 1]}),
     }
     tmp = world_dir / "world.json.tmp"
     tmp.write_text(json.dumps(info, indent=1))

@@ -118,9 +118,11 @@ def train_step(model, opt, x: torch.Tensor, y: torch.Tensor) -> float:
 
 
 def pretrain(which: str, cfg: WorldConfig, seed: int, progress=None,
-             on_step: Callable[[int, float], None] | None = None) -> tuple[object, list[float]]:
+             on_step: Callable[[int, float], None] | None = None,
+             threads_from: tuple[int, int] | None = None) -> tuple[object, list[float]]:
     """Train `which` from scratch on the threads torch has; returns (model in eval mode, mean loss of every 50
-    steps). `progress` is a rich Progress to draw a bar on; `on_step(step, loss)` is called after every step."""
+    steps). `progress` is a rich Progress to draw a bar on; `on_step(step, loss)` is called after every step;
+    `threads_from=(step, n)` moves training to n threads from that step on (at a fixed step, so deterministic)."""
     from transformers import Qwen3ForCausalLM
 
     spec = cfg.slm if which == "slm" else cfg.llm
@@ -138,6 +140,8 @@ def pretrain(which: str, cfg: WorldConfig, seed: int, progress=None,
     losses: list[float] = []
     running = 0.0
     for step, (x, y) in zip(range(spec.train_steps), batch_stream(which, cfg, seed, spec.batch_size)):
+        if threads_from is not None and step == threads_from[0]:
+            torch.set_num_threads(threads_from[1])
         for g in opt.param_groups:
             g["lr"] = lr_at(step, spec)
         value = train_step(model, opt, x, y)
