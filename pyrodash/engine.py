@@ -67,6 +67,13 @@ from pyrodash.prompts import OFFLOAD_TOKEN, Prompts, pack
 BAN = float("-inf")
 
 
+def check_share(share: float) -> float:
+    """A handoff share as a float in [0, 1], or a ValueError naming the range."""
+    if not 0.0 <= float(share) <= 1.0:
+        raise ValueError(f"handoff_share={share} must be in [0, 1] (the share of requests that may hand off)")
+    return float(share)
+
+
 def handoff_admitted(messages: list[dict], share: float) -> bool:
     """Whether a request may hand off under a handoff share: a fixed hash of its non-system messages, uniform in
     [0, 1), is below `share`. Deterministic (a request and its retries agree), and a share s admits about s of any
@@ -209,10 +216,7 @@ class CollaborateEngine:
             raise ValueError(f"handoff_style={handoff_style!r}: use 'continue' or 'instruct'")
         if max_tokens <= 0:
             raise ValueError(f"max_tokens={max_tokens} must be positive")
-        if not 0.0 <= float(handoff_share) <= 1.0:
-            raise ValueError(f"handoff_share={handoff_share} must be in [0, 1] (the share of requests that may "
-                             "hand off)")
-        self.handoff_share = float(handoff_share)
+        self.handoff_share = check_share(handoff_share)
         self.slm, self.llm, self.prompts, self.prices = slm, llm, prompts, prices
         self.handoff_style = handoff_style
         self.offload_bias = float(offload_bias)
@@ -268,6 +272,10 @@ class CollaborateEngine:
         req = handoff_request(self.prompts, self.llm_style, messages, partial, max_tokens, sampling)
         return req, self._fit("llm", req)
 
+    def _share(self, handoff_share: float | None) -> float:
+        """A request's handoff share: the one asked for (checked), else the engine's."""
+        return self.handoff_share if handoff_share is None else check_share(handoff_share)
+
     def slm_request(
         self,
         question: str | list[dict],
@@ -277,16 +285,18 @@ class CollaborateEngine:
         top_p: float | None = None,
         seed: int | None = None,
         stop: list[str] | None = None,
+        handoff_share: float | None = None,
     ) -> GenRequest:
         """The SLM's request (Lines 1-2): P_s + the query, `<offload>` as a stop id with `offload_bias` on it
-        (banned when the request is outside the engine's `handoff_share`)."""
+        (banned when the request is outside `handoff_share`, default the engine's)."""
         bias = self.offload_bias if offload_bias is None else float(offload_bias)
+        share = self._share(handoff_share)
         budget = self.max_tokens if max_tokens is None else int(max_tokens)
         if budget <= 0:
             raise ValueError(f"max_tokens={budget} must be positive")
         sampling = sampling_fields(temperature, top_p, seed, stop)
         messages = self.messages(question)
-        if not handoff_admitted(messages, self.handoff_share):
+        if not handoff_admitted(messages, share):
             bias = BAN
         slm_msgs = _with_system(self.prompts.offload_system, messages)
         req = GenRequest(
@@ -310,6 +320,7 @@ class CollaborateEngine:
         seed: int | None = None,
         stop: list[str] | None = None,
         max_total_tokens: int | None = None,
+        handoff_share: float | None = None,
     ) -> AsyncIterator[Event]:
         t0 = time.perf_counter()
         messages = self.messages(question)
@@ -318,10 +329,10 @@ class CollaborateEngine:
         if total is not None:
             max_tokens = min(per_model, total)
         # Lines 1-2, 9-10: SLM decoding; <offload> is a stop token id
-        req = self.slm_request(messages, offload_bias, max_tokens, temperature, top_p, seed, stop)
+        req = self.slm_request(messages, offload_bias, max_tokens, temperature, top_p, seed, stop, handoff_share)
         # the bias asked for (a request outside handoff_share runs with <offload> banned: Done.handoff_admitted)
         bias = self.offload_bias if offload_bias is None else float(offload_bias)
-        admitted = handoff_admitted(messages, self.handoff_share)
+        admitted = handoff_admitted(messages, self._share(handoff_share))
         budget, slm_msgs = per_model, req.messages
         sampling = {"seed": req.seed, "stop": req.stop, "temperature": req.temperature, "top_p": req.top_p}
         turn = {"turn": conv.turn_number(messages), "trimmed": {

@@ -26,10 +26,13 @@ from pyrodash.cost import Prices, Usage
 from pyrodash.engine import CollaborateEngine, FailurePolicy
 from pyrodash.prompts import get_prompts
 from pyrodash.server.app import build_app
-from pyrodash.server.config import Limits, ServeConfig
+from pyrodash.server.config import Limits, OperatingPoint, ServeConfig
 
 PRICES = Prices(slm_in=1.0, slm_out=2.0, llm_in=10.0, llm_out=40.0)
-OPS = {"pyrodash": 0.0, "slm-only": -100.0, "always-offload": 100.0}
+# model name -> operating point (an offload_bias, or {offload_bias, handoff_share})
+OPS = {"pyrodash": 0.0, "slm-only": -100.0, "always-offload": 100.0,
+       "half-share": {"offload_bias": 100.0, "handoff_share": 0.5}}
+BIAS = {k: v if isinstance(v, float) else v["offload_bias"] for k, v in OPS.items()}
 KEY = "test-key"
 Q = [{"role": "user", "content": "3+4="}]
 
@@ -207,7 +210,9 @@ def test_legacy_completions(client):
 def test_models_lists_the_operating_points(client):
     models = client.models.list()
     assert [m.id for m in models.data] == list(OPS)
-    assert {m.id: m.model_extra["offload_bias"] for m in models.data} == OPS
+    assert {m.id: m.model_extra["offload_bias"] for m in models.data} == BIAS
+    assert {m.id: m.model_extra["handoff_share"] for m in models.data} == {
+        "pyrodash": 1.0, "slm-only": 1.0, "always-offload": 1.0, "half-share": 0.5}
     assert client.models.retrieve("slm-only").model_extra["offload_bias"] == OPS["slm-only"]
     with pytest.raises(openai.NotFoundError):
         client.models.retrieve("gpt-9")
@@ -235,6 +240,32 @@ def test_health_and_metrics(client, stack):
     assert value(after, "pyrodash_request_duration_seconds_count") == value(
         before, "pyrodash_request_duration_seconds_count") + 1
     assert "# TYPE pyrodash_cost_usd_total counter" in after and "pyrodash_requests_in_flight 0" in after
+
+
+def test_a_handoff_share_operating_point_lets_only_its_share_hand_off(client, stack):
+    """`half-share` hands off at once when admitted (bias +100); a fixed hash of the messages admits about half of
+    the requests, and the others are answered by the SLM alone, which the response and /metrics say."""
+    from pyrodash.engine import handoff_admitted
+
+    def outside(text: str) -> float:
+        return sum(float(x.rsplit(" ", 1)[1]) for x in text.splitlines()
+                   if x.startswith('pyrodash_outside_handoff_share_total{model="half-share"}'))
+
+    url = stack[0].url
+    before = outside(httpx.get(f"{url}/metrics").text)
+    questions = [f"{a}+{a + 1}=" for a in range(10)]
+    admitted = []
+    for q in questions:
+        messages = [{"role": "user", "content": q}]
+        p = client.chat.completions.create(model="half-share", messages=messages, max_tokens=6).model_extra["pyrodash"]
+        admitted.append(p["handoff_admitted"])
+        assert p["handoff_admitted"] == handoff_admitted(messages, 0.5)  # the engine's own rule, nothing else
+        if p["handoff_admitted"]:
+            assert p["handoff"] == 0 and p["llm_calls"] == 1
+        else:
+            assert p["handoff"] is None and p["llm_calls"] == 0 and p["llm_in"] == p["llm_out"] == 0
+    assert 0 < sum(admitted) < len(questions)  # both kinds among these ten (fixed by the hash)
+    assert outside(httpx.get(f"{url}/metrics").text) == before + admitted.count(False)
 
 
 # ---------------------------------------------------------------- client mistakes: 4xx with OpenAI's error body
@@ -314,17 +345,21 @@ def test_sdk_raises_typed_errors(client):
 def test_config_yaml_flags_and_key_from_env(tmp_path, monkeypatch):
     cfg = tmp_path / "s.yaml"
     (tmp_path / "slm").mkdir()
-    cfg.write_text("slm: slm\nllm: http://h:1/v1#m\nport: 9000\noperating_points: {a: 1, b: -1}\n"
+    cfg.write_text("slm: slm\nllm: http://h:1/v1#m\nport: 9000\n"
+                   "operating_points: {a: 1, b: -1, c: {handoff_share: 0.25}}\n"
                    "limits: {max_tokens: 64, default_max_tokens: 32}\nfailure: {on_error: raise}\n")
     c = ServeConfig.from_yaml(cfg, port=9001, host=None)
     assert c.slm == str((tmp_path / "slm").resolve()) and c.llm == "http://h:1/v1#m"
-    assert c.port == 9001 and c.default_model == "a" and c.operating_points == {"a": 1.0, "b": -1.0}
+    assert c.port == 9001 and c.default_model == "a" and c.operating_points == {
+        "a": OperatingPoint(1.0), "b": OperatingPoint(-1.0), "c": OperatingPoint(0.0, 0.25)}
     assert c.limits.max_tokens == 64 and c.failure.on_error == "raise"
     monkeypatch.setenv("PYRODASH_API_KEY", "from-env")
     assert c.resolved_api_key() == "from-env" and ServeConfig(api_key="flag").resolved_api_key() == "flag"
     monkeypatch.delenv("PYRODASH_API_KEY")
     assert c.resolved_api_key() is None and c.to_dict()["api_key"] is None
-    for bad in ("bogus: 1\n", "operating_points: {}\n", "limits: {max_tokens: 0}\n", "failure: {on_error: x}\n"):
+    for bad in ("bogus: 1\n", "operating_points: {}\n", "limits: {max_tokens: 0}\n", "failure: {on_error: x}\n",
+                "operating_points: {a: {handoff_share: 1.5}}\n", "operating_points: {a: {share: 0.5}}\n",
+                "operating_points: {a: x}\n"):
         cfg.write_text(bad)
         with pytest.raises(ValueError):
             ServeConfig.from_yaml(cfg)

@@ -52,6 +52,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def config_from_args(args: argparse.Namespace):
     """The ServeConfig that the YAML (if any) and the flags describe."""
+    from dataclasses import replace
+
     from pyrodash.backends.mesh import spec_from_flags
     from pyrodash.server.config import Limits, ServeConfig
 
@@ -62,7 +64,8 @@ def config_from_args(args: argparse.Namespace):
     config = ServeConfig.from_yaml(args.config, **flags) if args.config else ServeConfig(
         **{k: v for k, v in flags.items() if v is not None})  # fmt: skip
     if args.offload_bias is not None:
-        config.operating_points[config.default_model] = float(args.offload_bias)
+        point = config.operating_points[config.default_model]
+        config.operating_points[config.default_model] = replace(point, offload_bias=float(args.offload_bias))
     if args.context_slm is not None or args.context_llm is not None:
         from pyrodash.conversation import ContextLimits
 

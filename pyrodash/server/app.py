@@ -52,7 +52,8 @@ def build_engine(config: ServeConfig):
     llm = load_llm(config.llm, config.llm_mode)
     return CollaborateEngine(
         slm, llm, get_prompts(config.prompts), config.load_prices(), handoff_style=config.handoff_style,
-        offload_bias=config.operating_points[config.default_model], max_tokens=config.limits.default_max_tokens,
+        offload_bias=config.operating_points[config.default_model].offload_bias,
+        max_tokens=config.limits.default_max_tokens,
         failure=FailurePolicy(**asdict(config.failure)), context=config.context,
     )  # fmt: skip
 
@@ -217,8 +218,8 @@ def _install_routes(app: FastAPI) -> None:
 
     @app.get("/v1/models", dependencies=auth, response_model=P.ModelList)
     async def models():
-        cards = [P.ModelCard(id=name, created=app.state.created, offload_bias=bias)
-                 for name, bias in config.operating_points.items()]  # fmt: skip
+        cards = [P.ModelCard(id=name, created=app.state.created, **asdict(point))
+                 for name, point in config.operating_points.items()]  # fmt: skip
         return P.ModelList(data=cards)
 
     @app.get("/v1/models/{model_id}", dependencies=auth, response_model=P.ModelCard)
@@ -226,7 +227,7 @@ def _install_routes(app: FastAPI) -> None:
         if model_id not in config.operating_points:
             raise P.APIError(404, f"The model `{model_id[:100]}` does not exist.", param="model",
                              code="model_not_found")
-        return P.ModelCard(id=model_id, created=app.state.created, offload_bias=config.operating_points[model_id])
+        return P.ModelCard(id=model_id, created=app.state.created, **asdict(config.operating_points[model_id]))
 
     @app.get("/health")
     async def health():

@@ -8,7 +8,10 @@
     prompts: qwen-math-v1
     handoff_style: continue
     llm_mode: auto                             # how an HTTP LLM continues a trace (overrides the llm spec's mode)
-    operating_points: {pyrodash: 0.0, pyrodash-eco: -2.0}   # model name -> offload_bias; the first is the default
+    operating_points: {pyrodash: 0.0, pyrodash-eco: {offload_bias: 0.0, handoff_share: 0.5}}
+                                               # model name -> offload_bias, or {offload_bias, handoff_share}
+                                               # (pyrodash.engine: only that share of requests may hand off);
+                                               # the first is the default
     failure: {retries: 2, backoff_s: 0.2, timeout_s: 60, on_error: fallback}
     limits: {max_body_bytes: 1048576, max_tokens: 4096, default_max_tokens: 512, max_concurrency: 256}
     context: {slm: 32768, llm: 131072}         # context windows for trimming long chats (default: what the model
@@ -31,9 +34,40 @@ import yaml
 
 from pyrodash.conversation import ContextLimits
 from pyrodash.cost import Prices
+from pyrodash.engine import check_share
 from pyrodash.prompts import get_prompts
 
 ON_ERROR = ("fallback", "raise")
+
+
+@dataclass(frozen=True)
+class OperatingPoint:
+    """What a model name promises: the `<offload>` bias, and the share of requests that may hand off (the others are
+    answered by the SLM alone, `handoff_admitted: false` in the response)."""
+
+    offload_bias: float = 0.0
+    handoff_share: float = 1.0
+
+    @classmethod
+    def parse(cls, name: str, value) -> OperatingPoint:
+        """A number (an offload_bias) or a mapping with offload_bias and/or handoff_share."""
+        if isinstance(value, OperatingPoint):
+            return value
+        if isinstance(value, dict):
+            unknown = set(value) - {"offload_bias", "handoff_share"}
+            if unknown:
+                raise ValueError(f"operating_points.{name}: unknown keys {sorted(unknown)}; use offload_bias and "
+                                 "handoff_share")
+            bias, share = value.get("offload_bias", 0.0), value.get("handoff_share", 1.0)
+        else:
+            bias, share = value, 1.0
+        for key, v in (("offload_bias", bias), ("handoff_share", share)):
+            if not isinstance(v, (int, float)) or isinstance(v, bool):
+                raise ValueError(f"operating_points.{name}.{key}={v!r} must be a number")
+        try:
+            return cls(float(bias), check_share(share))
+        except ValueError as e:
+            raise ValueError(f"operating_points.{name}: {e}") from None
 
 
 @dataclass
@@ -78,7 +112,8 @@ class ServeConfig:
     prompts: str = "qwen-math-v1"
     handoff_style: str = "continue"
     llm_mode: str | None = None  # None: the llm spec's mode (default auto: detected at start-up)
-    operating_points: dict[str, float] = field(default_factory=lambda: {"pyrodash": 0.0})
+    # model name -> OperatingPoint (YAML: a number, the offload_bias, or {offload_bias, handoff_share})
+    operating_points: dict[str, OperatingPoint] = field(default_factory=lambda: {"pyrodash": OperatingPoint()})
     failure: Failure = field(default_factory=Failure)
     limits: Limits = field(default_factory=Limits)
     context: ContextLimits = field(default_factory=ContextLimits)
@@ -99,12 +134,10 @@ class ServeConfig:
             if unknown:
                 raise ValueError(f"context: unknown keys {sorted(unknown)}; use slm and llm (tokens)")
             self.context = ContextLimits(**self.context)
-        if not self.operating_points:
-            raise ValueError("operating_points must name at least one model, e.g. {pyrodash: 0.0}")
-        for name, bias in self.operating_points.items():
-            if not isinstance(bias, (int, float)) or isinstance(bias, bool):
-                raise ValueError(f"operating_points.{name}={bias!r} must be a number (an offload_bias)")
-        self.operating_points = {str(k): float(v) for k, v in self.operating_points.items()}
+        if not isinstance(self.operating_points, dict) or not self.operating_points:
+            raise ValueError("operating_points must map at least one model name to an offload_bias, e.g. "
+                             "{pyrodash: 0.0, pyrodash-half: {offload_bias: 0.0, handoff_share: 0.5}}")
+        self.operating_points = {str(k): OperatingPoint.parse(str(k), v) for k, v in self.operating_points.items()}
         get_prompts(self.prompts)  # raises a ValueError naming the known sets
         if not 0 < int(self.port) < 65536:
             raise ValueError(f"port={self.port} must be in 1..65535")

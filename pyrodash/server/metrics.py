@@ -102,6 +102,9 @@ class Metrics:
         self.handoffs = Counter("pyrodash_handoffs_total", "Requests in which the SLM handed off to the LLM.")
         self.fallbacks = Counter("pyrodash_fallbacks_total", "Requests finished by the SLM after the LLM failed.")
         self.llm_errors = Counter("pyrodash_llm_errors_total", "Failed LLM attempts (retried, or then a fallback).")
+        self.outside_share = Counter("pyrodash_outside_handoff_share_total",
+                                     "Requests outside their operating point's handoff_share (the SLM answered "
+                                     "alone).")
         self.usage_estimated = Counter("pyrodash_usage_estimated_total",
                                        "Requests with token counts a server did not report (counted or estimated).")
         self.errors = Counter("pyrodash_errors_total", "Failed requests by kind (client, upstream, disconnect).")
@@ -118,7 +121,7 @@ class Metrics:
         self.ep_calls = Counter("pyrodash_llm_endpoint_calls_total", "LLM calls that reached each endpoint.")
         self.ep_errors = Counter("pyrodash_llm_endpoint_errors_total", "LLM calls that failed, per endpoint.")
         self.ep_cost = Counter("pyrodash_llm_endpoint_cost_usd_total", "Dollars per LLM endpoint, at its own prices.")
-        self._all = [self.requests, self.in_flight, self.handoffs, self.fallbacks, self.llm_errors,
+        self._all = [self.requests, self.in_flight, self.handoffs, self.outside_share, self.fallbacks, self.llm_errors,
                      self.usage_estimated, self.errors, self.tokens, self.llm_calls, self.cost, self.latency,
                      self.ttft, self.trimmed, self.trimmed_requests, self.ep_tokens, self.ep_calls, self.ep_errors,
                      self.ep_cost]  # fmt: skip
@@ -131,6 +134,8 @@ class Metrics:
         self.cost.inc(done.cost_usd, model=model)
         if done.handoff is not None:
             self.handoffs.inc(model=model)
+        if not done.handoff_admitted:
+            self.outside_share.inc(model=model)
         if done.fallback:
             self.fallbacks.inc(model=model)
         if done.errors:

@@ -68,6 +68,7 @@ class SoloEngine:
         seed: int | None = None,
         stop: list[str] | None = None,
         max_total_tokens: int | None = None,
+        handoff_share: float | None = None,  # a model answering alone never hands off: nothing to admit
     ) -> AsyncIterator[Event]:
         t0 = time.perf_counter()
         eng = self.engine

@@ -14,6 +14,7 @@ key; everything it asks the server for goes through the API with the same bearer
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from pathlib import Path
 
 from fastapi import FastAPI
@@ -51,7 +52,7 @@ def install(app: FastAPI, dependencies: list) -> None:
         prices = getattr(engine, "prices", None) or config.load_prices()
         return {
             "prices_usd_per_million": prices.to_dict(),
-            "operating_points": config.operating_points,
+            "operating_points": {name: asdict(p) for name, p in config.operating_points.items()},
             "default_model": config.default_model,
             "max_tokens": config.limits.max_tokens,
             "default_max_tokens": config.limits.default_max_tokens,

@@ -328,6 +328,7 @@ class ModelCard(_Out):
     created: int
     owned_by: str = "pyrodash"
     offload_bias: float
+    handoff_share: float = 1.0  # below 1: only that share of requests may hand off (the others: the SLM alone)
 
 
 class ModelList(_Out):

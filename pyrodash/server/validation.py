@@ -197,7 +197,8 @@ def engine_call(app: FastAPI, req: P._Sampling, kind: str) -> tuple[str, object,
     if per_model is not None and per_model > limit:
         raise P.APIError(400, f"max_tokens_per_model={per_model} exceeds this server's limit of {limit}.",
                          param="max_tokens_per_model", code="invalid_value")  # fmt: skip
-    bias = req.offload_bias if req.offload_bias is not None else config.operating_points[model]
+    point = config.operating_points[model]
+    bias = req.offload_bias if req.offload_bias is not None else point.offload_bias
     temperature = req.temperature if req.temperature is not None else P.DEFAULT_TEMPERATURE
     if temperature < SAMPLING_EPS:
         temperature = 0.0  # as vLLM does: a vanishing temperature is greedy decoding (and 1/T must stay finite)
@@ -208,7 +209,8 @@ def engine_call(app: FastAPI, req: P._Sampling, kind: str) -> tuple[str, object,
     explicit = total is not None
     total = total or config.limits.default_max_tokens
     kwargs = {
-        "offload_bias": bias, "max_tokens": per_model or total, "max_total_tokens": total,
+        "offload_bias": bias, "handoff_share": point.handoff_share, "max_tokens": per_model or total,
+        "max_total_tokens": total,
         "temperature": temperature, "top_p": req.top_p, "seed": req.seed, "stop": req.stop_list(),
     }  # fmt: skip
     return model, question, {**kwargs, "_explicit_budget": explicit, "_param": param}

@@ -291,7 +291,8 @@ function addTurn(role, text) {
 function footerFor(info, finish) {
   const f = el("div", "turn-foot");
   const parts = [];
-  if (info.handoff === null || info.handoff === undefined) parts.push(`SLM alone · ${info.slm_out} tokens`);
+  if (info.handoff_admitted === false) parts.push(`SLM alone (outside this model's handoff share) · ${info.slm_out} tokens`);
+  else if (info.handoff === null || info.handoff === undefined) parts.push(`SLM alone · ${info.slm_out} tokens`);
   else parts.push(`SLM ${info.handoff} tok → <offload> → LLM ${info.llm_out} tok`);
   parts.push(`${usd(info.cost_usd)} (LLM only ≈ ${usd(info.llm_only_cost_usd)})`);
   parts.push(`bias ${info.offload_bias}`);
@@ -430,7 +431,8 @@ async function boot() {
     const sel = $("model");
     sel.textContent = "";
     for (const m of state.models) {
-      const o = el("option", null, `${m.id} (bias ${m.offload_bias})`);
+      const share = m.handoff_share != null && m.handoff_share < 1 ? `, handoff share ${m.handoff_share}` : "";
+      const o = el("option", null, `${m.id} (bias ${m.offload_bias}${share})`);
       o.value = m.id; o.dataset.bias = m.offload_bias;
       sel.append(o);
     }
