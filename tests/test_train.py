@@ -169,6 +169,23 @@ def test_stage1_changes_only_the_offload_rows(tmp_path, tied):
     assert bad <= {"model.embed_tokens.weight", "lm_head.weight", "model.layers.0.self_attn.q_proj.weight"}
 
 
+def test_stage1_does_not_depend_on_the_rng_state_before_it(tmp_path):
+    """Stage 1 seeds the transient adapters' init itself: the same rows after any earlier use of the global RNG."""
+    from safetensors.torch import load_file
+
+    from pyrodash.train.stage1 import train_stage1
+
+    base = tiny_slm_dir(tmp_path / "base", tied=False)
+    _, rows_b, _ = gold_corpora(24)
+    outs = []
+    for k in (1, 2):
+        torch.manual_seed(k)  # e.g. a world built earlier in the same process
+        out, _ = train_stage1(base, rows_b, stage1_cfg(tmp_path), tmp_path / f"s{k}", tmp_path / f"log{k}.jsonl")
+        outs.append(load_file(str(out / "model.safetensors")))
+    assert outs[0].keys() == outs[1].keys()
+    assert all(torch.equal(outs[0][k], outs[1][k]) for k in outs[0])
+
+
 def test_stage1_refuses_weight_decay(tmp_path):
     from pyrodash.train.stage1 import train_stage1
 

@@ -99,7 +99,12 @@ def train_stage1(base_path: str | Path, rows: list[dict], cfg, out_dir: str | Pa
     init = offload_rows(model, tid)
     model.requires_grad_(False)
     from peft import get_peft_model
+    from transformers import set_seed
 
+    # PEFT draws the adapters' initial weights from the global RNG, which the trainer only seeds after this: seeded
+    # here, Stage 1 gives the same rows whatever ran earlier in the process (a world build, curation). Unseeded, a
+    # demo that built its world and one that found it cached trained different rows from the same data.
+    set_seed(cfg.seed)
     peft_model = get_peft_model(model, cfg.lora_config())  # transient adapters
     base = peft_model.get_base_model()
     mask_rows_to(base.get_input_embeddings().weight, tid)
