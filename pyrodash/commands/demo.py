@@ -1,6 +1,6 @@
 """`pyrodash demo [--quick] [--out DIR]`: the whole pipeline on the built-in world, end to end on a CPU.
 
-    pyrodash demo --quick            # ~6 minutes on 2 cores (3 with the world cached): λ in {0.6, 2, 4}
+    pyrodash demo --quick            # ~5 minutes on 2 cores (2 with the world cached): λ in {0.6, 2, 4}
     pyrodash demo --out runs/demo    # the larger world, λ in {0.05, 0.6, 2, 4}
 
 Steps (each reused when its output is already in DIR, so an interrupted demo resumes): world build (cached) →
