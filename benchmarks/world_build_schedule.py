@@ -32,6 +32,9 @@ def main() -> None:
     ap.add_argument("--preset", choices=["quick", "full"], default="quick")
     ap.add_argument("--scale", type=float, default=0.25, help="fraction of the preset's pretraining steps")
     args = ap.parse_args()
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # no "Writing model shards" bars between ours
     n = build_threads()
     if n < 2:
         sys.exit("side by side needs 2+ cores; this machine has 1")
