@@ -157,9 +157,10 @@ def build_world(out_dir: str | Path | None = None, quick: bool = False, seed: in
 
 
 def train_models(world_dir: Path, cfg: WorldConfig, seed: int, progress,
-                 side_by_side: bool = True) -> tuple[dict, dict]:
-    """Pretrain the SLM and the LLM, save them, return (losses, seconds) per model; `seconds` has wall time and
-    CPU time (`cpu_slm`, `cpu_llm`).
+                 side_by_side: bool = True) -> tuple[dict, dict, dict]:
+    """Pretrain the SLM and the LLM, save them, return (losses, seconds, threads) per model; `seconds` has wall time
+    and CPU time (`cpu_slm`, `cpu_llm`), `threads` the schedule run: the SLM's threads, and the LLM's before and from
+    its step `cfg.llm_beside_slm_steps`.
 
     On one core (or with `side_by_side=False`): one after the other on all threads. On n = `build_threads()` > 1:
     side by side, the SLM in a second process on 1 thread and the LLM on n - 1 threads for its first
@@ -168,6 +169,8 @@ def train_models(world_dir: Path, cfg: WorldConfig, seed: int, progress,
     2 cores, ms a step on 1 / 2 threads: SLM ~60 / 39, LLM ~145 / 88, the 1-thread times with the other model on the
     other core), so the LLM's steps beside the SLM cost less than waiting for it. The quick world's pretraining, seed
     0: 203 s one after the other, 170 s side by side (`benchmarks/world_build_schedule.py` compares the two)."""
+    import torch
+
     from pyrodash.world.pretrain import pretrain, save_model
 
     n = build_threads()
@@ -176,11 +179,10 @@ def train_models(world_dir: Path, cfg: WorldConfig, seed: int, progress,
         for which in ("slm", "llm"):
             losses[which], s = _pretrain_and_save(which, world_dir, cfg, seed, progress)
             seconds.update(s)
-        return losses, seconds
+        n = torch.get_num_threads()
+        return losses, seconds, {"slm": n, "llm": [n, n]}
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor
-
-    import torch
 
     ctx = mp.get_context("spawn")  # a fresh interpreter: torch's thread pools are not fork-safe
     slm_step = ctx.Value("i", 0)
@@ -206,7 +208,8 @@ def train_models(world_dir: Path, cfg: WorldConfig, seed: int, progress,
             time.sleep(0.2)
         slm_losses, slm_seconds = slm.result()  # the SLM process's exception, if it failed
     show_slm()
-    return {"slm": slm_losses, "llm": llm_losses}, {**slm_seconds, **seconds}
+    after = n if cfg.llm_beside_slm_steps < cfg.llm.train_steps else n - 1  # a short run never switches
+    return {"slm": slm_losses, "llm": llm_losses}, {**slm_seconds, **seconds}, {"slm": 1, "llm": [n - 1, after]}
 
 
 _COUNTER = None  # the SLM process's step counter, shared with the build (set by `_init_slm_process`)
@@ -279,7 +282,7 @@ def _run_build(world_dir: Path, cfg: WorldConfig, seed: int, verbose: bool) -> d
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, disable=not verbose, transient=False) as progress:
         t = time.time()
-        losses, seconds = train_models(world_dir, cfg, seed, progress)
+        losses, seconds, pretrain_threads = train_models(world_dir, cfg, seed, progress)
         timings.update({f"pretrain_{w}": s for w, s in seconds.items()}, pretrain_wall=round(time.time() - t, 1))
         cpu = time.process_time()
         models = {w: AutoModelForCausalLM.from_pretrained(str(world_dir / w)).eval() for w in ("slm", "llm")}
@@ -322,9 +325,7 @@ def _run_build(world_dir: Path, cfg: WorldConfig, seed: int, verbose: bool) -> d
         "timings": timings,
         "build_seconds": round(time.time() - t0, 1),
         "threads": torch.get_num_threads(),
-        # pretraining's threads: the SLM's, and the LLM's before and from step llm_beside_slm_steps
-        "pretrain_threads": ({"slm": 1, "llm": [torch.get_num_threads() - 1, torch.get_num_threads()]}
-                             if torch.get_num_threads() > 1 else {"slm": 1, "llm": [1, 1]}),
+        "pretrain_threads": pretrain_threads,  # the SLM's; the LLM's before and from step llm_beside_slm_steps
     }
     tmp = world_dir / "world.json.tmp"
     tmp.write_text(json.dumps(info, indent=1))
