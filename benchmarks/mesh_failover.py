@@ -69,8 +69,8 @@ def _serve(port: int, tokens: int, cut_at: int, token_s: float) -> None:
 
 
 async def measure(url: str, runs: int, tokens: int) -> dict:
+    from pyrodash.backends import load_llm
     from pyrodash.backends.base import GenRequest
-    from pyrodash.backends.mesh import load_llm
 
     whole = load_llm(f"{url}#whole")
     one = load_llm({"endpoints": [{"url": url, "model": "whole", "name": "whole1"}]})

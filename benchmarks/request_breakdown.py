@@ -55,13 +55,13 @@ async def one(engine, question: str) -> dict:
 
 
 async def run(args) -> list[dict]:
-    from pyrodash.backends import load_backend
+    from pyrodash.backends import load_llm, load_slm
     from pyrodash.cost import Prices
     from pyrodash.engine import CollaborateEngine
     from pyrodash.prompts import get_prompts
     from pyrodash.world.build import load_world_split
 
-    engine = CollaborateEngine(load_backend(args.slm), load_backend(args.llm), get_prompts(args.prompts),
+    engine = CollaborateEngine(load_slm(args.slm), load_llm(args.llm), get_prompts(args.prompts),
                                Prices.from_yaml("paper"), max_tokens=args.max_tokens)
     questions = [ex.question for ex in load_world_split(args.world, args.split)[: args.n]]
     await one(engine, questions[0])  # warm-up, not counted

@@ -14,10 +14,7 @@ only grow with it: the LLM-call rate is a non-decreasing step function of the bi
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from dataclasses import asdict, dataclass, field
-
-from pyrodash.backends.base import GenChunk
 
 
 @dataclass
@@ -35,23 +32,10 @@ class Calibration:
 
 async def handoff_positions(engine, questions: list, bias: float, concurrency: int = 8, **kw) -> list[int | None]:
     """For each question: SLM tokens before `<offload>` at this bias, or None when the SLM answers alone
-    (only the SLM runs; one left-padded batch when the SLM backend has `generate_batch`)."""
-    if hasattr(engine.slm, "generate_batch"):
-        reqs = [engine.slm_request(q, offload_bias=bias, **kw) for q in questions]
-        res = await asyncio.to_thread(engine.slm.generate_batch, reqs, concurrency * 4)
-        return [r.completion_tokens - 1 if r.stop_token_id == engine.offload_id else None for r in res]
-    sem = asyncio.Semaphore(concurrency)
-
-    async def one(q) -> int | None:
-        async with sem:
-            final = GenChunk()
-            async with contextlib.aclosing(engine.slm.stream(engine.slm_request(q, offload_bias=bias, **kw))) as it:
-                async for ch in it:
-                    if ch.finish_reason is not None:
-                        final = ch
-            return (final.completion_tokens or 1) - 1 if final.stop_token_id == engine.offload_id else None
-
-    return list(await asyncio.gather(*(one(q) for q in questions)))
+    (only the SLM runs: `engine.abatch(..., stop_at_handoff=True)`, batched when the SLM runs in process)."""
+    dones = await engine.abatch(questions, options=[{"offload_bias": bias, **kw}] * len(questions),
+                                batch_size=concurrency * 4, concurrency=concurrency, stop_at_handoff=True)
+    return [d.handoff for d in dones]
 
 
 async def acalibrate_offload_bias(engine, questions: list, target_rate: float | None = None,
@@ -76,7 +60,8 @@ async def acalibrate_offload_bias(engine, questions: list, target_rate: float | 
                 pos = await handoff_positions(engine, questions, b, concurrency, **kw)
                 seen[b] = {"bias": b, "rate": sum(p is not None for p in pos) / n, "cost_usd": None}
             else:
-                dones = await engine.arun_many(questions, concurrency=concurrency, offload_bias=b, **kw)
+                dones = await engine.abatch(questions, options=[{"offload_bias": b, **kw}] * n,
+                                            batch_size=concurrency * 4, concurrency=concurrency)
                 seen[b] = {"bias": b, "rate": sum(d.handoff is not None for d in dones) / n,
                            "cost_usd": sum(d.cost_usd for d in dones) / n}
         return seen[b]

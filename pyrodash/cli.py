@@ -1,5 +1,6 @@
 """The `pyrodash` command. Each subcommand lives in `pyrodash/commands/<name>.py` and provides
-`add_arguments(parser)` and `run(args) -> int`; heavy imports happen inside `run`, so `pyrodash --help` is fast.
+`add_arguments(parser)` and `run(args) -> int`. Only the command being run is imported (its module imports what it
+needs at its top), so `pyrodash --help` is fast and `pyrodash cost` never loads TRL.
 
 Run `pyrodash --help` for the list.
 """
@@ -34,7 +35,9 @@ class CLIError(Exception):
     """A user mistake: printed as one line, exit code 2 (set PYRODASH_DEBUG=1 for the traceback)."""
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The parser of every command, or, with `only`, of that command alone (the others listed by name and help,
+    their modules not imported)."""
     parser = argparse.ArgumentParser(
         prog="pyrodash", description="PyroDash: cost-aware, token-level SLM -> LLM collaboration."
     )
@@ -43,14 +46,16 @@ def build_parser() -> argparse.ArgumentParser:
         if importlib.util.find_spec(module) is None:
             continue
         p = sub.add_parser(name, help=help_text, description=help_text)
-        mod = importlib.import_module(module)
-        mod.add_arguments(p)
+        if only is None or name == only:
+            importlib.import_module(module).add_arguments(p)
         p.set_defaults(_module=module)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    first = next((a for a in argv if not a.startswith("-")), None)  # the command: the first non-option argument
+    parser = build_parser(only=first if first in COMMANDS else "")
     args = parser.parse_args(argv)
     if not getattr(args, "command", None):
         parser.print_help()

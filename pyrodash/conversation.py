@@ -28,6 +28,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from pyrodash.backends.base import GenRequest
+from pyrodash.backends.literal import CLOSE, OPEN
 from pyrodash.prompts import OFFLOAD_TOKEN
 
 CHARS_PER_TOKEN_ESTIMATE = 3  # a conservative estimate for backends that cannot count tokens locally
@@ -58,8 +60,6 @@ class ContextLengthError(ValueError):
 def strip_offload(text: str) -> str:
     """`text` without `<offload>`, also in the literal-marked form `pyrodash serve` gives client text
     (`pyrodash.backends.literal`), so no empty marker pair is left behind."""
-    from pyrodash.backends.literal import CLOSE, OPEN
-
     return text.replace(f"{OPEN}{OFFLOAD_TOKEN}{CLOSE}", "").replace(OFFLOAD_TOKEN, "")
 
 
@@ -140,8 +140,6 @@ def estimate_tokens(messages: list[dict], prefix: str = "") -> int:
 def token_counter(backend, prefix: str = "") -> tuple[Callable[[list[dict]], int], bool]:
     """(count(messages) -> prompt tokens of a request with `prefix`, estimated?): the backend's own tokenizer when it
     has one (`prompt_ids`), else `estimate_tokens`."""
-    from pyrodash.backends.base import GenRequest
-
     ids = getattr(backend, "prompt_ids", None)
     if callable(ids):
         return (lambda msgs: len(ids(GenRequest(messages=msgs, prefix=prefix)))), False

@@ -134,6 +134,7 @@ def endpoint_bill(calls: Iterable[dict], default: Prices) -> list[dict]:
             "endpoint": c["endpoint"], "calls": 0, "llm_in": 0, "llm_out": 0, "llm_cached_in": 0, "chars": 0,
             "errors": 0, "estimated": False, "price": {"llm_in": sheet.llm_in, "llm_out": sheet.llm_out,
                                    "llm_cached_in": sheet.llm_cached_in},
+            "own_price": bool(c.get("prices")),  # False: billed at `default` (a report may re-price it)
             "cost_usd": 0.0,
         })  # fmt: skip
         u = Usage(llm_in=c.get("llm_in", 0), llm_out=c.get("llm_out", 0), llm_cached_in=c.get("llm_cached_in", 0))

@@ -243,11 +243,12 @@ def _sampling(cfg: EvalConfig, k: int, s: int) -> dict:
 def evaluate(cfg: EvalConfig, methods: dict | None = None, examples: list[Example] | None = None,
              quiet: bool = False) -> Path:
     """Run every method over every benchmark into RUN_DIR/records; returns RUN_DIR. `methods` defaults to
-    `pyrodash.methods.build_methods(cfg, ...)`, `examples` to the config's benchmarks."""
+    `pyrodash.methods_build.build_methods(cfg, ...)`, `examples` to the config's benchmarks."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from pyrodash.grading import grade_batch
-    from pyrodash.methods import Env, build_methods, timed
+    from pyrodash.methods import Env, timed
+    from pyrodash.methods_build import build_methods
     from pyrodash.prompts import get_prompts
 
     run_dir = Path(cfg.run_dir)

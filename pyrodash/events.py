@@ -41,17 +41,20 @@ class Done:
     finish_reason: str  # "stop" | "length" | "error"
     handoff: int | None  # SLM tokens before the handoff, or None when the SLM answered alone
     offload_bias: float = 0.0
-    handoff_admitted: bool = True  # False: outside the engine's handoff_share, so the SLM answered alone
+    handoff_share: float = 1.0  # the share of requests that may hand off, in effect for this one
+    handoff_admitted: bool = True  # False: outside the handoff_share, so the SLM answered alone
     fallback: bool = False  # the LLM failed and the SLM finished the answer with <offload> banned
     errors: list[str] = field(default_factory=list)  # messages of failed LLM attempts, in order
     usage_estimated: bool = False  # some counts were not reported by a server (counted locally or estimated)
     latency_s: float = 0.0
     turn: int = 1  # the number of this user turn in its conversation (1 = a single question)
     trimmed: dict = field(default_factory=lambda: {"slm": 0, "llm": 0})  # earlier messages dropped per model
-    # who wrote what in this turn, in order: {"by": "slm", "text"} | {"by": "llm", "endpoint", "text"}
+    # who wrote what in this turn, in streamed order, each piece of text once: {"by": "slm", "text"} |
+    # {"by": "llm", "endpoint", "text"} | {"by": "slm", "text", "fallback": True} (after a failed handoff)
     segments: list[dict] = field(default_factory=list)
     # per LLM endpoint: {endpoint, calls, llm_in, llm_out, llm_cached_in, chars, price, cost_usd} (a mesh has several)
     llm_endpoints: list[dict] = field(default_factory=list)
+    mode: str = "collab"  # who answered: "collab" (Algorithm 1), "slm" or "llm" alone
 
     def to_dict(self) -> dict:
         d = asdict(self)

@@ -20,14 +20,17 @@ import asyncio
 import contextlib
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from pyrodash.backends.base import GenChunk, GenRequest
+from pyrodash.backends.retry import RetryPolicy
 from pyrodash.conversation import example_messages
-from pyrodash.cost import Prices, Usage
+from pyrodash.cost import Prices
 from pyrodash.data.example import Example
-from pyrodash.engine import handoff_admitted
-from pyrodash.prompts import OFFLOAD_TOKEN, Prompts, pack
+from pyrodash.engine import CollaborateEngine
+from pyrodash.events import Done
+from pyrodash.prompts import OFFLOAD_TOKEN, Prompts
+from pyrodash.record import Record, read_record
+from pyrodash.routing.glimprouter import run_glimprouter
 
 Item = tuple[Example, dict]  # (example, sampling: temperature / top_p / seed)
 
@@ -62,8 +65,6 @@ async def _collect_once(backend, req: GenRequest) -> Gen:
 
 async def _collect(backend, req: GenRequest) -> Gen:
     """One HTTP call under the batch call policy: retried when it may pass, a failed `Gen` when it never does."""
-    from pyrodash.backends.retry import RetryPolicy
-
     pol, error = RetryPolicy(), None
     for attempt in range(pol.retries + 1):
         if attempt:
@@ -133,118 +134,63 @@ class Env:
         """The messages every method puts to a model for `ex` (earlier turns of a conversation first)."""
         return example_messages(self.prompts, ex.question, ex.meta.get("history"))
 
+    def engine(self, slm, llm, **kw) -> CollaborateEngine:
+        """The Collaborate Engine every method runs on (the eval's prompts, prices and budget)."""
+        return CollaborateEngine(slm, llm, self.prompts, self.prices, max_tokens=self.max_tokens, **kw)
+
+    def run(self, engine: CollaborateEngine, items: list[Item], mode: str = "collab", **kw) -> list[Done]:
+        """`engine.batch` over the items' questions with their sampling."""
+        return engine.batch([self.chat(ex) for ex, _ in items], mode=mode, options=[dict(s) for _, s in items],
+                            batch_size=self.batch_size, concurrency=self.concurrency, **kw)
+
+
+def record(done: Done) -> dict:
+    """The eval record of one answer (`pyrodash.record`)."""
+    return Record.from_done(done).to_json()
+
 
 class Solo(Method):
-    """One model answers the whole query alone."""
+    """One model answers the whole query alone: the engine in mode "slm" or "llm"."""
 
     def __init__(self, name: str, backend, role: str, env: Env):
         if role not in ("slm", "llm"):
             raise ValueError(f"role={role!r}: use 'slm' or 'llm'")
         self.name, self.backend, self.role, self.env = name, backend, role, env
-
-    def requests(self, items: list[Item]) -> list[GenRequest]:
-        ban = _ban_offload(self.backend) if self.role == "slm" else {}  # an LLM has no <offload>
-        return [GenRequest(messages=self.env.chat(ex), max_tokens=self.env.max_tokens, logit_bias=dict(ban), **s)
-                for ex, s in items]
-
-    def records(self, gens: list[Gen], latencies: list[float | None] | None = None) -> list[dict]:
-        out = []
-        for i, g in enumerate(gens):
-            if self.role == "slm":
-                u = Usage(slm_in=g.prompt_tokens, slm_out=g.completion_tokens)
-            else:
-                u = Usage(llm_in=g.prompt_tokens, llm_out=g.completion_tokens, llm_cached_in=g.cached_tokens,
-                          llm_calls=1)
-            out.append({"output": g.text, "usage": u.to_dict(), "llm_calls": u.llm_calls, "handoff": None,
-                        "finish_reason": g.finish_reason, "segments": [{"model": self.role, "text": g.text}]})
-            if g.error is not None:
-                out[-1].update(llm_failed=self.role == "llm", llm_errors=[g.error])
-            if g.usage_estimated:
-                out[-1]["usage_estimated"] = True
-            if latencies and latencies[i] is not None:  # an answer generated earlier for another method
-                out[-1].update(latency_s=latencies[i], reused_answer=True)
-        return out
+        self.engine = env.engine(backend, backend, require_offload=False)
 
     def __call__(self, items: list[Item]) -> list[dict]:
-        reqs = self.requests(items)
-        keys = [(id(self.backend), repr(r)) for r in reqs]
+        keys = [(id(self.backend), self.role, repr(self.env.chat(ex)), repr(sorted(s.items()))) for ex, s in items]
         memo = self.env.solo_memo
         todo = [i for i, k in enumerate(keys) if k not in memo]
         if todo:
             t0 = time.perf_counter()
-            gens = generate(self.backend, [reqs[i] for i in todo], self.env.batch_size, self.env.concurrency)
+            dones = self.env.run(self.engine, [items[i] for i in todo], mode=self.role)
             dt = (time.perf_counter() - t0) / len(todo)
-            for i, g in zip(todo, gens, strict=True):
-                memo[keys[i]] = (g, dt)
-        fresh = set(todo)
-        return self.records([memo[k][0] for k in keys],
-                            [None if i in fresh else memo[k][1] for i, k in enumerate(keys)])
+            for i, d in zip(todo, dones, strict=True):
+                memo[keys[i]] = (d, dt)
+        fresh, out = set(todo), []
+        for i, k in enumerate(keys):
+            rec = record(memo[k][0])
+            if i not in fresh:  # an answer generated earlier for another method
+                rec.update(latency_s=memo[k][1], reused_answer=True)
+            else:
+                rec.pop("latency_s")  # the batch's wall time per item is stamped by `timed`
+            out.append(rec)
+        return out
 
 
 class PyroDash(Method):
     """The Collaborate Engine with a trained SLM at a fixed offload_bias and handoff_share."""
 
     def __init__(self, name: str, slm, llm, env: Env, offload_bias: float = 0.0, handoff_share: float = 1.0):
-        from pyrodash.engine import CollaborateEngine
-
         self.name, self.env, self.bias, self.share = name, env, float(offload_bias), float(handoff_share)
-        self.engine = CollaborateEngine(slm, llm, env.prompts, env.prices, offload_bias=self.bias,
-                                        max_tokens=env.max_tokens, handoff_share=self.share)
-
-    def _record(self, slm_text: str, llm_text: str, usage: Usage, handoff: int | None, finish: str,
-                fallback: bool = False, errors: list[str] | None = None, estimated: bool = False,
-                admitted: bool = True) -> dict:
-        segs = [{"model": "slm", "text": slm_text}] + ([{"model": "llm", "text": llm_text}] if handoff is not None
-                                                        else [])
-        return {"output": slm_text + llm_text, "usage": usage.to_dict(), "llm_calls": usage.llm_calls,
-                "handoff": handoff, "finish_reason": finish, "segments": segs, "offload_bias": self.bias,
-                "handoff_share": self.share, "handoff_admitted": admitted,
-                "fallback": fallback, "llm_errors": list(errors or []), "usage_estimated": estimated}
+        self.engine = env.engine(slm, llm, offload_bias=self.bias, handoff_share=self.share)
 
     def __call__(self, items: list[Item]) -> list[dict]:
-        eng = self.engine
-        if not (hasattr(eng.slm, "generate_batch") and hasattr(eng.llm, "generate_batch")):
-            return self._via_engine(items)
-        oid, budget = eng.offload_id, eng.max_tokens
-        msgs = [eng.messages(self.env.chat(ex)) for ex, _ in items]
-        samp = [{"stop": [], **s} for _, s in items]
-        reqs = [eng.slm_request(m, **s) for m, (_, s) in zip(msgs, items)]
-        slm = generate(eng.slm, reqs, self.env.batch_size)
-        hand = [i for i, g in enumerate(slm) if g.stop_token_id == oid]
-        lreqs = [eng.llm_request(msgs[i], pack(slm[i].text), budget, samp[i]) for i in hand]
-        llm = dict(zip(hand, generate(eng.llm, lreqs, self.env.batch_size)))
         out = []
-        for i, g in enumerate(slm):
-            u = Usage(slm_in=g.prompt_tokens, slm_out=g.completion_tokens)
-            if i not in llm:
-                out.append(self._record(g.text, "", u, None, g.finish_reason,
-                                        admitted=handoff_admitted(msgs[i], self.share)))
-                continue
-            lg = llm[i]
-            u += Usage(llm_in=lg.prompt_tokens, llm_out=lg.completion_tokens, llm_cached_in=lg.cached_tokens,
-                       llm_calls=1)
-            out.append(self._record(g.text, lg.text, u, max(g.completion_tokens - 1, 0), lg.finish_reason))
-        return out
-
-    def _via_engine(self, items: list[Item]) -> list[dict]:
-        async def main():
-            sem = asyncio.Semaphore(self.env.concurrency)
-
-            async def one(ex, s):
-                async with sem:
-                    return await self.engine.arun(self.env.chat(ex), **s)
-
-            return await asyncio.gather(*(one(ex, s) for ex, s in items))
-
-        out = []
-        for d in asyncio.run(main()):
-            rec = self._record(d.slm_text, d.llm_text, d.usage, d.handoff, d.finish_reason, d.fallback, d.errors,
-                               d.usage_estimated, d.handoff_admitted)
-            if d.llm_endpoints and (len(d.llm_endpoints) > 1 or d.llm_endpoints[0]["price"] != {
-                    "llm_in": self.env.prices.llm_in, "llm_out": self.env.prices.llm_out,
-                    "llm_cached_in": self.env.prices.llm_cached_in}):  # fmt: skip
-                rec["llm_endpoints"] = d.llm_endpoints  # a mesh: who was called, at which price
-            out.append(rec)
+        for d in self.env.run(self.engine, items):
+            out.append(record(d))
+            out[-1].pop("latency_s")  # the batch's wall time per item is stamped by `timed`
         return out
 
 
@@ -273,17 +219,13 @@ class GlimpRouter(Method):
         self.name, self.slm, self.llm, self.env, self.tau, self.top_k = name, slm, llm, env, tau, top_k
 
     def __call__(self, items: list[Item]) -> list[dict]:
-        from pyrodash.routing.glimprouter import run_glimprouter
-
         def gen(role: str, reqs: list[GenRequest]) -> list[Gen]:
             return generate(self.slm if role == "slm" else self.llm, reqs, self.env.batch_size, self.env.concurrency)
 
         its = [(self.env.chat(ex), s) for ex, s in items]
         out = run_glimprouter(its, self.tau, gen, self.env.max_tokens, top_k=self.top_k,
                               slm_logit_bias=_ban_offload(self.slm))
-        for r in out:
-            r["tau"] = self.tau
-        return out
+        return [read_record(r) | {"tau": self.tau, "mode": "router"} for r in out]
 
 
 def timed(method: Method, items: list[Item]) -> list[dict]:
@@ -302,178 +244,3 @@ def timed(method: Method, items: list[Item]) -> list[dict]:
 def knob(x: float) -> str:
     """How a knob value appears in a method name (`pyrodash@0.1`, `routellm@0.4213`)."""
     return f"{float(x):.4g}"
-
-
-# --- building the methods of an eval config -----------------------------------------------------------------------
-
-
-class Backends:
-    """Backends loaded once per spec and shared by every method that uses them."""
-
-    def __init__(self):
-        self._cache: dict[str, object] = {}
-
-    def get(self, spec, llm: bool = False, mode: str | None = None, offload: bool = False):
-        """The backend of `spec`; `llm=True`: an LLM endpoint (its continuation mode probed at load, `mode`
-        overriding the spec's); `offload=True`: an HTTP SLM is checked to stop at <offload>."""
-        key = repr(spec) if mode is None else repr((spec, mode))  # one backend per spec, whatever its role
-        if key not in self._cache:
-            from pyrodash.backends import load_backend
-            from pyrodash.backends.endpoint import load_slm
-            from pyrodash.backends.mesh import load_llm  # one endpoint, or several behind one handoff (a mesh)
-
-            self._cache[key] = load_llm(spec, mode) if llm else load_slm(spec) if offload else load_backend(spec)
-        return self._cache[key]
-
-
-def _method_specs(methods: list) -> list[tuple[str, dict]]:
-    out = []
-    for m in methods:
-        if isinstance(m, str):
-            out.append((m, {}))
-        elif isinstance(m, dict) and len(m) == 1:
-            (k, v), = m.items()
-            out.append((k, dict(v or {})))
-        else:
-            raise ValueError(f"method entry {m!r}: use a name (slm, slm+sft, llm, pyrodash) or a one-key mapping "
-                             "like {glimprouter: {taus: [0.9]}}")
-    return out
-
-
-# eval method -> (its option listing the values, the name suffix, the PyroDash argument they set)
-SWEEPS = {"pyrodash_bias": ("biases", "bias", "offload_bias"), "pyrodash_share": ("shares", "share", "handoff_share")}
-
-
-def build_methods(cfg, env: Env, backends: Backends | None = None, load_examples=None) -> dict[str, Method]:
-    """{name: method} for an EvalConfig-like `cfg` (fields models, methods, run_dir). `load_examples(name, limit)`
-    loads a training pool for RouteLLM. Models load lazily through `backends`."""
-    be = backends or Backends()
-    models = dict(cfg.models or {})
-
-    def model(key: str):
-        if not models.get(key):
-            raise ValueError(f"this method needs models.{key} in the eval config (a model path or backend spec)")
-        return be.get(models[key], llm=key == "llm", mode=getattr(cfg, "llm_mode", None) if key == "llm" else None)
-
-    lam_specs = {float(k): v for k, v in (models.get("pyrodash") or {}).items()}
-    out: dict[str, Method] = {}
-    for kind, opt in _method_specs(cfg.methods):
-        if kind in ("slm", "llm"):
-            out[kind] = Solo(kind, model(kind), kind, env)
-        elif kind == "slm+sft":
-            out[kind] = Solo(kind, model("sft"), "slm", env)
-        elif kind == "pyrodash":
-            lams = opt.get("lambdas", sorted(lam_specs))
-            for lam in lams:
-                if float(lam) not in lam_specs:
-                    raise ValueError(f"pyrodash λ={lam} has no checkpoint: add it under models.pyrodash")
-                name = f"pyrodash@{knob(lam)}"
-                out[name] = PyroDash(name, be.get(lam_specs[float(lam)], offload=True), model("llm"), env)
-        elif kind in SWEEPS:  # one λ policy across offload_bias or handoff_share values
-            lam = float(opt.get("lambda", min(lam_specs) if lam_specs else 0))
-            if lam not in lam_specs:
-                raise ValueError(f"{kind} lambda={lam} has no checkpoint under models.pyrodash")
-            key, suffix, field_ = SWEEPS[kind]
-            for v in opt.get(key, []):
-                name = f"pyrodash@{knob(lam)}+{suffix}{knob(v)}"
-                out[name] = PyroDash(name, be.get(lam_specs[lam], offload=True), model("llm"), env,
-                                     **{field_: float(v)})
-        elif kind == "oracle":
-            from pyrodash.methods_oracle import Oracle
-
-            out[kind] = Oracle(kind, model("slm"), model("llm"), env)
-        elif kind == "glimprouter":
-            taus = [float(t) for t in opt.get("taus", [] if opt.get("step_shares") else [0.9])]
-            if opt.get("step_shares"):
-                taus += calibrate_glimprouter(opt, env, model("slm"), Path(cfg.run_dir), load_examples)
-            for tau in taus:
-                name = f"glimprouter@{knob(tau)}"
-                out[name] = GlimpRouter(name, model("slm"), model("llm"), env, float(tau), int(opt.get("top_k", 20)))
-        elif kind == "routellm":
-            out.update(build_routellm(opt, env, model("slm"), model("llm"), be, Path(cfg.run_dir), load_examples))
-        else:
-            raise ValueError(f"unknown method {kind!r}: use slm, slm+sft, llm, oracle, pyrodash, pyrodash_bias, "
-                             "pyrodash_share, routellm, glimprouter")
-    return out
-
-
-def calibrate_glimprouter(opt: dict, env: Env, slm, run_dir: Path, load_examples) -> list[float]:
-    """τ values that hand a target share of steps to the LLM (`step_shares`), from the SLM's first-token entropies
-    at the step boundaries of its own answers on the training pool (no labels: GlimpRouter stays training-free).
-    Cached in RUN_DIR/glimprouter/taus.json."""
-    import json
-
-    from pyrodash.routing.routellm_mf import calibrate_alpha
-
-    spec = {k: opt.get(k) for k in ("train", "train_limit", "step_shares", "top_k")}
-    path = run_dir / "glimprouter" / "taus.json"
-    cached = json.loads(path.read_text()) if path.exists() else {}
-    if cached.get("spec") == spec:
-        return cached["taus"]
-    if not opt.get("train") or load_examples is None:
-        raise ValueError("glimprouter step_shares needs train: <benchmark> (e.g. world:train) to calibrate τ on")
-    pool = load_examples(opt["train"], opt.get("train_limit"))
-    greedy = {"temperature": 0.0, "top_p": 1.0, "seed": None}
-    probe = GlimpRouter("probe", slm, slm, env, float("inf"), int(opt.get("top_k", 20)))
-    ents = [h for r in probe([(ex, greedy) for ex in pool]) for h in r["entropies"]]
-    taus = [calibrate_alpha(ents, float(s)) for s in opt["step_shares"]]
-    ordered = sorted(ents)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"spec": spec, "taus": taus, "n_steps": len(ents),
-                                "entropy_quantiles": {str(q): ordered[int(q * (len(ents) - 1))]
-                                                      for q in (0.1, 0.5, 0.9, 0.99)}}, indent=2) + "\n")
-    return taus
-
-
-def _encoder(spec, slm, be: Backends):
-    """(model, tokenizer) of the query encoder: `spec` if given, else the SLM itself."""
-    src = be.get(spec) if spec else slm
-    if not (hasattr(src, "model") and hasattr(src, "tokenizer")):
-        raise ValueError("RouteLLM-MF needs a local encoder: set routellm.encoder to a local model path (the SLM's "
-                         "mean-pooled hidden states are the default when the SLM runs in-process)")
-    return src.model, src.tokenizer
-
-
-def build_routellm(opt: dict, env: Env, slm, llm, be: Backends, run_dir: Path, load_examples) -> dict[str, Method]:
-    """Train (or load from RUN_DIR/routellm/) the MF router on the training pool, then one method per α."""
-    import json
-
-    from pyrodash.grading import grade_batch
-    from pyrodash.routing.routellm_mf import MFRouter, calibrate_alpha, embed_texts, make_labels, train_mf
-
-    enc_model, enc_tok = _encoder(opt.get("encoder"), slm, be)
-
-    def embed(questions: list[str]):
-        return embed_texts(enc_model, enc_tok, [env.prompts.question(q) for q in questions])
-
-    spec = {k: opt.get(k) for k in ("train", "train_limit", "ties", "dim", "epochs", "encoder")}
-    out_dir = run_dir / "routellm"
-    router = None
-    if (out_dir / "router.json").exists():
-        router = MFRouter.load(out_dir)
-        if router.meta.get("spec") != spec:
-            router = None
-    if router is None:
-        if not opt.get("train") or load_examples is None:
-            raise ValueError("routellm needs train: <benchmark> (e.g. world:train) for its training pool")
-        pool = load_examples(opt["train"], opt.get("train_limit"))
-        greedy = {"temperature": 0.0, "top_p": 1.0, "seed": None}
-        items = [(ex, greedy) for ex in pool]
-        golds = [ex.gold for ex in pool]
-        s_ok = grade_batch([r["output"] for r in Solo("slm", slm, "slm", env)(items)], golds, workers=0)
-        l_ok = grade_batch([r["output"] for r in Solo("llm", llm, "llm", env)(items)], golds, workers=0)
-        idx, labels = make_labels(s_ok, l_ok, opt.get("ties", "drop"))
-        emb = embed([pool[i].question for i in idx])
-        router = train_mf(emb, labels, dim=int(opt.get("dim", 16)), epochs=int(opt.get("epochs", 300)),
-                          meta={"spec": spec, "pool": len(pool), "slm_acc": sum(s_ok) / len(pool),
-                                "llm_acc": sum(l_ok) / len(pool)})
-        router.meta["pool_win_rates"] = router.win_rate(embed([ex.question for ex in pool]))
-        router.save(out_dir)
-    wins = router.meta["pool_win_rates"]
-    alphas = [float(a) for a in opt.get("alphas", [])]
-    alphas += [calibrate_alpha(wins, float(s)) for s in opt.get("shares", [])]
-    if not alphas:
-        raise ValueError("routellm needs alphas: [...] or shares: [...] (target LLM shares to calibrate α to)")
-    (out_dir / "alphas.json").write_text(json.dumps({"alphas": alphas, "shares": opt.get("shares", [])}) + "\n")
-    sl, ll = Solo("slm", slm, "slm", env), Solo("llm", llm, "llm", env)
-    return {f"routellm@{knob(a)}": RouteLLM(f"routellm@{knob(a)}", router, a, embed, sl, ll) for a in alphas}

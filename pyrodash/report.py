@@ -13,51 +13,15 @@ re-drawn without running a model again. Method names follow one scheme: `slm`, `
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from pyrodash.cost import PRICES_DIR, Prices, Usage, llm_token_ratio, total_usage
+from pyrodash.method_names import parse_method, sort_key
+from pyrodash.record import read_record, usage_of
+from pyrodash.report_plots import pareto_png
 
 STEP_BOUNDARY = "\n\n"
-BASE_ORDER = ("slm", "slm+sft", "oracle", "llm")
-FAMILY_ORDER = ("slm", "slm+sft", "routellm", "glimprouter", "pyrodash", "pyrodash-bias", "pyrodash-share", "oracle",
-                "llm")
-_NAME_RE = re.compile(r"^(routellm|glimprouter|pyrodash)@([0-9.eE+-]+?)(?:\+(bias|share)([0-9.eE+-]+))?$")
-_SCHEME = ("slm | slm+sft | oracle | llm | routellm@<alpha> | glimprouter@<tau> | pyrodash@<lambda> | "
-           "pyrodash@<lambda>+bias<b> | pyrodash@<lambda>+share<s>")
-
-
-def _match(name: str) -> re.Match:
-    m = _NAME_RE.match(name)
-    if not m:
-        raise ValueError(f"method name {name!r} does not follow the scheme {_SCHEME}; rename its records file")
-    if m.group(3) is not None and m.group(1) != "pyrodash":
-        raise ValueError(f"method name {name!r}: only pyrodash takes a +bias<b> or +share<s> suffix")
-    return m
-
-
-def parse_method(name: str) -> tuple[str, float | None, float | None]:
-    """(family, knob, sweep value): `pyrodash@0.1+bias2` -> ("pyrodash", 0.1, 2.0), `pyrodash@0.6+share0.5` ->
-    ("pyrodash", 0.6, 0.5); `slm` -> ("slm", None, None). `sweep_kind` says which knob a sweep value is."""
-    if name in BASE_ORDER:
-        return name, None, None
-    m = _match(name)
-    return m.group(1), float(m.group(2)), None if m.group(4) is None else float(m.group(4))
-
-
-def sweep_kind(name: str) -> str | None:
-    """"bias" (an offload_bias sweep point), "share" (a handoff_share sweep point) or None."""
-    return None if name in BASE_ORDER else _match(name).group(3)
-
-
-def sort_key(name: str) -> tuple:
-    fam, knob, value = parse_method(name)
-    kind = sweep_kind(name)
-    fam_i = FAMILY_ORDER.index(f"pyrodash-{kind}" if kind else fam)
-    return fam_i, knob if knob is not None else 0.0, value if value is not None else 0.0
-
-
 # --- reading records ----------------------------------------------------------------------------------------------
 
 
@@ -69,7 +33,7 @@ def read_records(path: Path) -> list[dict]:
         if not line.strip():
             continue
         try:
-            out.append(json.loads(line))
+            out.append(read_record(json.loads(line)))
         except json.JSONDecodeError:
             if i < len(lines) - 1 and any(x.strip() for x in lines[i + 1 :]):
                 raise ValueError(f"{path}: line {i + 1} is not JSON; delete that line and re-run eval") from None
@@ -136,16 +100,18 @@ class Metrics:
 
 
 def record_cost(r: dict, prices: Prices, endpoint_prices: dict[str, Prices] | None = None) -> float:
-    """Dollars of one record: SLM tokens at `prices`; LLM tokens at `prices` too, unless the record was served by
-    an LLM mesh (`llm_endpoints`), whose endpoints are billed at `endpoint_prices[name]` when given, else at the
-    price each endpoint was configured with (stored in the record)."""
+    """Dollars of one record: SLM tokens at `prices`; LLM tokens at `prices` too, except those of an endpoint with
+    its own price sheet (`own_price`, a member of an LLM mesh; records from before that key had endpoints only for a
+    mesh), billed at `endpoint_prices[name]` when given, else at the price stored in the record."""
     eps = r.get("llm_endpoints")
+    u = usage_of(r)
     if not eps:
-        return Usage.from_dict(r["usage"]).cost(prices)
-    u = Usage.from_dict(r["usage"])
+        return u.cost(prices)
     total = Usage(slm_in=u.slm_in, slm_out=u.slm_out).cost(prices)
     for e in eps:
         sheet = (endpoint_prices or {}).get(e["endpoint"])
+        if sheet is None and not e.get("own_price", True):
+            sheet = prices
         if sheet is None:
             pr = e.get("price") or {}
             sheet = Prices(slm_in=0, slm_out=0, llm_in=pr.get("llm_in", prices.llm_in),
@@ -161,11 +127,13 @@ def mesh_table(runs: dict[str, list[dict]], prices: Prices) -> list[str]:
         agg: dict[str, dict] = {}
         for r in recs:
             for e in r.get("llm_endpoints") or []:
+                if not e.get("own_price", True):  # one LLM at the run's prices: not a mesh
+                    continue
                 a = agg.setdefault(e["endpoint"], {"calls": 0, "errors": 0, "llm_in": 0, "llm_out": 0, "cost": 0.0,
                                                    "price": e.get("price") or {}})
                 for k in ("calls", "errors", "llm_in", "llm_out"):
                     a[k] += e.get(k, 0)
-                a["cost"] += record_cost({"usage": {}, "llm_endpoints": [e]}, prices)
+                a["cost"] += record_cost({"llm_endpoints": [e]}, prices)
         rows += [[name, ep, a["calls"], a["errors"], a["llm_in"], a["llm_out"],
                   f"{a['price'].get('llm_in')}/{a['price'].get('llm_out')}", f"{a['cost']:.6f}"]
                  for ep, a in agg.items()]
@@ -218,7 +186,7 @@ def compute_metrics(name: str, records: list[dict], prices: Prices) -> Metrics:
     usage_by_bench: dict[str, list[Usage]] = {}
     for r in records:
         by_bench.setdefault(r["benchmark"], {}).setdefault(str(r["id"]), []).append(bool(r["correct"]))
-        usage_by_bench.setdefault(r["benchmark"], []).append(Usage.from_dict(r["usage"]))
+        usage_by_bench.setdefault(r["benchmark"], []).append(usage_of(r))
     per_bench = {
         b: sum(sum(v) / len(v) for v in ex.values()) / len(ex) for b, ex in sorted(by_bench.items())
     }
@@ -277,7 +245,7 @@ def first_llm_step(record: dict, boundary: str = STEP_BOUNDARY) -> int | None:
     """Index of the step in which the LLM first took over (number of step boundaries written before it), or None."""
     before = ""
     for seg in record.get("segments") or []:
-        if seg["model"] == "llm":
+        if seg["by"] == "llm":
             return before.count(boundary)
         before += seg["text"]
     return None
@@ -510,14 +478,14 @@ def render(run_dir: str | Path, prices: Prices | None = None) -> tuple[str, dict
     for n, r in case_studies(runs):
         head = f"### {n} · {r['benchmark']} #{r['id']} · {'correct' if r.get('correct') else 'wrong'}"
         out += [head, "", "**Question**", ""] + _fence(r.get("question", ""))
-        slm = "".join(s["text"] for s in r.get("segments", []) if s["model"] == "slm")
-        llm = "".join(s["text"] for s in r.get("segments", []) if s["model"] == "llm")
+        slm = "".join(s["text"] for s in r.get("segments", []) if s["by"] == "slm")
+        llm = "".join(s["text"] for s in r.get("segments", []) if s["by"] == "llm")
         if r.get("llm_calls"):
             out += ["", f"**SLM prefix** ({r.get('handoff')} tokens)", ""] + _fence(slm)
             out += ["", "**⟨offload⟩ → LLM continuation**", ""] + _fence(llm)
         else:
             out += ["", "**SLM-only answer (no LLM call)**", ""] + _fence(slm or r.get("output", ""))
-        out += ["", f"gold: `{r.get('gold')}` · usage: {r['usage']}", ""]
+        out += ["", f"gold: `{r.get('gold')}` · usage: {usage_of(r).to_dict()}", ""]
     sheets = {"run": own, "report": prices}
     sheets.update({p.stem: Prices.from_yaml(p) for p in sorted(PRICES_DIR.glob("*.yaml"))})
     out += ["", "## Re-pricing (total $ under each sheet)", ""]
@@ -534,8 +502,6 @@ def render(run_dir: str | Path, prices: Prices | None = None) -> tuple[str, dict
 
 def write_report(run_dir: str | Path, prices: Prices | None = None) -> Path:
     """Write `report.md`, `summary.json` and `pareto.png` into `run_dir`; returns the report path."""
-    from pyrodash.report_plots import pareto_png
-
     run_dir = Path(run_dir)
     md, summary, ms = render(run_dir, prices)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")

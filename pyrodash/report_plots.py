@@ -1,12 +1,21 @@
 """The Pareto figure of a run: total dollars (x) vs average accuracy (y), one marker per method, each knob sweep
 (RouteLLM α, GlimpRouter τ, PyroDash λ, one PyroDash policy across offload_bias or handoff_share) drawn as connected
-points."""
+points. The report (`pyrodash.report.write_report`) draws it from its metrics.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Protocol
 
-from pyrodash.report import Metrics, parse_method, sweep_kind
+from pyrodash.method_names import parse_method, sweep_kind
+
+
+class Metrics(Protocol):
+    """What the figure reads of a method's metrics (`pyrodash.report.Metrics`)."""
+
+    accuracy: float  # in [0, 1]
+    cost_usd: float
 
 STYLE = {
     "slm": ("tab:gray", "s"), "slm+sft": ("tab:brown", "s"), "llm": ("black", "*"), "oracle": ("tab:purple", "P"),

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from pyrodash.data.curate import boundary_candidates, build_corpora, insert_offloads, load_examples
 from pyrodash.prompts import OFFLOAD_TOKEN, get_prompts
 from pyrodash.train.config import CurateConfig
+from pyrodash.train.curate import boundary_candidates, build_corpora, insert_offloads, load_examples
 
 ROOT = Path(__file__).resolve().parent.parent
 SOLUTION = "47+35=82\n\nf(82)=19\n\n19+12=31\n\nf(31)=64\n\n\\boxed{64}"
@@ -138,7 +138,7 @@ def test_sources_jsonl_and_errors(tmp_path):
 
 def test_hf_source_offline_fails_clearly():
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    code = ("from pyrodash.data.curate import load_examples\n"
+    code = ("from pyrodash.train.curate import load_examples\n"
             "try:\n    load_examples('hf:no-such-org/no-such-dataset', limit=2)\n"
             "except ValueError as e:\n    print('ValueError:', e)\n")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)

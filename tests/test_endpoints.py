@@ -18,10 +18,11 @@ from provider_doubles import anthropic_double, deepseek_double, openai_double
 from tiny_models import HANDOFF_SLM_SEED, tiny_model_dir
 from tiny_models import mid_trace_bias as tiny_mid_trace_bias
 
-from pyrodash.backends import load_backend, load_llm
-from pyrodash.backends.endpoint import LLMEndpoint, load_slm, redact
+from pyrodash.backends import load_backend, load_llm, load_slm
+from pyrodash.backends.endpoint import LLMEndpoint, redact
 from pyrodash.backends.hf import HFBackend
 from pyrodash.backends.model_server import build_model_app, serve_in_thread
+from pyrodash.backends.openai_compat import OpenAICompatBackend
 from pyrodash.backends.probe import probe_slm
 from pyrodash.cost import Prices
 from pyrodash.engine import CollaborateEngine, FailurePolicy
@@ -145,7 +146,7 @@ def test_url_model_form_sends_openai_api_key_and_never_leaks_it(models, servers,
         load_llm(urls["openai"] + "#gpt-double")
     msg = str(e.value)
     assert "rejected the API key" in msg and "OPENAI_API_KEY" in msg and "\n" not in msg
-    llm2 = load_llm(urls["openai"] + "#gpt-double", probe=False)
+    llm2 = OpenAICompatBackend.from_endpoint(LLMEndpoint.parse(urls["openai"] + "#gpt-double"))  # not probed
     llm2.wire = llm.wire
     done2 = CollaborateEngine(models[0], llm2, PROMPTS, PRICES, offload_bias=mid_trace_bias(models[0]),
                               max_tokens=24, failure=FailurePolicy(retries=2, backoff_s=0)).run(QUESTION)
@@ -311,8 +312,6 @@ def test_pyrodash_check_reports_both_sides(models, servers, tmp_path):
 
 
 def test_each_provider_gets_its_own_key_variable(monkeypatch):
-    from pyrodash.backends.openai_compat import OpenAICompatBackend
-
     for var in ("OPENAI_API_KEY", "DEEPSEEK_API_KEY", "ANTHROPIC_API_KEY"):
         monkeypatch.setenv(var, f"key-of-{var}")
 

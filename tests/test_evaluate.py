@@ -16,10 +16,11 @@ from pathlib import Path
 import pytest
 from tiny_models import tiny_model_dir
 
-from pyrodash.cost import Prices, Usage
+from pyrodash.cost import Prices
 from pyrodash.data.example import Example
 from pyrodash.evaluate import EvalConfig, evaluate, resume
 from pyrodash.prompts import get_prompts
+from pyrodash.record import usage_of
 
 ROOT = Path(__file__).resolve().parent.parent
 GREEDY = {"temperature": 0.0, "top_p": 1.0, "seed": None}
@@ -57,14 +58,14 @@ def test_records_and_token_counts(tmp_path, backends):
         recs = [json.loads(x) for x in (tmp_path / "records" / f"{name}.jsonl").read_text().splitlines()]
         assert [r["id"] for r in recs] == [ex.id for ex in exs]
         for r, ex in zip(recs, exs):
-            u = Usage.from_dict(r["usage"])
+            u = usage_of(r)
             from pyrodash.backends.base import GenRequest
 
             n_prompt = len(be.prompt_ids(GenRequest(messages=get_prompts("world-v1").plain_messages(ex.question))))
             got = (u.slm_in, u.slm_out) if name == "slm" else (u.llm_in, u.llm_out)
             assert got[0] == n_prompt and 0 < got[1] <= 12
             assert r["llm_calls"] == (name == "llm") and r["meta"] == ex.meta and r["correct"] in (True, False)
-            assert r["segments"] == [{"model": name, "text": r["output"]}]
+            assert [(s["by"], s["text"]) for s in r["segments"]] == [(name, r["output"])]
     saved = json.loads((tmp_path / "config.resolved.json").read_text())
     assert saved["prices"] == Prices.from_yaml("paper").to_dict()
 
@@ -80,7 +81,7 @@ def test_batched_pyrodash_equals_engine(backends, bias):
     for ex, r in zip(exs, batched):
         d = m.engine.run(ex.question)
         assert r["output"] == d.output and r["handoff"] == d.handoff
-        assert r["usage"] == d.usage.to_dict()
+        assert usage_of(r) == d.usage
     if bias:
         assert any(r["llm_calls"] for r in batched), "a large offload_bias must make the SLM hand off"
 
@@ -149,7 +150,7 @@ def test_resume_after_sigkill(tmp_path):
     fresh = {json.loads(x)["id"]: json.loads(x) for x in fresh_lines}
     for x in lines:
         r = json.loads(x)
-        assert (r["output"], r["usage"]) == (fresh[r["id"]]["output"], fresh[r["id"]]["usage"])
+        assert (r["output"], usage_of(r)) == (fresh[r["id"]]["output"], usage_of(fresh[r["id"]]))
 
 
 def test_config_errors(tmp_path):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from tiny_models import tiny_model_dir
+from tiny_models import tiny_model, tiny_model_dir
 
 from pyrodash.backends import load_backend
 from pyrodash.backends.base import GenRequest
@@ -85,6 +85,7 @@ def test_call_journal_resumes_after_a_kill(llm_model, tmp_path):
 
 def test_cost_base_and_rewards_with_failing_llm_calls(llm_model, tmp_path):
     from pyrodash.train.reward import BaselineCache, CollaborativeReward
+    from pyrodash.train.stage3 import collaboration_engine
 
     qs, golds = [f"Start {i}: +1, f." for i in range(4)], ["1", "2", "3", "4"]
     state = {"fail": True}
@@ -99,8 +100,10 @@ def test_cost_base_and_rewards_with_failing_llm_calls(llm_model, tmp_path):
         seen = server.seen
         assert cache.fill(llm, qs, golds) == 4 and server.seen - seen == 2  # the 2 journaled calls are reused
         state["fail"] = True
-        off = 999
-        reward = CollaborativeReward(llm, PROMPTS, PRICES, cache, off, lam=0.1, llm_max_tokens=6)
+        slm, slm_tok = tiny_model(seed=2)  # the policy being trained: its <offload> id ends a rollout
+        engine = collaboration_engine(HFBackend(slm, slm_tok), llm, PROMPTS, PRICES, 6, 6)
+        off = engine.offload_id
+        reward = CollaborativeReward(engine, cache, lam=0.1)
         rewards = reward(prompts=[None] * 4, completions=["1", "2", "3", "4"], completion_ids=[[5, off]] * 4,
                          question=[qs[0]] * 4, gold=[golds[0]] * 4)
     failed = [d["llm_failed"] for d in reward.last]

@@ -33,9 +33,10 @@ from test_server import KEY, UvicornThread, llm_server, serve_config, tiny_llm
 from test_server_faults import FaultInjectingLLM
 from tiny_models import CLEAN_LLM_SEEDS, tiny_model_dir
 
+from pyrodash.backends import load_llm
 from pyrodash.backends.base import BackendError, GenRequest
 from pyrodash.backends.hf import HFBackend
-from pyrodash.backends.mesh import MeshBackend, load_llm, spec_from_flags
+from pyrodash.backends.mesh import MeshBackend, spec_from_flags
 from pyrodash.cost import Prices, Usage, endpoint_bill
 from pyrodash.engine import CollaborateEngine, FailurePolicy
 from pyrodash.prompts import get_prompts
@@ -171,10 +172,9 @@ def test_mid_stream_cut_continues_on_the_next_endpoint_in_process(llm_up, tmp_pa
         ref = CollaborateEngine(slm, load_llm(f"{llm_up.url}/v1#tiny-llm"), PROMPTS, PRICES, max_tokens=24)
         done, want = engine.run("3+4=", offload_bias=100.0), ref.run("3+4=", offload_bias=100.0)
         flaky.mode = "cut"  # the playground's "llm alone" mode goes through the same mesh and billing
-        from pyrodash.server.modes import SoloEngine
 
         async def alone():
-            return [ev async for ev in SoloEngine(engine, "llm").stream(MSGS, max_tokens=24)][-1]
+            return [ev async for ev in engine.stream(MSGS, mode="llm", max_tokens=24)][-1]
 
         solo = asyncio.run(alone())
         assert solo.usage.llm_calls == 2 and [s["endpoint"] for s in solo.segments] == ["cut", "whole"]

@@ -8,6 +8,7 @@ from tiny_models import tiny_model_dir
 from pyrodash.cost import Prices, Usage
 from pyrodash.data.example import Example
 from pyrodash.prompts import get_prompts
+from pyrodash.record import usage_of
 
 GREEDY = {"temperature": 0.0, "top_p": 1.0, "seed": None}
 
@@ -43,7 +44,7 @@ def test_cut_before_step():
 
 def test_oracle_hands_off_before_the_first_hard_step_and_bills_like_the_engine(backends):
     from pyrodash.backends.base import GenRequest
-    from pyrodash.engine import _with_system, handoff_request
+    from pyrodash.engine import handoff_request, with_system
     from pyrodash.methods import generate
     from pyrodash.methods_oracle import Oracle, cut_before_step
 
@@ -55,19 +56,20 @@ def test_oracle_hands_off_before_the_first_hard_step_and_bills_like_the_engine(b
     assert [r["oracle_step"] for r in recs] == [None, 0, 1]
     # The SLM's own answer under P_s (what the engine's SLM request would produce), independently generated.
     p = env.prompts
-    own = generate(slm, [GenRequest(messages=_with_system(p.offload_system, p.plain_messages(ex.question)),
+    own = generate(slm, [GenRequest(messages=with_system(p.offload_system, p.plain_messages(ex.question)),
                                     max_tokens=env.max_tokens, **s) for ex, s in items])
     assert recs[0]["output"] == own[0].text and recs[0]["handoff"] is None
-    assert Usage.from_dict(recs[0]["usage"]) == Usage(slm_in=own[0].prompt_tokens, slm_out=own[0].completion_tokens)
+    assert usage_of(recs[0]) == Usage(slm_in=own[0].prompt_tokens, slm_out=own[0].completion_tokens)
     for r, g, (ex, s) in zip(recs[1:], own[1:], items[1:]):
         prefix = cut_before_step(g.text, ex.meta["hard_steps"][0])
-        assert r["segments"][0] == {"model": "slm", "text": prefix}
-        assert r["output"] == prefix + r["segments"][1]["text"]
+        by = [(seg["by"], seg["text"]) for seg in r["segments"]]
+        assert by[:-1] == ([("slm", prefix)] if prefix else []) and by[-1][0] == "llm"  # as the engine streamed it
+        assert r["output"] == prefix + r["segments"][-1]["text"]
         # the LLM request is the engine's handoff request (P_l + question, the prefix continued as its own answer)
         req = handoff_request(p, "continue", p.plain_messages(ex.question), prefix, env.max_tokens, dict(s))
         lg = generate(llm, [req])[0]
-        assert r["segments"][1]["text"] == lg.text
-        u = Usage.from_dict(r["usage"])
+        assert r["segments"][-1]["text"] == lg.text
+        u = usage_of(r)
         n_prefix = slm.count_tokens(prefix) if prefix else 0
         assert u == Usage(slm_in=g.prompt_tokens, slm_out=n_prefix + 1, llm_in=lg.prompt_tokens,
                           llm_out=lg.completion_tokens, llm_calls=1)

@@ -9,15 +9,10 @@ import pytest
 
 from pyrodash.cli import main
 from pyrodash.cost import Prices, Usage
-from pyrodash.report import (
-    compute_metrics,
-    first_llm_step,
-    load_run,
-    parse_method,
-    render,
-    trigger_positions,
-    write_report,
-)
+from pyrodash.method_names import parse_method, sort_key, sweep_kind
+from pyrodash.record import read_record, usage_of
+from pyrodash.report import Metrics, compute_metrics, first_llm_step, load_run, render, trigger_positions, write_report
+from pyrodash.report_plots import series
 
 
 def _simulate(method: str, ex: dict, rng: random.Random) -> dict:
@@ -79,7 +74,7 @@ def test_summary_recomputed_from_records(tmp_path):
     summary = json.loads((tmp_path / "summary.json").read_text())["methods"]
     assert set(summary) == set(METHODS)
     for m, recs in runs.items():
-        usages = [Usage.from_dict(r["usage"]) for r in recs]
+        usages = [usage_of(r) for r in recs]
         assert summary[m]["cost_usd"] == pytest.approx(sum(u.cost(paper) for u in usages))
         out_l, out_s = sum(u.llm_out for u in usages), sum(u.slm_out for u in usages)
         assert summary[m]["llm_token_ratio"] == pytest.approx(out_l / (out_l + out_s))
@@ -109,13 +104,13 @@ def test_run_sheet_is_default(tmp_path):
     cheap = Prices(0.01, 0.01, 0.01, 0.01)
     runs = make_run(tmp_path, prices=cheap)
     _, s, _ = render(tmp_path)
-    u = sum((Usage.from_dict(r["usage"]) for r in runs["llm"]), Usage())
+    u = sum((usage_of(r) for r in runs["llm"]), Usage())
     assert s["methods"]["llm"]["cost_usd"] == pytest.approx(u.cost(cheap))
 
 
 def test_trigger_positions():
     def rec(segs, hard):
-        return {"segments": [{"model": m, "text": t} for m, t in segs], "meta": {"hard_steps": hard}}
+        return {"segments": [{"by": m, "text": t} for m, t in segs], "meta": {"hard_steps": hard}}
 
     assert first_llm_step(rec([("slm", "a\n\nb\n\n"), ("llm", "c")], [])) == 2
     assert first_llm_step(rec([("slm", "a\n\nb")], [])) is None
@@ -160,7 +155,7 @@ def test_duplicated_records_count_once_keeping_the_last(tmp_path, capsys):
     dups: dict = {}
     loaded = load_run(tmp_path, dups)["slm"]
     assert len(loaded) == n and dups == {"slm": 2}
-    assert [r for r in loaded if r["id"] == first["id"]] == [flipped]  # the last line wins
+    assert [r for r in loaded if r["id"] == first["id"]] == [read_record(flipped)]  # the last line wins
     md, summary, ms = render(tmp_path)
     assert ms["slm"].n == n
     expect = compute_metrics("slm", [flipped] + runs["slm"][1:], Prices.from_yaml("paper"))
@@ -172,9 +167,6 @@ def test_duplicated_records_count_once_keeping_the_last(tmp_path, capsys):
 
 
 def test_sweep_names_parse_sort_and_draw_as_their_own_series():
-    from pyrodash.report import Metrics, sort_key, sweep_kind
-    from pyrodash.report_plots import series
-
     assert parse_method("pyrodash@0.6+share0.25") == ("pyrodash", 0.6, 0.25)
     assert parse_method("pyrodash@0.6+bias-2") == ("pyrodash", 0.6, -2.0)
     assert [sweep_kind(n) for n in ("pyrodash@0.6+share0.5", "pyrodash@0.6+bias1", "pyrodash@0.6", "llm")] == [

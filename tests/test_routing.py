@@ -10,9 +10,10 @@ import pytest
 import torch
 from tiny_models import tiny_model_dir
 
-from pyrodash.cost import Prices, Usage
+from pyrodash.cost import Prices
 from pyrodash.data.example import Example
 from pyrodash.prompts import get_prompts
+from pyrodash.record import usage_of
 from pyrodash.routing.glimprouter import first_token_entropy, run_glimprouter
 from pyrodash.routing.routellm_mf import MFRouter, calibrate_alpha, embed_texts, make_labels, train_mf
 
@@ -71,17 +72,17 @@ def test_glimprouter_extremes_equal_solo(models):
     alone = _glimp(models, msgs, float("inf"), boundary)
     for r, s in zip(alone, s_solo):
         assert r["output"] == s["output"] and r["llm_calls"] == 0
-        assert r["usage"] == s["usage"]
+        assert usage_of(r) == usage_of(s)
     assert any(len(r["entropies"]) > 1 for r in alone), "the test needs multi-step answers"
     lead = _glimp(models, msgs, 0.0, boundary)
     for r, lsolo in zip(lead, l_solo):
         assert r["output"] == lsolo["output"]
         steps = len(r["entropies"])
-        u = Usage.from_dict(r["usage"])
-        assert u.llm_calls == steps and u.slm_out == steps and u.llm_out == Usage.from_dict(lsolo["usage"]).llm_out
-        base = Usage.from_dict(lsolo["usage"]).llm_in
+        u = usage_of(r)
+        assert u.llm_calls == steps and u.slm_out == steps and u.llm_out == usage_of(lsolo).llm_out
+        base = usage_of(lsolo).llm_in
         assert u.llm_in >= steps * base  # every call pays the question again, plus what was written so far
-        assert r["segments"] == [{"model": "llm", "text": r["output"]}] and r["handoff"] == 0
+        assert r["segments"] == [{"by": "llm", "text": r["output"]}] and r["handoff"] == 0
 
 
 def test_glimprouter_mixed(models):
@@ -90,7 +91,7 @@ def test_glimprouter_mixed(models):
     ents = sorted(h for r in probe for h in r["entropies"])
     tau = ents[len(ents) // 2]
     mixed = _glimp(models, msgs, tau, " ")
-    models_used = {s["model"] for r in mixed for s in r["segments"]}
+    models_used = {s["by"] for r in mixed for s in r["segments"]}
     assert models_used == {"slm", "llm"}
     for r in mixed:
         assert r["output"] == "".join(s["text"] for s in r["segments"])
@@ -153,7 +154,7 @@ def test_routellm_routes_whole_queries(models):
     for i, (r, w) in enumerate(zip(out, wins)):
         route = "llm" if w >= alpha else "slm"
         assert r["route"] == route and r["output"] == solo[route][i]["output"]
-        assert r["usage"] == solo[route][i]["usage"] and r["llm_calls"] == (route == "llm")
+        assert usage_of(r) == usage_of(solo[route][i]) and r["llm_calls"] == (route == "llm")
     assert {r["route"] for r in out} == {"slm", "llm"}
     # the SLM-only method run after the router reuses the answers the router's SLM share already produced
     again = s(items)
@@ -164,7 +165,7 @@ def test_routellm_routes_whole_queries(models):
 def test_glimprouter_tau_calibrated_to_step_shares(models, tmp_path):
     from types import SimpleNamespace
 
-    from pyrodash.methods import Backends, build_methods
+    from pyrodash.methods_build import Backends, build_methods
 
     slm, llm = models
     be = Backends()
@@ -184,7 +185,7 @@ def test_glimprouter_tau_calibrated_to_step_shares(models, tmp_path):
 def test_routellm_needs_decided_pairs(models, tmp_path):
     from types import SimpleNamespace
 
-    from pyrodash.methods import Backends, build_methods
+    from pyrodash.methods_build import Backends, build_methods
 
     slm, llm = models
     be = Backends()

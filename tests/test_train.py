@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny_models import tiny_model
 
 from pyrodash.prompts import OFFLOAD_TOKEN
 
@@ -45,9 +46,9 @@ def world_examples(n: int, seed: int = 0):
 
 
 def gold_corpora(n: int = 24):
-    from pyrodash.data.curate import build_corpora
     from pyrodash.prompts import get_prompts
     from pyrodash.train.config import CurateConfig
+    from pyrodash.train.curate import build_corpora
 
     exs = world_examples(n)
     sols = {ex.id: ex.meta["solution"] for ex in exs}
@@ -204,6 +205,7 @@ def test_reward_hands_off_to_the_llm_and_prices_each_rollout(tmp_path):
     from pyrodash.prompts import get_prompts, pack
     from pyrodash.train.models import FrozenLLM
     from pyrodash.train.reward import BaselineCache, CollaborativeReward
+    from pyrodash.train.stage3 import collaboration_engine
 
     prompts, prices = get_prompts("world-v1"), Prices.from_yaml("paper")
     llm_dir = tiny_slm_dir(tmp_path / "llm", tied=False, seed=1)
@@ -214,18 +216,21 @@ def test_reward_hands_off_to_the_llm_and_prices_each_rollout(tmp_path):
     assert BaselineCache(tmp_path / "cost_base.json", "tiny", prompts, prices, 12).cost_base(qs[0]) == \
         cache.cost_base(qs[0]) > 0
     tok = llm.backend.tokenizer
-    off = tok.vocab_size + 7  # any id the SLM would use for <offload>
+    slm, slm_tok = tiny_model(seed=2)  # the policy being trained: its <offload> id ends a rollout
+    engine = collaboration_engine(HFBackend(slm, slm_tok), llm, prompts, prices, 12, 12)
+    off = engine.offload_id
     enc = lambda s: tok.encode(s, add_special_tokens=False)  # noqa: E731
     completions = ["1+2=3\n\n\\boxed{3}", "5+1=6\n\n", "5+1=6\n\nf(6)=9\n\n\\boxed{9}"]
     ids = [enc(completions[0]) + [tok.eos_token_id], enc(completions[1]) + [off], enc(completions[2])]
     question, gold = [qs[0], qs[1], qs[1]], ["3", "7", "7"]
     for lam, penalty in ((0.3, "normalized"), (0.3, "direct")):
-        reward = CollaborativeReward(llm, prompts, prices, cache, off, lam=lam, cost_penalty=penalty,
-                                     llm_max_tokens=12)
-        calls = llm.calls
+        reward = CollaborativeReward(engine, cache, lam=lam, cost_penalty=penalty)
+        sent, batch = [], llm.backend.generate_batch
+        llm.backend.generate_batch = lambda reqs, _s=sent, _b=batch, **kw: _s.extend(reqs) or _b(reqs, **kw)
         r = reward(prompts=None, completions=[[{"role": "assistant", "content": c}] for c in completions],
                    completion_ids=ids, question=question, gold=gold)
-        assert llm.calls - calls == 1  # exactly one LLM call: the rollout that ended in <offload>
+        del llm.backend.generate_batch
+        assert len(sent) == 1  # exactly one LLM call (counted at the backend): the rollout that ended in <offload>
         d = reward.last
         assert [x["offload"] for x in d] == [False, True, False] and [x["r_acc"] for x in d] == [1.0, 0.0, 0.0]
         # the handoff is the engine's request, answered by the real LLM; its text joins the SLM's
@@ -248,7 +253,7 @@ def test_reward_hands_off_to_the_llm_and_prices_each_rollout(tmp_path):
         assert stats["pyrodash/offload_rate"] == pytest.approx(1 / 3) and stats["pyrodash/llm_calls"] == 1
         assert stats["pyrodash/handoff_position"] == d[1]["t_slm"] and reward.pop_stats() == {}
     with pytest.raises(ValueError, match="normalized"):
-        CollaborativeReward(llm, prompts, prices, cache, off, lam=0.1, cost_penalty="dollars")
+        CollaborativeReward(engine, cache, lam=0.1, cost_penalty="dollars")
 
 
 # --- the whole pipeline on a quick world (run once, checked by the tests below) ---------------------------------
@@ -263,8 +268,8 @@ def _changed(before: dict, after: dict) -> tuple[set, set]:
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory):
     from pyrodash.cli import main
-    from pyrodash.data.curate import run_curation
     from pyrodash.train.config import load_recipe
+    from pyrodash.train.curate import run_curation
     from pyrodash.train.stage1 import run_stage1
     from pyrodash.train.stage2 import run_stage2
     from pyrodash.train.stage3 import run_stage3

@@ -224,8 +224,8 @@ def test_tiny_build_loads_with_hf(tiny_world):
 
 
 def test_load_world_split_and_cache(tiny_world):
-    from pyrodash.data.benchmarks import load_benchmark
-    from pyrodash.world.build import build_world, load_world_split
+    from pyrodash.data.benchmarks import load_benchmark, load_world_split
+    from pyrodash.world.build import build_world
 
     exs = load_world_split(tiny_world, "tier2")
     assert len(exs) == 4 and all(e.meta["tier"] == 2 and e.benchmark == "world:tier2" for e in exs)
@@ -336,3 +336,20 @@ def test_a_failure_in_the_slm_process_reaches_the_build(tmp_path):
     finally:
         torch.set_num_threads(threads)
     assert not (tmp_path / "slm").exists()
+
+
+def test_training_resolves_the_world_the_cli_builds(tiny_world, tmp_path):
+    """Training never builds a world: a recipe whose world is missing is a one-line error naming the `pyrodash world
+    build` command; `pyrodash curate` / `pyrodash train` build it first (`commands.world.build_recipe_world`)."""
+    from pyrodash.commands.world import build_recipe_world
+    from pyrodash.train.config import Recipe
+    from pyrodash.train.paths import llm_spec, resolve_world, slm_spec
+
+    missing = Recipe(name="x", world={"dir": str(tmp_path / "none"), "quick": True, "seed": 2})
+    with pytest.raises(ValueError, match="`pyrodash world build --quick --seed 2 --out .*none`") as e:
+        slm_spec(missing)
+    assert "\n" not in str(e.value) and not (tmp_path / "none").exists()
+    built = Recipe(name="x", world={"dir": str(tiny_world)})
+    assert resolve_world(built) == tiny_world and llm_spec(built) == str(tiny_world / "llm")
+    assert build_recipe_world(built) == tiny_world  # a named, built world is used as it is
+    assert build_recipe_world(Recipe(name="x", slm="a", llm="b")) is None

@@ -11,6 +11,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
+CHARS_PER_TOKEN_ESTIMATE = 3  # a conservative estimate for backends that cannot count tokens locally
+
 
 @dataclass
 class GenRequest:
@@ -77,6 +79,12 @@ class BackendError(RuntimeError):
     def retryable(self) -> bool:
         """A client error (4xx other than 408 timeout / 429 rate limit) fails the same way again: not retried."""
         return self.status is None or self.status in (408, 429) or self.status >= 500
+
+
+def estimate_tokens(messages: list[dict], prefix: str = "") -> int:
+    """A conservative token estimate (characters / 3, plus a few per message) for backends that cannot count."""
+    chars = sum(len(str(m.get("content") or "")) + 8 for m in messages) + len(prefix)
+    return -(-chars // CHARS_PER_TOKEN_ESTIMATE)
 
 
 @runtime_checkable

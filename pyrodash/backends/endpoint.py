@@ -1,9 +1,10 @@
-"""One description of an LLM endpoint, used by every command: `LLMEndpoint`, and `load_llm` that opens and checks it.
+"""One description of an LLM endpoint, used by every command: `LLMEndpoint` (opened and checked by the one LLM
+loader, `pyrodash.backends.load_llm`).
 
     ep = LLMEndpoint.parse("https://api.openai.com/v1#gpt-5-mini")          # URL#model
     ep = LLMEndpoint.parse({"url": "http://127.0.0.1:8001/v1", "model": "llm", "mode": "completion",
                             "tokenizer": "worlds/w/llm", "api_key_env": "VLLM_KEY"})   # a YAML dict
-    llm = load_llm("http://127.0.0.1:8001/v1#llm", mode="auto")             # + the start-up probe (HTTP only)
+    llm = pyrodash.backends.load_llm("http://127.0.0.1:8001/v1#llm", mode="auto")   # + the start-up probe
 
 A spec is a string (a local model dir / hub id, or `http(s)://host[:port]/v1#model`) or a dict with `url`, `model`,
 `api_key_env`, `mode`, `timeout_s`, `tokenizer`, `extra_body`, `name`. `mode` is how the endpoint continues a partial
@@ -111,54 +112,25 @@ def is_http_spec(spec: object) -> bool:
     return isinstance(spec, str) and spec.startswith(("http://", "https://"))
 
 
-def load_llm(spec: str | dict, mode: str | None = None, probe: bool = True):
-    """The LLM backend of a spec. An HTTP endpoint is probed once here (`backend.resolve()`): the continuation mode
-    is detected (mode auto) or verified, and the choice is logged; a misconfiguration raises a one-line ValueError
-    naming the fix. An unreachable server is not an error yet (it is probed again at its first handoff and reported
-    by /health). A local model ignores `mode` (it continues the prefix in process)."""
-    from pyrodash.backends import load_backend
-
-    if not is_http_spec(spec):
-        if mode not in (None, "auto", "continue"):
-            raise ValueError(f"--llm-mode {mode}: a local LLM continues the trace in process; drop the flag or "
-                             "give an http(s):// endpoint")
-        return load_backend(spec)
-    from pyrodash.backends.openai_compat import OpenAICompatBackend
-
-    ep = LLMEndpoint.parse(spec, mode)
-    backend = OpenAICompatBackend.from_endpoint(ep)
-    if probe:
-        backend.resolve(raise_on_unreachable=False)
-    return backend
-
-
-def with_mode(spec: str | dict | None, mode: str | None) -> str | dict | None:
-    """`spec` with its continuation mode set to `mode` (a CLI `--llm-mode`); a local model spec refuses one."""
+def with_mode(spec: str | dict | list | None, mode: str | None) -> str | dict | list | None:
+    """`spec` with its continuation mode set to `mode` (a CLI `--llm-mode`; in a mesh, on every HTTP endpoint); a
+    local model spec refuses one."""
     if mode is None:
         return spec
     if mode not in LLM_MODES:
         raise ValueError(f"--llm-mode {mode!r}: use one of {', '.join(LLM_MODES)}")
+    members = spec if isinstance(spec, list) else spec.get("endpoints") if isinstance(spec, dict) else None
+    if isinstance(members, list):  # a mesh: the mode of every HTTP endpoint (local members continue in process)
+        if not any(is_http_spec(m) for m in members):
+            raise ValueError(f"--llm-mode {mode}: no endpoint of the LLM mesh is an http(s):// server; drop the flag")
+        members = [with_mode(m, mode) if is_http_spec(m) else m for m in members]
+        return members if isinstance(spec, list) else {**spec, "endpoints": members}
     if not is_http_spec(spec):
         what = "the world's LLM" if spec is None else repr(spec)
         raise ValueError(f"--llm-mode {mode}: the LLM is a local model ({what}), which continues the trace in "
                          "process; give an http(s)://host:port/v1#model LLM or drop the flag")
     ep = LLMEndpoint.parse(spec) if isinstance(spec, str) else None
     return {"url": ep.url, "model": ep.model, "mode": mode} if ep else {**spec, "mode": mode}
-
-
-def load_slm(spec: str | dict):
-    """The SLM backend of a spec; an HTTP SLM server is checked once (`probe_slm`): it must stop at `<offload>`
-    (stop_token_ids) and report which stop token ended a generation, else a one-line ValueError naming the fix."""
-    from pyrodash.backends import load_backend
-
-    backend = load_backend(spec)
-    if is_http_spec(spec):
-        from pyrodash.backends.probe import probe_slm
-
-        rep = probe_slm(backend)
-        if rep.error:
-            raise ValueError(rep.error)
-    return backend
 
 
 def add_llm_mode_argument(parser) -> None:

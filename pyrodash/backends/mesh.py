@@ -1,5 +1,6 @@
 """An LLM mesh: several LLM endpoints behind one `Backend`, so a handoff stays one call from the engine's side.
 
+    from pyrodash.backends import load_llm    # the one LLM loader builds a mesh from a list or {endpoints: ...}
     llm = load_llm([{"url": "http://a:8001/v1#llm", "prices": "paper"},
                     {"url": "http://b:8002/v1#llm", "prices": {"input_cost_per_token": 2e-7, ...}}])
     llm = load_llm({"endpoints": [...], "policy": "cheapest", "cooldown_s": 30, "timeout_s": 20})
@@ -21,10 +22,12 @@ its server reported usage is billed as delivered: output = chunks received (one 
 tokenizer count when it has one, else an estimate (characters / 3); such entries say `"estimated": true`. When every
 endpoint fails the stream raises `BackendError` whose `usage.endpoints` holds the same entries.
 
-Spec forms (`load_llm`): a backend spec (`load_backend`'s forms: one endpoint, no mesh); a list of member specs
-(policy "fallback"); or `{endpoints: [...], policy, cooldown_s, timeout_s, name}`. A member spec is `load_backend`'s
-string or dict plus optional `prices` (any form `Prices.load` takes, LiteLLM entries included: the endpoint's LLM
-prices; without one the engine's sheet applies) and `name`.
+Spec forms (`pyrodash.backends.load_llm`, in `pyrodash.backends.loader`): a backend spec (`load_backend`'s forms: one
+endpoint, no mesh); a list of member specs (policy "fallback"); or `{endpoints: [...], policy, cooldown_s, timeout_s,
+name}`. A member spec is `load_backend`'s string or dict plus optional `prices` (any form `Prices.load` takes, LiteLLM
+entries included: the endpoint's LLM prices; without one the engine's sheet applies) and `name`. Each member is
+probed at load as a single LLM is, but one failing its probe does not stop the mesh (it fails its calls and cools
+down; /health shows its config_error).
 """
 
 from __future__ import annotations
@@ -32,17 +35,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from pyrodash.backends.base import Backend, BackendError, GenChunk, GenRequest
-from pyrodash.conversation import estimate_tokens
+from pyrodash.backends.base import Backend, BackendError, GenChunk, GenRequest, estimate_tokens
+from pyrodash.backends.probe import reachability
 from pyrodash.cost import Prices
 
 POLICIES = ("fallback", "cheapest")
-log = logging.getLogger("pyrodash.mesh")
+OPTIONS = ("policy", "cooldown_s", "timeout_s", "name")  # a mesh spec's keys besides `endpoints`
 
 
 @dataclass
@@ -183,9 +185,7 @@ class MeshBackend:
 
     async def health(self) -> None:
         """Raises unless at least one endpoint answers (used by the server's /health)."""
-        from pyrodash.server.app import _probe
-
-        results = await asyncio.gather(*(_probe(m.backend) for m in self.members))
+        results = await asyncio.gather(*(reachability(m.backend) for m in self.members))
         if not any(r["reachable"] for r in results):
             raise ConnectionError("; ".join(f"{m.name}: {r.get('error')}" for m, r in zip(self.members, results)))
 
@@ -194,49 +194,8 @@ class MeshBackend:
             await m.backend.aclose()
 
 
-def _member(spec: str | dict, mode: str | None = None) -> Member:
-    """One endpoint, loaded as any LLM is (`pyrodash.backends.endpoint.load_llm`: an HTTP endpoint's continuation
-    mode detected or verified), with its own price sheet."""
-    from pyrodash.backends.endpoint import load_llm as load_endpoint
-
-    prices = None
-    if isinstance(spec, dict):
-        spec = dict(spec)
-        prices = spec.pop("prices", None)
-    backend = load_endpoint(spec, mode, probe=False)
-    name = (spec.get("name") if isinstance(spec, dict) else None) or backend.name
-    resolve = getattr(backend, "resolve", None)
-    if resolve is not None:  # probed as a single LLM is, but one failing endpoint does not stop the mesh: it fails
-        try:  # its calls (and cools down) like an endpoint that breaks later, and /health shows its config_error
-            resolve(raise_on_unreachable=False)
-        except ValueError as e:
-            log.warning("LLM mesh endpoint %s failed its start-up probe: %s", name, e)
-    return Member(backend, name, Prices.load(prices) if prices is not None else None)
-
-
 def is_mesh_spec(spec: object) -> bool:
     return isinstance(spec, list) or (isinstance(spec, dict) and ("endpoints" in spec or "prices" in spec))
-
-
-def load_llm(spec: str | dict | list, mode: str | None = None) -> Backend:
-    """The LLM backend a spec describes: one endpoint (`pyrodash.backends.endpoint.load_llm`, `mode` as there) or
-    a `MeshBackend` (module docstring; `mode` applies to every HTTP member)."""
-    from pyrodash.backends.endpoint import load_llm as load_endpoint
-
-    if isinstance(spec, list):
-        return MeshBackend([_member(s, mode) for s in spec])
-    if isinstance(spec, dict) and "endpoints" in spec:
-        opts = dict(spec)
-        members = opts.pop("endpoints")
-        unknown = set(opts) - {"policy", "cooldown_s", "timeout_s", "name"}
-        if unknown:
-            raise ValueError(f"llm mesh: unknown keys {sorted(unknown)}; use endpoints, policy, cooldown_s, timeout_s")
-        if not isinstance(members, list) or not members:
-            raise ValueError("llm mesh: `endpoints` must be a non-empty list of backend specs")
-        return MeshBackend([_member(s, mode) for s in members], **opts)
-    if isinstance(spec, dict) and "prices" in spec:  # one endpoint with its own price sheet
-        return MeshBackend([_member(spec, mode)])
-    return load_endpoint(spec, mode)
 
 
 def spec_from_flags(llms: list[str] | None, prices: list[str] | None = None, policy: str | None = None,

@@ -37,6 +37,7 @@ from pyrodash.backends import literal
 from pyrodash.backends.base import BackendError, GenChunk, GenRequest
 from pyrodash.backends.continuation import ANTHROPIC_VERSION, StreamState, Wire, build_request, trimmed_prefill
 from pyrodash.backends.endpoint import LLMEndpoint, redact
+from pyrodash.backends.probe import probe_llm
 
 log = logging.getLogger("pyrodash.llm")
 CHARS_PER_TOKEN = 4  # the estimate when neither the server nor a local tokenizer counts
@@ -195,8 +196,6 @@ class OpenAICompatBackend:
     def resolve(self, raise_on_unreachable: bool = True):
         """Probe the endpoint once (mode auto: detect; else verify) and log the choice; returns the ProbeReport.
         A misconfiguration raises a one-line ValueError (and stays in `config_error` for /health)."""
-        from pyrodash.backends.probe import probe_llm
-
         rep = probe_llm(self)
         self.report = rep
         if rep.error and (rep.reachable or raise_on_unreachable):

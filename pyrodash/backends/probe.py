@@ -1,8 +1,10 @@
-"""Start-up probes: which continuation mode an LLM endpoint takes, and whether an SLM server stops at `<offload>`.
+"""Start-up probes: which continuation mode an LLM endpoint takes, whether an SLM server stops at `<offload>`, and
+whether a backend is reachable at all.
 
     rep = probe_llm(backend)      # ProbeReport: model served, key accepted, mode (detected / verified), usage
     rep = probe_slm(backend)      # SLMReport: <offload> id, stop_token_ids honoured, stop_reason reported
     print("\\n".join(rep.lines()))   # what `pyrodash check` prints
+    status = await reachability(backend)   # {name, reachable, error?, endpoints?}: /health, an LLM mesh's health
 
 The LLM probe sends a handful of 2-token requests. For mode auto it tries, in order: `continue` (vLLM/SGLang),
 `completion` (when a local tokenizer renders the chat template), `prefix` (DeepSeek), `instruct` (any chat API);
@@ -340,3 +342,29 @@ async def _generate_any(backend, req: GenRequest) -> tuple[str, GenChunk]:
         if ch.finish_reason is not None:
             last = ch
     return text, last
+
+
+# ---- reachability (/health) ----------------------------------------------------------------------------------
+
+
+async def reachability(backend) -> dict:
+    """Whether a backend answers (what `pyrodash serve`'s /health and an LLM mesh report): `backend.health()` when it
+    has one; an HTTP backend must list its models (GET <base>/models) within 5 s; an in-process backend is up when
+    it exists."""
+    if backend is None:
+        return {"name": None, "reachable": False, "error": "no backend"}
+    name = getattr(backend, "name", None)
+    check = getattr(backend, "health", None)
+    base = getattr(backend, "base", None)
+    try:
+        if check is not None:
+            await asyncio.wait_for(check(), timeout=5)
+        elif isinstance(base, str) and base.startswith(("http://", "https://")):
+            async with httpx.AsyncClient(timeout=5, headers=getattr(backend, "headers", None) or {}) as client:
+                r = await client.get(f"{base}/models")
+            if r.status_code != 200:
+                raise ConnectionError(f"GET {base}/models answered {r.status_code}")
+        mesh = getattr(backend, "status", None)
+        return {"name": name, "reachable": True, **({"endpoints": mesh()} if callable(mesh) else {})}
+    except Exception as e:  # noqa: BLE001 - any failure means unreachable
+        return {"name": name, "reachable": False, "error": f"{type(e).__name__}: {e}"}

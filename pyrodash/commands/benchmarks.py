@@ -11,6 +11,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from pyrodash.data.benchmarks import BENCHMARK_NAMES, HUB, benchmarks_dir, load_benchmark, local_file
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
@@ -26,8 +28,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _list(args: argparse.Namespace) -> int:
-    from pyrodash.data.benchmarks import BENCHMARK_NAMES, HUB, benchmarks_dir, load_benchmark, local_file
-
     rows = []
     for name in BENCHMARK_NAMES:
         f = local_file(name)
@@ -57,8 +57,6 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _show(args: argparse.Namespace) -> int:
-    from pyrodash.data.benchmarks import load_benchmark
-
     if args.limit < 0:
         raise ValueError(f"--limit must be >= 0 (0 = all), got {args.limit}")
     examples = load_benchmark(args.name, path=args.path, limit=args.limit or None, seed=args.seed)

@@ -14,12 +14,18 @@ import argparse
 import json
 from pathlib import Path
 
+from pyrodash.backends import load_llm, load_slm
+from pyrodash.backends.endpoint import add_llm_mode_argument
+from pyrodash.calibrate import calibrate_offload_bias
+from pyrodash.cost import Prices
+from pyrodash.data.benchmarks import load_benchmark
+from pyrodash.engine import CollaborateEngine
+from pyrodash.prompts import get_prompts
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--slm", required=True, help="SLM backend: model path / hub id or http(s)://host:port/v1#model")
     p.add_argument("--llm", required=True, help="LLM backend (used in --budget-usd mode)")
-    from pyrodash.backends.endpoint import add_llm_mode_argument
-
     add_llm_mode_argument(p)
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--questions", help="JSONL with a 'question' field, or one question per line")
@@ -62,17 +68,9 @@ def read_questions(path: str, limit: int | None = None) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     from transformers.utils import logging as hf_logging
 
-    from pyrodash.backends.endpoint import load_llm, load_slm
-    from pyrodash.calibrate import calibrate_offload_bias
-    from pyrodash.cost import Prices
-    from pyrodash.engine import CollaborateEngine
-    from pyrodash.prompts import get_prompts
-
     if args.questions:
         questions = read_questions(args.questions, args.limit)
     else:
-        from pyrodash.data.benchmarks import load_benchmark
-
         questions = [ex.question for ex in load_benchmark(args.benchmark, path=args.path, limit=args.limit)]
     hf_logging.disable_progress_bar()  # no "Loading weights" bars around the answer
     slm = load_slm(args.slm)

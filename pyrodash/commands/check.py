@@ -15,6 +15,11 @@ from __future__ import annotations
 import argparse
 import json
 
+from pyrodash.backends import load_backend
+from pyrodash.backends.endpoint import LLMEndpoint, add_llm_mode_argument, is_http_spec, with_mode
+from pyrodash.backends.openai_compat import OpenAICompatBackend
+from pyrodash.backends.probe import probe_llm, probe_slm
+
 
 def _spec(text: str):
     text = text.strip()
@@ -22,8 +27,6 @@ def _spec(text: str):
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from pyrodash.backends.endpoint import add_llm_mode_argument
-
     p.add_argument("--llm", required=True, type=_spec, help="LLM endpoint: http(s)://host:port/v1#model or a JSON "
                    "spec {url, model, mode, api_key_env, tokenizer}")  # fmt: skip
     add_llm_mode_argument(p)
@@ -31,11 +34,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pyrodash.backends import load_backend
-    from pyrodash.backends.endpoint import LLMEndpoint, is_http_spec, with_mode
-    from pyrodash.backends.openai_compat import OpenAICompatBackend
-    from pyrodash.backends.probe import probe_llm, probe_slm
-
     errors = []
     if is_http_spec(args.llm):
         spec = with_mode(args.llm, args.llm_mode)

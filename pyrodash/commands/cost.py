@@ -8,6 +8,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from pyrodash.cost import Prices, Usage
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prices", default="paper", help="price sheet: a YAML path or a name in configs/prices/")
@@ -18,8 +20,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pyrodash.cost import Prices, Usage
-
     prices = Prices.from_yaml(args.prices)
     scale = 1_000_000 if args.millions else 1
     counts = {k: round(getattr(args, k) * scale) for k in ("slm_in", "slm_out", "llm_in", "llm_out", "llm_cached_in")}

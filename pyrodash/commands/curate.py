@@ -9,39 +9,36 @@ from __future__ import annotations
 import argparse
 import json
 
+from pyrodash.backends.endpoint import add_llm_mode_argument, with_mode
+from pyrodash.commands.world import build_recipe_world
+from pyrodash.train import distributed as dist
+from pyrodash.train.config import load_recipe
+from pyrodash.train.curate import run_curation
+from pyrodash.train.plan import print_plan
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", required=True, help="YAML recipe (configs/world/*.yaml, configs/paper/*.yaml)")
     p.add_argument("--output-dir", required=True, help="run directory; curation writes DIR/curated/")
     p.add_argument("--limit", type=int, default=None, help="curate only the first N examples of the source")
-    from pyrodash.backends.endpoint import add_llm_mode_argument
-
     add_llm_mode_argument(p)
     p.add_argument("--dry-run", action="store_true", help="validate the config and print the plan; load nothing")
 
 
 def run(args: argparse.Namespace) -> int:
-    from pyrodash.train.config import load_recipe
-    from pyrodash.train.plan import print_plan
-
     if not args.dry_run:
-        from pyrodash.train import distributed as dist
-
         dist.setup()  # before any TRL config is built: under a launcher the ranks join one process group
     overrides = {"curate.limit": args.limit} if args.limit is not None else None
     recipe = load_recipe(args.config, overrides)
     if args.llm_mode:
-        from pyrodash.backends.endpoint import with_mode
-
         recipe.llm = with_mode(recipe.llm, args.llm_mode)
     if args.dry_run:
         print_plan(recipe, args.output_dir, ["curate"])
         return 0
-    from pyrodash.data.curate import run_curation
-
     if not dist.is_main():  # under `accelerate launch`: the main process curates (one set of LLM calls), others wait
         dist.barrier()
         return 0
+    build_recipe_world(recipe)  # a missing world is built here: curation only resolves it
     out = run_curation(recipe, args.output_dir)
     dist.barrier()
     print(json.dumps({"curated": str(out), **json.loads((out / "stats.json").read_text())}, indent=1))

@@ -18,6 +18,18 @@ import json
 import time
 from pathlib import Path
 
+from pyrodash.commands.report import print_table2, print_turns
+from pyrodash.evaluate import EvalConfig, evaluate
+from pyrodash.report import all_metrics, load_run, run_prices, single_turn, verdict_sentence, write_report
+from pyrodash.train.config import load_recipe
+from pyrodash.train.curate import run_curation
+from pyrodash.train.paths import curated_dir, stage_dir
+from pyrodash.train.stage1 import run_stage1
+from pyrodash.train.stage2 import run_stage2
+from pyrodash.train.stage3 import run_stage3
+from pyrodash.world.build import build_world, read_world_info, world_warnings
+from pyrodash.world.config import TIER_SPLITS
+
 ROOT = Path(__file__).resolve().parent.parent.parent
 # λ spans the world's trade-off, not the paper's grid: a correct handoff beats a wrong SLM-alone answer while
 # 1 - λ·Cost_norm(handoff) > -λ·Cost_norm(SLM alone), i.e. λ < 1 / (Cost_norm(handoff) - Cost_norm(SLM alone)).
@@ -85,45 +97,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--world", default=None, help="a built world directory to use (default: build or reuse the cache)")
 
 
-def print_table2(run_dir: str | Path, console) -> None:
-    """The headline table (Table 2) from RUN_DIR/summary.json."""
-    from rich.table import Table
-
-    summary = json.loads((Path(run_dir) / "summary.json").read_text())["methods"]
-    t = Table(title="Table 2 (from stored records)")
-    for col in ("Method", "Avg. Acc. (%)", "LLM Token Ratio (%)", "Avg. LLM Calls", "Cost ($)", "Cost / LLM"):
-        t.add_column(col, justify="left" if col == "Method" else "right", no_wrap=col == "Method")
-    for name, m in summary.items():
-        norm = m.get("cost_normalized")
-        t.add_row(name, f"{100 * m['accuracy']:.2f}", f"{100 * m['llm_token_ratio']:.2f}", f"{m['llm_calls']:.3f}",
-                  f"{m['cost_usd']:.6f}", "--" if norm is None else f"{norm:.4f}")
-    console.print(t)
-
-
-def print_turns(run_dir: str | Path, console, methods: tuple[str, ...] = ("slm", "llm")) -> None:
-    """Conversations per turn (from RUN_DIR/summary.json): accuracy, LLM calls and $ per example of the SLM, the
-    LLM and every PyroDash λ."""
-    from rich.table import Table
-
-    per_turn = json.loads((Path(run_dir) / "summary.json").read_text()).get("per_turn") or {}
-    names = [n for n in per_turn if n in methods or (n.startswith("pyrodash@") and "+" not in n)]
-    if not names:
-        return
-    t = Table(title="Conversations: accuracy / LLM calls / $ per example, by turn")
-    turns = sorted({int(k) for n in names for k in per_turn[n]})
-    t.add_column("Method", no_wrap=True)
-    for k in turns:
-        t.add_column(f"turn {k}", justify="right")
-    for n in names:
-        cells = []
-        for k in turns:
-            v = per_turn[n].get(str(k)) or per_turn[n].get(k)
-            cells.append("--" if v is None else f"{100 * v['accuracy']:.0f}% / {v['llm_calls']:.2f} / "
-                                                 f"{v['cost_usd']:.2e}")
-        t.add_row(n, *cells)
-    console.print(t)
-
-
 def _done(path: Path) -> bool:
     return (path / "config.resolved.json").exists()
 
@@ -132,17 +105,6 @@ def run_demo(out: str | Path, quick: bool = True, seed: int = 0, lambdas: list[f
              console=None, world_dir: str | Path | None = None) -> Path:
     """Build, curate, train and evaluate into `out`; returns the report path."""
     from rich.console import Console
-
-    from pyrodash.data.curate import run_curation
-    from pyrodash.evaluate import EvalConfig, evaluate
-    from pyrodash.report import write_report
-    from pyrodash.train.config import load_recipe
-    from pyrodash.train.paths import curated_dir, stage_dir
-    from pyrodash.train.stage1 import run_stage1
-    from pyrodash.train.stage2 import run_stage2
-    from pyrodash.train.stage3 import run_stage3
-    from pyrodash.world.build import build_world, read_world_info, world_warnings
-    from pyrodash.world.config import TIER_SPLITS
 
     console = console or Console()
     preset = "quick" if quick else "full"
@@ -197,7 +159,6 @@ def run(args: argparse.Namespace) -> int:
                         world_dir=args.world)
     print_table2(out, console)
     print_turns(out, console)
-    from pyrodash.report import all_metrics, load_run, run_prices, single_turn, verdict_sentence
 
     verdict = verdict_sentence(all_metrics(single_turn(load_run(out)), run_prices(out)))
     console.print(f"[bold]Verdict:[/] {verdict}")

@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import argparse
 
+from pyrodash.backends.endpoint import add_llm_mode_argument
+from pyrodash.commands.report import print_table2
+from pyrodash.evaluate import EvalConfig, evaluate
+from pyrodash.report import write_report
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", required=True, help="eval YAML (see configs/eval/)")
     p.add_argument("--run-dir", default=None, help="override run_dir of the config")
     p.add_argument("--limit", type=int, default=None, help="override limit (examples per benchmark)")
-    from pyrodash.backends.endpoint import add_llm_mode_argument
-
     add_llm_mode_argument(p)
     p.add_argument("--no-report", action="store_true", help="do not write report.md / summary.json afterwards")
 
@@ -48,17 +51,12 @@ def warn_llm_failures(run_dir, console) -> int:
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from pyrodash.evaluate import EvalConfig, evaluate
-    from pyrodash.report import write_report
-
     cfg = EvalConfig.from_yaml(args.config, run_dir=args.run_dir, limit=args.limit, llm_mode=args.llm_mode)
     run_dir = evaluate(cfg)
     console = Console()
     console.print(f"records: [bold]{run_dir / 'records'}[/]")
     warn_llm_failures(run_dir, console)
     if not args.no_report:
-        from pyrodash.commands.demo import print_table2
-
         path = write_report(run_dir)
         print_table2(run_dir, console)
         console.print(f"report: [bold]{path}[/]")

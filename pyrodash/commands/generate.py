@@ -20,6 +20,14 @@ import json
 import sys
 from pathlib import Path
 
+from pyrodash.backends import load_llm, load_slm
+from pyrodash.backends.endpoint import add_llm_mode_argument
+from pyrodash.backends.mesh import spec_from_flags
+from pyrodash.cost import Prices
+from pyrodash.engine import CollaborateEngine, EngineError, FailurePolicy
+from pyrodash.events import Done, Handoff, LLMDelta, SLMDelta
+from pyrodash.prompts import get_prompts
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("question", help="the question ('-' reads it from stdin)")
@@ -35,8 +43,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--turn", action="append", default=[], metavar="TEXT",
                    help="a follow-up user turn after the question (repeatable, asked in order)")
     p.add_argument("--save-history", metavar="FILE.json", help="write the whole conversation here afterwards")
-    from pyrodash.backends.endpoint import add_llm_mode_argument
-
     add_llm_mode_argument(p)
     p.add_argument("--offload-bias", type=float, default=0.0, help="added to the <offload> logit (+ hands off sooner)")
     p.add_argument("--handoff-share", type=float, default=1.0,
@@ -58,13 +64,6 @@ def run(args: argparse.Namespace) -> int:
     import asyncio
 
     from transformers.utils import logging as hf_logging
-
-    from pyrodash.backends.endpoint import load_slm
-    from pyrodash.backends.mesh import load_llm, spec_from_flags
-    from pyrodash.cost import Prices
-    from pyrodash.engine import CollaborateEngine, EngineError, FailurePolicy
-    from pyrodash.events import Done, Handoff, LLMDelta, SLMDelta
-    from pyrodash.prompts import get_prompts
 
     question = sys.stdin.read() if args.question == "-" else args.question
     if not question.strip():

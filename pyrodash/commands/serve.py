@@ -21,6 +21,12 @@ from __future__ import annotations
 
 import argparse
 
+from pyrodash.backends.endpoint import add_llm_mode_argument
+from pyrodash.backends.mesh import spec_from_flags
+from pyrodash.conversation import ContextLimits
+from pyrodash.server.app import build_app, build_engine
+from pyrodash.server.config import Limits, ServeConfig
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="YAML recipe (configs/serve/*.yaml); flags override it")
@@ -32,8 +38,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="price sheet of the i-th --llm (repeatable, in order; YAML, name, or LiteLLM FILE.json#MODEL)")
     p.add_argument("--llm-cooldown", type=float, metavar="S", help="seconds a failed mesh endpoint sits out (30)")
     p.add_argument("--llm-timeout", type=float, metavar="S", help="mesh: longest wait for an endpoint's next chunk")
-    from pyrodash.backends.endpoint import add_llm_mode_argument
-
     add_llm_mode_argument(p)
     p.add_argument("--prices", help="price sheet: a YAML path or a name in configs/prices/ (default: paper)")
     p.add_argument("--prompts", help="prompt set name (default: qwen-math-v1)")
@@ -54,9 +58,6 @@ def config_from_args(args: argparse.Namespace):
     """The ServeConfig that the YAML (if any) and the flags describe."""
     from dataclasses import replace
 
-    from pyrodash.backends.mesh import spec_from_flags
-    from pyrodash.server.config import Limits, ServeConfig
-
     llm = spec_from_flags(args.llm, args.llm_prices, args.llm_policy, args.llm_cooldown, args.llm_timeout)
     flags = {k: getattr(args, k, None) for k in ("slm", "prices", "prompts", "host", "port", "api_key",
                                                  "cors_origins", "log_level", "llm_mode")}  # fmt: skip
@@ -67,8 +68,6 @@ def config_from_args(args: argparse.Namespace):
         point = config.operating_points[config.default_model]
         config.operating_points[config.default_model] = replace(point, offload_bias=float(args.offload_bias))
     if args.context_slm is not None or args.context_llm is not None:
-        from pyrodash.conversation import ContextLimits
-
         ctx = config.context
         config.context = ContextLimits(slm=args.context_slm if args.context_slm is not None else ctx.slm,
                                        llm=args.context_llm if args.context_llm is not None else ctx.llm)
@@ -82,8 +81,6 @@ def config_from_args(args: argparse.Namespace):
 
 def run(args: argparse.Namespace) -> int:
     import uvicorn
-
-    from pyrodash.server.app import build_app, build_engine
 
     config = config_from_args(args)
     if config.slm is None or config.llm is None:

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import argparse
 
+from pyrodash.backends.hf import HFBackend
+from pyrodash.backends.model_server import build_model_app
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("path", help="HF model directory or hub id")
@@ -20,9 +23,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import uvicorn
-
-    from pyrodash.backends.hf import HFBackend
-    from pyrodash.backends.model_server import build_model_app
 
     if args.port < 0 or args.port > 65535:
         raise ValueError(f"--port {args.port} is not a TCP port")

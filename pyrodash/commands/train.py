@@ -14,6 +14,15 @@ from __future__ import annotations
 import argparse
 import json
 
+from pyrodash.backends.endpoint import add_llm_mode_argument, with_mode
+from pyrodash.commands.world import build_recipe_world
+from pyrodash.train import distributed as dist
+from pyrodash.train.config import load_recipe
+from pyrodash.train.plan import print_plan
+from pyrodash.train.stage1 import run_stage1
+from pyrodash.train.stage2 import run_stage2
+from pyrodash.train.stage3 import run_stage3, run_sweep
+
 
 def _lambdas(text: str) -> list[float]:
     try:
@@ -34,48 +43,35 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lambda", dest="lam", type=float, default=None, help="stage3: λ (default: the recipe's)")
     p.add_argument("--lambdas", type=_lambdas, default=None, help="stage3: a sweep, e.g. 0.05,0.1,0.3,0.6")
     p.add_argument("--resume", action="store_true", help="stage3: resume from the last checkpoint in DIR")
-    from pyrodash.backends.endpoint import add_llm_mode_argument
-
     add_llm_mode_argument(p)
     p.add_argument("--dry-run", action="store_true", help="validate the config and print the plan; load nothing")
 
 
 def run(args: argparse.Namespace) -> int:
-    from pyrodash.train.config import load_recipe
-    from pyrodash.train.plan import print_plan
-
     if args.stage != "stage3" and (args.lam is not None or args.lambdas or args.resume):
         raise ValueError("--lambda/--lambdas/--resume apply to stage3 only")
     if args.lam is not None and args.lambdas:
         raise ValueError("give either --lambda or --lambdas, not both")
     if not args.dry_run:
-        from pyrodash.train import distributed as dist
-
         dist.setup()  # before any TRL config is built: under a launcher the ranks join one process group
     recipe = load_recipe(args.config)
     if args.llm_mode:
-        from pyrodash.backends.endpoint import with_mode
-
         recipe.llm = with_mode(recipe.llm, args.llm_mode)
     lambdas = args.lambdas or ([args.lam] if args.lam is not None else None)
     if args.dry_run:
         print_plan(recipe, args.output_dir, [args.stage], lambdas=lambdas)
         return 0
+    with dist.main_first():  # one rank builds a missing world (training only resolves it); the others then find it
+        build_recipe_world(recipe)
     show = dist.is_main()
     if args.stage == "stage1":
-        from pyrodash.train.stage1 import run_stage1
-
         out = run_stage1(recipe, args.output_dir, base=args.source)
     elif args.stage == "stage2":
-        from pyrodash.train.stage2 import run_stage2
-
         out = run_stage2(recipe, args.output_dir, stage1=args.source)
         rates = out / "offload_rates.json"
         if rates.exists() and show:
             print(json.dumps({"offload_rates": json.loads(rates.read_text())}, indent=1))
     elif args.lambdas:
-        from pyrodash.train.stage3 import run_sweep
-
         out = run_sweep(recipe, args.output_dir, args.lambdas, resume=args.resume)
         summary = json.loads(out.read_text())
         if not show:
@@ -84,8 +80,6 @@ def run(args: argparse.Namespace) -> int:
         for row in summary["table"]:
             print("  ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()))
     else:
-        from pyrodash.train.stage3 import run_stage3
-
         out = run_stage3(recipe, args.output_dir, lam=args.lam, stage2=args.source, resume=args.resume)
         if show:
             print((out / "stage3_stats.json").read_text())

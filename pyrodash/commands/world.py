@@ -3,12 +3,22 @@
     pyrodash world build --out worlds/demo --quick      # about 3 minutes on 2 cores; CI uses this
     pyrodash world build --out worlds/full              # the full world, about 5 minutes
     pyrodash world info worlds/demo                     # the measured accuracies
+
+`build_recipe_world(recipe)` is how `pyrodash curate` and `pyrodash train` build a training recipe's missing world
+before training, which only resolves it (`pyrodash.train.paths.resolve_world`).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pyrodash.world.build import build_world, read_world_info, world_warnings
+
+if TYPE_CHECKING:  # the recipe's module imports TRL: not at `pyrodash world`'s start
+    from pyrodash.train.config import Recipe
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -27,8 +37,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def print_info(info: dict, world_dir: str) -> None:
     from rich.console import Console
     from rich.table import Table
-
-    from pyrodash.world.build import world_warnings
 
     acc = info["accuracy"]
     splits = [s for s in acc["slm"] if s != "mean"]
@@ -54,9 +62,19 @@ def print_info(info: dict, world_dir: str) -> None:
         console.print(f"[bold yellow]warning:[/] {w}")
 
 
-def run(args: argparse.Namespace) -> int:
-    from pyrodash.world.build import build_world, read_world_info
+def build_recipe_world(recipe: Recipe) -> Path | None:
+    """The recipe's world directory, built when missing (cached: a built world is reused); None for a recipe
+    without `world:`."""
+    wdir = recipe.world_dir()
+    if wdir is None:
+        return None
+    w = recipe.world or {}
+    if (wdir / "world.json").exists() and w.get("dir"):
+        return wdir  # a named, built world is used as it is (whatever preset built it)
+    return build_world(wdir, quick=bool(w.get("quick", False)), seed=int(w.get("seed", 0)))
 
+
+def run(args: argparse.Namespace) -> int:
     if args.world_command == "build":
         from transformers.utils import logging as hf_logging
 

@@ -2,7 +2,7 @@
 
     from pyrodash.data.benchmarks import load_benchmark
     exs = load_benchmark("gsm8k", limit=100)            # 100 rows, a seeded subsample kept in file order
-    exs = load_benchmark("world:tier3", path=WORLD_DIR)  # a split of the built-in world
+    exs = load_benchmark("world:tier3", path=WORLD_DIR)  # a split of the built-in world (`load_world_split`)
 
 Where the rows come from, first match wins:
 1. `path=`: a JSONL / JSON-list file, or a directory holding `test.jsonl`;
@@ -30,6 +30,7 @@ import re
 from pathlib import Path
 
 from pyrodash.data.example import Example
+from pyrodash.grading import extract_answer
 
 # name -> directory under the benchmarks dir
 DIRS: dict[str, str] = {
@@ -156,8 +157,6 @@ def _first(row: dict, *keys: str) -> str | None:
 
 
 def _row_to_example(name: str, row: dict, index: int) -> Example:
-    from pyrodash.grading import extract_answer
-
     rid = _first(row, "id", "idx", "unique_id")
     ex_id = f"{name}-{rid if rid is not None else index}"
     question = _first(row, "problem", "question")
@@ -215,11 +214,22 @@ def _load_world(name: str, path: str | Path | None) -> list[Example]:
         raise ValueError("world benchmarks are named 'world:<split>', e.g. 'world:tier3'")
     if path is None:
         raise ValueError(f"{name!r} needs path=<world directory> (made by `pyrodash world build --out DIR`)")
-    try:
-        from pyrodash.world.build import load_world_split
-    except ImportError as e:
-        raise ValueError(f"cannot load {name!r}: pyrodash.world.build is not available ({e})") from e
     return load_world_split(path, split)
+
+
+def load_world_split(world_dir: str | Path, split: str) -> list[Example]:
+    """The examples of `split` (train, val, tier1..tier5, multiturn) of a built world (`DIR/data/<split>.jsonl`,
+    written by `pyrodash.world.build`)."""
+    data = Path(world_dir) / "data"
+    path = data / f"{split}.jsonl"
+    if not path.is_file():
+        if not data.is_dir():
+            raise FileNotFoundError(f"{world_dir} is not a built world (no data/); run `pyrodash world build --out "
+                                    f"{world_dir}`")
+        splits = sorted(p.stem for p in data.glob("*.jsonl"))
+        raise ValueError(f"unknown world split {split!r}; choose one of {splits}")
+    with path.open() as f:
+        return [Example.from_dict(json.loads(line)) for line in f if line.strip()]
 
 
 def load_benchmark(

@@ -95,7 +95,7 @@ def run_glimprouter(items: list[tuple[list[dict], dict]], tau: float, gen: Calla
             st.kept += g.completion_tokens
             before = len(st.text)
             st.done = _step_end(g, st, g.text, boundary) or st.kept >= max_tokens
-            st.segments.append({"model": "slm", "text": st.text[before:]})
+            st.segments.append({"by": "slm", "text": st.text[before:]})
         if to_llm:
             lreqs = [GenRequest(messages=st.messages, prefix=st.text, max_tokens=max_tokens - st.kept,
                                 stop=[boundary], **st.sampling) for st in to_llm]
@@ -107,7 +107,7 @@ def run_glimprouter(items: list[tuple[list[dict], dict]], tau: float, gen: Calla
                 st.kept += g.completion_tokens
                 before = len(st.text)
                 st.done = _step_end(g, st, g.text, boundary) or st.kept >= max_tokens
-                st.segments.append({"model": "llm", "text": st.text[before:]})
+                st.segments.append({"by": "llm", "text": st.text[before:]})
     out = []
     for st in states:
         if not st.done:
@@ -122,8 +122,8 @@ def _merge(segments: list[dict]) -> list[dict]:
     """Consecutive steps of the same model as one segment."""
     out: list[dict] = []
     for s in segments:
-        if out and out[-1]["model"] == s["model"]:
-            out[-1] = {"model": s["model"], "text": out[-1]["text"] + s["text"]}
+        if out and out[-1]["by"] == s["by"]:
+            out[-1] = {"by": s["by"], "text": out[-1]["text"] + s["text"]}
         elif s["text"] or not out:
             out.append(dict(s))
     return out

@@ -26,7 +26,11 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from pydantic import BaseModel
 
+from pyrodash.backends import load_llm, load_slm
+from pyrodash.backends.probe import reachability as _probe
+from pyrodash.engine import CollaborateEngine, FailurePolicy
 from pyrodash.events import Done, Handoff, LLMDelta, SLMDelta
+from pyrodash.prompts import get_prompts
 from pyrodash.server import errors as E
 from pyrodash.server import modes, playground
 from pyrodash.server import protocol as P
@@ -40,11 +44,6 @@ log = logging.getLogger("pyrodash.serve")
 
 def build_engine(config: ServeConfig):
     """The CollaborateEngine a config describes (opens the SLM and LLM backends)."""
-    from pyrodash.backends.endpoint import load_slm
-    from pyrodash.backends.mesh import load_llm
-    from pyrodash.engine import CollaborateEngine, FailurePolicy
-    from pyrodash.prompts import get_prompts
-
     if config.slm is None or config.llm is None:
         raise ValueError("serve needs both an SLM and an LLM: set slm/llm in the config or pass --slm and --llm")
     slm = load_slm(config.slm)
@@ -108,7 +107,6 @@ def build_app(config: ServeConfig, engine=None) -> FastAPI:
     app.state.engine = engine
     app.state.metrics = Metrics()
     app.state.runs = set()
-    app.state.solo = {}  # mode -> SoloEngine, made on first use (pyrodash.server.modes)
     app.state.api_key = config.resolved_api_key()
     app.state.sem = asyncio.Semaphore(config.limits.max_concurrency)  # binds to the serving loop on first wait
     if config.cors_origins:
@@ -188,12 +186,17 @@ def _install_routes(app: FastAPI) -> None:
 
         def info(done: Done) -> P.PyroDashInfo:
             prices = getattr(engine, "prices", None)
-            llm_only = modes.llm_only_prompt(engine, prompt) if prices is not None and opts.mode != "llm" else None
-            return P.PyroDashInfo.from_done(done, prices, llm_only, opts.mode)
+            if prices is None:
+                return P.PyroDashInfo.from_done(done, opts.mode)
+            llm_only = modes.llm_only_prompt(engine, prompt) if opts.mode != "llm" else None
+            return P.PyroDashInfo.from_done(done, opts.mode, modes.cost_by_component(done.usage, prices),
+                                            modes.llm_only_estimate(done, prices, llm_only, opts.mode))
 
         metrics.in_flight.inc()
-        run = EngineRun(modes.answerer(engine, opts.mode, app.state.solo), prompt, kwargs, app.state.runs,
-                        app.state.sem, on_exit=metrics.in_flight.dec)  # fmt: skip
+        if opts.mode != "collab":  # the SLM or the LLM answering alone: the engine's own solo modes
+            kwargs = {**kwargs, "mode": opts.mode}
+        run = EngineRun(engine, prompt, kwargs, app.state.runs, app.state.sem,
+                        on_exit=metrics.in_flight.dec)  # fmt: skip
         if req.stream:
             # the status line waits for the engine's first events: an error before any output is a real 4xx/5xx
             gone, first = await _first_batch(request, run)
@@ -243,30 +246,6 @@ def _install_routes(app: FastAPI) -> None:
         return PlainTextResponse(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     app.state.created = P.now()
-
-
-async def _probe(backend) -> dict:
-    """Whether a backend answers: `backend.health()` when it has one; an HTTP backend must list its models
-    (GET <base>/models) within 5 s; an in-process backend is up when it exists."""
-    if backend is None:
-        return {"name": None, "reachable": False, "error": "no backend"}
-    name = getattr(backend, "name", None)
-    check = getattr(backend, "health", None)
-    base = getattr(backend, "base", None)
-    try:
-        if check is not None:
-            await asyncio.wait_for(check(), timeout=5)
-        elif isinstance(base, str) and base.startswith(("http://", "https://")):
-            import httpx
-
-            async with httpx.AsyncClient(timeout=5, headers=getattr(backend, "headers", None) or {}) as client:
-                r = await client.get(f"{base}/models")
-            if r.status_code != 200:
-                raise ConnectionError(f"GET {base}/models answered {r.status_code}")
-        mesh = getattr(backend, "status", None)
-        return {"name": name, "reachable": True, **({"endpoints": mesh()} if callable(mesh) else {})}
-    except Exception as e:  # noqa: BLE001 - any failure means unreachable
-        return {"name": name, "reachable": False, "error": f"{type(e).__name__}: {e}"}
 
 
 async def _unary(app: FastAPI, request: Request, run: EngineRun, kind: str, model: str, route: str,

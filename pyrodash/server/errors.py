@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import uuid
 
 from fastapi import FastAPI, Request
@@ -28,7 +27,6 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from pyrodash.server import protocol as P
 
 log = logging.getLogger("pyrodash.serve")
-_URL_RE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://\S+")
 
 
 class ErrorResponse(JSONResponse):
@@ -85,18 +83,13 @@ def error_response(request: Request, err: P.APIError, headers: dict | None = Non
     return ErrorResponse(err.body(), status_code=err.status, headers=headers)
 
 
-def scrub(text: str) -> str:
-    """`text` without URLs (an internal backend address must not reach a client)."""
-    return _URL_RE.sub("<backend>", text)
-
-
 def failure(exc: BaseException) -> P.APIError:
     """What an engine failure means for the client. A ValueError is a request the models cannot take (400, URLs
     removed); anything else is a failing model backend (502) with a request id; the details are logged here."""
     if isinstance(exc, P.APIError):
         return exc
     if isinstance(exc, ValueError):
-        return P.APIError(400, scrub(str(exc)), code="invalid_value")
+        return P.APIError(400, P.scrub(str(exc)), code="invalid_value")
     rid = uuid.uuid4().hex[:16]
     log.error("request %s: the model backend failed: %s: %s", rid, type(exc).__name__, exc)
     return P.APIError(502, f"The model backend failed ({type(exc).__name__}); the server log has the details under "

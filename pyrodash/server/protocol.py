@@ -17,16 +17,18 @@ request should get an identical answer. Send `temperature` to sample.
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, field_validator
 
-from pyrodash.cost import Prices
 from pyrodash.events import Done
+from pyrodash.record import Record
 
 DEFAULT_TEMPERATURE = 0.0  # greedy when omitted (see the module docstring)
+_URL_RE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://\S+")
 
 
 def _json_int(v: object) -> object:
@@ -184,8 +186,10 @@ class LLMOnlyEstimate(_Out):
 
 
 class PyroDashInfo(_Out):
-    """Where the tokens and dollars of one request went."""
+    """Where the tokens and dollars of one request went: the request's record (`pyrodash.record.Record`, the fields
+    `pyrodash eval` writes, without `output`: the text is the response's message), then what the server adds."""
 
+    finish_reason: str = "stop"
     slm_in: int
     slm_out: int
     llm_in: int
@@ -195,6 +199,7 @@ class PyroDashInfo(_Out):
     handoff: int | None  # SLM tokens decoded before <offload>, or None when the SLM answered alone
     cost_usd: float
     offload_bias: float
+    handoff_share: float = 1.0  # the share of requests that may hand off, in effect for this one
     handoff_admitted: bool = True  # False: outside the engine's handoff_share, so the SLM answered alone
     fallback: bool  # the LLM failed and the SLM finished the answer
     llm_errors: list[str] = []  # every failed LLM attempt (retried, or ending in the fallback), in order
@@ -203,6 +208,7 @@ class PyroDashInfo(_Out):
     trimmed: dict[str, int] = Field(default_factory=dict)  # earlier messages dropped to fit each model's window
     segments: list[dict] = Field(default_factory=list)  # who wrote what in this turn: {by, endpoint?, text}
     llm_endpoints: list[dict] = Field(default_factory=list)  # per LLM endpoint: calls, tokens, price, cost_usd
+    latency_s: float = 0.0  # the engine's time for this request
     mode: str = "collab"  # who answered: "collab" (the engine), "slm" or "llm" alone (request `pyrodash.mode`)
     cost_usd_by_component: dict[str, float] | None = None  # cost_usd split into slm_in, slm_out, llm_in, llm_out
     # what the LLM alone would have billed for this answer: an ESTIMATE except in mode "llm" (then it is cost_usd);
@@ -211,33 +217,24 @@ class PyroDashInfo(_Out):
     llm_only_estimate: LLMOnlyEstimate | None = None
 
     @classmethod
-    def from_done(cls, done: Done, prices: Prices | None = None, llm_only_prompt: tuple[int, str] | None = None,
-                  mode: str = "collab") -> PyroDashInfo:  # fmt: skip
-        """The record's numbers; with `prices`, also the cost split and the LLM-only estimate (`llm_only_prompt`:
-        the LLM-only request's input tokens and whose tokenizer counted them, when the server could)."""
-        u = done.usage
-        info = cls(
-            slm_in=u.slm_in, slm_out=u.slm_out, llm_in=u.llm_in, llm_out=u.llm_out, llm_cached_in=u.llm_cached_in,
-            llm_calls=u.llm_calls, handoff=done.handoff, cost_usd=done.cost_usd, offload_bias=done.offload_bias,
-            handoff_admitted=done.handoff_admitted, fallback=done.fallback, llm_errors=_scrubbed(done.errors),
-            usage_estimated=done.usage_estimated, mode=mode,
-            turn=done.turn, trimmed=dict(done.trimmed), segments=list(done.segments),
-            llm_endpoints=list(done.llm_endpoints),
-        )  # fmt: skip
-        if prices is not None:
-            from pyrodash.server.modes import cost_by_component, llm_only_estimate
-
-            info.cost_usd_by_component = cost_by_component(u, prices)
-            est = llm_only_estimate(done, prices, llm_only_prompt, mode)
+    def from_done(cls, done: Done, mode: str = "collab", cost_usd_by_component: dict[str, float] | None = None,
+                  llm_only_estimate: object = None) -> PyroDashInfo:  # fmt: skip
+        """The record's numbers, the LLM's errors as a client may see them (`scrub`), and what the serving layer
+        computed from the prices: the cost split and the LLM-only estimate (any object or dict with
+        `LLMOnlyEstimate`'s fields; `pyrodash.server.modes`)."""
+        rec = Record.from_done(done).to_json()
+        del rec["output"]
+        rec.update(llm_errors=[scrub(e) for e in done.errors], mode=mode)
+        info = cls(**rec, cost_usd_by_component=cost_usd_by_component)
+        if llm_only_estimate is not None:
+            est = LLMOnlyEstimate.model_validate(llm_only_estimate, from_attributes=True)
             info.llm_only_cost_usd, info.llm_only_estimate = est.cost_usd, est
         return info
 
 
-def _scrubbed(errors: list[str]) -> list[str]:
-    """The LLM's error messages as a client may see them: backend URLs removed (`errors.scrub`)."""
-    from pyrodash.server.errors import scrub
-
-    return [scrub(e) for e in errors]
+def scrub(text: str) -> str:
+    """`text` without URLs (an internal backend address must not reach a client)."""
+    return _URL_RE.sub("<backend>", text)
 
 
 class PromptTokensDetails(_Out):

@@ -31,7 +31,9 @@ from fastapi import FastAPI, Request
 from pydantic import BaseModel, ValidationError
 
 from pyrodash.backends import literal
+from pyrodash.conversation import ContextLengthError
 from pyrodash.prompts import OFFLOAD_TOKEN
+from pyrodash.server import errors as E
 from pyrodash.server import protocol as P
 
 SAMPLING_EPS = 1e-5
@@ -244,17 +246,13 @@ async def check_context(app: FastAPI, question, kwargs: dict) -> dict:
     """The engine kwargs once the prompt is known to fit: 400 `context_length_exceeded` when prompt tokens + the
     requested budget exceed a model's positions; an implicit (default) budget shrinks to fit instead."""
     explicit, param = kwargs.pop("_explicit_budget"), kwargs.pop("_param")
-    from pyrodash.conversation import ContextLengthError
-
     try:
         needs = await asyncio.to_thread(_context_need, app.state.engine, question, kwargs)
     except ContextLengthError as e:  # the current message alone is too long, even with no history left
         raise P.APIError(400, f"This model's maximum context length is {e.window} tokens; {e}.", param="messages",
                          code="context_length_exceeded") from None
     except ValueError as e:  # the prompt cannot be rendered for this model (e.g. a role its template refuses)
-        from pyrodash.server.errors import failure
-
-        raise failure(e) from None
+        raise E.failure(e) from None
     total = kwargs["max_total_tokens"]
     for side, prompt, window in needs:
         room = window - prompt

@@ -32,6 +32,7 @@ from trl import GRPOConfig, SFTConfig
 
 from pyrodash.cost import Prices
 from pyrodash.prompts import get_prompts
+from pyrodash.world.config import WorldConfig, default_world_dir
 
 ATTENTION_PROJECTIONS = ["q_proj", "k_proj", "v_proj", "o_proj"]
 PLACEMENTS = ("random", "before_hard", "at_hard")
@@ -41,7 +42,7 @@ COST_PENALTIES = ("normalized", "direct")
 
 @dataclass
 class CurateConfig:
-    """EasyHard curation (see pyrodash.data.curate)."""
+    """EasyHard curation (see pyrodash.train.curate)."""
 
     source: str = "world:train"  # "world:<split>" | a local .jsonl | "hf:<dataset id>[:<config>]"
     split: str = "train"  # split of a HF dataset
@@ -61,7 +62,7 @@ class CurateConfig:
     placement: str = "random"  # "random" | "before_hard" (world: before the first step needing an untaught fact)
     # | "at_hard" (before every such step, nowhere else)
     hard_target: str = "full"  # "full" (the paper) | "to_first_offload": hard targets of Corpus B end at their
-    # first <offload>, hard examples stay out of Corpus A (see pyrodash.data.curate)
+    # first <offload>, hard examples stay out of Corpus A (see pyrodash.train.curate)
     seed: int = 0
 
     def validate(self) -> None:
@@ -158,7 +159,7 @@ TOP_KEYS = {"name", "world", "slm", "llm", "prompts", "prices", "curate", "stage
 @dataclass
 class Recipe:
     name: str
-    world: dict | None = None  # {dir, quick, seed}: a world directory, built (cached) when missing
+    world: dict | None = None  # {dir, quick, seed}: a world directory (the commands build it when missing)
     slm: str | None = None
     llm: Any = None  # str or dict (see pyrodash.backends.load_backend)
     prompts: str = "qwen-math-v1"
@@ -175,9 +176,6 @@ class Recipe:
             return None
         if self.world.get("dir"):
             return Path(self.world["dir"])
-        from pyrodash.world.build import default_world_dir
-        from pyrodash.world.config import WorldConfig
-
         cfg = WorldConfig.from_preset("quick" if self.world.get("quick") else "full")
         return default_world_dir(cfg, int(self.world.get("seed", 0)))
 

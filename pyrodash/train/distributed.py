@@ -26,6 +26,8 @@ from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
+from pyrodash.train.models import load_local
+
 # How long a rank waits at a barrier for the main process (a Cost_base pass over thousands of prompts through an
 # API, or curation, can take hours; the default process-group timeout is 30 min).
 WAIT_TIMEOUT = timedelta(hours=6)
@@ -159,8 +161,6 @@ def merged_model(trainer, base_path, scratch_dir):
     if not is_main():
         return None
     from peft import PeftModel
-
-    from pyrodash.train.models import load_local
 
     base, _ = load_local(base_path)
     return PeftModel.from_pretrained(base, str(scratch_dir)).merge_and_unload()

@@ -3,11 +3,14 @@
     model, tok = load_local("worlds/quick-seed0/slm")              # trainable, float32 on CPU
     llm = FrozenLLM.from_spec("worlds/quick-seed0/llm")            # in-process: batched generation
     llm = FrozenLLM.from_spec("http://127.0.0.1:8000/v1#glm-5.2")  # any OpenAI-compatible server: concurrent calls
+    llm = FrozenLLM.from_spec(["http://a:8001/v1#llm", "http://b:8002/v1#llm"])   # a mesh (fallback in order)
     gens = llm.generate([GenRequest(...), ...], cache="runs/x/llm_calls.jsonl")   # journaled: resumable
 
-Over HTTP every call goes through the batch call policy (`pyrodash.backends.retry.RetryPolicy`: retries for what may
-pass, none for client errors, `concurrency` calls at a time); a call that still fails comes back as a `Gen` with
-finish_reason "error" (counted in `failures`), never as an exception. With `cache=PATH` each result is appended to a
+The LLM is loaded by the one LLM loader, `pyrodash.backends.load_llm` (an HTTP endpoint's continuation mode is probed
+at start-up, as for every command), with `load_frozen` for in-process models. Over HTTP every call goes through the
+batch call policy (`pyrodash.backends.retry.RetryPolicy`: retries for what may pass, none for client errors,
+`concurrency` calls at a time); a call that still fails comes back as a `Gen` with finish_reason "error" (counted in
+`failures`), never as an exception. With `cache=PATH` each result is appended to a
 JSONL journal the moment it arrives, and a later run (after a kill) reuses every journaled result.
 """
 
@@ -21,7 +24,10 @@ from typing import Any
 
 import torch
 
+from pyrodash.backends import load_llm
 from pyrodash.backends.base import GenRequest
+from pyrodash.backends.hf import HFBackend
+from pyrodash.backends.retry import RetryPolicy
 from pyrodash.train.generate import Gen, generate
 
 
@@ -41,18 +47,17 @@ def load_local(path: str | Path, device: str | None = None):
     return model, tok
 
 
-def is_remote(spec: Any) -> bool:
-    if isinstance(spec, dict):
-        return "url" in spec
-    return isinstance(spec, str) and spec.startswith(("http://", "https://"))
+def load_frozen(spec: str | dict) -> HFBackend:
+    """An in-process LLM for training (`load_llm`'s local loader): `load_local`'s model with gradients off."""
+    model, tok = load_local(spec["path"] if isinstance(spec, dict) else spec)
+    model.requires_grad_(False)
+    return HFBackend(model, tok)
 
 
 class FrozenLLM:
     """The LLM M_l, never trained: a backend plus the batch size / concurrency its calls are issued with."""
 
     def __init__(self, backend, batch_size: int = 32, concurrency: int = 16, key: str = "", policy=None):
-        from pyrodash.backends.retry import RetryPolicy
-
         self.backend, self.batch_size, self.concurrency = backend, batch_size, concurrency
         self.key = key or getattr(backend, "name", "")  # identifies the LLM in call journals
         self.policy = policy or RetryPolicy()
@@ -67,18 +72,15 @@ class FrozenLLM:
 
     @classmethod
     def from_spec(cls, spec: Any, batch_size: int = 32, concurrency: int = 16, mode: str | None = None) -> FrozenLLM:
+        """The LLM of a recipe's `llm:`, loaded by the one LLM loader (`pyrodash.backends.load_llm`: an endpoint is
+        probed for its continuation mode, a list or `{endpoints: ...}` is a mesh); an in-process model (alone or in
+        a mesh) is loaded frozen by `load_frozen` (float32 on CPU, batched generation)."""
         if spec is None:
             raise ValueError("no LLM given: set `llm:` in the recipe (a path, hub id or http(s)://host:port/v1#model)")
-        key = json.dumps(spec, sort_keys=True, default=str)
-        if is_remote(spec):
-            from pyrodash.backends.endpoint import load_llm
-
-            return cls(load_llm(spec, mode), batch_size=batch_size, concurrency=concurrency, key=key)
-        from pyrodash.backends.hf import HFBackend
-
-        model, tok = load_local(spec["path"] if isinstance(spec, dict) else spec)
-        model.requires_grad_(False)
-        return cls(HFBackend(model, tok), batch_size=batch_size, concurrency=concurrency)
+        backend = load_llm(spec, mode, local=load_frozen)
+        # a local model is journaled under its name (as before), anything else under its whole spec
+        key = "" if isinstance(backend, HFBackend) else json.dumps(spec, sort_keys=True, default=str)
+        return cls(backend, batch_size=batch_size, concurrency=concurrency, key=key)
 
     def generate(self, reqs: list[GenRequest], desc: str | None = None, cache: str | Path | None = None) -> list[Gen]:
         """One LLM call per request, all issued together (batched in-process, concurrent over HTTP); with `cache`,

@@ -2,7 +2,9 @@
 
     DIR/curated/  DIR/stage1/  DIR/stage2/  DIR/stage3-lambda<λ>/      (stage N reads stage N-1 from DIR)
 
-A world recipe names the world directory (or quick/full + seed); it is built (cached) when missing.
+A world recipe names the world directory (or quick/full + seed: the world's cache directory). Training only resolves
+it: a missing world is a one-line error naming `pyrodash world build`; the commands (`pyrodash curate`, `pyrodash
+train`) build it first (`pyrodash.commands.world.build_recipe_world`).
 """
 
 from __future__ import annotations
@@ -25,34 +27,38 @@ def stage_dir(out_dir: str | Path, stage: str, lam: float | None = None) -> Path
     return Path(out_dir) / stage
 
 
-def resolve_world(recipe: Recipe, build: bool = True) -> Path | None:
-    """The recipe's world directory, built (cached) when it is missing and `build` is set."""
+def world_build_command(recipe: Recipe) -> str:
+    """The `pyrodash world build` command line that builds the recipe's world where the recipe looks for it."""
+    w = recipe.world or {}
+    flags = " --quick" if w.get("quick") else ""
+    flags += f" --seed {int(w.get('seed', 0))}" if w.get("seed") else ""
+    return f"pyrodash world build{flags}" + (f" --out {w['dir']}" if w.get("dir") else "")
+
+
+def resolve_world(recipe: Recipe) -> Path | None:
+    """The recipe's built world directory (None for a recipe without `world:`); never builds one."""
     wdir = recipe.world_dir()
     if wdir is None:
         return None
-    if not build:
-        return wdir
-    from pyrodash.world.build import build_world
-
-    w = recipe.world or {}
-    if (wdir / "world.json").exists() and w.get("dir"):
-        return wdir  # a named, built world is used as it is (whatever preset built it)
-    return build_world(wdir, quick=bool(w.get("quick", False)), seed=int(w.get("seed", 0)))
+    if not (wdir / "world.json").exists():
+        raise ValueError(f"the recipe's world is not built ({wdir} has no world.json); build it with "
+                         f"`{world_build_command(recipe)}`")
+    return wdir
 
 
-def slm_spec(recipe: Recipe, build: bool = True) -> str:
-    return _model_spec(recipe, "slm", build)
+def slm_spec(recipe: Recipe) -> str:
+    return _model_spec(recipe, "slm")
 
 
-def llm_spec(recipe: Recipe, build: bool = True) -> Any:
-    return _model_spec(recipe, "llm", build)
+def llm_spec(recipe: Recipe) -> Any:
+    return _model_spec(recipe, "llm")
 
 
-def _model_spec(recipe: Recipe, role: str, build: bool) -> Any:
-    """The recipe's own `slm`/`llm` backend spec, else that model of the recipe's world (built if missing)."""
+def _model_spec(recipe: Recipe, role: str) -> Any:
+    """The recipe's own `slm`/`llm` backend spec, else that model of the recipe's (built) world."""
     if getattr(recipe, role):
         return getattr(recipe, role)
-    wdir = resolve_world(recipe, build=build)
+    wdir = resolve_world(recipe)
     if wdir is None:
         raise ValueError(f"the recipe names no `{role}` and no `world`")
     return str(wdir / role)

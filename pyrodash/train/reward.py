@@ -1,9 +1,11 @@
 """The Stage 3 reward: complete collaborative rollouts with the frozen LLM in the loop.
 
 For the G completions of each prompt (sampled by TRL under P_s, cut at `<offload>` because it is a generation EOS):
-- a completion that ended in `<offload>` is handed to the LLM exactly as the engine does it (Pack + the engine's
-  handoff request); all handoffs of a batch are issued together (one batched in-process call, or concurrent HTTP
-  requests). The joint output is SLM text + LLM text; the LLM tokens never enter the loss (TRL only sees the reward);
+- the completions go to the Collaborate Engine as SLM generations made elsewhere (`CollaborateEngine.batch(...,
+  slm_results=...)`): one that ended in `<offload>` is handed to the LLM by the engine itself, with the request,
+  billing and failure policy of `pyrodash serve` and `pyrodash eval`; all handoffs of a batch are issued together
+  (one batched in-process call, or concurrent HTTP requests). The joint output is the engine's; the LLM tokens
+  never enter the loss (TRL only sees the reward);
 - R_acc = grade(joint output, gold);
 - Cost_act = (C_s + C_pre) T_s + C_dec T_l,dec (`eq:grpo-cost-actual`), with T_s the SLM tokens before `<offload>`;
   no handoff: C_s T_s;
@@ -21,18 +23,11 @@ import hashlib
 import json
 from pathlib import Path
 
-from pyrodash.backends.base import GenRequest
+from pyrodash.backends.base import GenRequest, GenResult
 from pyrodash.cost import Prices, grpo_cost_actual, grpo_cost_base, grpo_efficiency, grpo_total_reward
-from pyrodash.prompts import Prompts, pack
-
-
-def handoff_request(prompts: Prompts, question: str, partial: str, max_tokens: int,
-                    style: str = "continue") -> GenRequest:
-    """The engine's single handoff request (Algorithm 1, Line 6) for `question` and the SLM's partial text (built by
-    `pyrodash.engine.handoff_request`, so training and inference hand off identically)."""
-    from pyrodash import engine
-
-    return engine.handoff_request(prompts, style, prompts.plain_messages(question), pack(partial), max_tokens)
+from pyrodash.engine import CollaborateEngine
+from pyrodash.grading import grade_batch
+from pyrodash.prompts import Prompts
 
 
 class BaselineCache:
@@ -50,8 +45,6 @@ class BaselineCache:
 
     def fill(self, llm, questions: list[str], golds: list[str]) -> int:
         """Run the LLM alone on every question not cached yet (all at once); return how many were computed."""
-        from pyrodash.grading import grade_batch
-
         todo = {}
         for q, g in zip(questions, golds, strict=True):
             if self.key(q) not in self.entries:
@@ -90,48 +83,45 @@ class CollaborativeReward:
 
     __name__ = "collab"  # TRL names the reward's metrics after this
 
-    def __init__(self, llm, prompts: Prompts, prices: Prices, baselines: BaselineCache, offload_id: int, lam: float,
-                 cost_penalty: str = "normalized", llm_max_tokens: int = 512, slm_price: float | None = None,
-                 handoff_style: str = "continue"):
+    def __init__(self, engine: CollaborateEngine, baselines: BaselineCache, lam: float,
+                 cost_penalty: str = "normalized", slm_price: float | None = None, batch_size: int = 64,
+                 concurrency: int = 16):
         if cost_penalty not in ("normalized", "direct"):
             raise ValueError(f"cost_penalty={cost_penalty!r}: choose 'normalized' or 'direct'")
         if lam < 0:
             raise ValueError(f"lambda={lam} must be >= 0")
-        self.llm, self.prompts, self.prices, self.baselines = llm, prompts, prices, baselines
-        self.offload_id, self.lam, self.cost_penalty = offload_id, lam, cost_penalty
-        self.llm_max_tokens, self.slm_price, self.handoff_style = llm_max_tokens, slm_price, handoff_style
+        self.engine, self.prices, self.baselines = engine, engine.prices, baselines
+        self.offload_id, self.lam, self.cost_penalty = engine.offload_id, lam, cost_penalty
+        self.slm_price, self.batch_size, self.concurrency = slm_price, batch_size, concurrency
         self.totals = {"llm_calls": 0, "rollouts": 0, "llm_failures": 0}
         self._acc: dict[str, list[float]] = {}
         self.last: list[dict] = []  # per-rollout details of the last call (for tests and case studies)
 
     def __call__(self, prompts, completions, completion_ids, question, gold, **kwargs) -> list[float]:
         texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
-        off = [bool(ids) and ids[-1] == self.offload_id for ids in completion_ids]
-        idx = [i for i, o in enumerate(off) if o]
-        style = self.handoff_style if getattr(self.llm, "style", "continue") == "continue" else "instruct"
-        reqs = [handoff_request(self.prompts, question[i], texts[i], self.llm_max_tokens, style) for i in idx]
-        llm_out = dict(zip(idx, self.llm.generate(reqs), strict=True)) if reqs else {}
-        joint = [texts[i] + (llm_out[i].text if i in llm_out else "") for i in range(len(texts))]
-        from pyrodash.grading import grade_batch
-
-        acc = grade_batch(joint, list(gold))
+        rollouts = [GenResult(text=t, token_ids=list(ids), prompt_ids=[], finish_reason="stop",
+                              stop_token_id=ids[-1] if ids and ids[-1] == self.offload_id else None,
+                              completion_tokens=len(ids)) for t, ids in zip(texts, completion_ids, strict=True)]
+        dones = self.engine.batch(list(question), slm_results=rollouts, batch_size=self.batch_size,
+                                  concurrency=self.concurrency)
+        acc = grade_batch([d.output for d in dones], list(gold))
         rewards, self.last = [], []
-        for i, ids in enumerate(completion_ids):
-            t_llm = llm_out[i].completion_tokens if i in llm_out else 0
-            t_slm = len(ids) - 1 if off[i] else len(ids)  # the <offload> token itself is not handed over
-            cost_act = grpo_cost_actual(t_slm, t_llm, self.prices, handoff=off[i], slm_price=self.slm_price)
+        for i, d in enumerate(dones):
+            off = d.handoff is not None
+            t_slm = d.handoff if off else d.usage.slm_out  # the <offload> token itself is not handed over
+            cost_act = grpo_cost_actual(t_slm, d.usage.llm_out, self.prices, handoff=off, slm_price=self.slm_price)
             if self.cost_penalty == "normalized":
                 r_eff = grpo_efficiency(cost_act, self.baselines.cost_base(question[i]))
             else:
                 r_eff = cost_act
             r_acc = 1.0 if acc[i] else 0.0
             rewards.append(grpo_total_reward(r_acc, r_eff, self.lam))
-            self.last.append({"offload": off[i], "t_slm": t_slm, "t_llm_dec": t_llm, "cost_act": cost_act,
-                              "r_acc": r_acc, "r_eff": r_eff, "reward": rewards[-1], "joint": joint[i],
-                              "llm_failed": i in llm_out and llm_out[i].finish_reason == "error"})
+            self.last.append({"offload": off, "t_slm": t_slm, "t_llm_dec": d.usage.llm_out, "cost_act": cost_act,
+                              "r_acc": r_acc, "r_eff": r_eff, "reward": rewards[-1], "joint": d.output,
+                              "llm_failed": d.finish_reason == "error"})
         self._skip_failed(rewards, list(question))
-        self._record(off, acc, [d["r_eff"] for d in self.last], [d["t_slm"] for d in self.last if d["offload"]],
-                     len(reqs))
+        self._record([d["offload"] for d in self.last], acc, [d["r_eff"] for d in self.last],
+                     [d["t_slm"] for d in self.last if d["offload"]], sum(d.usage.llm_calls for d in dones))
         return rewards
 
     def _skip_failed(self, rewards: list[float], questions: list[str]) -> None:

@@ -24,6 +24,12 @@ from pathlib import Path
 import torch
 
 from pyrodash.tokens import add_offload_token
+from pyrodash.train import distributed as dist
+from pyrodash.train.common import callbacks, messages_dataset, quiet, save_checkpoint
+from pyrodash.train.config import save_resolved
+from pyrodash.train.curate import read_jsonl
+from pyrodash.train.models import load_local
+from pyrodash.train.paths import curated_dir, require, slm_spec, stage_dir
 
 
 def offload_rows(model, tid: int) -> dict[str, torch.Tensor]:
@@ -87,10 +93,6 @@ def train_stage1(base_path: str | Path, rows: list[dict], cfg, out_dir: str | Pa
     Returns (checkpoint dir, stats dict); under `accelerate launch` the other ranks get (dir, None)."""
     from trl import SFTTrainer
 
-    from pyrodash.train import distributed as dist
-    from pyrodash.train.common import callbacks, messages_dataset, quiet, save_checkpoint
-    from pyrodash.train.models import load_local
-
     if cfg.weight_decay != 0:
         raise ValueError(f"stage1.weight_decay={cfg.weight_decay}: must be 0, or AdamW would move the frozen "
                          "embedding rows during training")
@@ -148,11 +150,6 @@ def train_stage1(base_path: str | Path, rows: list[dict], cfg, out_dir: str | Pa
 
 def run_stage1(recipe, out_dir: str | Path, base: str | Path | None = None) -> Path:
     """Stage 1 of `recipe`: reads DIR/curated/corpus_b.jsonl, writes DIR/stage1/. Returns the checkpoint dir."""
-    from pyrodash.data.curate import read_jsonl
-    from pyrodash.train import distributed as dist
-    from pyrodash.train.config import save_resolved
-    from pyrodash.train.paths import curated_dir, require, slm_spec, stage_dir
-
     dist.setup()
     corpus_b = require(curated_dir(out_dir) / "corpus_b.jsonl", "Corpus B",
                        "run `pyrodash curate --config CFG --output-dir DIR` first")

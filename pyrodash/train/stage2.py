@@ -16,19 +16,24 @@ import json
 import random
 from pathlib import Path
 
-from pyrodash.prompts import Prompts
+from pyrodash.backends.base import GenRequest
+from pyrodash.backends.hf import HFBackend
+from pyrodash.grading import grade_batch
+from pyrodash.prompts import Prompts, get_prompts
+from pyrodash.tokens import offload_token_id
+from pyrodash.train import distributed as dist
+from pyrodash.train.common import callbacks, messages_dataset, quiet, save_checkpoint
+from pyrodash.train.config import save_resolved
+from pyrodash.train.curate import read_jsonl
+from pyrodash.train.generate import generate
+from pyrodash.train.models import load_local
+from pyrodash.train.paths import curated_dir, require, stage_dir
 
 
 def measure_offload_rates(model, tokenizer, rows: list[dict], prompts: Prompts, max_new_tokens: int,
                           batch_size: int = 64, desc: str | None = "offload rates") -> dict:
     """`<offload>` rates with and without P_s on `rows` (dicts with question, gold, difficulty easy|hard), and the
     accuracy of the answers completed without P_s (the SLM+SFT baseline)."""
-    from pyrodash.backends.base import GenRequest
-    from pyrodash.backends.hf import HFBackend
-    from pyrodash.grading import grade_batch
-    from pyrodash.tokens import offload_token_id
-    from pyrodash.train.generate import generate
-
     tid = offload_token_id(tokenizer)
     if tid is None:
         raise ValueError("the model has no <offload> token: measure a Stage 1/2/3 checkpoint")
@@ -60,10 +65,6 @@ def train_stage2(stage1_path: str | Path, rows: list[dict], cfg, out_dir: str | 
     train stats)."""
     from trl import SFTTrainer
 
-    from pyrodash.train import distributed as dist
-    from pyrodash.train.common import callbacks, messages_dataset, quiet, save_checkpoint
-    from pyrodash.train.models import load_local
-
     model, tok = load_local(stage1_path)
     rows = list(rows)
     random.Random(cfg.seed).shuffle(rows)
@@ -78,12 +79,6 @@ def train_stage2(stage1_path: str | Path, rows: list[dict], cfg, out_dir: str | 
 
 def run_stage2(recipe, out_dir: str | Path, stage1: str | Path | None = None) -> Path:
     """Stage 2 of `recipe`: reads DIR/stage1/ and DIR/curated/, writes DIR/stage2/ (+ offload_rates.json)."""
-    from pyrodash.data.curate import read_jsonl
-    from pyrodash.prompts import get_prompts
-    from pyrodash.train import distributed as dist
-    from pyrodash.train.config import save_resolved
-    from pyrodash.train.paths import curated_dir, require, stage_dir
-
     dist.setup()
     cur = curated_dir(out_dir)
     hint = "run `pyrodash curate` and `pyrodash train stage1` with the same --output-dir first"

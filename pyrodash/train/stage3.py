@@ -24,7 +24,19 @@ from pathlib import Path
 
 from trl import GRPOTrainer
 
-from pyrodash.prompts import Prompts
+from pyrodash.backends.hf import HFBackend
+from pyrodash.cost import Prices
+from pyrodash.engine import CollaborateEngine, FailurePolicy
+from pyrodash.grading import grade_batch
+from pyrodash.prompts import Prompts, get_prompts
+from pyrodash.tokens import offload_token_id
+from pyrodash.train import distributed as dist
+from pyrodash.train.common import callbacks, quiet, save_checkpoint
+from pyrodash.train.config import save_resolved
+from pyrodash.train.curate import load_examples, read_jsonl
+from pyrodash.train.models import FrozenLLM, load_local
+from pyrodash.train.paths import curated_dir, llm_spec, require, resolve_world, stage_dir
+from pyrodash.train.reward import BaselineCache, CollaborativeReward
 
 
 class ExploreNoHandoff:
@@ -80,42 +92,35 @@ class CostAwareGRPOTrainer(GRPOTrainer):
         super().log(logs, start_time)
 
 
-def evaluate_collaboration(model, tokenizer, llm, rows: list[dict], prompts: Prompts, prices, max_new_tokens: int,
-                           llm_max_tokens: int, batch_size: int = 64, desc: str | None = "collaborative eval") -> dict:
-    """Greedy SLM under P_s (stop at `<offload>`), one handoff to the LLM per offloaded example (the engine's
-    request), graded; returns accuracy, offload rate, LLM calls per example and mean dollar cost per example."""
-    from pyrodash.backends.base import GenRequest
-    from pyrodash.backends.hf import HFBackend
-    from pyrodash.cost import Usage
-    from pyrodash.grading import grade_batch
-    from pyrodash.tokens import offload_token_id
-    from pyrodash.train.generate import generate
-    from pyrodash.train.reward import handoff_request
+def collaboration_engine(slm, llm, prompts: Prompts, prices, max_new_tokens: int, llm_max_tokens: int,
+                         on_error: str = "raise") -> CollaborateEngine:
+    """The Collaborate Engine of Stage 3 (its rollouts' handoffs and its held-out eval): the SLM backend, the
+    frozen LLM (`FrozenLLM`) under its batch call policy; a failed handoff is recorded, never fatal."""
+    pol = llm.policy
+    return CollaborateEngine(slm, llm.backend, prompts, prices, max_tokens=max_new_tokens,
+                             llm_max_tokens=llm_max_tokens, failure=FailurePolicy(
+                                 retries=pol.retries, backoff_s=pol.backoff_s, timeout_s=pol.timeout_s,
+                                 on_error=on_error))
 
-    tid = offload_token_id(tokenizer)
+
+def evaluate_collaboration(model, tokenizer, llm, rows: list[dict], prompts: Prompts, prices, max_new_tokens: int,
+                           llm_max_tokens: int, batch_size: int = 64) -> dict:
+    """The engine on held-out rows (greedy SLM under P_s, one handoff per offloaded example), graded; returns
+    accuracy, offload rate, LLM calls per example and mean dollar cost per example."""
     was_training = model.training
-    reqs = [GenRequest(messages=prompts.slm_messages(r["question"]), max_tokens=max_new_tokens, stop_token_ids=[tid])
-            for r in rows]
-    gens = generate(HFBackend(model, tokenizer), reqs, batch_size=batch_size, desc=desc)
+    engine = collaboration_engine(HFBackend(model, tokenizer), llm, prompts, prices, max_new_tokens, llm_max_tokens)
+    dones = engine.batch([r["question"] for r in rows], batch_size=batch_size, concurrency=llm.concurrency)
     model.train(was_training)
-    idx = [i for i, g in enumerate(gens) if g.stop_token_id == tid]
-    llm_gens = dict(zip(idx, llm.generate([handoff_request(prompts, rows[i]["question"], gens[i].text, llm_max_tokens,
-                                                           getattr(llm, "style", "continue"))
-                                           for i in idx]), strict=True)) if idx else {}
-    joint = [g.text + (llm_gens[i].text if i in llm_gens else "") for i, g in enumerate(gens)]
-    ok = grade_batch(joint, [r["gold"] for r in rows])
-    usages = [Usage(slm_in=g.prompt_tokens, slm_out=g.completion_tokens,
-                    llm_in=llm_gens[i].prompt_tokens if i in llm_gens else 0,
-                    llm_out=llm_gens[i].completion_tokens if i in llm_gens else 0, llm_calls=int(i in llm_gens))
-              for i, g in enumerate(gens)]
+    ok = grade_batch([d.output for d in dones], [r["gold"] for r in rows])
     n = max(1, len(rows))
+    off = [d.handoff is not None for d in dones]
     by = {d: [c for c, r in zip(ok, rows, strict=True) if r.get("difficulty") == d] for d in ("easy", "hard")}
-    return {"n": len(rows), "accuracy": sum(ok) / n, "offload_rate": len(idx) / n,
-            "llm_calls_per_example": len(idx) / n,
-            "cost_usd_per_example": sum(u.cost(prices) for u in usages) / n,
+    return {"n": len(rows), "accuracy": sum(ok) / n, "offload_rate": sum(off) / n,
+            "llm_calls_per_example": sum(d.usage.llm_calls for d in dones) / n,
+            "cost_usd_per_example": sum(d.cost_usd for d in dones) / n,
             **{f"accuracy_{d}": (sum(v) / len(v) if v else None) for d, v in by.items()},
-            "offload_rate_hard": _rate([i in llm_gens for i, r in enumerate(rows) if r.get("difficulty") == "hard"]),
-            "offload_rate_easy": _rate([i in llm_gens for i, r in enumerate(rows) if r.get("difficulty") == "easy"])}
+            "offload_rate_hard": _rate([o for o, r in zip(off, rows) if r.get("difficulty") == "hard"]),
+            "offload_rate_easy": _rate([o for o, r in zip(off, rows) if r.get("difficulty") == "easy"])}
 
 
 def _rate(xs: list[bool]) -> float | None:
@@ -128,16 +133,6 @@ def run_stage3(recipe, out_dir: str | Path, lam: float | None = None, stage2: st
     import torch
     from transformers.trainer_utils import get_last_checkpoint
 
-    from pyrodash.cost import Prices
-    from pyrodash.data.curate import load_examples, read_jsonl
-    from pyrodash.prompts import get_prompts
-    from pyrodash.tokens import offload_token_id
-    from pyrodash.train import distributed as dist
-    from pyrodash.train.common import callbacks, quiet, save_checkpoint
-    from pyrodash.train.config import save_resolved
-    from pyrodash.train.models import FrozenLLM, load_local
-    from pyrodash.train.paths import curated_dir, llm_spec, require, resolve_world, stage_dir
-    from pyrodash.train.reward import BaselineCache, CollaborativeReward
 
     dist.setup()
     overrides = {} if lam is None else {"lam": float(lam)}
@@ -172,8 +167,10 @@ def run_stage3(recipe, out_dir: str | Path, lam: float | None = None, stage2: st
                               prompts, prices, cfg.llm_max_new_tokens)
         computed = cache.fill(llm, [ex.question for ex in examples], [ex.gold for ex in examples])
     llm.calls = 0  # count only the handoffs of training from here on
-    reward = CollaborativeReward(llm, prompts, prices, cache, tid, lam, cfg.cost_penalty, cfg.llm_max_new_tokens,
-                                 cfg.slm_price)
+    engine = collaboration_engine(HFBackend(model, tok), llm, prompts, prices, cfg.max_completion_length,
+                                  cfg.llm_max_new_tokens)  # the policy's handoffs: the rollouts come from TRL
+    reward = CollaborativeReward(engine, cache, lam, cfg.cost_penalty, cfg.slm_price, cfg.llm_batch_size,
+                                 cfg.llm_concurrency)
     import datasets
 
     ds = datasets.Dataset.from_list([{"prompt": prompts.slm_messages(ex.question), "question": ex.question,
@@ -238,8 +235,6 @@ def run_sweep(recipe, out_dir: str | Path, lambdas: list[float], resume: bool = 
     summary["table"] = table
     summary["slm_sft_accuracy"] = sft_acc
     path = Path(out_dir) / "stage3-sweep.json"
-    from pyrodash.train import distributed as dist
-
     if dist.is_main():
         path.write_text(json.dumps(summary, indent=2))
     dist.barrier()

@@ -17,20 +17,16 @@ import os
 import time
 from pathlib import Path
 
+from pyrodash.data.benchmarks import load_world_split  # noqa: F401  (its home is data: world:<split> benchmarks)
 from pyrodash.data.example import Example
-from pyrodash.world.config import BUILD_RECIPE, TIER_SPLITS, WorldConfig
+from pyrodash.prompts import get_prompts
+from pyrodash.world.config import BUILD_RECIPE, TIER_SPLITS, WorldConfig, default_world_dir
+from pyrodash.world.evaluate import evaluate_continue, evaluate_split, first_wrong_distribution
 from pyrodash.world.multiturn import evaluate_turns, make_multiturn_split
+from pyrodash.world.pretrain import pretrain, save_model
 from pyrodash.world.task import STEP_SEP, make_known, make_split, make_table, sample_problem
 
 SPLITS = ("train", "val", *TIER_SPLITS, "multiturn")
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("PYRODASH_CACHE") or Path.home() / ".cache" / "pyrodash")
-
-
-def default_world_dir(cfg: WorldConfig, seed: int) -> Path:
-    return cache_root() / "worlds" / f"{cfg.preset}-seed{seed}-{cfg.config_hash()}"
 
 
 def make_splits(cfg: WorldConfig, seed: int) -> dict[str, list[Example]]:
@@ -60,18 +56,6 @@ def write_splits(splits: dict[str, list[Example]], data_dir: Path) -> None:
             for ex in exs:
                 f.write(json.dumps(ex.to_dict()) + "\n")
         tmp.replace(data_dir / f"{name}.jsonl")
-
-
-def load_world_split(world_dir: str | Path, split: str) -> list[Example]:
-    """The examples of `split` (train, val, tier1..tier5) of a built world."""
-    path = Path(world_dir) / "data" / f"{split}.jsonl"
-    if not path.is_file():
-        if not (Path(world_dir) / "data").is_dir():
-            raise FileNotFoundError(f"{world_dir} is not a built world (no data/); run `pyrodash world build --out "
-                                    f"{world_dir}`")
-        raise ValueError(f"unknown world split {split!r}; choose one of {list(SPLITS)}")
-    with path.open() as f:
-        return [Example.from_dict(json.loads(line)) for line in f if line.strip()]
 
 
 def read_world_info(world_dir: str | Path) -> dict:
@@ -171,8 +155,6 @@ def train_models(world_dir: Path, cfg: WorldConfig, seed: int, progress,
     0: 203 s one after the other, 170 s side by side (`benchmarks/world_build_schedule.py` compares the two)."""
     import torch
 
-    from pyrodash.world.pretrain import pretrain, save_model
-
     n = build_threads()
     if n < 2 or not side_by_side:
         losses, seconds = {}, {}
@@ -229,8 +211,6 @@ def _pretrain_and_save(which: str, world_dir: Path, cfg: WorldConfig, seed: int,
     """Pretrain one model (on `threads` threads if given) and save it; (losses, {which: s, cpu_<which>: s})."""
     import torch
 
-    from pyrodash.world.pretrain import pretrain, save_model
-
     if threads is not None:
         torch.set_num_threads(threads)
 
@@ -268,8 +248,6 @@ def _run_build(world_dir: Path, cfg: WorldConfig, seed: int, verbose: bool) -> d
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from transformers import AutoModelForCausalLM
 
-    from pyrodash.prompts import get_prompts
-    from pyrodash.world.evaluate import evaluate_continue, evaluate_split, first_wrong_distribution
 
     t0 = time.time()
     world_dir.mkdir(parents=True, exist_ok=True)

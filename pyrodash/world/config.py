@@ -1,12 +1,15 @@
 """WorldConfig: everything that determines a built world (task, split sizes, model shapes, training), with the
-`full` and `quick` presets. Its `config_hash()` names the build cache: same hash + seed = same world.
+`full` and `quick` presets. Its `config_hash()` names the build cache: same hash + seed = same world
+(`default_world_dir(cfg, seed)`, under `$PYRODASH_CACHE`, default ~/.cache/pyrodash).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 
 # Bump when the build code changes what a config builds (training step, data order), so cached worlds are rebuilt.
 # 2: pretraining with fp32 eager attention under bf16 autocast (both models) and fused AdamW.
@@ -132,3 +135,12 @@ class WorldConfig:
         if "followup_tiers" in d:
             d["followup_tiers"] = tuple(d["followup_tiers"])
         return cls(**d)
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("PYRODASH_CACHE") or Path.home() / ".cache" / "pyrodash")
+
+
+def default_world_dir(cfg: WorldConfig, seed: int) -> Path:
+    """Where `pyrodash world build` caches the world of (cfg, seed)."""
+    return cache_root() / "worlds" / f"{cfg.preset}-seed{seed}-{cfg.config_hash()}"

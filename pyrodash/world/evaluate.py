@@ -12,6 +12,7 @@ from collections import Counter
 import torch
 
 from pyrodash.data.example import Example
+from pyrodash.grading import grade_batch
 from pyrodash.world.task import STEP_SEP
 from pyrodash.world.tokenizer import IM_END_ID, PAD_ID, VOCAB, encode_chat, encode_text
 
@@ -67,8 +68,6 @@ def greedy_generate(model, prompts: list[list[int]], max_new_tokens: int, batch_
 
 def grade(outputs: list[str], golds: list[str]) -> list[bool]:
     """`pyrodash.grading.grade_batch` (inline: this runs on the main thread)."""
-    from pyrodash.grading import grade_batch
-
     return grade_batch(outputs, golds, workers=0)
 
 

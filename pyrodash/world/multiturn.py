@@ -26,7 +26,9 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from pyrodash.data.example import Example
+from pyrodash.world.evaluate import grade, greedy_generate, max_new_tokens_for
 from pyrodash.world.task import Problem, Solution, sample_problem, solve, untaught_spans
+from pyrodash.world.tokenizer import encode_chat
 
 FOLLOWUP = "Then: "
 
@@ -135,9 +137,6 @@ def evaluate_turns(model, examples: list[Example], batch_size: int = 200, progre
                    label: str = "turns") -> dict[int, float]:
     """{turn: greedy accuracy} of a world model answering each conversation turn after its gold history (the
     build's check that pretraining taught follow-ups)."""
-    from pyrodash.world.evaluate import grade, greedy_generate, max_new_tokens_for
-    from pyrodash.world.tokenizer import encode_chat
-
     if not examples:
         return {}
     cap = max(max_new_tokens_for(ex) for ex in examples)

@@ -1,4 +1,5 @@
-"""EasyHard curation: label examples easy/hard with the base SLM and build Corpus A and Corpus B.
+"""EasyHard curation, the first step of training: label examples easy/hard with the base SLM and build Corpus A
+and Corpus B (read by Stages 1 and 2).
 
     pyrodash curate --config configs/world/quick.yaml --output-dir runs/quick
 
@@ -24,8 +25,16 @@ import random
 from collections import Counter
 from pathlib import Path
 
+from pyrodash.backends.base import GenRequest
+from pyrodash.backends.hf import HFBackend
+from pyrodash.data.benchmarks import load_world_split
 from pyrodash.data.example import Example
-from pyrodash.prompts import OFFLOAD_TOKEN, Prompts
+from pyrodash.grading import grade_batch
+from pyrodash.prompts import OFFLOAD_TOKEN, Prompts, get_prompts
+from pyrodash.train.config import save_resolved
+from pyrodash.train.generate import generate
+from pyrodash.train.models import FrozenLLM, load_local
+from pyrodash.train.paths import curated_dir, llm_spec, resolve_world, slm_spec
 
 BOX = "\\boxed"
 
@@ -40,8 +49,6 @@ def load_examples(source: str, world_dir: str | Path | None = None, split: str =
     if source.startswith("world:"):
         if world_dir is None:
             raise ValueError(f"source {source!r} needs a world: add `world: {{quick: true}}` to the recipe")
-        from pyrodash.world.build import load_world_split
-
         examples = load_world_split(world_dir, source.split(":", 1)[1])
     elif source.startswith("hf:"):
         examples = _load_hf(source[3:], split, question_field, answer_field, offset + limit if limit else None)
@@ -181,10 +188,6 @@ def label_and_reconstruct(examples: list[Example], slm, llm, prompts: Prompts, c
                                                                                   dict]:
     """Run the base SLM (a backend; greedy, no P_s) -> easy/hard, then the LLM (`FrozenLLM`) on the hard ones.
     Returns (solutions of the kept examples, difficulty, counts)."""
-    from pyrodash.backends.base import GenRequest
-    from pyrodash.grading import grade_batch
-    from pyrodash.train.generate import generate
-
     reqs = [GenRequest(messages=prompts.plain_messages(ex.question), max_tokens=cfg.slm_max_new_tokens)
             for ex in examples]
     gens = generate(slm, reqs, batch_size=cfg.batch_size, desc=f"base SLM {tag}".strip())
@@ -220,12 +223,6 @@ def _reconstruct_messages(ex: Example, prompts: Prompts, cfg) -> list[dict]:
 def run_curation(recipe, out_dir: str | Path) -> Path:
     """Curate with `recipe` into OUT_DIR/curated/ and return that directory."""
     import datasets
-
-    from pyrodash.backends.hf import HFBackend
-    from pyrodash.prompts import get_prompts
-    from pyrodash.train.config import save_resolved
-    from pyrodash.train.models import FrozenLLM, load_local
-    from pyrodash.train.paths import curated_dir, llm_spec, resolve_world, slm_spec
 
     cfg = recipe.curate
     prompts = get_prompts(recipe.prompts)

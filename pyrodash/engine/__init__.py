@@ -1,0 +1,17 @@
+"""The Collaborate Engine: the one home of Algorithm 1 (`core.py`: the engine and its two drivers, `stream` and
+`batch`), the requests it makes (`requests.py`) and a request's state and record (`turn.py`)."""
+
+from pyrodash.engine.core import CollaborateEngine, EngineError
+from pyrodash.engine.requests import (
+    BAN,
+    FailurePolicy,
+    check_share,
+    handoff_admitted,
+    handoff_request,
+    sampling_fields,
+    with_system,
+)
+from pyrodash.engine.turn import MODES, Turn
+
+__all__ = ["BAN", "MODES", "CollaborateEngine", "EngineError", "FailurePolicy", "Turn", "check_share",
+           "handoff_admitted", "handoff_request", "sampling_fields", "with_system"]

@@ -1,0 +1,591 @@
+"""The Collaborate Engine: Algorithm 1 of the paper (`alg:ce-decode`) as an async stream of typed events.
+
+    engine = CollaborateEngine(slm, llm, get_prompts("qwen-math-v1"), Prices.from_yaml("paper"))
+    async for ev in engine.stream("What is 17 * 23?"):   # SLMDelta | Handoff | LLMDelta | Done
+        ...
+    done = engine.run("What is 17 * 23?")                  # blocking, returns events.Done
+
+Lines 1-2: the SLM decodes from (P_s, q), with `<offload>` registered as a stop token *id* (never matched in text)
+and `offload_bias` added to its logit. Lines 9-11: without `<offload>` the SLM's answer is returned and the LLM is
+never called. Lines 3-5: the `<offload>` stop ends SLM decoding; Pack(O_s) is the text before it. Lines 6-8: one LLM
+call with (P_l, q, Pack(O_s)); the joint output is O_s || O_l.
+
+Handoff styles: "continue" (default, as in the paper: the LLM continues the partial trace as its own assistant
+message: messages = [P_l] + query, assistant prefix = Pack(O_s)); "instruct" (the user message is
+`prompts.handoff_template` with the question and the partial solution as text).
+
+An LLM endpoint that cannot continue a prefix (`llm.continues_prefix` False: continuation mode instruct, or an
+Anthropic model without prefill) gets the "instruct" request whatever the configured style.
+
+Handoff latency: the LLM request is sent as soon as the SLM's `<offload>` stop arrives (before its usage chunk and
+the end of its stream), and `llm.warm()` keeps a pooled connection open from the start of each request.
+
+Failure policy (LLM errors and timeouts): `retries` more attempts with exponential backoff (client errors, 4xx other
+than 408/429, are not retried: they fail the same way again); a retry continues from
+everything already streamed (O_s plus any LLM text that arrived), so no text is duplicated or lost. Then
+`on_error="fallback"`: the SLM resumes from that text with `<offload>` banned and `Done.fallback` is True; or
+`on_error="raise"`: the stream raises `EngineError`, whose `.done` is the final record (finish_reason "error",
+usage of every attempt, the error messages). `Usage.llm_calls` counts the LLM attempts that reached the server.
+
+Conversations (`pyrodash.conversation`): a list of messages is one user turn with its history; `<offload>` is
+stripped from every earlier message, each model's request is trimmed to its context window (oldest earlier turns first,
+`Done.trimmed`), and `Done.turn` / `Done.segments` say which turn this is and who wrote what in it. An LLM that is
+several endpoints (`pyrodash.backends.mesh`) reports one entry per upstream call on its last chunk; each is billed
+at its endpoint's prices (`Done.llm_endpoints`) and counted in `llm_calls`.
+
+Handoff share (`handoff_share` < 1, an operating-point knob beside `offload_bias`): only that share of requests may
+hand off, chosen by a fixed hash of the request's messages (`handoff_admitted`); the others run with `<offload>`
+banned from the first token and the SLM answers alone (`Done.handoff_admitted` False). It mixes the trained policy
+with the SLM alone per request, so a lower share costs less in proportion; a negative `offload_bias` instead delays
+handoffs, and on a hard problem a delayed handoff often comes after a wrong step and pays the LLM for a lost answer.
+Token budget: `max_tokens` bounds each model's decoding separately (the SLM, including a fallback resume; the LLM).
+`max_total_tokens` (optional, what `pyrodash serve` makes of a request's `max_tokens`) bounds the joint answer:
+SLM + LLM output tokens (the `<offload>` stop token included, as billed) never exceed it, each model decodes at most
+what is left of it, and a request that runs out gets `finish_reason: "length"` (a handoff with nothing left for the
+LLM makes no LLM call).
+Usage is what the backends report (the tokenizer's counts in process, the server's `usage` over HTTP); only for a
+server that reports none are counts estimated (`Done.usage_estimated`: SLM output as one token per streamed chunk;
+an HTTP backend counts what its server did not report with a local tokenizer or estimates it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable
+
+from pyrodash import conversation as conv
+from pyrodash.backends.base import Backend, GenChunk, GenRequest, GenResult
+from pyrodash.cost import Prices, Usage
+from pyrodash.engine.requests import (
+    BAN,
+    FailurePolicy,
+    check_share,
+    handoff_admitted,
+    handoff_request,
+    sampling_fields,
+    total_budget,
+    with_system,
+)
+from pyrodash.engine.turn import MODES, Turn
+from pyrodash.events import Done, Event, Handoff, LLMDelta, SLMDelta
+from pyrodash.prompts import OFFLOAD_TOKEN, Prompts, pack
+
+
+class _EarlyCall:
+    """The first LLM attempt, started as a task the moment the SLM's `<offload>` stop arrives, so the request is on
+    the wire while the SLM stream is still being drained (its usage chunk, [DONE]). `stream()` replays the first
+    chunk (or its exception) and then continues the same backend stream."""
+
+    def __init__(self, llm: Backend, req: GenRequest):
+        self.req = req
+        self._it = llm.stream(req)
+        self._first = asyncio.ensure_future(anext(self._it, None))
+
+    async def stream(self):
+        try:
+            ch = await self._first
+            while ch is not None:
+                yield ch
+                ch = await anext(self._it, None)
+        finally:
+            await self._it.aclose()
+
+    async def cancel(self) -> None:
+        self._first.cancel()
+        with contextlib.suppress(BaseException):
+            await self._first
+        with contextlib.suppress(BaseException):
+            await self._it.aclose()
+
+
+class EngineError(RuntimeError):
+    """The LLM failed after all retries and the policy is on_error="raise"; `.done` is the request's record."""
+
+    def __init__(self, message: str, done: Done):
+        super().__init__(message)
+        self.done = done
+
+
+async def _next_within(it, timeout_s: float):
+    """The next chunk of `it` (None at its end), or TimeoutError after `timeout_s`."""
+    if hasattr(asyncio, "timeout"):  # Python >= 3.11: no extra task per chunk
+        async with asyncio.timeout(timeout_s):
+            return await anext(it, None)
+    return await asyncio.wait_for(anext(it, None), timeout_s)
+
+
+def _final_chunk(r: GenResult) -> GenChunk:
+    """A finished generation's last chunk (what a stream ends with)."""
+    return GenChunk(finish_reason=r.finish_reason, stop_token_id=r.stop_token_id, prompt_tokens=r.prompt_tokens,
+                    completion_tokens=r.completion_tokens, cached_tokens=getattr(r, "cached_tokens", None) or None,
+                    usage_estimated=getattr(r, "usage_estimated", False))
+
+
+async def _drain(gen: AsyncIterator) -> None:
+    async with contextlib.aclosing(gen) as it:
+        async for _ in it:
+            pass
+
+
+class CollaborateEngine:
+    def __init__(
+        self,
+        slm: Backend,
+        llm: Backend,
+        prompts: Prompts,
+        prices: Prices,
+        handoff_style: str = "continue",
+        offload_bias: float = 0.0,
+        max_tokens: int = 512,
+        failure: FailurePolicy | None = None,
+        context: conv.ContextLimits | None = None,
+        handoff_share: float = 1.0,
+        require_offload: bool = True,
+        llm_max_tokens: int | None = None,
+    ):
+        if handoff_style not in ("continue", "instruct"):
+            raise ValueError(f"handoff_style={handoff_style!r}: use 'continue' or 'instruct'")
+        if max_tokens <= 0:
+            raise ValueError(f"max_tokens={max_tokens} must be positive")
+        self.handoff_share = check_share(handoff_share)
+        self.slm, self.llm, self.prompts, self.prices = slm, llm, prompts, prices
+        self.handoff_style = handoff_style
+        self.offload_bias = float(offload_bias)
+        self.max_tokens = max_tokens  # each model's budget (the SLM's, and the LLM's unless llm_max_tokens is set)
+        self.llm_max_tokens = llm_max_tokens
+        if llm_max_tokens is not None and llm_max_tokens <= 0:
+            raise ValueError(f"llm_max_tokens={llm_max_tokens} must be positive")
+        self.failure = failure or FailurePolicy()
+        ctx = context or conv.ContextLimits()
+        self.context = conv.ContextLimits(  # None = the backend's own window when it knows one (in-process models)
+            slm=ctx.slm if ctx.slm is not None else conv.backend_context(slm),
+            llm=ctx.llm if ctx.llm is not None else conv.backend_context(llm),
+        )
+        self._bg: set[asyncio.Task] = set()
+        try:
+            self.offload_id = slm.token_id(OFFLOAD_TOKEN)
+        except ValueError:  # a server that cannot tokenize: fine for a model answering alone
+            if require_offload:
+                raise
+            self.offload_id = None
+        if self.offload_id is None and require_offload:
+            raise ValueError(
+                f"the SLM {getattr(slm, 'name', slm)!r} has no {OFFLOAD_TOKEN} token in its vocabulary: "
+                "run Stage 1 (pyrodash train stage1) or pyrodash.tokens.add_offload_token first"
+            )
+
+    # ---- messages and requests -----------------------------------------------------------------------------
+    def messages(self, question: str | list[dict]) -> list[dict]:
+        """A question as chat messages; a conversation's history is plain text (`<offload>` stripped)."""
+        if isinstance(question, str):
+            return self.prompts.plain_messages(question)
+        if not isinstance(question, list) or not question or not all(isinstance(m, dict) for m in question):
+            raise ValueError("a question is a str or a non-empty list of chat messages ({'role', 'content'} dicts)")
+        return conv.clean_history(question)
+
+    def _fit(self, side: str, req: GenRequest) -> int:
+        """Trim `req.messages` (in place) to `side`'s context window by the rule of pyrodash.conversation; returns
+        the number of messages dropped."""
+        backend, limit = (self.slm if side == "slm" else self.llm), getattr(self.context, side)
+        if limit is None:
+            return 0
+        render = getattr(backend, "render", None)  # in-process: a prompt never has more tokens than UTF-8 bytes,
+        if callable(render) and len(render(req).encode()) + req.max_tokens <= limit:  # so no tokenizing when it fits
+            return 0
+        count, _ = conv.token_counter(backend, req.prefix)
+        req.messages, dropped = conv.fit_context(req.messages, count, limit, req.max_tokens)
+        return dropped
+
+    @property
+    def llm_style(self) -> str:
+        """The handoff style in use: "instruct" when the LLM endpoint cannot continue a prefix."""
+        return self.handoff_style if getattr(self.llm, "continues_prefix", True) else "instruct"
+
+    def llm_request(self, messages: list[dict], partial: str, max_tokens: int, sampling: dict) -> GenRequest:
+        """The single handoff request (Line 6) in the style in use (`llm_style`), trimmed to the LLM's window."""
+        return self._handoff(messages, partial, max_tokens, sampling)[0]
+
+    def _handoff(self, messages: list[dict], partial: str, max_tokens: int, sampling: dict) -> tuple[GenRequest, int]:
+        """(`llm_request`, earlier messages dropped to fit the LLM's context window)."""
+        req = handoff_request(self.prompts, self.llm_style, messages, partial, max_tokens, sampling)
+        return req, self._fit("llm", req)
+
+    def _share(self, handoff_share: float | None) -> float:
+        """A request's handoff share: the one asked for (checked), else the engine's."""
+        return self.handoff_share if handoff_share is None else check_share(handoff_share)
+
+    def slm_request(self, question: str | list[dict], offload_bias: float | None = None, max_tokens: int | None = None,
+                    temperature: float | None = None, top_p: float | None = None, seed: int | None = None,
+                    stop: list[str] | None = None, handoff_share: float | None = None) -> GenRequest:
+        """The SLM's request (Lines 1-2): P_s + the query, `<offload>` as a stop id with `offload_bias` on it
+        (banned when the request is outside `handoff_share`, default the engine's)."""
+        return self.turn(question, offload_bias=offload_bias, max_tokens=max_tokens, temperature=temperature,
+                         top_p=top_p, seed=seed, stop=stop, handoff_share=handoff_share).req
+
+    def turn(self, question: str | list[dict], mode: str = "collab", offload_bias: float | None = None,
+             max_tokens: int | None = None, temperature: float | None = None, top_p: float | None = None,
+             seed: int | None = None, stop: list[str] | None = None, max_total_tokens: int | None = None,
+             handoff_share: float | None = None) -> Turn:
+        """A request's `Turn`: its messages, the first model's request, budgets and knobs. Mode "collab" runs
+        Algorithm 1; "slm" / "llm" is one model answering alone (the conversation as given, no system prompt added,
+        `<offload>` banned where the SLM has it, as the `slm` / `llm` baselines of `pyrodash eval` do)."""
+        if mode not in MODES:
+            raise ValueError(f"mode={mode!r}: use one of {', '.join(MODES)}")
+        messages = self.messages(question)
+        total = total_budget(max_total_tokens)
+        per_model = self.max_tokens if max_tokens is None else int(max_tokens)
+        if per_model <= 0:
+            raise ValueError(f"max_tokens={per_model} must be positive")
+        first = per_model if total is None else min(per_model, total)
+        bias = self.offload_bias if offload_bias is None else float(offload_bias)
+        share = self._share(handoff_share)
+        sampling = sampling_fields(temperature, top_p, seed, stop)
+        ban = {} if self.offload_id is None else {self.offload_id: BAN}
+        if mode == "collab":  # (an SLM without <offload>, require_offload=False, hands off only when told to: abatch)
+            admitted = handoff_admitted(messages, share)
+            b = bias if admitted else BAN
+            msgs = with_system(self.prompts.offload_system, messages)
+            oid = [] if self.offload_id is None else [self.offload_id]
+            req = GenRequest(messages=msgs, max_tokens=first, stop_token_ids=oid,
+                             logit_bias={self.offload_id: b} if b and oid else {}, **sampling)
+            side = "slm"
+        else:
+            admitted, msgs = True, list(messages)
+            req = GenRequest(messages=msgs, max_tokens=first, logit_bias=dict(ban) if mode == "slm" else {},
+                             **sampling)
+            side = mode
+        self._fit(side, req)
+        llm_max = per_model if self.llm_max_tokens is None or max_tokens is not None else self.llm_max_tokens
+        if mode == "llm":
+            req.max_tokens = llm_max if total is None else min(llm_max, total)
+        return Turn(mode=mode, messages=messages, req=req, per_model=per_model, llm_max=llm_max, total=total,
+                    bias=bias, share=share, admitted=admitted, number=conv.turn_number(messages),
+                    sampling={k: getattr(req, k) for k in ("seed", "stop", "temperature", "top_p")},
+                    trimmed={"slm": 0, "llm": 0} | {side: len(msgs) - len(req.messages)})
+
+    # ---- the steps of Algorithm 1, shared by both drivers ---------------------------------------------------
+    def _slm_finished(self, t: Turn, text: str, final: GenChunk, seen: int) -> bool:
+        """Lines 3-5 / 9-11: bill the SLM's decoding and say whether it ended in `<offload>` (a handoff; in a batch,
+        an SLM result with finish_reason "offload" is a handoff told from outside: the oracle's)."""
+        slm_out = final.completion_tokens
+        if slm_out is None:  # a server that reports no usage: one streamed chunk per token, plus the stop token
+            slm_out = seen + (final.stop_token_id is not None)
+            t.estimated = True
+        t.estimated = t.estimated or final.usage_estimated
+        t.usage += Usage(slm_in=final.prompt_tokens or 0, slm_out=slm_out)
+        offload = final.finish_reason == "offload" or (
+            self.offload_id is not None and final.stop_token_id == self.offload_id)
+        if t.mode == "slm" or not offload:
+            t.slm_text, t.finish = text, final.finish_reason or "length"  # Line 11: the SLM answered alone
+            return False
+        t.slm_text, t.handoff = text, max(slm_out - 1, 0)  # Pack(O_s) excludes <offload>
+        return True
+
+    def _llm_req(self, t: Turn, left: int) -> tuple[GenRequest, int]:
+        """The LLM's request for what is left of the turn: the handoff request continuing everything written so far
+        (a retry continues the LLM text that arrived), or in mode "llm" the question itself."""
+        if t.mode == "llm":
+            return GenRequest(messages=t.req.messages, max_tokens=left, **t.sampling), 0
+        return self._handoff(t.messages, pack(t.slm_text) + t.llm_text, left, t.sampling)
+
+    def _calls(self, got: GenChunk, text: str, reached: int, error: str | None) -> list[dict]:
+        """The per-endpoint entries of one LLM attempt: a composite backend's own (`GenChunk.endpoints`), else one
+        entry for this backend, billed at the engine's price sheet."""
+        if got.endpoints:
+            return [dict(e) for e in got.endpoints]
+        return [{"endpoint": getattr(self.llm, "name", "llm"), "calls": reached, "llm_in": got.prompt_tokens or 0,
+                 "llm_out": got.completion_tokens or 0, "llm_cached_in": got.cached_tokens or 0, "text": text,
+                 "prices": None, "error": error}]  # fmt: skip
+
+    async def _llm_phase(self, t: Turn, early: _EarlyCall | None = None) -> AsyncIterator[LLMDelta]:
+        """Lines 6-7: the one LLM call, under the failure policy (retries continue from what already arrived, so no
+        text is duplicated or lost). Sets `t.finish` on success; leaves it None when every attempt failed."""
+        pol = self.failure
+        for attempt in range(pol.retries + 1):
+            left = t.left()
+            if left <= 0:  # the joint budget is spent (by the SLM, or by LLM text that arrived before a failure)
+                if early is not None and attempt == 0:
+                    await early.cancel()
+                t.finish = "length"
+                return
+            if attempt:
+                await asyncio.sleep(pol.backoff_s * 2 ** (attempt - 1))
+            if attempt == 0 and early is not None and early.req.max_tokens == left:
+                lreq, stream = early.req, early.stream()
+            else:
+                if early is not None and attempt == 0:  # (only if a token count was off) not the request we need
+                    await early.cancel()
+                lreq, dropped = self._llm_req(t, left)
+                t.trimmed["llm"] = max(t.trimmed["llm"], dropped)
+                stream = self.llm.stream(lreq)
+            got, attempt_text = GenChunk(), ""
+            streamed = 0  # tokens received in this attempt (billed if the stream breaks before reporting usage)
+            try:
+                async with contextlib.aclosing(stream) as it:
+                    while True:
+                        ch = await _next_within(it, pol.timeout_s)  # the timeout never spans a yield
+                        if ch is None:
+                            break
+                        streamed += len(ch.token_ids) or int(bool(ch.text))
+                        if ch.text:
+                            t.llm_text += ch.text
+                            attempt_text += ch.text
+                            yield LLMDelta(ch.text)
+                        if ch.finish_reason is not None:
+                            got = ch
+            except Exception as e:  # noqa: BLE001 - every LLM failure (timeouts included) goes through the policy
+                reached = int(getattr(e, "reached_server", True))
+                rep = getattr(e, "usage", None)
+                if isinstance(rep, GenChunk):
+                    got = rep
+                if got.completion_tokens is None and streamed:
+                    t.estimated = True  # the stream broke before the server reported usage: chunks counted
+                    got = GenChunk(prompt_tokens=got.prompt_tokens or self._prompt_tokens(self.llm, lreq),
+                                   completion_tokens=streamed, cached_tokens=got.cached_tokens,
+                                   endpoints=got.endpoints)
+                msg = (f"attempt {attempt + 1}: {type(e).__name__}: {e}" if str(e)
+                       else f"attempt {attempt + 1}: {type(e).__name__} (no chunk within {pol.timeout_s}s)")
+                t.errors.append(msg)
+                t.bill_llm(got, self._calls(got, attempt_text, reached, msg), reached)
+                if not getattr(e, "retryable", True):  # a client error: the same request fails the same way
+                    return
+                if t.mode == "llm" and t.llm_text:  # alone, the LLM cannot continue its own text: no retry
+                    return
+                continue
+            t.bill_llm(got, self._calls(got, attempt_text, 1, None), 1)
+            t.finish = got.finish_reason or "stop"
+            return
+
+    async def _fallback_phase(self, t: Turn) -> AsyncIterator[SLMDelta]:
+        """After a failed handoff: the SLM resumes from everything so far with `<offload>` banned."""
+        slm_out = t.usage.slm_out
+        left = min(max(t.per_model - slm_out, 1), t.left("slm"))
+        if left <= 0:  # nothing left of the joint budget to finish with
+            t.finish = "length"
+            return
+        freq = GenRequest(messages=t.req.messages, prefix=t.slm_text + t.llm_text, max_tokens=left,
+                          logit_bias={self.offload_id: BAN}, **t.sampling)
+        fin = GenChunk()
+        async with contextlib.aclosing(self.slm.stream(freq)) as it:
+            async for ch in it:
+                if ch.text:
+                    t.fb_text += ch.text
+                    yield SLMDelta(ch.text)
+                if ch.finish_reason is not None:
+                    fin = ch
+        t.usage += Usage(slm_in=fin.prompt_tokens or 0, slm_out=fin.completion_tokens or 0)
+        t.fallback, t.finish = True, fin.finish_reason or "length"
+        t.estimated = t.estimated or fin.usage_estimated or fin.completion_tokens is None
+
+    def _failed(self, t: Turn) -> EngineError | None:
+        """After every LLM attempt failed: the turn ends in "error" when it has no fallback (on_error="raise", or
+        the LLM answering alone), and under on_error="raise" this returns the error to raise; else the SLM falls
+        back (`_fallback_phase`)."""
+        if self.failure.on_error == "raise" or t.mode == "llm":  # alone, the LLM has no SLM to fall back on
+            t.finish = "error"
+            if self.failure.on_error == "raise":
+                return EngineError(f"the LLM failed {len(t.errors)} time(s): {t.errors[-1]}", t.done(self.prices))
+        return None
+
+    # ---- driver 1: one request, events as they come (the server, `pyrodash generate`) ------------------------
+    async def stream(self, question: str | list[dict], mode: str = "collab", **options) -> AsyncIterator[Event]:
+        """Algorithm 1 for one request as typed events: SLMDelta* [Handoff LLMDelta* SLMDelta*] Done. `options`:
+        offload_bias, max_tokens, temperature, top_p, seed, stop, max_total_tokens, handoff_share (see `turn`)."""
+        t = self.turn(question, mode=mode, **options)
+        if mode != "llm":
+            early: _EarlyCall | None = None
+            try:
+                async for ev in self._slm_stream(t):
+                    if isinstance(ev, _EarlyCall):
+                        early = ev
+                    else:
+                        yield ev
+            except BaseException:
+                if early is not None:
+                    await early.cancel()
+                raise
+            if t.handoff is None:
+                yield t.done(self.prices)
+                return
+            yield Handoff(slm_tokens=t.handoff, packed=pack(t.slm_text))
+        else:
+            early = None
+        async for ev in self._llm_phase(t, early):
+            yield ev
+        if t.finish is None:  # every LLM attempt failed
+            err = self._failed(t)
+            if err is not None:
+                raise err
+            if t.finish is None:
+                async for ev in self._fallback_phase(t):
+                    yield ev
+        yield t.done(self.prices)
+
+    async def _slm_stream(self, t: Turn) -> AsyncIterator[SLMDelta | _EarlyCall]:
+        """Lines 1-2, 9-10: the SLM decodes, `<offload>` a stop token id. The handoff request is put on the wire
+        the moment the stop arrives (an `_EarlyCall`, yielded to the driver), before the SLM's stream is drained."""
+        self._warm_llm()
+        text, final, seen, counted, early = "", GenChunk(), 0, True, False
+        async with contextlib.aclosing(self.slm.stream(t.req)) as it:
+            async for ch in it:
+                seen += len(ch.token_ids) or bool(ch.text)
+                counted = counted and (bool(ch.token_ids) or not ch.text)  # exact token counts as we go
+                if ch.text:
+                    text += ch.text
+                    yield SLMDelta(ch.text)
+                if ch.finish_reason is not None:
+                    final = ch
+                    # the LLM's budget is known now unless a joint budget needs the SLM's exact count
+                    # (`seen` counts every streamed id, the <offload> stop's own chunk included, as slm_out does)
+                    b, total = t.llm_max, t.total
+                    left_now = b if total is None else min(b, total - seen) if counted else 0
+                    if (not early and t.mode == "collab" and ch.stop_token_id == self.offload_id
+                            and left_now > 0):
+                        ereq, dropped = self._handoff(t.messages, pack(text), left_now, t.sampling)
+                        t.trimmed["llm"] = max(t.trimmed["llm"], dropped)
+                        early = True
+                        yield _EarlyCall(self.llm, ereq)
+                        await asyncio.sleep(0)  # let it put the request on the wire before the SLM is drained
+        self._slm_finished(t, text, final, seen)
+
+    # ---- driver 2: many requests, batched generation where the backend can (eval, training, calibration) ----
+    async def abatch(self, questions: list, mode: str = "collab", options: list[dict] | None = None,
+                     slm_results: list[GenResult | None] | None = None, batch_size: int = 16,
+                     concurrency: int = 8, stop_at_handoff: bool = False) -> list[Done]:
+        """Algorithm 1 for many requests, one `Done` each (in order), equal to what `stream` gives for each. The SLM
+        and the LLM decode in left-padded batches when the backend runs in process (`generate_batch`), else as
+        `concurrency` streams at a time. `options[i]`: request i's options (see `turn`). `slm_results[i]`: an SLM
+        generation made elsewhere (Stage 3's rollouts, the oracle's cut answers) used instead of decoding; a stop
+        at the `<offload>` id is a handoff. An LLM that fails every attempt never raises here: under
+        on_error="raise" the request's Done has finish_reason "error" (what `EngineError.done` would carry).
+        `stop_at_handoff`: only the SLM runs (Lines 1-5); a request that would hand off ends with finish_reason
+        "handoff" and its `handoff` position, and no LLM call is made (calibrating a target LLM-call rate)."""
+        options = options if options is not None else [{}] * len(questions)
+        if len(options) != len(questions) or (slm_results is not None and len(slm_results) != len(questions)):
+            raise ValueError("abatch: options and slm_results need one entry per question")
+        turns = [self.turn(q, mode=mode, **o) for q, o in zip(questions, options)]
+        sem = asyncio.Semaphore(max(1, concurrency))
+
+        async def limited(aw: Awaitable):
+            async with sem:
+                return await aw
+
+        if mode != "llm":
+            given = slm_results or [None] * len(turns)
+            todo = [i for i, r in enumerate(given) if r is None]
+            if todo and hasattr(self.slm, "generate_batch"):
+                made = self.slm.generate_batch([turns[i].req for i in todo], batch_size=batch_size)
+                given = list(given)
+                for i, r in zip(todo, made, strict=True):
+                    given[i] = r
+                todo = []
+            await asyncio.gather(*(limited(_drain(self._slm_stream_batch(turns[i]))) for i in todo))
+            for t, r in zip(turns, given):
+                if r is not None:
+                    self._slm_finished(t, r.text, _final_chunk(r), len(r.token_ids))
+        need = [t for t in turns if t.finish is None]  # handoffs (collab) or every request (mode "llm")
+        if stop_at_handoff:
+            for t in need:
+                t.finish = "handoff"
+            return [t.done(self.prices) for t in turns]
+        if hasattr(self.llm, "generate_batch"):
+            await self._llm_batch(need, batch_size)
+        else:
+            await asyncio.gather(*(limited(_drain(self._llm_phase(t))) for t in need))
+        for t in need:
+            if t.finish is None:  # every LLM attempt failed
+                self._failed(t)  # no fallback: finish_reason "error" (never raised from a batch)
+                if t.finish is None:
+                    await _drain(self._fallback_phase(t))
+        return [t.done(self.prices) for t in turns]
+
+    async def _slm_stream_batch(self, t: Turn) -> AsyncIterator[SLMDelta]:
+        """The SLM's decoding of one request in a batch over a streaming backend (no early LLM call)."""
+        text, final, seen = "", GenChunk(), 0
+        async with contextlib.aclosing(self.slm.stream(t.req)) as it:
+            async for ch in it:
+                seen += len(ch.token_ids) or bool(ch.text)
+                text += ch.text
+                if ch.finish_reason is not None:
+                    final = ch
+                yield SLMDelta(ch.text)
+        self._slm_finished(t, text, final, seen)
+
+    async def _llm_batch(self, turns: list[Turn], batch_size: int) -> None:
+        """The LLM calls of many turns as one batched in-process generation (an in-process model does not fail the
+        way an endpoint does: no retries)."""
+        todo = []
+        for t in turns:
+            if t.left() <= 0:
+                t.finish = "length"
+            else:
+                todo.append(t)
+        reqs = []
+        for t in todo:
+            req, dropped = self._llm_req(t, t.left())
+            t.trimmed["llm"] = max(t.trimmed["llm"], dropped)
+            reqs.append(req)
+        for t, r in zip(todo, self.llm.generate_batch(reqs, batch_size=batch_size) if reqs else [], strict=True):
+            got = _final_chunk(r)
+            t.llm_text += r.text
+            t.bill_llm(got, self._calls(got, r.text, 1, None), 1)
+            t.finish = r.finish_reason or "stop"
+
+    def batch(self, questions: list, **kw) -> list[Done]:
+        """Blocking `abatch` (not from inside a running event loop: use `await engine.abatch(...)` there)."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return asyncio.run(self.abatch(questions, **kw))
+        raise ValueError("CollaborateEngine.batch() was called inside an event loop; use `await engine.abatch(...)`")
+
+    # ---- helpers -------------------------------------------------------------------------------------------
+    def _warm_llm(self) -> None:
+        """Keep a connection to an HTTP LLM open ahead of the handoff (`llm.warm()`, best effort, in background)."""
+        warm = getattr(self.llm, "warm", None)
+        if warm is not None:
+            task = asyncio.ensure_future(warm())
+            self._bg.add(task)
+            task.add_done_callback(self._bg.discard)
+
+    @staticmethod
+    def _prompt_tokens(backend: Backend, req: GenRequest) -> int | None:
+        """Input tokens of a request that broke before the server reported usage, when the backend can count."""
+        count = getattr(backend, "prompt_ids", None)
+        return len(count(req)) if callable(count) else None
+
+    # ---- conveniences --------------------------------------------------------------------------------------
+    async def arun(self, question: str | list[dict], **kw) -> Done:
+        done = None
+        async with contextlib.aclosing(self.stream(question, **kw)) as it:
+            async for ev in it:
+                if isinstance(ev, Done):
+                    done = ev
+        assert done is not None
+        return done
+
+    def run(self, question: str | list[dict], **kw) -> Done:
+        """Blocking `arun` (not from inside a running event loop: use `await engine.arun(...)` there)."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return asyncio.run(self.arun(question, **kw))
+        raise ValueError("CollaborateEngine.run() was called inside an event loop; use `await engine.arun(...)`")
+
+    async def arun_many(self, questions: list, concurrency: int = 8, **kw) -> list[Done]:
+        """`arun` over many questions, at most `concurrency` at a time; results in input order."""
+        if concurrency <= 0:
+            raise ValueError(f"concurrency={concurrency} must be positive")
+        sem = asyncio.Semaphore(concurrency)
+
+        async def one(q):
+            async with sem:
+                return await self.arun(q, **kw)
+
+        return list(await asyncio.gather(*(one(q) for q in questions)))
+
+    async def aclose(self) -> None:
+        await self.slm.aclose()
+        if self.llm is not self.slm:
+            await self.llm.aclose()

@@ -1,0 +1,96 @@
+"""The requests of Algorithm 1 and the knobs that shape them: the SLM's request (P_s + the query, `<offload>` as a
+stop id with `offload_bias` on its logit), the single handoff request to the LLM (Line 6), the handoff share, the
+failure policy, and the joint token budget. Pure functions of their inputs: the engine (`pyrodash.engine.core`) is
+their only caller outside tests."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+
+from pyrodash import conversation as conv
+from pyrodash.backends.base import GenRequest
+from pyrodash.prompts import Prompts
+
+BAN = float("-inf")
+
+
+def check_share(share: float) -> float:
+    """A handoff share as a float in [0, 1], or a ValueError naming the range."""
+    if not 0.0 <= float(share) <= 1.0:
+        raise ValueError(f"handoff_share={share} must be in [0, 1] (the share of requests that may hand off)")
+    return float(share)
+
+
+def handoff_admitted(messages: list[dict], share: float) -> bool:
+    """Whether a request may hand off under a handoff share: a fixed hash of its non-system messages, uniform in
+    [0, 1), is below `share`. Deterministic (a request and its retries agree), and a share s admits about s of any
+    set of distinct requests."""
+    if share >= 1.0:
+        return True
+    if share <= 0.0:
+        return False
+    key = json.dumps([[m.get("role"), m.get("content")] for m in messages if m.get("role") != "system"])
+    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") / 2**64 < share
+
+
+@dataclass(frozen=True)
+class FailurePolicy:
+    retries: int = 2  # further attempts after the first failed LLM call
+    backoff_s: float = 0.2  # wait before retry k: backoff_s * 2**(k-1)
+    timeout_s: float = 60.0  # longest wait for the LLM's next chunk (the first one included)
+    on_error: str = "fallback"  # "fallback" (the SLM finishes) | "raise" (EngineError; a batch records the error)
+
+    def __post_init__(self) -> None:
+        if self.on_error not in ("fallback", "raise"):
+            raise ValueError(f"FailurePolicy.on_error={self.on_error!r}: use 'fallback' or 'raise'")
+        if self.retries < 0 or self.backoff_s < 0 or self.timeout_s <= 0:
+            raise ValueError("FailurePolicy: retries >= 0, backoff_s >= 0 and timeout_s > 0 are required")
+
+
+def with_system(system: str, messages: list[dict]) -> list[dict]:
+    """Put `system` first; a caller's own system message is kept after it in the same system turn."""
+    if not system:
+        return list(messages)
+    if messages and messages[0].get("role") == "system":
+        return [{"role": "system", "content": f"{system}\n\n{messages[0]['content']}"}] + list(messages[1:])
+    return [{"role": "system", "content": system}] + list(messages)
+
+
+def sampling_fields(temperature: float | None, top_p: float | None, seed: int | None,
+                    stop: list[str] | None) -> dict:
+    """The sampling fields of a `GenRequest` from a caller's options (unset temperature/top_p: the backend default)."""
+    sampling: dict = {"seed": seed, "stop": list(stop or [])}
+    if temperature is not None:
+        sampling["temperature"] = float(temperature)
+    if top_p is not None:
+        sampling["top_p"] = float(top_p)
+    return sampling
+
+
+def handoff_request(
+    prompts: Prompts, style: str, messages: list[dict], partial: str, max_tokens: int, sampling: dict | None = None
+) -> GenRequest:
+    """The LLM request of a handoff (Line 6): "continue" = [P_l] + messages with Pack(O_s) as the assistant prefix;
+    "instruct" = [P_l] + one user message `handoff_template` with the last user question and the partial text."""
+    sampling = sampling or {}
+    if style == "continue":
+        msgs = with_system(prompts.completion_system, messages)
+        return GenRequest(messages=msgs, prefix=partial, max_tokens=max_tokens, **sampling)
+    if style != "instruct":
+        raise ValueError(f"handoff style {style!r}: use 'continue' or 'instruct'")
+    cur = conv.current_turn_index(messages)
+    question = messages[cur]["content"] if cur >= 0 else ""
+    user = prompts.handoff_template.format(question=question, partial=partial)
+    history = list(messages[:cur]) if cur >= 0 else []  # earlier turns (and the caller's system text) stay
+    msgs = with_system(prompts.completion_system, history + [{"role": "user", "content": user}])
+    return GenRequest(messages=msgs, max_tokens=max_tokens, **sampling)
+
+
+def total_budget(max_total_tokens: int | None) -> int | None:
+    if max_total_tokens is None:
+        return None
+    if isinstance(max_total_tokens, bool) or not isinstance(max_total_tokens, int) or max_total_tokens <= 0:
+        raise ValueError(f"max_total_tokens={max_total_tokens!r} must be a positive integer (or None: no joint limit)")
+    return max_total_tokens

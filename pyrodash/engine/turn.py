@@ -1,0 +1,104 @@
+"""One request's way through Algorithm 1 (`Turn`), and the one place its record (`events.Done`) is built.
+
+The engine's two drivers (`CollaborateEngine.stream`, one request with events as they come, and
+`CollaborateEngine.batch`, many requests with batched generation) move a `Turn` through the same steps and end in
+`Turn.done`, so every caller (server, `generate`, eval, Stage 3, calibration, the oracle) gets the same `Done`:
+the same text, segments in streamed order (each piece of text once), token counts and dollars.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from pyrodash.backends.base import GenChunk, GenRequest
+from pyrodash.cost import Prices, Usage, endpoint_bill
+from pyrodash.events import Done
+
+MODES = ("collab", "slm", "llm")  # the Collaborate Engine; the SLM alone; the LLM alone
+
+
+@dataclass
+class Turn:
+    """The state of one request: what was asked, what each model wrote so far, and what it was billed."""
+
+    mode: str  # one of MODES
+    messages: list[dict]  # the conversation as the models read it (`<offload>` stripped from earlier turns)
+    req: GenRequest  # the first model's request: the SLM's (collab, slm) or the LLM's (llm)
+    per_model: int  # tokens the SLM may decode
+    llm_max: int  # tokens the LLM may decode
+    total: int | None  # the joint budget (SLM + LLM output tokens), None: none
+    bias: float  # the offload_bias asked for
+    share: float  # the handoff_share in effect
+    admitted: bool  # inside the handoff share
+    sampling: dict  # temperature, top_p, seed, stop: shared by every request of this turn
+    number: int  # which user turn of its conversation (1: a single question)
+    trimmed: dict  # earlier messages dropped to fit each model's window
+    t0: float = field(default_factory=time.perf_counter)
+    usage: Usage = field(default_factory=Usage)
+    slm_text: str = ""  # the SLM's text before a handoff (or its whole answer)
+    llm_text: str = ""  # the LLM's text, over every attempt
+    fb_text: str = ""  # the SLM's text after a failed handoff (`<offload>` banned)
+    handoff: int | None = None  # SLM tokens before `<offload>`; None: no handoff
+    calls: list[dict] = field(default_factory=list)  # one entry per LLM attempt (endpoint, tokens, text, error)
+    errors: list[str] = field(default_factory=list)  # failed LLM attempts, in order
+    estimated: bool = False  # some token counts were not reported by a server
+    finish: str | None = None  # set when the turn is over
+    fallback: bool = False  # the SLM finished after the LLM failed
+
+    def left(self, side: str = "llm") -> int:
+        """Tokens the next model (`side`) may decode: its own limit, and what is left of the joint budget (output so
+        far = SLM + LLM output tokens, as billed)."""
+        own = self.llm_max if side == "llm" else self.per_model
+        if self.total is None:
+            return own
+        return min(own, self.total - self.usage.slm_out - self.usage.llm_out)
+
+    def bill_llm(self, got: GenChunk, calls: list[dict], reached: int) -> None:
+        """Add one LLM attempt to the bill: `got` is its last chunk (usage), `calls` its per-endpoint entries (a mesh
+        reports several upstream calls in one attempt, `got.endpoints`)."""
+        self.calls += calls
+        self.usage += Usage(
+            llm_in=got.prompt_tokens or 0,
+            llm_out=got.completion_tokens or 0,
+            llm_cached_in=got.cached_tokens or 0,
+            llm_calls=sum(c["calls"] for c in got.endpoints) if got.endpoints else reached,
+        )
+        self.estimated = self.estimated or got.usage_estimated
+
+    def done(self, prices: Prices) -> Done:
+        """The record: joint text in streamed order (SLM, LLM, then any fallback text), one segment per stretch of
+        text by one writer, each model's tokens, and dollars (every LLM call at its endpoint's price)."""
+        bill = endpoint_bill(self.calls, prices)
+        segments = [{"by": "slm", "text": self.slm_text}] if self.slm_text else []
+        for c in self.calls:
+            if not c.get("text"):
+                continue
+            if segments and segments[-1]["by"] == "llm" and segments[-1]["endpoint"] == c["endpoint"]:
+                segments[-1]["text"] += c["text"]
+            else:
+                segments.append({"by": "llm", "endpoint": c["endpoint"], "text": c["text"]})
+        if self.fb_text:
+            segments.append({"by": "slm", "text": self.fb_text, "fallback": True})
+        slm_cost = Usage(slm_in=self.usage.slm_in, slm_out=self.usage.slm_out).cost(prices)
+        return Done(
+            output=self.slm_text + self.llm_text + self.fb_text,
+            slm_text=self.slm_text + self.fb_text,
+            llm_text=self.llm_text,
+            usage=self.usage,
+            cost_usd=slm_cost + sum(e["cost_usd"] for e in bill),
+            finish_reason=self.finish or "error",
+            handoff=self.handoff,
+            offload_bias=self.bias,
+            handoff_share=self.share,
+            handoff_admitted=self.admitted,
+            fallback=self.fallback,
+            errors=list(self.errors),
+            usage_estimated=self.estimated,
+            latency_s=time.perf_counter() - self.t0,
+            turn=self.number,
+            trimmed=dict(self.trimmed),
+            segments=segments,
+            llm_endpoints=bill,
+            mode=self.mode,
+        )

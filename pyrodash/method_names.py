@@ -1,0 +1,51 @@
+"""The method-name scheme of evaluation records (`RUN_DIR/records/<method>.jsonl`): parsing and report order.
+
+    slm | slm+sft | oracle | llm | routellm@<α> | glimprouter@<τ> | pyrodash@<λ>
+    pyrodash@<λ>+bias<b> (an offload_bias sweep) | pyrodash@<λ>+share<s> (a handoff_share sweep)
+
+    parse_method("pyrodash@0.1+bias2")   # -> ("pyrodash", 0.1, 2.0)
+
+Read by the report (`pyrodash.report`) and its figure (`pyrodash.report_plots`).
+"""
+
+from __future__ import annotations
+
+import re
+
+BASE_ORDER = ("slm", "slm+sft", "oracle", "llm")
+FAMILY_ORDER = ("slm", "slm+sft", "routellm", "glimprouter", "pyrodash", "pyrodash-bias", "pyrodash-share", "oracle",
+                "llm")
+_NAME_RE = re.compile(r"^(routellm|glimprouter|pyrodash)@([0-9.eE+-]+?)(?:\+(bias|share)([0-9.eE+-]+))?$")
+_SCHEME = ("slm | slm+sft | oracle | llm | routellm@<alpha> | glimprouter@<tau> | pyrodash@<lambda> | "
+           "pyrodash@<lambda>+bias<b> | pyrodash@<lambda>+share<s>")
+
+
+def _match(name: str) -> re.Match:
+    m = _NAME_RE.match(name)
+    if not m:
+        raise ValueError(f"method name {name!r} does not follow the scheme {_SCHEME}; rename its records file")
+    if m.group(3) is not None and m.group(1) != "pyrodash":
+        raise ValueError(f"method name {name!r}: only pyrodash takes a +bias<b> or +share<s> suffix")
+    return m
+
+
+def parse_method(name: str) -> tuple[str, float | None, float | None]:
+    """(family, knob, sweep value): `pyrodash@0.1+bias2` -> ("pyrodash", 0.1, 2.0), `pyrodash@0.6+share0.5` ->
+    ("pyrodash", 0.6, 0.5); `slm` -> ("slm", None, None). `sweep_kind` says which knob a sweep value is."""
+    if name in BASE_ORDER:
+        return name, None, None
+    m = _match(name)
+    return m.group(1), float(m.group(2)), None if m.group(4) is None else float(m.group(4))
+
+
+def sweep_kind(name: str) -> str | None:
+    """"bias" (an offload_bias sweep point), "share" (a handoff_share sweep point) or None."""
+    return None if name in BASE_ORDER else _match(name).group(3)
+
+
+def sort_key(name: str) -> tuple:
+    """The report's order: families as in FAMILY_ORDER, then by knob, then by sweep value."""
+    fam, knob, value = parse_method(name)
+    kind = sweep_kind(name)
+    fam_i = FAMILY_ORDER.index(f"pyrodash-{kind}" if kind else fam)
+    return fam_i, knob if knob is not None else 0.0, value if value is not None else 0.0
