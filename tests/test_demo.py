@@ -124,3 +124,13 @@ def test_handoff_share_sweep_runs_from_slm_alone_to_the_policy(demo):
         assert abs(admitted - s) < 0.15, (s, admitted)  # a fixed hash of 150 questions
     # the sweeps answer single questions only (benchmark_methods in configs/eval/world-quick.yaml)
     assert not _records(demo, turns=True).get("pyrodash@2+share0.5")
+
+
+def test_one_execution_path_serve_eval_and_stage3_agree(demo, tmp_path):
+    """Issue 25's parity test (tests/parity.py): world questions, conversation turns and handoffs to an LLM that
+    cuts every answer (so the SLM falls back) give the same text, segments, handoff, tokens and dollars through
+    `pyrodash serve` (openai SDK), `pyrodash eval` and Stage 3's collaborative eval."""
+    from parity import check_parity
+
+    res = check_parity(demo, tmp_path)
+    assert len(res["local"]["eval"]) == 10 and len(res["faults"]["eval"]) == 3

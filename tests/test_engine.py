@@ -263,3 +263,58 @@ def test_handoff_share_bans_offload_outside_the_share_and_says_so(slm, llm):
         else:  # <offload> banned from the first token: the SLM answers alone, no LLM call
             assert done.handoff is None and done.usage.llm_calls == 0 and done.slm_text
             assert done.output == eng.run(q, offload_bias=float("-inf")).output
+
+
+class CutLLM:
+    """TEST DOUBLE for a provider that drops the connection mid-answer: streams the first `after` chunks of the real
+    (in-process) LLM's answer, then fails, on every attempt. No `generate_batch`: it is driven like an endpoint."""
+
+    def __init__(self, inner: HFBackend, after: int = 3):
+        self.inner, self.after, self.name = inner, after, "cut-llm"
+
+    def token_id(self, token: str):
+        return self.inner.token_id(token)
+
+    async def stream(self, req: GenRequest):
+        from pyrodash.backends.base import BackendError
+
+        n = 0
+        async for ch in self.inner.stream(req):
+            if ch.text and n == self.after:
+                raise BackendError("injected: connection dropped mid-stream")
+            n += bool(ch.text)
+            yield ch
+
+    async def aclose(self) -> None:
+        pass
+
+
+def test_fallback_after_partial_llm_text_keeps_streamed_order_everywhere(slm, llm):
+    """Drift bug: under an LLM failure the fallback text was painted twice in `Done.segments` and the eval record
+    ordered SLM, fallback and LLM text differently from the stream. Now the stream, the batch driver and the eval
+    record agree: text in streamed order, each piece once."""
+    from pyrodash.data.example import Example
+    from pyrodash.methods import Env, PyroDash
+
+    eng = CollaborateEngine(slm, CutLLM(llm), PROMPTS, PRICES, max_tokens=24,
+                            failure=FailurePolicy(retries=1, backoff_s=0.0, on_error="fallback"))
+    bias = mid_handoff_bias(CollaborateEngine(slm, llm, PROMPTS, PRICES, max_tokens=24), "x")[0]
+
+    async def events():
+        return [ev async for ev in eng.stream("x", offload_bias=bias)]
+
+    evs = asyncio.run(events())
+    done = evs[-1]
+    streamed = "".join(ev.text for ev in evs if isinstance(ev, (SLMDelta, LLMDelta)))
+    assert done.fallback and done.llm_text and len(done.errors) == 2
+    assert done.output == streamed == "".join(s["text"] for s in done.segments)
+    assert [(s["by"], bool(s.get("fallback"))) for s in done.segments] == [("slm", False), ("llm", False),
+                                                                           ("slm", True)]
+    batch = eng.batch(["x"], options=[{"offload_bias": bias}])[0]
+    assert (batch.output, batch.segments, batch.usage, batch.handoff) == (done.output, done.segments, done.usage,
+                                                                           done.handoff)
+    env = Env(PROMPTS, PRICES, max_tokens=24)
+    method = PyroDash("pyrodash", slm, CutLLM(llm), env, offload_bias=bias)
+    method.engine.failure = eng.failure
+    (rec,) = method([(Example(id="0", benchmark="t", question="x", gold="0"), {"temperature": 0.0})])
+    assert rec["output"] == done.output and rec["segments"] == done.segments and rec["fallback"]

@@ -405,3 +405,28 @@ def test_stream_and_non_stream_agree(client, bias, seed, temperature, max_tokens
         k: v for k, v in q.items() if k not in ("cost_usd", "latency_s")}
     assert p["cost_usd"] == pytest.approx(q["cost_usd"])
     assert p["slm_out"] <= max_tokens and p["llm_out"] <= max_tokens
+
+
+def test_each_prompt_is_tokenized_once_per_request(stack, client):
+    """Drift bug: the server tokenized each prompt 3-4 times per request (validation built both models' requests to
+    count their tokens, then the LLM-only estimate counted again). Now each distinct text reaches the SLM's
+    tokenizer at most once per request (the SLM's prompt, and the LLM-only request for the estimate)."""
+    from collections import Counter
+
+    tok = stack[2].tokenizer
+    seen: Counter = Counter()
+    encode = tok.encode
+
+    def counting(text, *a, **kw):
+        seen[text] += 1
+        return encode(text, *a, **kw)
+
+    tok.encode = counting
+    try:
+        for model in ("pyrodash", "always-offload"):
+            seen.clear()
+            r = client.chat.completions.create(model=model, messages=Q, max_tokens=12)
+            assert r.choices[0].message.content is not None and seen
+            assert max(seen.values()) == 1, {t[-60:]: n for t, n in seen.items() if n > 1}
+    finally:
+        del tok.encode

@@ -219,7 +219,8 @@ def engine_call(app: FastAPI, req: P._Sampling, kind: str) -> tuple[str, object,
 
 
 def _context_need(engine, question, kwargs: dict) -> list[tuple[str, int, int]]:
-    """(side, prompt tokens, context window) for each in-process model that can count its prompt."""
+    """(side, prompt tokens, context window) for each in-process model that can count its prompt; where the prompt
+    surely fits with the whole budget, an upper bound on its tokens (its UTF-8 bytes) instead of a count."""
     out = []
     sides = []
     slm, llm = getattr(engine, "slm", None), getattr(engine, "llm", None)
@@ -233,12 +234,19 @@ def _context_need(engine, question, kwargs: dict) -> list[tuple[str, int, int]]:
         sides.append(("SLM", slm, lambda: build_slm(messages, max_tokens=budget)))
     if build_llm is not None:
         sides.append(("LLM", llm, lambda: build_llm(messages, "", budget, {})))
+    total = min(budget, kwargs.get("max_total_tokens") or budget)  # the most one model decodes
     for name, backend, build in sides:
         window = getattr(backend, "context_window", None)
         count = getattr(backend, "prompt_ids", None)
         if not callable(window) or not callable(count) or window() is None:
             continue
-        out.append((name, len(count(build())), window()))
+        req, render = build(), getattr(backend, "render", None)
+        if callable(render):  # an in-process prompt never has more tokens than UTF-8 bytes: no tokenizing (the
+            n = len(render(req).encode())  # engine tokenizes the prompt once, when it runs) unless it may not fit
+            if n + total <= window():
+                out.append((name, n, window()))
+                continue
+        out.append((name, len(count(req)), window()))
     return out
 
 
@@ -256,8 +264,9 @@ async def check_context(app: FastAPI, question, kwargs: dict) -> dict:
     total = kwargs["max_total_tokens"]
     for side, prompt, window in needs:
         room = window - prompt
-        if room < 1 or (explicit and prompt + total > window):
-            asked = f"{total} requested tokens" if explicit else "no room for any output"
+        own = min(kwargs["max_tokens"], total)  # what this model may decode: its own share of the joint budget
+        if room < 1 or (explicit and prompt + own > window):
+            asked = f"{own} requested tokens" if explicit else "no room for any output"
             raise P.APIError(400, f"This model's maximum context length is {window} tokens ({side}); the messages "
                              f"take {prompt} tokens and {asked}. Shorten the messages or lower {param}.",
                              param="messages" if room < 1 else param, code="context_length_exceeded")  # fmt: skip

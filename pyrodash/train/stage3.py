@@ -27,6 +27,7 @@ from trl import GRPOTrainer
 from pyrodash.backends.hf import HFBackend
 from pyrodash.cost import Prices
 from pyrodash.engine import CollaborateEngine, FailurePolicy
+from pyrodash.events import Done
 from pyrodash.grading import grade_batch
 from pyrodash.prompts import Prompts, get_prompts
 from pyrodash.tokens import offload_token_id
@@ -93,24 +94,36 @@ class CostAwareGRPOTrainer(GRPOTrainer):
 
 
 def collaboration_engine(slm, llm, prompts: Prompts, prices, max_new_tokens: int, llm_max_tokens: int,
-                         on_error: str = "raise") -> CollaborateEngine:
-    """The Collaborate Engine of Stage 3 (its rollouts' handoffs and its held-out eval): the SLM backend, the
-    frozen LLM (`FrozenLLM`) under its batch call policy; a failed handoff is recorded, never fatal."""
+                         failure: FailurePolicy | None = None) -> CollaborateEngine:
+    """The Collaborate Engine of Stage 3 over the SLM backend and the frozen LLM (`FrozenLLM`). The default failure
+    policy is the rollouts': the LLM's batch call policy, and a failed handoff is recorded (finish_reason "error"),
+    never fatal and never finished by the SLM (the reward skips it)."""
     pol = llm.policy
+    failure = failure or FailurePolicy(retries=pol.retries, backoff_s=pol.backoff_s, timeout_s=pol.timeout_s,
+                                       on_error="raise")
     return CollaborateEngine(slm, llm.backend, prompts, prices, max_tokens=max_new_tokens,
-                             llm_max_tokens=llm_max_tokens, failure=FailurePolicy(
-                                 retries=pol.retries, backoff_s=pol.backoff_s, timeout_s=pol.timeout_s,
-                                 on_error=on_error))
+                             llm_max_tokens=llm_max_tokens, failure=failure)
+
+
+def collaborate(model, tokenizer, llm, questions: list, prompts: Prompts, prices, max_new_tokens: int,
+                llm_max_tokens: int, batch_size: int = 64) -> list[Done]:
+    """The engine on held-out questions (greedy SLM under P_s, one handoff per offloaded question), exactly as
+    `pyrodash eval` and `pyrodash serve` run it (their default failure policy: an LLM that fails every attempt is
+    a fallback)."""
+    was_training = model.training
+    engine = collaboration_engine(HFBackend(model, tokenizer), llm, prompts, prices, max_new_tokens, llm_max_tokens,
+                                  failure=FailurePolicy())
+    dones = engine.batch(questions, batch_size=batch_size, concurrency=llm.concurrency)
+    model.train(was_training)
+    return dones
 
 
 def evaluate_collaboration(model, tokenizer, llm, rows: list[dict], prompts: Prompts, prices, max_new_tokens: int,
                            llm_max_tokens: int, batch_size: int = 64) -> dict:
-    """The engine on held-out rows (greedy SLM under P_s, one handoff per offloaded example), graded; returns
-    accuracy, offload rate, LLM calls per example and mean dollar cost per example."""
-    was_training = model.training
-    engine = collaboration_engine(HFBackend(model, tokenizer), llm, prompts, prices, max_new_tokens, llm_max_tokens)
-    dones = engine.batch([r["question"] for r in rows], batch_size=batch_size, concurrency=llm.concurrency)
-    model.train(was_training)
+    """`collaborate` on held-out rows, graded: accuracy, offload rate, LLM calls per example and mean dollar cost
+    per example (and accuracy / offload rate by difficulty)."""
+    dones = collaborate(model, tokenizer, llm, [r["question"] for r in rows], prompts, prices, max_new_tokens,
+                        llm_max_tokens, batch_size)
     ok = grade_batch([d.output for d in dones], [r["gold"] for r in rows])
     n = max(1, len(rows))
     off = [d.handoff is not None for d in dones]
@@ -118,6 +131,7 @@ def evaluate_collaboration(model, tokenizer, llm, rows: list[dict], prompts: Pro
     return {"n": len(rows), "accuracy": sum(ok) / n, "offload_rate": sum(off) / n,
             "llm_calls_per_example": sum(d.usage.llm_calls for d in dones) / n,
             "cost_usd_per_example": sum(d.cost_usd for d in dones) / n,
+            "fallbacks": sum(d.fallback for d in dones),
             **{f"accuracy_{d}": (sum(v) / len(v) if v else None) for d, v in by.items()},
             "offload_rate_hard": _rate([o for o, r in zip(off, rows) if r.get("difficulty") == "hard"]),
             "offload_rate_easy": _rate([o for o, r in zip(off, rows) if r.get("difficulty") == "easy"])}

@@ -1,0 +1,130 @@
+"""The one-execution-path parity check (issue 25), shared by tests/test_demo.py (on the quick demo's trained models)
+and runnable by hand on any demo directory:
+
+    python tests/parity.py runs/demo-quick
+
+The same world questions (single questions, conversation turns with their history, and questions whose handoff
+meets an LLM that drops the connection mid-answer every time, so the SLM falls back) go through `pyrodash serve`
+(a real server process, the official `openai` SDK), `pyrodash eval` (`evaluate`, the batched driver) and Stage 3's
+collaborative eval (`stage3.collaborate`); each must give the same joint text, segments, handoff position, four
+token counts and dollars.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import openai
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from servers import free_port, stop, wait_healthy  # noqa: E402
+from test_server import UvicornThread  # noqa: E402
+from test_server_faults import FaultInjectingLLM  # noqa: E402
+
+from pyrodash.backends.hf import HFBackend  # noqa: E402
+from pyrodash.backends.model_server import build_model_app  # noqa: E402
+from pyrodash.conversation import example_messages  # noqa: E402
+from pyrodash.cost import Prices  # noqa: E402
+from pyrodash.data.benchmarks import load_benchmark  # noqa: E402
+from pyrodash.evaluate import EvalConfig, evaluate  # noqa: E402
+from pyrodash.prompts import get_prompts  # noqa: E402
+from pyrodash.record import Record  # noqa: E402
+from pyrodash.report import read_records  # noqa: E402
+from pyrodash.train.models import FrozenLLM, load_local  # noqa: E402
+from pyrodash.train.stage3 import collaborate  # noqa: E402
+
+BUDGET = 300  # each model's, as the world's eval config and Stage 3 use
+
+
+def _key(r: dict) -> tuple:
+    """What must agree: the text, who wrote what (in order), the handoff, the four token counts and LLM calls."""
+    segs = tuple((s["by"], s["text"], bool(s.get("fallback"))) for s in r["segments"])
+    return (r["output"], segs, r["handoff"], r["slm_in"], r["slm_out"], r["llm_in"], r["llm_out"], r["llm_calls"],
+            r["fallback"])
+
+
+def _served(url: str, messages: list[list[dict]]) -> list[dict]:
+    out = []
+    with openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=120) as c:
+        for m in messages:
+            r = c.chat.completions.create(model="pyrodash", messages=m, max_tokens=2 * BUDGET, temperature=0,
+                                          top_p=1, extra_body={"max_tokens_per_model": BUDGET})
+            p = dict(r.model_extra["pyrodash"])
+            out.append({**p, "output": r.choices[0].message.content})
+    return out
+
+
+def _serve(slm: str, llm: str, prices: str, tmp: Path):
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "pyrodash", "serve", "--slm", slm, "--llm", llm, "--prompts",
+                             "world-v1", "--prices", prices, "--port", str(port), "--max-tokens", str(4 * BUDGET)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            cwd=tmp)  # fmt: skip
+    wait_healthy(f"http://127.0.0.1:{port}", proc, "pyrodash serve")
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def check_parity(run_dir: Path, tmp: Path, n_single: int = 6, n_turns: int = 4, n_faults: int = 3) -> dict:
+    """Run the three paths on the same questions; returns {path: [record key per question]} (asserting equality)."""
+    cfg = json.loads((run_dir / "config.resolved.json").read_text())
+    slm_dir, llm_dir = cfg["models"]["pyrodash"]["0.6"], cfg["models"]["llm"]
+    prompts, prices = get_prompts(cfg["prompts"]), Prices(**cfg["prices"])
+    world = cfg["world_dir"]
+    single = [ex for ex in load_benchmark("world:tier2", path=world) + load_benchmark("world:tier4", path=world)]
+    turns = [ex for ex in load_benchmark("world:multiturn", path=world) if ex.meta.get("turn", 1) > 1]
+    # questions that hand off (from the demo's own records): a fault there forces the fallback
+    handed = {r["id"] for r in read_records(run_dir / "records" / "pyrodash@0.6.jsonl") if r.get("handoff")}
+    examples = single[:n_single] + turns[:n_turns]
+    faulty = [ex for ex in single if ex.id in handed][:n_faults]
+    assert len(examples) == n_single + n_turns and len(faulty) == n_faults
+
+    def paths(llm_spec: str | dict, exs, name: str, served_llm: str) -> dict[str, list[tuple]]:
+        ecfg = EvalConfig(run_dir=str(tmp / f"eval-{name}"), benchmarks=sorted({ex.benchmark for ex in exs}),
+                          methods=["pyrodash"], models={"llm": llm_spec, "pyrodash": {0.6: slm_dir}},
+                          prompts=cfg["prompts"], prices=cfg["prices"], max_tokens=BUDGET, world_dir=world)
+        recs = {(r["benchmark"], r["id"]): r for r in read_records(evaluate(ecfg, examples=exs, quiet=True)
+                                                                   / "records" / "pyrodash@0.6.jsonl")}
+        evald = [recs[(ex.benchmark, ex.id)] for ex in exs]
+        msgs = [example_messages(prompts, ex.question, ex.meta.get("history")) for ex in exs]
+        model, tok = load_local(slm_dir)
+        frozen = FrozenLLM.from_spec(llm_spec)
+        st3 = [Record.from_done(d).to_json() for d in
+               collaborate(model, tok, frozen, msgs, prompts, prices, BUDGET, BUDGET)]
+        proc, url = _serve(slm_dir, served_llm, str(tmp / "prices.yaml"), tmp)
+        try:
+            served = _served(url, msgs)
+        finally:
+            stop(proc)
+        keys = {"serve": [_key(r) for r in served], "eval": [_key(r) for r in evald],
+                "stage3": [_key(r) for r in st3]}
+        for a, b in (("serve", "eval"), ("stage3", "eval")):
+            for i, (x, y) in enumerate(zip(keys[a], keys[b], strict=True)):
+                assert x == y, f"{name} question {exs[i].id}: {a} != {b}\n{x}\n{y}"
+        for a in (served, st3):
+            for x, y in zip(a, evald):
+                assert abs(x["cost_usd"] - y["cost_usd"]) < 1e-12, (x["cost_usd"], y["cost_usd"])
+        return keys
+
+    (tmp / "prices.yaml").write_text(json.dumps(cfg["prices"]))
+    out = paths(llm_dir, examples, "local", llm_dir)
+    assert any(k[2] is not None for k in out["eval"]) and any(k[2] is None for k in out["eval"])  # both branches
+    # the LLM behind an HTTP server that cuts every answer after 3 chunks: each path retries, then falls back
+    with UvicornThread(build_model_app(HFBackend(llm_dir), model_name="llm"), log_level="error") as up:
+        fault = FaultInjectingLLM(up.url)
+        fault.mode, fault.cut_after = "cut", 3
+        with UvicornThread(fault.app, log_level="error") as cut:
+            spec = {"url": f"{cut.url}/v1", "model": "llm"}
+            fell = paths(spec, faulty, "faults", f"{cut.url}/v1#llm")
+    assert all(k[-1] for k in fell["eval"]), "every faulty handoff ends in the SLM's fallback"
+    return {"local": out, "faults": fell}
+
+
+if __name__ == "__main__":
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        res = check_parity(Path(sys.argv[1]), Path(d))
+        print({k: len(v["eval"]) for k, v in res.items()}, "questions: serve == eval == stage3")
