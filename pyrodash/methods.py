@@ -1,5 +1,6 @@
-"""The evaluated methods. Each is a callable over a batch of (Example, sampling) items that returns one partial record
-per item (output, usage, llm_calls, handoff, segments, ...); `pyrodash.evaluate` grades and stores them.
+"""The evaluated methods. Each is a callable over a batch of (Example, sampling) items that returns one record per item
+(`pyrodash.record`: the engine's `Done` as a JSON object, plus method extras); `pyrodash.evaluate` grades and stores
+them. `pyrodash.methods_build.build_methods` makes the methods of an eval config.
 
 - `slm`, `slm+sft`, `llm`: one model answers alone (`Solo`); the question template, no system prompt, `<offload>`
   banned where the vocabulary has it (SLM+SFT is the Stage-2 model without P_s, as in the paper).
@@ -9,9 +10,11 @@ per item (output, usage, llm_calls, handoff, segments, ...); `pyrodash.evaluate`
 - `routellm@<α>`: RouteLLM-MF (`pyrodash.routing.routellm_mf`), `glimprouter@<τ>`: GlimpRouter
   (`pyrodash.routing.glimprouter`).
 
-In-process backends (`HFBackend.generate_batch`) are batched; any other backend (OpenAI-compatible HTTP) is driven
-through its stream with `concurrency` requests in flight. PyroDash's batched path is Algorithm 1 with the engine's
-own request builders (P_s, `<offload>` as a stop id, the handoff request), so its records equal `engine.run`'s.
+Every method but GlimpRouter (a router that calls a model per step, not a handoff) runs on the Collaborate Engine's
+batch driver (`CollaborateEngine.batch`): the SLM/LLM alone are its modes "slm"/"llm", PyroDash its mode "collab",
+the oracle a handoff told from outside. In-process backends decode in left-padded batches; any other backend
+(OpenAI-compatible HTTP) is driven through its stream with `concurrency` requests in flight. So a record is what
+`pyrodash serve` answers for the same question (tests/parity.py).
 """
 
 from __future__ import annotations

@@ -44,7 +44,7 @@ def test_cut_before_step():
 
 def test_oracle_hands_off_before_the_first_hard_step_and_bills_like_the_engine(backends):
     from pyrodash.backends.base import GenRequest
-    from pyrodash.engine import handoff_request, with_system
+    from pyrodash.engine.requests import handoff_request, with_system
     from pyrodash.methods import generate
     from pyrodash.methods_oracle import Oracle, cut_before_step
 
