@@ -5,10 +5,11 @@
 Records go to `RUN_DIR/records/<method>.jsonl`; each line holds id, benchmark, sample, question, gold, correct,
 the answer's record (`pyrodash.record.Record`: output, the four token counts, llm_calls, cost_usd, handoff, segments
 in streamed order, fallback, ...), method extras, latency_s (`reused_answer: true` where a Solo answer was shared
-with an earlier method, with that answer's latency) and the example's meta (world problems carry `steps` / `hard_steps` for the trigger-position analysis). Lines are appended
-and fsync'ed one by one; a restarted run skips (benchmark, id, sample) keys already present and first cuts a torn
-last line, so a run killed at any point (kill -9) loses and duplicates nothing. The resolved config is saved as
-`RUN_DIR/config.resolved.json`. Metrics and tables come from the records (`pyrodash.report`).
+with an earlier method, with that answer's latency) and the example's meta (world problems carry `steps` /
+`hard_steps` for the trigger-position analysis). Lines are appended and fsync'ed one by one; a restarted run skips
+(benchmark, id, sample) keys already present and first cuts a torn last line, so a run killed at any point (kill -9)
+loses and duplicates nothing. The resolved config is saved as `RUN_DIR/config.resolved.json`. Metrics and tables
+come from the records (`pyrodash.report`).
 
 Accuracy is pass@1 with greedy decoding, or avg@k for benchmarks listed under `samples` (k samples at
 `sample_temperature` / `sample_top_p`, seeds 0..k-1).
