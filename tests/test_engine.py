@@ -318,3 +318,23 @@ def test_fallback_after_partial_llm_text_keeps_streamed_order_everywhere(slm, ll
     method.engine.failure = eng.failure
     (rec,) = method([(Example(id="0", benchmark="t", question="x", gold="0"), {"temperature": 0.0})])
     assert rec["output"] == done.output and rec["segments"] == done.segments and rec["fallback"]
+
+
+@pytest.mark.parametrize("mode", ["collab", "slm", "llm"])
+def test_batch_driver_equals_the_stream_driver(engine, mode):
+    """The engine's two entry points are one Algorithm 1: a batch (left-padded in-process generation) gives each
+    question the Done its stream gives (text, segments, handoff, tokens, dollars), in every mode."""
+    qs = ["x", "3+4=", "Start 5: +1, f."]
+    bias = 2.0 if mode == "collab" else 0.0
+    streamed = [engine.run(q, mode=mode, offload_bias=bias) for q in qs]
+    batched = engine.batch(qs, mode=mode, options=[{"offload_bias": bias}] * len(qs), batch_size=2)
+    for s, b in zip(streamed, batched, strict=True):
+        assert (b.output, b.segments, b.handoff, b.usage, b.mode) == (s.output, s.segments, s.handoff, s.usage, mode)
+        assert b.cost_usd == pytest.approx(s.cost_usd)
+    if mode == "collab":
+        assert any(d.handoff is not None for d in batched)
+        only_slm = engine.batch(qs, options=[{"offload_bias": bias}] * len(qs), stop_at_handoff=True)
+        assert [d.handoff for d in only_slm] == [d.handoff for d in streamed]
+        assert all(d.usage.llm_calls == 0 for d in only_slm)
+    else:
+        assert all(d.handoff is None and (d.usage.llm_calls == (mode == "llm")) for d in batched)

@@ -422,10 +422,12 @@ class CollaborateEngine:
                     yield ev
         yield t.done(self.prices)
 
-    async def _slm_stream(self, t: Turn) -> AsyncIterator[SLMDelta | _EarlyCall]:
-        """Lines 1-2, 9-10: the SLM decodes, `<offload>` a stop token id. The handoff request is put on the wire
-        the moment the stop arrives (an `_EarlyCall`, yielded to the driver), before the SLM's stream is drained."""
-        self._warm_llm()
+    async def _slm_stream(self, t: Turn, early_call: bool = True) -> AsyncIterator[SLMDelta | _EarlyCall]:
+        """Lines 1-2, 9-10: the SLM decodes, `<offload>` a stop token id. With `early_call` (the stream driver) the
+        handoff request is put on the wire the moment the stop arrives (an `_EarlyCall`, yielded to the driver),
+        before the SLM's stream is drained."""
+        if early_call:
+            self._warm_llm()
         text, final, seen, counted, early = "", GenChunk(), 0, True, False
         async with contextlib.aclosing(self.slm.stream(t.req)) as it:
             async for ch in it:
@@ -440,7 +442,7 @@ class CollaborateEngine:
                     # (`seen` counts every streamed id, the <offload> stop's own chunk included, as slm_out does)
                     b, total = t.llm_max, t.total
                     left_now = b if total is None else min(b, total - seen) if counted else 0
-                    if (not early and t.mode == "collab" and ch.stop_token_id == self.offload_id
+                    if (early_call and not early and t.mode == "collab" and ch.stop_token_id == self.offload_id
                             and left_now > 0):
                         ereq, dropped = self._handoff(t.messages, pack(text), left_now, t.sampling)
                         t.trimmed["llm"] = max(t.trimmed["llm"], dropped)
@@ -480,7 +482,7 @@ class CollaborateEngine:
                 for i, r in zip(todo, made, strict=True):
                     given[i] = r
                 todo = []
-            await asyncio.gather(*(limited(_drain(self._slm_stream_batch(turns[i]))) for i in todo))
+            await asyncio.gather(*(limited(_drain(self._slm_stream(turns[i], early_call=False))) for i in todo))
             for t, r in zip(turns, given):
                 if r is not None:
                     self._slm_finished(t, r.text, _final_chunk(r), len(r.token_ids))
@@ -499,18 +501,6 @@ class CollaborateEngine:
                 if t.finish is None:
                     await _drain(self._fallback_phase(t))
         return [t.done(self.prices) for t in turns]
-
-    async def _slm_stream_batch(self, t: Turn) -> AsyncIterator[SLMDelta]:
-        """The SLM's decoding of one request in a batch over a streaming backend (no early LLM call)."""
-        text, final, seen = "", GenChunk(), 0
-        async with contextlib.aclosing(self.slm.stream(t.req)) as it:
-            async for ch in it:
-                seen += len(ch.token_ids) or bool(ch.text)
-                text += ch.text
-                if ch.finish_reason is not None:
-                    final = ch
-                yield SLMDelta(ch.text)
-        self._slm_finished(t, text, final, seen)
 
     async def _llm_batch(self, turns: list[Turn], batch_size: int) -> None:
         """The LLM calls of many turns as one batched in-process generation (an in-process model does not fail the
