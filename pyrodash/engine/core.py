@@ -54,6 +54,8 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable
 
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
 from pyrodash import conversation as conv
 from pyrodash.backends.base import Backend, GenChunk, GenRequest, GenResult
 from pyrodash.cost import Prices, Usage
@@ -120,6 +122,17 @@ def _final_chunk(r: GenResult) -> GenChunk:
     return GenChunk(finish_reason=r.finish_reason, stop_token_id=r.stop_token_id, prompt_tokens=r.prompt_tokens,
                     completion_tokens=r.completion_tokens, cached_tokens=getattr(r, "cached_tokens", None) or None,
                     usage_estimated=getattr(r, "usage_estimated", False))
+
+
+@contextlib.contextmanager
+def _progress(desc: str | None, what: str, total: int):
+    """A rich progress bar `desc (what)` over `total` items (a no-op without `desc`); yields `advance(n)`."""
+    if desc is None or total == 0:
+        yield lambda n: None
+        return
+    with Progress(TextColumn(f"{desc} ({what})"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()) as bar:
+        task = bar.add_task("", total=total)
+        yield lambda n: bar.advance(task, n)
 
 
 async def _drain(gen: AsyncIterator) -> None:
@@ -454,7 +467,7 @@ class CollaborateEngine:
     # ---- driver 2: many requests, batched generation where the backend can (eval, training, calibration) ----
     async def abatch(self, questions: list, mode: str = "collab", options: list[dict] | None = None,
                      slm_results: list[GenResult | None] | None = None, batch_size: int = 16,
-                     concurrency: int = 8, stop_at_handoff: bool = False) -> list[Done]:
+                     concurrency: int = 8, stop_at_handoff: bool = False, desc: str | None = None) -> list[Done]:
         """Algorithm 1 for many requests, one `Done` each (in order), equal to what `stream` gives for each. The SLM
         and the LLM decode in left-padded batches when the backend runs in process (`generate_batch`), else as
         `concurrency` streams at a time. `options[i]`: request i's options (see `turn`). `slm_results[i]`: an SLM
@@ -462,7 +475,8 @@ class CollaborateEngine:
         at the `<offload>` id is a handoff. An LLM that fails every attempt never raises here: under
         on_error="raise" the request's Done has finish_reason "error" (what `EngineError.done` would carry).
         `stop_at_handoff`: only the SLM runs (Lines 1-5); a request that would hand off ends with finish_reason
-        "handoff" and its `handoff` position, and no LLM call is made (calibrating a target LLM-call rate)."""
+        "handoff" and its `handoff` position, and no LLM call is made (calibrating a target LLM-call rate).
+        `desc`: a rich progress bar with this label (SLM decodings, then LLM calls)."""
         options = options if options is not None else [{}] * len(questions)
         if len(options) != len(questions) or (slm_results is not None and len(slm_results) != len(questions)):
             raise ValueError("abatch: options and slm_results need one entry per question")
@@ -477,10 +491,13 @@ class CollaborateEngine:
             given = slm_results or [None] * len(turns)
             todo = [i for i, r in enumerate(given) if r is None]
             if todo and hasattr(self.slm, "generate_batch"):
-                made = self.slm.generate_batch([turns[i].req for i in todo], batch_size=batch_size)
                 given = list(given)
-                for i, r in zip(todo, made, strict=True):
-                    given[i] = r
+                with _progress(desc, "SLM", len(todo)) as step:
+                    for k in range(0, len(todo), batch_size):
+                        part = todo[k:k + batch_size]
+                        for i, r in zip(part, self.slm.generate_batch([turns[i].req for i in part]), strict=True):
+                            given[i] = r
+                        step(len(part))
                 todo = []
             await asyncio.gather(*(limited(_drain(self._slm_stream(turns[i], early_call=False))) for i in todo))
             for t, r in zip(turns, given):
@@ -492,7 +509,10 @@ class CollaborateEngine:
                 t.finish = "handoff"
             return [t.done(self.prices) for t in turns]
         if hasattr(self.llm, "generate_batch"):
-            await self._llm_batch(need, batch_size)
+            with _progress(desc, "LLM", len(need)) as step:
+                for k in range(0, len(need), batch_size):
+                    await self._llm_batch(need[k:k + batch_size], batch_size)
+                    step(len(need[k:k + batch_size]))
         else:
             await asyncio.gather(*(limited(_drain(self._llm_phase(t))) for t in need))
         for t in need:

@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import json
 import random
+from dataclasses import replace
 from pathlib import Path
 
-from pyrodash.backends.base import GenRequest
 from pyrodash.backends.hf import HFBackend
+from pyrodash.cost import Prices
+from pyrodash.engine import CollaborateEngine
 from pyrodash.grading import grade_batch
 from pyrodash.prompts import Prompts, get_prompts
 from pyrodash.tokens import offload_token_id
@@ -25,7 +27,6 @@ from pyrodash.train import distributed as dist
 from pyrodash.train.common import callbacks, messages_dataset, quiet, save_checkpoint
 from pyrodash.train.config import save_resolved
 from pyrodash.train.curate import read_jsonl
-from pyrodash.train.generate import generate
 from pyrodash.train.models import load_local
 from pyrodash.train.paths import curated_dir, require, stage_dir
 
@@ -34,27 +35,28 @@ def measure_offload_rates(model, tokenizer, rows: list[dict], prompts: Prompts, 
                           batch_size: int = 64, desc: str | None = "offload rates") -> dict:
     """`<offload>` rates with and without P_s on `rows` (dicts with question, gold, difficulty easy|hard), and the
     accuracy of the answers completed without P_s (the SLM+SFT baseline)."""
-    tid = offload_token_id(tokenizer)
-    if tid is None:
+    if offload_token_id(tokenizer) is None:
         raise ValueError("the model has no <offload> token: measure a Stage 1/2/3 checkpoint")
     was_training = model.training
     backend = HFBackend(model, tokenizer)
     result: dict = {"n": len(rows), "n_hard": sum(r["difficulty"] == "hard" for r in rows)}
     result["n_easy"] = result["n"] - result["n_hard"]
     for cond, with_ps in (("with_ps", True), ("without_ps", False)):
-        reqs = [GenRequest(messages=prompts.slm_messages(r["question"], offload=with_ps), max_tokens=max_new_tokens,
-                           stop_token_ids=[tid]) for r in rows]
-        gens = generate(backend, reqs, batch_size=batch_size, desc=f"{desc} ({cond})" if desc else None)
-        off = [g.stop_token_id == tid for g in gens]
+        # the engine's SLM step (Lines 1-5, greedy, `<offload>` a stop id), with or without P_s as system message
+        engine = CollaborateEngine(backend, backend, prompts if with_ps else replace(prompts, offload_system=""),
+                                   Prices(0, 0, 0, 0), max_tokens=max_new_tokens)
+        dones = engine.batch([r["question"] for r in rows], batch_size=batch_size, stop_at_handoff=True,
+                             desc=f"{desc} ({cond})" if desc else None)
+        off = [d.handoff is not None for d in dones]
         for diff in ("hard", "easy"):
             sel = [o for o, r in zip(off, rows, strict=True) if r["difficulty"] == diff]
             result[f"{diff}_{cond}"] = sum(sel) / len(sel) if sel else None
         result[f"all_{cond}"] = sum(off) / len(off) if off else None
         if not with_ps:
-            ok = grade_batch([g.text for g in gens], [r["gold"] for r in rows])
+            ok = grade_batch([d.output for d in dones], [r["gold"] for r in rows])
             result["accuracy_without_ps"] = sum(ok) / len(ok) if ok else None
         else:
-            pos = [g.completion_tokens - 1 for g, o in zip(gens, off, strict=True) if o]
+            pos = [d.handoff for d in dones if d.handoff is not None]
             result["mean_handoff_position_with_ps"] = sum(pos) / len(pos) if pos else None
     model.train(was_training)
     return result

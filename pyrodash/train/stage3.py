@@ -113,7 +113,7 @@ def collaborate(model, tokenizer, llm, questions: list, prompts: Prompts, prices
     was_training = model.training
     engine = collaboration_engine(HFBackend(model, tokenizer), llm, prompts, prices, max_new_tokens, llm_max_tokens,
                                   failure=FailurePolicy())
-    dones = engine.batch(questions, batch_size=batch_size, concurrency=llm.concurrency)
+    dones = engine.batch(questions, batch_size=batch_size, concurrency=llm.concurrency, desc="collaborative eval")
     model.train(was_training)
     return dones
 
