@@ -9,7 +9,9 @@ server stopping on the `<offload>` id (vLLM's `stop_reason`) after `--handoff-at
 server streaming the rest. The two alternate in order, each after a 20 ms pause. Printed: the wall-time ratio
 (engine / direct, medians), the added time to first token (p50 of per-run differences) and the handoff latency
 (p50, from the server sending the `<offload>` stop to the LLM request arriving at the server: Pack, the engine and
-the HTTP client in between). The engine path also streams one more step (the SLM decoding `<offload>` itself).
+the HTTP client in between), split into the SLM's HTTP client reading the stop, the engine (stop to LLM request
+handed to its client: Pack, the request) and the LLM's HTTP client sending it (to the server's handler). The engine
+path also streams one more step (the SLM decoding `<offload>` itself).
 The last line is machine-readable: `overhead_ratio=<x> added_ttft_ms_p50=<y> handoff_ms_p50=<z>`.
 """
 
@@ -40,7 +42,8 @@ def scripted_app(script: list[str], handoff_at: int, token_s: float = 0.0, promp
     model "direct" streams the whole script; "slm" streams script[:handoff_at] then stops with
     stop_reason=OFFLOAD_ID (as vLLM reports a stop_token_ids hit), or the whole script when the request bans
     OFFLOAD_ID through logit_bias; "llm" streams script[handoff_at:]. `app.state.log` records (model, arrival
-    time, time the last chunk was sent) per request, from `time.perf_counter()`.
+    time, time the last chunk was sent, time the first content chunk was sent) per request, from
+    `time.perf_counter()` (one clock for every process of the machine).
     """
     app = FastAPI()
     app.state.log = []
@@ -67,7 +70,7 @@ def scripted_app(script: list[str], handoff_at: int, token_s: float = 0.0, promp
         stops = OFFLOAD_ID in (body.get("stop_token_ids") or []) and bias > -100
         at = 0 if bias >= 100 else handoff_at  # <offload> forced (as a real server would): it is the first token
         toks = {"direct": script, "slm": script[:at] if stops else script, "llm": script[handoff_at:]}[model]
-        rec = [model, t_arrive, None]
+        rec = [model, t_arrive, None, None]  # + the time the first content chunk was sent
         app.state.log.append(rec)
 
         def chunk(choices, **extra) -> str:
@@ -79,6 +82,8 @@ def scripted_app(script: list[str], handoff_at: int, token_s: float = 0.0, promp
             for t in toks:
                 if token_s:
                     await asyncio.sleep(token_s)
+                if rec[3] is None:
+                    rec[3] = time.perf_counter()
                 yield chunk([{"index": 0, "delta": {"content": t}, "finish_reason": None}])
             if model == "slm" and stops:
                 if token_s:
@@ -99,6 +104,24 @@ def scripted_app(script: list[str], handoff_at: int, token_s: float = 0.0, promp
     return app
 
 
+class _Timed:
+    """The backend it wraps, with the times its stream yielded a stop chunk (`stops`) and was called (`calls`): where
+    the engine's own share of a handoff starts and ends. Every other attribute is the backend's."""
+
+    def __init__(self, backend) -> None:
+        self._b, self.stops, self.calls = backend, [], []
+
+    def __getattr__(self, name: str):
+        return getattr(self._b, name)
+
+    async def stream(self, req, *a, **kw):
+        self.calls.append(time.perf_counter())
+        async for ch in self._b.stream(req, *a, **kw):
+            if ch.stop_token_id is not None and ch.prompt_tokens is None:  # the stop, before the usage chunk
+                self.stops.append(time.perf_counter())
+            yield ch
+
+
 async def measure(url: str, runs: int, handoff_at: int) -> dict:
     from pyrodash.backends.openai_compat import OpenAICompatBackend
     from pyrodash.cost import Prices
@@ -110,9 +133,10 @@ async def measure(url: str, runs: int, handoff_at: int) -> dict:
     # scripted "slm" model streams the whole script
     slm, llm = OpenAICompatBackend(url, model="slm"), OpenAICompatBackend(url, model="llm")
     direct = slm
-    engine = CollaborateEngine(slm, llm, get_prompts("qwen-math-v1"), Prices.from_yaml("paper"), max_tokens=4096)
+    tslm, tllm = _Timed(slm), _Timed(llm)
+    engine = CollaborateEngine(tslm, tllm, get_prompts("qwen-math-v1"), Prices.from_yaml("paper"), max_tokens=4096)
     msgs = [{"role": "user", "content": "q"}]
-    d_wall, e_wall, d_ttft, e_ttft, handoffs = [], [], [], [], []
+    d_wall, e_wall, d_ttft, e_ttft, handoffs, parts = [], [], [], [], [], []
 
     async def run_direct() -> tuple[float, float]:
         t0, first = time.perf_counter(), None
@@ -148,10 +172,13 @@ async def measure(url: str, runs: int, handoff_at: int) -> dict:
         slm_rec, llm_rec = log[llm_at - 1], log[llm_at]  # the engine's SLM request, then its LLM request
         assert slm_rec[0] == "slm"
         handoffs.append(llm_rec[1] - slm_rec[2])
+        stop, call = tslm.stops[-1], tllm.calls[-1]  # split: upstream -> SLM client, engine, LLM client -> upstream
+        parts.append((stop - slm_rec[2], call - stop, llm_rec[1] - call))
     await engine.aclose()
     return {"ratio": statistics.median(e_wall) / statistics.median(d_wall),
             "added_ttft_ms": statistics.median(e - d for e, d in zip(e_ttft, d_ttft)) * 1e3,
             "handoff_ms": statistics.median(handoffs) * 1e3,
+            "handoff_parts_ms": [statistics.median(p[j] for p in parts) * 1e3 for j in range(3)],
             "direct_ms": statistics.median(d_wall) * 1e3, "engine_ms": statistics.median(e_wall) * 1e3}
 
 
@@ -203,6 +230,9 @@ def main(argv: list[str] | None = None) -> int:
         proc.join(5)
     print(f"script: {a.tokens} tokens at {a.token_ms} ms/token, handoff after {a.handoff_at}, {a.runs} runs")
     print(f"direct {r['direct_ms']:.1f} ms, engine {r['engine_ms']:.1f} ms (medians)")
+    a, b, c = r["handoff_parts_ms"]
+    print(f"handoff split (p50s): stop sent -> the SLM client yields it {a:.3f} ms; the engine (stop -> LLM request "
+          f"handed to its client) {b:.3f} ms; LLM client -> request at the server {c:.3f} ms")
     print(f"overhead_ratio={r['ratio']:.4f} added_ttft_ms_p50={r['added_ttft_ms']:.3f} "
           f"handoff_ms_p50={r['handoff_ms']:.3f}")
     return 0

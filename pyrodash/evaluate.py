@@ -24,8 +24,15 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import yaml
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from pyrodash.cost import Prices
+from pyrodash.data.benchmarks import load_benchmark
 from pyrodash.data.example import Example
+from pyrodash.grading import grade_batch
+from pyrodash.methods import Env, timed
+from pyrodash.methods_build import build_methods
+from pyrodash.prompts import get_prompts
 
 
 @dataclass
@@ -157,8 +164,6 @@ class EvalConfig:
         return pats is None or any(re.fullmatch(p, method) for p in pats)
 
     def price_sheet(self):
-        from pyrodash.cost import Prices
-
         return Prices(**self.prices) if isinstance(self.prices, dict) else Prices.from_yaml(self.prices)
 
 
@@ -229,8 +234,6 @@ def check_compatible(run_dir: Path, cfg: EvalConfig) -> None:
 
 
 def load_examples(cfg: EvalConfig, name: str, limit: int | None = None) -> list[Example]:
-    from pyrodash.data.benchmarks import load_benchmark
-
     path = cfg.world_dir if name.startswith("world:") else cfg.benchmark_paths.get(name)
     return load_benchmark(name, path=path, limit=limit)
 
@@ -245,13 +248,6 @@ def evaluate(cfg: EvalConfig, methods: dict | None = None, examples: list[Exampl
              quiet: bool = False) -> Path:
     """Run every method over every benchmark into RUN_DIR/records; returns RUN_DIR. `methods` defaults to
     `pyrodash.methods_build.build_methods(cfg, ...)`, `examples` to the config's benchmarks."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from pyrodash.grading import grade_batch
-    from pyrodash.methods import Env, timed
-    from pyrodash.methods_build import build_methods
-    from pyrodash.prompts import get_prompts
-
     run_dir = Path(cfg.run_dir)
     if methods is None:
         cfg.check_models()  # before the run directory exists: a typo in a path leaves nothing behind

@@ -18,8 +18,10 @@ What each one enforces (the rules PyroDash must get right; everything else about
   base path only (`/beta`; elsewhere a 400); usage with `prompt_cache_hit_tokens` / `prompt_cache_miss_tokens`.
 - `anthropic_double`: the Messages API: `x-api-key` (401 `authentication_error`) and `anthropic-version` (400)
   headers; `max_tokens` required; unknown fields 400 "Extra inputs are not permitted"; `temperature` and `top_p`
-  together a 400; roles user/assistant only (system is top-level); a final assistant message is a prefill that the
-  model continues, which may not end in whitespace (400); `prefill=False`: a model that refuses prefill (400).
+  together a 400; roles user/assistant only (system is top-level); message `content` and `system` are a string or a
+  list of content blocks (text blocks are read; any other block type is a 400 here); a final assistant message is a
+  prefill that the model continues, which may not end in whitespace (400); `prefill=False`: a model that refuses
+  prefill (400).
   Streaming events: message_start (input usage), content_block_start/delta/stop, message_delta (stop_reason,
   output_tokens), message_stop.
 The model behind every double decodes greedily (sampling is not what these doubles stand in for).
@@ -187,6 +189,17 @@ def deepseek_double(backend, model: str = "deepseek-chat", key: str = "sk-deepse
     return _openai_like(backend, model, key, deepseek=True)
 
 
+def _anthropic_text(content) -> str | None:
+    """The text of an Anthropic `content` (or `system`): a string, or a list of blocks of which only text blocks are
+    modelled here; None when it is neither."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(isinstance(b, dict) and b.get("type") == "text" and
+                                         isinstance(b.get("text"), str) for b in content):
+        return "".join(b["text"] for b in content)
+    return None
+
+
 def anthropic_double(backend, model: str = "claude-double", key: str = "sk-ant-double-0123456789abcdef",
                      prefill: bool = True) -> FastAPI:
     """TEST DOUBLE of Anthropic's Messages API (see the module docstring)."""
@@ -229,19 +242,26 @@ def anthropic_double(backend, model: str = "claude-double", key: str = "sk-ant-d
         if not msgs or any(m.get("role") not in ("user", "assistant") for m in msgs):
             return err(400, "invalid_request_error", "messages: roles must be 'user' or 'assistant' (system is a "
                        "top-level field)")
+        texts = [_anthropic_text(m.get("content")) for m in msgs]
+        system = _anthropic_text(body.get("system", ""))
+        if system is None or None in texts:
+            at = "system" if system is None else f"messages.{texts.index(None)}.content"
+            return err(400, "invalid_request_error", f"{at}: a string or a list of text blocks (this test double "
+                       "models no other content)")
+        msgs = [{"role": m["role"], "content": t} for m, t in zip(msgs, texts, strict=True)]
         prefix = ""
         if msgs[-1]["role"] == "assistant":
             if not prefill:
                 return err(400, "invalid_request_error", "This model does not support assistant message prefill. "
                            "The conversation must end with a user message.")
-            prefix = str(msgs[-1]["content"])
+            prefix = msgs[-1]["content"]
             if prefix != prefix.rstrip():
                 return err(400, "invalid_request_error", "messages: final assistant content cannot end with "
                            "trailing whitespace")
             msgs = msgs[:-1]
         app.state.calls.append(body)
-        system = [{"role": "system", "content": body["system"]}] if body.get("system") else []
-        req = GenRequest(messages=system + [{"role": m["role"], "content": m["content"]} for m in msgs],
+        sys_msg = [{"role": "system", "content": system}] if system else []
+        req = GenRequest(messages=sys_msg + msgs,
                          prefix=prefix, max_tokens=int(body["max_tokens"]),
                          stop=list(body.get("stop_sequences") or []))
         texts, final = await _run(backend, req)

@@ -162,7 +162,7 @@ def test_long_history_is_trimmed_per_model_and_counted(chat_stack, tmp_path_fact
         (s,) = slm.requests
         assert [m["content"] for m in s.messages[1:]] == [m["content"] for m in msgs[3:]]
         assert s.messages[0]["content"].endswith("\n\nS")  # the caller's system text stays
-        metrics = httpx.get(f"{srv.url}/metrics").text
+        metrics = httpx.get(f"{srv.url}/metrics", headers={"Authorization": f"Bearer {KEY}"}).text
         assert 'pyrodash_history_trimmed_messages_total{side="slm"} 2' in metrics
         assert 'pyrodash_history_trimmed_requests_total{side="slm"} 1' in metrics
 

@@ -10,7 +10,8 @@ import time
 import pytest
 
 from pyrodash.cli import main
-from pyrodash.cost import Prices, Usage
+from pyrodash.cost import Prices
+from pyrodash.record import usage_of
 
 pytestmark = pytest.mark.slow
 
@@ -51,9 +52,9 @@ def test_summary_matches_records(demo):
     assert set(recs) == set(summary)
     n = {len(v) for v in recs.values()}
     assert len(n) == 1 and n.pop() == 5 * 30  # every method saw every problem of the five tiers once
-    llm_cost = sum(Usage.from_dict(r["usage"]).cost(prices) for r in recs["llm"])
+    llm_cost = sum(usage_of(r).cost(prices) for r in recs["llm"])
     for name, rs in recs.items():
-        us = [Usage.from_dict(r["usage"]) for r in rs]
+        us = [usage_of(r) for r in rs]
         s = summary[name]
         assert s["cost_usd"] == pytest.approx(sum(u.cost(prices) for u in us), rel=1e-12)
         assert s["cost_normalized"] == pytest.approx(s["cost_usd"] / llm_cost)
@@ -65,7 +66,9 @@ def test_summary_matches_records(demo):
         assert s["accuracy"] == pytest.approx(acc)
         for r in rs:
             assert "".join(seg["text"] for seg in r["segments"]) == r["output"]
-            assert r["llm_calls"] == r["usage"]["llm_calls"]
+            assert all(seg["by"] in ("slm", "llm") for seg in r["segments"])  # the one record's segment keys
+            if "cost_usd" in r:  # the engine's bill (every LLM call at the run's one price sheet) = the re-priced one
+                assert r["cost_usd"] == pytest.approx(usage_of(r).cost(prices)), r["method"]
     assert summary["slm"]["llm_calls"] == 0 and summary["llm"]["llm_token_ratio"] == 1.0
 
 
@@ -81,7 +84,7 @@ def test_conversation_turns_are_evaluated_per_turn(demo):
             v = per_turn[name][str(k)]
             assert v["n"] == 10 and v["accuracy"] == pytest.approx(sum(r["correct"] for r in at) / 10)
             assert v["llm_calls"] == pytest.approx(sum(r["llm_calls"] for r in at) / 10)
-            assert v["cost_usd"] == pytest.approx(sum(Usage.from_dict(r["usage"]).cost(prices) for r in at) / 10)
+            assert v["cost_usd"] == pytest.approx(sum(usage_of(r).cost(prices) for r in at) / 10)
     assert all(v["llm_calls"] == 0 for v in per_turn["slm"].values())
     assert all(v["llm_calls"] == 1 for v in per_turn["llm"].values())
     # the world LLM learnt follow-ups (pretraining mix): it answers later turns as well as first ones

@@ -196,7 +196,7 @@ def test_client_errors_are_not_retried_and_show_everywhere(models, servers):
     from pyrodash.server.protocol import PyroDashInfo
 
     info = PyroDashInfo.from_done(done)
-    assert info.fallback and len(info.llm_errors) == 1 and "HTTP 404" in info.llm_errors[0]
+    assert info.fallback and info.llm_errors == ["attempt 1: upstream_http_404"]  # a reason code, no upstream text
     assert "127.0.0.1" not in info.llm_errors[0]  # a client never sees the backend's address
     m = Metrics()
     m.observe_done(done, "pyrodash", 0.1, 0.01)

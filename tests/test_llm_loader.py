@@ -114,7 +114,7 @@ def test_load_llm_local_endpoint_and_probe(tiny, monkeypatch):
             return HFBackend(spec["path"] if isinstance(spec, dict) else spec, name="mine")
 
         mesh = load_llm([f"{url}#llm", {"path": str(llm_dir), "name": "in-process"}], "continue", local=local)
-        assert isinstance(mesh, MeshBackend) and [m.name for m in mesh.members] == [f"{url}#llm", "in-process"]
+        assert isinstance(mesh, MeshBackend) and [m.name for m in mesh.members] == ["llm", "in-process"]
         assert seen == [{"path": str(llm_dir), "name": "in-process"}] and mesh.members[0].backend.report is not None
     with pytest.raises(ValueError, match="no endpoint of the LLM mesh is an http"):
         load_llm([str(llm_dir)], "instruct")

@@ -257,8 +257,9 @@ def test_first_llm_killed_mid_handoff_the_second_finishes(tmp_path):
             chunks = list(client.chat.completions.create(
                 model="pyrodash", messages=MSGS, max_tokens=60, temperature=0.0, stream=True,
                 stream_options={"include_usage": True}, extra_body={"offload_bias": 100.0}))  # fmt: skip
-            metrics = httpx.get(f"{srv.url}/metrics").text
-            health = httpx.get(f"{srv.url}/health").json()
+            auth = {"Authorization": f"Bearer {KEY}"}
+            metrics = httpx.get(f"{srv.url}/metrics", headers=auth).text
+            health = httpx.get(f"{srv.url}/health", headers=auth).json()
         answer = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
         p = chunks[-1].model_extra["pyrodash"]
         assert procs[0].poll() == -signal.SIGKILL, "the first LLM server was killed mid-stream"

@@ -1,7 +1,8 @@
 """The browser playground of `pyrodash serve`, in a real headless Chromium (Debian's `chromium` + `chromium-driver`,
 driven by Selenium with /usr/bin/chromedriver given explicitly, so Selenium Manager never downloads anything).
 
-A real `pyrodash serve` process (auth on) serves a tiny real SLM in process; the LLM is a tiny real model behind
+A real `pyrodash serve` process (auth on) serves a tiny real SLM in process, and a base SLM (the compare view's "SLM
+only"); the LLM is a tiny real model behind
 `pyrodash serve-model`'s app on 127.0.0.1, stopped in the last test to see the fallback shown in the page. The
 handoff is placed mid-answer by choosing the offload_bias with the API first (greedy decoding: the handoff position
 only moves earlier as the bias grows), then set on the page's control. Screenshots go to the tests' tmp dirs.
@@ -44,10 +45,12 @@ def stack(tmp_path_factory):
 
     tmp = tmp_path_factory.mktemp("playground")
     slm_dir = tiny_model_dir(tmp / "slm", seed=HANDOFF_SLM_SEED)
+    base_dir = tiny_model_dir(tmp / "slm-base", seed=2, offload=False)
     lsrv = UvicornThread(build_model_app(tiny_llm(tmp_path_factory), model_name="tiny-llm")).__enter__()
     cfg = tmp / "serve.yaml"
     cfg.write_text(
-        f"slm: {slm_dir}\nllm: {{url: '{lsrv.url}/v1', model: tiny-llm, timeout_s: 10}}\nprompts: world-v1\n"
+        f"slm: {slm_dir}\nbase_slm: {base_dir}\nllm: {{url: '{lsrv.url}/v1', model: tiny-llm, timeout_s: 10}}\n"
+        "prompts: world-v1\n"
         f"prices: paper\noperating_points: {OPS}\nfailure: {{retries: 1, backoff_s: 0.05, timeout_s: 10}}\n"
         "limits: {max_tokens: 256, default_max_tokens: 40}\n"
     )
@@ -136,8 +139,9 @@ def test_page_loads_without_a_key_and_asks_for_it(stack, browser):
     r = httpx.get(url + "/")
     assert r.status_code == 200 and "PyroDash playground" in r.text
     assert httpx.get(url + "/playground/config").status_code == 401, "the page's data needs the API key"
+    health = browser.find_element(By.ID, "health")
     _open_with_key(browser, url)
-    assert browser.find_element(By.ID, "health").text == "SLM ✓ · LLM ✓"
+    _wait(browser, lambda d: health.text == "SLM ✓ · LLM ✓")  # with the key /health names the models
 
 
 def test_chat_shows_the_handoff_and_what_it_cost(stack, browser, tmp_path):
@@ -205,6 +209,16 @@ def test_compare_view_runs_slm_llm_and_pyrodash(stack, browser, tmp_path):
         assert segs == {"slm": {"seg slm"}, "llm": {"seg llm"}, "collab": {"seg llm"}}[mode], mode
     assert all(c > 0 for c in costs.values())
     assert costs["slm"] < costs["llm"], "the SLM's prices are lower than the LLM's"
+    # "SLM only" is the server's base SLM answering alone, and the column says so; an answer without a final
+    # \boxed{} is flagged, not shown as the SLM's answer
+    slm_col = browser.find_element(By.CSS_SELECTOR, '.col[data-mode="slm"]')
+    assert slm_col.find_element(By.TAG_NAME, "h3").text == "SLM only (base)"
+    assert "base SLM slm-base" in slm_col.find_element(By.CSS_SELECTOR, ".col-who").text
+    status = slm_col.find_element(By.CSS_SELECTOR, ".col-status").text
+    assert "the base SLM answered alone" in status
+    answer = slm_col.find_element(By.CSS_SELECTOR, ".answer").get_attribute("textContent")
+    if "\\boxed{" not in answer and "cut at max tokens" not in status:
+        assert slm_col.get_attribute("data-flag") == "no-answer" and "before a final answer" in status
     collab = browser.find_element(By.CSS_SELECTOR, '.col[data-mode="collab"]')
     assert collab.find_elements(By.CSS_SELECTOR, ".marker.handoff")
     assert len(browser.find_elements(By.CSS_SELECTOR, "#compare-bars .bar-row")) == 3

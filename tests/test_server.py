@@ -34,6 +34,7 @@ OPS = {"pyrodash": 0.0, "slm-only": -100.0, "always-offload": 100.0,
        "half-share": {"offload_bias": 100.0, "handoff_share": 0.5}}
 BIAS = {k: v if isinstance(v, float) else v["offload_bias"] for k, v in OPS.items()}
 KEY = "test-key"
+AUTH = {"Authorization": f"Bearer {KEY}"}
 Q = [{"role": "user", "content": "3+4="}]
 
 
@@ -220,11 +221,14 @@ def test_models_lists_the_operating_points(client):
 
 def test_health_and_metrics(client, stack):
     srv = stack[0]
-    h = httpx.get(f"{srv.url}/health").json()
+    assert httpx.get(f"{srv.url}/health").json() == {"status": "ok", "live": True, "ready": True}  # no key: no more
+    h = httpx.get(f"{srv.url}/health", headers=AUTH).json()
     assert h["status"] == "ok" and h["slm"]["reachable"] and h["llm"]["reachable"]
-    before = httpx.get(f"{srv.url}/metrics").text
+    assert h["slm"]["name"] == "tiny-slm" and h["llm"]["name"] == "tiny-llm"  # public names, no URL
+    assert httpx.get(f"{srv.url}/metrics").status_code == 401  # auth on: metrics need the key
+    before = httpx.get(f"{srv.url}/metrics", headers=AUTH).text
     r = client.chat.completions.create(model="always-offload", messages=Q, max_tokens=5)
-    after = httpx.get(f"{srv.url}/metrics").text
+    after = httpx.get(f"{srv.url}/metrics", headers=AUTH).text
 
     def value(text: str, series: str) -> float:
         return sum(float(x.rsplit(" ", 1)[1]) for x in text.splitlines() if x.startswith(series))
@@ -252,7 +256,7 @@ def test_a_handoff_share_operating_point_lets_only_its_share_hand_off(client, st
                    if x.startswith('pyrodash_outside_handoff_share_total{model="half-share"}'))
 
     url = stack[0].url
-    before = outside(httpx.get(f"{url}/metrics").text)
+    before = outside(httpx.get(f"{url}/metrics", headers=AUTH).text)
     questions = [f"{a}+{a + 1}=" for a in range(10)]
     admitted = []
     for q in questions:
@@ -265,7 +269,16 @@ def test_a_handoff_share_operating_point_lets_only_its_share_hand_off(client, st
         else:
             assert p["handoff"] is None and p["llm_calls"] == 0 and p["llm_in"] == p["llm_out"] == 0
     assert 0 < sum(admitted) < len(questions)  # both kinds among these ten (fixed by the hash)
-    assert outside(httpx.get(f"{url}/metrics").text) == before + admitted.count(False)
+    assert outside(httpx.get(f"{url}/metrics", headers=AUTH).text) == before + admitted.count(False)
+
+
+def test_without_a_base_slm_slm_only_is_the_served_slm_and_says_so(stack):
+    url = stack[0].url
+    cfg = httpx.get(f"{url}/playground/config", headers=AUTH).json()
+    assert (cfg["slm_only"], cfg["base_slm"], cfg["slm"]) == ("slm", None, "tiny-slm")
+    r = httpx.post(f"{url}/v1/chat/completions", headers=AUTH, timeout=60,
+                   json={"messages": Q, "max_tokens": 4, "pyrodash": {"mode": "slm"}}).json()  # fmt: skip
+    assert r["pyrodash"]["answered_by"] == "slm" and r["pyrodash"]["mode"] == "slm"
 
 
 # ---------------------------------------------------------------- client mistakes: 4xx with OpenAI's error body
@@ -401,8 +414,8 @@ def test_stream_and_non_stream_agree(client, bias, seed, temperature, max_tokens
     assert chunks[-2].choices[0].finish_reason == whole.choices[0].finish_reason
     assert chunks[-1].usage.model_dump() == whole.usage.model_dump()
     p, q = chunks[-1].model_extra["pyrodash"], whole.model_extra["pyrodash"]
-    assert {k: v for k, v in p.items() if k not in ("cost_usd", "latency_s")} == {
-        k: v for k, v in q.items() if k not in ("cost_usd", "latency_s")}
+    timings = ("cost_usd", "latency_s", "overhead_ms")
+    assert {k: v for k, v in p.items() if k not in timings} == {k: v for k, v in q.items() if k not in timings}
     assert p["cost_usd"] == pytest.approx(q["cost_usd"])
     assert p["slm_out"] <= max_tokens and p["llm_out"] <= max_tokens
 

@@ -143,7 +143,7 @@ def test_disconnect_mid_stream_stops_the_generating_model(models, llm_up, side):
             while srv.app.state.runs and time.monotonic() < deadline:
                 time.sleep(0.05)
             assert not srv.app.state.runs, "an engine run outlived its client"
-            metrics = httpx.get(f"{srv.url}/metrics").text
+            metrics = httpx.get(f"{srv.url}/metrics", headers=AUTH).text
             assert 'pyrodash_errors_total{kind="disconnect"} 1' in metrics
             assert 'status="499"' in metrics and "pyrodash_requests_in_flight 0" in metrics
         finally:
@@ -195,7 +195,8 @@ def test_llm_failures_fall_back_to_the_slm(models, faulty, mode, calls, stream):
         assert time.monotonic() - t0 < 30
         assert p["fallback"] is True and p["handoff"] == 0 and p["llm_calls"] == calls == faulty.calls
         assert p["slm_out"] >= 1 and text
-        assert 'pyrodash_fallbacks_total{model="always-offload"} 1' in httpx.get(f"{srv.url}/metrics").text
+        metrics = httpx.get(f"{srv.url}/metrics", headers=AUTH).text
+        assert 'pyrodash_fallbacks_total{model="always-offload"} 1' in metrics
 
 
 def test_a_retry_recovers_from_one_cut_stream(models, faulty):
@@ -212,7 +213,7 @@ def test_llm_down_fallback_and_health(models):
         s.bind(("127.0.0.1", 0))
         dead = f"http://127.0.0.1:{s.getsockname()[1]}"
     with _server(models, dead, retries=1, timeout_s=2.0) as srv:
-        h = httpx.get(f"{srv.url}/health")
+        h = httpx.get(f"{srv.url}/health", headers=AUTH)
         assert h.status_code == 503 and h.json()["status"] == "degraded"
         assert h.json()["slm"]["reachable"] is True and h.json()["llm"]["reachable"] is False
         r = httpx.post(f"{srv.url}/v1/chat/completions", headers=AUTH, timeout=60,
@@ -239,7 +240,7 @@ def test_on_error_raise_gives_an_upstream_error(models, faulty):
         # the SLM alone still works: the LLM is only needed after a handoff
         ok = client.chat.completions.create(model="slm-only", messages=Q, max_tokens=4)
         assert ok.choices[0].message.content
-        text = httpx.get(f"{srv.url}/metrics").text
+        text = httpx.get(f"{srv.url}/metrics", headers=AUTH).text
         assert 'pyrodash_errors_total{kind="upstream"} 2' in text
     faulty.mode = "ok"
 
@@ -270,5 +271,5 @@ def test_slm_server_down_is_a_502_before_any_output(models, llm_up, stream):
         assert r.status_code == 502 and r.headers["content-type"].startswith("application/json")
         assert r.json()["error"]["type"] == "upstream_error" and "BackendError" in r.json()["error"]["message"]
         assert "127.0.0.1" not in r.text and "connect" not in r.text  # no internal address, no upstream text
-        h = httpx.get(f"{srv.url}/health").json()
+        h = httpx.get(f"{srv.url}/health", headers=AUTH).json()
         assert h["slm"]["reachable"] is False and h["llm"]["reachable"] is True

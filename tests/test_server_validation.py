@@ -264,3 +264,66 @@ def test_every_response_is_counted_once(http):
     assert after == before + 1 + 5
     text = http.get("/metrics").text
     assert 'route="/v1/models",status="200"' in text and 'route="/metrics",status="200"' in text
+
+
+# ---------------------------------------------------------------- OpenAI-strict: content, unknown fields
+
+
+@pytest.mark.parametrize("message", [{"role": "user"}, {"role": "user", "content": None}, {"role": "system"},
+                                     {"role": "developer", "content": None}])  # fmt: skip
+def test_a_message_without_content_is_a_400_naming_it(http, message):
+    r = _post(http, {"messages": [{"role": "user", "content": "x"}, message], "max_tokens": 1})
+    assert r.status_code == 400, r.text
+    err = _err(r)
+    assert (err["param"], err["code"]) == ("messages.1.content", "missing_required_parameter")
+    assert err["message"] == "Missing required parameter: 'messages.1.content'."
+
+
+def test_an_assistant_message_may_omit_content(http):
+    r = _post(http, {"model": "slm-only", "max_tokens": 1, "messages": [
+        {"role": "user", "content": "x"}, {"role": "assistant"}, {"role": "user", "content": "y"}]})  # fmt: skip
+    assert r.status_code == 200, r.text
+
+
+@pytest.mark.parametrize("route", [CHAT, "/v1/completions"])
+def test_unknown_top_level_fields_are_a_400_naming_them(http, route):
+    base = {"messages": [{"role": "user", "content": "x"}]} if route == CHAT else {"prompt": "x"}
+    r = _post(http, {**base, "max_tokens": 1, "temprature": 0.5}, route)
+    assert r.status_code == 400, r.text
+    err = _err(r)
+    assert (err["type"], err["param"], err["code"]) == ("invalid_request_error", "temprature", "unknown_parameter")
+    assert err["message"] == "Unrecognized request argument supplied: temprature"
+    r = _post(http, {**base, "max_tokens": 1, "zeta": 1, "alpha": {"b": 2}}, route)
+    assert _err(r)["message"] == "Unrecognized request arguments supplied: alpha, zeta" and _err(r)["param"] == "alpha"
+    # PyroDash's own fields (the playground, tests and benchmarks send them) are part of the request
+    ours = {"offload_bias": 1.0, "max_tokens_per_model": 1, "pyrodash": {"mode": "slm"}}
+    r = _post(http, {**base, "model": "slm-only", "max_tokens": 1, **ours}, route)
+    assert r.status_code == 200, r.text
+
+
+def test_messages_for_the_chat_route_only(http):
+    """A field of the other route is unknown here: a prompt sent to chat, messages sent to completions."""
+    r = _post(http, {"messages": [{"role": "user", "content": "x"}], "prompt": "x", "max_tokens": 1})
+    assert r.status_code == 400 and _err(r)["param"] == "prompt"
+    r = _post(http, {"prompt": "x", "messages": [], "max_tokens": 1}, "/v1/completions")
+    assert r.status_code == 400 and _err(r)["param"] == "messages"
+
+
+def test_a_config_switch_lets_unknown_fields_pass(tmp_path_factory, http):
+    strict = http.get("/openapi.json").json()["components"]["schemas"]
+    assert strict["ChatCompletionRequest"]["additionalProperties"] is False
+    assert strict["CompletionRequest"]["additionalProperties"] is False
+    asking = strict["ChatMessage"]["anyOf"][0]
+    assert asking["required"] == ["role", "content"] and "user" in asking["properties"]["role"]["enum"]
+    config = serve_config(allow_unknown_fields=True)
+    engine = make_engine(tiny_slm(tmp_path_factory), tiny_llm(tmp_path_factory), config)
+    with UvicornThread(build_app(config, engine=engine), log_level="error") as s:
+        r = httpx.post(f"{s.url}{CHAT}", headers=AUTH, timeout=60, json={
+            "model": "slm-only", "messages": [{"role": "user", "content": "x"}], "max_tokens": 1,
+            "vendor_extension": {"x": 1}, "trace_id": "abc"})  # fmt: skip
+        assert r.status_code == 200, r.text
+        doc = httpx.get(f"{s.url}/openapi.json").json()["components"]["schemas"]
+        assert doc["ChatCompletionRequest"]["additionalProperties"] is True
+        # content is still required: the switch is about unknown fields only
+        r = httpx.post(f"{s.url}{CHAT}", headers=AUTH, timeout=60, json={"messages": [{"role": "user"}]})
+        assert r.status_code == 400 and r.json()["error"]["code"] == "missing_required_parameter"

@@ -7,6 +7,7 @@ one did; that token is never part of `text`) and the exact token usage of the re
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
@@ -79,6 +80,19 @@ class BackendError(RuntimeError):
     def retryable(self) -> bool:
         """A client error (4xx other than 408 timeout / 429 rate limit) fails the same way again: not retried."""
         return self.status is None or self.status in (408, 429) or self.status >= 500
+
+
+def public_name(text: object, default: str) -> str:
+    """A backend's default display name, safe to show clients: never a URL, a host:port or a local directory.
+    `http://host:8001/v1#Qwen/Qwen3-32B` -> "Qwen3-32B", `/data/runs/q/stage1` -> "stage1", a hub id
+    `Qwen/Qwen3-32B` -> "Qwen3-32B"; `default` when nothing is left (an endpoint URL without a model)."""
+    s = str(text or "").strip()
+    if "://" in s:
+        s = s.partition("#")[2]
+    s = s.rstrip("/\\").replace("\\", "/").rsplit("/", 1)[-1]
+    if re.fullmatch(r"[\w.-]+:\d+", s):  # a bare host:port is no public name
+        s = ""
+    return s or default
 
 
 def estimate_tokens(messages: list[dict], prefix: str = "") -> int:

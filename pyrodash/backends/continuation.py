@@ -16,6 +16,12 @@ Modes (the request a handoff sends; `req.prefix` is Pack(O_s), the text to conti
   prefill (trailing whitespace removed, as the API requires); with `wire.prefill=False` (a model that refuses
   prefill) the instruct form.
 
+Sampling fields: `temperature` is always sent (0 = greedy); `top_p` only when the request sets it, i.e. when it is not
+1.0 (GenRequest's default and the neutral value: no nucleus cut; OpenAI's and Anthropic's default too, so leaving it
+out changes nothing there, while a server with its own default, e.g. vLLM reading the model's generation_config, uses
+that one: irrelevant to greedy decoding). Anthropic refuses `temperature` and `top_p` together, also behind an
+OpenAI-style proxy such as LiteLLM; the Messages API body never carries `top_p`.
+
 `Wire` also holds what the start-up probe learned about the endpoint: the name of the token-limit field
 (`max_completion_tokens` for OpenAI reasoning models) and request fields it rejected (never sent again).
 """
@@ -31,6 +37,7 @@ MODES = ("continue", "completion", "instruct", "prefix", "anthropic")
 CONTINUE_NOTE = "Continue your previous message from exactly where it stops; do not repeat it."
 ANTHROPIC_VERSION = "2023-06-01"
 BIAS_LIMIT = 100.0
+NEUTRAL_TOP_P = 1.0  # GenRequest's default, no nucleus cut: left out of request bodies (the server's default applies)
 
 
 @dataclass
@@ -84,8 +91,9 @@ def build_request(wire: Wire, req: GenRequest, model: str, render: Callable[[lis
             body["continue_final_message"] = True
             body["add_generation_prompt"] = False
         path = "/chat/completions"
-    body.update({"temperature": req.temperature, "top_p": req.top_p, "stream": True,
-                 "stream_options": {"include_usage": True}})
+    body.update({"temperature": req.temperature, "stream": True, "stream_options": {"include_usage": True}})
+    if req.top_p != NEUTRAL_TOP_P:  # sent only when set: Anthropic (also behind a proxy) refuses it with temperature
+        body["top_p"] = req.top_p
     if req.seed is not None:
         body["seed"] = req.seed
     if req.stop:

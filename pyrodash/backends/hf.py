@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 from pyrodash.backends import literal
-from pyrodash.backends.base import GenChunk, GenRequest, GenResult
+from pyrodash.backends.base import GenChunk, GenRequest, GenResult, public_name
 
 _END = object()
 _BIG = 1e9  # +-inf biases are clamped to this, so sampling stays finite
@@ -101,7 +101,7 @@ class HFBackend:
                 raise ValueError(f"model path {path} does not exist: give an HF model directory or a hub id")
             tokenizer = tokenizer or AutoTokenizer.from_pretrained(path)
             model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
-            name = name or path
+            name = name or public_name(path, "model")  # never the directory: names reach clients
         else:
             model = model_or_path
             if tokenizer is None:
@@ -110,7 +110,7 @@ class HFBackend:
             model = model.to(device)
         self.model = model.eval()
         self.tokenizer = tokenizer
-        self.name = name or getattr(model.config, "_name_or_path", "") or type(model).__name__
+        self.name = name or public_name(getattr(model.config, "_name_or_path", ""), type(model).__name__)
         self.device = next(model.parameters()).device
         eos = getattr(model.generation_config, "eos_token_id", None) if model.generation_config else None
         eos_list = eos if isinstance(eos, list) else [eos]

@@ -18,6 +18,11 @@ Spec forms:
   - LLM only: a list of specs, {"endpoints": [...], "policy", "cooldown_s", "timeout_s", "name"}, or an endpoint dict
     with its own `prices`                              -> MeshBackend (`pyrodash.backends.mesh`)
 
+Names: a backend's `name` is what clients and records see (`segments[].endpoint`, `llm_endpoints`, /health). A
+spec's `name` wins; the default is public, never a URL, host:port or directory: an endpoint's model name (its last
+path part: `#worlds/quick/llm` -> "llm"), a local model's directory name, "endpoint" for a URL without a model; two
+mesh endpoints with the same default get their position ("llm-1", "llm-2").
+
 `load_llm` runs the start-up continuation-mode probe on every HTTP endpoint (`OpenAICompatBackend.resolve`: mode auto
 detected, a configured mode verified, the choice logged): a misconfiguration is a one-line ValueError naming the fix;
 an unreachable server is not an error yet (probed again at its first handoff, reported by /health). `load_backend`
@@ -28,6 +33,7 @@ must be loaded with `load_llm`.
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Callable
 
 from pyrodash.backends.base import Backend
@@ -94,7 +100,7 @@ def load_llm(spec: str | dict | list, mode: str | None = None, *, local: LocalLo
             raise ValueError("llm mesh: `endpoints` must be a non-empty list of backend specs")
         if mode not in (None, "auto", "continue") and not any(is_http_spec(m) for m in members):
             raise ValueError(f"--llm-mode {mode}: no endpoint of the LLM mesh is an http(s):// server; drop the flag")
-        return MeshBackend([_member(m, mode, local) for m in members], **opts)
+        return MeshBackend(_distinct([_member(m, mode, local) for m in members], members), **opts)
     if is_mesh_spec(spec):  # one endpoint with its own price sheet
         return MeshBackend([_member(spec, mode, local)])
     backend = _open(spec, mode, local)
@@ -115,6 +121,16 @@ def _open(spec: str | dict, mode: str | None, local: LocalLoader | None) -> Back
     if isinstance(spec, dict) and (set(spec) - HF_KEYS or "path" not in spec):
         raise ValueError(f"LLM spec {spec!r}: a local model is a path / hub id or a dict with {sorted(HF_KEYS)}")
     return local(spec)
+
+
+def _distinct(members: list[Member], specs: list) -> list[Member]:
+    """Default names that collide (two endpoints serving the same model: both "llm") get their position, "llm-1",
+    "llm-2"; names given in the specs are kept (MeshBackend refuses two equal ones)."""
+    counts = Counter(m.name for m in members)
+    for i, (m, spec) in enumerate(zip(members, specs)):
+        if counts[m.name] > 1 and not (isinstance(spec, dict) and spec.get("name")):
+            m.name = f"{m.name}-{i + 1}"
+    return members
 
 
 def _member(spec: str | dict, mode: str | None, local: LocalLoader | None) -> Member:

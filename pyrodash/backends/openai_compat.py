@@ -34,7 +34,7 @@ from urllib.parse import urlparse
 import httpx
 
 from pyrodash.backends import literal
-from pyrodash.backends.base import BackendError, GenChunk, GenRequest
+from pyrodash.backends.base import BackendError, GenChunk, GenRequest, public_name
 from pyrodash.backends.continuation import ANTHROPIC_VERSION, StreamState, Wire, build_request, trimmed_prefill
 from pyrodash.backends.endpoint import LLMEndpoint, redact
 from pyrodash.backends.probe import probe_llm
@@ -70,13 +70,15 @@ class OpenAICompatBackend:
         self.tokenizer_dir = ep.tokenizer
         self.extra_body = dict(ep.extra_body)
         self._model = ep.model
-        self.name = ep.name or f"{self.base}#{ep.model or ''}"
+        self.name = ep.name or public_name(ep.model, "endpoint")  # never the URL: names reach clients and records
         self.mode = ep.mode  # as configured; `wire.mode` is the one in use once resolved
         self.wire: Wire | None = None if ep.mode == "auto" else Wire(ep.mode)
         if self.wire is not None and self.wire.mode == "completion" and not self.local_tokenizer_dir():
             raise ValueError("mode completion renders the chat template locally: give tokenizer: DIR in the LLM "
                              "spec (the model's tokenizer directory)")
         self.report = None  # the probe's ProbeReport once resolve() ran
+        self.provider: str | None = None  # the provider's shape when the probe found it ("anthropic"), else None
+        self.last_headers: httpx.Headers | None = None  # of the last generation response (the probe reads them)
         self.config_error: str | None = None  # a misconfiguration found by the probe (reported by /health)
         self._client: httpx.AsyncClient | None = None
         self._client_loop: asyncio.AbstractEventLoop | None = None
@@ -97,7 +99,8 @@ class OpenAICompatBackend:
     def headers(self) -> dict:
         host = (urlparse(self.base).hostname or "").lower()
         anthropic = self.wire.mode == "anthropic" if self.wire is not None else (
-            self.mode == "anthropic" or (self.mode == "auto" and host.endswith("anthropic.com")))
+            self.mode == "anthropic" or (self.mode == "auto" and (host.endswith("anthropic.com") or
+                                                                  self.provider == "anthropic")))
         if anthropic:
             h = {"anthropic-version": ANTHROPIC_VERSION}
             return {**h, "x-api-key": self.api_key} if self.api_key else h
@@ -202,7 +205,9 @@ class OpenAICompatBackend:
             self.config_error = rep.error
             raise ValueError(rep.error)
         self.config_error = rep.error
-        if rep.mode:
+        if rep.mode and rep.warning:  # the probe could not tell by measurement: it picked by the provider's shape
+            log.warning("LLM %s: continuation mode %s: %s", self.name, rep.mode, rep.warning)
+        elif rep.mode:
             log.info("LLM %s: continuation mode %s (%s)", self.name, rep.mode, rep.mode_reason)
         else:  # unreachable at start-up: probed again at the first handoff, reported by /health meanwhile
             log.warning("LLM %s: %s (probed again at the first handoff)", self.name, rep.error)
@@ -243,6 +248,7 @@ class OpenAICompatBackend:
         self._last_used = time.monotonic()
         try:
             async with self._post(path, body) as resp:
+                self.last_headers = resp.headers
                 if resp.status_code != 200:
                     text = (await resp.aread()).decode(errors="replace")
                     msg = f"HTTP {resp.status_code} from {self.base}: {_error_message(text)}"
@@ -326,6 +332,7 @@ class OpenAICompatBackend:
         if self._client is not None and self._client_loop is asyncio.get_running_loop():
             await self._client.aclose()
         self._client = None
+        self._req_headers = {}  # a new client may reuse the old one's id() (and has its own headers)
 
 
 def _stop_id(stop_reason: object) -> int | None:

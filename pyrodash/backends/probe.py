@@ -7,13 +7,23 @@ whether a backend is reachable at all.
     status = await reachability(backend)   # {name, reachable, error?, endpoints?}: /health, an LLM mesh's health
 
 The LLM probe sends a handful of 2-token requests. For mode auto it tries, in order: `continue` (vLLM/SGLang),
-`completion` (when a local tokenizer renders the chat template), `prefix` (DeepSeek), `instruct` (any chat API);
-an anthropic.com URL gets `anthropic`. A request the endpoint refuses for one field is adapted and sent again:
-`max_tokens` -> `max_completion_tokens` (OpenAI reasoning models), and temperature / top_p / seed / stream_options
-are left out when refused. A mode that continues a prefix must also show it: the continued request's prompt must be
-shorter than the same text sent as a closed assistant turn (a server that silently ignores the extension field
-counts both alike). 401/403 (key), a model the server does not serve and a mode that nothing accepts are
-misconfigurations: `error` is one line that names the fix.
+`completion` (when a local tokenizer renders the chat template), `prefix` (DeepSeek), then `instruct` (any chat API);
+an anthropic.com URL, or a server whose `/models` (or whose 401) is in Anthropic's shape, gets `anthropic` first.
+A request the endpoint refuses for one field is adapted and sent again: `max_tokens` -> `max_completion_tokens`
+(OpenAI reasoning models), and temperature / top_p / seed / stream_options are left out when refused (Anthropic's
+"`temperature` and `top_p` cannot both be specified" drops top_p). A mode that continues a prefix must also show it:
+the continued request's prompt must be shorter than the same text sent as a closed assistant turn.
+
+Equal counts cannot be told apart by measurement: a server that silently ignores the extension field counts both
+alike, and so does an Anthropic model behind an OpenAI-style proxy (LiteLLM sends a final assistant message as a
+prefill, closed or not). The probe then picks by the provider's shape, read from what it saw (`ProbeReport.seen`:
+LiteLLM's `x-litellm-model-name` header, an `AnthropicException` or an Anthropic error object, Anthropic's
+temperature/top_p refusal): Anthropic-shaped -> `anthropic` (the proxy's `/messages` route,
+with an assistant prefill; where the proxy has none, the prefix mode it accepted, since Anthropic continues a final
+assistant message) and `top_p` is never sent; otherwise -> `instruct` (OpenAI's rule: a final assistant message is a
+closed turn). Either way `ProbeReport.warning` says so, naming what it saw, and `resolve()` logs it at start-up.
+401/403 (key), a model the server does not serve and a mode that nothing accepts are misconfigurations: `error` is one
+line that names the fix.
 """
 
 from __future__ import annotations
@@ -34,7 +44,14 @@ PROBE_PREFIX = "1, 2, 3, 4"
 ADAPTABLE = ("temperature", "top_p", "seed", "stream_options")
 _FIELD_PATTERNS = (r"Unrecognized request argument supplied: (\w+)", r"Unsupported parameter: '(\w+)'",
                    r"'(\w+)' is not supported", r"Unexpected fields in the request: \{([^}]*)\}",
-                   r"(\w+): Extra inputs are not permitted", r"unknown field[: ]+'?(\w+)")
+                   r"(\w+): Extra inputs are not permitted", r"unknown field[: ]+'?(\w+)",
+                   r"temperature`? and `?(top_p)`? cannot both be specified")  # Anthropic: drop top_p
+# what names an Anthropic-shaped provider in an error text (also wrapped by a proxy: LiteLLM's "AnthropicException")
+_ANTHROPIC_ERROR_SIGNS = (
+    (r"AnthropicException", "an AnthropicException (LiteLLM's wrapper of an Anthropic error)"),
+    (r'"type"\s*:\s*"error"\s*,\s*"error"\s*:\s*\{\s*"type"', "an Anthropic error object"),
+    (r"temperature`? and `?top_p`? cannot both be specified", "Anthropic's refusal of temperature with top_p"),
+)
 
 
 def run_sync(coro):
@@ -83,6 +100,9 @@ class ProbeReport:
     mode_reason: str = ""
     usage_reported: bool | None = None
     tried: list[str] = field(default_factory=list)
+    provider: str | None = None  # the provider's shape, when something named it: "anthropic"
+    seen: list[str] = field(default_factory=list)  # what named it
+    warning: str | None = None  # the mode was picked by the provider's shape: the measurement could not tell
     error: str | None = None
 
     def lines(self) -> list[str]:
@@ -101,6 +121,10 @@ class ProbeReport:
                + ("" if self.configured_mode == "auto" else f" (configured: {self.configured_mode})"),
                f"  usage reported  {usage}"]
         out += [f"  tried           {t}" for t in self.tried]
+        if self.provider:
+            out.append(f"  provider shape  {self.provider} (saw: {'; '.join(self.seen)})")
+        if self.warning:
+            out.append(f"  WARNING         {self.warning}")
         if self.error:
             out.append(f"  ERROR           {self.error}")
         return out
@@ -108,6 +132,8 @@ class ProbeReport:
 
 async def _generate(backend, req: GenRequest, wire: Wire) -> tuple[str, GenChunk]:
     text, last = "", GenChunk()
+    if hasattr(backend, "last_headers"):
+        backend.last_headers = None  # set again by this request's response
     async for ch in backend.stream(req, wire=wire):
         text += ch.text
         if ch.finish_reason is not None:
@@ -115,13 +141,53 @@ async def _generate(backend, req: GenRequest, wire: Wire) -> tuple[str, GenChunk
     return text, last
 
 
-async def _probe(backend, rep: ProbeReport) -> None:
+def _saw(rep: ProbeReport, what: str) -> None:
+    """Note a sign of an Anthropic-shaped provider."""
+    rep.provider = "anthropic"
+    if what not in rep.seen:
+        rep.seen.append(what)
+
+
+def _look(backend, rep: ProbeReport, text: str = "") -> None:
+    """Read the provider's shape from an error text and the last response's headers (LiteLLM names the upstream
+    model, provider first: `x-litellm-model-name: anthropic/claude-...`)."""
+    for pat, what in _ANTHROPIC_ERROR_SIGNS:
+        if text and re.search(pat, text):
+            _saw(rep, what)
+    headers = getattr(backend, "last_headers", None)
+    name = headers.get("x-litellm-model-name") if headers is not None else None
+    if name and re.search(r"anthropic|claude", name, re.IGNORECASE):
+        _saw(rep, f"x-litellm-model-name: {name}")
+
+
+def _anthropic_listing(obj: object) -> bool:
+    """A `GET /models` answer in the Messages API's shape (items `{"type": "model", "display_name": ...}`)."""
+    data = obj.get("data") if isinstance(obj, dict) else None
+    return isinstance(data, list) and any(isinstance(m, dict) and m.get("type") == "model" and "display_name" in m
+                                          for m in data)
+
+
+async def _get_models(backend, rep: ProbeReport) -> httpx.Response | None:
     base = backend.base
     try:
         r = await backend.client().get(f"{base}/models", timeout=min(backend.timeout_s, 10))
     except httpx.HTTPError as e:
         rep.error = (f"cannot reach the LLM at {base} ({type(e).__name__}): start the server or fix the URL "
                      "in --llm")
+        return None
+    if r.status_code in (401, 403) and backend.endpoint.mode == "auto" and backend.provider is None and re.search(
+            _ANTHROPIC_ERROR_SIGNS[1][0], r.text):  # an Anthropic-shaped API refusing a Bearer key: its own headers
+        _saw(rep, f"GET /models answered {r.status_code} with an Anthropic error object")
+        backend.provider = "anthropic"
+        await backend.aclose()
+        return await _get_models(backend, rep)
+    return r
+
+
+async def _probe(backend, rep: ProbeReport) -> None:
+    base = backend.base
+    r = await _get_models(backend, rep)
+    if r is None:
         return
     rep.reachable = True
     if r.status_code in (401, 403):
@@ -130,9 +196,15 @@ async def _probe(backend, rep: ProbeReport) -> None:
         return
     if r.status_code == 200:
         try:
-            rep.models_listed = [str(m["id"]) for m in r.json().get("data", [])]
+            listing = r.json()
+            rep.models_listed = [str(m["id"]) for m in listing.get("data", [])]
         except (ValueError, KeyError, TypeError, AttributeError):
-            rep.models_listed = None
+            listing, rep.models_listed = None, None
+        if _anthropic_listing(listing) and backend.endpoint.mode == "auto":
+            _saw(rep, "GET /models answered in the Messages API's shape")
+            if backend.provider is None:
+                backend.provider = "anthropic"
+                await backend.aclose()  # the client was opened with OpenAI's headers
         if backend._model is None and rep.models_listed:
             backend._model = rep.models_listed[0]
         if rep.models_listed is not None and backend._model is not None:
@@ -142,30 +214,77 @@ async def _probe(backend, rep: ProbeReport) -> None:
         return
     rep.model = backend._model
     mode = backend.endpoint.mode
-    if mode == "auto":
-        host = (urlparse(base).hostname or "").lower()
-        cands = ["anthropic"] if host.endswith("anthropic.com") else (
-            ["continue"] + (["completion"] if backend.local_tokenizer_dir() else []) + ["prefix", "instruct"])
-    else:
+    host = (urlparse(base).hostname or "").lower()
+    if mode != "auto":
         cands = [mode]
+    elif host.endswith("anthropic.com") or backend.provider == "anthropic":
+        cands = ["anthropic"]  # the Messages API itself (OpenAI-style routes would 404)
+    else:
+        cands = ["continue"] + (["completion"] if backend.local_tokenizer_dir() else []) + ["prefix"]
+    unsure: list[tuple[str, Wire, str]] = []  # accepted, but the counts could not show a continuation
     for cand in cands:
-        wire, why = await _try_mode(backend, cand, rep)
+        wire, why, shown = await _try_mode(backend, cand, rep)
         if rep.error:
             return
         rep.tried.append(f"{cand}: {why}")
+        if wire is not None and shown:
+            return _settle(backend, rep, wire, why)
         if wire is not None:
-            backend.wire = wire
-            rep.mode, rep.mode_reason = wire.describe(), why
-            if rep.model_served is False:
-                rep.model_served = True  # answered: the listing was incomplete
-            rep.key = "accepted" if rep.key_sent else "none sent; none needed"
-            return
-    if mode == "auto":
-        rep.error = (f"the LLM at {base} took none of the continuation modes ({'; '.join(rep.tried)}): "
-                     "check the URL and model, or choose a mode with --llm-mode")
-    else:
+            unsure.append((cand, wire, why))
+    if mode != "auto":
+        if unsure and rep.provider == "anthropic":  # Anthropic continues a final assistant message
+            rep.warning = _by_shape(rep, unsure, f"{mode} (configured)")
+            return _settle(backend, rep, unsure[0][1], unsure[0][2])
         rep.error = (f"--llm-mode {mode}: the LLM at {base} refused it ({rep.tried[-1].split(': ', 1)[1]}); "
                      "use --llm-mode auto to detect a mode it takes")
+        return
+    if rep.provider == "anthropic" and "anthropic" not in cands:  # e.g. LiteLLM in front of Anthropic
+        backend.provider = "anthropic"  # the Messages API's headers for this request and after
+        await backend.aclose()
+        wire, why, _ = await _try_mode(backend, "anthropic", rep, optional=True)
+        if rep.error:
+            return
+        rep.tried.append(f"anthropic: {why}")
+        if wire is not None:
+            rep.warning = _by_shape(rep, unsure, "anthropic, the Messages API (/messages) at the same base URL")
+            return _settle(backend, rep, wire, why)
+        backend.provider = None
+        await backend.aclose()
+        if unsure:
+            cand, wire, why = unsure[0]
+            rep.warning = _by_shape(rep, unsure, f"{cand} (no Messages API here; Anthropic continues a final "
+                                                 "assistant message)")
+            return _settle(backend, rep, wire, why)
+    if "anthropic" not in cands:
+        wire, why, _ = await _try_mode(backend, "instruct", rep)
+        if rep.error:
+            return
+        rep.tried.append(f"instruct: {why}")
+        if wire is not None:
+            if unsure:
+                names = " / ".join(c for c, _, _ in unsure)
+                rep.warning = (f"cannot tell whether {names} continued the trace ({unsure[0][2]}) and nothing named "
+                               "the provider (no Anthropic sign): picked instruct, as OpenAI treats a final assistant "
+                               f"message (a closed turn); if this server continues one, set --llm-mode {unsure[0][0]}")
+            return _settle(backend, rep, wire, why)
+    rep.error = (f"the LLM at {base} took none of the continuation modes ({'; '.join(rep.tried)}): "
+                 "check the URL and model, or choose a mode with --llm-mode")
+
+
+def _by_shape(rep: ProbeReport, unsure: list[tuple[str, Wire, str]], picked: str) -> str:
+    lead = (f"cannot tell whether {' / '.join(c for c, _, _ in unsure)} continued the trace ({unsure[0][2]})"
+            if unsure else "no OpenAI-style continuation mode was shown to continue the trace")
+    return f"{lead}; picked by the provider's shape, Anthropic (saw: {'; '.join(rep.seen)}): {picked}"
+
+
+def _settle(backend, rep: ProbeReport, wire: Wire, why: str) -> None:
+    if rep.provider == "anthropic" and wire.mode != "anthropic":
+        wire.dropped.add("top_p")  # Anthropic refuses it with temperature; the proxy passes both on
+    backend.wire = wire
+    rep.mode, rep.mode_reason = wire.describe(), why
+    if rep.model_served is False:
+        rep.model_served = True  # answered: the listing was incomplete
+    rep.key = "accepted" if rep.key_sent else "none sent; none needed"
 
 
 def _key_fix(rep: ProbeReport, status: int) -> str:
@@ -176,7 +295,11 @@ def _key_fix(rep: ProbeReport, status: int) -> str:
             "variable with api_key_env in the LLM spec")
 
 
-async def _try_mode(backend, mode: str, rep: ProbeReport) -> tuple[Wire | None, str]:
+async def _try_mode(backend, mode: str, rep: ProbeReport, optional: bool = False
+                    ) -> tuple[Wire | None, str, bool]:
+    """(wire, why, shown): `wire` when the endpoint took the mode; `shown` False when it took it but the token
+    counts could not show that the prefix was continued (see the module docstring). `optional`: a route the
+    server may not have (the Messages API behind a proxy): any 4xx is a refusal, not a misconfiguration."""
     wire = Wire(mode)
     cont = mode != "instruct"
     req = GenRequest(messages=list(PROBE_MSGS), prefix=PROBE_PREFIX if cont else "", max_tokens=2)
@@ -185,25 +308,29 @@ async def _try_mode(backend, mode: str, rep: ProbeReport) -> tuple[Wire | None, 
             _, fin = await _generate(backend, req, wire)
         except BackendError as e:
             st = e.status
+            _look(backend, rep, str(e))
             if st in (401, 403):
                 rep.key = f"rejected (HTTP {st})"
                 rep.error = _key_fix(rep, st)
-                return None, str(e)
+                return None, str(e), False
             if st is None and not e.reached_server:
                 rep.error = f"cannot reach the LLM at {backend.base}: start the server or fix the URL in --llm"
-                return None, str(e)
+                return None, str(e), False
             msg = str(e).split(": ", 1)[-1][:160]
             low = msg.lower()
-            if mode == "completion" and st is not None and st < 500:  # e.g. no /completions route for this model
-                return None, f"HTTP {st}: {msg}"
-            if st == 404 and "model" not in low:
-                rep.error = (f"the LLM URL {backend.base} answered 404 ({msg}): check that it ends in /v1 (or the "
-                             "API's base path)")
-                return None, msg
             fields = rejected_fields(e)
             if mode == "anthropic" and wire.prefill and "prefill" in low:
                 wire.prefill = False
                 continue
+            if "top_p" in fields and st is not None and 400 <= st < 500 and "top_p" not in wire.dropped:
+                wire.dropped.add("top_p")  # Anthropic's "temperature and top_p cannot both be specified"
+                continue
+            if (mode == "completion" or optional) and st is not None and st < 500:  # e.g. no such route here
+                return None, f"HTTP {st}: {msg}", False
+            if st == 404 and "model" not in low:
+                rep.error = (f"the LLM URL {backend.base} answered 404 ({msg}): check that it ends in /v1 (or the "
+                             "API's base path)")
+                return None, msg, False
             named = str(backend.model).lower() in low or "pinned" in low
             if "model" in low and (st == 404 or (st == 400 and named)) and not fields - {"model"}:
                 served = f"; it serves: {', '.join(rep.models_listed)}" if rep.models_listed else ""
@@ -211,7 +338,7 @@ async def _try_mode(backend, mode: str, rep: ProbeReport) -> tuple[Wire | None, 
                 fix = f"use {backend.base}#{rep.models_listed[0]}" if rep.models_listed else "fix '#MODEL' in --llm"
                 rep.error = (f"the LLM at {backend.base} does not serve model {backend.model!r} (HTTP {st}{served}): "
                              f"{fix}")
-                return None, msg
+                return None, msg, False
             if "max_tokens" in fields and wire.max_tokens_field == "max_tokens" and mode not in (
                     "completion", "anthropic"):
                 wire.max_tokens_field = "max_completion_tokens"
@@ -220,29 +347,31 @@ async def _try_mode(backend, mode: str, rep: ProbeReport) -> tuple[Wire | None, 
                     fields & wire.dropped):
                 wire.dropped |= fields
                 continue
-            return None, f"HTTP {st}: {msg}" if st else msg
+            return None, (f"HTTP {st}: {msg}" if st else msg), False
+        _look(backend, rep)
         rep.usage_reported = not fin.usage_estimated
         if not cont or (mode == "anthropic" and not wire.prefill):
-            return wire, "accepted"
+            return wire, "accepted", True
         if mode == "completion":
-            return wire, "accepted (chat template rendered locally)"
+            return wire, "accepted (chat template rendered locally)", True
         if fin.usage_estimated:
-            return wire, "accepted (not verified: no usage reported)"
+            return wire, "accepted (not verified: no usage reported)", True
+        if mode == "anthropic":
+            return wire, "prefill accepted", True
         closed = GenRequest(messages=list(PROBE_MSGS) + [{"role": "assistant", "content": PROBE_PREFIX}],
                             max_tokens=2)
-        if mode == "anthropic":
-            return wire, "prefill accepted"
         try:
             _, fin2 = await _generate(backend, closed, Wire("instruct", wire.max_tokens_field, set(wire.dropped)))
         except BackendError:
-            return wire, "accepted (not verified)"
+            return wire, "accepted (not verified)", True
+        _look(backend, rep)
         if fin2.usage_estimated or fin.prompt_tokens is None or fin2.prompt_tokens is None:
-            return wire, "accepted (not verified: no usage reported)"
+            return wire, "accepted (not verified: no usage reported)", True
         if fin.prompt_tokens < fin2.prompt_tokens:
-            return wire, f"prefix continued ({fin.prompt_tokens} < {fin2.prompt_tokens} prompt tokens closed)"
-        return None, (f"accepted but the prefix was not continued ({fin.prompt_tokens} prompt tokens, as a closed "
-                      "turn): the server ignores the field")
-    return None, "refused after adapting the request"
+            return wire, f"prefix continued ({fin.prompt_tokens} < {fin2.prompt_tokens} prompt tokens closed)", True
+        return wire, (f"accepted, but {fin.prompt_tokens} prompt tokens, as many as the same text sent as a closed "
+                      f"turn ({fin2.prompt_tokens}): continued both times or the field ignored"), False
+    return None, "refused after adapting the request", False
 
 
 def probe_llm(backend) -> ProbeReport:

@@ -5,6 +5,8 @@
 
 Flags override the YAML. SIGINT/SIGTERM stop accepting connections, let running requests finish (up to
 --graceful-timeout seconds, then they are cancelled) and close the SLM and LLM backends.
+`--workers N` runs N server processes on the port (one engine each; /metrics sums all of them); `--otlp-endpoint URL`
+exports OpenTelemetry traces (`pyrodash.server.tracing`, the `otel` extra).
 
 Any OpenAI client works unchanged; `model` picks an operating point (GET /v1/models), `offload_bias` overrides it:
 
@@ -14,7 +16,9 @@ Any OpenAI client works unchanged; `model` picks an operating point (GET /v1/mod
 
 The response's `pyrodash` object (with the usage chunk when streaming) has the tokens per model, llm_calls, the
 handoff position, cost_usd, the offload_bias used and whether the SLM had to finish after an LLM failure.
-GET /health (backend reachability, 503 when one is down) and GET /metrics (Prometheus) need no key.
+GET /health answers anyone whether the server is live and ready (503 when a backend is down); its backend details
+need the key. GET /metrics (Prometheus) needs the key unless --metrics-public. `--base-slm DIR` adds the SLM before
+offloading training: it answers `pyrodash: {"mode": "slm"}` requests (the playground's "SLM only") to the end.
 """
 
 from __future__ import annotations
@@ -24,8 +28,10 @@ import argparse
 from pyrodash.backends.endpoint import add_llm_mode_argument
 from pyrodash.backends.mesh import spec_from_flags
 from pyrodash.conversation import ContextLimits
-from pyrodash.server.app import build_app, build_engine
+from pyrodash.server import tracing as T
+from pyrodash.server.app import WORKER_CONFIG_ENV, build_app, build_base_engine, build_engine
 from pyrodash.server.config import Limits, ServeConfig
+from pyrodash.server.metrics import MULTIPROC_ENV
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -33,6 +39,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--slm", help="SLM backend: a model dir / hub id (in-process) or http(s)://host:port/v1#model")
     p.add_argument("--llm", action="append", help="LLM backend: same forms as --slm; repeat it for an LLM mesh "
                    "(the next endpoint takes over mid-stream when one fails)")
+    p.add_argument("--base-slm", help="the base SLM (before offloading training): answers mode 'slm' requests and the "
+                   "playground's 'SLM only' alone, to the end (default: the served SLM with <offload> banned)")
     p.add_argument("--llm-policy", choices=("fallback", "cheapest"), help="mesh policy (default: fallback, in order)")
     p.add_argument("--llm-prices", action="append", metavar="SHEET",
                    help="price sheet of the i-th --llm (repeatable, in order; YAML, name, or LiteLLM FILE.json#MODEL)")
@@ -45,6 +53,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", help="bind address (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="port (default 8000)")
     p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' (default: $PYRODASH_API_KEY if set)")
+    p.add_argument("--metrics-public", action="store_true", default=None,
+                   help="serve GET /metrics without the API key (for a scraper that cannot send one)")
+    p.add_argument("--allow-unknown-fields", action="store_true", default=None,
+                   help="ignore request fields OpenAI's API does not have (default: a 400 naming them)")
     p.add_argument("--cors-origin", action="append", dest="cors_origins", metavar="ORIGIN",
                    help="allow browser requests from ORIGIN (repeatable); CORS is off otherwise")  # fmt: skip
     p.add_argument("--max-tokens", type=int, help="largest max_tokens a request may ask for")
@@ -52,6 +64,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--context-llm", type=int, metavar="N", help="LLM context window, tokens (trims long chats)")
     p.add_argument("--graceful-timeout", type=float, default=30.0, help="seconds to let requests finish on stop")
     p.add_argument("--log-level", choices=["critical", "error", "warning", "info", "debug"], help="uvicorn log level")
+    p.add_argument("--workers", type=int, default=1, metavar="N",
+                   help="server processes sharing the port (uvicorn workers, one engine each); /metrics sums them all "
+                        "(prometheus_client multiprocess mode in $PROMETHEUS_MULTIPROC_DIR, a temporary directory "
+                        "unless set; its *.db files are removed at start)")  # fmt: skip
+    p.add_argument("--otlp-endpoint", metavar="URL",
+                   help="export OpenTelemetry traces (a span per request, children for the SLM, the handoff and each "
+                        "LLM call) to this OTLP/HTTP collector, e.g. http://127.0.0.1:4318; needs "
+                        "pip install 'pyrodash[otel]'")  # fmt: skip
 
 
 def config_from_args(args: argparse.Namespace):
@@ -60,7 +80,8 @@ def config_from_args(args: argparse.Namespace):
 
     llm = spec_from_flags(args.llm, args.llm_prices, args.llm_policy, args.llm_cooldown, args.llm_timeout)
     flags = {k: getattr(args, k, None) for k in ("slm", "prices", "prompts", "host", "port", "api_key",
-                                                 "cors_origins", "log_level", "llm_mode")}  # fmt: skip
+                                                 "cors_origins", "log_level", "llm_mode", "base_slm",
+                                                 "metrics_public", "allow_unknown_fields")}  # fmt: skip
     flags["llm"] = llm
     config = ServeConfig.from_yaml(args.config, **flags) if args.config else ServeConfig(
         **{k: v for k, v in flags.items() if v is not None})  # fmt: skip
@@ -87,18 +108,36 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("serve needs an SLM and an LLM: pass --config configs/serve/X.yaml or --slm and --llm")
     config.check_models()
     config.load_prices()
+    if args.workers < 1:
+        raise ValueError(f"--workers {args.workers}: give at least 1")
+    tracing = None
+    if args.otlp_endpoint:
+        tracing = T.setup(args.otlp_endpoint)  # a missing extra or a bad URL is one line here
     app = build_app(config)
+    app.state.tracing = tracing
     # the engine is built (and the LLM endpoint probed) before the server starts, so a misconfiguration is one line
     # here, not a traceback from the lifespan; the app still closes it at shutdown
     app.state.engine = build_engine(config)
+    app.state.base_engine = build_base_engine(config, app.state.engine)
     llm = app.state.engine.llm
     rep = getattr(llm, "report", None)
     if rep is not None:
         how = rep.mode or f"not detected yet ({rep.error})"
-        print(f"pyrodash serve: LLM {llm.name}: continuation mode {how}", flush=True)
+        where = f" at {llm.base}" if isinstance(getattr(llm, "base", None), str) else ""  # the operator's log only
+        print(f"pyrodash serve: LLM {llm.name}{where}: continuation mode {how}", flush=True)
+    if app.state.base_engine is not None:
+        print(f"pyrodash serve: base SLM {app.state.base_engine.slm.name} answers mode 'slm'", flush=True)
     auth = "on" if app.state.api_key else "off"
     print(f"pyrodash serve: http://{config.host}:{config.port}/v1  models={list(config.operating_points)}  "
-          f"auth={auth}  cors={config.cors_origins or 'off'}", flush=True)  # fmt: skip
+          f"auth={auth}  cors={config.cors_origins or 'off'}  workers={args.workers}"
+          + (f"  traces={args.otlp_endpoint}" if tracing else ""), flush=True)  # fmt: skip
+    if args.workers > 1:  # the checks above passed: each worker builds its own engine (and tracing)
+        import asyncio
+
+        asyncio.run(_close(app))
+        if tracing is not None:
+            tracing.shutdown()
+        return _run_workers(args, config)
     class Server(uvicorn.Server):
         """uvicorn re-raises SIGINT/SIGTERM once its graceful shutdown is done; a server stopped on purpose
         exits 0 instead (service managers read anything else as a crash)."""
@@ -111,5 +150,53 @@ def run(args: argparse.Namespace) -> int:
         app, host=config.host, port=config.port, log_level=config.log_level,
         timeout_graceful_shutdown=args.graceful_timeout, lifespan="on",
     ))  # fmt: skip
-    server.run()
+    try:
+        server.run()
+    finally:
+        if tracing is not None:
+            tracing.shutdown()
     return 0 if server.started else 1
+
+
+async def _close(app) -> None:
+    if app.state.engine is not None:
+        await app.state.engine.aclose()
+    if app.state.base_engine is not None:
+        await app.state.base_engine.slm.aclose()
+
+
+def _run_workers(args: argparse.Namespace, config) -> int:
+    """`--workers N`: uvicorn's process manager runs `pyrodash.server.app:worker_app` N times on one socket. The
+    config goes to the workers as a pickle file (mode 0600, removed at exit); their metrics meet in
+    $PROMETHEUS_MULTIPROC_DIR (set before any worker imports prometheus_client)."""
+    import os
+    import pickle
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    import uvicorn
+
+
+    made = None
+    if os.environ.get(MULTIPROC_ENV):
+        metrics_dir = Path(os.environ[MULTIPROC_ENV])
+        metrics_dir.mkdir(parents=True, exist_ok=True)
+        for f in metrics_dir.glob("*.db"):  # counts of an earlier run would be added to this one's
+            f.unlink()
+    else:
+        made = tempfile.mkdtemp(prefix="pyrodash-metrics-")
+        os.environ[MULTIPROC_ENV] = made
+    fd, spec = tempfile.mkstemp(prefix="pyrodash-serve-", suffix=".pickle")
+    with os.fdopen(fd, "wb") as f:
+        pickle.dump({"config": config, "otlp_endpoint": args.otlp_endpoint}, f)
+    os.environ[WORKER_CONFIG_ENV] = spec
+    try:
+        uvicorn.run("pyrodash.server.app:worker_app", factory=True, workers=args.workers, host=config.host,
+                    port=config.port, log_level=config.log_level, timeout_graceful_shutdown=args.graceful_timeout,
+                    lifespan="on")  # fmt: skip
+    finally:
+        os.unlink(spec)
+        if made is not None:
+            shutil.rmtree(made, ignore_errors=True)
+    return 0

@@ -1,6 +1,8 @@
 """`ServeConfig`: everything `pyrodash serve` needs, from a YAML recipe (`configs/serve/*.yaml`) plus CLI flags.
 
     slm: worlds/demo/slm                       # a backend spec, as `load_backend` takes it (path, URL, or dict)
+    base_slm: worlds/demo/slm-base             # optional: the SLM before offloading training, answering alone in the
+                                               # playground's compare view and for `pyrodash: {mode: slm}` requests
     llm: {url: http://127.0.0.1:8001/v1, model: llm, api_key_env: LLM_API_KEY, timeout_s: 60}
     # or an LLM mesh (pyrodash.backends.mesh): a list of endpoints (policy fallback), or
     # llm: {policy: cheapest, cooldown_s: 30, timeout_s: 20, endpoints: [{url: ..., prices: SHEET}, ...]}
@@ -19,16 +21,27 @@
     host: 127.0.0.1
     port: 8000
     api_key_env: PYRODASH_API_KEY               # bearer-token auth is on when this variable (or --api-key) is set
+    metrics_public: false                       # true: GET /metrics needs no key even when auth is on
+    allow_unknown_fields: false                 # true: ignore top-level request fields OpenAI's API does not have
     cors_origins: []                            # CORS is off unless origins are listed
+    budgets: {default: {usd_per_hour: 2.0, dollars: llm, cap_usd: 2.5}, redis_url: redis://127.0.0.1:6379/0}
+                                               # dollar budgets held by moving the operating point (optional;
+                                               # pyrodash.server.budget_config, README "Hold a budget")
+
+A backend spec may carry `name:` (what responses and /health call it); without one the name is public by default
+(the model's name, never its URL or directory: `pyrodash.backends.loader`). With auth on, `/health` without the key
+says only whether the server is live and ready; backend details need the key.
 
 Relative paths in `slm`/`llm`/`prices` resolve against the YAML file's folder, then the working directory.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
+from urllib.parse import urlparse
 
 import yaml
 
@@ -36,6 +49,7 @@ from pyrodash.conversation import ContextLimits
 from pyrodash.cost import Prices
 from pyrodash.engine import check_share
 from pyrodash.prompts import get_prompts
+from pyrodash.server.budget_config import BudgetsConfig
 
 ON_ERROR = ("fallback", "raise")
 
@@ -108,6 +122,7 @@ class Failure:
 class ServeConfig:
     slm: str | dict | None = None
     llm: str | dict | list | None = None
+    base_slm: str | dict | None = None  # answers mode "slm" alone (None: the served SLM with <offload> banned)
     prices: str | dict = "paper"
     prompts: str = "qwen-math-v1"
     handoff_style: str = "continue"
@@ -123,6 +138,9 @@ class ServeConfig:
     api_key_env: str | None = "PYRODASH_API_KEY"
     cors_origins: list[str] = field(default_factory=list)
     log_level: str = "info"
+    metrics_public: bool = False  # GET /metrics without the key (auth on): for a scraper that cannot send one
+    allow_unknown_fields: bool = False  # top-level request fields outside OpenAI's API: ignored, not a 400
+    budgets: BudgetsConfig | None = None  # dollar budgets (pyrodash.server.budget_config); YAML: a mapping
 
     def __post_init__(self) -> None:
         if isinstance(self.failure, dict):
@@ -141,6 +159,7 @@ class ServeConfig:
         get_prompts(self.prompts)  # raises a ValueError naming the known sets
         if not 0 < int(self.port) < 65536:
             raise ValueError(f"port={self.port} must be in 1..65535")
+        self.budgets = BudgetsConfig.parse(self.budgets, self.resolved_api_key())
 
     @property
     def default_model(self) -> str:
@@ -158,6 +177,8 @@ class ServeConfig:
         """Fail early, with a message, when an SLM/LLM spec names a local directory that is not there (a string with
         one slash and no leading . or / is taken as a hub id; URLs are checked when the server starts)."""
         specs = [("slm", self.slm)] + [("llm", s) for s in _members(self.llm)]
+        if self.base_slm is not None:
+            specs.append(("base-slm", self.base_slm))
         for side, spec in specs:
             if spec is None:
                 raise ValueError(f"no {side.upper()} given: set {side} in the config or pass --{side}")
@@ -168,6 +189,28 @@ class ServeConfig:
                 continue  # a hub id such as Qwen/Qwen3.5-4B
             raise ValueError(f"{side} model directory {path} does not exist: build or train it first, or pass "
                              f"--{side} with a model directory, hub id or http(s)://host:port/v1#model URL")
+
+    def private_strings(self) -> list[str]:
+        """What a client must never see: the model specs' local paths (as given and resolved), endpoint URLs and
+        their host:port (`pyrodash.server.protocol.protect` hides them in every message the server sends)."""
+        out: list[str] = []
+        specs = [self.slm, self.base_slm, *_members(self.llm)]
+        for spec in specs:
+            if isinstance(spec, dict):
+                out += [str(spec[k]) for k in ("url", "path", "tokenizer") if isinstance(spec.get(k), str)]
+            elif isinstance(spec, str):
+                out.append(spec.partition("#")[0] if "://" in spec else spec)
+        found: list[str] = []
+        for text in out:
+            if "://" in text:
+                host = urlparse(text).netloc.rpartition("@")[2]
+                found += [text.rstrip("/"), host] if ":" in host else [text.rstrip("/")]
+            elif text:
+                # a bare name ("tiny-llm") is no path and may be a public model name; a/b or its absolute form is
+                found += [text] if "/" in text or "\\" in text else []
+                with contextlib.suppress(OSError, ValueError):
+                    found.append(str(Path(text).expanduser().resolve()))
+        return [t for t in dict.fromkeys(found) if t]
 
     def load_prices(self) -> Prices:
         return Prices.load(self.prices)
@@ -190,7 +233,7 @@ class ServeConfig:
         unknown = set(data) - known
         if unknown:
             raise ValueError(f"serve config {p}: unknown keys {sorted(unknown)}; expected some of {sorted(known)}")
-        for key in ("slm", "llm", "prices"):
+        for key in ("slm", "base_slm", "llm", "prices"):
             data[key] = _resolve_paths(data.get(key), p.parent)
         data.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**{k: v for k, v in data.items() if v is not None})

@@ -10,7 +10,8 @@ Every error response
   path; `unmatched` for unknown paths) and in `pyrodash_errors_total` by kind, so label sets stay bounded;
 - keeps the headers the status needs: `WWW-Authenticate` on 401, `Allow` on 405.
 A failing model backend becomes a 502 whose body names no internal URL and carries no upstream text: the server log
-has those, under the `request_id` the body gives.
+has those, under the `request_id` the body gives. A client that stops sending its body half-way (Starlette's
+`ClientDisconnect`) is a 499 counted as kind "disconnect", never a 500.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from pyrodash.server import protocol as P
 
@@ -74,9 +76,15 @@ class CountResponses:
             self.metrics.requests.inc(route=route, model="", status=str(status[0]))
 
 
+def error_kind(status: int) -> str:
+    """errors_total's kind for a refusal: a client that went away (499) is not a client error, and never a 5xx."""
+    if status == 499:
+        return "disconnect"
+    return "client" if status < 500 else ("upstream" if status in (502, 503, 504) else "server")
+
+
 def error_response(request: Request, err: P.APIError, headers: dict | None = None) -> ErrorResponse:
-    request.app.state.metrics.errors.inc(kind="client" if err.status < 500 else
-                                         ("upstream" if err.status in (502, 503, 504) else "server"))
+    request.app.state.metrics.errors.inc(kind=error_kind(err.status))
     count(request, err.status)
     if err.status == 401:
         headers = {**(headers or {}), "WWW-Authenticate": "Bearer"}
@@ -102,6 +110,12 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(P.APIError)
     async def api_error(request: Request, exc: P.APIError):
         return error_response(request, exc)
+
+    @app.exception_handler(ClientDisconnect)
+    async def client_gone(request: Request, exc: ClientDisconnect):
+        # the client stopped sending its body (or closed the connection) before its request was read: a 499
+        # counted as a disconnect; nobody reads the answer
+        return error_response(request, P.APIError(499, "client closed request", code="client_closed"))
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError):

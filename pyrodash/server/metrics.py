@@ -1,132 +1,155 @@
-"""Prometheus metrics of `pyrodash serve`, in the text exposition format (version 0.0.4), without dependencies.
+"""Prometheus metrics of `pyrodash serve`, kept with `prometheus_client`.
 
     m = Metrics()
     m.observe_done(done, model="pyrodash", latency_s=0.8, ttft_s=0.05)
-    text = m.render()        # what GET /metrics returns
+    m.requests.inc(route="/v1/models", model="", status="200")
+    text = m.render()        # what GET /metrics returns (text exposition format 0.0.4)
 
 Counters: requests (by route, model, status), handoffs, fallbacks, errors (by kind), tokens per billed component,
-dollars. Histograms: request latency and time to first token. Gauge: requests in flight. One instance per app
-(`app.state.metrics`); all updates happen on the event loop thread, so no locks are needed.
+dollars, LLM calls and the per-endpoint series of an LLM mesh. Histograms: request latency, time to first token and
+the time spent in PyroDash itself (`pyrodash_overhead_seconds`, what the `x-pyrodash-overhead-ms` header says).
+Gauge: requests in flight. The names and labels are the ones the hand-written exporter had, so dashboards and
+alerts keep working; values are written as floats (`1.0`) and bucket bounds as prometheus_client writes them.
+
+One process (`pyrodash serve`, the default): each `Metrics` has its own `CollectorRegistry` (one per app, so apps in
+one process count apart), and `render()` exports it followed by prometheus_client's default registry: metrics
+another module registers there (`prometheus_client.Gauge("pyrodash_budget_...", ...)`, with no `registry=`) and the
+process / GC collectors come out of the same /metrics; a module may as well register on `app.state.metrics.registry`
+(one app's registry: what `pyrodash.server.budget` does).
+
+Several processes (`pyrodash serve --workers N`): `PROMETHEUS_MULTIPROC_DIR` names a directory (set before
+prometheus_client is imported; `pyrodash serve` does it for its workers) where every metric of every worker writes its
+values; `render()` then sums all workers' files with `MultiProcessCollector` (counters and histograms summed, the
+in-flight gauge summed over live workers), whichever worker answers the scrape, so /metrics totals are the server's
+totals. Metrics of other modules are in those files too (a gauge there needs a `multiprocess_mode`, e.g. "livesum"
+or "max"; see prometheus_client's docs). A worker calls `mark_process_dead()` as it stops.
 """
 
 from __future__ import annotations
 
-import math
-from collections import defaultdict
+import os
+
+import prometheus_client as pc
+from prometheus_client import CollectorRegistry, generate_latest
 
 from pyrodash.events import Done
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
-Labels = tuple[tuple[str, str], ...]
+OVERHEAD_BUCKETS = (0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+pc.disable_created_metrics()  # no `_created` series: the exposition stays what it was (and half the size)
 
 
-def _labels(labels: Labels) -> str:
-    if not labels:
-        return ""
-    esc = (v.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"') for _, v in labels)
-    return "{" + ",".join(f'{k}="{v}"' for (k, _), v in zip(labels, esc)) + "}"
+def multiprocess() -> bool:
+    """Whether metrics live in PROMETHEUS_MULTIPROC_DIR (several worker processes)."""
+    return bool(os.environ.get(MULTIPROC_ENV))
 
 
-def _num(x: float) -> str:
-    if math.isinf(x):
-        return "+Inf" if x > 0 else "-Inf"
-    return repr(float(x)) if not float(x).is_integer() else str(int(x))
+class _Metric:
+    """A prometheus_client metric called the way the server calls it: `inc(amount, **labels)`, `observe(v, **labels)`
+    (the label names are declared up front; every call gives all of them, or none for an unlabelled metric)."""
 
+    def __init__(self, cls, name: str, help: str, labels: tuple[str, ...], registry, **kw):
+        self.name = name
+        self.metric = cls(name, help, labelnames=labels, registry=registry, **kw)
 
-class Counter:
-    kind = "counter"
-
-    def __init__(self, name: str, help: str):
-        self.name, self.help = name, help
-        self.values: dict[Labels, float] = defaultdict(float)
+    def _child(self, labels: dict):
+        return self.metric.labels(**labels) if labels else self.metric
 
     def inc(self, amount: float = 1.0, **labels: str) -> None:
-        if amount < 0:
-            raise ValueError(f"{self.name}: a counter only goes up (got {amount})")
-        self.values[tuple(sorted(labels.items()))] += amount
+        self._child(labels).inc(amount)
+
+    def _sample(self, suffix: str, labels: dict) -> float:
+        for fam in self.metric.collect():
+            for s in fam.samples:
+                if s.name == fam.name + suffix and s.labels == {k: str(v) for k, v in labels.items()}:
+                    return s.value
+        return 0.0
+
+
+class Counter(_Metric):
+    def __init__(self, name: str, help: str, labels: tuple[str, ...], registry) -> None:
+        super().__init__(pc.Counter, name, help, labels, registry)
 
     def get(self, **labels: str) -> float:
-        return self.values.get(tuple(sorted(labels.items())), 0.0)
-
-    def lines(self) -> list[str]:
-        return [f"{self.name}{_labels(k)} {_num(v)}" for k, v in sorted(self.values.items())]
+        return self._sample("_total", labels)
 
 
-class Gauge(Counter):
-    kind = "gauge"
-
-    def inc(self, amount: float = 1.0, **labels: str) -> None:
-        self.values[tuple(sorted(labels.items()))] += amount
+class Gauge(_Metric):
+    def __init__(self, name: str, help: str, labels: tuple[str, ...], registry, mode: str = "livesum") -> None:
+        super().__init__(pc.Gauge, name, help, labels, registry, multiprocess_mode=mode)
 
     def dec(self, amount: float = 1.0, **labels: str) -> None:
-        self.inc(-amount, **labels)
+        self._child(labels).dec(amount)
+
+    def get(self, **labels: str) -> float:
+        return self._sample("", labels)
 
 
-class Histogram:
-    kind = "histogram"
-
-    def __init__(self, name: str, help: str, buckets: tuple[float, ...] = LATENCY_BUCKETS):
-        self.name, self.help, self.buckets = name, help, tuple(sorted(buckets))
-        self.counts: dict[Labels, list[int]] = {}
-        self.sums: dict[Labels, float] = defaultdict(float)
+class Histogram(_Metric):
+    def __init__(self, name: str, help: str, labels: tuple[str, ...], registry,
+                 buckets: tuple[float, ...] = LATENCY_BUCKETS) -> None:  # fmt: skip
+        super().__init__(pc.Histogram, name, help, labels, registry, buckets=buckets)
 
     def observe(self, value: float, **labels: str) -> None:
-        key = tuple(sorted(labels.items()))
-        counts = self.counts.setdefault(key, [0] * (len(self.buckets) + 1))
-        for i, b in enumerate(self.buckets):
-            if value <= b:
-                counts[i] += 1
-        counts[-1] += 1  # +Inf
-        self.sums[key] += value
+        self._child(labels).observe(value)
 
     def count(self, **labels: str) -> int:
-        counts = self.counts.get(tuple(sorted(labels.items())))
-        return counts[-1] if counts else 0
-
-    def lines(self) -> list[str]:
-        out = []
-        for key, counts in sorted(self.counts.items()):
-            for b, c in zip(self.buckets + (math.inf,), counts):
-                out.append(f"{self.name}_bucket{_labels(key + (('le', _num(b)),))} {c}")
-            out.append(f"{self.name}_sum{_labels(key)} {_num(self.sums[key])}")
-            out.append(f"{self.name}_count{_labels(key)} {counts[-1]}")
-        return out
+        return int(self._sample("_count", labels))
 
 
 class Metrics:
     """The server's metrics; `render()` is the /metrics body."""
 
-    def __init__(self) -> None:
-        self.requests = Counter("pyrodash_requests_total", "HTTP requests by route, model and status code.")
-        self.in_flight = Gauge("pyrodash_requests_in_flight", "Engine requests running now.")
-        self.handoffs = Counter("pyrodash_handoffs_total", "Requests in which the SLM handed off to the LLM.")
-        self.fallbacks = Counter("pyrodash_fallbacks_total", "Requests finished by the SLM after the LLM failed.")
-        self.llm_errors = Counter("pyrodash_llm_errors_total", "Failed LLM attempts (retried, or then a fallback).")
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = r = registry if registry is not None else CollectorRegistry(auto_describe=True)
+        model, endpoint = ("model",), ("endpoint",)
+        self.requests = Counter("pyrodash_requests_total", "HTTP requests by route, model and status code.",
+                                ("route", "model", "status"), r)
+        self.in_flight = Gauge("pyrodash_requests_in_flight", "Engine requests running now.", (), r)
+        self.handoffs = Counter("pyrodash_handoffs_total", "Requests in which the SLM handed off to the LLM.",
+                                model, r)
+        self.fallbacks = Counter("pyrodash_fallbacks_total", "Requests finished by the SLM after the LLM failed.",
+                                 model, r)
+        self.llm_errors = Counter("pyrodash_llm_errors_total", "Failed LLM attempts (retried, or then a fallback).",
+                                  model, r)
         self.outside_share = Counter("pyrodash_outside_handoff_share_total",
                                      "Requests outside their operating point's handoff_share (the SLM answered "
-                                     "alone).")
+                                     "alone).", model, r)  # fmt: skip
         self.usage_estimated = Counter("pyrodash_usage_estimated_total",
-                                       "Requests with token counts a server did not report (counted or estimated).")
-        self.errors = Counter("pyrodash_errors_total", "Failed requests by kind (client, upstream, disconnect).")
-        self.tokens = Counter("pyrodash_tokens_total", "Tokens billed, by component (slm_in ... llm_cached_in).")
-        self.llm_calls = Counter("pyrodash_llm_calls_total", "LLM requests made (retries included).")
-        self.cost = Counter("pyrodash_cost_usd_total", "Dollars spent, priced with the server's price sheet.")
-        self.latency = Histogram("pyrodash_request_duration_seconds", "Time from request to last byte.")
-        self.ttft = Histogram("pyrodash_time_to_first_token_seconds", "Time from request to first content token.")
+                                       "Requests with token counts a server did not report (counted or estimated).",
+                                       model, r)  # fmt: skip
+        self.errors = Counter("pyrodash_errors_total", "Failed requests by kind (client, upstream, disconnect).",
+                              ("kind",), r)
+        self.tokens = Counter("pyrodash_tokens_total", "Tokens billed, by component (slm_in ... llm_cached_in).",
+                              ("component",), r)
+        self.llm_calls = Counter("pyrodash_llm_calls_total", "LLM requests made (retries included).", model, r)
+        self.cost = Counter("pyrodash_cost_usd_total", "Dollars spent, priced with the server's price sheet.",
+                            model, r)
+        self.latency = Histogram("pyrodash_request_duration_seconds", "Time from request to last byte.", model, r)
+        self.ttft = Histogram("pyrodash_time_to_first_token_seconds", "Time from request to first content token.",
+                              model, r)
+        self.overhead = Histogram("pyrodash_overhead_seconds", "Time a request spent in PyroDash itself: its wall "
+                                  "time less the time the engine waited for the models (x-pyrodash-overhead-ms).",
+                                  model, r, buckets=OVERHEAD_BUCKETS)  # fmt: skip
         self.trimmed = Counter("pyrodash_history_trimmed_messages_total",
-                               "Earlier conversation messages dropped to fit a model's context window, by side.")
+                               "Earlier conversation messages dropped to fit a model's context window, by side.",
+                               ("side",), r)  # fmt: skip
         self.trimmed_requests = Counter("pyrodash_history_trimmed_requests_total",
-                                        "Requests whose history was trimmed for a model, by side.")
-        self.ep_tokens = Counter("pyrodash_llm_endpoint_tokens_total", "LLM tokens billed per endpoint and component.")
-        self.ep_calls = Counter("pyrodash_llm_endpoint_calls_total", "LLM calls that reached each endpoint.")
-        self.ep_errors = Counter("pyrodash_llm_endpoint_errors_total", "LLM calls that failed, per endpoint.")
-        self.ep_cost = Counter("pyrodash_llm_endpoint_cost_usd_total", "Dollars per LLM endpoint, at its own prices.")
-        self._all = [self.requests, self.in_flight, self.handoffs, self.outside_share, self.fallbacks, self.llm_errors,
-                     self.usage_estimated, self.errors, self.tokens, self.llm_calls, self.cost, self.latency,
-                     self.ttft, self.trimmed, self.trimmed_requests, self.ep_tokens, self.ep_calls, self.ep_errors,
-                     self.ep_cost]  # fmt: skip
+                                        "Requests whose history was trimmed for a model, by side.", ("side",), r)
+        self.ep_tokens = Counter("pyrodash_llm_endpoint_tokens_total", "LLM tokens billed per endpoint and component.",
+                                 ("endpoint", "component"), r)
+        self.ep_calls = Counter("pyrodash_llm_endpoint_calls_total", "LLM calls that reached each endpoint.",
+                                endpoint, r)
+        self.ep_errors = Counter("pyrodash_llm_endpoint_errors_total", "LLM calls that failed, per endpoint.",
+                                 endpoint, r)
+        self.ep_cost = Counter("pyrodash_llm_endpoint_cost_usd_total", "Dollars per LLM endpoint, at its own prices.",
+                               endpoint, r)
 
-    def observe_done(self, done: Done, model: str, latency_s: float, ttft_s: float | None) -> None:
+    def observe_done(self, done: Done, model: str, latency_s: float, ttft_s: float | None,
+                     overhead_s: float | None = None) -> None:  # fmt: skip
         u = done.usage
         for comp in ("slm_in", "slm_out", "llm_in", "llm_out", "llm_cached_in"):
             self.tokens.inc(getattr(u, comp), component=comp)
@@ -155,11 +178,23 @@ class Metrics:
         self.latency.observe(latency_s, model=model)
         if ttft_s is not None:
             self.ttft.observe(ttft_s, model=model)
+        if overhead_s is not None:
+            self.overhead.observe(max(0.0, overhead_s), model=model)
 
     def render(self) -> str:
-        out: list[str] = []
-        for m in self._all:
-            out.append(f"# HELP {m.name} {m.help}")
-            out.append(f"# TYPE {m.name} {m.kind}")
-            out.extend(m.lines())
-        return "\n".join(out) + "\n"
+        """The exposition: this app's metrics and the default registry's, or every worker's (multiprocess)."""
+        if multiprocess():
+            from prometheus_client.multiprocess import MultiProcessCollector
+
+            registry = CollectorRegistry()
+            MultiProcessCollector(registry)
+            return generate_latest(registry).decode()
+        return (generate_latest(self.registry) + generate_latest(pc.REGISTRY)).decode()
+
+
+def mark_process_dead(pid: int | None = None) -> None:
+    """A worker that stops: its live gauges (requests in flight) leave the sum (multiprocess mode only)."""
+    if multiprocess():
+        from prometheus_client import multiprocess as mp
+
+        mp.mark_process_dead(os.getpid() if pid is None else pid)

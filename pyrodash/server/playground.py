@@ -2,6 +2,11 @@
 two colours, marks where `<offload>` fired, meters the answer's cost against the LLM alone, and compares SLM only,
 LLM only and PyroDash side by side.
 
+Compare's "SLM only" is the SLM answering alone to the end: the server's base SLM (`base_slm:` / `--base-slm`, the
+SLM before offloading training) when it has one, else the served SLM with `<offload>` banned, labelled as such (a
+Stage 2/3 SLM often stops where it would have handed off, before any final answer, and the column says so). The
+response's `pyrodash.answered_by` ("base_slm" or "slm") says which one answered.
+
 Plain HTML/JS/CSS in `pyrodash/server/static/` (package data; no build step). The page and its files load without a
 key; everything it asks the server for goes through the API with the same bearer key as any client
 (`/v1/models`, `/v1/chat/completions` with `stream`, `stream_options.include_usage` and
@@ -22,6 +27,7 @@ from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
 
 from pyrodash.server.modes import MODES
+from pyrodash.server.protocol import scrub
 
 STATIC = Path(__file__).resolve().parent / "static"
 NO_CACHE = {"Cache-Control": "no-cache"}  # a page from an older server version must not outlive an upgrade
@@ -32,7 +38,7 @@ def _short(backend) -> str | None:
     name = getattr(backend, "name", None)
     if not isinstance(name, str):
         return None
-    return name.rstrip("/").rsplit("/", 1)[-1].split("#")[-1] or name
+    return scrub(name.rstrip("/").rsplit("/", 1)[-1].split("#")[-1] or name)
 
 
 def install(app: FastAPI, dependencies: list) -> None:
@@ -49,6 +55,7 @@ def install(app: FastAPI, dependencies: list) -> None:
     async def playground_config():
         config = app.state.config
         engine = app.state.engine
+        base = app.state.base_engine
         prices = getattr(engine, "prices", None) or config.load_prices()
         return {
             "prices_usd_per_million": prices.to_dict(),
@@ -59,6 +66,9 @@ def install(app: FastAPI, dependencies: list) -> None:
             "modes": list(MODES),
             "slm": _short(getattr(engine, "slm", None)),
             "llm": _short(getattr(engine, "llm", None)),
+            # who answers "SLM only": the base SLM (by name) when the server has one, else the served SLM
+            "base_slm": _short(base.slm) if base is not None else None,
+            "slm_only": "base_slm" if base is not None else "slm",
             "handoff_style": getattr(engine, "handoff_style", config.handoff_style),
             "fallback": config.failure.on_error == "fallback",
         }

@@ -1,6 +1,8 @@
 """Wire format of `pyrodash serve`: OpenAI chat-completions requests, responses, stream chunks and error bodies.
 
-Models keep OpenAI's field order and allow extra fields (clients send fields we do not use; we ignore them).
+Models keep OpenAI's field order. Top-level fields outside OpenAI's API and PyroDash's extras are refused by
+`pyrodash.server.validation` (or ignored under the serve config's `allow_unknown_fields`); nested objects allow
+extra fields.
 Requests are validated strictly (no "1" for 1, no true for 1, no NaN): a wrong type is a 400, never a silent guess.
 OpenAI parameters the engine cannot honour are declared with their neutral value only (`n: 1`, `echo: false`,
 `tools: []` ...), so the schema says what the server accepts; `pyrodash.server.validation` refuses anything else
@@ -29,6 +31,10 @@ from pyrodash.record import Record
 
 DEFAULT_TEMPERATURE = 0.0  # greedy when omitted (see the module docstring)
 _URL_RE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://\S+")
+# host:port (127.0.0.1:8001, localhost:8000, llm:8001, [::1]:80) and local paths of 2+ parts (/data/runs/q/stage1)
+_HOSTPORT_RE = re.compile(r"(?<![\w.:/-])(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?):\d{1,5}\b")
+_PATH_RE = re.compile(r"(?<![\w.~:/-])(?:~|[A-Za-z]:)?(?:[/\\][\w.@+~-]+){2,}[/\\]?")
+_PROTECTED: set[str] = set()  # configured addresses and paths (`protect`): never shown to a client
 
 
 def _json_int(v: object) -> object:
@@ -67,7 +73,27 @@ class TextPart(_Strict):
     text: str
 
 
+def _message_schema(schema: dict) -> None:
+    """JSON Schema of a message: `content` is required (a string or text parts, not null) for system, developer and
+    user messages, optional for an assistant message (as OpenAI's API declares it)."""
+    props, content = schema["properties"], schema["properties"]["content"]
+    given = {**content, "anyOf": [b for b in content.get("anyOf", [content]) if b.get("type") != "null"]}
+    given.pop("default", None)
+    asking = {"type": "object", "properties": {**props, "role": {"enum": ["system", "developer", "user"],
+              "type": "string"}, "content": given}, "required": ["role", "content"]}  # fmt: skip
+    answering = {"type": "object", "properties": {**props, "role": {"const": "assistant", "type": "string"}},
+                 "required": ["role"]}  # fmt: skip
+    title = schema.get("title", "ChatMessage")
+    schema.clear()
+    schema.update(title=title, anyOf=[asking, answering])
+
+
 class ChatMessage(_Strict):
+    """A chat message; `content` may be missing or null only in an assistant message (`validation.parse` refuses
+    the rest with OpenAI's `missing_required_parameter`)."""
+
+    model_config = ConfigDict(extra="allow", strict=True, json_schema_extra=_message_schema)
+
     role: Literal["system", "developer", "user", "assistant"]
     content: str | list[TextPart] | None = None
     name: str | None = None
@@ -160,6 +186,13 @@ class ChatCompletionRequest(_Sampling):
     tools: list[dict] | None = Field(None, max_length=0)
     tool_choice: Literal["none"] | None = None
     response_format: ResponseFormatText | None = None
+    # OpenAI metadata fields: accepted, no effect on the answer
+    metadata: dict[str, str] | None = None
+    store: bool | None = None
+    service_tier: str | None = None
+    parallel_tool_calls: bool | None = None
+    prompt_cache_key: str | None = None
+    safety_identifier: str | None = None
 
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
@@ -215,16 +248,32 @@ class PyroDashInfo(_Out):
     # how it is counted: `llm_only_estimate` below and pyrodash.server.modes.llm_only_estimate
     llm_only_cost_usd: float | None = None
     llm_only_estimate: LLMOnlyEstimate | None = None
+    # which model wrote the answer: "collab" (the served SLM, handing off to the LLM), "slm" (the served SLM alone,
+    # `<offload>` banned: a Stage 2/3 SLM may stop before a final answer), "base_slm" (the server's base SLM,
+    # `base_slm:` in the serve config, answering alone), "llm" (the LLM alone)
+    answered_by: str = "collab"
+    # with llm_errors: the server log's key for this request, where the LLM errors' full text is (None without)
+    request_id: str | None = None
+    # the dollar budget this request drew on and the operating point it got from its pacer: name, state (paced,
+    # policy, capped, ...), spend_fraction, handoff_share / offload_bias, target and measured $/hour, the period's
+    # spend and cap, store (pyrodash.server.budget); None when the server holds no budget for it
+    budget: dict | None = None
 
     @classmethod
     def from_done(cls, done: Done, mode: str = "collab", cost_usd_by_component: dict[str, float] | None = None,
-                  llm_only_estimate: object = None) -> PyroDashInfo:  # fmt: skip
-        """The record's numbers, the LLM's errors as a client may see them (`scrub`), and what the serving layer
+                  llm_only_estimate: object = None, answered_by: str | None = None,
+                  request_id: str | None = None) -> PyroDashInfo:  # fmt: skip
+        """The record's numbers, the LLM's errors as a client may see them (a reason code each: `reason`; the
+        server logs the full text under `request_id`), endpoint names `scrub`bed, and what the serving layer
         computed from the prices: the cost split and the LLM-only estimate (any object or dict with
         `LLMOnlyEstimate`'s fields; `pyrodash.server.modes`)."""
         rec = Record.from_done(done).to_json()
         del rec["output"]
-        rec.update(llm_errors=[scrub(e) for e in done.errors], mode=mode)
+        for part in (*rec["segments"], *rec["llm_endpoints"]):
+            if isinstance(part.get("endpoint"), str):
+                part["endpoint"] = scrub(part["endpoint"])
+        rec.update(llm_errors=[reason(e) for e in done.errors], mode=mode, answered_by=answered_by or mode,
+                   request_id=request_id if done.errors else None)  # fmt: skip
         info = cls(**rec, cost_usd_by_component=cost_usd_by_component)
         if llm_only_estimate is not None:
             est = LLMOnlyEstimate.model_validate(llm_only_estimate, from_attributes=True)
@@ -232,9 +281,47 @@ class PyroDashInfo(_Out):
         return info
 
 
+def protect(*texts: object) -> None:
+    """Never show these strings to a client (the serve config's model paths and endpoint URLs: `build_app` calls
+    this); `scrub` removes them wherever they appear. Process-wide and only ever added to."""
+    _PROTECTED.update(t for t in (str(x).strip() for x in texts if x) if len(t) >= 4)
+
+
 def scrub(text: str) -> str:
-    """`text` without URLs (an internal backend address must not reach a client)."""
-    return _URL_RE.sub("<backend>", text)
+    """`text` as a client may see it: without the configured model paths and endpoint addresses (`protect`), URLs,
+    host:port pairs and local paths (an internal backend address or a server directory must not reach a client)."""
+    for known in sorted(_PROTECTED, key=len, reverse=True):
+        if known in text:
+            text = text.replace(known, "<hidden>")
+    text = _URL_RE.sub("<backend>", text)
+    text = _HOSTPORT_RE.sub("<backend>", text)
+    return _PATH_RE.sub("<path>", text)
+
+
+_REASONS = (  # (pattern in an LLM failure's text, the reason code a client sees), first match wins
+    (re.compile(r"every LLM endpoint failed"), "all_endpoints_failed"),
+    (re.compile(r"\bHTTP (\d{3})\b"), "upstream_http_{0}"),
+    (re.compile(r"cannot connect|ConnectError|ConnectionError|Connection refused"), "upstream_unreachable"),
+    (re.compile(r"[Tt]imeout|no chunk within|timed out"), "upstream_timeout"),
+    (re.compile(r"ended without a finish_reason|RemoteProtocolError|ReadError|incomplete"), "upstream_incomplete"),
+    (re.compile(r"error event"), "upstream_error_event"),
+    (re.compile(r"unreadable event"), "upstream_bad_response"),
+)
+
+
+def reason(error: str) -> str:
+    """One LLM failure (`Done.errors`: "attempt N: Type: text") as a client may see it: "attempt N: <reason code>",
+    e.g. "attempt 1: upstream_http_500", "attempt 2: upstream_timeout"; no upstream text, address or path."""
+    head, sep, rest = error.partition(": ")
+    if not (sep and re.fullmatch(r"attempt \d+", head)):
+        head, rest = "", error
+    code = "upstream_error"
+    for pattern, name in _REASONS:
+        m = pattern.search(rest)
+        if m:
+            code = name.format(*m.groups())
+            break
+    return f"{head}: {code}" if head else code
 
 
 class PromptTokensDetails(_Out):

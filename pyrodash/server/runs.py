@@ -5,6 +5,10 @@ the client goes away, the HTTP side calls `cancel()`: the task gets exactly one 
 cleanup (closing the SLM and LLM upstream streams, which stops their generation) runs to the end instead of being
 cut short by the web server's cancel scope. Every live `EngineRun` is kept in a set (`app.state.runs`) so shutdown can
 cancel what is left and tests can see that nothing keeps running.
+
+`RequestClock` is where a request's time goes: its arrival (the server's ASGI entry) and the time its engine run
+spent waiting for the engine's next event (the engine and the models behind it: the upstream HTTP requests and
+streams). Wall time less that wait is the time spent in PyroDash's server itself (`x-pyrodash-overhead-ms`).
 """
 
 from __future__ import annotations
@@ -19,29 +23,56 @@ from pyrodash.events import Done, Event
 _END = object()
 
 
+class RequestClock:
+    """One request's time: `t0` its arrival (perf_counter), `engine_s` the time its engine run waited for events."""
+
+    __slots__ = ("t0", "engine_s")
+
+    def __init__(self, t0: float | None = None) -> None:
+        self.t0 = time.perf_counter() if t0 is None else t0
+        self.engine_s = 0.0
+
+    def overhead_s(self, now: float | None = None) -> float:
+        """Seconds spent in the server itself so far: wall time less the engine's."""
+        return (time.perf_counter() if now is None else now) - self.t0 - self.engine_s
+
+
 class EngineRun:
-    """Runs `engine.stream(prompt, **kwargs)` in a task; `events()` yields its events, re-raising its error."""
+    """Runs `engine.stream(prompt, **kwargs)` in a task; `events()` yields its events, re-raising its error.
+    `clock` (optional) accumulates the time spent waiting for the engine's events; `observe(event, t)` (optional,
+    tracing) sees each event as it comes out of the engine, and `None` when the engine starts."""
 
     def __init__(self, engine, prompt: str | list[dict], kwargs: dict, registry: set, sem: asyncio.Semaphore,
-                 on_exit: Callable[[], None] | None = None):
+                 on_exit: Callable[[], None] | None = None, clock: RequestClock | None = None,
+                 observe: Callable[[object, float], None] | None = None):  # fmt: skip
         self.queue: asyncio.Queue = asyncio.Queue()
         self.t0 = time.perf_counter()
+        self.clock = clock if clock is not None else RequestClock(self.t0)
         self.ttft: float | None = None
         self.cancelled = False
         self._held: list = []  # taken from the queue, not handed out yet
-        self.task = asyncio.create_task(self._pump(engine, prompt, kwargs, sem))
+        self.task = asyncio.create_task(self._pump(engine, prompt, kwargs, sem, observe))
         registry.add(self)
         self.task.add_done_callback(lambda _t: registry.discard(self))
         if on_exit is not None:
             self.task.add_done_callback(lambda _t: on_exit())
 
-    async def _pump(self, engine, prompt, kwargs: dict, sem: asyncio.Semaphore) -> None:
+    async def _pump(self, engine, prompt, kwargs: dict, sem: asyncio.Semaphore, observe) -> None:
+        clock, put, now = self.clock, self.queue.put_nowait, time.perf_counter
         try:
             async with sem:
                 stream = engine.stream(prompt, **kwargs)
                 try:
-                    async for ev in stream:
-                        self.queue.put_nowait(ev)
+                    t = now()
+                    if observe is not None:
+                        observe(None, t)
+                    async for ev in stream:  # the time between two events is the engine's (and its models')
+                        t1 = now()
+                        clock.engine_s += t1 - t
+                        if observe is not None:
+                            observe(ev, t1)
+                        put(ev)
+                        t = now()
                 finally:
                     await stream.aclose()
         except asyncio.CancelledError:
@@ -146,3 +177,4 @@ class ChunkWriter:
         return f"data: {json.dumps(body)}\n\n"
 
     DONE = "data: [DONE]\n\n"
+    DONE_BYTES = DONE.encode()

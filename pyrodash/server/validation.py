@@ -12,8 +12,13 @@ Checks, in order:
 3. OpenAI parameters the Collaborate Engine cannot honour are refused by name (400 `unsupported_parameter`) unless
    they carry their neutral value (`n: 1`, `echo: false`, `tools: []`, `response_format: {type: text}` ...):
    a client must not get an answer that silently ignored what it asked for. Fields OpenAI documents as metadata
-   (`user`, `metadata`, `store`, `service_tier`, `parallel_tool_calls`) are accepted and have no effect.
-4. Types and ranges (pydantic, strict).
+   (`user`, `metadata`, `store`, `service_tier`, `parallel_tool_calls`, `prompt_cache_key`, `safety_identifier`)
+   are accepted and have no effect. Any other top-level field is refused as OpenAI does (400 `unknown_parameter`,
+   "Unrecognized request argument supplied: NAME"), unless the serve config says `allow_unknown_fields: true`
+   (for clients that send extras). PyroDash's own fields (`offload_bias`, `max_tokens_per_model`, `pyrodash`) are
+   part of the request.
+4. Types and ranges (pydantic, strict); a system, developer or user message needs `content` (400
+   `missing_required_parameter`, as OpenAI).
 5. The model name (404), `max_tokens` / `max_completion_tokens` (the TOTAL budget of the joint SLM + LLM answer)
    and `max_tokens_per_model` against `limits.max_tokens`.
 6. Client text is marked (`pyrodash.backends.literal`) so special-token strings (`<offload>`, `<|im_end|>` ...)
@@ -29,6 +34,7 @@ import json
 
 from fastapi import FastAPI, Request
 from pydantic import BaseModel, ValidationError
+from starlette.requests import ClientDisconnect
 
 from pyrodash.backends import literal
 from pyrodash.conversation import ContextLengthError
@@ -60,7 +66,21 @@ UNSUPPORTED: dict[str, tuple[tuple, str]] = {
     "prediction": ((None,), "predicted outputs are not supported"),
     "web_search_options": ((None,), "web search is not supported"),
     "reasoning_effort": ((None,), "reasoning_effort is not supported"),
+    "verbosity": ((None, "medium"), "verbosity is not supported"),
 }
+# the top-level fields OpenAI's API documents for each route; accepted here (used, refused by name in UNSUPPORTED
+# unless neutral, or metadata without effect), with the request model's own fields (PyroDash's extras)
+OPENAI_CHAT_FIELDS = frozenset({
+    "messages", "model", "audio", "frequency_penalty", "function_call", "functions", "logit_bias", "logprobs",
+    "max_completion_tokens", "max_tokens", "metadata", "modalities", "n", "parallel_tool_calls", "prediction",
+    "presence_penalty", "prompt_cache_key", "reasoning_effort", "response_format", "safety_identifier", "seed",
+    "service_tier", "stop", "store", "stream", "stream_options", "temperature", "tool_choice", "tools",
+    "top_logprobs", "top_p", "user", "verbosity", "web_search_options",
+})  # fmt: skip
+OPENAI_TEXT_FIELDS = frozenset({
+    "model", "prompt", "best_of", "echo", "frequency_penalty", "logit_bias", "logprobs", "max_tokens", "n",
+    "presence_penalty", "seed", "stop", "stream", "stream_options", "suffix", "temperature", "top_p", "user",
+})  # fmt: skip
 
 
 # ---------------------------------------------------------------- the body
@@ -73,11 +93,14 @@ async def read_json(request: Request, limit: int) -> object:
         raise P.APIError(413, f"Request body of {declared} bytes exceeds the limit of {limit} bytes.",
                          code="request_too_large")  # fmt: skip
     parts, size = [], 0
-    async for part in request.stream():
-        size += len(part)
-        if size > limit:
-            raise P.APIError(413, f"Request body exceeds the limit of {limit} bytes.", code="request_too_large")
-        parts.append(part)
+    try:
+        async for part in request.stream():
+            size += len(part)
+            if size > limit:
+                raise P.APIError(413, f"Request body exceeds the limit of {limit} bytes.", code="request_too_large")
+            parts.append(part)
+    except ClientDisconnect:  # the client stopped sending half-way: its fault, not the server's (no 500)
+        raise P.APIError(499, "client closed request", code="client_closed") from None
     body = b"".join(parts)
     if not body.strip():
         raise P.APIError(400, "The request body is empty: send a JSON object.", code="invalid_json")
@@ -119,8 +142,36 @@ def _fields(model: type[BaseModel]) -> set[str]:
     return names
 
 
-def parse(model: type[BaseModel], obj: object) -> BaseModel:
-    """A validated request model, or a 400 naming the parameter."""
+def known_fields(model: type[BaseModel]) -> frozenset[str]:
+    """The top-level fields a request of this kind may carry (OpenAI's for its route, and the model's own)."""
+    openai = OPENAI_CHAT_FIELDS if model is P.ChatCompletionRequest else OPENAI_TEXT_FIELDS
+    return openai | frozenset(model.model_fields)
+
+
+def _unknown(model: type[BaseModel], obj: dict) -> None:
+    """400 naming the top-level fields neither OpenAI's API nor PyroDash knows, as OpenAI words it."""
+    known = known_fields(model)
+    unknown = sorted(str(k) for k in obj if k not in known)
+    if unknown:
+        shown = ", ".join(k[:100] for k in unknown[:10]) + (f" (and {len(unknown) - 10} more)" if len(unknown) > 10
+                                                             else "")  # fmt: skip
+        noun = "argument" if len(unknown) == 1 else "arguments"
+        raise P.APIError(400, f"Unrecognized request {noun} supplied: {shown}", param=unknown[0][:100],
+                         code="unknown_parameter")
+
+
+def _missing_content(req: BaseModel) -> None:
+    """400 for a system, developer or user message without content (only an assistant message may omit it)."""
+    for i, m in enumerate(getattr(req, "messages", None) or []):
+        if m.content is None and m.role != "assistant":
+            param = f"messages.{i}.content"
+            raise P.APIError(400, f"Missing required parameter: '{param}'.", param=param,
+                             code="missing_required_parameter")
+
+
+def parse(model: type[BaseModel], obj: object, allow_unknown: bool = False) -> BaseModel:
+    """A validated request model, or a 400 naming the parameter. `allow_unknown`: top-level fields outside OpenAI's
+    API and PyroDash's extras are ignored instead of refused (serve config `allow_unknown_fields`)."""
     where = _bad_unicode(obj)
     if where is not None:
         raise P.APIError(400, f"{where}: the text holds a lone UTF-16 surrogate (e.g. \\ud800), which is not valid "
@@ -133,8 +184,10 @@ def parse(model: type[BaseModel], obj: object) -> BaseModel:
                 code = "unsupported_value" if name in ("n", "logprobs") else "unsupported_parameter"
                 raise P.APIError(400, f"Unsupported parameter: '{name}': {why}; remove it or send "
                                  f"{_neutral(neutral)}.", param=name, code=code)  # fmt: skip
+        if not allow_unknown:
+            _unknown(model, obj)
     try:
-        return model.model_validate(obj)
+        req = model.model_validate(obj)
     except ValidationError as e:
         err = e.errors(include_url=False)[0]
         known = _fields(model)
@@ -142,6 +195,8 @@ def parse(model: type[BaseModel], obj: object) -> BaseModel:
         param = ".".join(str(x) for x in err["loc"] if isinstance(x, int) or x in known) or None
         where = f"{param}: " if param else ""
         raise P.APIError(400, f"{where}{err['msg']}", param=param, code="invalid_value") from None
+    _missing_content(req)
+    return req
 
 
 def _same(a: object, b: object) -> bool:

@@ -78,8 +78,12 @@ class FrozenLLM:
         if spec is None:
             raise ValueError("no LLM given: set `llm:` in the recipe (a path, hub id or http(s)://host:port/v1#model)")
         backend = load_llm(spec, mode, local=load_frozen)
-        # a local model is journaled under its name (as before), anything else under its whole spec
-        key = "" if isinstance(backend, HFBackend) else json.dumps(spec, sort_keys=True, default=str)
+        # a local model is journaled under its path (as before; its public name, e.g. "llm", is not unique), anything
+        # else under its whole spec
+        if isinstance(backend, HFBackend):
+            key = str(spec.get("path") if isinstance(spec, dict) else spec)
+        else:
+            key = json.dumps(spec, sort_keys=True, default=str)
         return cls(backend, batch_size=batch_size, concurrency=concurrency, key=key)
 
     def generate(self, reqs: list[GenRequest], desc: str | None = None, cache: str | Path | None = None) -> list[Gen]:

@@ -87,9 +87,7 @@ class CostAwareGRPOTrainer(GRPOTrainer):
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         if self.collab is not None and self.model.training:
-            from pyrodash.train.distributed import pop_reward_stats
-
-            logs.update(pop_reward_stats(self.collab))  # every rank's rollouts (a collective under accelerate)
+            logs.update(dist.pop_reward_stats(self.collab))  # every rank's rollouts (a collective under accelerate)
         super().log(logs, start_time)
 
 

@@ -248,7 +248,6 @@ def _run_build(world_dir: Path, cfg: WorldConfig, seed: int, verbose: bool) -> d
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from transformers import AutoModelForCausalLM
 
-
     t0 = time.time()
     world_dir.mkdir(parents=True, exist_ok=True)
     (world_dir / "world.json").unlink(missing_ok=True)  # a half-built world is never mistaken for a built one

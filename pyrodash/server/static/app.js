@@ -348,6 +348,28 @@ async function sendChat(ev) {
 
 // ------------------------------------------------------------------ compare
 
+const FINAL_ANSWER = /\\boxed\{/;
+// the response's pyrodash.answered_by in the "SLM only" column: which SLM answered alone
+const ANSWERED_BY = {
+  base_slm: "the base SLM answered alone, to the end",
+  slm: "the served SLM alone, <offload> banned",
+};
+
+// who answers "SLM only" on this server (from /playground/config): its base SLM, else the served SLM
+function slmOnlyLabel() {
+  const cfg = state.config || {};
+  return cfg.slm_only === "base_slm" ? `SLM only (base: ${cfg.base_slm})` : "SLM only (served SLM, no handoff)";
+}
+
+function showSlmOnly() {
+  const cfg = state.config || {};
+  const who = $("slm-only-who");
+  who.textContent = cfg.slm_only === "base_slm"
+    ? `the base SLM ${cfg.base_slm}, answering alone`
+    : `the served SLM ${cfg.slm || ""} with <offload> banned: it may stop where it would hand off`;
+  document.querySelector('.col[data-mode="slm"] h3').textContent = cfg.slm_only === "base_slm" ? "SLM only (base)" : "SLM only (served)";
+}
+
 async function sendCompare(ev) {
   ev.preventDefault();
   const q = $("compare-question").value.trim();
@@ -359,6 +381,7 @@ async function sendCompare(ev) {
   const runs = ["slm", "llm", "collab"].map(async (mode) => {
     const col = document.querySelector(`.col[data-mode="${mode}"]`);
     col.dataset.state = "running";
+    delete col.dataset.flag;
     col.querySelector(".col-status").textContent = "streaming…";
     col.querySelector(".col-cost").textContent = "";
     const view = new AnswerView(col.querySelector(".answer"), state.config.prices_usd_per_million, null);
@@ -367,9 +390,16 @@ async function sendCompare(ev) {
       results[mode] = res.info;
       col.dataset.state = "done";
       const i = res.info;
-      col.querySelector(".col-status").textContent = i.handoff === null || i.handoff === undefined
+      let status = i.handoff === null || i.handoff === undefined
         ? (mode === "collab" ? "SLM answered alone" : "answered alone")
         : `<offload> after ${i.handoff} SLM tokens` + (i.fallback ? " · LLM failed, SLM finished" : "");
+      if (mode === "slm") status = `${ANSWERED_BY[i.answered_by] || "answered alone"}`;
+      if (res.finish === "length") status += " · cut at max tokens";
+      else if (mode === "slm" && !FINAL_ANSWER.test(res.text)) {  // a Stage 3 SLM, <offload> banned, stops early
+        col.dataset.flag = "no-answer";
+        status += " · stopped before a final answer (no \\boxed{})";
+      }
+      col.querySelector(".col-status").textContent = status;
       const cost = col.querySelector(".col-cost");
       cost.dataset.usd = String(i.cost_usd);
       cost.textContent = `${usd(i.cost_usd)} · in ${i.slm_in + i.llm_in} / out ${i.slm_out + i.llm_out} tokens`;
@@ -378,12 +408,12 @@ async function sendCompare(ev) {
       col.dataset.state = "error";
       col.querySelector(".col-status").textContent = "failed";
       col.querySelector(".answer").append(el("div", "turn-error", err.message));
-      showError(err, { slm: "SLM only", llm: "LLM only", collab: "PyroDash" }[mode]);
+      showError(err, { slm: slmOnlyLabel(), llm: "LLM only", collab: "PyroDash" }[mode]);
     }
   });
   await Promise.all(runs);
   if (results.collab) meterFinal(results.collab);  // the meter prices the PyroDash column
-  const names = { slm: "SLM only", llm: "LLM only", collab: "PyroDash" };
+  const names = { slm: slmOnlyLabel(), llm: "LLM only", collab: "PyroDash" };
   drawBars($("compare-bars"), ["slm", "llm", "collab"].filter((m) => results[m]).map((m) => ({
     label: names[m],
     parts: COMPONENTS.map((c) => ({ cls: c.split("_")[0] + " " + c, v: (results[m].cost_usd_by_component || {})[c] || 0 })),
@@ -407,8 +437,14 @@ function setBias(v) {
 async function checkHealth() {
   const h = $("health");
   try {
-    const r = await fetch("/health");
+    const r = await fetch("/health", { headers: headers(false) });  // details (which model is down) need the key
     const j = await r.json();
+    if (!j.slm && !j.llm) {  // no key yet: only live / ready
+      h.dataset.state = j.ready ? "ok" : "down";
+      h.textContent = j.ready ? "models ready" : "a model is unreachable";
+      h.title = "";
+      return;
+    }
     const down = ["slm", "llm"].filter((s) => j[s] && !j[s].reachable);
     h.dataset.state = down.length ? "down" : "ok";
     h.textContent = down.length ? `${down.map((s) => s.toUpperCase()).join(" and ")} unreachable` : "SLM ✓ · LLM ✓";
@@ -428,6 +464,8 @@ async function boot() {
     clearBanner("auth"); clearBanner("net");
     $("slm-name").textContent = cfg.slm || "?";
     $("llm-name").textContent = cfg.llm || "?";
+    showSlmOnly();
+    checkHealth();
     const sel = $("model");
     sel.textContent = "";
     for (const m of state.models) {

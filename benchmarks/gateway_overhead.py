@@ -1,0 +1,246 @@
+"""Gateway overhead, side by side in one run: direct to an upstream, through a LiteLLM proxy, through `pyrodash serve`.
+
+    .venv/bin/python benchmarks/gateway_overhead.py [--tokens 200] [--token-ms 1] [--concurrency 1 64]
+        [--rounds 8] [--requests 10] [--litellm .venv-litellm/bin/litellm] [--workers 1]
+
+The upstream is the scripted OpenAI-compatible server of `benchmarks/engine_overhead.py` (a TEST DOUBLE, no model,
+in its own process): `--tokens` tokens, one every `--token-ms` ms. Three targets stream the same script:
+  direct    the client talks to the double itself (model "direct": the whole script);
+  litellm   a LiteLLM proxy (`litellm --config`, its own venv as .ci/run installs it) in front of the double;
+  pyrodash  `pyrodash serve --slm DOUBLE#slm --llm DOUBLE#llm --offload-bias -1000` (an operating point that never
+            hands off: the SLM streams the whole script, the request PyroDash sends upstream is one streamed call).
+Every request is a streamed chat completion with `stream_options.include_usage`, sent by a minimal keep-alive
+HTTP/1.1 client on raw sockets (httpx's parsing would make the client the bottleneck on a shared machine). Per
+request: TTFT = time to the first SSE event with non-empty `content`; total = time to `data: [DONE]`.
+
+Noise: the targets are measured interleaved, `--rounds` rounds, each running every target in turn (the order
+rotates) for `--requests` requests per client at each `--concurrency` (c clients in parallel, each sequential on its
+own connection), so load from other jobs on the machine hits all three alike. A warm-up round is not counted.
+Added = target percentile - direct percentile (p50 and p99 over all requests of the run), for TTFT and total.
+The gateways' own overhead headers are summarised too (`x-pyrodash-overhead-ms`, LiteLLM's
+`x-litellm-overhead-duration-ms`). Without LiteLLM installed its rows are left out, saying why. Last lines, one per
+concurrency, exactly: `c=<c> pyrodash_added_ttft_p50_ms=<a> litellm_added_ttft_p50_ms=<b> ratio=<a/b>`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from engine_overhead import scripted_server_process  # noqa: E402
+from server_load import _free_port, _pct, _stop  # noqa: E402
+
+CONTENT = re.compile(rb'"content":\s*"[^"]')  # the first SSE event with text (the role chunk's content is "")
+TARGETS = ("direct", "litellm", "pyrodash")
+KEY = "sk-gateway-bench-0123456789abcdef"  # LiteLLM's master key (it refuses to start without one); sent to all
+HEADERS = {"litellm": "x-litellm-overhead-duration-ms", "pyrodash": "x-pyrodash-overhead-ms"}
+
+
+async def _request(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, head: bytes, body: bytes) -> dict:
+    """One streamed request on a kept-alive connection: status, headers, TTFT and total seconds."""
+    t0 = time.perf_counter()
+    writer.write(head + body)
+    await writer.drain()
+    status = int((await reader.readline()).split()[1])
+    headers = {}
+    while (line := await reader.readline()) not in (b"\r\n", b""):
+        k, _, v = line.decode().partition(":")
+        headers[k.strip().lower()] = v.strip()
+    ttft, tail, parts = None, b"", []
+    if headers.get("transfer-encoding") == "chunked":
+        while True:
+            size = int((await reader.readline()).split(b";")[0], 16)
+            data = (await reader.readexactly(size + 2))[:-2]
+            if size == 0:
+                break
+            if ttft is None and CONTENT.search(tail + data):
+                ttft = time.perf_counter() - t0
+            tail = data[-64:]
+            parts.append(data)
+    else:
+        parts.append(await reader.readexactly(int(headers.get("content-length", 0))))
+    total = time.perf_counter() - t0
+    text = b"".join(parts)
+    ok = status == 200 and text.rstrip().endswith(b"data: [DONE]") and ttft is not None
+    return {"ok": ok, "status": status, "headers": headers, "ttft": ttft, "total": total, "tail": text[-300:]}
+
+
+async def _client(port: int, model: str, n: int, max_tokens: int, out: list[dict]) -> None:
+    body = json.dumps({"model": model, "messages": [{"role": "user", "content": "What is 2+2?"}], "stream": True,
+                       "max_tokens": max_tokens, "stream_options": {"include_usage": True}}).encode()  # fmt: skip
+    head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
+            f"Authorization: Bearer {KEY}\r\nContent-Length: {len(body)}\r\n\r\n").encode()  # fmt: skip
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        for _ in range(n):
+            try:
+                r = await _request(reader, writer, head, body)
+            except (OSError, ValueError, IndexError, asyncio.IncompleteReadError) as e:
+                out.append({"ok": False, "status": 0, "tail": f"{type(e).__name__}: {e}".encode()})
+                writer.close()
+                reader, writer = await asyncio.open_connection("127.0.0.1", port)
+                continue
+            out.append(r)
+            if r["headers"].get("connection") == "close":
+                writer.close()
+                reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    finally:
+        writer.close()
+
+
+async def _round(port: int, model: str, concurrency: int, n: int, max_tokens: int) -> list[dict]:
+    out: list[dict] = []
+    await asyncio.gather(*(_client(port, model, n, max_tokens, out) for _ in range(concurrency)))
+    return out
+
+
+def _wait_http(url: str, proc: subprocess.Popen | None, timeout: float = 180.0) -> None:
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"{url}: the process exited with code {proc.returncode}")
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    raise RuntimeError(f"{url} did not come up")
+
+
+def _up(url: str, proc: subprocess.Popen) -> None:
+    try:
+        _wait_http(url, proc)
+    except BaseException:
+        _stop(proc, timeout=10)  # a process that never came up is not left behind
+        raise
+
+
+def start_litellm(exe: str, upstream: str, port: int, workdir: Path) -> subprocess.Popen:
+    cfg = workdir / "litellm.yaml"
+    cfg.write_text(json.dumps({"model_list": [{"model_name": "direct", "litellm_params": {
+        "model": "openai/direct", "api_base": upstream, "api_key": "sk-none"}}],
+        "litellm_settings": {"telemetry": False}}))  # JSON is YAML  # fmt: skip
+    env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_LOG": "ERROR", "NO_DOCS": "True",
+           "DISABLE_ADMIN_UI": "True", "LITELLM_MASTER_KEY": KEY}  # fmt: skip
+    log = open(workdir / "litellm.log", "wb")  # noqa: SIM115 - closed with the process
+    proc = subprocess.Popen([exe, "--config", str(cfg), "--host", "127.0.0.1", "--port", str(port),
+                             "--num_workers", "1"], stdout=log, stderr=subprocess.STDOUT, env=env)  # fmt: skip
+    _up(f"http://127.0.0.1:{port}/health/liveliness", proc)
+    return proc
+
+
+def start_pyrodash(upstream: str, port: int, workers: int, workdir: Path) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "pyrodash", "serve", "--slm", f"{upstream}#slm", "--llm", f"{upstream}#llm",
+           "--prompts", "qwen-math-v1", "--offload-bias", "-1000", "--port", str(port), "--max-tokens", "4096",
+           "--log-level", "warning"] + (["--workers", str(workers)] if workers != 1 else [])  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(x for x in (str(ROOT), os.environ.get("PYTHONPATH")) if x)}
+    env.pop("PYRODASH_API_KEY", None)
+    log = open(workdir / "pyrodash.log", "wb")  # noqa: SIM115 - closed with the process
+    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+    _up(f"http://127.0.0.1:{port}/v1/models", proc)
+    return proc
+
+
+def summarise(res: dict[str, list[dict]], c: int) -> list[str]:
+    lines = [f"concurrency {c}:"]
+    base = {k: [r[k] for r in res["direct"] if r["ok"]] for k in ("ttft", "total")}
+    added = {}
+    for target, rows in res.items():
+        ok = [r for r in rows if r["ok"]]
+        errs = len(rows) - len(ok)
+        if not ok:
+            lines.append(f"  {target:9s} no successful request ({errs} errors)")
+            continue
+        q = {k: {p: _pct([r[k] for r in ok], p) * 1e3 for p in (50, 99)} for k in ("ttft", "total")}
+        line = (f"  {target:9s} n={len(ok)} errors={errs}  TTFT p50 {q['ttft'][50]:7.2f} p99 {q['ttft'][99]:7.2f} "
+                f"| total p50 {q['total'][50]:7.2f} p99 {q['total'][99]:7.2f} ms")  # fmt: skip
+        if target != "direct":
+            d = {k: {p: q[k][p] - _pct(base[k], p) * 1e3 for p in (50, 99)} for k in ("ttft", "total")}
+            added[target] = d["ttft"][50]
+            line += (f"  added: TTFT p50 {d['ttft'][50]:+6.2f} p99 {d['ttft'][99]:+6.2f}, total p50 "
+                     f"{d['total'][50]:+6.2f} p99 {d['total'][99]:+6.2f} ms")  # fmt: skip
+            hdr = [float(r["headers"][HEADERS[target]]) for r in ok if HEADERS[target] in r["headers"]]
+            if hdr:
+                line += f"  [{HEADERS[target]} p50 {_pct(hdr, 50):.2f}]"
+        lines.append(line)
+        bad = [r for r in rows if not r["ok"]][:3]
+        for r in bad:
+            lines.append(f"    {target} error: status {r['status']} {r['tail'][-200:]!r}")
+    a, b = added.get("pyrodash", float("nan")), added.get("litellm", float("nan"))
+    lines.append(f"c={c} pyrodash_added_ttft_p50_ms={a:.2f} litellm_added_ttft_p50_ms={b:.2f} ratio={a / b:.3f}")
+    return lines
+
+
+async def measure(ports: dict[str, int], models: dict[str, str], args) -> dict[int, dict[str, list[dict]]]:
+    out = {}
+    for c in args.concurrency:
+        n = args.requests if c == 1 else max(1, args.requests // 5)
+        for target in ports:  # warm-up (connections, caches, LiteLLM's first-request set-up): not counted
+            await _round(ports[target], models[target], min(c, 8), 2, args.max_tokens)
+        res: dict[str, list[dict]] = {t: [] for t in ports}
+        order = list(ports)
+        for i in range(args.rounds):
+            for target in order[i % len(order):] + order[: i % len(order)]:
+                await asyncio.sleep(0.05)
+                res[target] += await _round(ports[target], models[target], c, n, args.max_tokens)
+        out[c] = res
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--tokens", type=int, default=200, help="tokens the upstream streams per request")
+    p.add_argument("--token-ms", type=float, default=1.0, help="upstream time per token")
+    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 64])
+    p.add_argument("--rounds", type=int, default=8, help="interleaved rounds (each runs every target)")
+    p.add_argument("--requests", type=int, default=10,
+                   help="sequential requests per client per round at concurrency 1 (a fifth of it above 1)")
+    p.add_argument("--max-tokens", type=int, default=1024)
+    p.add_argument("--litellm", default=str(ROOT / ".venv-litellm" / "bin" / "litellm"),
+                   help="the litellm executable ('' to leave LiteLLM out)")
+    p.add_argument("--workers", type=int, default=1, help="pyrodash serve --workers")
+    a = p.parse_args(argv)
+    upstream, up_proc = scripted_server_process(a.tokens, a.tokens // 2, a.token_ms / 1e3)
+    procs: list[subprocess.Popen] = []
+    ports = {"direct": int(upstream.rsplit(":", 1)[1].split("/")[0])}
+    models = {"direct": "direct", "litellm": "direct", "pyrodash": "pyrodash"}
+    with tempfile.TemporaryDirectory(prefix="gateway-overhead-") as tmp:
+        try:
+            if a.litellm and Path(a.litellm).exists():
+                ports["litellm"] = _free_port()
+                procs.append(start_litellm(a.litellm, upstream, ports["litellm"], Path(tmp)))
+            else:
+                print(f"note: no LiteLLM at {a.litellm!r} (python3 -m venv .venv-litellm && .venv-litellm/bin/pip "
+                      "install 'litellm[proxy]'): its rows are left out")  # fmt: skip
+            ports["pyrodash"] = _free_port()
+            procs.append(start_pyrodash(upstream, ports["pyrodash"], a.workers, Path(tmp)))
+            print(f"upstream: {a.tokens} tokens at {a.token_ms:g} ms/token; {a.rounds} interleaved rounds; "
+                  f"{os.cpu_count()} CPUs shared by the clients, the upstream and the gateways", flush=True)
+            res = asyncio.run(measure(ports, models, a))
+        finally:
+            for proc in procs:
+                _stop(proc, timeout=20)
+            up_proc.terminate()
+            up_proc.join(5)
+    for c, r in res.items():
+        print("\n".join(summarise(r, c)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,385 @@
+"""Dollar budgets in `pyrodash serve`: each request draws on a budget, whose pacer (`pyrodash.server.pacer`) sets the
+operating point it gets, so that the spend tracks the budget's target rate as traffic rises and falls.
+
+The server's two hooks and what the client sees:
+
+    kwargs, grant = await pace(app, request, prompt, kwargs, mode)   # before the engine call: share / bias (or 429)
+    run = EngineRun(metered(engine, grant), ...)                      # the Done's dollars are recorded on the budget
+    info = with_budget(info, grant)                                   # the response's pyrodash.budget
+
+- Which budget: the request's bearer key, when it is a key of `budgets.keys` (compared by SHA-256 digest, never
+  logged), else `budgets.default` (absent: the request is not paced).
+- Dollars: the Done's `llm_endpoints` (LLM dollars, `dollars: llm`) or its `cost_usd` (`dollars: all`).
+- The operating point: `handoff_share` = min(the model's own share, the pacer's), or, with `knob: offload_bias`,
+  the bias along the calibration curve (never above the model's). The policy's own point is the ceiling.
+- At the hard cap: the SLM alone until the period ends (`handoff_share` 0), or 429 `budget_exceeded` with
+  Retry-After (`at_cap: refuse`); a request for the LLM alone (`pyrodash.mode: llm`) is refused at the cap.
+- Nothing silent: the response's `pyrodash.budget` (name, state, the knob it got, target, measured rate, the
+  period's spend and cap, the store), `GET /v1/budget` (a budget key sees its own budget only), `/health`'s
+  `budget` field (Redis reachable or this replica on its own share), and `/metrics`: `pyrodash_budget_*`.
+
+States: `paced` (the budget binds: fewer handoffs than the policy wants, down to none), `policy` (the budget
+allows more than the policy spends: its own point), `capped`, `refused`, `learning` (no request finished yet and no
+curve), `solo` (one model answering alone: charged, not paced).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import math
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from fastapi import FastAPI, Request
+
+from pyrodash.engine import handoff_admitted
+from pyrodash.events import Done
+from pyrodash.server import protocol as P
+from pyrodash.server.budget_config import Budget, BudgetsConfig
+from pyrodash.server.budget_store import FileStore, MemoryStore, RedisStore
+from pyrodash.server.metrics import MULTIPROC_ENV
+from pyrodash.server.pacer import BIAS, Decision, PacerSpec, arrive, finish, spend_rate
+
+log = logging.getLogger("pyrodash.serve")
+
+
+class Refused(P.APIError):
+    """429 at a budget's hard cap, with the Retry-After header (seconds to the period's end)."""
+
+    def __init__(self, message: str, retry_after: int):
+        super().__init__(429, message, type="insufficient_quota", code="budget_exceeded")
+        self.headers = {"Retry-After": str(max(1, retry_after))}
+
+
+class BudgetMetrics:
+    """`pyrodash_budget_*` (prometheus_client objects in the app's registry)."""
+
+    def __init__(self, registry) -> None:
+        from prometheus_client import Counter, Gauge
+
+        b = ["budget"]
+        last = {"multiprocess_mode": "mostrecent"}  # `--workers N`: the newest value of any worker (one state)
+        self.target = Gauge("pyrodash_budget_target_usd_per_hour", "The budget's target spend rate (this replica's "
+                            "share of it while Redis is unreachable).", b, registry=registry, **last)
+        self.spend = Counter("pyrodash_budget_spend_usd", "Dollars billed on the budget by this replica's requests "
+                             "(sum over replicas).", b, registry=registry)
+        self.rate = Gauge("pyrodash_budget_spend_rate_usd_per_hour", "The budget's measured spend rate (the "
+                          "controller's average).", b, registry=registry, **last)
+        self.period_spend = Gauge("pyrodash_budget_period_spend_usd", "Dollars spent in the budget's current period "
+                                  "(hour or day), answers in flight at their expected dollars.", b, registry=registry,
+                                  **last)  # fmt: skip
+        self.cap = Gauge("pyrodash_budget_cap_usd", "The budget's hard cap per period.", b, registry=registry, **last)
+        self.knob = Gauge("pyrodash_budget_knob", "The controller's output: the handoff_share or offload_bias the "
+                          "last paced request got, and the spend fraction (0..1) behind it.", b + ["knob"],
+                          registry=registry, **last)  # fmt: skip
+        self.cap_hits = Counter("pyrodash_budget_cap_hits", "Requests at the hard cap (answered by the SLM alone or "
+                                "refused).", b, registry=registry)
+        self.requests = Counter("pyrodash_budget_requests", "Requests drawn on the budget, by the state they got "
+                                "(paced, policy, capped, refused, learning, solo).", b + ["state"],
+                                registry=registry)
+        self.fallback = Gauge("pyrodash_budget_fallback", "1 while Redis is unreachable and this replica holds only "
+                              "its own share of each budget.", registry=registry, multiprocess_mode="max")
+        self.replica_share = Gauge("pyrodash_budget_replica_share", "The share of each budget this replica holds "
+                                   "(1 when the budget is shared through Redis, a file or in process).",
+                                   registry=registry, multiprocess_mode="min")  # fmt: skip
+        self.fallback.set(0)
+        self.replica_share.set(1)
+
+
+@dataclass
+class Grant:
+    """One request's draw on a budget: the pacer's decision and what the response says about it."""
+
+    budget: Budget
+    decision: Decision
+    info: dict
+
+
+class Budgets:
+    """The server's budgets: which one a request draws on, its pacer steps, its state for /v1/budget."""
+
+    def __init__(self, cfg: BudgetsConfig, default_bias: float = 0.0, registry=None,
+                 clock: Callable[[], float] = time.time):
+        self.cfg, self.clock = cfg, clock
+        self.by_name = {b.name: b for b in cfg.budgets}
+        self.specs = {b.name: self._spec(b, default_bias) for b in cfg.budgets}
+        shared_dir = os.environ.get(MULTIPROC_ENV)  # set for the workers of `pyrodash serve --workers N`
+        if cfg.redis_url:
+            self.store = RedisStore(cfg.redis_url, cfg.redis_prefix, cfg.replicas, clock=clock)
+        elif shared_dir:  # the workers of one server hold one budget, in a file beside their metrics
+            self.store = FileStore(Path(shared_dir) / "pyrodash-budgets.sqlite")
+        else:
+            self.store = MemoryStore()
+        self.metrics = BudgetMetrics(registry) if registry is not None else None
+        if self.metrics is not None:
+            for b in cfg.budgets:
+                self.metrics.target.labels(b.name).set(b.usd_per_hour)
+                if b.cap_usd is not None:
+                    self.metrics.cap.labels(b.name).set(b.cap_usd)
+
+    def _spec(self, b: Budget, default_bias: float) -> PacerSpec:
+        c, period = self.cfg.controller, b.period_s
+        head = c.head_start_s if c.head_start_s is not None else min(period / 12, 300.0)
+        prior_c1 = prior_c0 = None
+        if self.cfg.curve is not None:
+            top, floor = self.cfg.curve.at(default_bias), self.cfg.curve.cost[0]
+            # the curve counts all dollars; LLM dollars: what the policy adds over the SLM alone
+            prior_c1, prior_c0 = (top, floor) if b.dollars == "all" else (max(0.0, top - floor), 0.0)
+        return PacerSpec(
+            rate=b.usd_per_period / period, period_s=period, cap=b.cap_usd, at_cap=b.at_cap, knob=self.cfg.knob,
+            integral_s=c.integral_s or min(period, 3600.0), rate_window_s=c.rate_window_s,
+            bank_s=c.bank_s or min(period, 3600.0), debt_s=c.debt_s or min(period, 3600.0),
+            cost_window=c.cost_window, head_start_s=head, prior_c1=prior_c1, prior_c0=prior_c0,
+            curve=self.cfg.curve, curve_top_bias=default_bias,
+        )  # fmt: skip
+
+    def now(self) -> float:
+        """The budgets' clock: seconds since `period_origin`, times `time_compression`."""
+        return (self.clock() - self.cfg.period_origin) * self.cfg.time_compression
+
+    # ------------------------------------------------------------ which budget
+
+    def _key_budget(self, request: Request) -> Budget | None:
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            return None
+        digest = hashlib.sha256(token.strip().encode()).digest()
+        found = None
+        for b in self.cfg.keys:  # every key compared, in constant time each
+            if hmac.compare_digest(digest, b.key_digest or b""):
+                found = b
+        return found
+
+    def key_ok(self, request: Request) -> bool:
+        """Whether the request's bearer key is a budget's key (such a key is a valid API key of this server)."""
+        return self._key_budget(request) is not None
+
+    def which(self, request: Request) -> Budget | None:
+        return self._key_budget(request) or self.cfg.default
+
+    # ------------------------------------------------------------ the two steps of a request
+
+    async def pace(self, request: Request, engine, prompt, kwargs: dict, mode: str) -> tuple[dict, Grant | None]:
+        budget = self.which(request)
+        if budget is None:
+            return kwargs, None
+        solo = mode != "collab"
+        messages = _messages(engine, prompt)
+        base_share = float(kwargs.get("handoff_share", 1.0))
+        base_bias = float(kwargs.get("offload_bias", 0.0))
+        t = self.now()
+
+        def step(st, spec):
+            d = arrive(st, spec, t, lambda share: handoff_admitted(messages, share), base_share, base_bias, solo)
+            return d, st.copy(), spec
+
+        (d, st, spec), view = await self.store.run(budget.name, self.specs[budget.name], step)
+        if self.metrics is not None:
+            self._gauges(budget, st, spec, view)
+            self.metrics.requests.labels(budget.name, d.state).inc()
+            if d.state in ("capped", "refused"):
+                self.metrics.cap_hits.labels(budget.name).inc()
+        left = self._left_s(st, spec)
+        if d.state == "refused" or (solo and mode == "llm" and d.state == "capped"):
+            raise Refused(f"The budget '{budget.name}' reached its hard cap of ${budget.cap_usd:g} for this "
+                          f"{budget.period}; it resets in {left} s.", left)
+        if d.handoff_share is not None:
+            kwargs = {**kwargs, "handoff_share": d.handoff_share}
+        if d.offload_bias is not None:
+            kwargs = {**kwargs, "offload_bias": d.offload_bias}
+        if self.metrics is not None and d.paced:
+            self.metrics.knob.labels(budget.name, "spend_fraction").set(d.level)
+            if d.handoff_share is not None:
+                self.metrics.knob.labels(budget.name, "handoff_share").set(d.handoff_share)
+            if d.offload_bias is not None:
+                self.metrics.knob.labels(budget.name, "offload_bias").set(d.offload_bias)
+        info = {
+            "name": budget.name, "dollars": budget.dollars, "state": d.state,
+            "spend_fraction": round(d.level, 4) if d.paced else None,
+            "handoff_share": kwargs.get("handoff_share") if d.paced else None,
+            "offload_bias": kwargs.get("offload_bias") if d.paced else None,
+            "admitted": d.admitted,
+            "target_usd_per_hour": spec.rate * 3600.0,
+            "spend_usd_per_hour": spend_rate(st, spec) * 3600.0,
+            "period": budget.period, "period_spend_usd": st.period_spend, "cap_usd": spec.cap,
+            "period_ends_in_s": left, "store": view["store"], "fallback": view["fallback"],
+        }  # fmt: skip
+        return kwargs, Grant(budget, d, info)
+
+    async def record(self, grant: Grant, done: Done) -> None:
+        """The Done's dollars, on the budget (replacing the expected dollars charged at admission)."""
+        usd = done.cost_usd if grant.budget.dollars == "all" else sum(e.get("cost_usd", 0.0)
+                                                                         for e in done.llm_endpoints)
+        t = self.now()
+
+        def step(st, spec):
+            finish(st, spec, t, grant.decision, usd)
+            return st.copy(), spec
+
+        (st, spec), view = await self.store.run(grant.budget.name, self.specs[grant.budget.name], step)
+        if self.metrics is not None:
+            self.metrics.spend.labels(grant.budget.name).inc(max(0.0, usd))
+            self._gauges(grant.budget, st, spec, view)
+
+    # ------------------------------------------------------------ what is shown
+
+    async def _seen(self, budget: Budget):
+        return await self.store.read(budget.name, self.specs[budget.name])
+
+    def _left_s(self, st, spec: PacerSpec) -> int:
+        """Wall-clock seconds to the end of the current period."""
+        t = self.now()
+        end = (math.floor(t / spec.period_s) + 1) * spec.period_s
+        return int(math.ceil((end - t) / self.cfg.time_compression))
+
+    def _gauges(self, budget: Budget, st, spec: PacerSpec, view: dict) -> None:
+        m = self.metrics
+        m.target.labels(budget.name).set(spec.rate * 3600.0)
+        m.rate.labels(budget.name).set(spend_rate(st, spec) * 3600.0)
+        m.period_spend.labels(budget.name).set(st.period_spend)
+        m.fallback.set(1 if view["fallback"] else 0)
+        m.replica_share.set(view["replica_share"])
+
+    async def state(self, only: Budget | None = None) -> dict:
+        """GET /v1/budget's body."""
+        rows, view = [], self.store.view()
+        for b in [only] if only is not None else self.cfg.budgets:
+            st, spec, view = await self._seen(b)
+            level = st.level
+            row = {
+                "name": b.name, "dollars": b.dollars, "period": b.period,
+                "target_usd_per_hour": spec.rate * 3600.0, "target_usd_per_period": spec.rate * spec.period_s,
+                "cap_usd": spec.cap, "at_cap": b.at_cap if b.cap_usd is not None else None,
+                "period_spend_usd": st.period_spend, "period_ends_in_s": self._left_s(st, spec),
+                "spend_usd_total": st.spend, "spend_usd_per_hour": spend_rate(st, spec) * 3600.0,
+                "knob": self.cfg.knob, "spend_fraction": level,
+                "requests": int(st.requests), "cap_hits": int(st.cap_hits),
+                "capped": spec.cap is not None and st.period_spend >= spec.cap,
+            }  # fmt: skip
+            if self.cfg.knob == BIAS:
+                row["offload_bias"] = self.cfg.curve.bias_for(level, spec.curve_top_bias) if self.cfg.curve else None
+            else:
+                row["handoff_share"] = level
+            rows.append(row)
+        if self.metrics is not None:
+            self.metrics.fallback.set(1 if view["fallback"] else 0)
+            self.metrics.replica_share.set(view["replica_share"])
+        return {"object": "budgets", "store": view, "time_compression": self.cfg.time_compression, "data": rows}
+
+    def health(self) -> dict:
+        view = self.store.view()
+        out = {"store": view["store"], "budgets": [b.name for b in self.cfg.budgets]}
+        if view["store"] == "redis":
+            out["redis"] = "down" if view["fallback"] else "up"
+            out["mode"] = f"own share 1/{round(1 / view['replica_share'])}" if view["fallback"] else "shared"
+        return out
+
+    async def aclose(self) -> None:
+        await self.store.aclose()
+
+
+def _messages(engine, prompt) -> list[dict]:
+    """The chat messages the engine hashes for the handoff share."""
+    get = getattr(engine, "messages", None)
+    if callable(get):
+        return get(prompt)
+    return prompt if isinstance(prompt, list) else [{"role": "user", "content": str(prompt)}]
+
+
+# ---------------------------------------------------------------- the server's hooks
+
+
+def _registry(app: FastAPI):
+    """The registry /metrics exports: the app's (`pyrodash.server.metrics.Metrics.registry`)."""
+    return app.state.metrics.registry
+
+
+def install(app: FastAPI, dependencies: list) -> None:
+    """`app.state.budgets` from the config (None without a `budgets` section) and GET /v1/budget."""
+    config = app.state.config
+    cfg = getattr(config, "budgets", None)
+    point = config.operating_points[config.default_model]
+    app.state.budgets = Budgets(cfg, point.offload_bias, _registry(app)) if cfg is not None else None
+
+    @app.get("/v1/budget", dependencies=dependencies)
+    async def budget_state(request: Request):
+        """The budgets' state: target, spend, the controller's knob, the cap; a budget key sees its own budget."""
+        budgets: Budgets | None = app.state.budgets
+        if budgets is None:
+            return {"object": "budgets", "store": None, "data": []}
+        return await budgets.state(budgets._key_budget(request))
+
+
+async def pace(app: FastAPI, request: Request, prompt, kwargs: dict, mode: str) -> tuple[dict, Grant | None]:
+    """Hook 1 (before the engine call): the operating point this request gets from its budget, or a 429."""
+    budgets: Budgets | None = getattr(app.state, "budgets", None)
+    if budgets is None:
+        return kwargs, None
+    return await budgets.pace(request, app.state.engine, prompt, kwargs, mode)
+
+
+class _Metered:
+    """An engine whose `stream` records the Done's dollars on the request's budget before handing the Done on."""
+
+    def __init__(self, engine, budgets: Budgets, grant: Grant):
+        self.engine, self.budgets, self.grant = engine, budgets, grant
+
+    def __getattr__(self, name: str):
+        return getattr(self.engine, name)
+
+    async def stream(self, prompt, **kwargs):
+        inner = self.engine.stream(prompt, **kwargs)
+        try:
+            async for ev in inner:
+                if isinstance(ev, Done):
+                    try:
+                        await self.budgets.record(self.grant, ev)
+                    except Exception:  # noqa: BLE001 - the answer goes out whatever happens to its accounting
+                        log.exception("budget %s: recording a request's dollars failed", self.grant.budget.name)
+                yield ev
+        finally:
+            await inner.aclose()  # the engine's own cleanup (upstream streams) runs now, not at garbage collection
+
+
+def metered(app: FastAPI, engine, grant: Grant | None):
+    """Hook 2: the engine to run, recording the request's dollars on its budget (the engine itself without one).
+    A request that ends without a Done (client gone) keeps the expected dollars it was charged."""
+    if grant is None:
+        return engine
+    return _Metered(engine, app.state.budgets, grant)
+
+
+def with_budget(info_of: Callable[[Done], P.PyroDashInfo], grant: Grant | None):
+    """The response's `pyrodash` object with `budget`: the budget drawn on and the operating point given."""
+    if grant is None:
+        return info_of
+
+    def info(done: Done) -> P.PyroDashInfo:
+        out = info_of(done)
+        out.budget = grant.info
+        return out
+
+    return info
+
+
+def health(app: FastAPI) -> dict:
+    """/health's `budget` field ({} without budgets)."""
+    budgets: Budgets | None = getattr(app.state, "budgets", None)
+    return {"budget": budgets.health()} if budgets is not None else {}
+
+
+def key_ok(request: Request) -> bool:
+    """Whether the bearer key is one of the budgets' keys (the auth check accepts it)."""
+    budgets: Budgets | None = getattr(request.app.state, "budgets", None)
+    return budgets is not None and budgets.key_ok(request)
+
+
+async def aclose(app: FastAPI) -> None:
+    budgets: Budgets | None = getattr(app.state, "budgets", None)
+    if budgets is not None:
+        await budgets.aclose()

@@ -1,0 +1,293 @@
+"""Where the budgets' controller state lives: this process (`MemoryStore`), a SQLite file shared by the worker
+processes of one `pyrodash serve --workers N` (`FileStore`), or one Redis hash per budget shared by every replica
+(`RedisStore`).
+
+    store = RedisStore("redis://127.0.0.1:6379/0", prefix="pyrodash:budget:")
+    result, view = await store.run("default", spec, lambda st, spec: arrive(st, spec, t, ...))
+
+`run` applies a pacer step to the budget's `PacerState` atomically (in Redis: WATCH the hash, read it, compute in
+Python, write it back in MULTI/EXEC; retried when another replica wrote in between), so N replicas behind a balancer
+hold ONE budget: one spend counter, one bank, one arrival rate. A restarted replica reads the same state: no spend
+is lost.
+
+When Redis cannot be reached (connection refused, a timeout), a replica carries on with its own share of the
+budget: the state it last read, scaled by 1/N (the target rate, the cap, the bank and the traffic; N = the replicas
+Redis last saw through their heartbeats, or `budgets.replicas`), and says so (`view["fallback"]`: /health, /metrics,
+/v1/budget, each response). It retries Redis every `retry_s`; once back, the dollars it charged meanwhile are added
+to the shared counter and it uses the shared state again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sqlite3
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+from pyrodash.server.pacer import PacerSpec, PacerState, advance
+
+log = logging.getLogger("pyrodash.serve")
+HEARTBEAT_S = 5.0  # a replica refreshes its heartbeat this often ...
+ALIVE_S = 30.0  # ... and counts as alive this long after its last one
+
+
+class MemoryStore:
+    """In-process state (one replica, or replicas that do not share: each holds the whole budget)."""
+
+    kind = "memory"
+
+    def __init__(self) -> None:
+        self.states: dict[str, PacerState] = {}
+
+    async def run(self, name: str, spec: PacerSpec, fn: Callable[[PacerState, PacerSpec], object]):
+        st = self.states.setdefault(name, PacerState())
+        return fn(st, spec), self.view()
+
+    async def read(self, name: str, spec: PacerSpec) -> tuple[PacerState, PacerSpec, dict]:
+        return self.states.get(name, PacerState()).copy(), spec, self.view()
+
+    def view(self) -> dict:
+        return {"store": "memory", "shared": False, "fallback": False, "replica_share": 1.0}
+
+    async def aclose(self) -> None:
+        return None
+
+
+class FileStore:
+    """The state in a SQLite file shared by the processes of one `pyrodash serve --workers N` (they hold ONE budget,
+    as replicas do through Redis; without it each worker would spend the whole budget). Each step is one
+    `BEGIN IMMEDIATE` transaction (the file's lock), well under a millisecond."""
+
+    kind = "file"
+
+    def __init__(self, path: str | Path):
+        self.path = str(path)
+        self.db = sqlite3.connect(self.path, timeout=10, isolation_level=None, check_same_thread=False)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("CREATE TABLE IF NOT EXISTS budgets (name TEXT PRIMARY KEY, state TEXT NOT NULL)")
+
+    def _load(self, name: str) -> PacerState:
+        row = self.db.execute("SELECT state FROM budgets WHERE name = ?", (name,)).fetchone()
+        return PacerState.from_strings(json.loads(row[0])) if row else PacerState()
+
+    async def run(self, name: str, spec: PacerSpec, fn: Callable[[PacerState, PacerSpec], object]):
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            st = self._load(name)
+            result = fn(st, spec)
+            self.db.execute("INSERT OR REPLACE INTO budgets VALUES (?, ?)", (name, json.dumps(st.to_strings())))
+            self.db.execute("COMMIT")
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+        return result, self.view()
+
+    async def read(self, name: str, spec: PacerSpec) -> tuple[PacerState, PacerSpec, dict]:
+        return self._load(name), spec, self.view()
+
+    def view(self) -> dict:
+        return {"store": "file", "shared": True, "fallback": False, "replica_share": 1.0}
+
+    async def aclose(self) -> None:
+        self.db.close()
+
+
+def scaled(spec: PacerSpec, share: float) -> PacerSpec:
+    """A replica's part of a budget: target and cap times `share`."""
+    return replace(spec, rate=spec.rate * share, cap=None if spec.cap is None else spec.cap * share)
+
+
+class RedisStore:
+    """State shared through Redis, with a per-replica fallback (module docstring)."""
+
+    kind = "redis"
+
+    def __init__(self, url: str, prefix: str = "pyrodash:budget:", replicas: int | None = None,
+                 timeout_s: float = 0.25, retry_s: float = 2.0, clock: Callable[[], float] = time.time):
+        import redis.asyncio as aioredis
+        from redis.asyncio.retry import Retry
+        from redis.backoff import NoBackoff
+        from redis.exceptions import ConnectionError as RConn
+
+        self.url, self.prefix, self.replicas_hint = url, prefix, replicas
+        self.timeout_s, self.retry_s, self.clock = timeout_s, retry_s, clock
+        # a pooled connection that died with a Redis restart is retried once on a fresh one (a timeout is not: the
+        # request would wait twice before the fallback)
+        self.client = aioredis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
+                                        retry=Retry(NoBackoff(), 1, supported_errors=(RConn,)),
+                                        retry_on_error=[RConn])  # fmt: skip
+        self.id = uuid.uuid4().hex[:12]
+        self.replicas = replicas or 1  # replicas seen alive (heartbeats), at least 1
+        self._beat_at = 0.0
+        self.down_since: float | None = None
+        self.error: str | None = None
+        self._retry_at = 0.0
+        self.last: dict[str, PacerState] = {}  # the shared state as last read, per budget
+        self.local: dict[str, PacerState] = {}  # fallback state while Redis is down
+        self.pending: dict[str, dict[float, float]] = {}  # dollars charged while down: budget -> period -> usd
+        self.specs: dict[str, PacerSpec] = {}  # each budget's spec, as last used (to merge its pending dollars)
+        self.fallbacks = 0  # times this replica lost Redis
+
+    # ------------------------------------------------------------ the public surface
+
+    async def run(self, name: str, spec: PacerSpec, fn: Callable[[PacerState, PacerSpec], object]):
+        self.specs[name] = spec
+        if self.down_since is not None and time.monotonic() >= self._retry_at:
+            await self._try_reconnect()
+        if self.down_since is None:
+            try:
+                return await self._shared(name, spec, fn), self.view()
+            except Exception as e:  # noqa: BLE001 - any Redis failure: fall back, say so
+                if not _redis_failure(e):
+                    raise
+                self._go_down(e)
+        return self._fallback(name, spec, fn), self.view()
+
+    async def read(self, name: str, spec: PacerSpec) -> tuple[PacerState, PacerSpec, dict]:
+        """The budget's state as this replica uses it now (shared, or its fallback share)."""
+        if self.down_since is None:
+            try:
+                raw = await self.client.hgetall(self.key(name))
+                st = PacerState.from_strings(raw)
+                self.last[name] = st.copy()
+                return st, spec, self.view()
+            except Exception as e:  # noqa: BLE001
+                if not _redis_failure(e):
+                    raise
+                self._go_down(e)
+        st = self._local_state(name)
+        return st.copy(), scaled(spec, self.share), self.view()
+
+    @property
+    def share(self) -> float:
+        return 1.0 / max(1, self.replicas)
+
+    def view(self) -> dict:
+        down = self.down_since is not None
+        out = {"store": "redis", "shared": not down, "fallback": down,
+               "replica_share": self.share if down else 1.0, "replicas_seen": self.replicas}
+        if down:
+            out["redis_error"] = self.error
+            out["down_for_s"] = round(time.monotonic() - self.down_since, 1)
+        return out
+
+    def key(self, name: str) -> str:
+        return f"{self.prefix}{name}"
+
+    async def aclose(self) -> None:
+        try:
+            await self.client.aclose()
+        except Exception:  # noqa: BLE001 - closing a client whose server is gone
+            pass
+
+    # ------------------------------------------------------------ shared
+
+    async def _shared(self, name: str, spec: PacerSpec, fn):
+        from redis.exceptions import WatchError
+
+        await self._heartbeat()
+        key = self.key(name)
+        async with self.client.pipeline(transaction=True) as pipe:
+            for _ in range(50):
+                try:
+                    await pipe.watch(key)
+                    st = PacerState.from_strings(await pipe.hgetall(key))
+                    result = fn(st, spec)
+                    pipe.multi()
+                    pipe.hset(key, mapping=st.to_strings())
+                    await pipe.execute()
+                    self.last[name] = st
+                    return result
+                except WatchError:
+                    continue
+        raise RuntimeError(f"budget {name}: Redis state kept changing under 50 attempts")
+
+    async def _heartbeat(self) -> None:
+        now = time.monotonic()
+        if now < self._beat_at:
+            return
+        self._beat_at = now + HEARTBEAT_S
+        wall = self.clock()
+        key = f"{self.prefix}replicas"
+        async with self.client.pipeline(transaction=False) as pipe:
+            pipe.zadd(key, {self.id: wall})
+            pipe.zremrangebyscore(key, "-inf", wall - 10 * ALIVE_S)
+            pipe.zcount(key, wall - ALIVE_S, "+inf")
+            _, _, alive = await pipe.execute()
+        self.replicas = max(1, int(alive), self.replicas_hint or 1)
+
+    # ------------------------------------------------------------ fallback
+
+    def _go_down(self, e: BaseException) -> None:
+        if self.down_since is None:
+            self.down_since = time.monotonic()
+            self.fallbacks += 1
+            log.warning("budgets: Redis unreachable (%s): this replica holds 1/%d of each budget until it is back",
+                        type(e).__name__, self.replicas)
+        self.error = type(e).__name__
+        self._retry_at = time.monotonic() + self.retry_s
+
+    def _local_state(self, name: str) -> PacerState:
+        st = self.local.get(name)
+        if st is None:  # this replica's share of the state it last read
+            st = self.last.get(name, PacerState()).copy()
+            k = self.share
+            st.bank *= k
+            st.period_spend *= k
+            st.arrivals *= k
+            st.arrivals_fast *= k
+            st.rate *= k
+            self.local[name] = st
+        return st
+
+    def _fallback(self, name: str, spec: PacerSpec, fn):
+        st = self._local_state(name)
+        before = st.spend
+        result = fn(st, scaled(spec, self.share))
+        if st.spend != before:
+            by_period = self.pending.setdefault(name, {})
+            by_period[st.period] = by_period.get(st.period, 0.0) + (st.spend - before)
+        return result
+
+    async def _try_reconnect(self) -> None:
+        """Redis again? Then add what was charged meanwhile to the shared counters and drop the fallback state."""
+        self._retry_at = time.monotonic() + self.retry_s
+        try:
+            await self.client.ping()
+            for name, by_period in list(self.pending.items()):
+                local = self.local.get(name)
+
+                def merge(st: PacerState, spec: PacerSpec, by_period=by_period, local=local) -> None:
+                    # to the fallback's last step (budget seconds; the next request advances further)
+                    advance(st, spec, max(st.t, local.t if local is not None else st.t))
+                    for period, usd in by_period.items():
+                        st.spend += usd
+                        st.bank -= usd
+                        if period == st.period:
+                            st.period_spend += usd
+
+                await self._shared(name, self.specs[name], merge)
+                del self.pending[name]
+        except Exception as e:  # noqa: BLE001
+            if not _redis_failure(e):
+                raise
+            self.error = type(e).__name__
+            return
+        log.warning("budgets: Redis is back after %.1f s: this replica shares the budgets again",
+                    time.monotonic() - (self.down_since or time.monotonic()))
+        self.down_since, self.error = None, None
+        self.local.clear()
+
+
+def _redis_failure(e: BaseException) -> bool:
+    """A Redis connection problem (fall back) rather than a bug (raise)."""
+    try:
+        from redis.exceptions import ConnectionError as RConn
+        from redis.exceptions import TimeoutError as RTimeout
+    except ImportError:  # pragma: no cover
+        return False
+    return isinstance(e, (RConn, RTimeout, ConnectionError, TimeoutError, OSError))
