@@ -17,14 +17,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_healthy(url: str, proc: subprocess.Popen, what: str, timeout: float = 180) -> None:
-    """Wait until `url/health` answers 200; fail with the process's output if it exits or `timeout` passes."""
+def wait_healthy(url: str, proc: subprocess.Popen, what: str, timeout: float = 180, path: str = "/health") -> None:
+    """Wait until `url` + `path` answers 200; fail with the process's output if it exits or `timeout` passes."""
     deadline = time.monotonic() + timeout
     while True:
         assert proc.poll() is None, f"{what} exited: {proc.stdout.read() if proc.stdout else ''}"
         assert time.monotonic() < deadline, f"{what} did not come up"
         try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+            if httpx.get(f"{url}{path}", timeout=2).status_code == 200:
                 return
         except httpx.HTTPError:
             pass

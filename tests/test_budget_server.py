@@ -211,7 +211,7 @@ def test_workers_of_one_server_hold_one_budget(tmp_path):
     import sys
 
     import yaml
-    from servers import free_port, stop
+    from servers import free_port, stop, wait_healthy
     from test_scaling import parse_metrics, total
     from test_server_workers import ROOT, _pids, engine_overhead
 
@@ -240,16 +240,7 @@ def test_workers_of_one_server_hold_one_budget(tmp_path):
         return await asyncio.gather(*(one(i) for i in range(n)))
 
     try:
-        deadline = time.monotonic() + 180
-        while True:
-            assert proc.poll() is None, proc.stdout.read()
-            assert time.monotonic() < deadline, "pyrodash serve --workers 2 did not come up"
-            try:
-                if httpx.get(f"{url}/v1/models", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.3)
+        wait_healthy(url, proc, "pyrodash serve --workers 2", path="/v1/models")
         codes: list[int] = []
         for _ in range(10):
             codes += asyncio.run(load(16))

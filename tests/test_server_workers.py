@@ -14,11 +14,10 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
-from servers import free_port, stop
+from servers import free_port, stop, wait_healthy
 from test_scaling import parse_metrics, total
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -61,16 +60,7 @@ def test_two_workers_under_load_metrics_totals_equal_the_requests_sent(tmp_path)
            "--prompts", "qwen-math-v1", "--port", str(port), "--log-level", "warning", "--workers", "2"]  # fmt: skip
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        deadline = time.monotonic() + 180
-        while True:
-            assert proc.poll() is None, proc.stdout.read()
-            assert time.monotonic() < deadline, "pyrodash serve --workers 2 did not come up"
-            try:
-                if httpx.get(f"{url}/v1/models", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.3)
+        wait_healthy(url, proc, "pyrodash serve --workers 2", path="/v1/models")
         sent: list[bool] = []
         for _ in range(10):  # load until both workers have served (the kernel picks the worker of a connection)
             sent += asyncio.run(_load(url, clients=16, each=3))
