@@ -51,6 +51,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from server_load import wait_url  # noqa: E402
 
 
 def free_port() -> int:
@@ -163,23 +165,6 @@ def write_config(tmp: Path, run: dict, args, usd_per_hour: float, origin: float,
     path = tmp / "serve.yaml"
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     return path
-
-
-def wait_http(url: str, proc: subprocess.Popen | None, what: str, timeout: float) -> None:
-    import httpx
-
-    deadline = time.monotonic() + timeout
-    while True:
-        if proc is not None and proc.poll() is not None:
-            raise SystemExit(f"{what} exited (code {proc.returncode}); see its log")
-        if time.monotonic() > deadline:
-            raise SystemExit(f"{what} did not come up in {timeout:.0f} s")
-        try:
-            if httpx.get(url, timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.3)
 
 
 def start_redis(tmp: Path) -> tuple[subprocess.Popen, str]:
@@ -371,14 +356,14 @@ def main(argv=None) -> int:
                                             stderr=subprocess.STDOUT))  # fmt: skip
         procs += servers
         for i, (port, proc) in enumerate(zip(ports, servers)):
-            wait_http(f"http://127.0.0.1:{port}/health", proc, f"pyrodash serve #{i} (log {tmp}/serve-{i}.log)",
-                      timeout=max(5.0, t0 - time.time() - 5))
+            wait_url(f"http://127.0.0.1:{port}/health", proc, what=f"pyrodash serve #{i} (log {tmp}/serve-{i}.log)",
+                     timeout=max(5.0, t0 - time.time() - 5))
         url = f"http://127.0.0.1:{ports[0]}"
         if args.replicas > 1:
             nproc, nport = start_nginx(tmp, ports)
             procs.append(nproc)
             url = f"http://127.0.0.1:{nport}"
-            wait_http(f"{url}/health", nproc, "nginx", timeout=30)
+            wait_url(f"{url}/health", nproc, what="nginx", timeout=30)
         warm = t0 - time.time()
         if warm < 5:
             raise SystemExit(f"the servers took too long to start: raise --startup-s (warm-up left {warm:.1f} s)")

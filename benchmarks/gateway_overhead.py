@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from engine_overhead import scripted_server_process  # noqa: E402
-from server_load import _free_port, _pct, _stop  # noqa: E402
+from server_load import _free_port, _pct, _stop, wait_url  # noqa: E402
 
 CONTENT = re.compile(rb'"content":\s*"[^"]')  # the first SSE event with text (the role chunk's content is "")
 TARGETS = ("direct", "litellm", "pyrodash")
@@ -106,25 +106,9 @@ async def _round(port: int, model: str, concurrency: int, n: int, max_tokens: in
     return out
 
 
-def _wait_http(url: str, proc: subprocess.Popen | None, timeout: float = 180.0) -> None:
-    import httpx
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"{url}: the process exited with code {proc.returncode}")
-        try:
-            if httpx.get(url, timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.3)
-    raise RuntimeError(f"{url} did not come up")
-
-
 def _up(url: str, proc: subprocess.Popen) -> None:
     try:
-        _wait_http(url, proc)
+        wait_url(url, proc, 180.0)
     except BaseException:
         _stop(proc, timeout=10)  # a process that never came up is not left behind
         raise

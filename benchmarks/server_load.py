@@ -245,19 +245,24 @@ def _stop(proc: subprocess.Popen, timeout: float) -> None:
 
 
 def _wait_up(url: str, proc: subprocess.Popen) -> None:
+    wait_url(f"{url}/health", proc, 120.0)
+
+
+def wait_url(url: str, proc: subprocess.Popen | None, timeout: float, what: str = "the server") -> None:
+    """Wait until GET `url` answers 200; RuntimeError when `proc` exits first or `timeout` seconds pass."""
     import httpx
 
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the server exited with code {proc.returncode}")
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with code {proc.returncode}")
         try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+            if httpx.get(url, timeout=2).status_code == 200:
                 return
         except httpx.HTTPError:
             pass
         time.sleep(0.2)
-    raise RuntimeError(f"{url} did not come up")
+    raise RuntimeError(f"{what} ({url}) did not come up in {timeout:.0f} s")
 
 
 def target_of(url: str) -> tuple[str, int, str]:
