@@ -139,9 +139,8 @@ def test_page_loads_without_a_key_and_asks_for_it(stack, browser):
     r = httpx.get(url + "/")
     assert r.status_code == 200 and "PyroDash playground" in r.text
     assert httpx.get(url + "/playground/config").status_code == 401, "the page's data needs the API key"
-    health = browser.find_element(By.ID, "health")
     _open_with_key(browser, url)
-    _wait(browser, lambda d: health.text == "SLM ✓ · LLM ✓")  # with the key /health names the models
+    _wait(browser, lambda d: d.find_element(By.ID, "health").text == "SLM ✓ · LLM ✓")  # with the key: the models
 
 
 def test_chat_shows_the_handoff_and_what_it_cost(stack, browser, tmp_path):

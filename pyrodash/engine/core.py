@@ -393,12 +393,11 @@ class CollaborateEngine:
 
     def _failed(self, t: Turn) -> EngineError | None:
         """After every LLM attempt failed: the turn ends in "error" when it has no fallback (on_error="raise", or
-        the LLM answering alone), and under on_error="raise" this returns the error to raise; else the SLM falls
-        back (`_fallback_phase`)."""
+        the LLM answering alone) and this returns the error the stream raises (a batch records it instead); else
+        None, and the SLM falls back (`_fallback_phase`)."""
         if self.failure.on_error == "raise" or t.mode == "llm":  # alone, the LLM has no SLM to fall back on
             t.finish = "error"
-            if self.failure.on_error == "raise":
-                return EngineError(f"the LLM failed {len(t.errors)} time(s): {t.errors[-1]}", t.done(self.prices))
+            return EngineError(f"the LLM failed {len(t.errors)} time(s): {t.errors[-1]}", t.done(self.prices))
         return None
 
     # ---- driver 1: one request, events as they come (the server, `pyrodash generate`) ------------------------
