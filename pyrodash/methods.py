@@ -148,8 +148,11 @@ class Env:
 
 
 def record(done: Done) -> dict:
-    """The eval record of one answer (`pyrodash.record`)."""
-    return Record.from_done(done).to_json()
+    """The eval record of one answer (`pyrodash.record`), without the engine's latency: a batch's wall time per
+    item is stamped by `timed`."""
+    rec = Record.from_done(done).to_json()
+    del rec["latency_s"]
+    return rec
 
 
 class Solo(Method):
@@ -176,8 +179,6 @@ class Solo(Method):
             rec = record(memo[k][0])
             if i not in fresh:  # an answer generated earlier for another method
                 rec.update(latency_s=memo[k][1], reused_answer=True)
-            else:
-                rec.pop("latency_s")  # the batch's wall time per item is stamped by `timed`
             out.append(rec)
         return out
 
@@ -190,11 +191,7 @@ class PyroDash(Method):
         self.engine = env.engine(slm, llm, offload_bias=self.bias, handoff_share=self.share)
 
     def __call__(self, items: list[Item]) -> list[dict]:
-        out = []
-        for d in self.env.run(self.engine, items):
-            out.append(record(d))
-            out[-1].pop("latency_s")  # the batch's wall time per item is stamped by `timed`
-        return out
+        return [record(d) for d in self.env.run(self.engine, items)]
 
 
 class RouteLLM(Method):

@@ -59,9 +59,5 @@ class Oracle(Method):
                                prompt_tokens=alone[i].usage.slm_in, completion_tokens=n + 1)
         handed = dict(zip(order, self.env.run(self.engine, [items[i] for i in order],
                                               slm_results=[cut[i] for i in order]))) if order else {}
-        out = []
-        for i, d in enumerate(alone):
-            rec = record(handed.get(i, d))
-            rec.pop("latency_s")  # the batch's wall time per item is stamped by `timed`
-            out.append(rec | {"oracle_step": int(items[i][0].meta["hard_steps"][0]) if i in handed else None})
-        return out
+        return [record(handed.get(i, d)) | {"oracle_step": int(items[i][0].meta["hard_steps"][0]) if i in handed
+                                            else None} for i, d in enumerate(alone)]

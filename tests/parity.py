@@ -73,7 +73,7 @@ def check_parity(run_dir: Path, tmp: Path, n_single: int = 6, n_turns: int = 4, 
     slm_dir, llm_dir = cfg["models"]["pyrodash"]["0.6"], cfg["models"]["llm"]
     prompts, prices = get_prompts(cfg["prompts"]), Prices(**cfg["prices"])
     world = cfg["world_dir"]
-    single = [ex for ex in load_benchmark("world:tier2", path=world) + load_benchmark("world:tier4", path=world)]
+    single = load_benchmark("world:tier2", path=world) + load_benchmark("world:tier4", path=world)
     turns = [ex for ex in load_benchmark("world:multiturn", path=world) if ex.meta.get("turn", 1) > 1]
     # questions that hand off (from the demo's own records): a fault there forces the fallback
     handed = {r["id"] for r in read_records(run_dir / "records" / "pyrodash@0.6.jsonl") if r.get("handoff")}
