@@ -13,6 +13,19 @@ come from the records (`pyrodash.report`).
 
 Accuracy is pass@1 with greedy decoding, or avg@k for benchmarks listed under `samples` (k samples at
 `sample_temperature` / `sample_top_p`, seeds 0..k-1).
+
+Conversations (examples with `meta.conversation` and `meta.turn`, one per turn): a benchmark answers each turn after
+the history in `meta.history` (`world:multiturn`: the GOLD earlier turns, the same context for every method), except
+an own-history benchmark, named `<conversations>-self` (`world:multiturn-self`, `pyrodash.data.benchmarks`), whose
+turns are answered as a user lives them, after the method's OWN earlier answers (`own_history`): turn 1 with no
+history, turn k after [the history turn k-1 was answered with] + [user: turn k-1's question, assistant: this
+method's `output` for turn k-1]. It runs turn by turn (every conversation's turn 1 in batches, then turn 2, ...);
+the stored record's `meta.history` is the history it was answered after and `meta.history_source` is "self". The
+gold stays the conversation's gold: a wrong earlier answer carries into later turns, as it would for a user. Earlier
+outputs come from the method's records file, so a resumed run (records of turn 1 on disk, turn 2 not yet) answers
+turn 2 after the stored turn-1 outputs. Each sample s (avg@k) continues sample s of the earlier turn. Every turn k > 1
+needs turn k-1 of its conversation among the examples (a `limit` keeps whole conversations, so only hand-picked
+examples can miss one): otherwise the run stops with a ValueError before anything is answered.
 """
 
 from __future__ import annotations
@@ -20,14 +33,14 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 import yaml
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from pyrodash.cost import Prices
-from pyrodash.data.benchmarks import load_benchmark
+from pyrodash.data.benchmarks import SELF_SUFFIX, load_benchmark, own_history_benchmark
 from pyrodash.data.example import Example
 from pyrodash.grading import grade_batch
 from pyrodash.methods import Env, timed
@@ -181,18 +194,26 @@ def record_key(r: dict) -> tuple[str, str, int]:
 
 def resume(path: Path) -> set[tuple[str, str, int]]:
     """Keys already stored in `path`; a torn last line (killed mid-write) is cut off so appends stay valid."""
+    return _resume(path)[0]
+
+
+def _resume(path: Path, keep: set[str] | None = None) -> tuple[set[tuple[str, str, int]], dict[tuple, dict]]:
+    """(`resume`'s keys, the stored records of the benchmarks in `keep` by key: the last line of each key)."""
     if not path.exists():
-        return set()
+        return set(), {}
     data = path.read_bytes()
     end = data.rfind(b"\n") + 1
     if end < len(data):
         with path.open("r+b") as f:
             f.truncate(end)
-    keys = set()
+    keys, kept = set(), {}
     for line in data[:end].decode().splitlines():
         if line.strip():
-            keys.add(record_key(json.loads(line)))
-    return keys
+            r = json.loads(line)
+            keys.add(record_key(r))
+            if keep and r.get("benchmark") in keep:
+                kept[record_key(r)] = r  # the last line of a key, as the report reads it
+    return keys, kept
 
 
 def append_records(path: Path, records: list[dict]) -> None:
@@ -234,7 +255,8 @@ def check_compatible(run_dir: Path, cfg: EvalConfig) -> None:
 
 
 def load_examples(cfg: EvalConfig, name: str, limit: int | None = None) -> list[Example]:
-    path = cfg.world_dir if name.startswith("world:") else cfg.benchmark_paths.get(name)
+    base = name[: -len(SELF_SUFFIX)] if own_history_benchmark(name) else name
+    path = cfg.world_dir if name.startswith("world:") else cfg.benchmark_paths.get(name, cfg.benchmark_paths.get(base))
     return load_benchmark(name, path=path, limit=limit)
 
 
@@ -244,10 +266,86 @@ def _sampling(cfg: EvalConfig, k: int, s: int) -> dict:
     return {"temperature": cfg.sample_temperature, "top_p": cfg.sample_top_p, "seed": s}
 
 
+def own_history_plan(examples: list[Example]) -> dict[tuple[str, str], tuple[str, str] | None]:
+    """{(benchmark, id): (benchmark, id) of the earlier turn, or None for turn 1} for the examples of own-history
+    benchmarks (`<name>-self`); a ValueError names a turn whose earlier turn is not among the examples."""
+    plan: dict[tuple[str, str], tuple[str, str] | None] = {}
+    at: dict[tuple[str, str, int], Example] = {}
+    own = [ex for ex in examples if own_history_benchmark(ex.benchmark)]
+    for ex in own:
+        meta = ex.meta or {}
+        try:
+            conv, turn = str(meta["conversation"]), int(meta["turn"])
+        except (KeyError, TypeError, ValueError):
+            raise ValueError(f"{ex.benchmark} example {ex.id}: an own-history benchmark ('-self') needs "
+                             "meta.conversation and an integer meta.turn (1, 2, ...) on every example") from None
+        if turn < 1:
+            raise ValueError(f"{ex.benchmark} example {ex.id}: meta.turn={turn} (turns count from 1)")
+        if (ex.benchmark, conv, turn) in at:
+            raise ValueError(f"{ex.benchmark}: conversation {conv} has two examples of turn {turn} "
+                             f"({at[(ex.benchmark, conv, turn)].id}, {ex.id})")
+        at[(ex.benchmark, conv, turn)] = ex
+    for (b, conv, turn), ex in at.items():
+        prev = None if turn == 1 else at.get((b, conv, turn - 1))
+        if turn > 1 and prev is None:
+            raise ValueError(f"{b} example {ex.id}: turn {turn} of conversation {conv} is answered after this "
+                             f"method's own turn {turn - 1}, which is not among the examples; evaluate whole "
+                             "conversations (a `limit` keeps them whole) or drop the later turns")
+        plan[(b, str(ex.id))] = None if prev is None else (b, str(prev.id))
+    return plan
+
+
+def own_history(prev_example: Example | None, prev_record: dict | None) -> list[dict]:
+    """The history a turn is answered after in an own-history benchmark: none for turn 1, else the history turn k-1
+    was answered with + [user: turn k-1's question, assistant: the method's output for turn k-1]."""
+    if prev_example is None or prev_record is None:
+        return []
+    return list((prev_record.get("meta") or {}).get("history") or []) + [
+        {"role": "user", "content": prev_example.question},
+        {"role": "assistant", "content": prev_record["output"]},
+    ]
+
+
+def _answer(cfg: EvalConfig, name: str, method, chunk: list[tuple[str, str, int]], exs: list[Example]) -> list[dict]:
+    """The graded records of one batch: `method` over `exs` (one per key of `chunk`)."""
+    items = [(ex, _sampling(cfg, cfg.samples.get(b, 1), s)) for (b, _, s), ex in zip(chunk, exs)]
+    outs = timed(method, items)
+    ok = grade_batch([o["output"] for o in outs], [ex.gold for ex, _ in items], workers=0)
+    return [{"id": id_, "benchmark": b, "sample": s, "method": name, "question": ex.question, "gold": ex.gold,
+             "correct": bool(c), **o, "meta": ex.meta} for (b, id_, s), (ex, _), o, c in zip(chunk, items, outs, ok)]
+
+
+def _batches(todo: list[tuple[str, str, int]], plan: dict, by_key: dict[tuple[str, str], Example],
+             stored: dict[tuple, dict], batch_size: int, where: str):
+    """(keys, examples) batches of a method's keys to answer: plain examples first, then own-history turns, turn 1
+    of every conversation before turn 2, ... Lazy: a turn's examples are made (their own history read from `stored`)
+    only once the caller has stored every batch before it."""
+    plain = [k for k in todo if k[:2] not in plan]
+    for i in range(0, len(plain), batch_size):
+        yield plain[i : i + batch_size], [by_key[k[:2]] for k in plain[i : i + batch_size]]
+    own = [k for k in todo if k[:2] in plan]
+    for turn in sorted({int(by_key[k[:2]].meta["turn"]) for k in own}):
+        at = [k for k in own if int(by_key[k[:2]].meta["turn"]) == turn]
+        for i in range(0, len(at), batch_size):
+            exs = []
+            for b, id_, s in at[i : i + batch_size]:
+                prev = plan[(b, id_)]
+                prev_rec = None if prev is None else stored.get((*prev, s))
+                if prev is not None and prev_rec is None:
+                    raise RuntimeError(f"{where}: no record of {prev[1]} (sample {s}) to answer {id_} after; was "
+                                       "the records file edited during the run?")
+                ex = by_key[(b, id_)]
+                hist = own_history(None if prev is None else by_key[prev], prev_rec)
+                exs.append(replace(ex, meta={**ex.meta, "history": hist, "history_source": "self"}))
+            yield at[i : i + batch_size], exs
+
+
 def evaluate(cfg: EvalConfig, methods: dict | None = None, examples: list[Example] | None = None,
              quiet: bool = False) -> Path:
     """Run every method over every benchmark into RUN_DIR/records; returns RUN_DIR. `methods` defaults to
-    `pyrodash.methods_build.build_methods(cfg, ...)`, `examples` to the config's benchmarks."""
+    `pyrodash.methods_build.build_methods(cfg, ...)`, `examples` to the config's benchmarks. Own-history
+    conversation benchmarks (`<name>-self`) run turn by turn after each method's own earlier answers (module
+    docstring)."""
     run_dir = Path(cfg.run_dir)
     if methods is None:
         cfg.check_models()  # before the run directory exists: a typo in a path leaves nothing behind
@@ -262,6 +360,8 @@ def evaluate(cfg: EvalConfig, methods: dict | None = None, examples: list[Exampl
     if len(set(keys)) != len(keys):
         raise ValueError("duplicate (benchmark, id) pairs among the examples; give every example a unique id")
     by_key = {(ex.benchmark, str(ex.id)): ex for ex in examples}
+    plan = own_history_plan(examples)  # before any model runs: a conversation missing a turn stops the run here
+    own_benchmarks = {b for b, _ in plan}
     env = Env(get_prompts(cfg.prompts), prices, cfg.max_tokens, cfg.batch_size, cfg.concurrency)
     if methods is None:
         methods = build_methods(cfg, env, load_examples=lambda name, limit: load_examples(cfg, name, limit))
@@ -269,19 +369,13 @@ def evaluate(cfg: EvalConfig, methods: dict | None = None, examples: list[Exampl
                   disable=quiet) as bar:
         for name, method in methods.items():
             path = run_dir / "records" / f"{name}.jsonl"
-            done = resume(path)
+            done, stored = _resume(path, own_benchmarks)
             mine = [k for k in keys if cfg.runs_on(name, k[0])]
             todo = [k for k in mine if k not in done]
             task = bar.add_task(f"{name:<28}", total=len(mine), completed=len(mine) - len(todo))
-            for i in range(0, len(todo), cfg.batch_size):
-                chunk = todo[i : i + cfg.batch_size]
-                items = [(by_key[(b, id_)], _sampling(cfg, cfg.samples.get(b, 1), s)) for b, id_, s in chunk]
-                outs = timed(method, items)
-                ok = grade_batch([o["output"] for o in outs], [ex.gold for ex, _ in items], workers=0)
-                recs = []
-                for (b, id_, s), (ex, _), o, c in zip(chunk, items, outs, ok):
-                    recs.append({"id": id_, "benchmark": b, "sample": s, "method": name, "question": ex.question,
-                                 "gold": ex.gold, "correct": bool(c), **o, "meta": ex.meta})
+            for chunk, exs in _batches(todo, plan, by_key, stored, cfg.batch_size, f"{name} ({path})"):
+                recs = _answer(cfg, name, method, chunk, exs)
                 append_records(path, recs)
+                stored.update((record_key(r), r) for r in recs if r["benchmark"] in own_benchmarks)
                 bar.advance(task, len(chunk))
     return run_dir

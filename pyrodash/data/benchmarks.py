@@ -18,6 +18,12 @@ stays one answer), AIME's integer answer. Loader extras go to `Example.meta`.
 
 `limit` and `seed`: `limit=None` keeps every row; with a limit, `seed=None` keeps the first `limit` rows and an
 integer seed keeps a deterministic random subset of `limit` rows (same seed -> same rows), in file order.
+A conversation benchmark (examples with `meta["conversation"]`, one per turn, e.g. `world:multiturn`) is subsampled
+by whole conversations (`subsample_examples`): at most `limit` turns, never a conversation cut short.
+
+Own-history conversations: `<name>-self` (e.g. `world:multiturn-self`) loads `<name>` and renames its benchmark,
+ids kept; `pyrodash.evaluate` then answers each turn after the method's OWN earlier answers instead of the gold
+history (`meta["history"]`). Only conversation benchmarks (`meta.conversation` and `meta.turn`) take the suffix.
 Questions are stored bare; evaluation puts them to models with `pyrodash.prompts.get_prompts(...).question()`.
 """
 
@@ -27,6 +33,7 @@ import json
 import os
 import random
 import re
+from dataclasses import replace
 from pathlib import Path
 
 from pyrodash.data.example import Example
@@ -208,6 +215,47 @@ def subsample(items: list, limit: int | None, seed: int | None) -> list:
     return [items[i] for i in keep]
 
 
+def subsample_examples(exs: list[Example], limit: int | None, seed: int | None) -> list[Example]:
+    """`subsample` of examples, by whole conversations where they carry `meta["conversation"]`: a subset of the
+    conversations (file order with seed=None, else a seeded random order) taken while their turns total at most
+    `limit` (at least one conversation, even a longer one), kept in file order. Plain examples: `subsample`."""
+    if limit is None or not any("conversation" in (ex.meta or {}) for ex in exs):
+        return subsample(exs, limit, seed)
+    subsample([], limit, None)  # the same check of `limit`
+    convs: dict[str, list[int]] = {}
+    for i, ex in enumerate(exs):  # an example without a conversation is a conversation of its own
+        convs.setdefault(str((ex.meta or {}).get("conversation", f"\0{ex.id}")), []).append(i)
+    order = list(convs)
+    if seed is not None:
+        random.Random(seed).shuffle(order)
+    keep: list[int] = []
+    for c in order:
+        if not keep or len(keep) + len(convs[c]) <= limit:
+            keep += convs[c]
+        if len(keep) >= limit:
+            break
+    return [exs[i] for i in sorted(keep)]
+
+
+SELF_SUFFIX = "-self"
+
+
+def own_history_benchmark(name: str) -> bool:
+    """Whether `name` is an own-history conversation benchmark (`<conversations>-self`): `pyrodash.evaluate` answers
+    its turns after the method's own earlier answers."""
+    return name.endswith(SELF_SUFFIX) and len(name) > len(SELF_SUFFIX)
+
+
+def _load_self(name: str, path: str | Path | None, limit: int | None, seed: int | None) -> list[Example]:
+    base = name[: -len(SELF_SUFFIX)]
+    exs = load_benchmark(base, path=path, limit=limit, seed=seed)
+    if not all("conversation" in (ex.meta or {}) and "turn" in (ex.meta or {}) for ex in exs):
+        raise ValueError(f"benchmark {name!r}: {base!r} is not a conversation benchmark (every example needs "
+                         "meta.conversation and meta.turn, as world:multiturn has); '-self' answers each turn after "
+                         "the method's own earlier turns")
+    return [replace(ex, benchmark=name, meta=dict(ex.meta)) for ex in exs]
+
+
 def _load_world(name: str, path: str | Path | None) -> list[Example]:
     split = name.split(":", 1)[1]
     if not split:
@@ -236,8 +284,10 @@ def load_benchmark(
     name: str, path: str | Path | None = None, limit: int | None = None, seed: int | None = 0
 ) -> list[Example]:
     """Load a benchmark as `Example`s (see the module docstring for sources, golds and subsampling)."""
+    if own_history_benchmark(name):
+        return _load_self(name, path, limit, seed)
     if name.startswith("world:"):
-        return subsample(_load_world(name, path), limit, seed)
+        return subsample_examples(_load_world(name, path), limit, seed)
     key = canonical_name(name)
     if path is not None:
         rows = _read_rows(Path(path).expanduser())
@@ -256,4 +306,4 @@ def load_benchmark(
             ) from e
     if not rows:
         raise ValueError(f"benchmark {name!r} has no rows; check the file you passed")
-    return subsample([_row_to_example(key, r, i) for i, r in enumerate(rows)], limit, seed)
+    return subsample_examples([_row_to_example(key, r, i) for i, r in enumerate(rows)], limit, seed)
