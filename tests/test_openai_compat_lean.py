@@ -1,0 +1,265 @@
+"""The lean HTTP/1.1 client of `OpenAICompatBackend` (plain-http endpoints, `openai_compat._LeanPool`), against a raw
+TCP TEST DOUBLE that answers each request with scripted bytes: connections are reused once a stream ended with
+`data: [DONE]`, a stream closed early closes its connection, every framing (chunked with odd chunk boundaries,
+extensions and trailers; Content-Length; read to close; gzip) reads the same, and failures are the BackendErrors
+httpx's path raised (refused connection, timeout, HTTP error status, a server gone mid-stream). A kept-alive
+connection the server closed meanwhile is not used again."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import json
+
+import pytest
+
+from pyrodash.backends import openai_compat as oc
+from pyrodash.backends.base import BackendError, GenRequest
+from pyrodash.backends.openai_compat import OpenAICompatBackend, lean_ok
+
+REQ = GenRequest(messages=[{"role": "user", "content": "q"}], max_tokens=8)
+
+
+def sse(texts: list[str], finish: str = "stop", stop_reason=None, usage: bool = True) -> bytes:
+    def ev(obj: dict) -> str:
+        return "data: " + json.dumps({"id": "x", "object": "chat.completion.chunk", **obj}) + "\n\n"
+
+    out = [ev({"choices": [{"index": 0, "delta": {"content": t}, "finish_reason": None}]}) for t in texts]
+    out.append(ev({"choices": [{"index": 0, "delta": {}, "finish_reason": finish, "stop_reason": stop_reason}]}))
+    if usage:
+        out.append(ev({"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": len(texts)}}))
+    return ("".join(out) + "data: [DONE]\n\n").encode()
+
+
+def chunked(body: bytes, sizes=(7, 1, 30), ext: bool = False, trailer: bool = False) -> bytes:
+    out, i, k = [], 0, 0
+    while i < len(body):
+        n = sizes[k % len(sizes)]
+        part = body[i:i + n]
+        out.append(b"%x%s\r\n%s\r\n" % (len(part), b";x=1" if ext else b"", part))
+        i, k = i + n, k + 1
+    return b"".join(out) + b"0\r\n" + (b"x-trailer: 1\r\n" if trailer else b"") + b"\r\n"
+
+
+class RawServer:
+    """TEST DOUBLE: reads one HTTP/1.1 request at a time per connection and writes `answer(n)` (n: the request's
+    number) or, when it returns None, closes the connection. Counts connections and requests."""
+
+    def __init__(self, answer):
+        self.answer, self.connections, self.requests, self.bodies, self.heads = answer, 0, 0, [], []
+        self.closed = asyncio.Event()
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                self.heads.append(head)
+                length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                              if line.lower().startswith(b"content-length:"))
+                self.bodies.append(json.loads(await reader.readexactly(length)))
+                self.requests += 1
+                out = self.answer(self.requests)
+                if out is None:
+                    break
+                if callable(out):
+                    await out(reader, writer)
+                    continue
+                writer.write(out)
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+            self.closed.set()
+
+    async def __aenter__(self):
+        self.server = await asyncio.start_server(self.handle, "127.0.0.1", 0)
+        self.url = f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}/v1"
+        return self
+
+    async def __aexit__(self, *exc):
+        self.server.close()
+
+
+def response(body: bytes, framing: str = "chunked", status: int = 200, extra: bytes = b"", **kw) -> bytes:
+    head = b"HTTP/1.1 %d X\r\ncontent-type: text/event-stream\r\n%s" % (status, extra)
+    if framing == "chunked":
+        return head + b"transfer-encoding: chunked\r\n\r\n" + chunked(body, **kw)
+    if framing == "length":
+        return head + b"content-length: %d\r\n\r\n" % len(body) + body
+    return head + b"connection: close\r\n\r\n" + body
+
+
+async def collect(backend: OpenAICompatBackend, req: GenRequest = REQ) -> tuple[str, list]:
+    text, chunks = "", []
+    async for ch in backend.stream(req):
+        text += ch.text
+        chunks.append(ch)
+    return text, chunks
+
+
+def test_lean_is_used_for_plain_http_without_a_proxy(monkeypatch):
+    for var in ("HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy", "NO_PROXY", "no_proxy", oc.LEAN_ENV):
+        monkeypatch.delenv(var, raising=False)
+    assert lean_ok("http://127.0.0.1:8000/v1")
+    assert not lean_ok("https://api.openai.com/v1")
+    monkeypatch.setenv("HTTP_PROXY", "http://proxy:3128")
+    assert not lean_ok("http://10.0.0.1:8000/v1")
+    monkeypatch.setenv("NO_PROXY", "10.0.0.1")
+    assert lean_ok("http://10.0.0.1:8000/v1")
+    monkeypatch.setenv(oc.LEAN_ENV, "httpx")
+    assert not lean_ok("http://10.0.0.1:8000/v1")
+
+
+@pytest.mark.parametrize("framing,kw", [("chunked", {}), ("chunked", {"sizes": (1,), "ext": True, "trailer": True}),
+                                        ("chunked", {"sizes": (4096,)}), ("length", {}), ("close", {})])
+def test_every_framing_streams_the_same_and_a_finished_stream_keeps_its_connection(framing, kw):
+    body = sse(["Hello", ", wor", "ld ünï"], stop_reason=7)
+
+    async def main():
+        async with RawServer(lambda n: response(body, framing, **kw)) as srv:
+            b = OpenAICompatBackend(srv.url, model="m")
+            for _ in range(3):
+                text, chunks = await collect(b)
+                assert text == "Hello, world ünï"
+                assert [c.stop_token_id for c in chunks if c.finish_reason] == [7, 7]
+                assert chunks[-1].prompt_tokens == 3 and chunks[-1].completion_tokens == 3
+            await b.aclose()
+            return srv.connections, srv.requests
+
+    conns, reqs = asyncio.run(main())
+    assert reqs == 3
+    assert conns == (3 if framing == "close" else 1)  # read to its end ([DONE] and the body's end): reused
+
+
+def test_crlf_lines_and_gzip_bodies():
+    body = sse(["a", "b"]).replace(b"\n", b"\r\n")
+    gz = gzip.compress(body)
+
+    async def main():
+        async with RawServer(lambda n: response(body) if n == 1 else
+                             response(gz, extra=b"content-encoding: gzip\r\n")) as srv:  # fmt: skip
+            b = OpenAICompatBackend(srv.url, model="m")
+            out = [(await collect(b))[0] for _ in range(2)]
+            await b.aclose()
+            return out
+
+    assert asyncio.run(main()) == ["ab", "ab"]
+
+
+def test_closing_a_stream_early_closes_its_connection():
+    async def slow(reader, writer):  # streams forever until the client goes away
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+        event = b'data: {"choices": [{"index": 0, "delta": {"content": "x"}}]}\n\n'
+        while True:
+            writer.write(b"%x\r\n%s\r\n" % (len(event), event))
+            await writer.drain()
+            await asyncio.sleep(0.005)
+
+    async def main():
+        async with RawServer(lambda n: slow) as srv:
+            b = OpenAICompatBackend(srv.url, model="m")
+            it = b.stream(REQ)
+            assert (await anext(it)).text == "x"
+            await it.aclose()
+            await asyncio.wait_for(srv.closed.wait(), 5)  # the server saw the client go: it stops generating
+            assert not b._lean.idle
+            await b.aclose()
+
+    asyncio.run(main())
+
+
+def test_a_kept_alive_connection_the_server_closed_is_not_reused():
+    body = sse(["ok"])
+
+    async def answer_then_close(reader, writer):  # as uvicorn does after its keep-alive timeout
+        writer.write(response(body, "length"))
+        await writer.drain()
+        writer.close()
+        raise ConnectionError("closed")
+
+    async def idle_close():
+        async with RawServer(lambda n: answer_then_close) as srv:
+            b = OpenAICompatBackend(srv.url, model="m")
+            for _ in range(3):
+                assert (await collect(b))[0] == "ok"
+                await asyncio.sleep(0.05)  # the close reaches the client while the connection is idle
+            await b.aclose()
+            return srv.connections, srv.requests
+
+    async def race(first_closes: bool):
+        # the server closes a connection on a request without answering it (a keep-alive race seen from the client)
+        async with RawServer(lambda n: None if n == 2 or (first_closes and n == 1) else response(body)) as srv:
+            b = OpenAICompatBackend(srv.url, model="m")
+            out = [(await collect(b))[0] for _ in range(2)]
+            await b.aclose()
+            return out, srv.connections, srv.requests
+
+    assert asyncio.run(idle_close()) == (3, 3)
+    # on a kept-alive connection, sent once more on a new one
+    assert asyncio.run(race(False)) == (["ok", "ok"], 2, 3)
+    # on a new connection it is an error (no retry here: the engine's failure policy decides)
+    with pytest.raises(BackendError):
+        asyncio.run(race(True))
+
+
+def test_failures_are_backend_errors_as_before():
+    async def never(reader, writer):
+        await asyncio.sleep(10)
+
+    async def main():
+        # refused: never reached the server
+        b = OpenAICompatBackend("http://127.0.0.1:9/v1", model="m", timeout_s=2)
+        with pytest.raises(BackendError) as e:
+            await collect(b)
+        assert e.value.reached_server is False and "cannot connect" in str(e.value)
+        # an HTTP error status: its message and status, the connection kept (the body was read)
+        err = json.dumps({"error": {"message": "bad field", "param": "top_p"}}).encode()
+        async with RawServer(lambda n: response(err, "length", status=400) if n == 1 else
+                             response(sse(["y"]))) as srv:  # fmt: skip
+            b = OpenAICompatBackend(srv.url, model="m")
+            with pytest.raises(BackendError) as e:
+                await collect(b)
+            assert e.value.status == 400 and e.value.param == "top_p" and "bad field" in str(e.value)
+            assert not e.value.retryable
+            assert (await collect(b))[0] == "y"
+            await b.aclose()
+        # a timeout
+        async with RawServer(lambda n: never) as srv:
+            b = OpenAICompatBackend(srv.url, model="m", timeout_s=0.2)
+            with pytest.raises(BackendError) as e:
+                await collect(b)
+            assert "timeout" in str(e.value)
+            await b.aclose()
+        # the server gone in the middle of the stream
+        cut = response(sse(["a", "b"]))[:-40]
+        async with RawServer(lambda n: (lambda r, w: _write_and_close(w, cut))) as srv:
+            b = OpenAICompatBackend(srv.url, model="m")
+            with pytest.raises(BackendError):
+                await collect(b)
+            await b.aclose()
+
+    asyncio.run(main())
+
+
+async def _write_and_close(writer: asyncio.StreamWriter, data: bytes) -> None:
+    writer.write(data)
+    await writer.drain()
+    writer.close()
+    raise ConnectionError("closed")
+
+
+def test_the_request_bytes_are_one_json_body_with_the_key():
+    async def main():
+        async with RawServer(lambda n: response(sse(["z"]))) as srv:
+            b = OpenAICompatBackend(srv.url, model="m")
+            b.api_key = "sk-test"  # headers are read when the pool is made
+            await collect(b)
+            await b.aclose()
+            return srv.bodies, srv.heads
+
+    bodies, heads = asyncio.run(main())
+    assert b"authorization: Bearer sk-test\r\n" in heads[0] and heads[0].startswith(b"POST /v1/chat/completions ")
+    assert bodies[0]["model"] == "m" and bodies[0]["stream"] is True
+    assert bodies[0]["messages"][-1]["content"] == "q"
