@@ -86,7 +86,7 @@ def test_hard_target_to_first_offload_ends_hard_targets_at_the_handoff():
     assert hard and len(b) == len(full_b)
     assert inserted == {1: len(hard)}  # the stats count the <offload> a target holds, not how many were placed first
     for r, f in zip(b, full_b):
-        target, full = r["messages"][-1]["content"], f["messages"][-1]["content"]
+        target, full = r["completion"][-1]["content"], f["completion"][-1]["content"]
         if r["difficulty"] == "easy":
             assert r == f
         else:  # the full target up to and including its first <offload>, nothing after it
@@ -105,11 +105,11 @@ def test_corpora_follow_the_paper():
     a, b, inserted = build_corpora(exs, sols, diff, prompts, cfg)
     assert len(a) == len(b) == len(exs) and {"easy", "hard"} == {r["difficulty"] for r in a}
     for r in a:  # Corpus A: no P_s, no <offload> anywhere
-        assert [m["role"] for m in r["messages"]] == ["user", "assistant"]
-        assert all(OFFLOAD_TOKEN not in m["content"] for m in r["messages"]) and r["n_offload"] == 0
+        assert [m["role"] for m in r["prompt"] + r["completion"]] == ["user", "assistant"]
+        assert all(OFFLOAD_TOKEN not in m["content"] for m in r["prompt"] + r["completion"]) and r["n_offload"] == 0
     for r in b:  # Corpus B: P_s as system message; easy targets clean, hard ones with 1-4 insertions
-        assert r["messages"][0] == {"role": "system", "content": prompts.offload_system}
-        target = r["messages"][-1]["content"]
+        assert r["prompt"][0] == {"role": "system", "content": prompts.offload_system}
+        target = r["completion"][-1]["content"]
         if r["difficulty"] == "easy":
             assert OFFLOAD_TOKEN not in target and r["n_offload"] == 0
         else:

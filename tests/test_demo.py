@@ -25,10 +25,13 @@ def demo(tmp_path_factory):
     return out
 
 
-def _records(out, turns: bool = False):
-    """Records per method: single questions (Tables 1-4), or with `turns=True` the multi-turn split's turns."""
+def _records(out, turns: bool = False, benchmark: str = "world:multiturn"):
+    """Records per method: single questions (Tables 1-4), or with `turns=True` the turns of a conversation benchmark
+    (`world:multiturn`: after the gold history; `world:multiturn-self`: after the method's own answers)."""
     recs = {p.stem: [json.loads(x) for x in p.read_text().splitlines()] for p in (out / "records").glob("*.jsonl")}
-    return {k: [r for r in v if ("turn" in r["meta"]) == turns] for k, v in recs.items()}
+    if not turns:
+        return {k: [r for r in v if "turn" not in r["meta"]] for k, v in recs.items()}
+    return {k: [r for r in v if "turn" in r["meta"] and r["benchmark"] == benchmark] for k, v in recs.items()}
 
 
 def test_report_structure(demo):
@@ -76,19 +79,35 @@ def test_conversation_turns_are_evaluated_per_turn(demo):
     prices = Prices.from_yaml("paper")
     per_turn = json.loads((demo / "summary.json").read_text())["per_turn"]
     turns = _records(demo, turns=True)
+    n = 60  # test conversations of the quick world (issue 26: >= 60 per turn)
     for name in ("slm", "llm", "pyrodash@0.6", "pyrodash@2"):
         rs = turns[name]
-        assert len(rs) == 10 * 3 and {r["meta"]["turn"] for r in rs} == {1, 2, 3}
+        assert len(rs) == n * 3 and {r["meta"]["turn"] for r in rs} == {1, 2, 3}
         for k in (1, 2, 3):
             at = [r for r in rs if r["meta"]["turn"] == k]
             v = per_turn[name][str(k)]
-            assert v["n"] == 10 and v["accuracy"] == pytest.approx(sum(r["correct"] for r in at) / 10)
-            assert v["llm_calls"] == pytest.approx(sum(r["llm_calls"] for r in at) / 10)
-            assert v["cost_usd"] == pytest.approx(sum(usage_of(r).cost(prices) for r in at) / 10)
+            assert v["n"] == n and v["accuracy"] == pytest.approx(sum(r["correct"] for r in at) / n)
+            assert v["llm_calls"] == pytest.approx(sum(r["llm_calls"] for r in at) / n)
+            assert v["cost_usd"] == pytest.approx(sum(usage_of(r).cost(prices) for r in at) / n)
     assert all(v["llm_calls"] == 0 for v in per_turn["slm"].values())
     assert all(v["llm_calls"] == 1 for v in per_turn["llm"].values())
     # the world LLM learnt follow-ups (pretraining mix): it answers later turns as well as first ones
     assert min(per_turn["llm"][k]["accuracy"] for k in ("2", "3")) >= 0.7
+
+
+def test_own_history_turns_follow_each_methods_own_answers(demo):
+    """world:multiturn-self: turn k is asked after the method's own turn k-1 (its output, not the gold one)."""
+    own = _records(demo, turns=True, benchmark="world:multiturn-self")
+    for name in ("slm", "pyrodash@0.6"):
+        by = {(r["meta"]["conversation"], r["meta"]["turn"]): r for r in own[name]}
+        assert len(by) == 60 * 3
+        for (c, t), r in by.items():
+            if t > 1:
+                prev = by[(c, t - 1)]
+                assert r["meta"]["history"][-1] == {"role": "assistant", "content": prev["output"]}
+    # the SLM alone carries its errors forward: with its own history it does worse on turn 3 than with the gold one
+    pt = json.loads((demo / "summary.json").read_text())["per_turn_by_benchmark"]
+    assert pt["world:multiturn-self"]["slm"]["3"]["accuracy"] < pt["world:multiturn"]["slm"]["3"]["accuracy"]
 
 
 def test_lambda_controls_llm_use(demo):

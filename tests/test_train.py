@@ -142,7 +142,7 @@ def test_stage1_changes_only_the_offload_rows(tmp_path, tied):
 
     base = tiny_slm_dir(tmp_path / "base", tied=tied)
     _, rows_b, _ = gold_corpora(24)
-    assert any("<offload>" in r["messages"][-1]["content"] for r in rows_b)
+    assert any("<offload>" in r["completion"][-1]["content"] for r in rows_b)
     out, stats = train_stage1(base, rows_b, stage1_cfg(tmp_path), tmp_path / "stage1", tmp_path / "log.jsonl")
 
     base_model = AutoModelForCausalLM.from_pretrained(base)
@@ -296,7 +296,12 @@ def test_quick_curation(quick_run):
     # the world recipe cuts hard targets at their first <offload> (curate.hard_target), so Corpus A is the easy rows
     assert stats["corpus_a"] == stats["easy"] and stats["llm_calls"] == stats["hard"]
     b = [json.loads(x) for x in (quick_run["curated"] / "corpus_b.jsonl").read_text().splitlines()]
-    assert all(r["messages"][-1]["content"].endswith(OFFLOAD_TOKEN) for r in b if r["difficulty"] == "hard")
+    assert all(r["completion"][-1]["content"].endswith(OFFLOAD_TOKEN) for r in b if r["difficulty"] == "hard")
+    # conversation turns (curate.conversations) went through the same path: every turn after its gold history
+    conv = stats["conversations"]
+    assert conv["turns"] == 3 * conv["conversations"] > 0 and set(conv["rows_by_turn"]) == {"1", "2", "3"}
+    turn3 = [r for r in b if r["turn"] == 3]
+    assert turn3 and all(len(r["prompt"]) == 6 for r in turn3)  # P_s, 2 earlier turns, the question
     assert (quick_run["curated"] / "dataset" / "corpus_b").is_dir()
 
 

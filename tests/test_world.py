@@ -14,7 +14,8 @@ from pyrodash.world.config import TIER_SPLITS, ModelSpec, WorldConfig
 from pyrodash.world.task import STEP_SEP, make_known, make_table, sample_problem, solve, untaught_spans
 
 TINY = WorldConfig(
-    n_test=4, n_train=12, n_val=6, n_continue=5, eval_batch_size=8, preset="tiny",
+    n_test=4, n_train=12, n_val=6, n_continue=5, eval_batch_size=8, preset="tiny", n_multiturn=3,
+    n_multiturn_train=4, n_multiturn_val=2,
     slm=ModelSpec(32, 1, 2, 64, True, 30, 3e-3, batch_size=8, warmup_steps=5),
     llm=ModelSpec(48, 2, 2, 96, False, 30, 3e-3, batch_size=8, warmup_steps=5),
 )
@@ -50,9 +51,10 @@ def test_splits_deterministic_per_seed_and_disjoint():
     # every question is new, conversation openers included (follow-ups like "Then: +3, f." naturally repeat)
     questions = [e.question for s in a.values() for e in s if e.meta.get("turn", 1) == 1]
     assert len(questions) == len(set(questions))
-    n_turns = TINY.n_multiturn * TINY.multiturn_turns
+    turns = TINY.multiturn_turns
     assert {s: len(v) for s, v in a.items()} == {"train": 12, "val": 6, **{t: 4 for t in TIER_SPLITS},
-                                                 "multiturn": n_turns}
+                                                 "multiturn": 3 * turns, "multiturn_val": 2 * turns,
+                                                 "multiturn_train": 4 * turns}
 
 
 def test_solution_format_and_hard_steps():

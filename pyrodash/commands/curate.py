@@ -2,16 +2,19 @@
 
     pyrodash curate --config configs/world/quick.yaml --output-dir runs/quick
     pyrodash curate --config configs/paper/qwen3.5-4b-glm5.2.yaml --output-dir runs/paper --dry-run
+    pyrodash curate --config configs/world/quick.yaml --output-dir runs/mine --chats my_chats.jsonl
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 from pyrodash.backends.endpoint import add_llm_mode_argument, with_mode
 from pyrodash.commands.world import build_recipe_world
 from pyrodash.train import distributed as dist
+from pyrodash.train.chat_logs import is_chat_log
 from pyrodash.train.config import load_recipe
 from pyrodash.train.curate import run_curation
 from pyrodash.train.plan import print_plan
@@ -21,6 +24,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", required=True, help="YAML recipe (configs/world/*.yaml, configs/paper/*.yaml)")
     p.add_argument("--output-dir", required=True, help="run directory; curation writes DIR/curated/")
     p.add_argument("--limit", type=int, default=None, help="curate only the first N examples of the source")
+    p.add_argument("--chats", default=None, metavar="FILE",
+                   help="your own chat logs (.jsonl, one OpenAI `messages` conversation per line): curated turn by "
+                        "turn in place of the recipe's curate.conversations")
     add_llm_mode_argument(p)
     p.add_argument("--dry-run", action="store_true", help="validate the config and print the plan; load nothing")
 
@@ -28,7 +34,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if not args.dry_run:
         dist.setup()  # before any TRL config is built: under a launcher the ranks join one process group
-    overrides = {"curate.limit": args.limit} if args.limit is not None else None
+    overrides = {"curate.limit": args.limit} if args.limit is not None else {}
+    if args.chats:
+        if not Path(args.chats).is_file():
+            raise ValueError(f"--chats {args.chats}: no such file")
+        if not args.chats.endswith(".jsonl") or not is_chat_log(args.chats):
+            raise ValueError(f"--chats {args.chats}: expected a .jsonl file with one {{\"messages\": [...]}} "
+                             "conversation per line")
+        overrides["curate.conversations"] = args.chats
     recipe = load_recipe(args.config, overrides)
     if args.llm_mode:
         recipe.llm = with_mode(recipe.llm, args.llm_mode)

@@ -137,7 +137,7 @@ def run_demo(out: str | Path, quick: bool = True, seed: int = 0, lambdas: list[f
              skip=_done(stage_dir(out, "stage3", lam)))
     cfg = EvalConfig.from_yaml(
         ROOT / "configs" / "eval" / f"world-{preset}.yaml", run_dir=str(out), world_dir=str(world),
-        benchmarks=[f"world:{s}" for s in TIER_SPLITS] + ["world:multiturn"],
+        benchmarks=[f"world:{s}" for s in TIER_SPLITS] + ["world:multiturn", "world:multiturn-self"],
         models={"slm": str(world / "slm"), "llm": str(world / "llm"), "sft": str(stage_dir(out, "stage2")),
                 "pyrodash": {lam: str(stage_dir(out, "stage3", lam)) for lam in lambdas}})
     step("evaluation", lambda: evaluate(cfg))

@@ -2,8 +2,8 @@
 `batch`), the requests it makes (`requests.py`) and a request's state and record (`turn.py`)."""
 
 from pyrodash.engine.core import CollaborateEngine, EngineError
-from pyrodash.engine.requests import FailurePolicy, check_share, handoff_admitted, handoff_request
+from pyrodash.engine.requests import FailurePolicy, check_share, handoff_admitted, handoff_request, slm_chat
 from pyrodash.engine.turn import MODES, Turn
 
 __all__ = ["MODES", "CollaborateEngine", "EngineError", "FailurePolicy", "Turn", "check_share", "handoff_admitted",
-           "handoff_request"]
+           "handoff_request", "slm_chat"]

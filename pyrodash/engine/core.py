@@ -66,8 +66,8 @@ from pyrodash.engine.requests import (
     handoff_admitted,
     handoff_request,
     sampling_fields,
+    slm_chat,
     total_budget,
-    with_system,
 )
 from pyrodash.engine.turn import MODES, Turn
 from pyrodash.events import Done, Event, Handoff, LLMDelta, SLMDelta
@@ -258,7 +258,7 @@ class CollaborateEngine:
         if mode == "collab":  # (an SLM without <offload>, require_offload=False, hands off only when told to: abatch)
             admitted = handoff_admitted(messages, share)
             b = bias if admitted else BAN
-            msgs = with_system(self.prompts.offload_system, messages)
+            msgs = slm_chat(self.prompts, messages)
             oid = [] if self.offload_id is None else [self.offload_id]
             req = GenRequest(messages=msgs, max_tokens=first, stop_token_ids=oid,
                              logit_bias={self.offload_id: b} if b and oid else {}, **sampling)

@@ -58,6 +58,13 @@ def with_system(system: str, messages: list[dict]) -> list[dict]:
     return [{"role": "system", "content": system}] + list(messages)
 
 
+def slm_chat(prompts: Prompts, messages: list[dict]) -> list[dict]:
+    """The SLM's chat under P_s (Lines 1-2): P_s first, the conversation's history plain (`<offload>` stripped from
+    earlier messages). The engine's SLM request and every training row that teaches it (Corpus B, Stage 3's
+    prompts) are built here, so the SLM is trained on the chats it is served."""
+    return with_system(prompts.offload_system, conv.clean_history(messages))
+
+
 def sampling_fields(temperature: float | None, top_p: float | None, seed: int | None,
                     stop: list[str] | None) -> dict:
     """The sampling fields of a `GenRequest` from a caller's options (unset temperature/top_p: the backend default)."""

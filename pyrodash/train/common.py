@@ -72,12 +72,23 @@ def quiet(trainer) -> None:
 
 
 def messages_dataset(rows: list[dict]):
-    """A `datasets.Dataset` with only the `messages` column (what SFTTrainer's conversational path reads)."""
+    """A `datasets.Dataset` of conversational prompt-completion pairs (`prompt`: the chat up to the current turn,
+    `completion`: the assistant turn trained), what SFTTrainer trains with the loss on the completion only. Rows
+    curated before conversations (a `messages` column) are split at their last assistant message."""
     import datasets
 
     if not rows:
         raise ValueError("no training rows: the curated corpus is empty (check DIR/curated/stats.json)")
-    return datasets.Dataset.from_list([{"messages": r["messages"]} for r in rows])
+    return datasets.Dataset.from_list([prompt_completion(r) for r in rows])
+
+
+def prompt_completion(row: dict) -> dict:
+    """{prompt, completion} of a curated row (either form)."""
+    if "prompt" in row:
+        return {"prompt": row["prompt"], "completion": row["completion"]}
+    msgs = row["messages"]
+    last = max(i for i, m in enumerate(msgs) if m["role"] == "assistant")
+    return {"prompt": msgs[:last], "completion": msgs[last:]}
 
 
 def save_checkpoint(model, tokenizer, out_dir: str | Path) -> Path:

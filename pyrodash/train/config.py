@@ -44,13 +44,20 @@ COST_PENALTIES = ("normalized", "direct")
 class CurateConfig:
     """EasyHard curation (see pyrodash.train.curate)."""
 
-    source: str = "world:train"  # "world:<split>" | a local .jsonl | "hf:<dataset id>[:<config>]"
+    source: str | None = "world:train"  # "world:<split>" | a local .jsonl | "hf:<dataset id>[:<config>]" | null
     split: str = "train"  # split of a HF dataset
     question_field: str = "question"  # HF / JSONL column names
     answer_field: str = "gold"
     limit: int | None = None  # first N examples of the source
     heldout_source: str | None = "world:val"  # labelled easy/hard by the base SLM, for the Stage 2 offload rates
     heldout_limit: int | None = 200
+    # Conversations (pyrodash.train.chat_logs): "world:<conversation split>" (e.g. world:multiturn_train) or a chat
+    # log (.jsonl of OpenAI `messages`, one conversation per line; `pyrodash curate --chats FILE`); every answered
+    # turn is curated after its history, as one more example. None: single questions only.
+    conversations: str | None = None
+    conversation_limit: int | None = None  # first N conversations
+    heldout_conversations: str | None = None  # conversation turns added to the held-out set (e.g. world:multiturn_val)
+    heldout_conversation_limit: int | None = None
     slm_max_new_tokens: int = 512
     llm_max_new_tokens: int = 1024
     batch_size: int = 32  # SLM / in-process LLM generation batch
@@ -125,6 +132,11 @@ class Stage3Config(LoraFields, GRPOConfig):
     answer_field: str = "gold"
     train_limit: int | None = None
     train_offset: int = 0
+    # Conversation turns mixed into the training prompts (pyrodash.train.chat_logs): "world:<conversation split>"
+    # or a chat-log .jsonl; its turns (after their history, as the server serves them) are added to the
+    # `train_limit` single questions of `source` until they are `conversation_share` of all prompts.
+    conversations: str | None = None
+    conversation_share: float = 0.0
     llm_max_new_tokens: int = 512
     llm_concurrency: int = 16
     llm_batch_size: int = 64
@@ -148,6 +160,10 @@ class Stage3Config(LoraFields, GRPOConfig):
             raise ValueError(f"stage3.explore_no_handoff needs each process's generation batch ({local}: "
                              f"per_device_train_batch_size x steps_per_generation) to be a multiple of "
                              f"num_generations ({self.num_generations})")
+        if not 0.0 <= self.conversation_share < 1.0:
+            raise ValueError(f"stage3.conversation_share={self.conversation_share} must be in [0, 1)")
+        if self.conversation_share and not self.conversations:
+            raise ValueError("stage3.conversation_share > 0 needs stage3.conversations (e.g. world:multiturn_train)")
         if self.cost_penalty not in COST_PENALTIES:
             raise ValueError(f"stage3.cost_penalty={self.cost_penalty!r}: choose one of {COST_PENALTIES}")
 

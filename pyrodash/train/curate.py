@@ -7,11 +7,21 @@ and Corpus B (read by Stages 1 and 2).
 2. Hard: ask the frozen LLM for a solution (optionally shown the gold answer); keep it only if it grades correct,
    else drop the example.
 3. Corpus A: [user, assistant] without P_s and without `<offload>` (easy: the SLM's own solution; hard: the
-   reconstruction). Corpus B: P_s as system message; easy targets unchanged; hard targets with 1-4 `<offload>`
+   reconstruction). Corpus B: P_s as system message (the engine's SLM chat, `slm_chat`); easy targets unchanged;
+   hard targets with 1-4 `<offload>`
    inserted at step boundaries inside the reasoning (never inside the final-answer step), seeded.
    `hard_target: to_first_offload` (not the paper's; the world recipes) cuts each hard target of Corpus B right
    after its first `<offload>` and leaves hard examples out of Corpus A: at inference the SLM never writes past
    its first `<offload>`, and on a small SLM the loss on the LLM's text after it moves what the SLM already knew.
+
+Conversations (`curate.conversations`: a world conversation split such as "world:multiturn_train", or a user's
+chat log, OpenAI `messages` JSONL, one conversation per line: `pyrodash curate --chats FILE`, see
+`pyrodash.train.chat_logs`) go through the same path, one turn at a time: each turn is judged easy/hard by the base
+SLM given its earlier turns (the gold history of the world, the logged one of a chat log), a hard turn's
+reconstruction is the LLM answering that turn after the same history, and `<offload>` goes before the first untaught
+step of that turn. Every row is a prompt-completion pair (`prompt`: [P_s +] the history + the current question;
+`completion`: the current assistant turn), so the loss is on the current turn only and Stage 2 never learns to
+rewrite history.
 
 Writes DIR/curated/{corpus_a,corpus_b,heldout}.jsonl, DIR/curated/dataset/ (datasets.save_to_disk, splits corpus_a
 and corpus_b), stats.json and config.resolved.json. `heldout.jsonl` labels a separate set easy/hard the same way,
@@ -29,8 +39,10 @@ from pyrodash.backends.base import GenRequest
 from pyrodash.backends.hf import HFBackend
 from pyrodash.data.benchmarks import load_world_split
 from pyrodash.data.example import Example
+from pyrodash.engine import slm_chat
 from pyrodash.grading import grade_batch
 from pyrodash.prompts import OFFLOAD_TOKEN, Prompts, get_prompts
+from pyrodash.train.chat_logs import is_chat_log, load_chat_turns, turn_messages
 from pyrodash.train.config import save_resolved
 from pyrodash.train.generate import generate
 from pyrodash.train.models import FrozenLLM, load_local
@@ -65,6 +77,24 @@ def load_examples(source: str, world_dir: str | Path | None = None, split: str =
         raise ValueError(f"source {source!r}: use 'world:<split>', a path ending in .jsonl, or 'hf:<dataset id>'")
     examples = examples[offset:]
     return examples[:limit] if limit else examples
+
+
+def load_conversations(source: str, world_dir: str | Path | None = None,
+                       limit: int | None = None) -> tuple[list[Example], dict]:
+    """(one Example per turn of the first `limit` conversations, counts) from a world conversation split
+    ("world:multiturn_train") or a chat-log JSONL (`pyrodash.train.chat_logs`)."""
+    if source.startswith("world:"):
+        turns = load_examples(source, world_dir)
+        if any("conversation" not in ex.meta for ex in turns):
+            raise ValueError(f"{source} is not a conversation split; use e.g. world:multiturn_train")
+        order = list(dict.fromkeys(ex.meta["conversation"] for ex in turns))
+        keep = set(order[:limit] if limit else order)
+        turns = [ex for ex in turns if ex.meta["conversation"] in keep]
+        return turns, {"conversations": len(keep), "turns": len(turns)}
+    if source.endswith(".jsonl") and Path(source).is_file() and is_chat_log(source):
+        return load_chat_turns(source, limit)
+    raise ValueError(f"conversations source {source!r}: use 'world:<conversation split>' or a chat-log .jsonl "
+                     '(one {"messages": [...]} per line)')
 
 
 def _row_to_example(row: dict, default_id: str, bench: str, qf: str, af: str) -> Example:
@@ -148,11 +178,13 @@ def build_corpora(examples: list[Example], solutions: dict[str, str], difficulty
         target, diff = solutions[ex.id].strip(), difficulty[ex.id]
         if OFFLOAD_TOKEN in target:
             target = target.replace(OFFLOAD_TOKEN, "")
-        base = {"id": ex.id, "benchmark": ex.benchmark, "question": ex.question, "gold": ex.gold, "difficulty": diff}
+        base = {"id": ex.id, "benchmark": ex.benchmark, "question": ex.question, "gold": ex.gold, "difficulty": diff,
+                "turn": ex.meta.get("turn", 0)}
+        chat = turn_messages(prompts, ex)
         cut = diff == "hard" and cfg.hard_target == "to_first_offload"
         if not cut:  # a hard target cut at its handoff has nothing to teach without P_s
-            rows_a.append({**base, "corpus": "A", "n_offload": 0, "messages": prompts.plain_messages(ex.question)
-                           + [{"role": "assistant", "content": target}]})
+            rows_a.append({**base, "corpus": "A", "n_offload": 0, "prompt": chat,
+                           "completion": [{"role": "assistant", "content": target}]})
         n = 0
         if diff == "hard":
             count = cfg.offload_max if cfg.placement == "at_hard" else rng.randint(cfg.offload_min, cfg.offload_max)
@@ -165,8 +197,8 @@ def build_corpora(examples: list[Example], solutions: dict[str, str], difficulty
             if n == 0:
                 inserted["no_boundary"] += 1
                 continue  # no step boundary before the answer: this hard example cannot teach a handoff position
-        rows_b.append({**base, "corpus": "B", "n_offload": n, "messages": prompts.slm_messages(ex.question)
-                       + [{"role": "assistant", "content": target}]})
+        rows_b.append({**base, "corpus": "B", "n_offload": n, "prompt": slm_chat(prompts, chat),
+                       "completion": [{"role": "assistant", "content": target}]})
     return rows_a, rows_b, inserted
 
 
@@ -188,8 +220,7 @@ def label_and_reconstruct(examples: list[Example], slm, llm, prompts: Prompts, c
                                                                                   dict]:
     """Run the base SLM (a backend; greedy, no P_s) -> easy/hard, then the LLM (`FrozenLLM`) on the hard ones.
     Returns (solutions of the kept examples, difficulty, counts)."""
-    reqs = [GenRequest(messages=prompts.plain_messages(ex.question), max_tokens=cfg.slm_max_new_tokens)
-            for ex in examples]
+    reqs = [GenRequest(messages=turn_messages(prompts, ex), max_tokens=cfg.slm_max_new_tokens) for ex in examples]
     gens = generate(slm, reqs, batch_size=cfg.batch_size, desc=f"base SLM {tag}".strip())
     ok = grade_batch([g.text for g in gens], [ex.gold for ex in examples])
     difficulty = {ex.id: "easy" if c else "hard" for ex, c in zip(examples, ok, strict=True)}
@@ -213,7 +244,9 @@ def label_and_reconstruct(examples: list[Example], slm, llm, prompts: Prompts, c
 
 
 def _reconstruct_messages(ex: Example, prompts: Prompts, cfg) -> list[dict]:
-    msgs = prompts.plain_messages(ex.question)
+    """The LLM's request for a hard example: the same chat the SLM was judged on (a turn: after its history), so a
+    reconstruction continues that turn only."""
+    msgs = turn_messages(prompts, ex)
     if cfg.reconstruct_with_gold:
         msgs[-1]["content"] += (f"\n\nThe correct final answer is {ex.gold}. Write a concise step-by-step solution "
                                 "that reaches it, with a blank line between steps.")
@@ -227,9 +260,15 @@ def run_curation(recipe, out_dir: str | Path) -> Path:
     cfg = recipe.curate
     prompts = get_prompts(recipe.prompts)
     world = resolve_world(recipe)
-    examples = load_examples(cfg.source, world, cfg.split, cfg.question_field, cfg.answer_field, cfg.limit)
+    examples = load_examples(cfg.source, world, cfg.split, cfg.question_field, cfg.answer_field, cfg.limit) \
+        if cfg.source else []
+    conv_counts = {}
+    if cfg.conversations:  # conversation turns: the same path, each turn after its history
+        turns, conv_counts = load_conversations(cfg.conversations, world, cfg.conversation_limit)
+        examples += turns
     if not examples:
-        raise ValueError(f"curate.source {cfg.source!r} gave no examples")
+        raise ValueError(f"curate.source {cfg.source!r} and curate.conversations {cfg.conversations!r} gave no "
+                         "examples")
     slm = HFBackend(*load_local(slm_spec(recipe)))
     llm = FrozenLLM.from_spec(llm_spec(recipe), batch_size=cfg.batch_size, concurrency=cfg.llm_concurrency)
     solutions, difficulty, counts = label_and_reconstruct(examples, slm, llm, prompts, cfg,
@@ -242,6 +281,8 @@ def run_curation(recipe, out_dir: str | Path) -> Path:
     if cfg.heldout_source:
         held = load_examples(cfg.heldout_source, world, cfg.split, cfg.question_field, cfg.answer_field,
                              cfg.heldout_limit)
+        if cfg.heldout_conversations:
+            held += load_conversations(cfg.heldout_conversations, world, cfg.heldout_conversation_limit)[0]
         _, hdiff, hcounts = label_and_reconstruct(held, slm, llm, prompts, cfg, reconstruct=False,
                                                   tag="(held-out)")
         heldout = [{**ex.to_dict(), "difficulty": hdiff[ex.id]} for ex in held]
@@ -253,7 +294,16 @@ def run_curation(recipe, out_dir: str | Path) -> Path:
     datasets.DatasetDict({"corpus_a": datasets.Dataset.from_list(rows_a),
                           "corpus_b": datasets.Dataset.from_list(rows_b)}).save_to_disk(str(out / "dataset"))
     hard_b = [r for r in rows_b if r["difficulty"] == "hard"]
-    stats = {**counts, "corpus_a": len(rows_a), "corpus_b": len(rows_b), "corpus_b_hard": len(hard_b),
+    turn_rows = [r for r in rows_a + rows_b if r["turn"]]
+    by_turn = {str(t): {c: sum(1 for r in turn_rows if r["turn"] == t and r["corpus"] == c) for c in "AB"}
+               for t in sorted({r["turn"] for r in turn_rows})}
+    turn_diff = Counter((ex.meta["turn"], difficulty[ex.id]) for ex in examples if ex.meta.get("turn"))
+    conv_counts |= {"rows_by_turn": by_turn,
+                    "hard_share_by_turn": {str(t): turn_diff[(t, "hard")] / (turn_diff[(t, "hard")]
+                                                                             + turn_diff[(t, "easy")])
+                                           for t in sorted({t for t, _ in turn_diff})}}
+    stats = {**counts, "conversations": conv_counts if cfg.conversations else None,
+             "corpus_a": len(rows_a), "corpus_b": len(rows_b), "corpus_b_hard": len(hard_b),
              "hard_no_boundary": inserted.pop("no_boundary", 0),
              "insertions_per_hard_example": {str(k): v for k, v in sorted(inserted.items())},
              "mean_insertions": sum(r["n_offload"] for r in hard_b) / max(1, len(hard_b)), "llm_calls": llm.calls}

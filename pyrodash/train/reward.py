@@ -39,12 +39,17 @@ class BaselineCache:
         self.llm_key, self.prompts, self.prices, self.max_tokens = llm_key, prompts, prices, max_tokens
         self.entries: dict[str, dict] = json.loads(self.path.read_text()) if self.path.exists() else {}
 
-    def key(self, question: str) -> str:
+    def key(self, question: str | list[dict]) -> str:
         blob = json.dumps([self.llm_key, self.prompts.name, self.max_tokens, question])
         return hashlib.sha256(blob.encode()).hexdigest()[:20]
 
-    def fill(self, llm, questions: list[str], golds: list[str]) -> int:
-        """Run the LLM alone on every question not cached yet (all at once); return how many were computed."""
+    def messages(self, question: str | list[dict]) -> list[dict]:
+        """The LLM-alone request's chat: a question under the template, or a conversation turn as given."""
+        return self.prompts.plain_messages(question) if isinstance(question, str) else list(question)
+
+    def fill(self, llm, questions: list[str | list[dict]], golds: list[str]) -> int:
+        """Run the LLM alone on every question (a string, or a conversation turn's chat: Cost_base per turn, the LLM
+        answering that turn after the same history) not cached yet (all at once); return how many were computed."""
         todo = {}
         for q, g in zip(questions, golds, strict=True):
             if self.key(q) not in self.entries:
@@ -52,7 +57,7 @@ class BaselineCache:
         if not todo:
             return 0
         items = list(todo.values())
-        reqs = [GenRequest(messages=self.prompts.plain_messages(q), max_tokens=self.max_tokens) for q, _ in items]
+        reqs = [GenRequest(messages=self.messages(q), max_tokens=self.max_tokens) for q, _ in items]
         # journaled as the calls return: a killed run resumes without paying for them again
         gens = llm.generate(reqs, desc="LLM-only baseline (Cost_base)", cache=self.path.with_suffix(".calls.jsonl"))
         failed = [g.error for g in gens if g.finish_reason == "error"]
@@ -71,7 +76,7 @@ class BaselineCache:
         tmp.replace(self.path)
         return len(items)
 
-    def cost_base(self, question: str) -> float:
+    def cost_base(self, question: str | list[dict]) -> float:
         entry = self.entries.get(self.key(question))
         if entry is None:
             raise ValueError("no Cost_base for a training prompt: call BaselineCache.fill() on the training set first")
@@ -79,7 +84,8 @@ class BaselineCache:
 
 
 class CollaborativeReward:
-    """TRL reward function (`reward_funcs=[CollaborativeReward(...)]`); needs dataset columns `question`, `gold`."""
+    """TRL reward function (`reward_funcs=[CollaborativeReward(...)]`); needs dataset columns `question`, `gold`
+    (and `chat` for conversation turns)."""
 
     __name__ = "collab"  # TRL names the reward's metrics after this
 
@@ -97,12 +103,15 @@ class CollaborativeReward:
         self._acc: dict[str, list[float]] = {}
         self.last: list[dict] = []  # per-rollout details of the last call (for tests and case studies)
 
-    def __call__(self, prompts, completions, completion_ids, question, gold, **kwargs) -> list[float]:
+    def __call__(self, prompts, completions, completion_ids, question, gold, chat=None, **kwargs) -> list[float]:
+        # a conversation turn's chat (history + question, JSON in the `chat` column; "" for a single question) is
+        # what the engine is asked, as `pyrodash serve` is asked it: its handoff carries the same history
+        queries = [json.loads(c) if c else q for q, c in zip(question, chat or [""] * len(question), strict=True)]
         texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
         rollouts = [GenResult(text=t, token_ids=list(ids), prompt_ids=[], finish_reason="stop",
                               stop_token_id=ids[-1] if ids and ids[-1] == self.offload_id else None,
                               completion_tokens=len(ids)) for t, ids in zip(texts, completion_ids, strict=True)]
-        dones = self.engine.batch(list(question), slm_results=rollouts, batch_size=self.batch_size,
+        dones = self.engine.batch(queries, slm_results=rollouts, batch_size=self.batch_size,
                                   concurrency=self.concurrency)
         acc = grade_batch([d.output for d in dones], list(gold))
         rewards, self.last = [], []
@@ -111,7 +120,7 @@ class CollaborativeReward:
             t_slm = d.handoff if off else d.usage.slm_out  # the <offload> token itself is not handed over
             cost_act = grpo_cost_actual(t_slm, d.usage.llm_out, self.prices, handoff=off, slm_price=self.slm_price)
             if self.cost_penalty == "normalized":
-                r_eff = grpo_efficiency(cost_act, self.baselines.cost_base(question[i]))
+                r_eff = grpo_efficiency(cost_act, self.baselines.cost_base(queries[i]))
             else:
                 r_eff = cost_act
             r_acc = 1.0 if acc[i] else 0.0
@@ -119,7 +128,7 @@ class CollaborativeReward:
             self.last.append({"offload": off, "t_slm": t_slm, "t_llm_dec": d.usage.llm_out, "cost_act": cost_act,
                               "r_acc": r_acc, "r_eff": r_eff, "reward": rewards[-1], "joint": d.output,
                               "llm_failed": d.finish_reason == "error"})
-        self._skip_failed(rewards, list(question))
+        self._skip_failed(rewards, [json.dumps(q) for q in queries])
         self._record([d["offload"] for d in self.last], acc, [d["r_eff"] for d in self.last],
                      [d["t_slm"] for d in self.last if d["offload"]], sum(d.usage.llm_calls for d in dones))
         return rewards

@@ -24,6 +24,7 @@ from pyrodash.grading import grade_batch
 from pyrodash.prompts import Prompts, get_prompts
 from pyrodash.tokens import offload_token_id
 from pyrodash.train import distributed as dist
+from pyrodash.train.chat_logs import row_messages
 from pyrodash.train.common import callbacks, messages_dataset, quiet, save_checkpoint
 from pyrodash.train.config import save_resolved
 from pyrodash.train.curate import read_jsonl
@@ -33,8 +34,9 @@ from pyrodash.train.paths import curated_dir, require, stage_dir
 
 def measure_offload_rates(model, tokenizer, rows: list[dict], prompts: Prompts, max_new_tokens: int,
                           batch_size: int = 64, desc: str | None = "offload rates") -> dict:
-    """`<offload>` rates with and without P_s on `rows` (dicts with question, gold, difficulty easy|hard), and the
-    accuracy of the answers completed without P_s (the SLM+SFT baseline)."""
+    """`<offload>` rates with and without P_s on `rows` (dicts with question, gold, difficulty easy|hard; a
+    conversation turn's meta.history first), and the accuracy of the answers completed without P_s (the SLM+SFT
+    baseline)."""
     if offload_token_id(tokenizer) is None:
         raise ValueError("the model has no <offload> token: measure a Stage 1/2/3 checkpoint")
     was_training = model.training
@@ -45,7 +47,7 @@ def measure_offload_rates(model, tokenizer, rows: list[dict], prompts: Prompts, 
         # the engine's SLM step (Lines 1-5, greedy, `<offload>` a stop id), with or without P_s as system message
         engine = CollaborateEngine(backend, backend, prompts if with_ps else replace(prompts, offload_system=""),
                                    Prices(0, 0, 0, 0), max_tokens=max_new_tokens)
-        dones = engine.batch([r["question"] for r in rows], batch_size=batch_size, stop_at_handoff=True,
+        dones = engine.batch([row_messages(prompts, r) for r in rows], batch_size=batch_size, stop_at_handoff=True,
                              desc=f"{desc} ({cond})" if desc else None)
         off = [d.handoff is not None for d in dones]
         for diff in ("hard", "easy"):

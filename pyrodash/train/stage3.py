@@ -26,15 +26,16 @@ from trl import GRPOTrainer
 
 from pyrodash.backends.hf import HFBackend
 from pyrodash.cost import Prices
-from pyrodash.engine import CollaborateEngine, FailurePolicy
+from pyrodash.engine import CollaborateEngine, FailurePolicy, slm_chat
 from pyrodash.events import Done
 from pyrodash.grading import grade_batch
 from pyrodash.prompts import Prompts, get_prompts
 from pyrodash.tokens import offload_token_id
 from pyrodash.train import distributed as dist
+from pyrodash.train.chat_logs import row_messages, turn_messages
 from pyrodash.train.common import callbacks, quiet, save_checkpoint
 from pyrodash.train.config import save_resolved
-from pyrodash.train.curate import load_examples, read_jsonl
+from pyrodash.train.curate import load_conversations, load_examples, read_jsonl
 from pyrodash.train.models import FrozenLLM, load_local
 from pyrodash.train.paths import curated_dir, llm_spec, require, resolve_world, stage_dir
 from pyrodash.train.reward import BaselineCache, CollaborativeReward
@@ -120,8 +121,8 @@ def evaluate_collaboration(model, tokenizer, llm, rows: list[dict], prompts: Pro
                            llm_max_tokens: int, batch_size: int = 64) -> dict:
     """`collaborate` on held-out rows, graded: accuracy, offload rate, LLM calls per example and mean dollar cost
     per example (and accuracy / offload rate by difficulty)."""
-    dones = collaborate(model, tokenizer, llm, [r["question"] for r in rows], prompts, prices, max_new_tokens,
-                        llm_max_tokens, batch_size)
+    dones = collaborate(model, tokenizer, llm, [row_messages(prompts, r) for r in rows], prompts, prices,
+                        max_new_tokens, llm_max_tokens, batch_size)
     ok = grade_batch([d.output for d in dones], [r["gold"] for r in rows])
     n = max(1, len(rows))
     off = [d.handoff is not None for d in dones]
@@ -131,12 +132,28 @@ def evaluate_collaboration(model, tokenizer, llm, rows: list[dict], prompts: Pro
             "cost_usd_per_example": sum(d.cost_usd for d in dones) / n,
             "fallbacks": sum(d.fallback for d in dones),
             **{f"accuracy_{d}": (sum(v) / len(v) if v else None) for d, v in by.items()},
+            "accuracy_turns": _rate([c for c, r in zip(ok, rows) if (r.get("meta") or {}).get("turn", 1) > 1]),
+            "n_turns": sum(1 for r in rows if (r.get("meta") or {}).get("turn", 1) > 1),
             "offload_rate_hard": _rate([o for o, r in zip(off, rows) if r.get("difficulty") == "hard"]),
             "offload_rate_easy": _rate([o for o, r in zip(off, rows) if r.get("difficulty") == "easy"])}
 
 
 def _rate(xs: list[bool]) -> float | None:
     return sum(xs) / len(xs) if xs else None
+
+
+def training_prompts(cfg, world) -> list:
+    """Stage 3's training prompts: the single questions of `cfg.source` (`train_limit` of them) and conversation
+    turns of `cfg.conversations`, as many as make them `conversation_share` of all prompts (follow-up turns first:
+    a turn 1 is a single question); in a fixed order (TRL's sampler shuffles)."""
+    singles = load_examples(cfg.source, world, cfg.source_split, cfg.question_field, cfg.answer_field,
+                            cfg.train_limit, cfg.train_offset)
+    if not cfg.conversation_share:
+        return singles
+    n_turns = round(cfg.conversation_share / (1 - cfg.conversation_share) * len(singles))
+    pool = load_conversations(cfg.conversations, world)[0]
+    pool = sorted(pool, key=lambda ex: ex.meta["turn"] < 2)  # stable: follow-ups, then openers
+    return singles + pool[:n_turns]
 
 
 def run_stage3(recipe, out_dir: str | Path, lam: float | None = None, stage2: str | Path | None = None,
@@ -156,10 +173,10 @@ def run_stage3(recipe, out_dir: str | Path, lam: float | None = None, stage2: st
     prompts, prices = get_prompts(recipe.prompts), Prices.from_yaml(recipe.prices)
     with dist.main_first():  # one rank builds a missing world; the others then find it
         world = resolve_world(recipe)
-    examples = load_examples(cfg.source, world, cfg.source_split, cfg.question_field, cfg.answer_field,
-                             cfg.train_limit, cfg.train_offset)
+    examples = training_prompts(cfg, world)
     if not examples:
         raise ValueError(f"stage3.source {cfg.source!r} gave no training prompts")
+    chats = [turn_messages(prompts, ex) if ex.meta.get("turn") else ex.question for ex in examples]
 
     model, tok = load_local(src)
     tid = offload_token_id(tok)
@@ -177,7 +194,7 @@ def run_stage3(recipe, out_dir: str | Path, lam: float | None = None, stage2: st
     with dist.main_first():  # the main process computes Cost_base; the other ranks read its file (no LLM calls)
         cache = BaselineCache(Path(out_dir) / "cost_base.json", json.dumps(spec, sort_keys=True, default=str),
                               prompts, prices, cfg.llm_max_new_tokens)
-        computed = cache.fill(llm, [ex.question for ex in examples], [ex.gold for ex in examples])
+        computed = cache.fill(llm, chats, [ex.gold for ex in examples])
     llm.calls = 0  # count only the handoffs of training from here on
     engine = collaboration_engine(HFBackend(model, tok), llm, prompts, prices, cfg.max_completion_length,
                                   cfg.llm_max_new_tokens)  # the policy's handoffs: the rollouts come from TRL
@@ -185,8 +202,13 @@ def run_stage3(recipe, out_dir: str | Path, lam: float | None = None, stage2: st
                                  cfg.llm_concurrency)
     import datasets
 
-    ds = datasets.Dataset.from_list([{"prompt": prompts.slm_messages(ex.question), "question": ex.question,
-                                      "gold": ex.gold} for ex in examples])
+    # `prompt`: the engine's SLM chat (P_s + history + question); `chat`: a turn's chat for the engine (JSON), ""
+    # for a single question
+    ds = datasets.Dataset.from_list([{"prompt": slm_chat(prompts, c if isinstance(c, list) else
+                                                          prompts.plain_messages(c)),
+                                      "question": ex.question, "gold": ex.gold,
+                                      "chat": json.dumps(c) if isinstance(c, list) else ""}
+                                     for ex, c in zip(examples, chats, strict=True)])
     torch.manual_seed(cfg.seed)
     explore = None
     if cfg.explore_no_handoff:
@@ -209,6 +231,7 @@ def run_stage3(recipe, out_dir: str | Path, lam: float | None = None, stage2: st
     out = save_checkpoint(merged, tok, dest)
     stats = {"lambda": lam, "cost_penalty": cfg.cost_penalty, "train_loss": result.training_loss,
              "steps": result.global_step, "prompts": len(examples),
+             "conversation_turns": sum(1 for c in chats if isinstance(c, list)),
              "rollouts": sum(r["rollouts"] for r in by_rank),
              "llm_handoff_calls": sum(r["llm_calls"] for r in by_rank),
              "llm_failures": sum(r.get("llm_failures", 0) for r in by_rank), "cost_base_computed": computed,

@@ -3,30 +3,36 @@
     pyrodash world build --out worlds/demo --quick
 
     DIR/slm/, DIR/llm/        HF dirs (model + tokenizer + generation config, EOS <|im_end|>)
-    DIR/data/<split>.jsonl    Example.to_dict rows: train, val, tier1..tier5, multiturn (one row per conversation turn)
+    DIR/data/<split>.jsonl    Example.to_dict rows: train, val, tier1..tier5, and the conversations multiturn (test),
+                              multiturn_val, multiturn_train (one row per conversation turn)
     DIR/world.json            config, config hash, seed, tier -> benchmark mapping, measured accuracies, timings
 
 `build_world(out_dir=None, quick=False, seed=0)` reuses a directory whose world.json has the same config hash and
 seed; the default directory is `$PYRODASH_CACHE/worlds/<quick|full>-seed<N>-<hash>` (cache: ~/.cache/pyrodash).
+A build whose config differs from a cached world's in its split sizes only (`WorldConfig.models_hash`) copies that
+world's models instead of pretraining them again (world.json `models_from`), then writes its splits and measures.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 from pathlib import Path
 
 from pyrodash.data.benchmarks import load_world_split  # noqa: F401  (its home is data: world:<split> benchmarks)
 from pyrodash.data.example import Example
 from pyrodash.prompts import get_prompts
-from pyrodash.world.config import BUILD_RECIPE, TIER_SPLITS, WorldConfig, default_world_dir
+from pyrodash.world.config import BUILD_RECIPE, TIER_SPLITS, WorldConfig, cache_root, default_world_dir
 from pyrodash.world.evaluate import evaluate_continue, evaluate_split, first_wrong_distribution
 from pyrodash.world.multiturn import evaluate_turns, make_multiturn_split
 from pyrodash.world.pretrain import pretrain, save_model
 from pyrodash.world.task import STEP_SEP, make_known, make_split, make_table, sample_problem
 
-SPLITS = ("train", "val", *TIER_SPLITS, "multiturn")
+MULTITURN_SPLITS = {"multiturn": "n_multiturn", "multiturn_val": "n_multiturn_val",
+                    "multiturn_train": "n_multiturn_train"}
+SPLITS = ("train", "val", *TIER_SPLITS, *MULTITURN_SPLITS)
 
 
 def make_splits(cfg: WorldConfig, seed: int) -> dict[str, list[Example]]:
@@ -41,10 +47,12 @@ def make_splits(cfg: WorldConfig, seed: int) -> dict[str, list[Example]]:
     out["val"] = make_split(seed, "val", cfg.n_val, list(cfg.tiers), table, known, seen, cfg.max_addend, cfg.lead_runs)
     out["train"] = make_split(seed, "train", cfg.n_train, list(cfg.tiers), table, known, seen, cfg.max_addend,
                               cfg.lead_runs)
-    # conversations (one example per turn, gold history in meta): openers of tiers 1-2, follow-ups of followup_tiers
-    out["multiturn"] = make_multiturn_split(seed, cfg.n_multiturn, cfg.multiturn_turns, list(cfg.tiers[:2]),
-                                            list(cfg.followup_tiers), table, known, seen,
-                                            sample=lambda r, t: sample_problem(r, t, cfg.max_addend, cfg.lead_runs))
+    # conversations (one example per turn, gold history in meta): openers of tiers 1-2, follow-ups of followup_tiers;
+    # test first, then validation and training conversations, each from its own RNG, no opener shared with any split
+    for name, size in MULTITURN_SPLITS.items():
+        out[name] = make_multiturn_split(seed, getattr(cfg, size), cfg.multiturn_turns, list(cfg.tiers[:2]),
+                                         list(cfg.followup_tiers), table, known, seen, split=name,
+                                         sample=lambda r, t: sample_problem(r, t, cfg.max_addend, cfg.lead_runs))
     return {name: out[name] for name in SPLITS}
 
 
@@ -113,6 +121,26 @@ def first_hard_distribution(examples: list[Example]) -> dict:
     return {"n": len(fr), "share_of_problems": round(len(fr) / len(examples), 4), "median": round(med, 4),
             "q1": round(q1, 4), "q3": round(q3, 4), "mean": round(statistics.mean(fr), 4),
             "min": round(fr[0], 4), "max": round(fr[-1], 4), "histogram_tenths": hist}
+
+
+def find_models(cfg: WorldConfig, seed: int, exclude: Path | None = None) -> Path | None:
+    """A built world in the cache (`$PYRODASH_CACHE/worlds/`) whose models are the ones `cfg` and `seed` would train:
+    same seed, build recipe and models hash (`WorldConfig.models_hash`); None when there is none."""
+    root = cache_root() / "worlds"
+    if not root.is_dir():
+        return None
+    for d in sorted(root.iterdir()):
+        if exclude is not None and d.resolve() == Path(exclude).resolve():
+            continue
+        try:
+            info = read_world_info(d)
+            same = (info.get("seed") == seed and info.get("build_recipe") == BUILD_RECIPE
+                    and WorldConfig.from_dict(info["config"]).models_hash() == cfg.models_hash())
+        except (FileNotFoundError, OSError, ValueError, KeyError, TypeError):
+            continue  # not a world, or one written by another version
+        if same and all((d / m / "config.json").is_file() for m in ("slm", "llm")):
+            return d
+    return None
 
 
 def is_built(world_dir: Path, cfg: WorldConfig, seed: int) -> bool:
@@ -257,10 +285,21 @@ def _run_build(world_dir: Path, cfg: WorldConfig, seed: int, verbose: bool) -> d
     acc: dict[str, dict[str, float]] = {"slm": {}, "llm": {}}
     slm_out: dict[str, tuple[list[str], list[bool]]] = {}
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    donor = find_models(cfg, seed, world_dir)
     with Progress(*columns, disable=not verbose, transient=False) as progress:
         t = time.time()
-        losses, seconds, pretrain_threads = train_models(world_dir, cfg, seed, progress)
-        timings.update({f"pretrain_{w}": s for w, s in seconds.items()}, pretrain_wall=round(time.time() - t, 1))
+        if donor is not None:  # same models hash and seed: the same weights, already trained
+            for w in ("slm", "llm"):
+                shutil.copytree(donor / w, world_dir / w, dirs_exist_ok=True)
+            old = read_world_info(donor)
+            losses, pretrain_threads = old["losses"], old.get("pretrain_threads")
+            timings.update({k: v for k, v in old["timings"].items() if k.startswith("pretrain")})
+            if verbose:
+                print(f"world: models copied from {donor} (same models hash {cfg.models_hash()}, seed {seed}); "
+                      "only the data splits differ", flush=True)
+        else:
+            losses, seconds, pretrain_threads = train_models(world_dir, cfg, seed, progress)
+            timings.update({f"pretrain_{w}": s for w, s in seconds.items()}, pretrain_wall=round(time.time() - t, 1))
         cpu = time.process_time()
         models = {w: AutoModelForCausalLM.from_pretrained(str(world_dir / w)).eval() for w in ("slm", "llm")}
         t = time.time()
@@ -285,7 +324,8 @@ def _run_build(world_dir: Path, cfg: WorldConfig, seed: int, verbose: bool) -> d
     easy = [c for ex, c in zip(tests, oks) if not ex.meta["hard_steps"]]
     hard = [c for ex, c in zip(tests, oks) if ex.meta["hard_steps"]]
     info = {
-        "config": cfg.to_dict(), "config_hash": cfg.config_hash(), "build_recipe": BUILD_RECIPE, "seed": seed,
+        "config": cfg.to_dict(), "config_hash": cfg.config_hash(), "models_hash": cfg.models_hash(),
+        "models_from": str(donor) if donor is not None else None, "build_recipe": BUILD_RECIPE, "seed": seed,
         "tiers": dict(TIER_SPLITS),
         "prompts": "world-v1",
         "splits": {name: len(exs) for name, exs in splits.items()},

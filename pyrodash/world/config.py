@@ -41,6 +41,12 @@ class ModelSpec:
     weight_decay: float = 0.01
 
 
+# Fields that size the data splits or the build's evaluation only: pretraining never reads them (`pretrain.py` draws
+# its own examples from its own RNG), so changing them keeps the models (`WorldConfig.models_hash`).
+DATA_FIELDS = frozenset({"n_test", "n_train", "n_val", "n_continue", "n_multiturn", "n_multiturn_train",
+                         "n_multiturn_val", "eval_batch_size", "preset"})
+
+
 @dataclass(frozen=True)
 class WorldConfig:
     known_frac: float = 0.65  # fraction of the lookup table the SLM is taught
@@ -63,7 +69,12 @@ class WorldConfig:
     multiturn_frac: float = 0.2
     multiturn_turns: int = 3
     followup_tiers: tuple[int, ...] = (1, 2)  # lookups per follow-up turn
-    n_multiturn: int = 60
+    # Conversation splits (`make_splits`): `multiturn` (test, n_multiturn conversations), `multiturn_val` and
+    # `multiturn_train` (curation and Stage 3 draw their conversation turns from these); each from its own RNG and
+    # drawn after the single-question splits, so those stay as they were.
+    n_multiturn: int = 150
+    n_multiturn_train: int = 400
+    n_multiturn_val: int = 60
     # Small batches: the table is memorised per update, not per example (measured on the earlier world, same CPU
     # time: the LLM at batch 48 x 400 steps solved 1% of problems, at batch 16 x 1200 steps 59%, at batch 8 x 2000
     # 66%).
@@ -104,8 +115,9 @@ class WorldConfig:
                 raise ValueError(f"{name} must be (lo, hi) with 1 <= lo <= hi <= 9, got {(lo, hi)}")
         if self.llm_beside_slm_steps < 0:
             raise ValueError(f"llm_beside_slm_steps must be >= 0, got {self.llm_beside_slm_steps}")
-        if self.n_multiturn < 0:
-            raise ValueError(f"n_multiturn must be >= 0, got {self.n_multiturn}")
+        for name in ("n_multiturn", "n_multiturn_train", "n_multiturn_val"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
 
     @classmethod
     def from_preset(cls, name: str) -> WorldConfig:
@@ -114,7 +126,8 @@ class WorldConfig:
         if name == "quick":
             base = cls()
             # the same models (same seed: the same weights), smaller splits
-            return replace(base, n_test=30, n_train=300, n_val=50, n_continue=60, n_multiturn=10, preset="quick")
+            return replace(base, n_test=30, n_train=300, n_val=50, n_continue=60, n_multiturn=60,
+                           n_multiturn_train=100, n_multiturn_val=20, preset="quick")
         raise ValueError(f"unknown world preset {name!r}; choose 'full' or 'quick'")
 
     def to_dict(self) -> dict:
@@ -122,6 +135,14 @@ class WorldConfig:
 
     def config_hash(self) -> str:
         blob = json.dumps({**self.to_dict(), "build_recipe": BUILD_RECIPE}, sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:10]
+
+    def models_hash(self) -> str:
+        """The hash of what the two pretrained models depend on: the config without the fields that only size the
+        data splits or the build's evaluation (`DATA_FIELDS`). Two configs with the same models hash and seed train
+        the same models, so a build reuses the models of a cached world that differs in its splits only."""
+        d = {k: v for k, v in self.to_dict().items() if k not in DATA_FIELDS}
+        blob = json.dumps({**d, "build_recipe": BUILD_RECIPE}, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:10]
 
     @classmethod

@@ -1,0 +1,132 @@
+"""The paper's open ablation: Stage 3 with the normalized cost penalty (R_eff = Cost_act / Cost_base, eq:grpo-eff)
+against the direct one (R_eff = Cost_act in dollars), at λ values giving matched LLM-call rates.
+
+    .venv/bin/python benchmarks/cost_penalty_ablation.py --run runs/demo-quick [--scales 1]
+
+Needs a finished `pyrodash demo --quick` run (its Stage 2 checkpoint, its normalized Stage 3 policies and their eval
+records). For each normalized λ of the run, the direct λ is λ / mean(Cost_base) over the Stage 3 training prompts
+(the same average penalty on the LLM-alone cost), times each `--scales` factor (a small sweep around it, so some
+direct point lands near each normalized point's LLM-call rate). Each direct policy is trained from the same Stage 2
+checkpoint with the same recipe (only `stage3.cost_penalty` and λ differ) into RUN/ablation-direct/, and evaluated on
+the same benchmarks as the run (single questions, conversation turns with gold and with own history; the LLM's
+records are reused for cost normalization).
+
+Matched LLM-call rates: for each normalized point, the direct point with the closest LLM-call rate on single
+questions, and the direct curve's accuracy interpolated at exactly that rate (piecewise linear between the two
+direct points around it; None outside the direct points' range). Printed, and written to RUN/cost_penalty.json:
+per point, accuracy / LLM calls per question / cost (fraction of LLM-only) on single questions, and accuracy per
+turn of the conversations (own history).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from pyrodash.commands.demo import library_log  # noqa: E402
+from pyrodash.evaluate import EvalConfig, evaluate  # noqa: E402
+from pyrodash.report import all_metrics, load_run, per_turn_by_benchmark, run_prices, single_turn  # noqa: E402
+from pyrodash.train.config import load_recipe  # noqa: E402
+from pyrodash.train.paths import stage_dir  # noqa: E402
+from pyrodash.train.stage3 import run_stage3  # noqa: E402
+
+
+def points(run: Path) -> dict[str, dict]:
+    """{method: {accuracy, llm_calls, cost, turns_self: {turn: accuracy}}} of every pyrodash@λ of an eval run."""
+    runs = load_run(run)
+    prices = run_prices(run)
+    ms = all_metrics(single_turn(runs), prices)
+    pt = per_turn_by_benchmark(runs, prices).get("world:multiturn-self", {})
+    out = {}
+    for name, m in ms.items():
+        if name.startswith("pyrodash@") and "+" not in name:
+            out[name] = {"lambda": float(name.split("@")[1]), "accuracy": m.accuracy, "llm_calls": m.llm_calls,
+                         "cost": m.cost_normalized,
+                         "turns_self": {str(t): v["accuracy"] for t, v in (pt.get(name) or {}).items()}}
+    return out
+
+
+def interpolate(direct: list[dict], calls: float) -> float | None:
+    """The direct curve's accuracy at an LLM-call rate (piecewise linear; None outside its range)."""
+    pts = sorted((p["llm_calls"], p["accuracy"]) for p in direct)
+    for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
+        if x0 <= calls <= x1:
+            return y0 if x1 == x0 else y0 + (y1 - y0) * (calls - x0) / (x1 - x0)
+    return None
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--run", required=True, help="a finished `pyrodash demo --quick` run directory")
+    ap.add_argument("--scales", default="1", help="factors on λ / mean(Cost_base) for the direct λ sweep")
+    ap.add_argument("--recipe", default=str(ROOT / "configs" / "world" / "quick.yaml"))
+    ap.add_argument("--eval-config", default=str(ROOT / "configs" / "eval" / "world-quick.yaml"))
+    args = ap.parse_args()
+    run = Path(args.run)
+    resolved = run / "config.resolved.json"
+    if not resolved.is_file() or not (run / "cost_base.json").is_file():
+        print(f"{run}: not a finished demo run (no config.resolved.json / cost_base.json); run `pyrodash demo "
+              "--quick --out DIR` first", file=sys.stderr)
+        return 2
+    evalcfg = json.loads(resolved.read_text())
+    world = evalcfg["world_dir"]
+    normalized = points(run)
+    if not normalized:
+        print(f"{run}: no pyrodash@λ records to compare with", file=sys.stderr)
+        return 2
+    base = [e["cost_base"] for e in json.loads((run / "cost_base.json").read_text()).values()]
+    mean_base = sum(base) / len(base)
+    scales = [float(x) for x in args.scales.split(",")]
+    lambdas = sorted({round(p["lambda"] / mean_base * s, 1) for p in normalized.values() for s in scales})
+    abl = run / "ablation-direct"
+    abl.mkdir(exist_ok=True)
+    # what Stage 3 reads beside its checkpoint: the curated held-out set and the cached Cost_base (no LLM re-run)
+    if not (abl / "curated").exists():
+        shutil.copytree(run / "curated", abl / "curated")
+    shutil.copy(run / "cost_base.json", abl / "cost_base.json")
+    recipe = load_recipe(args.recipe, {"world": {"dir": world}, "stage3.cost_penalty": "direct"})
+    with library_log(abl / "libraries.log"):
+        for lam in lambdas:
+            if not (stage_dir(abl, "stage3", lam) / "config.resolved.json").exists():
+                print(f"Stage 3, direct cost penalty, λ={lam:g}", flush=True)
+                run_stage3(recipe, abl, lam=lam, stage2=run / "stage2")
+        (abl / "records").mkdir(exist_ok=True)
+        shutil.copy(run / "records" / "llm.jsonl", abl / "records" / "llm.jsonl")  # the LLM-only cost, reused
+        cfg = EvalConfig.from_yaml(args.eval_config, run_dir=str(abl), world_dir=world,
+                                   benchmarks=evalcfg["benchmarks"], methods=["llm", "pyrodash"],
+                                   models={**{k: evalcfg["models"][k] for k in ("slm", "llm")},
+                                           "pyrodash": {lam: str(stage_dir(abl, "stage3", lam)) for lam in lambdas}})
+        evaluate(cfg)
+    direct = points(abl)
+    rows = []
+    for name, p in sorted(normalized.items(), key=lambda kv: kv[1]["llm_calls"]):
+        near = min(direct.values(), key=lambda d: abs(d["llm_calls"] - p["llm_calls"]))
+        rows.append({"normalized": {"method": name, **p}, "direct_nearest": near,
+                     "direct_accuracy_at_same_calls": interpolate(list(direct.values()), p["llm_calls"])})
+    out = {"run": str(run), "mean_cost_base_usd": mean_base, "direct_lambdas": lambdas, "normalized": normalized,
+           "direct": direct, "matched": rows}
+    (run / "cost_penalty.json").write_text(json.dumps(out, indent=1))
+    print(f"mean Cost_base {mean_base:.3e} $; direct λ = normalized λ / mean Cost_base x {scales}")
+    print(f"{'point':<28}{'acc':>7}{'calls':>7}{'cost':>7}  turns 1/2/3 (own history)")
+    for tag, pts in (("normalized", normalized), ("direct", direct)):
+        for name, p in sorted(pts.items(), key=lambda kv: kv[1]["llm_calls"]):
+            turns = "/".join(f"{100 * p['turns_self'].get(str(t), float('nan')):.0f}" for t in (1, 2, 3))
+            cells = f"{100 * p['accuracy']:>6.1f}%{p['llm_calls']:>7.2f}{p['cost']:>7.3f}"
+            print(f"{tag + ' ' + name:<28}{cells}  {turns}")
+    for r in rows:
+        n, d, at = r["normalized"], r["direct_nearest"], r["direct_accuracy_at_same_calls"]
+        at_s = "n/a (outside the direct points)" if at is None else f"{100 * at:.1f}%"
+        print(f"matched: normalized λ {n['lambda']:g} ({100 * n['accuracy']:.1f}% at {n['llm_calls']:.2f} calls) vs "
+              f"direct λ {d['lambda']:g} ({100 * d['accuracy']:.1f}% at {d['llm_calls']:.2f}); direct curve at the "
+              f"same calls: {at_s}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
