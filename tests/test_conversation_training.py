@@ -230,3 +230,26 @@ def test_reward_hands_a_turn_off_with_its_history(tmp_path):
     assert (sent[0].messages, sent[0].prefix) == (want.messages, want.prefix)
     assert reward.last[0]["r_eff"] == pytest.approx(reward.last[0]["cost_act"] / cache.cost_base(chat))
     assert r[0] == pytest.approx(reward.last[0]["r_acc"] - 0.5 * reward.last[0]["r_eff"])
+
+
+def test_curate_chats_runs_each_logged_turn_through_curation(tmp_path, capsys):
+    """`pyrodash curate --chats FILE` on real (tiny) models: every answered turn of the log is judged by the SLM
+    after its logged history, the hard ones sent to the LLM after the same history."""
+    from pyrodash.cli import main
+
+    slm, llm = tiny_model_dir(tmp_path / "slm", seed=2), tiny_model_dir(tmp_path / "llm", seed=3, offload=False)
+    log = tmp_path / "chats.jsonl"
+    convo = [{"role": "user", "content": "2+3?"}, {"role": "assistant", "content": "\\boxed{5}"},
+             {"role": "user", "content": "times 4?"}, {"role": "assistant", "content": "\\boxed{20}"}]
+    log.write_text(json.dumps({"messages": convo}) + "\n" + json.dumps({"messages": convo[:2]}) + "\n")
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"name: t\nslm: {slm}\nllm: {llm}\nprompts: world-v1\ncurate: {{source: null, "
+                      "heldout_source: null, slm_max_new_tokens: 6, llm_max_new_tokens: 6, batch_size: 4}\n")
+    assert main(["curate", "--config", str(recipe), "--output-dir", str(tmp_path / "o"), "--chats", str(log)]) == 0
+    stats = json.loads((tmp_path / "o" / "curated" / "stats.json").read_text())
+    assert stats["examples"] == 3 and stats["conversations"]["turns"] == 3
+    assert stats["llm_calls"] == stats["hard"]  # one reconstruction per hard turn
+    journal = [json.loads(x) for x in (tmp_path / "o" / "curated" / "llm_calls.jsonl").read_text().splitlines()]
+    lengths = sorted({x["gen"]["prompt_tokens"] for x in journal})
+    # turn 1 asked alone; turn 2 after the logged turn 1 (its question and answer: char-level tokens)
+    assert len(lengths) == 2 and lengths[1] - lengths[0] >= len("\\boxed{5}") + len("times 4?") - len("2+3?")
