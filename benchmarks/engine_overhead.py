@@ -12,7 +12,12 @@ server streaming the rest. The two alternate in order, each after a 20 ms pause.
 the HTTP client in between), split into the SLM's HTTP client reading the stop, the engine (stop to LLM request
 handed to its client: Pack, the request) and the LLM's HTTP client sending it (to the server's handler). The engine
 path also streams one more step (the SLM decoding `<offload>` itself).
-The last line is machine-readable: `overhead_ratio=<x> added_ttft_ms_p50=<y> handoff_ms_p50=<z>`.
+`handoff_wire_ms_p50` ends where the handoff's own work ends: the LLM request handed to its socket (the lean
+client's `sent_at`, plain-http endpoints), so it leaves out the scripted server's receiving side (its wake-up,
+HTTP parsing and FastAPI routing), which `handoff_ms_p50` includes. Both include the scripted server's sending of the
+stop (from its `yield` to the bytes reaching the client), which is not PyroDash's either.
+The last line is machine-readable:
+`overhead_ratio=<x> added_ttft_ms_p50=<y> handoff_ms_p50=<z> handoff_wire_ms_p50=<w>`.
 """
 
 from __future__ import annotations
@@ -136,7 +141,7 @@ async def measure(url: str, runs: int, handoff_at: int) -> dict:
     tslm, tllm = _Timed(slm), _Timed(llm)
     engine = CollaborateEngine(tslm, tllm, get_prompts("qwen-math-v1"), Prices.from_yaml("paper"), max_tokens=4096)
     msgs = [{"role": "user", "content": "q"}]
-    d_wall, e_wall, d_ttft, e_ttft, handoffs, parts = [], [], [], [], [], []
+    d_wall, e_wall, d_ttft, e_ttft, handoffs, parts, wire = [], [], [], [], [], [], []
 
     async def run_direct() -> tuple[float, float]:
         t0, first = time.perf_counter(), None
@@ -174,11 +179,15 @@ async def measure(url: str, runs: int, handoff_at: int) -> dict:
         handoffs.append(llm_rec[1] - slm_rec[2])
         stop, call = tslm.stops[-1], tllm.calls[-1]  # split: upstream -> SLM client, engine, LLM client -> upstream
         parts.append((stop - slm_rec[2], call - stop, llm_rec[1] - call))
+        sent = getattr(getattr(llm, "_lean", None), "sent_at", None)  # None: the request went through httpx
+        if sent is not None and sent > call:
+            wire.append(sent - slm_rec[2])
     await engine.aclose()
     return {"ratio": statistics.median(e_wall) / statistics.median(d_wall),
             "added_ttft_ms": statistics.median(e - d for e, d in zip(e_ttft, d_ttft)) * 1e3,
             "handoff_ms": statistics.median(handoffs) * 1e3,
             "handoff_parts_ms": [statistics.median(p[j] for p in parts) * 1e3 for j in range(3)],
+            "handoff_wire_ms": statistics.median(wire) * 1e3 if wire else float("nan"),
             "direct_ms": statistics.median(d_wall) * 1e3, "engine_ms": statistics.median(e_wall) * 1e3}
 
 
@@ -234,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"handoff split (p50s): stop sent -> the SLM client yields it {a:.3f} ms; the engine (stop -> LLM request "
           f"handed to its client) {b:.3f} ms; LLM client -> request at the server {c:.3f} ms")
     print(f"overhead_ratio={r['ratio']:.4f} added_ttft_ms_p50={r['added_ttft_ms']:.3f} "
-          f"handoff_ms_p50={r['handoff_ms']:.3f}")
+          f"handoff_ms_p50={r['handoff_ms']:.3f} handoff_wire_ms_p50={r['handoff_wire_ms']:.3f}")
     return 0
 
 

@@ -22,12 +22,15 @@ from __future__ import annotations
 import re
 import time
 import uuid
+from dataclasses import fields
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, field_validator
 
 from pyrodash.events import Done
 from pyrodash.record import Record
+
+_RECORD_FIELDS = fields(Record)
 
 DEFAULT_TEMPERATURE = 0.0  # greedy when omitted (see the module docstring)
 _URL_RE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://\S+")
@@ -267,8 +270,8 @@ class PyroDashInfo(_Out):
         server logs the full text under `request_id`), endpoint names `scrub`bed, and what the serving layer
         computed from the prices: the cost split and the LLM-only estimate (any object or dict with
         `LLMOnlyEstimate`'s fields; `pyrodash.server.modes`)."""
-        rec = Record.from_done(done).to_json()
-        del rec["output"]
+        r = Record.from_done(done)  # (its lists and dicts are copies already: no deep `to_json` copy needed)
+        rec = {f.name: getattr(r, f.name) for f in _RECORD_FIELDS if f.name != "output"}
         for part in (*rec["segments"], *rec["llm_endpoints"]):
             if isinstance(part.get("endpoint"), str):
                 part["endpoint"] = scrub(part["endpoint"])
