@@ -14,9 +14,13 @@ with the usage. Which stop token ended a generation comes from vLLM's `stop_reas
 text. Usage the server did not report is counted with a local tokenizer (`tokenizer=DIR`, or the model name when it
 is a local model dir), else estimated (4 characters a token; one token per streamed chunk), and the last chunk says
 `usage_estimated=True`. Errors are `BackendError`s with the HTTP status: 4xx other than 408/429 are not retryable.
-Keys never appear in error messages. One `httpx.AsyncClient` per event loop (connection reuse, kept alive 120 s;
-`warm()` opens a connection ahead of the first handoff); closing the stream closes the HTTP response, so the server
-stops generating. `token_id()` asks a local tokenizer or the server's vLLM-style `POST /tokenize`.
+Keys never appear in error messages. Generation requests to a plain-http endpoint (no proxy configured for it) go
+through a lean HTTP/1.1 client (`_LeanPool`: kept-alive connections, the request's head and JSON body in one socket
+write, the SSE body parsed straight from the socket buffer); everything else (https, proxies, GET /models,
+/tokenize) through one `httpx.AsyncClient` per event loop; `PYRODASH_HTTP_CLIENT=httpx` sends everything through
+httpx. Connections are reused (kept alive 120 s; a stream is read to its end after `data: [DONE]` so its connection
+goes back to the pool; `warm()` opens one ahead of the first handoff); closing a stream early closes its connection,
+so the server stops generating. `token_id()` asks a local tokenizer or the server's vLLM-style `POST /tokenize`.
 """
 
 from __future__ import annotations
