@@ -69,7 +69,7 @@ from pyrodash.engine.requests import (
     slm_chat,
     total_budget,
 )
-from pyrodash.engine.turn import MODES, Turn
+from pyrodash.engine.turn import MODES, Fitted, Turn
 from pyrodash.events import Done, Event, Handoff, LLMDelta, SLMDelta
 from pyrodash.prompts import OFFLOAD_TOKEN, Prompts, pack
 
@@ -79,8 +79,8 @@ class _EarlyCall:
     the wire while the SLM stream is still being drained (its usage chunk, [DONE]). `stream()` replays the first
     chunk (or its exception) and then continues the same backend stream."""
 
-    def __init__(self, llm: Backend, req: GenRequest):
-        self.req = req
+    def __init__(self, llm: Backend, req: GenRequest, fit: Fitted):
+        self.req, self.fit = req, fit
         self._it = llm.stream(req)
         self._first = asyncio.ensure_future(anext(self._it, None))
 
@@ -197,18 +197,48 @@ class CollaborateEngine:
             raise ValueError("a question is a str or a non-empty list of chat messages ({'role', 'content'} dicts)")
         return conv.clean_history(question)
 
-    def _fit(self, side: str, req: GenRequest) -> int:
+    def _fit(self, side: str, req: GenRequest, seen: list[Fitted] | None = None) -> Fitted:
         """Trim `req.messages` (in place) to `side`'s context window by the rule of pyrodash.conversation; returns
-        the number of messages dropped."""
+        what it found (`Fitted`: messages dropped, the prompt's size, and for an in-process model the rendered
+        prompt, so neither the server's context check nor the backend renders it again). `seen`: the prompts this
+        request rendered already (`Turn.seen`): one of them is not rendered again, and this one is added."""
         backend, limit = (self.slm if side == "slm" else self.llm), getattr(self.context, side)
-        if limit is None:
-            return 0
+        fit = Fitted(budget=req.max_tokens, limit=limit, backend=backend,
+                     raw=callable(getattr(type(backend), "render", None)))
+        if limit is None:  # nothing to fit to (the server's check may have rendered this prompt: sent as it is)
+            known = next((f for f in seen or () if f.same_prompt(backend, req)), None)
+            if known is not None:
+                fit.text, fit.messages, fit.prefix = known.text, req.messages, req.prefix
+            return fit
         render = getattr(backend, "render", None)  # in-process: a prompt never has more tokens than UTF-8 bytes,
-        if callable(render) and len(render(req).encode()) + req.max_tokens <= limit:  # so no tokenizing when it fits
-            return 0
-        count, _ = conv.token_counter(backend, req.prefix)
-        req.messages, dropped = conv.fit_context(req.messages, count, limit, req.max_tokens)
-        return dropped
+        text = None  # so no tokenizing when it fits
+        if callable(render):
+            known = next((f for f in seen or () if f.same_prompt(backend, req)), None)
+            text = known.text if known is not None else render(req)
+            fit.prompt, fit.text, fit.messages, fit.prefix = len(text.encode()), text, req.messages, req.prefix
+            if seen is not None and known is None:
+                seen.append(fit)
+            if fit.prompt + req.max_tokens <= limit:
+                return fit
+        ids = getattr(backend, "prompt_ids", None)
+        if text is not None and callable(ids):  # each message list rendered once, then tokenized as raw text
+            full, prefix = req.messages, req.prefix
+
+            def count(msgs: list[dict]) -> int:
+                s = text if msgs is full else render(GenRequest(messages=msgs, prefix=prefix))
+                fit.text, fit.messages = s, msgs
+                return len(ids(GenRequest(messages=[], prefix=s)))
+        else:
+            count = conv.token_counter(backend, req.prefix)[0]
+            fit.text = None
+
+        def counting(msgs: list[dict]) -> int:  # fit_context counts the message list it returns last
+            fit.prompt = count(msgs)
+            return fit.prompt
+
+        req.messages, fit.dropped = conv.fit_context(req.messages, counting, limit, req.max_tokens)
+        fit.counted = True
+        return fit
 
     @property
     def llm_style(self) -> str:
@@ -217,12 +247,14 @@ class CollaborateEngine:
 
     def llm_request(self, messages: list[dict], partial: str, max_tokens: int, sampling: dict) -> GenRequest:
         """The single handoff request (Line 6) in the style in use (`llm_style`), trimmed to the LLM's window."""
-        return self._handoff(messages, partial, max_tokens, sampling)[0]
+        return self.llm_request_fitted(messages, partial, max_tokens, sampling)[0]
 
-    def _handoff(self, messages: list[dict], partial: str, max_tokens: int, sampling: dict) -> tuple[GenRequest, int]:
-        """(`llm_request`, earlier messages dropped to fit the LLM's context window)."""
+    def llm_request_fitted(self, messages: list[dict], partial: str, max_tokens: int, sampling: dict,
+                           seen: list[Fitted] | None = None) -> tuple[GenRequest, Fitted]:
+        """(`llm_request`, how it was fitted to the LLM's context window: messages dropped, the prompt's size).
+        `seen`: the prompts the request rendered already (`Turn.seen`), see `_fit`."""
         req = handoff_request(self.prompts, self.llm_style, messages, partial, max_tokens, sampling)
-        return req, self._fit("llm", req)
+        return req, self._fit("llm", req, seen)
 
     def _share(self, handoff_share: float | None) -> float:
         """A request's handoff share: the one asked for (checked), else the engine's."""
@@ -239,10 +271,13 @@ class CollaborateEngine:
     def turn(self, question: str | list[dict], mode: str = "collab", offload_bias: float | None = None,
              max_tokens: int | None = None, temperature: float | None = None, top_p: float | None = None,
              seed: int | None = None, stop: list[str] | None = None, max_total_tokens: int | None = None,
-             handoff_share: float | None = None) -> Turn:
+             handoff_share: float | None = None, fitted: Turn | None = None) -> Turn:
         """A request's `Turn`: its messages, the first model's request, budgets and knobs. Mode "collab" runs
         Algorithm 1; "slm" / "llm" is one model answering alone (the conversation as given, no system prompt added,
-        `<offload>` banned where the SLM has it, as the `slm` / `llm` baselines of `pyrodash eval` do)."""
+        `<offload>` banned where the SLM has it, as the `slm` / `llm` baselines of `pyrodash eval` do).
+        `fitted`: a Turn built earlier for this request (the server's, for its context check); its fitted first
+        request (trimmed messages, rendered prompt) is reused when it is the same one (mode, messages, model,
+        window, decode budget), so the prompt is not rendered or counted again; anything else is built anew."""
         if mode not in MODES:
             raise ValueError(f"mode={mode!r}: use one of {', '.join(MODES)}")
         messages = self.messages(question)
@@ -268,14 +303,21 @@ class CollaborateEngine:
             req = GenRequest(messages=msgs, max_tokens=first, logit_bias=dict(ban) if mode == "slm" else {},
                              **sampling)
             side = mode
-        self._fit(side, req)
+        prev = fitted.fit if fitted is not None else None
+        if (prev is not None and fitted.mode == mode and prev.budget == req.max_tokens and prev.limit == getattr(
+                self.context, "slm" if side == "slm" else "llm") and prev.backend is (self.slm if side == "slm" else
+                self.llm) and fitted.req.prefix == req.prefix and fitted.messages == messages):
+            req.messages, fit = fitted.req.messages, prev  # the same request fitted the same way: no second render
+        else:
+            fit = self._fit(side, req, fitted.seen if fitted is not None else None)
         llm_max = per_model if self.llm_max_tokens is None or max_tokens is not None else self.llm_max_tokens
         if mode == "llm":
             req.max_tokens = llm_max if total is None else min(llm_max, total)
         return Turn(mode=mode, messages=messages, req=req, per_model=per_model, llm_max=llm_max, total=total,
                     bias=bias, share=share, admitted=admitted, number=conv.turn_number(messages),
                     sampling={k: getattr(req, k) for k in ("seed", "stop", "temperature", "top_p")},
-                    trimmed={"slm": 0, "llm": 0} | {side: len(msgs) - len(req.messages)})
+                    trimmed={"slm": 0, "llm": 0} | {side: len(msgs) - len(req.messages)}, fit=fit,
+                    seen=fitted.seen if fitted is not None else [fit])
 
     # ---- the steps of Algorithm 1, shared by both drivers ---------------------------------------------------
     def _slm_finished(self, t: Turn, text: str, final: GenChunk, seen: int) -> bool:
@@ -295,12 +337,14 @@ class CollaborateEngine:
         t.slm_text, t.handoff = text, max(slm_out - 1, 0)  # Pack(O_s) excludes <offload>
         return True
 
-    def _llm_req(self, t: Turn, left: int) -> tuple[GenRequest, int]:
-        """The LLM's request for what is left of the turn: the handoff request continuing everything written so far
-        (a retry continues the LLM text that arrived), or in mode "llm" the question itself."""
-        if t.mode == "llm":
-            return GenRequest(messages=t.req.messages, max_tokens=left, **t.sampling), 0
-        return self._handoff(t.messages, pack(t.slm_text) + t.llm_text, left, t.sampling)
+    def _llm_req(self, t: Turn, left: int) -> tuple[GenRequest, Fitted]:
+        """The LLM's request for what is left of the turn (as it goes to the backend, `Fitted.wire`) and its fit:
+        the handoff request continuing everything written so far (a retry continues the LLM text that arrived), or
+        in mode "llm" the question itself."""
+        if t.mode == "llm":  # the fitted request again (its rendered prompt too), with what is left to decode
+            return t.fit.wire(GenRequest(messages=t.req.messages, max_tokens=left, **t.sampling)), Fitted()
+        req, fit = self.llm_request_fitted(t.messages, pack(t.slm_text) + t.llm_text, left, t.sampling, t.seen)
+        return fit.wire(req), fit
 
     def _calls(self, got: GenChunk, text: str, reached: int, error: str | None) -> list[dict]:
         """The per-endpoint entries of one LLM attempt: a composite backend's own (`GenChunk.endpoints`), else one
@@ -325,12 +369,12 @@ class CollaborateEngine:
             if attempt:
                 await asyncio.sleep(pol.backoff_s * 2 ** (attempt - 1))
             if attempt == 0 and early is not None and early.req.max_tokens == left:
-                lreq, stream = early.req, early.stream()
+                lreq, fit, stream = early.req, early.fit, early.stream()
             else:
                 if early is not None and attempt == 0:  # (only if a token count was off) not the request we need
                     await early.cancel()
-                lreq, dropped = self._llm_req(t, left)
-                t.trimmed["llm"] = max(t.trimmed["llm"], dropped)
+                lreq, fit = self._llm_req(t, left)
+                t.trimmed["llm"] = max(t.trimmed["llm"], fit.dropped)
                 stream = self.llm.stream(lreq)
             got, attempt_text = GenChunk(), ""
             streamed = 0  # tokens received in this attempt (billed if the stream breaks before reporting usage)
@@ -367,6 +411,10 @@ class CollaborateEngine:
                     return
                 continue
             t.bill_llm(got, self._calls(got, attempt_text, 1, None), 1)
+            if fit.text is not None and lreq.prefix is fit.text and not got.usage_estimated:
+                for f in t.seen:  # the rendered prompt's tokens, as the model counted them
+                    if f.text is fit.text:
+                        f.tokens = got.prompt_tokens
             t.finish = got.finish_reason or "stop"
             return
 
@@ -401,10 +449,13 @@ class CollaborateEngine:
         return None
 
     # ---- driver 1: one request, events as they come (the server, `pyrodash generate`) ------------------------
-    async def stream(self, question: str | list[dict], mode: str = "collab", **options) -> AsyncIterator[Event]:
+    async def stream(self, question: str | list[dict], mode: str = "collab", turn: Turn | None = None,
+                     **options) -> AsyncIterator[Event]:
         """Algorithm 1 for one request as typed events: SLMDelta* [Handoff LLMDelta* SLMDelta*] Done. `options`:
-        offload_bias, max_tokens, temperature, top_p, seed, stop, max_total_tokens, handoff_share (see `turn`)."""
-        t = self.turn(question, mode=mode, **options)
+        offload_bias, max_tokens, temperature, top_p, seed, stop, max_total_tokens, handoff_share (see `turn`).
+        `turn`: the request's Turn as `turn(question, mode, **options)` built it already (the server builds one for
+        its context check): its fitted, rendered prompt is used as is (see `turn(fitted=)`)."""
+        t = self.turn(question, mode=mode, fitted=turn, **options)
         if mode != "llm":
             early: _EarlyCall | None = None
             try:
@@ -441,7 +492,7 @@ class CollaborateEngine:
         if early_call:
             self._warm_llm()
         text, final, seen, counted, early = "", GenChunk(), 0, True, False
-        async with contextlib.aclosing(self.slm.stream(t.req)) as it:
+        async with contextlib.aclosing(self.slm.stream(t.fit.wire(t.req))) as it:
             async for ch in it:
                 seen += len(ch.token_ids) or bool(ch.text)
                 counted = counted and (bool(ch.token_ids) or not ch.text)  # exact token counts as we go
@@ -456,10 +507,10 @@ class CollaborateEngine:
                     left_now = b if total is None else min(b, total - seen) if counted else 0
                     if (early_call and not early and t.mode == "collab" and ch.stop_token_id == self.offload_id
                             and left_now > 0):
-                        ereq, dropped = self._handoff(t.messages, pack(text), left_now, t.sampling)
-                        t.trimmed["llm"] = max(t.trimmed["llm"], dropped)
+                        ereq, fit = self.llm_request_fitted(t.messages, pack(text), left_now, t.sampling, t.seen)
+                        t.trimmed["llm"] = max(t.trimmed["llm"], fit.dropped)
                         early = True
-                        yield _EarlyCall(self.llm, ereq)
+                        yield _EarlyCall(self.llm, fit.wire(ereq), fit)
                         await asyncio.sleep(0)  # let it put the request on the wire before the SLM is drained
         self._slm_finished(t, text, final, seen)
 
@@ -494,7 +545,8 @@ class CollaborateEngine:
                 with _progress(desc, "SLM", len(todo)) as step:
                     for k in range(0, len(todo), batch_size):
                         part = todo[k:k + batch_size]
-                        for i, r in zip(part, self.slm.generate_batch([turns[i].req for i in part]), strict=True):
+                        reqs = [turns[i].fit.wire(turns[i].req) for i in part]
+                        for i, r in zip(part, self.slm.generate_batch(reqs), strict=True):
                             given[i] = r
                         step(len(part))
                 todo = []
@@ -532,8 +584,8 @@ class CollaborateEngine:
                 todo.append(t)
         reqs = []
         for t in todo:
-            req, dropped = self._llm_req(t, t.left())
-            t.trimmed["llm"] = max(t.trimmed["llm"], dropped)
+            req, fit = self._llm_req(t, t.left())
+            t.trimmed["llm"] = max(t.trimmed["llm"], fit.dropped)
             reqs.append(req)
         for t, r in zip(todo, self.llm.generate_batch(reqs, batch_size=batch_size) if reqs else [], strict=True):
             got = _final_chunk(r)

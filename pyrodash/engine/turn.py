@@ -8,6 +8,7 @@ the same text, segments in streamed order (each piece of text once), token count
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 
@@ -16,6 +17,48 @@ from pyrodash.cost import Prices, Usage, endpoint_bill
 from pyrodash.events import Done
 
 MODES = ("collab", "slm", "llm")  # the Collaborate Engine; the SLM alone; the LLM alone
+
+
+@dataclass
+class Fitted:
+    """What fitting one request to its model's context window found (`CollaborateEngine._fit`), kept so that nobody
+    renders or counts that prompt again: the server's context check reads `prompt`, and `wire` hands an in-process
+    backend the text already rendered (each prompt goes through the chat template once per request)."""
+
+    dropped: int = 0  # earlier messages dropped to fit
+    prompt: int | None = None  # the prompt's size: its token count (`counted`) or its UTF-8 bytes (an in-process
+    counted: bool = False  # prompt never has more tokens than bytes); None: not measured (no context limit)
+    budget: int = 0  # the decode budget it was fitted for (`req.max_tokens` then)
+    limit: int | None = None  # the context window it was fitted to
+    backend: object = field(default=None, compare=False, repr=False)  # the model it was fitted for
+    text: str | None = field(default=None, compare=False, repr=False)  # the prompt as `backend.render` gave it,
+    messages: list | None = field(default=None, compare=False, repr=False)  # for this message list (identity)
+    prefix: str = field(default="", compare=False, repr=False)  # and this assistant prefix
+    tokens: int | None = None  # the prompt's tokens as its backend counted them when it ran (usage), if it did
+    raw: bool = False  # `backend` renders its own prompts (its class defines `render`): it may get `text` as is
+
+    def same_prompt(self, backend: object, req: GenRequest) -> bool:
+        """Whether `text` is `req`'s prompt for `backend` (the same model, message contents and prefix)."""
+        return (
+            self.text is not None
+            and self.backend is backend
+            and self.prefix == req.prefix
+            and self.messages == req.messages
+        )
+
+    def wire(self, req: GenRequest) -> GenRequest:
+        """`req` as it goes to its backend: when `text` is its prompt (the same message list and prefix), the
+        pre-rendered raw-prompt form (`messages=[]`, `prefix=text`: no chat template applied again, same tokens);
+        else `req` itself."""
+        if (
+            not self.raw
+            or self.text is None
+            or not req.messages
+            or req.messages is not self.messages
+            or req.prefix != self.prefix
+        ):
+            return req  # (a wrapper that forwards `render` may read the messages: it gets them)
+        return dataclasses.replace(req, messages=[], prefix=self.text)
 
 
 @dataclass
@@ -34,6 +77,8 @@ class Turn:
     sampling: dict  # temperature, top_p, seed, stop: shared by every request of this turn
     number: int  # which user turn of its conversation (1: a single question)
     trimmed: dict  # earlier messages dropped to fit each model's window
+    fit: Fitted = field(default_factory=Fitted)  # how `req` was fitted to its model's window (`req.messages` as sent)
+    seen: list = field(default_factory=list)  # every prompt rendered for this request (`Fitted`), either model
     t0: float = field(default_factory=time.perf_counter)
     usage: Usage = field(default_factory=Usage)
     slm_text: str = ""  # the SLM's text before a handoff (or its whole answer)

@@ -42,6 +42,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from pydantic import BaseModel
 
 from pyrodash.backends import load_backend, load_llm, load_slm
+from pyrodash.backends.base import GenRequest
 from pyrodash.backends.probe import reachability as _probe
 from pyrodash.engine import CollaborateEngine, FailurePolicy
 from pyrodash.events import Done, Handoff, LLMDelta, SLMDelta
@@ -333,6 +334,27 @@ def _context_counted(engine) -> bool:
                for b in (getattr(engine, "slm", None), getattr(engine, "llm", None)))  # fmt: skip
 
 
+def _llm_only_prompt(engine, prompt, turn) -> tuple[int, str] | None:
+    """`modes.llm_only_prompt`, from what this request measured already when it can: the LLM-only request is the
+    LLM's prompt without P_l, which the context check (or the handoff) rendered, and maybe the LLM counted, when
+    the prompt set has no LLM system prompt; so it is not rendered or tokenized again."""
+    llm = getattr(engine, "llm", None)
+    ids = getattr(llm, "prompt_ids", None)
+    if turn is not None and callable(ids):
+        want = GenRequest(messages=engine.messages(prompt))
+        same = [f for f in turn.seen if f.same_prompt(llm, want)]
+        for f in same:
+            if f.tokens is not None or f.counted:  # (a count made to fit it to the window is of this text too)
+                return f.tokens if f.tokens is not None else f.prompt, "llm"
+        if same:
+            with contextlib.suppress(Exception):
+                n = len(ids(GenRequest(messages=[], prefix=same[0].text)))  # the rendered text: the same tokens
+                for f in same:
+                    f.tokens = n
+                return n, "llm"
+    return modes.llm_only_prompt(engine, prompt)
+
+
 # ---------------------------------------------------------------- routes
 
 
@@ -348,12 +370,13 @@ def _install_routes(app: FastAPI) -> None:
         model, prompt, kwargs = V.engine_call(app, req, kind)
         request.state.model = model  # a validated name: the metrics' model label stays bounded
         request.state.counted = True  # from here the route (or the error handler) counts the response itself
-        if _context_counted(app.state.engine):
-            kwargs = await V.check_context(app, prompt, kwargs)
+        opts = req.pyrodash or P.PyroDashOptions()
+        if _context_counted(app.state.engine):  # (mode collab: the kwargs carry the Turn it built, rendered once)
+            kwargs = await V.check_context(app, prompt, kwargs, opts.mode)
         else:  # models behind HTTP: nothing to count here, and no thread round trip per request
             kwargs = {k: v for k, v in kwargs.items() if not k.startswith("_")}
+        turn = kwargs.get("turn")
         route = "/v1/chat/completions" if kind == "chat" else "/v1/completions"
-        opts = req.pyrodash or P.PyroDashOptions()
         engine = app.state.engine
         rid = uuid.uuid4().hex[:16]
         answered_by = opts.mode
@@ -366,7 +389,7 @@ def _install_routes(app: FastAPI) -> None:
             prices = getattr(engine, "prices", None)
             if prices is None:
                 return P.PyroDashInfo.from_done(done, opts.mode, answered_by=answered_by, request_id=rid)
-            llm_only = modes.llm_only_prompt(engine, prompt) if opts.mode != "llm" else None
+            llm_only = _llm_only_prompt(engine, prompt, turn) if opts.mode != "llm" else None
             return P.PyroDashInfo.from_done(done, opts.mode, modes.cost_by_component(done.usage, prices),
                                             modes.llm_only_estimate(done, prices, llm_only, opts.mode),
                                             answered_by=answered_by, request_id=rid)  # fmt: skip

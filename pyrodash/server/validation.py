@@ -24,7 +24,9 @@ Checks, in order:
 6. Client text is marked (`pyrodash.backends.literal`) so special-token strings (`<offload>`, `<|im_end|>` ...)
    stay plain characters for every backend.
 7. Context length: prompt tokens + the token budget must fit each in-process model's positions (400
-   `context_length_exceeded`); without an explicit `max_tokens` the default budget shrinks to what fits.
+   `context_length_exceeded`); without an explicit `max_tokens` the default budget shrinks to what fits. The sizes
+   are what the engine's own fitting measured (`Fitted`), and in mode "collab" the request's Turn built for the
+   check is the one the engine runs (`engine.stream(turn=)`): each prompt is rendered once per request.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.requests import ClientDisconnect
 
 from pyrodash.backends import literal
+from pyrodash.backends.base import GenRequest
 from pyrodash.conversation import ContextLengthError
 from pyrodash.prompts import OFFLOAD_TOKEN
 from pyrodash.server import errors as E
@@ -273,44 +276,81 @@ def engine_call(app: FastAPI, req: P._Sampling, kind: str) -> tuple[str, object,
     return model, question, {**kwargs, "_explicit_budget": explicit, "_param": param}
 
 
-def _context_need(engine, question, kwargs: dict) -> list[tuple[str, int, int]]:
-    """(side, prompt tokens, context window) for each in-process model that can count its prompt; where the prompt
-    surely fits with the whole budget, an upper bound on its tokens (its UTF-8 bytes) instead of a count."""
+def _context_need(engine, question, kwargs: dict, mode: str = "collab") -> tuple[list[tuple[str, int, int]], object]:
+    """(needs, turn). needs: (side, prompt tokens, context window) for each in-process model that can count its
+    prompt; where the prompt surely fits with the whole budget, an upper bound on its tokens (its UTF-8 bytes)
+    instead of a count. Each prompt is rendered (and, only when it may not fit, tokenized) once: the sizes are what
+    the engine's own fitting found (`Fitted`). turn: in mode "collab", the request's `Turn` as the engine runs it
+    (`engine.turn(question, **kwargs)`), for `engine.stream(turn=)`, so the engine does not render the SLM's prompt
+    again; None otherwise."""
     out = []
     sides = []
     slm, llm = getattr(engine, "slm", None), getattr(engine, "llm", None)
+    turn_of = getattr(engine, "turn", None)
     build_slm = getattr(engine, "slm_request", None)
-    build_llm = getattr(engine, "llm_request", None)
+    build_llm = getattr(engine, "llm_request_fitted", None)
     messages = getattr(engine, "messages", lambda q: q)(question)
     # each request as the engine builds it for this budget: a long conversation is trimmed first (oldest turns,
     # pyrodash.conversation), so only what is still too long after trimming is refused
     budget = kwargs.get("max_tokens") or 1
-    if build_slm is not None:
-        sides.append(("SLM", slm, lambda: build_slm(messages, max_tokens=budget)))
-    if build_llm is not None:
-        sides.append(("LLM", llm, lambda: build_llm(messages, "", budget, {})))
+    turn = None
+    if callable(turn_of) and mode == "collab":  # the SLM's request itself (its budget: min(per model, total))
+        turn = turn_of(question, **kwargs)
+        sides.append(("SLM", slm, lambda: (turn.req, turn.fit)))
+    elif callable(turn_of):  # a model answering alone: the collaborative requests bound its prompt, as before
+        sides.append(("SLM", slm, lambda: (lambda t: (t.req, t.fit))(turn_of(messages, max_tokens=budget))))
+    elif build_slm is not None:
+        sides.append(("SLM", slm, lambda: (build_slm(messages, max_tokens=budget), None)))
+    seen = turn.seen if turn is not None else None  # the prompts this request rendered (the LLM's is reused by
+    if build_llm is not None:  # the handoff when it is the same, and by the LLM-only estimate)
+        sides.append(("LLM", llm, lambda: build_llm(messages, "", budget, {}, seen)))
+    elif getattr(engine, "llm_request", None) is not None:
+        sides.append(("LLM", llm, lambda: (engine.llm_request(messages, "", budget, {}), None)))
     total = min(budget, kwargs.get("max_total_tokens") or budget)  # the most one model decodes
     for name, backend, build in sides:
         window = getattr(backend, "context_window", None)
         count = getattr(backend, "prompt_ids", None)
         if not callable(window) or not callable(count) or window() is None:
             continue
-        req, render = build(), getattr(backend, "render", None)
-        if callable(render):  # an in-process prompt never has more tokens than UTF-8 bytes: no tokenizing (the
-            n = len(render(req).encode())  # engine tokenizes the prompt once, when it runs) unless it may not fit
-            if n + total <= window():
-                out.append((name, n, window()))
-                continue
-        out.append((name, len(count(req)), window()))
-    return out
+        req, fit = build()
+        out.append((name, _prompt_size(backend, req, fit, total, window()), window()))
+        if seen is not None and fit is not None and fit.text is not None and all(f is not fit for f in seen):
+            seen.append(fit)
+    return out, turn
 
 
-async def check_context(app: FastAPI, question, kwargs: dict) -> dict:
+def _prompt_size(backend, req, fit, total: int, window: int) -> int:
+    """`req`'s prompt tokens against `window`, or its UTF-8 bytes when those fit with `total` (an in-process prompt
+    never has more tokens than bytes): from the engine's fitting (`fit`) when it measured this prompt, rendering or
+    tokenizing only what it did not."""
+    text = None
+    if fit is not None and fit.backend is backend and fit.prompt is not None:
+        if fit.counted:
+            return fit.prompt
+        if fit.prompt + total <= window:
+            return fit.prompt
+        if fit.text is not None and fit.messages is req.messages and fit.prefix == req.prefix:
+            text = fit.text
+    render = getattr(backend, "render", None)
+    if text is None and callable(render):
+        text = render(req)
+        if fit is not None and fit.backend is backend and fit.text is None:  # (the engine had no window to fit
+            fit.text, fit.messages, fit.prefix = text, req.messages, req.prefix  # to): it sends this text as is
+        if len(text.encode()) + total <= window:
+            return len(text.encode())
+    if text is not None:  # tokenized as the rendered raw prompt: the same ids, no second chat-template pass
+        return len(backend.prompt_ids(GenRequest(messages=[], prefix=text)))
+    return len(backend.prompt_ids(req))
+
+
+async def check_context(app: FastAPI, question, kwargs: dict, mode: str = "collab") -> dict:
     """The engine kwargs once the prompt is known to fit: 400 `context_length_exceeded` when prompt tokens + the
-    requested budget exceed a model's positions; an implicit (default) budget shrinks to fit instead."""
+    requested budget exceed a model's positions; an implicit (default) budget shrinks to fit instead. In mode
+    "collab" they carry `turn`: the request's Turn, built here for the check and run by the engine as it is
+    (`CollaborateEngine.stream(turn=)`), unless the budget shrank."""
     explicit, param = kwargs.pop("_explicit_budget"), kwargs.pop("_param")
     try:
-        needs = await asyncio.to_thread(_context_need, app.state.engine, question, kwargs)
+        needs, turn = await asyncio.to_thread(_context_need, app.state.engine, question, kwargs, mode)
     except ContextLengthError as e:  # the current message alone is too long, even with no history left
         raise P.APIError(400, f"This model's maximum context length is {e.window} tokens; {e}.", param="messages",
                          code="context_length_exceeded") from None
@@ -327,6 +367,6 @@ async def check_context(app: FastAPI, question, kwargs: dict) -> dict:
                              param="messages" if room < 1 else param, code="context_length_exceeded")  # fmt: skip
         if not explicit and total > room:
             total = room
-    if total != kwargs["max_total_tokens"]:
-        kwargs = {**kwargs, "max_total_tokens": total, "max_tokens": min(kwargs["max_tokens"], total)}
-    return kwargs
+    if total != kwargs["max_total_tokens"]:  # (the engine fits its request to the smaller budget itself)
+        return {**kwargs, "max_total_tokens": total, "max_tokens": min(kwargs["max_tokens"], total)}
+    return kwargs if turn is None else {**kwargs, "turn": turn}
