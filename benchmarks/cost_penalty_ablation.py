@@ -90,8 +90,8 @@ def main() -> int:
     if not (abl / "curated").exists():
         shutil.copytree(run / "curated", abl / "curated")
     shutil.copy(run / "cost_base.json", abl / "cost_base.json")
-    recipe = load_recipe(args.recipe, {"world": {"dir": world}, "stage3.cost_penalty": "direct"})
     with library_log(abl / "libraries.log"):
+        recipe = load_recipe(args.recipe, {"world": {"dir": world}, "stage3.cost_penalty": "direct"})
         for lam in lambdas:
             if not (stage_dir(abl, "stage3", lam) / "config.resolved.json").exists():
                 print(f"Stage 3, direct cost penalty, λ={lam:g}", flush=True)
