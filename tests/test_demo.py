@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 
 import pytest
 
@@ -17,12 +16,8 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def demo(tmp_path_factory):
-    out = tmp_path_factory.mktemp("demo")
-    t0 = time.perf_counter()
-    assert main(["demo", "--quick", "--out", str(out)]) == 0
-    print(f"quick demo wall time: {time.perf_counter() - t0:.0f}s")
-    return out
+def demo(quick_demo):
+    return quick_demo  # tests/conftest.py: one quick demo per session
 
 
 def _records(out, turns: bool = False, benchmark: str = "world:multiturn"):

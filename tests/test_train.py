@@ -266,22 +266,33 @@ def _changed(before: dict, after: dict) -> tuple[set, set]:
 
 
 @pytest.fixture(scope="module")
-def quick_run(tmp_path_factory):
+def quick_run(tmp_path_factory, quick_demo):
+    """Curation and Stages 1-2 of the quick recipe (the session's quick demo made them: tests/conftest.py), then
+    Stage 3 at λ 0.1 in process, a CLI sweep over λ 0.6 and a --resume of it."""
+    import shutil
+
+    import yaml
+
     from pyrodash.cli import main
-    from pyrodash.train.config import load_recipe
-    from pyrodash.train.curate import run_curation
-    from pyrodash.train.stage1 import run_stage1
-    from pyrodash.train.stage2 import run_stage2
+    from pyrodash.train.config import load_recipe, load_yaml
     from pyrodash.train.stage3 import run_stage3
     from pyrodash.world.build import build_world
 
     world = build_world(quick=True, seed=0, verbose=False)
-    recipe = load_recipe(ROOT / "configs" / "world" / "quick.yaml", {"world": {"dir": str(world)}})
     out = tmp_path_factory.mktemp("quick") / "run"
-    run = {"world": world, "out": out, "curated": run_curation(recipe, out), "stage1": run_stage1(recipe, out),
-           "stage2": run_stage2(recipe, out), "stage3": run_stage3(recipe, out, lam=0.1)}
+    for part in ("curated", "stage1", "stage2"):
+        shutil.copytree(quick_demo / part, out / part)
+    # the quick recipe with Stage 3 at 16 steps (these tests check the mechanics; the demo runs the whole recipe)
+    data = load_yaml((ROOT / "configs" / "world" / "quick.yaml").read_text())
+    data["world"] = {"dir": str(world)}
+    data["stage3"].update(max_steps=16, save_steps=8)
+    path = out.parent / "quick-16.yaml"
+    path.write_text(yaml.safe_dump(data))
+    recipe = load_recipe(path)
+    run = {"world": world, "out": out, "curated": out / "curated", "stage1": out / "stage1", "stage2": out / "stage2",
+           "stage3": run_stage3(recipe, out, lam=0.1)}
     # the CLI: a sweep over a second λ (reuses the cached Cost_base), then --resume from its last checkpoint
-    cli = ["--config", str(ROOT / "configs" / "world" / "quick.yaml"), "--output-dir", str(out)]
+    cli = ["--config", str(path), "--output-dir", str(out)]
     run["sweep_rc"] = main(["train", "stage3", "--lambdas", "0.6", *cli])
     run["sweep"] = json.loads((out / "stage3-sweep.json").read_text())
     run["resume_rc"] = main(["train", "stage3", "--lambda", "0.6", "--resume", *cli])
