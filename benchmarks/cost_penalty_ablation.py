@@ -31,6 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 from pyrodash.commands.demo import library_log  # noqa: E402
 from pyrodash.evaluate import EvalConfig, evaluate  # noqa: E402
+from pyrodash.method_names import lambda_points, parse_method  # noqa: E402
 from pyrodash.report import all_metrics, load_run, per_turn_by_benchmark, run_prices, single_turn  # noqa: E402
 from pyrodash.train.config import load_recipe  # noqa: E402
 from pyrodash.train.paths import stage_dir  # noqa: E402
@@ -43,13 +44,10 @@ def points(run: Path) -> dict[str, dict]:
     prices = run_prices(run)
     ms = all_metrics(single_turn(runs), prices)
     pt = per_turn_by_benchmark(runs, prices).get("world:multiturn-self", {})
-    out = {}
-    for name, m in ms.items():
-        if name.startswith("pyrodash@") and "+" not in name:
-            out[name] = {"lambda": float(name.split("@")[1]), "accuracy": m.accuracy, "llm_calls": m.llm_calls,
-                         "cost": m.cost_normalized,
-                         "turns_self": {str(t): v["accuracy"] for t, v in (pt.get(name) or {}).items()}}
-    return out
+    return {name: {"lambda": parse_method(name)[1], "accuracy": ms[name].accuracy, "llm_calls": ms[name].llm_calls,
+                   "cost": ms[name].cost_normalized,
+                   "turns_self": {str(t): v["accuracy"] for t, v in (pt.get(name) or {}).items()}}
+            for name in lambda_points(ms)}
 
 
 def interpolate(direct: list[dict], calls: float) -> float | None:

@@ -43,6 +43,16 @@ def sweep_kind(name: str) -> str | None:
     return None if name in BASE_ORDER else _match(name).group(3)
 
 
+def is_lambda_point(name: str) -> bool:
+    """Whether `name` is a trained policy at its own operating point, `pyrodash@<λ>` (no bias/share sweep)."""
+    return name not in BASE_ORDER and parse_method(name)[0] == "pyrodash" and sweep_kind(name) is None
+
+
+def lambda_points(names) -> list[str]:
+    """The `pyrodash@<λ>` names among `names`, by λ."""
+    return sorted((n for n in names if is_lambda_point(n)), key=lambda n: parse_method(n)[1])
+
+
 def sort_key(name: str) -> tuple:
     """The report's order: families as in FAMILY_ORDER, then by knob, then by sweep value."""
     fam, knob, value = parse_method(name)

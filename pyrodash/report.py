@@ -25,7 +25,7 @@ from pathlib import Path
 
 from pyrodash.cost import PRICES_DIR, Prices, Usage, llm_token_ratio, total_usage
 from pyrodash.data.benchmarks import own_history_benchmark
-from pyrodash.method_names import parse_method, sort_key
+from pyrodash.method_names import lambda_points, parse_method, sort_key
 from pyrodash.record import read_record, usage_of
 from pyrodash.report_plots import pareto_png
 
@@ -563,8 +563,7 @@ def render(run_dir: str | Path, prices: Prices | None = None) -> tuple[str, dict
     own = run_prices(run_dir)
     prices = prices or own
     ms = all_metrics(runs, prices)
-    lam_names = sorted((n for n in ms if parse_method(n)[0] == "pyrodash" and parse_method(n)[2] is None),
-                       key=lambda n: parse_method(n)[1])
+    lam_names = lambda_points(ms)
     out = [f"# PyroDash evaluation report: `{Path(run_dir).name}`", "",
            f"Prices (USD per million tokens): {prices.to_dict()}. Every number below is recomputed from "
            f"`records/*.jsonl`.", ""]

@@ -14,15 +14,12 @@ SLM alone, every PyroDash λ, the oracle single handoff and the LLM. Then the ch
 from __future__ import annotations
 
 import json
-import re
 import sys
 from pathlib import Path
 
+from pyrodash.method_names import lambda_points
+
 SHOWN = ("slm", "oracle", "llm")
-
-
-def learned(names) -> list[str]:
-    return sorted((n for n in names if re.fullmatch(r"pyrodash@[0-9.]+", n)), key=lambda n: float(n.split("@")[1]))
 
 
 def meets(pt: dict, name: str, turn: str) -> bool:
@@ -40,7 +37,7 @@ def main(runs: list[str]) -> int:
             pt = by.get(bench)
             if not pt:
                 continue
-            names = [n for n in ("slm", *learned(pt), "oracle", "llm") if n in pt]
+            names = [n for n in ("slm", *lambda_points(pt), "oracle", "llm") if n in pt]
             print(f"\n{label} ({bench}): accuracy at cost / LLM-only, per turn\n")
             print("| method | turn 1 | turn 2 | turn 3 |\n| --- | --- | --- | --- |")
             for n in names:
@@ -48,16 +45,16 @@ def main(runs: list[str]) -> int:
                          for t in ("1", "2", "3")]
                 print(f"| {n} | " + " | ".join(cells) + " |")
         gold, own = by["world:multiturn"], by.get("world:multiturn-self", {})
-        ok = [n for n in learned(gold) if meets(gold, n, "2") and meets(gold, n, "3")]
+        ok = [n for n in lambda_points(gold) if meets(gold, n, "2") and meets(gold, n, "3")]
         print(f"\ncheck, gold history turns 2 and 3 (>= SLM, oracle -5 points at <= its cost + 0.10): {ok or 'none'}")
         for n in ok:
             if own:
                 a, llm = own[n]["3"]["accuracy"], own["llm"]["3"]["accuracy"]
                 print(f"check, own history turn 3: {n} {100 * a:.1f}% vs LLM {100 * llm:.1f}% -> "
                       f"{a / llm:.2f} of it ({'>=' if a >= 0.9 * llm else '<'} 0.90)")
-        single = [(n, m) for n, m in summary["methods"].items() if re.fullmatch(r"pyrodash@[0-9.]+", n)]
-        best = [(n, m["accuracy"], m["cost_normalized"]) for n, m in single
-                if m["accuracy"] >= 0.98 and m["cost_normalized"] <= 0.56]
+        single = summary["methods"]
+        best = [(n, single[n]["accuracy"], single[n]["cost_normalized"]) for n in lambda_points(single)
+                if single[n]["accuracy"] >= 0.98 and single[n]["cost_normalized"] <= 0.56]
         print(f"check, single questions >= 98% at <= 0.56: {best or 'none'}\n")
     return 0
 

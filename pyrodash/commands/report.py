@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 
 from pyrodash.cost import Prices
+from pyrodash.method_names import is_lambda_point
 from pyrodash.report import write_report
 
 
@@ -61,7 +62,7 @@ def print_turns(run_dir: str | Path, console, methods: tuple[str, ...] = ("slm",
     if by_bench is None and summary.get("per_turn"):  # a summary written before own-history benchmarks
         by_bench = {"conversations": summary["per_turn"]}
     for bench, per_turn in (by_bench or {}).items():
-        names = [n for n in per_turn if n in methods or (n.startswith("pyrodash@") and "+" not in n)]
+        names = [n for n in per_turn if n in methods or is_lambda_point(n)]
         if not names:
             continue
         own = bench.endswith("-self")
