@@ -91,6 +91,4 @@ def turn_messages(prompts: Prompts, ex: Example) -> list[dict]:
 
 def row_messages(prompts: Prompts, row: dict) -> list[dict]:
     """`turn_messages` of a curated or held-out row (an `Example.to_dict`, single question or conversation turn)."""
-    return turn_messages(prompts, Example(id=str(row.get("id", "")), benchmark=str(row.get("benchmark", "")),
-                                          question=row["question"], gold=str(row.get("gold", "")),
-                                          meta=row.get("meta") or {}))
+    return turn_messages(prompts, Example.from_dict(row))

@@ -204,8 +204,7 @@ def run_stage3(recipe, out_dir: str | Path, lam: float | None = None, stage2: st
 
     # `prompt`: the engine's SLM chat (P_s + history + question); `chat`: a turn's chat for the engine (JSON), ""
     # for a single question
-    ds = datasets.Dataset.from_list([{"prompt": slm_chat(prompts, c if isinstance(c, list) else
-                                                          prompts.plain_messages(c)),
+    ds = datasets.Dataset.from_list([{"prompt": slm_chat(prompts, turn_messages(prompts, ex)),
                                       "question": ex.question, "gold": ex.gold,
                                       "chat": json.dumps(c) if isinstance(c, list) else ""}
                                      for ex, c in zip(examples, chats, strict=True)])

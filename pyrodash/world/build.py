@@ -123,6 +123,11 @@ def first_hard_distribution(examples: list[Example]) -> dict:
             "min": round(fr[0], 4), "max": round(fr[-1], 4), "histogram_tenths": hist}
 
 
+def has_models(world_dir: Path) -> bool:
+    """Whether both pretrained models are saved under `world_dir`."""
+    return all((world_dir / m / "config.json").is_file() for m in ("slm", "llm"))
+
+
 def find_models(cfg: WorldConfig, seed: int, exclude: Path | None = None) -> Path | None:
     """A built world in the cache (`$PYRODASH_CACHE/worlds/`) whose models are the ones `cfg` and `seed` would train:
     same seed, build recipe and models hash (`WorldConfig.models_hash`); None when there is none."""
@@ -138,7 +143,7 @@ def find_models(cfg: WorldConfig, seed: int, exclude: Path | None = None) -> Pat
                     and WorldConfig.from_dict(info["config"]).models_hash() == cfg.models_hash())
         except (FileNotFoundError, OSError, ValueError, KeyError, TypeError):
             continue  # not a world, or one written by another version
-        if same and all((d / m / "config.json").is_file() for m in ("slm", "llm")):
+        if same and has_models(d):
             return d
     return None
 
@@ -148,8 +153,7 @@ def is_built(world_dir: Path, cfg: WorldConfig, seed: int) -> bool:
         info = read_world_info(world_dir)
     except (FileNotFoundError, json.JSONDecodeError):
         return False
-    return (info.get("config_hash") == cfg.config_hash() and info.get("seed") == seed
-            and all((world_dir / m / "config.json").is_file() for m in ("slm", "llm")))
+    return info.get("config_hash") == cfg.config_hash() and info.get("seed") == seed and has_models(world_dir)
 
 
 def build_world(out_dir: str | Path | None = None, quick: bool = False, seed: int = 0, force: bool = False,
