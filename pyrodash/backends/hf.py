@@ -33,6 +33,7 @@ import torch
 
 from pyrodash.backends import literal
 from pyrodash.backends.base import GenChunk, GenRequest, GenResult, public_name
+from pyrodash.backends.kv_cache import growing_cache
 
 _END = object()
 _BIG = 1e9  # +-inf biases are clamped to this, so sampling stays finite
@@ -120,6 +121,7 @@ class HFBackend:
         self._lock = threading.Lock()
         self._threads: set[threading.Thread] = set()  # decode threads that may still be running
         self._keep_arg = "logits_to_keep" in inspect.signature(model.forward).parameters
+        self._pieces: dict[int, str] = {}  # token id -> its text alone (top-k logprobs)
 
     # ---- prompts -------------------------------------------------------------------------------------------
     def token_id(self, token: str) -> int | None:
@@ -167,7 +169,10 @@ class HFBackend:
     def _top(self, vals: list[float], ids: list[int]) -> dict[str, float]:
         out: dict[str, float] = {}
         for v, i in zip(vals, ids):
-            out.setdefault(self.tokenizer.decode([i], skip_special_tokens=False), v)
+            piece = self._pieces.get(i)
+            if piece is None:  # each id decoded once per backend, not once per step and request
+                piece = self._pieces[i] = self.tokenizer.decode([i], skip_special_tokens=False)
+            out.setdefault(piece, v)
         return out
 
     def _forward(self, ids, mask, pos, cache) -> torch.Tensor:
@@ -187,9 +192,9 @@ class HFBackend:
     ) -> list[_Seq]:
         """Decode all sequences together (left padding). Per step: logit_bias added, greedy rows take the argmax,
         sampled rows the Gumbel-max of their temperature/top-p distribution with their own seeded generator (so a
-        request samples the same tokens alone or in any batch); top-k logprobs are of the raw distribution."""
-        from transformers import DynamicCache
-
+        request samples the same tokens alone or in any batch); top-k logprobs are of the raw distribution. A
+        sequence that has finished leaves the batch (its rows of the KV cache too), so a long answer does not carry
+        the finished short ones to its end; the cache grows in place (`kv_cache.growing_cache`)."""
         dev, bsz, width = self.device, len(prompts), max(len(p) for p in prompts)
         ids = torch.full((bsz, width), self.pad_id, dtype=torch.long)
         mask = torch.zeros((bsz, width), dtype=torch.long)
@@ -209,13 +214,12 @@ class HFBackend:
                 g = torch.Generator(device=dev)
                 g.manual_seed(r.seed if r.seed is not None else int(torch.randint(0, 2**62, (1,))))
             gens.append(g)
-        sampled = [i for i, g in enumerate(gens) if g is not None]
         temps = torch.tensor([r.temperature if r.temperature > _GREEDY_BELOW else 1.0 for r in reqs], device=dev)[
             :, None
         ]
         top_ps = torch.tensor([r.top_p for r in reqs], device=dev)[:, None]
         k_max = max(r.top_logprobs for r in reqs)
-        cache = DynamicCache(config=self.model.config)
+        cache = growing_cache(self.model.config)
         logits = self._forward(ids, mask, pos, cache)
         bias = None
         if any(r.logit_bias for r in reqs):
@@ -223,11 +227,20 @@ class HFBackend:
             for i, r in enumerate(reqs):
                 for t, v in r.logit_bias.items():
                     bias[i, t] = max(-_BIG, min(_BIG, v))
+        active = list(range(bsz))  # the request index of each row of the batch tensors
         while not all(s.done for s in seqs) and not (cancel is not None and cancel.is_set()):
+            keep = [j for j, i in enumerate(active) if not seqs[i].done]
+            if len(keep) < len(active):  # finished sequences leave the batch
+                rows = torch.tensor(keep, device=dev)
+                logits, mask, pos, temps, top_ps = (t[rows] for t in (logits, mask, pos, temps, top_ps))
+                bias = None if bias is None else bias[rows]
+                cache.batch_select_indices(rows)
+                active = [active[j] for j in keep]
             raw = logits
             if bias is not None:
                 logits = logits + bias
             pick = torch.argmax(logits, -1)
+            sampled = [j for j, i in enumerate(active) if gens[i] is not None]
             if sampled:
                 rows = torch.tensor(sampled, device=dev)
                 z = logits[rows] / temps[rows]
@@ -235,28 +248,26 @@ class HFBackend:
                     sp, si = torch.sort(torch.softmax(z, -1), descending=True)
                     cut = (torch.cumsum(sp, -1) - sp) > top_ps[rows]
                     z = z.masked_fill(torch.zeros_like(cut).scatter_(1, si, cut), float("-inf"))
-                u = torch.stack([torch.rand(z.shape[1], generator=gens[i], device=dev) for i in sampled])
+                u = torch.stack([torch.rand(z.shape[1], generator=gens[active[j]], device=dev) for j in sampled])
                 pick[rows] = torch.argmax(z - torch.log(-torch.log(u.clamp(1e-20, 1.0 - 1e-7))), -1)
             top_v = top_i = None
             if k_max > 0:
                 top_v, top_i = torch.topk(torch.log_softmax(raw, -1), k_max, dim=-1)
                 top_v, top_i = top_v.tolist(), top_i.tolist()
             nxt = pick.tolist()
-            for i, s in enumerate(seqs):
-                if s.done:
-                    nxt[i] = self.pad_id
-                    continue
+            for j, i in enumerate(active):
+                s = seqs[i]
                 lp = None
                 if s.req.top_logprobs > 0:
                     k = s.req.top_logprobs
-                    lp = self._top(top_v[i][:k], top_i[i][:k])
+                    lp = self._top(top_v[j][:k], top_i[j][:k])
                     s.logprobs.append(lp)
-                s.push(nxt[i])
+                s.push(nxt[j])
                 if emit is not None:
-                    emit(i, GenChunk(text=s.delta(), token_ids=[nxt[i]], top_logprobs=None if lp is None else [lp]))
+                    emit(i, GenChunk(text=s.delta(), token_ids=[nxt[j]], top_logprobs=None if lp is None else [lp]))
             if all(s.done for s in seqs):
                 break
-            mask = torch.cat([mask, mask.new_ones((bsz, 1))], dim=1)
+            mask = torch.cat([mask, mask.new_ones((len(active), 1))], dim=1)
             pos = pos[:, -1:] + 1
             inp = torch.tensor(nxt, dtype=torch.long, device=dev)[:, None]
             logits = self._forward(inp, mask, pos, cache)
