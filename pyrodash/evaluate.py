@@ -353,7 +353,10 @@ def evaluate(cfg: EvalConfig, methods: dict | None = None, examples: list[Exampl
     check_compatible(run_dir, cfg)
     (run_dir / "records").mkdir(parents=True, exist_ok=True)
     resolved = asdict(cfg) | {"prices": prices.to_dict(), "prices_sheet": cfg.prices}
-    (run_dir / "config.resolved.json").write_text(json.dumps(resolved, indent=2, default=str) + "\n")
+    # written whole or not at all: evaluations of other methods in the same run_dir may read it at the same time
+    tmp = run_dir / f"config.resolved.json.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps(resolved, indent=2, default=str) + "\n")
+    os.replace(tmp, run_dir / "config.resolved.json")
     if examples is None:
         examples = [ex for b in cfg.benchmarks for ex in load_examples(cfg, b, cfg.limit)]
     keys = [(b, str(ex.id), s) for ex in examples for b in [ex.benchmark] for s in range(cfg.samples.get(b, 1))]

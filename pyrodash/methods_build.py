@@ -31,7 +31,7 @@ class Backends:
         return self._cache[key]
 
 
-def _method_specs(methods: list) -> list[tuple[str, dict]]:
+def method_specs(methods: list) -> list[tuple[str, dict]]:
     out = []
     for m in methods:
         if isinstance(m, str):
@@ -62,7 +62,7 @@ def build_methods(cfg, env: Env, backends: Backends | None = None, load_examples
 
     lam_specs = {float(k): v for k, v in (models.get("pyrodash") or {}).items()}
     out: dict[str, Method] = {}
-    for kind, opt in _method_specs(cfg.methods):
+    for kind, opt in method_specs(cfg.methods):
         if kind in ("slm", "llm"):
             out[kind] = Solo(kind, model(kind), kind, env)
         elif kind == "slm+sft":

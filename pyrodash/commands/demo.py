@@ -1,13 +1,15 @@
 """`pyrodash demo [--quick] [--out DIR]`: the whole pipeline on the built-in world, end to end on a CPU.
 
-    pyrodash demo --quick            # ~5 minutes on 2 cores (2 with the world cached): λ in {0.6, 2, 4}
+    pyrodash demo --quick            # λ in {0.6, 2, 4}; README "Time" has the minutes on 2 cores
     pyrodash demo --out runs/demo    # the larger world, λ in {0.05, 0.6, 2, 4}
 
 Steps (each reused when its output is already in DIR, so an interrupted demo resumes): world build (cached) →
-EasyHard curation → Stage 1 → Stage 2 → Stage 3 per λ → evaluation of every method (SLM, SLM+SFT, LLM, RouteLLM-MF,
-GlimpRouter, PyroDash per λ and across offload_bias) on the five world test tiers and the multi-turn split
-(conversations whose follow-ups continue from the previous answer, reported per turn) → `DIR/report.md`,
-`DIR/pareto.png`, `DIR/summary.json`, `DIR/records/`. Prints where the report is and the headline table.
+EasyHard curation → Stage 1 → Stage 2 → Stage 3 per λ and the evaluation of every method (SLM, SLM+SFT, LLM,
+RouteLLM-MF, GlimpRouter, PyroDash per λ and across offload_bias) on the five world test tiers and the multi-turn
+splits (conversations, reported per turn) → `DIR/report.md`, `DIR/pareto.png`, `DIR/summary.json`, `DIR/records/`.
+Prints where the report is and the headline table. Stage 3 per λ and the evaluation's methods are independent steps:
+they run side by side in `--workers` processes on one thread each (`pyrodash.jobs`; their logs in `DIR/jobs/`), with
+the same results as one after the other.
 """
 
 from __future__ import annotations
@@ -16,10 +18,13 @@ import argparse
 import contextlib
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from pyrodash.commands.report import print_table2, print_turns
 from pyrodash.evaluate import EvalConfig, evaluate
+from pyrodash.jobs import Job, default_workers, run_jobs
+from pyrodash.methods_build import SWEEPS, method_specs
 from pyrodash.report import all_metrics, load_run, run_prices, single_turn, verdict_sentence, write_report
 from pyrodash.train.config import load_recipe
 from pyrodash.train.curate import run_curation
@@ -95,20 +100,52 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="world seed")
     p.add_argument("--lambdas", default=None, help="comma-separated λ values (default: the preset's)")
     p.add_argument("--world", default=None, help="a built world directory to use (default: build or reuse the cache)")
+    p.add_argument("--workers", type=int, default=None,
+                   help="processes for Stage 3 per λ and the evaluation, side by side on one thread each (default: "
+                        "the cores, at most 4; 1: one after the other on every thread)")
 
 
 def _done(path: Path) -> bool:
     return (path / "config.resolved.json").exists()
 
 
+def eval_jobs(cfg: EvalConfig, stage3_job: dict[float, str], pending: set[str]) -> list[Job]:
+    """`cfg`'s evaluation as steps that can run side by side, each writing its own methods' records: the models
+    alone and the oracle; the routers; per λ its PyroDash policy and the sweeps at that λ, after `stage3_job[λ]`
+    when that job is in `pending` (still to run)."""
+    lam_specs = {float(k): v for k, v in (cfg.models.get("pyrodash") or {}).items()}
+    base_models = {k: v for k, v in cfg.models.items() if k != "pyrodash"}
+    groups: dict[str, list] = {"models alone, oracle": [], "routers": []}
+    per_lam: dict[float, list] = {lam: [] for lam in lam_specs}
+    for entry, (kind, opt) in zip(cfg.methods, method_specs(cfg.methods)):
+        if kind == "pyrodash":
+            for lam in opt.get("lambdas", sorted(lam_specs)):
+                per_lam.setdefault(float(lam), []).append({"pyrodash": {**opt, "lambdas": [lam]}})
+        elif kind in SWEEPS:
+            per_lam.setdefault(float(opt.get("lambda", min(lam_specs) if lam_specs else 0)), []).append(entry)
+        else:
+            groups["routers" if kind in ("routellm", "glimprouter") else "models alone, oracle"].append(entry)
+    jobs = [Job(f"eval {label}", evaluate, (replace(cfg, methods=ms, models=base_models),), {"quiet": True})
+            for label, ms in groups.items() if ms]
+    for lam, ms in per_lam.items():
+        if ms:
+            models = base_models | {"pyrodash": {lam: lam_specs[lam]}} if lam in lam_specs else cfg.models
+            after = (stage3_job[lam],) if stage3_job.get(lam) in pending else ()
+            jobs.append(Job(f"eval pyrodash λ={lam:g}", evaluate, (replace(cfg, methods=ms, models=models),),
+                            {"quiet": True}, after=after))
+    return jobs
+
+
 def run_demo(out: str | Path, quick: bool = True, seed: int = 0, lambdas: list[float] | None = None,
-             console=None, world_dir: str | Path | None = None) -> Path:
-    """Build, curate, train and evaluate into `out`; returns the report path."""
+             console=None, world_dir: str | Path | None = None, workers: int | None = None) -> Path:
+    """Build, curate, train and evaluate into `out`; returns the report path. `workers`: processes for the steps
+    that run side by side (Stage 3 per λ, the evaluation's methods; default `pyrodash.jobs.default_workers()`)."""
     from rich.console import Console
 
     console = console or Console()
     preset = "quick" if quick else "full"
     lambdas = lambdas or LAMBDAS[preset]
+    workers = workers or default_workers()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     times: dict[str, float] = {}
@@ -132,15 +169,23 @@ def run_demo(out: str | Path, quick: bool = True, seed: int = 0, lambdas: list[f
     step("curation", lambda: run_curation(recipe, out), skip=_done(curated_dir(out)))
     step("stage1", lambda: run_stage1(recipe, out), skip=_done(stage_dir(out, "stage1")))
     step("stage2", lambda: run_stage2(recipe, out), skip=_done(stage_dir(out, "stage2")))
-    for lam in lambdas:
-        step(f"stage3 λ={lam:g}", lambda lam=lam: run_stage3(recipe, out, lam=lam),
-             skip=_done(stage_dir(out, "stage3", lam)))
     cfg = EvalConfig.from_yaml(
         ROOT / "configs" / "eval" / f"world-{preset}.yaml", run_dir=str(out), world_dir=str(world),
         benchmarks=[f"world:{s}" for s in TIER_SPLITS] + ["world:multiturn", "world:multiturn-self"],
         models={"slm": str(world / "slm"), "llm": str(world / "llm"), "sft": str(stage_dir(out, "stage2")),
                 "pyrodash": {lam: str(stage_dir(out, "stage3", lam)) for lam in lambdas}})
-    step("evaluation", lambda: evaluate(cfg))
+    # Stage 3 per λ and the evaluation's methods: independent steps, side by side on one thread each (pyrodash.jobs)
+    jobs = [Job(f"stage3 λ={lam:g}", run_stage3, (recipe, out), {"lam": lam}) for lam in lambdas
+            if not _done(stage_dir(out, "stage3", lam))]
+    for lam in lambdas:
+        if _done(stage_dir(out, "stage3", lam)):
+            console.print(f"[dim]stage3 λ={lam:g}: reused[/]")
+    jobs += eval_jobs(cfg, {lam: f"stage3 λ={lam:g}" for lam in lambdas}, {j.name for j in jobs})
+    console.rule(f"[bold]stage3 and evaluation[/] ({len(jobs)} steps, {min(workers, len(jobs))} side by side)")
+    t0 = time.perf_counter()
+    times.update(run_jobs(jobs, workers, out / "jobs", console=console))
+    evaluate(cfg, quiet=True)  # every record is there: writes the run's whole eval config (config.resolved.json)
+    times["stage3 + evaluation (wall)"] = round(time.perf_counter() - t0, 1)
     path = step("report", lambda: write_report(out))
     (out / "demo_times.json").write_text(json.dumps(times, indent=2) + "\n")
     return path
@@ -152,11 +197,13 @@ def run(args: argparse.Namespace) -> int:
     console = Console()
     out = Path(args.out or ("runs/demo-quick" if args.quick else "runs/demo"))
     lambdas = [float(x) for x in args.lambdas.split(",")] if args.lambdas else None
+    if args.workers is not None and args.workers < 1:
+        raise ValueError(f"--workers {args.workers}: give 1 or more processes (1 runs the steps one after the other)")
     t0 = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
     with library_log(out / LOG_NAME):
         path = run_demo(out, quick=args.quick, seed=args.seed, lambdas=lambdas, console=console,
-                        world_dir=args.world)
+                        world_dir=args.world, workers=args.workers)
     print_table2(out, console)
     print_turns(out, console)
 

@@ -1,0 +1,92 @@
+"""Steps side by side (pyrodash.jobs): order after what a step needs, one log per step, failures named; and the
+demo's split of the evaluation into such steps."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from pyrodash.commands.demo import ROOT, eval_jobs
+from pyrodash.evaluate import EvalConfig
+from pyrodash.jobs import Job, log_name, run_jobs
+
+
+def note(path: str, text: str, wait: float = 0.0) -> None:
+    """A step: print, wait, then append `text` to `path`."""
+    print(f"step {text} running")
+    time.sleep(wait)
+    with open(path, "a") as f:
+        f.write(text)
+
+
+def fail(message: str) -> None:
+    print("about to fail")
+    raise ValueError(message)
+
+
+def torch_threads(path: str) -> None:
+    import torch
+
+    Path(path).write_text(str(torch.get_num_threads()))
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_steps_run_after_what_they_need_with_a_log_each(tmp_path, workers):
+    order = tmp_path / "order.txt"
+    jobs = [Job("b needs a", note, (str(order), "b")), Job("a", note, (str(order), "a", 0.5)),
+            Job("c", note, (str(order), "c"))]
+    jobs[0].after = ("a",)
+    seconds = run_jobs(jobs, workers, tmp_path / "logs")
+    text = order.read_text()
+    assert sorted(text) == ["a", "b", "c"] and text.index("a") < text.index("b")
+    assert set(seconds) == {"b needs a", "a", "c"} and seconds["a"] >= 0.5
+    if workers == 2:  # each step printed into its own log, not onto the console
+        assert "step a running" in (tmp_path / "logs" / log_name("a")).read_text()
+        assert (tmp_path / "logs" / "b_needs_a.log").exists()
+
+
+def test_a_worker_has_one_torch_thread(tmp_path):
+    run_jobs([Job("t", torch_threads, (str(tmp_path / "n"),)), Job("u", note, (str(tmp_path / "x"), "u"))], 2,
+             tmp_path / "logs")
+    assert (tmp_path / "n").read_text() == "1"
+
+
+def test_a_failed_step_is_named_with_its_log_and_what_needs_it_never_runs(tmp_path):
+    done = tmp_path / "done.txt"
+    jobs = [Job("breaks", fail, ("boom",)), Job("slow", note, (str(done), "slow", 1.0)),
+            Job("needs it", note, (str(done), "never"), after=("breaks",))]
+    with pytest.raises(RuntimeError, match=r"breaks: ValueError: boom \(log: .*breaks\.log\)"):
+        run_jobs(jobs, 2, tmp_path / "logs")
+    assert done.read_text() == "slow"  # the step already running finished; the one that needed the failed never ran
+    assert "about to fail" in (tmp_path / "logs" / "breaks.log").read_text()
+
+
+@pytest.mark.parametrize("after, match", [(("nobody",), "unknown jobs"), (("y",), "wait for each other")])
+def test_impossible_orders_are_refused_before_anything_runs(tmp_path, after, match):
+    jobs = [Job("x", note, (str(tmp_path / "o"), "x"), after=after), Job("y", note, (str(tmp_path / "o"), "y"),
+                                                                         after=("x",))]
+    with pytest.raises(ValueError, match=match):
+        run_jobs(jobs, 2, tmp_path / "logs")
+    assert not (tmp_path / "o").exists()
+
+
+def test_the_demo_evaluation_splits_into_steps_that_cover_every_method_once():
+    lams = [0.6, 2.0, 4.0]
+    cfg = EvalConfig.from_yaml(ROOT / "configs" / "eval" / "world-quick.yaml", run_dir="r",
+                               models={"slm": "s", "llm": "l", "sft": "f",
+                                       "pyrodash": {lam: f"p{lam}" for lam in lams}})
+    stage3 = {lam: f"stage3 λ={lam:g}" for lam in lams}
+    jobs = eval_jobs(cfg, stage3, pending={"stage3 λ=2"})
+    by = {j.name: j for j in jobs}
+    assert set(by) == {"eval models alone, oracle", "eval routers", "eval pyrodash λ=0.6", "eval pyrodash λ=2",
+                       "eval pyrodash λ=4"}
+    assert by["eval pyrodash λ=2"].after == ("stage3 λ=2",) and by["eval pyrodash λ=0.6"].after == ()
+    parts = {n: j.args[0] for n, j in by.items()}
+    assert parts["eval models alone, oracle"].methods == ["slm", "slm+sft", "llm", "oracle"]
+    assert [next(iter(m)) for m in parts["eval routers"].methods] == ["routellm", "glimprouter"]
+    assert parts["eval pyrodash λ=2"].methods == [{"pyrodash": {"lambdas": [2.0]}}] + cfg.methods[-2:]  # the sweeps
+    assert parts["eval pyrodash λ=4"].models == {"slm": "s", "llm": "l", "sft": "f", "pyrodash": {4.0: "p4.0"}}
+    assert "pyrodash" not in parts["eval routers"].models  # a step never needs a checkpoint not yet trained
+    assert all(p.run_dir == "r" and p.benchmarks == cfg.benchmarks for p in parts.values())
