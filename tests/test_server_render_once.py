@@ -1,5 +1,5 @@
-"""Issue 28.1: each prompt is rendered (chat template) at most once per request, and tokenized at most once unless
-the conversation had to be trimmed to fit.
+"""Issue 28.1: each prompt is rendered (chat template) at most once per request, and tokenized at most once, also
+when the conversation had to be trimmed to a model's context window.
 
 Drift bug: with in-process models the server rendered the SLM's chat template three times per request (the context
 check's request, the check's own `render`, the engine's fitting of the same request) and once more in the backend,
@@ -7,20 +7,29 @@ and the LLM's check prompt twice. Now the server builds the request's Turn once 
 size from what the engine's fitting measured (`Fitted`), and hands the Turn to `engine.stream(turn=)`; the backend
 gets the rendered prompt (`Fitted.wire`).
 
-Both models run in process (HFBackend), so each side's renders and tokenizations are counted where they happen.
+Second drift bug: a prompt that had to be counted to fit its window (trimmed, or fitting by its tokens only) was
+tokenized by the fitting and again by the model (2 tokenizations of the kept prompt), and the LLM's handoff request,
+fitted once by the context check and once by the engine, was rendered twice and tokenized three times. Now the
+fitting keeps the ids it counted (`Fitted.tokenized`), the model runs on them (`GenRequest.tokenized`), and a request
+fitted twice in one turn shares its candidates (`Fitted.candidates`): 1 render and 1 tokenization per prompt.
+
+Both models run in process (HFBackend), so each side's renders and tokenizations are counted where they happen
+(except in the test of the SLM answering alone beside an LLM endpoint).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections import Counter
 from contextlib import contextmanager
 
 import httpx
 import pytest
-from test_server import AUTH, UvicornThread, make_engine, serve_config, tiny_llm, tiny_slm
+from test_server import AUTH, UvicornThread, llm_server, make_engine, remote, serve_config, tiny_llm, tiny_slm
 
 from pyrodash import conversation as conv
+from pyrodash.backends.base import GenRequest, Tokenized
 from pyrodash.server.app import build_app
 
 Q = [{"role": "user", "content": "3+4="}]
@@ -73,10 +82,10 @@ class Counts:
 
 
 @contextmanager
-def served(models, context: dict | None = None, **config):
-    slm, llm = models
+def served(models, context: dict | None = None, llm=None, **config):
+    slm, own_llm = models
     cfg = serve_config(**config)
-    engine = make_engine(slm, llm, cfg)
+    engine = make_engine(slm, own_llm if llm is None else llm, cfg)
     if context is None:  # no window to fit to: the server's check alone measures the prompt
         engine.context = conv.ContextLimits()
     elif context:
@@ -85,8 +94,10 @@ def served(models, context: dict | None = None, **config):
         yield srv, engine
 
 
-def chat(srv, messages, model: str, max_tokens: int | None = 8, stream: bool = False) -> dict:
+def chat(srv, messages, model: str, max_tokens: int | None = 8, stream: bool = False, mode: str | None = None) -> dict:
     body = {"model": model, "messages": messages, "stream": stream}
+    if mode is not None:
+        body["pyrodash"] = {"mode": mode}
     if stream:
         body["stream_options"] = {"include_usage": True}
     if max_tokens is not None:
@@ -127,22 +138,124 @@ def test_each_prompt_is_rendered_and_tokenized_once_per_request(models, context,
             )
 
 
-def test_a_trimmed_conversation_renders_each_candidate_once(models):
-    """A window so small that the history must go: every candidate message list is rendered once; the one kept is
-    tokenized by the fitting and once more by the model (that is what measuring its exact length costs)."""
+def _windows(models) -> dict[str, dict[str, int]]:
+    """Context windows for CHAT with 8 tokens to decode: "trimmed" (the whole conversation does not fit, the last
+    question does), "counted" (the prompt fits by its tokens, not by its UTF-8 bytes: counted, nothing dropped)."""
     slm, llm = models
     probe = make_engine(slm, llm, serve_config())
-    t = probe.turn(CHAT, max_tokens=8, max_total_tokens=8)
-    n_all = len(slm.prompt_ids(t.req))
-    small = n_all + 8 - 1  # the whole conversation does not fit with 8 tokens to decode; the last question does
+    probe.context = conv.ContextLimits()
+    n_slm = len(slm.prompt_ids(probe.turn(CHAT, max_tokens=8).req))
+    n_llm = len(llm.prompt_ids(probe.llm_request(CHAT, "", 8, {})))
+    return {"trimmed": {"slm": n_slm + 8 - 1, "llm": n_llm}, "counted": {"slm": n_slm + 8, "llm": n_llm + 8}}
+
+
+def _fresh_count(backend, req: GenRequest) -> int:
+    """`req`'s prompt tokens, rendered and tokenized from scratch (no ids handed over)."""
+    return len(backend.prompt_ids(dataclasses.replace(req)))  # (a copy carries no ids)
+
+
+@pytest.mark.parametrize("fit", ["trimmed", "counted"])
+@pytest.mark.parametrize("side", ["slm", "llm", "both"])
+def test_a_fitted_prompt_is_rendered_and_tokenized_once(models, side, fit):
+    """A window that the prompt fits only by its token count (or not at all with its history): each candidate message
+    list is rendered once and tokenized once; the model runs on the ids the fitting counted (`Fitted.tokenized`, sent
+    in `GenRequest.tokenized`), so the prompt it keeps is not tokenized a second time. Before: the kept SLM prompt
+    tokenized 2 times; the LLM's handoff prompt rendered 2 times (trimmed) and tokenized 3 times."""
+    slm, llm = models
+    w = _windows(models)[fit]
+    window = {s: w[s] if side in (s, "both") else 100_000 for s in ("slm", "llm")}
+    probe = make_engine(slm, llm, serve_config())
+    probe.context = conv.ContextLimits(**window)
+    slm_req = probe.turn(CHAT, max_tokens=8, max_total_tokens=8).req  # the SLM's request as fitted (collab)
+    slm_in = _fresh_count(slm, slm_req)
     counts = Counts({"slm": slm, "llm": llm})
-    with served(models, {"slm": small, "llm": 100_000}) as (srv, _engine), counts.counting():
-        for model in ("always-offload", "pyrodash"):
+    with served(models, window) as (srv, _engine), counts.counting():
+        for model, stream in [("always-offload", False), ("always-offload", True), ("pyrodash", False),
+                              ("slm-only", False)]:
             counts.clear()
-            p = chat(srv, CHAT, model, 8)
-            assert p.get("trimmed", {}).get("slm", 0) >= 2, p
-            assert counts.most("renders") == {"slm": 1, "llm": 1 if counts.renders["llm"] else 0}, counts.renders
-            assert counts.most("encodes")["slm"] <= 2
+            p = chat(srv, CHAT, model, 8, stream)
+            trimmed = p.get("trimmed", {})
+            assert bool(trimmed.get("slm")) == (fit == "trimmed" and side in ("slm", "both")), (model, p)
+            if p["handoff"] is not None:
+                assert bool(trimmed.get("llm")) == (fit == "trimmed" and side in ("llm", "both")), (model, p)
+            assert counts.most("renders") == {"slm": 1, "llm": 1 if counts.renders["llm"] else 0}, (
+                model, counts.renders)
+            assert counts.most("encodes") == {"slm": 1, "llm": 1 if counts.encodes["llm"] else 0}, (
+                model,
+                {k: {t[-60:]: n for t, n in v.items() if n > 1} for k, v in counts.encodes.items()},
+            )
+            assert p["slm_in"] == slm_in, "the SLM ran on the ids of its fitted prompt"
+            if model == "always-offload":
+                assert p["handoff"] is not None and counts.encodes["llm"], "the LLM ran"
+
+
+def test_a_batch_runs_on_the_ids_its_fitting_counted(models):
+    """`abatch` (evaluation): a trimmed SLM prompt is tokenized once, by the fitting; `generate_batch` decodes from
+    those ids, and they are the ids of the text it was given."""
+    slm, llm = models
+    engine = make_engine(slm, llm, serve_config())
+    engine.context = conv.ContextLimits(slm=_fresh_count(slm, GenRequest(messages=CHAT)) + 8 - 1, llm=100_000)
+    t = engine.turn(CHAT, mode="slm", max_tokens=8)
+    wire = t.fit.wire(t.req)
+    assert t.trimmed["slm"] >= 2 and wire.messages == [] and wire.tokenized is not None
+    assert list(wire.tokenized.ids) == slm.prompt_ids(GenRequest(messages=[], prefix=wire.prefix))
+    assert list(wire.tokenized.ids) == slm.prompt_ids(GenRequest(messages=t.req.messages))
+    plain = dataclasses.replace(wire)
+    assert plain.tokenized is None and plain == wire, "the ids are a cache: no part of the request's identity"
+    assert "tokenized" not in dataclasses.asdict(wire), "journal keys (asdict of a request) are unchanged"
+    counts = Counts({"slm": slm, "llm": llm})
+    with counts.counting():
+        (done,) = engine.batch([CHAT], mode="slm", options=[{"max_tokens": 8}])
+    assert done.trimmed["slm"] >= 2 and done.usage.slm_in == len(wire.tokenized.ids)
+    assert counts.most("renders")["slm"] == 1 and counts.most("encodes")["slm"] == 1, counts.encodes
+
+
+def test_counted_ids_go_only_with_their_text_and_model(models):
+    """`GenRequest.tokenized` is used only by the backend that counted it and only for the very text it is of: a copy
+    of the request (a mesh continuing a broken stream with a longer prefix) carries none, and a request with another
+    prefix or messages, or sent to another model, is tokenized anew."""
+    slm, llm = models
+    text = slm.render(GenRequest(messages=CHAT))
+    wire = GenRequest(messages=[], prefix=text)
+    wire.tokenized = Tokenized(text, (7, 8, 9), slm)
+    assert slm.prompt_ids(wire) == [7, 8, 9]  # (taken as given: they are what this model counted for this text)
+    assert slm.generate_batch([wire])[0].prompt_ids == [7, 8, 9]
+    assert dataclasses.replace(wire, prefix=text + "4").tokenized is None  # (a copy carries none)
+    for changed in (GenRequest(messages=[], prefix=text + "4"), GenRequest(messages=Q, prefix=text)):
+        fresh = slm.prompt_ids(changed)
+        changed.tokenized = wire.tokenized  # (even handed over by hand: not the text they are of)
+        assert slm.prompt_ids(changed) == fresh != [7, 8, 9]
+    assert llm.prompt_ids(wire) == llm.prompt_ids(GenRequest(messages=[], prefix=text)) != [7, 8, 9]
+    wire.prefix += "4"  # (changed in place)
+    assert slm.prompt_ids(wire) == slm.prompt_ids(GenRequest(messages=[], prefix=text + "4"))
+
+
+@pytest.mark.parametrize("window", ["model window", "trimmed"])
+def test_the_slm_alone_beside_an_llm_endpoint(models, window):
+    """Mode "slm" with an LLM behind HTTP: the LLM-only estimate counts the conversation with the SLM's tokenizer,
+    which is the SLM's own prompt in this mode. Untrimmed, the SLM's billed input is that count: 1 render and 1
+    tokenization (before: 2 and 2, `modes.llm_only_prompt` rendered and tokenized it again). Trimmed, the estimate
+    counts the whole conversation while the SLM ran on its tail: the whole one is rendered and tokenized again for
+    the estimate (its count from the engine's fitting stays in the engine's Turn, which the server does not see in
+    the solo modes)."""
+    slm, llm = models
+    solo = GenRequest(messages=CHAT)  # the SLM's prompt in mode "slm", and the LLM-only request
+    n_solo = _fresh_count(slm, solo)
+    ctx = {} if window == "model window" else {"slm": n_solo + 8 - 1, "llm": 100_000}
+    counts = Counts({"slm": slm})
+    with llm_server(llm) as lsrv, served(models, ctx, llm=remote(lsrv.url)) as (srv, _e), counts.counting():
+        for stream in (False, True):
+            counts.clear()
+            p = chat(srv, CHAT, "pyrodash", 8, stream, mode="slm")
+            est = p["llm_only_estimate"]
+            assert est["prompt_tokens"] == n_solo and "SLM's tokenizer" in est["method"], est
+            key = json.dumps(CHAT, sort_keys=True), ""
+            if window == "model window":
+                assert not p["trimmed"]["slm"] and p["slm_in"] == n_solo
+                assert counts.renders["slm"][key] == 1 and counts.most("encodes")["slm"] == 1, counts.encodes
+            else:
+                assert p["trimmed"]["slm"] >= 2 and p["slm_in"] < n_solo
+                assert counts.renders["slm"][key] == 2, "the fitting's render and the estimate's"
 
 
 def test_the_context_error_is_unchanged(models):

@@ -141,7 +141,12 @@ class HFBackend:
         return text + req.prefix
 
     def prompt_ids(self, req: GenRequest) -> list[int]:
-        """Token ids of the prompt; literal-marked spans are tokenized with special-token parsing off."""
+        """Token ids of the prompt; literal-marked spans are tokenized with special-token parsing off. A raw prompt
+        this backend tokenized already (`req.tokenized`, from fitting it to the context window) is not tokenized
+        again: those ids, when they are this backend's and of exactly this text."""
+        known = req.tokenized.ids_for(self, req) if req.tokenized is not None else None
+        if known:
+            return known
         ids: list[int] = []
         for text, is_literal in literal.split(self.render(req)):
             if is_literal:

@@ -57,7 +57,7 @@ from collections.abc import AsyncIterator, Awaitable
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from pyrodash import conversation as conv
-from pyrodash.backends.base import Backend, GenChunk, GenRequest, GenResult
+from pyrodash.backends.base import Backend, GenChunk, GenRequest, GenResult, Tokenized
 from pyrodash.cost import Prices, Usage
 from pyrodash.engine.requests import (
     BAN,
@@ -69,7 +69,7 @@ from pyrodash.engine.requests import (
     slm_chat,
     total_budget,
 )
-from pyrodash.engine.turn import MODES, Fitted, Turn
+from pyrodash.engine.turn import MODES, Candidate, Fitted, Turn
 from pyrodash.events import Done, Event, Handoff, LLMDelta, SLMDelta
 from pyrodash.prompts import OFFLOAD_TOKEN, Prompts, pack
 
@@ -200,44 +200,71 @@ class CollaborateEngine:
     def _fit(self, side: str, req: GenRequest, seen: list[Fitted] | None = None) -> Fitted:
         """Trim `req.messages` (in place) to `side`'s context window by the rule of pyrodash.conversation; returns
         what it found (`Fitted`: messages dropped, the prompt's size, and for an in-process model the rendered
-        prompt, so neither the server's context check nor the backend renders it again). `seen`: the prompts this
-        request rendered already (`Turn.seen`): one of them is not rendered again, and this one is added."""
+        prompt and, when it had to be counted, its token ids, so neither the server's context check nor the backend
+        renders or tokenizes it again). `seen`: the prompts this request rendered already (`Turn.seen`): a request
+        fitted before (the same model, messages and prefix) shares its candidates (`Fitted.candidates`: each message
+        list rendered and tokenized once per request), and this one is added."""
         backend, limit = (self.slm if side == "slm" else self.llm), getattr(self.context, side)
-        fit = Fitted(budget=req.max_tokens, limit=limit, backend=backend,
+        fit = Fitted(budget=req.max_tokens, limit=limit, backend=backend, prefix=req.prefix, asked=req.messages,
                      raw=callable(getattr(type(backend), "render", None)))
         if limit is None:  # nothing to fit to (the server's check may have rendered this prompt: sent as it is)
             known = next((f for f in seen or () if f.same_prompt(backend, req)), None)
             if known is not None:
-                fit.text, fit.messages, fit.prefix = known.text, req.messages, req.prefix
+                fit.text, fit.messages, fit.tokenized = known.text, req.messages, known.tokenized
             return fit
         render = getattr(backend, "render", None)  # in-process: a prompt never has more tokens than UTF-8 bytes,
-        text = None  # so no tokenizing when it fits
+        ids = getattr(backend, "prompt_ids", None)  # so no tokenizing when it fits
+        full, prefix = req.messages, req.prefix
         if callable(render):
-            known = next((f for f in seen or () if f.same_prompt(backend, req)), None)
-            text = known.text if known is not None else render(req)
-            fit.prompt, fit.text, fit.messages, fit.prefix = len(text.encode()), text, req.messages, req.prefix
-            if seen is not None and known is None:
-                seen.append(fit)
+            known = next((f for f in seen or () if f.same_request(backend, req)), None)
+            cands: dict[int, Candidate] = known.candidates if known is not None else {}
+            fit.candidates = cands
+            if known is None:
+                same = next((f for f in seen or () if f.same_prompt(backend, req)), None)  # (its text is this one)
+                if same is not None:
+                    tok = same.tokenized if same.tokenized is not None and same.tokenized.text is same.text else None
+                    cands[len(full)] = Candidate(full, same.text, tok, None if tok is None else len(tok.ids))
+                if seen is not None:
+                    seen.append(fit)
+
+            def candidate(msgs: list[dict], text: bool) -> Candidate:
+                """`msgs`'s candidate, rendered (`text`) or counted (else) now if it was not before."""
+                c = cands.get(len(msgs))
+                if c is None or (c.messages is not msgs and c.messages != msgs):
+                    c = cands[len(msgs)] = Candidate(msgs)
+                if c.text is None and (text or c.n is None):
+                    c.text = render(req if msgs is full else GenRequest(messages=msgs, prefix=prefix))
+                if not text and c.n is None:  # tokenized as the rendered raw prompt: the ids the backend would make
+                    c.tokenized = Tokenized(c.text, tuple(ids(GenRequest(messages=[], prefix=c.text))), backend)
+                    c.n = len(c.tokenized.ids)
+                return c
+
+            whole = candidate(full, True)
+            fit.text, fit.messages, fit.tokenized = whole.text, full, whole.tokenized
+            fit.prompt = len(whole.text.encode())
             if fit.prompt + req.max_tokens <= limit:
                 return fit
-        ids = getattr(backend, "prompt_ids", None)
-        if text is not None and callable(ids):  # each message list rendered once, then tokenized as raw text
-            full, prefix = req.messages, req.prefix
+        if not callable(render) or not callable(ids):  # the backend's own count (`prompt_ids`), else an estimate
+            count = conv.token_counter(backend, prefix)[0]
+            fit.text = fit.tokenized = None
 
-            def count(msgs: list[dict]) -> int:
-                s = text if msgs is full else render(GenRequest(messages=msgs, prefix=prefix))
-                fit.text, fit.messages = s, msgs
-                return len(ids(GenRequest(messages=[], prefix=s)))
-        else:
-            count = conv.token_counter(backend, req.prefix)[0]
-            fit.text = None
+            def counting(msgs: list[dict]) -> int:  # fit_context counts the message list it returns last
+                fit.prompt = count(msgs)
+                return fit.prompt
 
-        def counting(msgs: list[dict]) -> int:  # fit_context counts the message list it returns last
-            fit.prompt = count(msgs)
-            return fit.prompt
-
-        req.messages, fit.dropped = conv.fit_context(req.messages, counting, limit, req.max_tokens)
+            req.messages, fit.dropped = conv.fit_context(full, counting, limit, req.max_tokens)
+            fit.counted = True
+            return fit
+        req.messages, fit.dropped = conv.fit_context(full, lambda m: candidate(m, False).n, limit, req.max_tokens)
+        kept = candidate(req.messages, True)  # (fit_context counted it last)
+        if kept.tokenized is None or kept.tokenized.text is not kept.text:  # (its ids were let go: counted again)
+            kept.n = None
+            kept = candidate(req.messages, False)
+        fit.prompt, fit.text, fit.messages, fit.tokenized = kept.n, kept.text, req.messages, kept.tokenized
         fit.counted = True
+        for c in cands.values():  # the request's own list and the one kept keep their text and ids, the rest a count
+            if c is not kept and c is not whole:
+                c.text = c.tokenized = None
         return fit
 
     @property

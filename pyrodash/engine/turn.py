@@ -12,7 +12,7 @@ import dataclasses
 import time
 from dataclasses import dataclass, field
 
-from pyrodash.backends.base import GenChunk, GenRequest
+from pyrodash.backends.base import GenChunk, GenRequest, Tokenized
 from pyrodash.cost import Prices, Usage, endpoint_bill
 from pyrodash.events import Done
 
@@ -20,10 +20,24 @@ MODES = ("collab", "slm", "llm")  # the Collaborate Engine; the SLM alone; the L
 
 
 @dataclass
+class Candidate:
+    """One message list that fitting a request to its window considered (the request's own, or one with earlier
+    turns dropped): its rendered prompt and token ids once made, shared by every fitting of that same request in a
+    turn (`Fitted.candidates`), so none is rendered or tokenized twice. Only the request's own list and the one kept
+    keep their text and ids; the others keep their count."""
+
+    messages: list
+    text: str | None = None
+    tokenized: Tokenized | None = None
+    n: int | None = None  # its token count
+
+
+@dataclass
 class Fitted:
     """What fitting one request to its model's context window found (`CollaborateEngine._fit`), kept so that nobody
     renders or counts that prompt again: the server's context check reads `prompt`, and `wire` hands an in-process
-    backend the text already rendered (each prompt goes through the chat template once per request)."""
+    backend the text already rendered (each prompt goes through the chat template once per request) and, when the
+    fitting tokenized it, its ids (`tokenized`: the backend does not tokenize it again)."""
 
     dropped: int = 0  # earlier messages dropped to fit
     prompt: int | None = None  # the prompt's size: its token count (`counted`) or its UTF-8 bytes (an in-process
@@ -36,6 +50,9 @@ class Fitted:
     prefix: str = field(default="", compare=False, repr=False)  # and this assistant prefix
     tokens: int | None = None  # the prompt's tokens as its backend counted them when it ran (usage), if it did
     raw: bool = False  # `backend` renders its own prompts (its class defines `render`): it may get `text` as is
+    tokenized: Tokenized | None = field(default=None, compare=False, repr=False)  # `text`'s ids, if it was counted
+    asked: list | None = field(default=None, compare=False, repr=False)  # the message list it was asked to fit
+    candidates: dict = field(default_factory=dict, compare=False, repr=False)  # len(messages) -> Candidate
 
     def same_prompt(self, backend: object, req: GenRequest) -> bool:
         """Whether `text` is `req`'s prompt for `backend` (the same model, message contents and prefix)."""
@@ -46,10 +63,20 @@ class Fitted:
             and self.messages == req.messages
         )
 
+    def same_request(self, backend: object, req: GenRequest) -> bool:
+        """Whether this fitted `req` as it was before fitting (the same model, message contents and prefix): its
+        `candidates` are `req`'s."""
+        return (
+            self.asked is not None
+            and self.backend is backend
+            and self.prefix == req.prefix
+            and self.asked == req.messages
+        )
+
     def wire(self, req: GenRequest) -> GenRequest:
         """`req` as it goes to its backend: when `text` is its prompt (the same message list and prefix), the
-        pre-rendered raw-prompt form (`messages=[]`, `prefix=text`: no chat template applied again, same tokens);
-        else `req` itself."""
+        pre-rendered raw-prompt form (`messages=[]`, `prefix=text`: no chat template applied again, same tokens),
+        with the ids the fitting counted for `text` (`GenRequest.tokenized`); else `req` itself."""
         if (
             not self.raw
             or self.text is None
@@ -58,7 +85,10 @@ class Fitted:
             or req.prefix != self.prefix
         ):
             return req  # (a wrapper that forwards `render` may read the messages: it gets them)
-        return dataclasses.replace(req, messages=[], prefix=self.text)
+        out = dataclasses.replace(req, messages=[], prefix=self.text)
+        if self.tokenized is not None and self.tokenized.text is self.text:
+            out.tokenized = self.tokenized
+        return out
 
 
 @dataclass

@@ -334,12 +334,22 @@ def _context_counted(engine) -> bool:
                for b in (getattr(engine, "slm", None), getattr(engine, "llm", None)))  # fmt: skip
 
 
-def _llm_only_prompt(engine, prompt, turn) -> tuple[int, str] | None:
-    """`modes.llm_only_prompt`, from what this request measured already when it can: the LLM-only request is the
-    LLM's prompt without P_l, which the context check (or the handoff) rendered, and maybe the LLM counted, when
-    the prompt set has no LLM system prompt; so it is not rendered or tokenized again."""
-    llm = getattr(engine, "llm", None)
+def _llm_only_prompt(engine, prompt, turn, solo: Done | None = None) -> tuple[int, str] | None:
+    """`modes.llm_only_prompt`, from what this request measured already when it can, so the LLM-only request is not
+    rendered or tokenized again:
+    - an in-process LLM counts it: it is the LLM's prompt without P_l, which the context check (or the handoff)
+      rendered, and maybe the LLM counted, when the prompt set has no LLM system prompt;
+    - an LLM that cannot count it (an endpoint), the SLM's tokenizer counts it: when the engine's own in-process SLM
+      answered alone (mode "slm", `solo` its Done) and nothing was dropped to fit its window, its prompt was exactly
+      that request (the conversation as given, the SLM's chat template, no prefix), so its billed input is that
+      count. Else (history dropped: the estimate counts the whole conversation; the base SLM answered: another
+      tokenizer) it is counted here."""
+    llm, slm = getattr(engine, "llm", None), getattr(engine, "slm", None)
     ids = getattr(llm, "prompt_ids", None)
+    if (solo is not None and not callable(ids) and solo.mode == "slm" and not solo.trimmed.get("slm")
+            and not solo.usage_estimated and solo.usage.slm_in > 0 and callable(getattr(slm, "prompt_ids", None))
+            and callable(getattr(type(slm), "render", None))):  # (its usage is its own tokenizer's count)
+        return solo.usage.slm_in, "slm"
     if turn is not None and callable(ids):
         want = GenRequest(messages=engine.messages(prompt))
         same = [f for f in turn.seen if f.same_prompt(llm, want)]
@@ -389,7 +399,8 @@ def _install_routes(app: FastAPI) -> None:
             prices = getattr(engine, "prices", None)
             if prices is None:
                 return P.PyroDashInfo.from_done(done, opts.mode, answered_by=answered_by, request_id=rid)
-            llm_only = _llm_only_prompt(engine, prompt, turn) if opts.mode != "llm" else None
+            solo = done if answered_by == "slm" else None  # (the engine's own SLM answered alone)
+            llm_only = _llm_only_prompt(engine, prompt, turn, solo) if opts.mode != "llm" else None
             return P.PyroDashInfo.from_done(done, opts.mode, modes.cost_by_component(done.usage, prices),
                                             modes.llm_only_estimate(done, prices, llm_only, opts.mode),
                                             answered_by=answered_by, request_id=rid)  # fmt: skip
