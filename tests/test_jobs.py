@@ -90,3 +90,12 @@ def test_the_demo_evaluation_splits_into_steps_that_cover_every_method_once():
     assert parts["eval pyrodash λ=4"].models == {"slm": "s", "llm": "l", "sft": "f", "pyrodash": {4.0: "p4.0"}}
     assert "pyrodash" not in parts["eval routers"].models  # a step never needs a checkpoint not yet trained
     assert all(p.run_dir == "r" and p.benchmarks == cfg.benchmarks for p in parts.values())
+
+
+def test_demo_refuses_zero_workers_in_one_line_before_writing_anything(tmp_path, capsys):
+    from pyrodash.cli import main
+
+    assert main(["demo", "--quick", "--workers", "0", "--out", str(tmp_path / "d")]) == 2
+    err = capsys.readouterr().err
+    assert "--workers 0: give 1 or more processes" in err and "Traceback" not in err
+    assert not (tmp_path / "d").exists()
