@@ -29,8 +29,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from pyrodash.commands.demo import library_log  # noqa: E402
 from pyrodash.evaluate import EvalConfig, evaluate  # noqa: E402
+from pyrodash.library_log import library_log  # noqa: E402
 from pyrodash.method_names import lambda_points, parse_method  # noqa: E402
 from pyrodash.report import all_metrics, load_run, per_turn_by_benchmark, run_prices, single_turn  # noqa: E402
 from pyrodash.train.config import load_recipe  # noqa: E402

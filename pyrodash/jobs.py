@@ -54,30 +54,23 @@ def _init_worker(threads: int) -> None:
 
 
 def _run_logged(fn: Callable, args: tuple, kwargs: dict, log_path: str) -> float:
-    """In a worker: run `fn` with stdout, stderr and library logs in `log_path`; its seconds."""
-    import logging
-    import warnings
+    """In a worker: run `fn` with its stdout, stderr and library noise (`library_log`) in `log_path`; its seconds."""
+    from pyrodash.library_log import library_log
 
     t = time.perf_counter()
-    with open(log_path, "a", buffering=1) as log:
+    with open(log_path, "a", buffering=1) as log, library_log(Path(log_path)):
         saved = sys.stdout, sys.stderr
         sys.stdout = sys.stderr = log
-        handler = logging.StreamHandler(log)
-        root = logging.getLogger()
-        root.addHandler(handler)
-        logging.captureWarnings(True)
         try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("default")
-                fn(*args, **kwargs)
+            fn(*args, **kwargs)
         finally:
-            logging.captureWarnings(False)
-            root.removeHandler(handler)
             sys.stdout, sys.stderr = saved
     return round(time.perf_counter() - t, 1)
 
 
-def _check(jobs: list[Job]) -> None:
+def _check(jobs: list[Job]) -> list[Job]:
+    """`jobs` in an order that runs each after those it names; a ValueError for duplicate names, unknown names or
+    jobs that wait for each other."""
     names = [j.name for j in jobs]
     if len(set(names)) != len(names):
         raise ValueError(f"job names must be unique: {names}")
@@ -85,7 +78,7 @@ def _check(jobs: list[Job]) -> None:
         missing = [a for a in j.after if a not in names]
         if missing:
             raise ValueError(f"job {j.name!r} waits for unknown jobs {missing}")
-    _ordered(jobs)  # no job waits, through others, for itself
+    return _ordered(jobs)  # no job waits, through others, for itself
 
 
 def run_jobs(jobs: list[Job], workers: int, log_dir: str | Path, console=None) -> dict[str, float]:
@@ -93,10 +86,10 @@ def run_jobs(jobs: list[Job], workers: int, log_dir: str | Path, console=None) -
     Jobs start in list order as workers free up; put the long ones first."""
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-    _check(jobs)
-    if workers <= 1:  # here, in order (the list order respects `after` when every job comes after those it needs)
+    order = _check(jobs)
+    if workers <= 1:  # here, one after the other
         seconds = {}
-        for j in _ordered(jobs):
+        for j in order:
             t = time.perf_counter()
             j.fn(*j.args, **j.kwargs)
             seconds[j.name] = round(time.perf_counter() - t, 1)

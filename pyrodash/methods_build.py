@@ -49,6 +49,11 @@ def method_specs(methods: list) -> list[tuple[str, dict]]:
 SWEEPS = {"pyrodash_bias": ("biases", "bias", "offload_bias"), "pyrodash_share": ("shares", "share", "handoff_share")}
 
 
+def sweep_lambda(opt: dict, lam_specs: dict) -> float:
+    """The λ policy a sweep (`pyrodash_bias`, `pyrodash_share`) moves: its `lambda`, else the smallest λ given."""
+    return float(opt.get("lambda", min(lam_specs) if lam_specs else 0))
+
+
 def build_methods(cfg, env: Env, backends: Backends | None = None, load_examples=None) -> dict[str, Method]:
     """{name: method} for an EvalConfig-like `cfg` (fields models, methods, run_dir). `load_examples(name, limit)`
     loads a training pool for RouteLLM. Models load lazily through `backends`."""
@@ -75,7 +80,7 @@ def build_methods(cfg, env: Env, backends: Backends | None = None, load_examples
                 name = f"pyrodash@{knob(lam)}"
                 out[name] = PyroDash(name, be.get(lam_specs[float(lam)], offload=True), model("llm"), env)
         elif kind in SWEEPS:  # one λ policy across offload_bias or handoff_share values
-            lam = float(opt.get("lambda", min(lam_specs) if lam_specs else 0))
+            lam = sweep_lambda(opt, lam_specs)
             if lam not in lam_specs:
                 raise ValueError(f"{kind} lambda={lam} has no checkpoint under models.pyrodash")
             key, suffix, field_ = SWEEPS[kind]

@@ -7,7 +7,7 @@ import warnings
 
 
 def test_library_noise_goes_to_the_log_file(tmp_path, capsys):
-    from pyrodash.commands.demo import library_log
+    from pyrodash.library_log import library_log
 
     log = tmp_path / "demo.log"
     with library_log(log):

@@ -15,7 +15,6 @@ the same results as one after the other.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import time
 from dataclasses import replace
@@ -24,7 +23,8 @@ from pathlib import Path
 from pyrodash.commands.report import print_table2, print_turns
 from pyrodash.evaluate import EvalConfig, evaluate
 from pyrodash.jobs import Job, default_workers, run_jobs
-from pyrodash.methods_build import SWEEPS, method_specs
+from pyrodash.library_log import library_log
+from pyrodash.methods_build import SWEEPS, method_specs, sweep_lambda
 from pyrodash.report import all_metrics, load_run, run_prices, single_turn, verdict_sentence, write_report
 from pyrodash.train.config import load_recipe
 from pyrodash.train.curate import run_curation
@@ -46,52 +46,6 @@ ROOT = Path(__file__).resolve().parent.parent.parent
 # λ 0.6 / 4 handed off on 0.85 / 0.42 of the test problems.
 LAMBDAS = {"quick": [0.6, 2.0, 4.0], "full": [0.05, 0.6, 2.0, 4.0]}
 LOG_NAME = "demo.log"
-
-
-@contextlib.contextmanager
-def library_log(path: Path):
-    """Send library noise (transformers/datasets/TRL log records, FutureWarnings and other warnings) to `path`, and
-    turn off transformers' weight-loading and datasets' map bars: the console keeps the stage headers, our rich
-    bars and the tables."""
-    import logging
-    import warnings
-
-    handler = logging.FileHandler(path)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
-    loggers = [logging.getLogger(n) for n in ("py.warnings", "transformers", "datasets", "trl", "accelerate", "peft",
-                                              "torch")]
-    saved = [(lg, lg.handlers[:], lg.propagate) for lg in loggers]
-    try:
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.disable_default_handler()
-        hf_logging.disable_progress_bar()  # "Loading weights" bars of every from_pretrained
-    except ImportError:  # pragma: no cover - transformers is a dependency
-        hf_logging = None
-    try:
-        import datasets
-
-        datasets.disable_progress_bars()
-    except ImportError:  # pragma: no cover
-        datasets = None
-    logging.captureWarnings(True)
-    for lg in loggers:
-        lg.handlers = [handler]
-        lg.propagate = False
-    with warnings.catch_warnings():
-        warnings.simplefilter("default")
-        try:
-            yield
-        finally:
-            logging.captureWarnings(False)
-            for lg, hs, prop in saved:
-                lg.handlers, lg.propagate = hs, prop
-            if hf_logging is not None:
-                hf_logging.enable_default_handler()
-                hf_logging.enable_progress_bar()
-            if datasets is not None:
-                datasets.enable_progress_bars()
-            handler.close()
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -122,7 +76,7 @@ def eval_jobs(cfg: EvalConfig, stage3_job: dict[float, str], pending: set[str]) 
             for lam in opt.get("lambdas", sorted(lam_specs)):
                 per_lam.setdefault(float(lam), []).append({"pyrodash": {**opt, "lambdas": [lam]}})
         elif kind in SWEEPS:
-            per_lam.setdefault(float(opt.get("lambda", min(lam_specs) if lam_specs else 0)), []).append(entry)
+            per_lam.setdefault(sweep_lambda(opt, lam_specs), []).append(entry)
         else:
             groups["routers" if kind in ("routellm", "glimprouter") else "models alone, oracle"].append(entry)
     jobs = [Job(f"eval {label}", evaluate, (replace(cfg, methods=ms, models=base_models),), {"quiet": True})
@@ -175,11 +129,12 @@ def run_demo(out: str | Path, quick: bool = True, seed: int = 0, lambdas: list[f
         models={"slm": str(world / "slm"), "llm": str(world / "llm"), "sft": str(stage_dir(out, "stage2")),
                 "pyrodash": {lam: str(stage_dir(out, "stage3", lam)) for lam in lambdas}})
     # Stage 3 per λ and the evaluation's methods: independent steps, side by side on one thread each (pyrodash.jobs)
-    jobs = [Job(f"stage3 λ={lam:g}", run_stage3, (recipe, out), {"lam": lam}) for lam in lambdas
-            if not _done(stage_dir(out, "stage3", lam))]
+    jobs = []
     for lam in lambdas:
         if _done(stage_dir(out, "stage3", lam)):
             console.print(f"[dim]stage3 λ={lam:g}: reused[/]")
+        else:
+            jobs.append(Job(f"stage3 λ={lam:g}", run_stage3, (recipe, out), {"lam": lam}))
     jobs += eval_jobs(cfg, {lam: f"stage3 λ={lam:g}" for lam in lambdas}, {j.name for j in jobs})
     console.rule(f"[bold]stage3 and evaluation[/] ({len(jobs)} steps, {min(workers, len(jobs))} side by side)")
     t0 = time.perf_counter()
