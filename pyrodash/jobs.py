@@ -27,6 +27,8 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pyrodash.library_log import library_log
+
 
 @dataclass
 class Job:
@@ -55,8 +57,6 @@ def _init_worker(threads: int) -> None:
 
 def _run_logged(fn: Callable, args: tuple, kwargs: dict, log_path: str) -> float:
     """In a worker: run `fn` with its stdout, stderr and library noise (`library_log`) in `log_path`; its seconds."""
-    from pyrodash.library_log import library_log
-
     t = time.perf_counter()
     with open(log_path, "a", buffering=1) as log, library_log(Path(log_path)):
         saved = sys.stdout, sys.stderr
