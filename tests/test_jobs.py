@@ -3,12 +3,13 @@ demo's split of the evaluation into such steps."""
 
 from __future__ import annotations
 
+import io
 import time
 from pathlib import Path
 
 import pytest
 
-from pyrodash.commands.demo import ROOT, eval_jobs
+from pyrodash.commands.demo import ROOT, eval_jobs, training_jobs
 from pyrodash.evaluate import EvalConfig
 from pyrodash.jobs import Job, log_name, run_jobs
 
@@ -78,17 +79,22 @@ def test_the_demo_evaluation_splits_into_steps_that_cover_every_method_once():
                                models={"slm": "s", "llm": "l", "sft": "f",
                                        "pyrodash": {lam: f"p{lam}" for lam in lams}})
     stage3 = {lam: f"stage3 λ={lam:g}" for lam in lams}
-    jobs = eval_jobs(cfg, stage3, pending={"stage3 λ=2"})
+    jobs = eval_jobs(cfg, stage3, pending={"stage3 λ=2", "stage2"})
     by = {j.name: j for j in jobs}
-    assert set(by) == {"eval models alone, oracle", "eval routers", "eval pyrodash λ=0.6", "eval pyrodash λ=2",
-                       "eval pyrodash λ=4"}
+    assert set(by) == {"eval models alone, oracle", "eval routers", "eval slm+sft", "eval pyrodash λ=0.6",
+                       "eval pyrodash λ=2", "eval pyrodash λ=4"}
     assert by["eval pyrodash λ=2"].after == ("stage3 λ=2",) and by["eval pyrodash λ=0.6"].after == ()
+    assert by["eval slm+sft"].after == ("stage2",)  # the Stage 2 model, once trained
+    assert by["eval models alone, oracle"].after == by["eval routers"].after == ()  # beside training
+    assert eval_jobs(cfg, stage3, pending=set())[2].after == ()  # Stage 2 reused
     parts = {n: j.args[0] for n, j in by.items()}
-    assert parts["eval models alone, oracle"].methods == ["slm", "slm+sft", "llm", "oracle"]
+    assert parts["eval models alone, oracle"].methods == ["slm", "llm", "oracle"]
+    assert parts["eval slm+sft"].methods == ["slm+sft"]
     assert [next(iter(m)) for m in parts["eval routers"].methods] == ["routellm", "glimprouter"]
     assert parts["eval pyrodash λ=2"].methods == [{"pyrodash": {"lambdas": [2.0]}}] + cfg.methods[-2:]  # the sweeps
     assert parts["eval pyrodash λ=4"].models == {"slm": "s", "llm": "l", "sft": "f", "pyrodash": {4.0: "p4.0"}}
     assert "pyrodash" not in parts["eval routers"].models  # a step never needs a checkpoint not yet trained
+    assert parts["eval routers"].models == parts["eval models alone, oracle"].models == {"slm": "s", "llm": "l"}
     assert all(p.run_dir == "r" and p.benchmarks == cfg.benchmarks for p in parts.values())
 
 
@@ -99,3 +105,22 @@ def test_demo_refuses_zero_workers_in_one_line_before_writing_anything(tmp_path,
     err = capsys.readouterr().err
     assert "--workers 0: give 1 or more processes" in err and "Traceback" not in err
     assert not (tmp_path / "d").exists()
+
+
+def test_the_demo_training_is_a_chain_of_steps_with_cost_base_beside_it(tmp_path):
+    from rich.console import Console
+
+    from pyrodash.train.paths import stage_dir
+
+    console = Console(file=io.StringIO())
+    jobs = training_jobs("recipe", tmp_path, [0.6, 2.0], console)
+    assert [(j.name, j.after) for j in jobs] == [
+        ("curation", ()), ("stage1", ("curation",)), ("stage2", ("stage1",)), ("cost base", ()),
+        ("stage3 λ=0.6", ("stage2", "cost base")), ("stage3 λ=2", ("stage2", "cost base"))]
+    # a step whose output exists is reused: what needs it no longer waits for it
+    for name in ("curated", "stage1", "stage2"):
+        d = tmp_path / name if name == "curated" else stage_dir(tmp_path, name)
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "config.resolved.json").write_text("{}")
+    jobs = training_jobs("recipe", tmp_path, [0.6], console)
+    assert [(j.name, j.after) for j in jobs] == [("cost base", ()), ("stage3 λ=0.6", ("cost base",))]

@@ -342,7 +342,7 @@ def test_quick_stages_2_and_3_train_only_attention_lora(quick_run, stage):
 
 @pytest.mark.slow
 def test_explore_no_handoff_bans_offload_in_the_last_rollouts_of_each_group():
-    from pyrodash.train.stage3 import ExploreNoHandoff
+    from pyrodash.train.rollouts import ExploreNoHandoff
 
     proc = ExploreNoHandoff(token_id=3, group=8, k=2)
     scores = torch.zeros(16, 5)

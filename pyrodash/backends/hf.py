@@ -346,23 +346,31 @@ class HFBackend:
         results: list[GenResult] = []
         for start in range(0, len(reqs), bs):
             chunk = reqs[start : start + bs]
-            prompts = [self.prompt_ids(r) for r in chunk]
-            with self._lock:
-                seqs = self._decode(prompts, chunk)
-            for p, s in zip(prompts, seqs):
-                results.append(
-                    GenResult(
-                        text=s.text,
-                        token_ids=list(s.all_ids),
-                        prompt_ids=p,
-                        finish_reason=s.finish or "length",
-                        stop_token_id=s.stop_id,
-                        prompt_tokens=len(p),
-                        completion_tokens=len(s.all_ids),
-                        top_logprobs=s.logprobs if s.req.top_logprobs > 0 else None,
-                    )
-                )
+            results += self.generate_ids([self.prompt_ids(r) for r in chunk], chunk)
         return results
+
+    def generate_ids(self, prompts: list[list[int]], reqs: list[GenRequest]) -> list[GenResult]:
+        """Generate for prompts given as token ids (one batch; `req.messages`/`req.prefix` are not read): what a
+        trainer's rollouts hand over (Stage 3: TRL tokenizes the prompts)."""
+        if len(prompts) != len(reqs):
+            raise ValueError(f"{len(prompts)} prompts for {len(reqs)} requests")
+        if not reqs:
+            return []
+        with self._lock:
+            seqs = self._decode(prompts, reqs)
+        return [
+            GenResult(
+                text=s.text,
+                token_ids=list(s.all_ids),
+                prompt_ids=p,
+                finish_reason=s.finish or "length",
+                stop_token_id=s.stop_id,
+                prompt_tokens=len(p),
+                completion_tokens=len(s.all_ids),
+                top_logprobs=s.logprobs if s.req.top_logprobs > 0 else None,
+            )
+            for p, s in zip(prompts, seqs)
+        ]
 
     def generate(self, req: GenRequest) -> GenResult:
         return self.generate_batch([req])[0]

@@ -7,9 +7,10 @@ Steps (each reused when its output is already in DIR, so an interrupted demo res
 EasyHard curation → Stage 1 → Stage 2 → Stage 3 per λ and the evaluation of every method (SLM, SLM+SFT, LLM,
 RouteLLM-MF, GlimpRouter, PyroDash per λ and across offload_bias) on the five world test tiers and the multi-turn
 splits (conversations, reported per turn) → `DIR/report.md`, `DIR/pareto.png`, `DIR/summary.json`, `DIR/records/`.
-Prints where the report is and the headline table. Stage 3 per λ and the evaluation's methods are independent steps:
-they run side by side in `--workers` processes on one thread each (`pyrodash.jobs`; their logs in `DIR/jobs/`), with
-the same results as one after the other.
+Prints where the report is and the headline table. Everything after the world build is a step of `pyrodash.jobs`:
+the steps run side by side in `--workers` processes on one thread each, each after the steps it needs (training's
+chain; the evaluation of a trained model after its training; the models alone, the oracle and the routers beside
+training), their logs in `DIR/jobs/`.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from pyrodash.train.curate import run_curation
 from pyrodash.train.paths import curated_dir, stage_dir
 from pyrodash.train.stage1 import run_stage1
 from pyrodash.train.stage2 import run_stage2
-from pyrodash.train.stage3 import run_stage3
+from pyrodash.train.stage3 import fill_cost_base, run_stage3
 from pyrodash.world.build import build_world, read_world_info, world_warnings
 from pyrodash.world.config import TIER_SPLITS
 
@@ -63,13 +64,15 @@ def _done(path: Path) -> bool:
     return (path / "config.resolved.json").exists()
 
 
-def eval_jobs(cfg: EvalConfig, stage3_job: dict[float, str], pending: set[str]) -> list[Job]:
+def eval_jobs(cfg: EvalConfig, stage3_job: dict[float, str], pending: set[str],
+              stage2_job: str = "stage2") -> list[Job]:
     """`cfg`'s evaluation as steps that can run side by side, each writing its own methods' records: the models
-    alone and the oracle; the routers; per λ its PyroDash policy and the sweeps at that λ, after `stage3_job[λ]`
-    when that job is in `pending` (still to run)."""
+    alone and the oracle; the routers (neither needs the run's training); the Stage 2 model (after `stage2_job` when
+    it is in `pending`, still to run); per λ its PyroDash policy and the sweeps at that λ, after `stage3_job[λ]` when
+    that job is in `pending`."""
     lam_specs = {float(k): v for k, v in (cfg.models.get("pyrodash") or {}).items()}
     base_models = {k: v for k, v in cfg.models.items() if k != "pyrodash"}
-    groups: dict[str, list] = {"models alone, oracle": [], "routers": []}
+    groups: dict[str, list] = {"models alone, oracle": [], "routers": [], "slm+sft": []}
     per_lam: dict[float, list] = {lam: [] for lam in lam_specs}
     for entry, (kind, opt) in zip(cfg.methods, method_specs(cfg.methods)):
         if kind == "pyrodash":
@@ -77,9 +80,15 @@ def eval_jobs(cfg: EvalConfig, stage3_job: dict[float, str], pending: set[str]) 
                 per_lam.setdefault(float(lam), []).append({"pyrodash": {**opt, "lambdas": [lam]}})
         elif kind in SWEEPS:
             per_lam.setdefault(sweep_lambda(opt, lam_specs), []).append(entry)
+        elif kind in ("routellm", "glimprouter"):
+            groups["routers"].append(entry)
         else:
-            groups["routers" if kind in ("routellm", "glimprouter") else "models alone, oracle"].append(entry)
-    jobs = [Job(f"eval {label}", evaluate, (replace(cfg, methods=ms, models=base_models),), {"quiet": True})
+            groups["slm+sft" if kind == "slm+sft" else "models alone, oracle"].append(entry)
+    sft_after = (stage2_job,) if stage2_job in pending else ()
+    untrained = {k: v for k, v in base_models.items() if k != "sft"}  # what runs beside training may not need it
+    jobs = [Job(f"eval {label}", evaluate,
+                (replace(cfg, methods=ms, models=base_models if label == "slm+sft" else untrained),), {"quiet": True},
+                after=sft_after if label == "slm+sft" else ())
             for label, ms in groups.items() if ms]
     for lam, ms in per_lam.items():
         if ms:
@@ -87,6 +96,26 @@ def eval_jobs(cfg: EvalConfig, stage3_job: dict[float, str], pending: set[str]) 
             after = (stage3_job[lam],) if stage3_job.get(lam) in pending else ()
             jobs.append(Job(f"eval pyrodash λ={lam:g}", evaluate, (replace(cfg, methods=ms, models=models),),
                             {"quiet": True}, after=after))
+    return jobs
+
+
+def training_jobs(recipe, out: Path, lambdas: list[float], console) -> list[Job]:
+    """Curation -> Stage 1 -> Stage 2 -> Stage 3 per λ as steps, each after the one before it; a step whose output
+    is in `out` already is reused (not a step)."""
+    chain = [("curation", run_curation, curated_dir(out), {}), ("stage1", run_stage1, stage_dir(out, "stage1"), {}),
+             ("stage2", run_stage2, stage_dir(out, "stage2"), {})]
+    chain += [(f"stage3 λ={lam:g}", run_stage3, stage_dir(out, "stage3", lam), {"lam": lam}) for lam in lambdas]
+    jobs: list[Job] = []
+    needs = {"curation": (), "stage1": ("curation",), "stage2": ("stage1",)}
+    for name, fn, dest, kw in chain:
+        if _done(dest):
+            console.print(f"[dim]{name}: reused[/]")
+            continue
+        if name.startswith("stage3") and "cost base" not in {j.name for j in jobs}:
+            # Cost_base (the LLM alone on Stage 3's prompts) once, beside Stages 1-2, not in each λ's run
+            jobs.append(Job("cost base", fill_cost_base, (recipe, out)))
+        before = needs.get(name, ("stage2", "cost base"))
+        jobs.append(Job(name, fn, (recipe, out), kw, after=tuple(b for b in before if b in {j.name for j in jobs})))
     return jobs
 
 
@@ -120,27 +149,21 @@ def run_demo(out: str | Path, quick: bool = True, seed: int = 0, lambdas: list[f
     for w in world_warnings(read_world_info(world)):
         console.print(f"[bold yellow]warning: world {world}:[/] {w}")
     recipe = load_recipe(ROOT / "configs" / "world" / f"{preset}.yaml", {"world": {"dir": str(world)}})
-    step("curation", lambda: run_curation(recipe, out), skip=_done(curated_dir(out)))
-    step("stage1", lambda: run_stage1(recipe, out), skip=_done(stage_dir(out, "stage1")))
-    step("stage2", lambda: run_stage2(recipe, out), skip=_done(stage_dir(out, "stage2")))
     cfg = EvalConfig.from_yaml(
         ROOT / "configs" / "eval" / f"world-{preset}.yaml", run_dir=str(out), world_dir=str(world),
         benchmarks=[f"world:{s}" for s in TIER_SPLITS] + ["world:multiturn", "world:multiturn-self"],
         models={"slm": str(world / "slm"), "llm": str(world / "llm"), "sft": str(stage_dir(out, "stage2")),
                 "pyrodash": {lam: str(stage_dir(out, "stage3", lam)) for lam in lambdas}})
-    # Stage 3 per λ and the evaluation's methods: independent steps, side by side on one thread each (pyrodash.jobs)
-    jobs = []
-    for lam in lambdas:
-        if _done(stage_dir(out, "stage3", lam)):
-            console.print(f"[dim]stage3 λ={lam:g}: reused[/]")
-        else:
-            jobs.append(Job(f"stage3 λ={lam:g}", run_stage3, (recipe, out), {"lam": lam}))
+    # Training and the evaluation's methods: steps side by side on one thread each (pyrodash.jobs), each after what
+    # it needs; the models alone, the oracle and the routers need no training, so they run beside it. Training's
+    # chain comes first in the list: a free worker takes its next step before any evaluation.
+    jobs = training_jobs(recipe, out, lambdas, console)
     jobs += eval_jobs(cfg, {lam: f"stage3 λ={lam:g}" for lam in lambdas}, {j.name for j in jobs})
-    console.rule(f"[bold]stage3 and evaluation[/] ({len(jobs)} steps, {min(workers, len(jobs))} side by side)")
+    console.rule(f"[bold]training and evaluation[/] ({len(jobs)} steps, {min(workers, len(jobs))} side by side)")
     t0 = time.perf_counter()
     times.update(run_jobs(jobs, workers, out / "jobs", console=console))
     evaluate(cfg, quiet=True)  # every record is there: writes the run's whole eval config (config.resolved.json)
-    times["stage3 + evaluation (wall)"] = round(time.perf_counter() - t0, 1)
+    times["training + evaluation (wall)"] = round(time.perf_counter() - t0, 1)
     path = step("report", lambda: write_report(out))
     (out / "demo_times.json").write_text(json.dumps(times, indent=2) + "\n")
     return path

@@ -110,6 +110,7 @@ class Stage1Config(LoraFields, SFTConfig):
 
     sigma: float = 0.1  # eq:offload-embed-init noise
     init_seed: int = 0
+    length_chunks: int = 1  # forward passes a batch is cut into by row length (`pyrodash.train.length_chunks`)
 
 
 @dataclass
@@ -118,6 +119,7 @@ class Stage2Config(LoraFields, SFTConfig):
 
     measure_max_new_tokens: int = 256  # generation length for the offload-rate measurement
     measure_limit: int | None = None  # held-out examples used for the measurement (None: all)
+    length_chunks: int = 1  # forward passes a batch is cut into by row length (`pyrodash.train.length_chunks`)
 
 
 @dataclass

@@ -28,6 +28,7 @@ from pyrodash.train import distributed as dist
 from pyrodash.train.common import callbacks, messages_dataset, quiet, save_checkpoint
 from pyrodash.train.config import save_resolved
 from pyrodash.train.curate import read_jsonl
+from pyrodash.train.length_chunks import LengthChunkedSFTTrainer
 from pyrodash.train.models import load_local
 from pyrodash.train.paths import curated_dir, require, slm_spec, stage_dir
 
@@ -91,8 +92,6 @@ def _row_weights(model) -> dict[str, torch.Tensor]:
 def train_stage1(base_path: str | Path, rows: list[dict], cfg, out_dir: str | Path, log_path: str | Path):
     """Train the `<offload>` rows on Corpus B `rows`; save the base + rows checkpoint to `out_dir`.
     Returns (checkpoint dir, stats dict); under `accelerate launch` the other ranks get (dir, None)."""
-    from trl import SFTTrainer
-
     if cfg.weight_decay != 0:
         raise ValueError(f"stage1.weight_decay={cfg.weight_decay}: must be 0, or AdamW would move the frozen "
                          "embedding rows during training")
@@ -114,8 +113,8 @@ def train_stage1(base_path: str | Path, rows: list[dict], cfg, out_dir: str | Pa
     if out_emb is not None and out_emb.weight.data_ptr() != base.get_input_embeddings().weight.data_ptr():
         mask_rows_to(out_emb.weight, tid)
     before = {k: w.detach().clone() for k, w in _row_weights(base).items()}
-    trainer = SFTTrainer(model=peft_model, args=cfg, train_dataset=messages_dataset(rows), processing_class=tok,
-                         callbacks=callbacks(cfg, log_path))
+    trainer = LengthChunkedSFTTrainer(model=peft_model, args=cfg, train_dataset=messages_dataset(rows),
+                                      processing_class=tok, callbacks=callbacks(cfg, log_path))
     quiet(trainer)
     if dist.uses_zero3(trainer):
         raise ValueError("Stage 1 trains two embedding rows: run it with DDP or ZeRO-2, not ZeRO-3 (the rows would be "

@@ -28,6 +28,7 @@ from pyrodash.train.chat_logs import row_messages
 from pyrodash.train.common import callbacks, messages_dataset, quiet, save_checkpoint
 from pyrodash.train.config import save_resolved
 from pyrodash.train.curate import read_jsonl
+from pyrodash.train.length_chunks import LengthChunkedSFTTrainer
 from pyrodash.train.models import load_local
 from pyrodash.train.paths import curated_dir, require, stage_dir
 
@@ -67,13 +68,12 @@ def measure_offload_rates(model, tokenizer, rows: list[dict], prompts: Prompts, 
 def train_stage2(stage1_path: str | Path, rows: list[dict], cfg, out_dir: str | Path, log_path: str | Path):
     """SFT with LoRA on A u B `rows`; merge and save to `out_dir`. Returns (checkpoint dir, merged model, tokenizer,
     train stats)."""
-    from trl import SFTTrainer
-
     model, tok = load_local(stage1_path)
     rows = list(rows)
     random.Random(cfg.seed).shuffle(rows)
-    trainer = SFTTrainer(model=model, args=cfg, train_dataset=messages_dataset(rows), processing_class=tok,
-                         peft_config=cfg.lora_config(), callbacks=callbacks(cfg, log_path))
+    trainer = LengthChunkedSFTTrainer(model=model, args=cfg, train_dataset=messages_dataset(rows),
+                                      processing_class=tok,
+                                      peft_config=cfg.lora_config(), callbacks=callbacks(cfg, log_path))
     quiet(trainer)
     result = trainer.train()
     merged = dist.merged_model(trainer, stage1_path, Path(out_dir) / "trainer" / "final-adapter")

@@ -39,52 +39,38 @@ from pyrodash.train.curate import load_conversations, load_examples, read_jsonl
 from pyrodash.train.models import FrozenLLM, load_local
 from pyrodash.train.paths import curated_dir, llm_spec, require, resolve_world, stage_dir
 from pyrodash.train.reward import BaselineCache, CollaborativeReward
-
-
-class ExploreNoHandoff:
-    """A logits processor for Stage 3 rollouts: bans `<offload>` in the last `k` rollouts of every group of `group`
-    consecutive rows (TRL's RepeatSampler puts a prompt's G rollouts side by side). Those rollouts answer alone, so
-    every group holds both branches of the handoff decision, whatever the policy's confidence; their tokens still enter
-    the loss with their group advantage (at a large λ the SLM-alone branch wins and its tokens are pushed up)."""
-
-    def __init__(self, token_id: int, group: int, k: int):
-        self.token_id, self.group, self.k = token_id, group, k
-
-    def banned_rows(self, n: int) -> list[int]:
-        return [i for i in range(n) if i % self.group >= self.group - self.k]
-
-    def __call__(self, input_ids, scores):
-        rows = self.banned_rows(scores.shape[0])
-        if rows:
-            scores[rows, self.token_id] = float("-inf")
-        return scores
+from pyrodash.train.rollouts import ExploreNoHandoff, decode_rollouts, unsupported_sampling
 
 
 class CostAwareGRPOTrainer(GRPOTrainer):
-    """GRPOTrainer whose logs also carry the collaborative reward's statistics since the previous log; with
-    `explore` (an ExploreNoHandoff), in-process rollouts are generated through it."""
+    """GRPOTrainer whose in-process rollouts are decoded by PyroDash's decode loop (`pyrodash.train.rollouts`; with
+    `explore`, an ExploreNoHandoff, some of them without `<offload>`) and whose logs also carry the collaborative
+    reward's statistics since the previous log. vLLM rollouts stay TRL's."""
 
     def __init__(self, *args, collab=None, explore: ExploreNoHandoff | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         self.collab, self.explore = collab, explore
+        self._rollout_backend = None
+        bad = [] if self.use_vllm else unsupported_sampling(self.args)
+        if bad:
+            raise ValueError(f"stage3: {', '.join(bad)}: in-process rollouts sample with temperature and top_p only; "
+                             "unset these")
 
-    def _generate_single_turn(self, *args, **kwargs):
-        if self.explore is None:
-            return super()._generate_single_turn(*args, **kwargs)
-        from transformers import LogitsProcessorList
-
-        model = self.accelerator.unwrap_model(self.model_wrapped)  # what TRL's generation context hands out
-        plain = model.generate
-
-        def generate(*a, **kw):
-            kw["logits_processor"] = LogitsProcessorList([*(kw.get("logits_processor") or []), self.explore])
-            return plain(*a, **kw)
-
-        model.generate = generate
+    def _generate_single_turn(self, prompt_ids, images, *args, **kwargs):
+        if self.use_vllm or self.use_transformers_continuous_batching or images is not None:
+            return super()._generate_single_turn(prompt_ids, images, *args, **kwargs)
+        model = self.accelerator.unwrap_model(self.model_wrapped)
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model  # LoRA layers sit in it
+        was_training = base.training
+        if self._rollout_backend is None or self._rollout_backend.model is not base:
+            self._rollout_backend = HFBackend(base, self.processing_class)  # (puts the model in eval mode)
+        base.eval()
         try:
-            return super()._generate_single_turn(*args, **kwargs)
+            completions = decode_rollouts(self._rollout_backend, prompt_ids, self.temperature, self.top_p,
+                                          self.max_completion_length, self.eos_token_ids, self.explore)
         finally:
-            del model.generate  # the class's method again
+            base.train(was_training)
+        return completions, None
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         if self.collab is not None and self.model.training:
@@ -171,13 +157,7 @@ def run_stage3(recipe, out_dir: str | Path, lam: float | None = None, stage2: st
     src = Path(stage2) if stage2 else require(stage_dir(out_dir, "stage2"), "the Stage 2 checkpoint",
                                                "run `pyrodash train stage2` with the same --output-dir first")
     prompts, prices = get_prompts(recipe.prompts), Prices.from_yaml(recipe.prices)
-    with dist.main_first():  # one rank builds a missing world; the others then find it
-        world = resolve_world(recipe)
-    examples = training_prompts(cfg, world)
-    if not examples:
-        raise ValueError(f"stage3.source {cfg.source!r} gave no training prompts")
-    chats = [turn_messages(prompts, ex) if ex.meta.get("turn") else ex.question for ex in examples]
-
+    examples, chats, llm, cache, computed = _baseline(recipe, cfg, out_dir)
     model, tok = load_local(src)
     tid = offload_token_id(tok)
     if tid is None:
@@ -189,12 +169,6 @@ def run_stage3(recipe, out_dir: str | Path, lam: float | None = None, stage2: st
     if cfg.use_vllm:  # vLLM samples outside transformers: pass <offload> as a stop token there too
         cfg.generation_kwargs = {**(cfg.generation_kwargs or {}), "stop_token_ids": [tid]}
 
-    spec = llm_spec(recipe)
-    llm = FrozenLLM.from_spec(spec, batch_size=cfg.llm_batch_size, concurrency=cfg.llm_concurrency)
-    with dist.main_first():  # the main process computes Cost_base; the other ranks read its file (no LLM calls)
-        cache = BaselineCache(Path(out_dir) / "cost_base.json", json.dumps(spec, sort_keys=True, default=str),
-                              prompts, prices, cfg.llm_max_new_tokens)
-        computed = cache.fill(llm, chats, [ex.gold for ex in examples])
     llm.calls = 0  # count only the handoffs of training from here on
     engine = collaboration_engine(HFBackend(model, tok), llm, prompts, prices, cfg.max_completion_length,
                                   cfg.llm_max_new_tokens)  # the policy's handoffs: the rollouts come from TRL
@@ -246,6 +220,32 @@ def run_stage3(recipe, out_dir: str | Path, lam: float | None = None, stage2: st
     save_resolved(out, recipe, cfg, {"stage2": str(src), "stats": stats})
     dist.barrier()
     return out
+
+
+def _baseline(recipe, cfg, out_dir: str | Path) -> tuple[list, list, FrozenLLM, BaselineCache, int]:
+    """Stage 3's training prompts, their chats, the frozen LLM and Cost_base for each (`eq:grpo-baseline`, cached in
+    DIR/cost_base.json); the last item: how many Cost_base entries this call computed (LLM calls)."""
+    prompts, prices = get_prompts(recipe.prompts), Prices.from_yaml(recipe.prices)
+    with dist.main_first():  # one rank builds a missing world; the others then find it
+        world = resolve_world(recipe)
+    examples = training_prompts(cfg, world)
+    if not examples:
+        raise ValueError(f"stage3.source {cfg.source!r} gave no training prompts")
+    chats = [turn_messages(prompts, ex) if ex.meta.get("turn") else ex.question for ex in examples]
+    spec = llm_spec(recipe)
+    llm = FrozenLLM.from_spec(spec, batch_size=cfg.llm_batch_size, concurrency=cfg.llm_concurrency)
+    with dist.main_first():  # the main process computes Cost_base; the other ranks read its file (no LLM calls)
+        cache = BaselineCache(Path(out_dir) / "cost_base.json", json.dumps(spec, sort_keys=True, default=str),
+                              prompts, prices, cfg.llm_max_new_tokens)
+        computed = cache.fill(llm, chats, [ex.gold for ex in examples])
+    return examples, chats, llm, cache, computed
+
+
+def fill_cost_base(recipe, out_dir: str | Path) -> int:
+    """Cost_base of every Stage 3 training prompt into DIR/cost_base.json, where each λ's `run_stage3` finds it (the
+    demo runs this once, beside Stage 1-2, instead of in every λ's run side by side); returns the LLM calls made."""
+    cfg = recipe.stage_config("stage3", output_dir=Path(out_dir) / "stage3-cost-base")
+    return _baseline(recipe, cfg, out_dir)[-1]
 
 
 def run_sweep(recipe, out_dir: str | Path, lambdas: list[float], resume: bool = False) -> Path:
