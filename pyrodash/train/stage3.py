@@ -59,17 +59,23 @@ class CostAwareGRPOTrainer(GRPOTrainer):
     def _generate_single_turn(self, prompt_ids, images, *args, **kwargs):
         if self.use_vllm or self.use_transformers_continuous_batching or images is not None:
             return super()._generate_single_turn(prompt_ids, images, *args, **kwargs)
-        model = self.accelerator.unwrap_model(self.model_wrapped)
-        base = model.get_base_model() if hasattr(model, "get_base_model") else model  # LoRA layers sit in it
-        was_training = base.training
-        if self._rollout_backend is None or self._rollout_backend.model is not base:
-            self._rollout_backend = HFBackend(base, self.processing_class)  # (puts the model in eval mode)
-        base.eval()
-        try:
-            completions = decode_rollouts(self._rollout_backend, prompt_ids, self.temperature, self.top_p,
-                                          self.max_completion_length, self.eos_token_ids, self.explore)
-        finally:
-            base.train(was_training)
+        import torch
+        from trl.models.utils import unwrap_model_for_generation
+
+        # the same contexts as TRL's own generation: ZeRO-3 parameters gathered, FSDP's summoned, no gradients
+        with unwrap_model_for_generation(self.model_wrapped, self.accelerator,
+                                         gather_deepspeed3_params=self.args.ds3_gather_for_generation) as model, \
+                torch.no_grad(), self._dist.summon_full_params(self.model_wrapped, recurse=False):
+            base = model.get_base_model() if hasattr(model, "get_base_model") else model  # LoRA layers sit in it
+            was_training = base.training
+            if self._rollout_backend is None or self._rollout_backend.model is not base:
+                self._rollout_backend = HFBackend(base, self.processing_class)  # (puts the model in eval mode)
+            base.eval()
+            try:
+                completions = decode_rollouts(self._rollout_backend, prompt_ids, self.temperature, self.top_p,
+                                              self.max_completion_length, self.eos_token_ids, self.explore)
+            finally:
+                base.train(was_training)
         return completions, None
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
