@@ -114,7 +114,7 @@ def _up(url: str, proc: subprocess.Popen) -> None:
         raise
 
 
-def start_litellm(exe: str, upstream: str, port: int, workdir: Path) -> subprocess.Popen:
+def start_litellm(exe: str, upstream: str, port: int, workers: int, workdir: Path) -> subprocess.Popen:
     cfg = workdir / "litellm.yaml"
     cfg.write_text(json.dumps({"model_list": [{"model_name": "direct", "litellm_params": {
         "model": "openai/direct", "api_base": upstream, "api_key": "sk-none"}}],
@@ -122,8 +122,8 @@ def start_litellm(exe: str, upstream: str, port: int, workdir: Path) -> subproce
     env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_LOG": "ERROR", "NO_DOCS": "True",
            "DISABLE_ADMIN_UI": "True", "LITELLM_MASTER_KEY": KEY}  # fmt: skip
     log = open(workdir / "litellm.log", "wb")  # noqa: SIM115 - closed with the process
-    proc = subprocess.Popen([exe, "--config", str(cfg), "--host", "127.0.0.1", "--port", str(port),
-                             "--num_workers", "1"], stdout=log, stderr=subprocess.STDOUT, env=env)  # fmt: skip
+    cmd = [exe, "--config", str(cfg), "--host", "127.0.0.1", "--port", str(port), "--num_workers", str(workers)]
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
     _up(f"http://127.0.0.1:{port}/health/liveliness", proc)
     return proc
 
@@ -171,6 +171,7 @@ def summarise(res: dict[str, list[dict]], c: int) -> list[str]:
 
 
 async def measure(ports: dict[str, int], models: dict[str, str], args) -> dict[int, dict[str, list[dict]]]:
+    """Every concurrency in turn; each one's summary is printed as soon as it is measured."""
     out = {}
     for c in args.concurrency:
         n = args.requests if c == 1 else max(1, args.requests // 5)
@@ -182,7 +183,9 @@ async def measure(ports: dict[str, int], models: dict[str, str], args) -> dict[i
             for target in order[i % len(order):] + order[: i % len(order)]:
                 await asyncio.sleep(0.05)
                 res[target] += await _round(ports[target], models[target], c, n, args.max_tokens)
+            print(f"  c={c} round {i + 1}/{args.rounds} done", file=sys.stderr, flush=True)
         out[c] = res
+        print("\n".join(summarise(res, c)), flush=True)
     return out
 
 
@@ -198,6 +201,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--litellm", default=str(ROOT / ".venv-litellm" / "bin" / "litellm"),
                    help="the litellm executable ('' to leave LiteLLM out)")
     p.add_argument("--workers", type=int, default=1, help="pyrodash serve --workers")
+    p.add_argument("--litellm-workers", type=int, default=None,
+                   help="litellm --num_workers (default: --workers, so both gateways get the same processes)")
     a = p.parse_args(argv)
     upstream, up_proc = scripted_server_process(a.tokens, a.tokens // 2, a.token_ms / 1e3)
     procs: list[subprocess.Popen] = []
@@ -207,22 +212,24 @@ def main(argv: list[str] | None = None) -> int:
         try:
             if a.litellm and Path(a.litellm).exists():
                 ports["litellm"] = _free_port()
-                procs.append(start_litellm(a.litellm, upstream, ports["litellm"], Path(tmp)))
+                t0 = time.perf_counter()
+                procs.append(start_litellm(a.litellm, upstream, ports["litellm"], a.litellm_workers or a.workers,
+                                           Path(tmp)))
+                print(f"litellm up in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
             else:
                 print(f"note: no LiteLLM at {a.litellm!r} (python3 -m venv .venv-litellm && .venv-litellm/bin/pip "
                       "install 'litellm[proxy]'): its rows are left out")  # fmt: skip
             ports["pyrodash"] = _free_port()
             procs.append(start_pyrodash(upstream, ports["pyrodash"], a.workers, Path(tmp)))
             print(f"upstream: {a.tokens} tokens at {a.token_ms:g} ms/token; {a.rounds} interleaved rounds; "
-                  f"{os.cpu_count()} CPUs shared by the clients, the upstream and the gateways", flush=True)
-            res = asyncio.run(measure(ports, models, a))
+                  f"{os.cpu_count()} CPUs shared by the clients, the upstream and the gateways; workers: pyrodash "
+                  f"{a.workers}, litellm {a.litellm_workers or a.workers}", flush=True)
+            asyncio.run(measure(ports, models, a))
         finally:
             for proc in procs:
                 _stop(proc, timeout=20)
             up_proc.terminate()
             up_proc.join(5)
-    for c, r in res.items():
-        print("\n".join(summarise(r, c)), flush=True)
     return 0
 
 
