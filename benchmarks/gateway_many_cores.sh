@@ -1,0 +1,21 @@
+#!/bin/bash
+# benchmarks/gateway_overhead.py on a machine with more cores and no network (e.g. a lent GPU machine with Python 3.12
+# and torch/transformers/httpx/rich/uvloop already there): the missing packages travel as wheels in .whl/.
+#
+# Here, once (the packages LiteLLM's proxy and `pyrodash serve` import that such a machine lacks; ~54 MB):
+#   .venv-litellm/bin/pip list --format=freeze > /tmp/w.txt   # then keep the names the other machine lacks, and add
+#   fastapi uvicorn httptools openai jiter distro pydantic pydantic_core starlette (the versions of .venv), then
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl -r /tmp/w.txt
+# There:   ROUNDS=3 W=4 bash benchmarks/gateway_many_cores.sh     (results also in $OUT/gateway_c64.txt)
+set -o pipefail
+PY=${PY:-python3}
+$PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 3
+export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
+# compiled once here, not by each gateway worker at its start
+$PY -m compileall -q -j 0 /tmp/site/litellm /tmp/site/fastapi /tmp/site/pydantic /tmp/site/openai pyrodash >/dev/null 2>&1
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+echo "cores: $(nproc)"
+timeout "${T64:-170}" $PY benchmarks/gateway_overhead.py --concurrency 64 1 --rounds "${ROUNDS:-3}" --requests "${REQ:-5}" \
+  --workers "${W:-4}" --litellm /tmp/site/bin/litellm 2>&1 | tee "$OUT/gateway_c64.txt" | grep -v '^    '
+timeout 100 $PY benchmarks/engine_overhead.py --runs 30 2>&1 | tail -2 | tee "$OUT/handoff.txt"
