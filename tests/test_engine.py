@@ -338,3 +338,75 @@ def test_batch_driver_equals_the_stream_driver(engine, mode):
         assert all(d.usage.llm_calls == 0 for d in only_slm)
     else:
         assert all(d.handoff is None and (d.usage.llm_calls == (mode == "llm")) for d in batched)
+
+
+class StallAfter:
+    """TEST DOUBLE (fault injection): forwards the real LLM backend's stream, but the first call stops sending for
+    `stall_s` after `n` chunks, like a provider that hangs mid-answer; later calls pass through."""
+
+    def __init__(self, inner: HFBackend, n: int, stall_s: float):
+        self.inner, self.n, self.stall_s, self.calls, self.name = inner, n, stall_s, 0, "stall-after"
+        self.stalled = asyncio.Event()
+
+    def token_id(self, token: str):
+        return self.inner.token_id(token)
+
+    def prompt_ids(self, req: GenRequest) -> list[int]:
+        return self.inner.prompt_ids(req)
+
+    async def stream(self, req: GenRequest):
+        self.calls += 1
+        k = 0
+        async for ch in self.inner.stream(req):
+            if self.calls == 1 and k == self.n:
+                self.stalled.set()
+                await asyncio.sleep(self.stall_s)
+            k += 1
+            yield ch
+
+    async def aclose(self) -> None:
+        pass
+
+
+def test_llm_chunk_timeout_counts_only_the_wait_for_a_chunk(slm, llm):
+    """`FailurePolicy.timeout_s` bounds each wait for the LLM's next chunk: a stall mid-answer fails the attempt
+    (and the retry continues); a consumer slower than the timeout between chunks is no timeout; a cancel from
+    outside during a wait stays a cancel."""
+    stall = StallAfter(llm, n=3, stall_s=30.0)
+    eng = CollaborateEngine(slm, stall, PROMPTS, PRICES, max_tokens=24,
+                            failure=FailurePolicy(backoff_s=0.0, timeout_s=0.3))
+    t0 = time.perf_counter()
+    done = eng.run("7+8", offload_bias=1e4)  # hand off at once
+    assert time.perf_counter() - t0 < 10
+    assert stall.calls == 2 and done.errors == ["attempt 1: TimeoutError (no chunk within 0.3s)"]
+    assert not done.fallback and done.usage.llm_calls == 2 and done.llm_text
+
+    patient = CollaborateEngine(slm, llm, PROMPTS, PRICES, max_tokens=24, failure=FailurePolicy(timeout_s=0.2))
+
+    async def slow_reader() -> Done:
+        n = 0
+        async for ev in patient.stream("7+8", offload_bias=1e4):
+            if isinstance(ev, LLMDelta) and n < 2:
+                n += 1
+                await asyncio.sleep(0.4)  # the engine waits at its yield: not the LLM's time
+        return ev
+
+    done = asyncio.run(slow_reader())
+    assert not done.errors and done.usage.llm_calls == 1 and done.llm_text
+
+    async def cancel_in_a_wait() -> None:
+        stall = StallAfter(llm, n=1, stall_s=30.0)
+        eng = CollaborateEngine(slm, stall, PROMPTS, PRICES, max_tokens=24, failure=FailurePolicy(timeout_s=20.0))
+        task = asyncio.create_task(_drain_stream(eng.stream("7+8", offload_bias=1e4)))
+        await stall.stalled.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert stall.calls == 1
+
+    asyncio.run(cancel_in_a_wait())
+
+
+async def _drain_stream(stream) -> None:
+    async for _ in stream:
+        pass

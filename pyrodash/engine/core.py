@@ -109,12 +109,57 @@ class EngineError(RuntimeError):
         self.done = done
 
 
-async def _next_within(it, timeout_s: float):
-    """The next chunk of `it` (None at its end), or TimeoutError after `timeout_s`."""
-    if hasattr(asyncio, "timeout"):  # Python >= 3.11: no extra task per chunk
-        async with asyncio.timeout(timeout_s):
+class _Within:
+    """`await within(it)`: the next chunk of `it` (None at its end), or TimeoutError when none came `timeout_s` after
+    it was asked for; the caller's time between two asks (its yields) never counts. One timer per stream, moved on
+    lazily: an ask only notes its start, and a timer that fires for an ask already answered re-arms for the pending
+    one (an `asyncio.timeout` per chunk made and cancelled a timer per streamed token). Asks come from the task
+    that made it; `close()` when done."""
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self.loop, self.task = asyncio.get_running_loop(), asyncio.current_task()
+        self.since: float | None = None  # loop time the pending ask began; None between asks
+        self.handle: asyncio.TimerHandle | None = None
+        self.armed = 0.0  # the deadline the timer is set for
+        self.cancelling = -1  # once expired: the task's cancel requests before this one (as asyncio.timeout)
+
+    async def __call__(self, it):
+        if not _UNCANCEL:  # Python 3.10: a cancel cannot be told apart from the timeout's own
+            return await asyncio.wait_for(anext(it, None), self.timeout_s)
+        self.since = self.loop.time()
+        if self.handle is None:
+            self._arm(self.since + self.timeout_s)
+        try:
             return await anext(it, None)
-    return await asyncio.wait_for(anext(it, None), timeout_s)
+        except asyncio.CancelledError as e:
+            if self.cancelling >= 0 and self.task.uncancel() <= self.cancelling:
+                raise TimeoutError from e
+            raise
+        finally:
+            self.since = None
+
+    def _arm(self, when: float) -> None:
+        self.armed, self.handle = when, self.loop.call_at(when, self._fire)
+
+    def _fire(self) -> None:
+        self.handle = None
+        if self.since is None:  # between two asks: the next ask arms it
+            return
+        deadline = self.since + self.timeout_s
+        if deadline > self.armed:  # armed for an earlier ask, answered since
+            self._arm(deadline)
+        else:
+            self.cancelling = self.task.cancelling()
+            self.task.cancel()
+
+    def close(self) -> None:
+        if self.handle is not None:
+            self.handle.cancel()
+            self.handle = None
+
+
+_UNCANCEL = hasattr(asyncio, "timeout")  # Python >= 3.11 (Task.uncancel, cancelling)
 
 
 def _final_chunk(r: GenResult) -> GenChunk:
@@ -405,10 +450,11 @@ class CollaborateEngine:
                 stream = self.llm.stream(lreq)
             got, attempt_text = GenChunk(), ""
             streamed = 0  # tokens received in this attempt (billed if the stream breaks before reporting usage)
+            within = _Within(pol.timeout_s)  # the timeout never spans a yield
             try:
                 async with contextlib.aclosing(stream) as it:
                     while True:
-                        ch = await _next_within(it, pol.timeout_s)  # the timeout never spans a yield
+                        ch = await within(it)
                         if ch is None:
                             break
                         streamed += len(ch.token_ids) or int(bool(ch.text))
@@ -437,6 +483,8 @@ class CollaborateEngine:
                 if t.mode == "llm" and t.llm_text:  # alone, the LLM cannot continue its own text: no retry
                     return
                 continue
+            finally:
+                within.close()
             t.bill_llm(got, self._calls(got, attempt_text, 1, None), 1)
             if fit.text is not None and lreq.prefix is fit.text and not got.usage_estimated:
                 for f in t.seen:  # the rendered prompt's tokens, as the model counted them

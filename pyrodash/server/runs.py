@@ -16,7 +16,9 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Callable
+from json.encoder import encode_basestring  # json.dumps(str, ensure_ascii=False) without an encoder per call
 
 from pyrodash.events import Done, Event
 
@@ -45,12 +47,15 @@ class EngineRun:
     def __init__(self, engine, prompt: str | list[dict], kwargs: dict, registry: set, sem: asyncio.Semaphore,
                  on_exit: Callable[[], None] | None = None, clock: RequestClock | None = None,
                  observe: Callable[[object, float], None] | None = None):  # fmt: skip
-        self.queue: asyncio.Queue = asyncio.Queue()
+        # the engine's events, then _END (after the engine's error, if any); the reader waits on `_waiter` when empty
+        # (a deque and one future: asyncio.Queue's per-item bookkeeping is per streamed token here)
+        self.items: deque = deque()
+        self._waiter: asyncio.Future | None = None
+        self._loop = asyncio.get_running_loop()
         self.t0 = time.perf_counter()
         self.clock = clock if clock is not None else RequestClock(self.t0)
         self.ttft: float | None = None
         self.cancelled = False
-        self._held: list = []  # taken from the queue, not handed out yet
         self.task = asyncio.create_task(self._pump(engine, prompt, kwargs, sem, observe))
         registry.add(self)
         self.task.add_done_callback(lambda _t: registry.discard(self))
@@ -58,7 +63,7 @@ class EngineRun:
             self.task.add_done_callback(lambda _t: on_exit())
 
     async def _pump(self, engine, prompt, kwargs: dict, sem: asyncio.Semaphore, observe) -> None:
-        clock, put, now = self.clock, self.queue.put_nowait, time.perf_counter
+        clock, put, now = self.clock, self._put, time.perf_counter
         try:
             async with sem:
                 stream = engine.stream(prompt, **kwargs)
@@ -78,27 +83,38 @@ class EngineRun:
         except asyncio.CancelledError:
             raise
         except BaseException as e:  # noqa: BLE001 - handed to the reader
-            self.queue.put_nowait(e)
+            self._put(e)
         finally:
-            self.queue.put_nowait(_END)
+            self._put(_END)
+
+    def _put(self, item) -> None:
+        self.items.append(item)
+        w = self._waiter
+        if w is not None and not w.done():
+            w.set_result(None)
 
     async def next_batch(self) -> list[Event] | None:
         """The next events in order, grouped: every event that was ready when the reader woke up (so a reader
         slower than the models, on a loaded server, writes several tokens with one socket send). None at the end;
         the engine's error is raised in its place, after the events that came before it."""
-        items, self._held = self._held or [await self.queue.get()], []
-        while not self.queue.empty():
-            items.append(self.queue.get_nowait())
+        items = self.items
+        while not items:
+            self._waiter = self._loop.create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
         batch: list[Event] = []
-        for i, item in enumerate(items):
+        while items:
+            item = items[0]
             if item is _END or isinstance(item, BaseException):
-                if batch:
-                    self._held = items[i:]  # the end (or the error) is handed out by the next call
+                if batch:  # the end (or the error) is handed out by the next call
                     return batch
-                self._held = [_END]
-                if item is _END:
+                if item is _END:  # (it stays: every later call returns None too)
                     return None
+                items[0] = _END  # the error is raised once, then the end
                 raise item
+            items.popleft()
             if self.ttft is None and getattr(item, "text", ""):
                 self.ttft = time.perf_counter() - self.t0
             batch.append(item)
@@ -154,12 +170,12 @@ class ChunkWriter:
             '"finish_reason":null}]' + tail + "}\n\n"
 
     def delta(self, text: str) -> str:
-        return self.delta_pre + json.dumps(text, ensure_ascii=False) + self.delta_post
+        return self.delta_pre + encode_basestring(text) + self.delta_post
 
     def tagged(self, text: str, pyrodash: dict) -> str:
         """A content delta that also carries a `pyrodash` object (request `pyrodash.sources`: who wrote it)."""
         post = self.delta_post[: -len("}\n\n")]
-        return f'{self.delta_pre}{json.dumps(text, ensure_ascii=False)}{post},"pyrodash":{json.dumps(pyrodash)}}}\n\n'
+        return f'{self.delta_pre}{encode_basestring(text)}{post},"pyrodash":{json.dumps(pyrodash)}}}\n\n'
 
     def finish(self, reason: str) -> str:
         tail = ',"usage":null' if self.include_usage else ""

@@ -1,0 +1,62 @@
+"""`pyrodash.server.runs`: an engine run's events handed to the HTTP side in ready batches, and the SSE chunks they
+become (no models: a scripted engine)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from pyrodash.events import LLMDelta, SLMDelta
+from pyrodash.server.runs import ChunkWriter, EngineRun
+
+
+class Scripted:
+    """TEST DOUBLE engine: `stream()` yields `events` (pausing at each None) and then raises `error`, if any."""
+
+    def __init__(self, events: list, error: Exception | None = None):
+        self.events, self.error = events, error
+
+    async def stream(self, prompt, **kwargs):
+        for ev in self.events:
+            if ev is None:
+                await asyncio.sleep(0.01)
+            else:
+                yield ev
+        if self.error is not None:
+            raise self.error
+
+
+async def _batches(engine) -> list:
+    run = EngineRun(engine, "q", {}, set(), asyncio.Semaphore(1))
+    out = []
+    while True:
+        try:
+            batch = await run.next_batch()
+        except ValueError as e:
+            out.append(e)
+            continue
+        if batch is None:
+            out.append(None)
+            break
+        out.append([ev.text for ev in batch])
+    assert await run.next_batch() is None and run.ttft is not None  # the end stays the end
+    return out
+
+
+def test_events_come_in_ready_batches_then_the_error_then_the_end():
+    events = [SLMDelta("a"), SLMDelta("b"), None, LLMDelta("c"), None, LLMDelta("d")]
+    assert asyncio.run(_batches(Scripted(events))) == [["a", "b"], ["c"], ["d"], None]
+    got = asyncio.run(_batches(Scripted(events, ValueError("upstream"))))
+    assert got[:3] == [["a", "b"], ["c"], ["d"]] and isinstance(got[3], ValueError) and got[4:] == [None]
+
+
+@pytest.mark.parametrize("text", ["plain", 'quo"te \\ back', "line\nbreak\ttab\x00\x1f", "é ü 中 😀 \u2028",
+                                  "\ud800 lone surrogate"])
+def test_a_content_delta_is_the_json_encoders_own_text(text):
+    w = ChunkWriter("chatcmpl-1", 0, "pyrodash", "chat", include_usage=True)
+    body = json.loads(w.delta(text)[len("data: "):])
+    assert body["choices"][0]["delta"]["content"] == text
+    assert json.dumps(text, ensure_ascii=False) in w.delta(text) and json.dumps(text, ensure_ascii=False) in \
+        w.tagged(text, {"source": "slm"})
