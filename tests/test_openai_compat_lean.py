@@ -263,3 +263,37 @@ def test_the_request_bytes_are_one_json_body_with_the_key():
     assert b"authorization: Bearer sk-test\r\n" in heads[0] and heads[0].startswith(b"POST /v1/chat/completions ")
     assert bodies[0]["model"] == "m" and bodies[0]["stream"] is True
     assert bodies[0]["messages"][-1]["content"] == "q"
+
+
+def test_the_read_timeout_bounds_each_wait_not_the_stream():
+    """`timeout_s` is the longest wait for the next bytes: a stream that sends a chunk every 0.1 s for longer than
+    the timeout (0.25 s) in all reads to its end; one that stops sending mid-stream fails with a timeout."""
+    texts = [f"t{i} " for i in range(6)]
+    head = response(b"").partition(b"\r\n\r\n")[0] + b"\r\n\r\n"  # chunked
+
+    def trickle(stall_after: int | None):  # one event per chunk, 0.1 s apart; none after `stall_after` of them
+        async def send(reader, writer):
+            writer.write(head)
+            for i, ev in enumerate(sse(texts).split(b"\n\n")[:-1]):
+                if i == stall_after:
+                    await asyncio.sleep(10)
+                await asyncio.sleep(0.1)
+                part = ev + b"\n\n"
+                writer.write(b"%x\r\n%s\r\n" % (len(part), part))
+                await writer.drain()
+            writer.write(b"0\r\n\r\n")
+            await writer.drain()
+        return send
+
+    async def main(stall_after):
+        async with RawServer(lambda n: trickle(stall_after)) as srv:
+            b = OpenAICompatBackend(srv.url, model="m", timeout_s=0.25)
+            try:
+                return await collect(b)
+            finally:
+                await b.aclose()
+
+    text, chunks = asyncio.run(main(None))
+    assert text == "".join(texts) and chunks[-1].completion_tokens == 6
+    with pytest.raises(BackendError, match="timeout"):
+        asyncio.run(main(3))

@@ -416,6 +416,10 @@ class _H1(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.waiter: asyncio.Future | None = None
         self.paused, self.idle_since, self.got = False, 0.0, False  # got: a response's first bytes arrived
+        # the read timeout: one timer per connection, moved on lazily (a wait only notes its deadline; a timer that
+        # fires for a wait already over re-arms for the pending one), not a timer made and cancelled per read
+        self.deadline = self.armed = 0.0  # the pending wait's deadline; the one the timer is set for
+        self.timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport) -> None:
         self.transport = transport
@@ -435,6 +439,9 @@ class _H1(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.eof, self.exc = True, exc
         self._wake()
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
 
     def _wake(self) -> None:
         w = self.waiter
@@ -453,12 +460,26 @@ class _H1(asyncio.Protocol):
             raise httpx.RemoteProtocolError("the server closed the connection in the middle of a response")
         self.consumed()
         w = self.waiter = self.loop.create_future()
-        timer = self.loop.call_later(timeout_s, _expire, w)
+        self.deadline = self.loop.time() + timeout_s
+        if self.timer is None:
+            self._arm()
         try:
             await w
         finally:
-            timer.cancel()
             self.waiter = None
+
+    def _arm(self) -> None:
+        self.armed, self.timer = self.deadline, self.loop.call_at(self.deadline, self._expire)
+
+    def _expire(self) -> None:
+        self.timer = None
+        w = self.waiter
+        if w is None or w.done():  # no wait pending: the next one arms the timer
+            return
+        if self.deadline > self.armed:  # set for an earlier wait, over since
+            self._arm()
+        else:
+            w.set_exception(httpx.ReadTimeout("no response bytes within the read timeout"))
 
     def reusable(self) -> bool:
         t = self.transport
@@ -467,11 +488,6 @@ class _H1(asyncio.Protocol):
     def close(self) -> None:
         if self.transport is not None:
             self.transport.close()
-
-
-def _expire(w: asyncio.Future) -> None:
-    if not w.done():
-        w.set_exception(httpx.ReadTimeout("no response bytes within the read timeout"))
 
 
 class _LeanResponse:
