@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+from types import SimpleNamespace
 
 import pytest
 
-from pyrodash.events import LLMDelta, SLMDelta
+from pyrodash.cost import Usage
+from pyrodash.events import Done, LLMDelta, SLMDelta
+from pyrodash.server.app import _sse
+from pyrodash.server.metrics import Metrics
 from pyrodash.server.runs import ChunkWriter, EngineRun
 
 
@@ -60,3 +64,21 @@ def test_a_content_delta_is_the_json_encoders_own_text(text):
     assert body["choices"][0]["delta"]["content"] == text
     assert json.dumps(text, ensure_ascii=False) in w.delta(text) and json.dumps(text, ensure_ascii=False) in \
         w.tagged(text, {"source": "slm"})
+
+
+def test_the_last_chunks_and_done_are_one_write():
+    """Each ready batch of deltas is one write; the finish chunk waits for the run's end and goes out with
+    `data: [DONE]` (one write less per request)."""
+    done = Done(output="ab", slm_text="ab", llm_text="", usage=Usage(slm_in=3, slm_out=2), cost_usd=0.0,
+                finish_reason="stop", handoff=None)
+    app = SimpleNamespace(state=SimpleNamespace(metrics=Metrics()))
+
+    async def writes() -> list[str]:
+        run = EngineRun(Scripted([SLMDelta("a"), None, SLMDelta("b"), done]), "q", {}, set(), asyncio.Semaphore(1))
+        first = await run.next_batch()
+        return [w async for w in _sse(app, run, first, "chat", "m", "/v1/chat/completions", False, None)]
+
+    out = asyncio.run(writes())
+    assert len(out) == 2 and out[0].count("data: ") == 2 and '"content":"a"' in out[0]  # the role chunk, then "a"
+    assert out[1].count("data: ") == 3 and '"content":"b"' in out[1] and '"finish_reason":"stop"' in out[1]
+    assert out[1].endswith("data: [DONE]\n\n")

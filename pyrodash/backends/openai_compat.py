@@ -49,7 +49,7 @@ from pyrodash.backends.probe import probe_llm
 log = logging.getLogger("pyrodash.llm")
 CHARS_PER_TOKEN = 4  # the estimate when neither the server nor a local tokenizer counts
 KEEPALIVE_S = 120.0
-_json = json.JSONDecoder().decode  # one event's JSON (json.loads less its per-call checks)
+_scan = json.JSONDecoder().scan_once  # json's C scanner (json.loads less its whitespace regexes and Python frames)
 DRAIN_S = 0.5  # the longest a response is read after its [DONE] (to reuse its connection)
 
 
@@ -109,10 +109,12 @@ class OpenAICompatBackend:
 
     @property
     def headers(self) -> dict:
-        host = (urlparse(self.base).hostname or "").lower()
-        anthropic = self.wire.mode == "anthropic" if self.wire is not None else (
-            self.mode == "anthropic" or (self.mode == "auto" and (host.endswith("anthropic.com") or
-                                                                  self.provider == "anthropic")))
+        if self.wire is not None:  # (read on every request: no URL parsing on this path)
+            anthropic = self.wire.mode == "anthropic"
+        else:
+            host = (urlparse(self.base).hostname or "").lower()
+            anthropic = self.mode == "anthropic" or (self.mode == "auto" and (host.endswith("anthropic.com") or
+                                                                             self.provider == "anthropic"))
         if anthropic:
             h = {"anthropic-version": ANTHROPIC_VERSION}
             return {**h, "x-api-key": self.api_key} if self.api_key else h
@@ -750,6 +752,17 @@ async def _drain(chunks: AsyncIterator[bytes]) -> None:
                 await rest()
         else:
             await asyncio.wait_for(rest(), DRAIN_S)
+
+
+def _json(text: str):
+    """One event's JSON value (`text` has no whitespace around it); ValueError when it is not exactly one."""
+    try:
+        obj, end = _scan(text, 0)
+    except StopIteration:
+        raise ValueError(f"no JSON value: {text[:50]!r}") from None
+    if end != len(text):
+        raise ValueError(f"extra data after the JSON value at {end}")
+    return obj
 
 
 def _stop_id(stop_reason: object) -> int | None:

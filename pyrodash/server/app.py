@@ -547,7 +547,7 @@ async def _sse(app: FastAPI, run: EngineRun, first: list | None, kind: str, mode
                             info = info_of(ev).model_dump()
                             info["overhead_ms"] = round(run.clock.overhead_s() * 1e3, 3)
                             out.append(w.usage(P.UsageInfo.from_done(ev).model_dump(), info))
-                if out:
+                if out and done is None:  # (the last chunks wait for the run's end: one write with [DONE])
                     yield "".join(out)
                     out = []
                 batch = await run.next_batch()

@@ -54,9 +54,16 @@ class _Metric:
     def __init__(self, cls, name: str, help: str, labels: tuple[str, ...], registry, **kw):
         self.name = name
         self.metric = cls(name, help, labelnames=labels, registry=registry, **kw)
+        self._children: dict[tuple, object] = {}  # labels -> prometheus_client's child (its `labels()` is slow)
 
     def _child(self, labels: dict):
-        return self.metric.labels(**labels) if labels else self.metric
+        if not labels:
+            return self.metric
+        key = tuple(labels.items())
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = self.metric.labels(**labels)
+        return child
 
     def inc(self, amount: float = 1.0, **labels: str) -> None:
         self._child(labels).inc(amount)
