@@ -193,12 +193,14 @@ def kinds_ok(kinds: set) -> bool:
     return Handoff in kinds and Done in kinds and kinds <= {SLMDelta, Handoff, LLMDelta, Done}
 
 
-class CutAfter:
-    """TEST DOUBLE (fault injection): forwards the real LLM backend's stream, but the first call breaks after
-    `n` chunks without reporting usage, like a dropped connection; later calls pass through."""
+class FaultAfter:
+    """TEST DOUBLE (fault injection): forwards the real LLM backend's stream; on the first call, `fault()` runs
+    before the chunk after the first `n`; later calls pass through."""
+
+    name = "fault-after"
 
     def __init__(self, inner: HFBackend, n: int):
-        self.inner, self.n, self.calls, self.name = inner, n, 0, "cut-after"
+        self.inner, self.n, self.calls = inner, n, 0
 
     def token_id(self, token: str):
         return self.inner.token_id(token)
@@ -206,17 +208,29 @@ class CutAfter:
     def prompt_ids(self, req: GenRequest) -> list[int]:
         return self.inner.prompt_ids(req)
 
+    async def fault(self) -> None:
+        raise NotImplementedError
+
     async def stream(self, req: GenRequest):
         self.calls += 1
         k = 0
         async for ch in self.inner.stream(req):
             if self.calls == 1 and k == self.n:
-                raise ConnectionResetError("injected: stream cut")
+                await self.fault()
             k += 1
             yield ch
 
     async def aclose(self) -> None:
         pass
+
+
+class CutAfter(FaultAfter):
+    """The first call breaks after `n` chunks without reporting usage, like a dropped connection."""
+
+    name = "cut-after"
+
+    async def fault(self) -> None:
+        raise ConnectionResetError("injected: stream cut")
 
 
 def test_tokens_streamed_before_a_cut_are_billed(slm, llm):
@@ -340,32 +354,19 @@ def test_batch_driver_equals_the_stream_driver(engine, mode):
         assert all(d.handoff is None and (d.usage.llm_calls == (mode == "llm")) for d in batched)
 
 
-class StallAfter:
-    """TEST DOUBLE (fault injection): forwards the real LLM backend's stream, but the first call stops sending for
-    `stall_s` after `n` chunks, like a provider that hangs mid-answer; later calls pass through."""
+class StallAfter(FaultAfter):
+    """The first call stops sending for `stall_s` after `n` chunks, like a provider that hangs mid-answer."""
+
+    name = "stall-after"
 
     def __init__(self, inner: HFBackend, n: int, stall_s: float):
-        self.inner, self.n, self.stall_s, self.calls, self.name = inner, n, stall_s, 0, "stall-after"
+        super().__init__(inner, n)
+        self.stall_s = stall_s
         self.stalled = asyncio.Event()
 
-    def token_id(self, token: str):
-        return self.inner.token_id(token)
-
-    def prompt_ids(self, req: GenRequest) -> list[int]:
-        return self.inner.prompt_ids(req)
-
-    async def stream(self, req: GenRequest):
-        self.calls += 1
-        k = 0
-        async for ch in self.inner.stream(req):
-            if self.calls == 1 and k == self.n:
-                self.stalled.set()
-                await asyncio.sleep(self.stall_s)
-            k += 1
-            yield ch
-
-    async def aclose(self) -> None:
-        pass
+    async def fault(self) -> None:
+        self.stalled.set()
+        await asyncio.sleep(self.stall_s)
 
 
 def test_llm_chunk_timeout_counts_only_the_wait_for_a_chunk(slm, llm):
