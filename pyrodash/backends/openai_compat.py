@@ -43,6 +43,7 @@ import httpx
 from pyrodash.backends import literal
 from pyrodash.backends.base import BackendError, GenChunk, GenRequest, public_name
 from pyrodash.backends.continuation import ANTHROPIC_VERSION, StreamState, Wire, build_request, trimmed_prefill
+from pyrodash.backends.deadline import LazyDeadline
 from pyrodash.backends.endpoint import LLMEndpoint, redact
 from pyrodash.backends.probe import probe_llm
 
@@ -418,10 +419,7 @@ class _H1(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.waiter: asyncio.Future | None = None
         self.paused, self.idle_since, self.got = False, 0.0, False  # got: a response's first bytes arrived
-        # the read timeout: one timer per connection, moved on lazily (a wait only notes its deadline; a timer that
-        # fires for a wait already over re-arms for the pending one), not a timer made and cancelled per read
-        self.deadline = self.armed = 0.0  # the pending wait's deadline; the one the timer is set for
-        self.timer: asyncio.TimerHandle | None = None
+        self.read_deadline = LazyDeadline(loop, self._expire)  # one timer per connection, not one per read
 
     def connection_made(self, transport) -> None:
         self.transport = transport
@@ -441,9 +439,7 @@ class _H1(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.eof, self.exc = True, exc
         self._wake()
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
+        self.read_deadline.close()
 
     def _wake(self) -> None:
         w = self.waiter
@@ -462,25 +458,16 @@ class _H1(asyncio.Protocol):
             raise httpx.RemoteProtocolError("the server closed the connection in the middle of a response")
         self.consumed()
         w = self.waiter = self.loop.create_future()
-        self.deadline = self.loop.time() + timeout_s
-        if self.timer is None:
-            self._arm()
+        self.read_deadline.start(timeout_s)
         try:
             await w
         finally:
             self.waiter = None
-
-    def _arm(self) -> None:
-        self.armed, self.timer = self.deadline, self.loop.call_at(self.deadline, self._expire)
+            self.read_deadline.stop()
 
     def _expire(self) -> None:
-        self.timer = None
         w = self.waiter
-        if w is None or w.done():  # no wait pending: the next one arms the timer
-            return
-        if self.deadline > self.armed:  # set for an earlier wait, over since
-            self._arm()
-        else:
+        if w is not None and not w.done():
             w.set_exception(httpx.ReadTimeout("no response bytes within the read timeout"))
 
     def reusable(self) -> bool:

@@ -58,6 +58,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from pyrodash import conversation as conv
 from pyrodash.backends.base import Backend, GenChunk, GenRequest, GenResult, Tokenized
+from pyrodash.backends.deadline import LazyDeadline
 from pyrodash.cost import Prices, Usage
 from pyrodash.engine.requests import (
     BAN,
@@ -111,25 +112,20 @@ class EngineError(RuntimeError):
 
 class _Within:
     """`await within(it)`: the next chunk of `it` (None at its end), or TimeoutError when none came `timeout_s` after
-    it was asked for; the caller's time between two asks (its yields) never counts. One timer per stream, moved on
-    lazily: an ask only notes its start, and a timer that fires for an ask already answered re-arms for the pending
-    one (an `asyncio.timeout` per chunk made and cancelled a timer per streamed token). Asks come from the task
-    that made it; `close()` when done."""
+    it was asked for; the caller's time between two asks (its yields) never counts. One timer per stream
+    (`LazyDeadline`), not an `asyncio.timeout` per chunk. Asks come from the task that made it; `close()` when
+    done."""
 
     def __init__(self, timeout_s: float) -> None:
         self.timeout_s = timeout_s
-        self.loop, self.task = asyncio.get_running_loop(), asyncio.current_task()
-        self.since: float | None = None  # loop time the pending ask began; None between asks
-        self.handle: asyncio.TimerHandle | None = None
-        self.armed = 0.0  # the deadline the timer is set for
+        self.task = asyncio.current_task()
+        self.deadline = LazyDeadline(asyncio.get_running_loop(), self._expire)
         self.cancelling = -1  # once expired: the task's cancel requests before this one (as asyncio.timeout)
 
     async def __call__(self, it):
         if not _UNCANCEL:  # Python 3.10: a cancel cannot be told apart from the timeout's own
             return await asyncio.wait_for(anext(it, None), self.timeout_s)
-        self.since = self.loop.time()
-        if self.handle is None:
-            self._arm(self.since + self.timeout_s)
+        self.deadline.start(self.timeout_s)
         try:
             return await anext(it, None)
         except asyncio.CancelledError as e:
@@ -137,26 +133,14 @@ class _Within:
                 raise TimeoutError from e
             raise
         finally:
-            self.since = None
+            self.deadline.stop()
 
-    def _arm(self, when: float) -> None:
-        self.armed, self.handle = when, self.loop.call_at(when, self._fire)
-
-    def _fire(self) -> None:
-        self.handle = None
-        if self.since is None:  # between two asks: the next ask arms it
-            return
-        deadline = self.since + self.timeout_s
-        if deadline > self.armed:  # armed for an earlier ask, answered since
-            self._arm(deadline)
-        else:
-            self.cancelling = self.task.cancelling()
-            self.task.cancel()
+    def _expire(self) -> None:
+        self.cancelling = self.task.cancelling()
+        self.task.cancel()
 
     def close(self) -> None:
-        if self.handle is not None:
-            self.handle.cancel()
-            self.handle = None
+        self.deadline.close()
 
 
 _UNCANCEL = hasattr(asyncio, "timeout")  # Python >= 3.11 (Task.uncancel, cancelling)
