@@ -170,9 +170,8 @@ def summarise(res: dict[str, list[dict]], c: int) -> list[str]:
     return lines
 
 
-async def measure(ports: dict[str, int], models: dict[str, str], args) -> dict[int, dict[str, list[dict]]]:
+async def measure(ports: dict[str, int], models: dict[str, str], args) -> None:
     """Every concurrency in turn; each one's summary is printed as soon as it is measured."""
-    out = {}
     for c in args.concurrency:
         n = args.requests if c == 1 else max(1, args.requests // 5)
         for target in ports:  # warm-up (connections, caches, LiteLLM's first-request set-up): not counted
@@ -184,9 +183,7 @@ async def measure(ports: dict[str, int], models: dict[str, str], args) -> dict[i
                 await asyncio.sleep(0.05)
                 res[target] += await _round(ports[target], models[target], c, n, args.max_tokens)
             print(f"  c={c} round {i + 1}/{args.rounds} done", file=sys.stderr, flush=True)
-        out[c] = res
         print("\n".join(summarise(res, c)), flush=True)
-    return out
 
 
 def main(argv: list[str] | None = None) -> int:
