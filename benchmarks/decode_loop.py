@@ -1,4 +1,5 @@
-"""Our batched decode loop (`HFBackend.generate_batch`) against transformers' own `generate` on the world's models.
+"""Our batched decode loop (`HFBackend.generate_batch`) against transformers' own `generate` on the world's models,
+and with its lean step (`pyrodash/backends/lean_step.py`) against the same loop calling the model's forward.
 
     .venv/bin/python benchmarks/decode_loop.py [--model slm|llm] [--batch 64] [--runs 3] [--seed 0]
 
@@ -6,8 +7,10 @@ The prompts are a mix the evaluation sees: single questions of every tier and co
 chats hold the earlier turns, so lengths vary from ~60 to ~600 tokens), greedy, up to 300 new tokens, left-padded
 batches. Our loop writes its KV cache in place and drops finished sequences from the batch
 (`pyrodash/backends/kv_cache.py`); `generate` concatenates its DynamicCache and decodes every row to the batch's
-end. Both must write the same tokens (checked). Builds or reuses the quick world of `--seed` from the cache.
-The last line is machine-readable: `ours_s=<a> generate_s=<b> speedup=<b/a> same_tokens=<True|False>`.
+end. Every token after the prompt goes through the lean step, which gives the model's logits bit for bit with less
+per-call overhead ("forward": the loop with `HFBackend.lean = False`). All three must write the same tokens
+(checked). Builds or reuses the quick world of `--seed` from the cache. The last line is machine-readable:
+`ours_s=<a> forward_s=<f> generate_s=<b> speedup=<b/a> lean_speedup=<f/a> same_tokens=<True|False>`.
 """
 
 from __future__ import annotations
@@ -57,6 +60,11 @@ def main(argv: list[str] | None = None) -> int:
         x[i, width - len(row):], mask[i, width - len(row):] = torch.tensor(row), 1
 
     def ours():
+        be.lean = True
+        return [r.token_ids for r in be.generate_batch(reqs)]
+
+    def forward():
+        be.lean = False
         return [r.token_ids for r in be.generate_batch(reqs)]
 
     def reference():
@@ -69,14 +77,14 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row[:cut])
         return rows
 
-    times: dict[str, list[float]] = {"ours": [], "generate": []}
+    times: dict[str, list[float]] = {"ours": [], "forward": [], "generate": []}
     got = {}
     for _ in range(a.runs):
-        for name, fn in (("ours", ours), ("generate", reference)):
+        for name, fn in (("ours", ours), ("forward", forward), ("generate", reference)):
             t = time.perf_counter()
             got[name] = fn()
             times[name].append(time.perf_counter() - t)
-    same = got["ours"] == got["generate"]
+    same = got["ours"] == got["forward"] == got["generate"]
     lengths = [len(i) for i in ids]
     new = [len(t) for t in got["ours"]]
     print(f"world seed {a.seed}, {a.model}, {len(reqs)} prompts of {min(lengths)}-{max(lengths)} tokens, "
@@ -84,8 +92,9 @@ def main(argv: list[str] | None = None) -> int:
     for name, ts in times.items():
         runs = ", ".join(f"{t:.2f}" for t in ts)
         print(f"{name:>9}: median {statistics.median(ts):.2f} s over {a.runs} runs ({runs})")
-    o, g = statistics.median(times["ours"]), statistics.median(times["generate"])
-    print(f"ours_s={o:.3f} generate_s={g:.3f} speedup={g / o:.2f} same_tokens={same}")
+    o, f, g = (statistics.median(times[k]) for k in ("ours", "forward", "generate"))
+    print(f"ours_s={o:.3f} forward_s={f:.3f} generate_s={g:.3f} speedup={g / o:.2f} lean_speedup={f / o:.2f} "
+          f"same_tokens={same}")
     return 0 if same else 1
 
 

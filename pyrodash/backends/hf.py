@@ -34,6 +34,7 @@ import torch
 from pyrodash.backends import literal
 from pyrodash.backends.base import GenChunk, GenRequest, GenResult, public_name
 from pyrodash.backends.kv_cache import growing_cache
+from pyrodash.backends.lean_step import lean_step
 
 _END = object()
 _BIG = 1e9  # +-inf biases are clamped to this, so sampling stays finite
@@ -121,6 +122,7 @@ class HFBackend:
         self._lock = threading.Lock()
         self._threads: set[threading.Thread] = set()  # decode threads that may still be running
         self._keep_arg = "logits_to_keep" in inspect.signature(model.forward).parameters
+        self.lean = True  # decode steps through `lean_step` where it covers the model (same logits, less overhead)
         self._pieces: dict[int, str] = {}  # token id -> its text alone (top-k logprobs)
 
     # ---- prompts -------------------------------------------------------------------------------------------
@@ -225,7 +227,8 @@ class HFBackend:
         top_ps = torch.tensor([r.top_p for r in reqs], device=dev)[:, None]
         k_max = max(r.top_logprobs for r in reqs)
         cache = growing_cache(self.model.config)
-        logits = self._forward(ids, mask, pos, cache)
+        logits = self._forward(ids, mask, pos, cache)  # the prompt: the model's own forward
+        step = (lean_step(self.model) if self.lean else None) or self._forward  # each token after it
         bias = None
         if any(r.logit_bias for r in reqs):
             bias = torch.zeros_like(logits)
@@ -275,7 +278,7 @@ class HFBackend:
             mask = torch.cat([mask, mask.new_ones((len(active), 1))], dim=1)
             pos = pos[:, -1:] + 1
             inp = torch.tensor(nxt, dtype=torch.long, device=dev)[:, None]
-            logits = self._forward(inp, mask, pos, cache)
+            logits = step(inp, mask, pos, cache)
         for s in seqs:
             s.finalize()
         return seqs

@@ -9,12 +9,11 @@ from __future__ import annotations
 import random
 from collections import Counter
 
-import torch
-
+from pyrodash.backends.base import GenRequest
 from pyrodash.data.example import Example
 from pyrodash.grading import grade_batch
 from pyrodash.world.task import STEP_SEP
-from pyrodash.world.tokenizer import IM_END_ID, PAD_ID, VOCAB, encode_chat, encode_text
+from pyrodash.world.tokenizer import IM_END_ID, VOCAB, encode_chat, encode_text
 
 ID_TO_TOKEN = {i: t for t, i in VOCAB.items()}
 
@@ -42,25 +41,24 @@ def max_new_tokens_for(ex: Example) -> int:
     return len(ex.meta.get("solution", "")) + 24 if ex.meta.get("solution") else 160
 
 
-@torch.no_grad()
 def greedy_generate(model, prompts: list[list[int]], max_new_tokens: int, batch_size: int = 200,
                     progress=None, label: str = "generate") -> list[str]:
-    """Greedy completions (text up to `<|im_end|>`) of `prompts`, batched with left padding, longest first."""
+    """Greedy completions (text up to `<|im_end|>`) of `prompts`, longest first, in batches through the decode loop
+    that serves and evaluates every model (`HFBackend.generate_ids`: finished rows leave the batch, tokens after the
+    prompt go through `lean_step`). Before, transformers' `generate`: the same texts on the quick world of seed 0
+    (every split the build evaluates) in half the time (`benchmarks/decode_loop.py`)."""
+    from pyrodash.backends.hf import HFBackend
+    from pyrodash.world.tokenizer import build_tokenizer
+
+    backend = HFBackend(model, build_tokenizer())
     order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))
     out: list[str] = [""] * len(prompts)
     task = progress.add_task(label, total=len(prompts)) if progress is not None else None
     for start in range(0, len(order), batch_size):
         idx = order[start : start + batch_size]
-        n = max(len(prompts[i]) for i in idx)
-        x = torch.full((len(idx), n), PAD_ID, dtype=torch.long)
-        mask = torch.zeros((len(idx), n), dtype=torch.long)
-        for r, i in enumerate(idx):
-            x[r, n - len(prompts[i]) :] = torch.tensor(prompts[i])
-            mask[r, n - len(prompts[i]) :] = 1
-        gen = model.generate(input_ids=x, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
-                             eos_token_id=IM_END_ID, pad_token_id=PAD_ID)
-        for r, i in enumerate(idx):
-            out[i] = decode_ids(gen[r, n:].tolist())
+        reqs = [GenRequest(messages=[], max_tokens=max_new_tokens, stop_token_ids=[IM_END_ID]) for _ in idx]
+        for i, res in zip(idx, backend.generate_ids([prompts[i] for i in idx], reqs)):
+            out[i] = decode_ids(res.token_ids)
         if task is not None:
             progress.update(task, advance=len(idx))
     return out

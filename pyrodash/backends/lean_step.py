@@ -1,0 +1,135 @@
+"""One decode step of a Qwen3 decoder without transformers' module machinery: the same torch ops, in the same order,
+on the same weights, so the logits are bit for bit those of `model(...)` (`tests/test_lean_step.py` checks it, on a
+plain model and with PEFT LoRA layers). Used by the decode loop (`pyrodash.backends.hf`) for every token after the
+prompt; the prompt itself (prefill) still goes through `model(...)`.
+
+Why: the world's models are tiny (2 layers, 64 and 128 wide), so a decode step is mostly per-call overhead:
+transformers' decorators and output capture, the attention-interface dispatch, the causal-mask builder, the rotary
+module, `nn.Module.__call__` around each of ~40 submodules. Measured, quick world seed 0, the decode loop on one
+thread, 16 evaluation prompts, up to 300 new tokens (`OMP_NUM_THREADS=1 benchmarks/decode_loop.py --batch 16`):
+SLM 0.64 -> 0.44 s, LLM 0.87 -> 0.71 s; the quick demo's jobs (same cached world, same records and Stage 3 weights)
+235.7 -> 212.5 s.
+
+What it covers: `Qwen3ForCausalLM` (or the base model under PEFT), SDPA attention, full attention in every layer
+(grouped-query attention as transformers' SDPA path does it for one query token: `enable_gqa` without padding, the
+query heads packed per key/value head with it), the default RoPE, no forward hooks. Anything else (sliding windows,
+other RoPE types, eager attention, another architecture) gets `None` from `lean_step` and keeps the model's own
+forward. A linear layer that is not a
+plain bias-free `nn.Linear` (a LoRA layer) is called as the module it is, so its own forward adds the adapter.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers.integrations.sdpa_attention import use_gqa_in_sdpa
+
+
+def _linear(module: nn.Module):
+    if type(module) is nn.Linear and module.bias is None:
+        weight = module.weight
+        return lambda x: F.linear(x, weight)
+    return module
+
+
+def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """`Qwen3RMSNorm.forward`, op for op."""
+    dtype = x.dtype
+    x = x.to(torch.float32)
+    variance = x.pow(2).mean(-1, keepdim=True)
+    x = x * torch.rsqrt(variance + eps)
+    return weight * x.to(dtype)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class LeanStep:
+    """`step(ids [B, 1], mask [B, L] of 0/1 over the cache + this token, pos [B, 1], cache)` -> float32 logits of the
+    token, [B, vocab]. The cache is the one the prefill filled (`kv_cache.growing_cache`); the step appends to it."""
+
+    def __init__(self, model):
+        inner = model.model
+        cfg = model.config
+        self.eps = cfg.rms_norm_eps
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.groups = cfg.num_attention_heads // cfg.num_key_value_heads
+        rotary = inner.rotary_emb
+        self.inv_freq, self.rope_scaling = rotary.inv_freq, rotary.attention_scaling
+        embed = inner.embed_tokens
+        self.embed = (lambda ids, w=embed.weight: F.embedding(ids, w, embed.padding_idx)) \
+            if type(embed) is nn.Embedding else embed
+        self.layers = []
+        for layer in inner.layers:
+            a, mlp = layer.self_attn, layer.mlp
+            self.layers.append((
+                layer.input_layernorm.weight, _linear(a.q_proj), _linear(a.k_proj), _linear(a.v_proj),
+                a.q_norm.weight, a.k_norm.weight, a.scaling, _linear(a.o_proj),
+                layer.post_attention_layernorm.weight, _linear(mlp.gate_proj), _linear(mlp.up_proj),
+                _linear(mlp.down_proj), mlp.act_fn,
+            ))
+        self.norm = inner.norm.weight
+        self.head = _linear(model.lm_head)
+
+    def __call__(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache) -> torch.Tensor:
+        eps, hd = self.eps, self.head_dim
+        x = self.embed(ids)
+        b, q = ids.shape
+        # the rotary module's forward (default RoPE), then apply_rotary_pos_emb's unsqueeze on the head dim
+        freqs = pos[..., None].float() * self.inv_freq.to(device=x.device, dtype=torch.float)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos = (emb.cos() * self.rope_scaling).to(dtype=x.dtype).unsqueeze(1)
+        sin = (emb.sin() * self.rope_scaling).to(dtype=x.dtype).unsqueeze(1)
+        # transformers' SDPA mask for one query token: none when nothing is padded, else the padding mask as bool
+        attn_mask = None if bool(mask.all()) else mask.bool()[:, None, None, :]
+        for i, (ln1, qp, kp, vp, qn, kn, scale, op, ln2, gate, up, down, act) in enumerate(self.layers):
+            residual = x
+            h = _rms(x, ln1, eps)
+            qs = _rms(qp(h).view(b, q, -1, hd), qn, eps).transpose(1, 2)
+            ks = _rms(kp(h).view(b, q, -1, hd), kn, eps).transpose(1, 2)
+            vs = vp(h).view(b, q, -1, hd).transpose(1, 2)
+            qs = (qs * cos) + (_rotate_half(qs) * sin)
+            ks = (ks * cos) + (_rotate_half(ks) * sin)
+            keys, values = cache.layers[i].update(ks, vs)
+            if self.groups == 1:
+                out = F.scaled_dot_product_attention(qs, keys, values, attn_mask=attn_mask, dropout_p=0.0,
+                                                     scale=scale)
+            elif use_gqa_in_sdpa(attn_mask, keys, values):  # (no padding)
+                out = F.scaled_dot_product_attention(qs, keys, values, attn_mask=attn_mask, dropout_p=0.0,
+                                                     scale=scale, enable_gqa=True)
+            else:  # transformers' pack_gqa: the query heads of a key/value head side by side, one query token
+                packed = qs.reshape(b, qs.shape[1] // self.groups, self.groups, hd)
+                out = F.scaled_dot_product_attention(packed, keys, values, attn_mask=attn_mask, dropout_p=0.0,
+                                                     scale=scale)
+            out = out.reshape(out.shape[0], -1, q, hd).transpose(1, 2).contiguous().reshape(b, q, -1).contiguous()
+            x = residual + op(out)
+            residual = x
+            h = _rms(x, ln2, eps)
+            x = residual + down(act(gate(h)) * up(h))
+        x = _rms(x, self.norm, eps)
+        return self.head(x[:, -1:, :])[:, -1, :].float()
+
+
+def lean_step(model) -> LeanStep | None:
+    """A `LeanStep` for `model` when it is a Qwen3 decoder this file reproduces exactly (see the module docstring),
+    else None."""
+    cfg = getattr(model, "config", None)
+    if type(model).__name__ != "Qwen3ForCausalLM" or cfg is None:
+        return None
+    if getattr(cfg, "_attn_implementation", None) != "sdpa":
+        return None
+    if cfg.num_attention_heads % cfg.num_key_value_heads:
+        return None
+    if any(t != "full_attention" for t in getattr(cfg, "layer_types", None) or []):
+        return None
+    rope = getattr(cfg, "rope_parameters", None) or {}
+    if rope.get("rope_type", "default") != "default":
+        return None
+    if getattr(model.model.rotary_emb, "rope_type", "default") != "default":
+        return None
+    if any(m._forward_hooks or m._forward_pre_hooks for m in model.modules()):  # accelerate's offload hooks, ...
+        return None
+    return LeanStep(model)
