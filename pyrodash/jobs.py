@@ -11,6 +11,12 @@ finish sooner than the same steps one after the other on two. Results do not dep
 0, Stage 3 λ 0.6 on 1 thread wrote the same weights, byte for byte, as on 2, and 3060 evaluation records (SLM, LLM,
 oracle, PyroDash per λ) were identical. With `workers=1` the steps run here, in order, on the caller's threads.
 
+An elastic step (`Job(elastic=True)`: one whose results do not depend on its thread count, checked for each) takes the
+cores no other step is ready for: while fewer steps than workers run, the scheduler grants it the idle ones, and the
+step reads its grant at each training step (`granted_threads`, `pyrodash.train.common.GrantedThreads`); a step that
+becomes ready takes its core back at the elastic step's next training step. The demo's Stage 2 is one: it is the
+longest step of its chain, and the evaluation beside it ends first.
+
 A step's console output and library logs go to `log_dir/<step>.log`; the caller's console shows one row per step
 (running, done, seconds). A step that fails stops the run with its name and its log's path once the steps already
 running have finished; what finished is kept (every step of the demo is reused when its output exists).
@@ -37,6 +43,7 @@ class Job:
     args: tuple = ()
     kwargs: dict = field(default_factory=dict)
     after: tuple[str, ...] = ()  # names of the jobs this one needs
+    elastic: bool = False  # takes idle cores as torch threads (its results must not depend on its thread count)
 
 
 def default_workers() -> int:
@@ -49,15 +56,32 @@ def log_name(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.=@+-]+", "_", name).strip("_") + ".log"
 
 
-def _init_worker(threads: int) -> None:
+_GRANTS = None  # in a worker process: the threads granted to each job (shared with the scheduler), by job index
+_MINE: int | None = None  # in a worker process: the index of the job it runs now
+
+
+def granted_threads() -> int | None:
+    """In a step that `run_jobs` runs in a worker: the torch threads granted to it now (1, more for an elastic step
+    while cores are idle); None anywhere else."""
+    if _GRANTS is None or _MINE is None:
+        return None
+    return int(_GRANTS[_MINE])
+
+
+def _init_worker(threads: int, grants=None) -> None:
     import torch
 
+    global _GRANTS
+    _GRANTS = grants
     torch.set_num_threads(threads)
 
 
-def _run_logged(fn: Callable, args: tuple, kwargs: dict, log_path: str) -> float:
-    """In a worker: run `fn` with its stdout, stderr and library noise (`library_log`) in `log_path`; its seconds."""
+def _run_logged(fn: Callable, args: tuple, kwargs: dict, log_path: str, index: int | None = None) -> float:
+    """In a worker: run `fn` with its stdout, stderr and library noise (`library_log`) in `log_path`; its seconds.
+    The worker is back on one thread afterwards, whatever the step was granted."""
+    global _MINE
     t = time.perf_counter()
+    _MINE = index
     with open(log_path, "a", buffering=1) as log, library_log(Path(log_path)):
         saved = sys.stdout, sys.stderr
         sys.stdout = sys.stderr = log
@@ -65,7 +89,21 @@ def _run_logged(fn: Callable, args: tuple, kwargs: dict, log_path: str) -> float
             fn(*args, **kwargs)
         finally:
             sys.stdout, sys.stderr = saved
+            _MINE = None
+            import torch
+
+            torch.set_num_threads(1)
     return round(time.perf_counter() - t, 1)
+
+
+def _grant(running: dict, grants, index: dict[str, int], workers: int) -> None:
+    """The cores no running step holds go to the first running elastic step (in list order); every other step has
+    one thread."""
+    free = workers - len(running)
+    for j in sorted(running.values(), key=lambda j: index[j.name]):
+        n = 1 + free if j.elastic and free > 0 else 1
+        free -= n - 1
+        grants[index[j.name]] = n
 
 
 def _check(jobs: list[Job]) -> list[Job]:
@@ -99,12 +137,14 @@ def run_jobs(jobs: list[Job], workers: int, log_dir: str | Path, console=None) -
     log_dir = Path(log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
     ctx = mp.get_context("spawn")  # a fresh interpreter: torch's thread pools are not fork-safe
+    index = {j.name: i for i, j in enumerate(jobs)}
+    grants = ctx.RawArray("i", [1] * len(jobs))  # written here, read by the step's worker at its training steps
     seconds: dict[str, float] = {}
     waiting = list(jobs)
     running: dict[Future, Job] = {}
     failed: list[str] = []
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console) as bar, \
-            ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker, initargs=(1,)) as pool:
+            ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker, initargs=(1, grants)) as pool:
         rows = {j.name: bar.add_task(f"{j.name} [dim](waiting)[/]", total=1, start=False) for j in jobs}
         while waiting or running:
             for j in list(waiting):
@@ -112,9 +152,14 @@ def run_jobs(jobs: list[Job], workers: int, log_dir: str | Path, console=None) -
                     break
                 if all(a in seconds for a in j.after):
                     waiting.remove(j)
-                    running[pool.submit(_run_logged, j.fn, j.args, j.kwargs, str(log_dir / log_name(j.name)))] = j
+                    grants[index[j.name]] = 1
+                    running[pool.submit(_run_logged, j.fn, j.args, j.kwargs, str(log_dir / log_name(j.name)),
+                                        index[j.name])] = j
                     bar.start_task(rows[j.name])
-                    bar.update(rows[j.name], description=f"{j.name} [dim](running, 1 thread)[/]")
+            _grant(running, grants, index, workers)
+            for j in running.values():
+                n = grants[index[j.name]]
+                bar.update(rows[j.name], description=f"{j.name} [dim](running, {n} thread{'s' if n > 1 else ''})[/]")
             if failed and not running:
                 break
             if not running:  # pragma: no cover - _check and list order rule this out

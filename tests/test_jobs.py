@@ -124,3 +124,55 @@ def test_the_demo_training_is_a_chain_of_steps_with_cost_base_beside_it(tmp_path
         (d / "config.resolved.json").write_text("{}")
     jobs = training_jobs("recipe", tmp_path, [0.6], console)
     assert [(j.name, j.after) for j in jobs] == [("cost base", ()), ("stage3 λ=0.6", ("cost base",))]
+
+
+def watch_grant(path: str, timeout: float = 30.0, until: str = "1,2") -> None:
+    """A step: records the torch threads it runs on, taking its grant as training steps do (`GrantedThreads`, every
+    50 ms), until it has seen the thread counts `until` (or `timeout`)."""
+    import torch
+
+    from pyrodash.train.common import GrantedThreads
+
+    seen = [torch.get_num_threads()]
+    end = time.time() + timeout
+    while ",".join(map(str, seen)) != until and time.time() < end:
+        time.sleep(0.05)
+        GrantedThreads().on_step_begin(None, None, None)
+        if torch.get_num_threads() != seen[-1]:
+            seen.append(torch.get_num_threads())
+    Path(path).write_text(",".join(map(str, seen)))
+
+
+def test_an_elastic_step_gets_the_core_another_step_leaves_and_gives_it_back(tmp_path):
+    """Two workers: the elastic step starts on one thread beside a short step, is granted the second core when that
+    step ends, and the worker is back on one thread for the step after it. Outside a step there is no grant."""
+    from pyrodash.jobs import granted_threads
+
+    grants, after = tmp_path / "grants", tmp_path / "after"
+    jobs = [Job("elastic", watch_grant, (str(grants),), elastic=True),
+            Job("short", note, (str(tmp_path / "x"), "s", 1.0)),
+            Job("after", torch_threads, (str(after),), after=("elastic",)),
+            Job("after 2", torch_threads, (str(tmp_path / "after2"),), after=("elastic",))]
+    run_jobs(jobs, 2, tmp_path / "logs")
+    assert grants.read_text() == "1,2"
+    assert after.read_text() == (tmp_path / "after2").read_text() == "1"  # whichever worker ran the elastic step
+    assert granted_threads() is None
+
+
+def test_a_step_that_is_not_elastic_keeps_one_thread(tmp_path):
+    grants = tmp_path / "grants"
+    run_jobs([Job("plain", watch_grant, (str(grants), 2.0)), Job("short", note, (str(tmp_path / "x"), "s", 0.2))], 2,
+             tmp_path / "logs")
+    assert grants.read_text() == "1"
+
+
+def test_a_step_that_becomes_ready_takes_its_core_back(tmp_path):
+    """Three workers: the elastic step gets the core a short step leaves (2 threads), and gives it back when two
+    steps become ready at once (1 thread)."""
+    grants = tmp_path / "grants"
+    x = str(tmp_path / "x")
+    jobs = [Job("elastic", watch_grant, (str(grants), 40.0, "1,2,1"), elastic=True), Job("short", note, (x, "s", 0.5)),
+            Job("medium", note, (x, "m", 4.0)), Job("a", note, (x, "a", 3.0), after=("medium",)),
+            Job("b", note, (x, "b", 3.0), after=("medium",))]
+    run_jobs(jobs, 3, tmp_path / "logs")
+    assert grants.read_text() == "1,2,1"

@@ -57,10 +57,26 @@ class ProgressBarCallback(TrainerCallback):
             self.progress = None
 
 
+class GrantedThreads(TrainerCallback):
+    """At each training step, takes the torch threads the demo's scheduler grants this step (`pyrodash.jobs`: idle
+    cores go to an elastic step; outside such a step there is no grant and nothing changes)."""
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        from pyrodash.jobs import granted_threads
+
+        n = granted_threads()
+        if n:
+            import torch
+
+            if n != torch.get_num_threads():
+                torch.set_num_threads(n)
+
+
 def callbacks(args, log_path: str | Path) -> list:
-    """A rich progress bar in place of tqdm, plus the JSONL log (every metric of every logging step)."""
+    """A rich progress bar in place of tqdm, plus the JSONL log (every metric of every logging step), plus the
+    scheduler's thread grant (`GrantedThreads`)."""
     args.disable_tqdm = True
-    return [ProgressBarCallback(), JsonlLogCallback(log_path)]
+    return [ProgressBarCallback(), JsonlLogCallback(log_path), GrantedThreads()]
 
 
 def quiet(trainer) -> None:
