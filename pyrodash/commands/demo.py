@@ -10,7 +10,7 @@ splits (conversations, reported per turn) → `DIR/report.md`, `DIR/pareto.png`,
 Prints where the report is and the headline table. Everything after the world build is a step of `pyrodash.jobs`:
 the steps run side by side in `--workers` processes on one thread each, each after the steps it needs (training's
 chain; the evaluation of a trained model after its training; the models alone, the oracle and the routers beside
-training), their logs in `DIR/jobs/`.
+training), their logs in `DIR/jobs/`; Stage 2 also takes a core the others leave idle (an elastic step).
 """
 
 from __future__ import annotations
