@@ -7,7 +7,9 @@
 #   fastapi uvicorn httptools openai jiter distro pydantic pydantic_core starlette (the versions of .venv), then
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl -r /tmp/w.txt
-# There:   ROUNDS=3 W=4 bash benchmarks/gateway_many_cores.sh     (results also in $OUT/gateway_c64.txt)
+# There:   ROUNDS=3 W="4 8" bash benchmarks/gateway_many_cores.sh     (one run per worker count in W, for both gateways;
+#          results also in $OUT/gateway_c64_w<W>.txt). With 4 workers each relays ~16 of the 64 streams at 1 ms a token,
+#          ~0.94 of a core at 59 us a token (docs/scaling.md section 4): compare with more workers in the same session.
 set -o pipefail
 PY=${PY:-python3}
 $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 3
@@ -16,6 +18,9 @@ export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
 $PY -m compileall -q -j 0 /tmp/site/litellm /tmp/site/fastapi /tmp/site/pydantic /tmp/site/openai pyrodash >/dev/null 2>&1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 echo "cores: $(nproc)"
-timeout "${T64:-170}" $PY benchmarks/gateway_overhead.py --concurrency 64 1 --rounds "${ROUNDS:-3}" --requests "${REQ:-5}" \
-  --workers "${W:-4}" --litellm /tmp/site/bin/litellm 2>&1 | tee "$OUT/gateway_c64.txt" | grep -v '^    '
+for w in ${W:-4}; do
+  echo "workers: $w"
+  timeout "${T64:-170}" $PY benchmarks/gateway_overhead.py --concurrency 64 1 --rounds "${ROUNDS:-3}" --requests "${REQ:-5}" \
+    --workers "$w" --litellm /tmp/site/bin/litellm 2>&1 | tee "$OUT/gateway_c64_w$w.txt" | grep -v '^    '
+done
 timeout 100 $PY benchmarks/engine_overhead.py --runs 30 2>&1 | tail -2 | tee "$OUT/handoff.txt"
