@@ -8,6 +8,8 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
+from pyrodash.jobs import granted_threads
+
 
 class JsonlLogCallback(TrainerCallback):
     """Appends every Trainer log (loss, lr, TRL's reward metrics, our Stage 3 stats) as one JSON line."""
@@ -62,8 +64,6 @@ class GrantedThreads(TrainerCallback):
     cores go to an elastic step; outside such a step there is no grant and nothing changes)."""
 
     def on_step_begin(self, args, state, control, **kwargs):
-        from pyrodash.jobs import granted_threads
-
         n = granted_threads()
         if n:
             import torch

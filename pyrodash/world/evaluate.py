@@ -13,7 +13,7 @@ from pyrodash.backends.base import GenRequest
 from pyrodash.data.example import Example
 from pyrodash.grading import grade_batch
 from pyrodash.world.task import STEP_SEP
-from pyrodash.world.tokenizer import IM_END_ID, VOCAB, encode_chat, encode_text
+from pyrodash.world.tokenizer import IM_END_ID, VOCAB, build_tokenizer, encode_chat, encode_text
 
 ID_TO_TOKEN = {i: t for t, i in VOCAB.items()}
 
@@ -48,7 +48,6 @@ def greedy_generate(model, prompts: list[list[int]], max_new_tokens: int, batch_
     prompt go through `lean_step`). Before, transformers' `generate`: the same texts on the quick world of seed 0
     (every split the build evaluates) in half the time (`benchmarks/decode_loop.py`)."""
     from pyrodash.backends.hf import HFBackend
-    from pyrodash.world.tokenizer import build_tokenizer
 
     backend = HFBackend(model, build_tokenizer())
     order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))
