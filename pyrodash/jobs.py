@@ -57,6 +57,7 @@ def log_name(name: str) -> str:
 
 
 _GRANTS = None  # in a worker process: the threads granted to each job (shared with the scheduler), by job index
+_THREADS = 1  # in a worker process: its own torch threads, between steps
 _MINE: int | None = None  # in a worker process: the index of the job it runs now
 
 
@@ -71,14 +72,14 @@ def granted_threads() -> int | None:
 def _init_worker(threads: int, grants=None) -> None:
     import torch
 
-    global _GRANTS
-    _GRANTS = grants
+    global _GRANTS, _THREADS
+    _GRANTS, _THREADS = grants, threads
     torch.set_num_threads(threads)
 
 
 def _run_logged(fn: Callable, args: tuple, kwargs: dict, log_path: str, index: int | None = None) -> float:
     """In a worker: run `fn` with its stdout, stderr and library noise (`library_log`) in `log_path`; its seconds.
-    The worker is back on one thread afterwards, whatever the step was granted."""
+    The worker is back on its own threads afterwards, whatever the step was granted."""
     global _MINE
     t = time.perf_counter()
     _MINE = index
@@ -92,7 +93,7 @@ def _run_logged(fn: Callable, args: tuple, kwargs: dict, log_path: str, index: i
             _MINE = None
             import torch
 
-            torch.set_num_threads(1)
+            torch.set_num_threads(_THREADS)
     return round(time.perf_counter() - t, 1)
 
 

@@ -125,10 +125,7 @@ def lean_step(model) -> LeanStep | None:
         return None
     if any(t != "full_attention" for t in getattr(cfg, "layer_types", None) or []):
         return None
-    rope = getattr(cfg, "rope_parameters", None) or {}
-    if rope.get("rope_type", "default") != "default":
-        return None
-    if getattr(model.model.rotary_emb, "rope_type", "default") != "default":
+    if getattr(model.model.rotary_emb, "rope_type", "default") != "default":  # (the config's, as the module uses it)
         return None
     if any(m._forward_hooks or m._forward_pre_hooks for m in model.modules()):  # accelerate's offload hooks, ...
         return None
