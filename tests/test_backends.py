@@ -263,6 +263,29 @@ def test_hf_batch_equals_single_and_stream(models):
             assert flat == pytest.approx([v for d in res.top_logprobs for v in sorted(d.values())], abs=1e-4)
 
 
+def test_hf_batch_decodes_identical_deterministic_requests_once(models, monkeypatch):
+    """Stage 3's handoffs repeat (rollouts that agree up to `<offload>`): a batch decodes each distinct request once
+    and gives every request its own copy; a request sampled without a seed is never merged."""
+    slm, _ = models
+    q = [{"role": "user", "content": "the same question"}]
+    greedy = GenRequest(messages=q, max_tokens=8)
+    seeded = GenRequest(messages=q, max_tokens=8, temperature=0.9, seed=5)
+    unseeded = GenRequest(messages=q, max_tokens=8, temperature=0.9)
+    reqs = [greedy, seeded, GenRequest(messages=q, max_tokens=8), GenRequest(messages=q, max_tokens=8, seed=99),
+            GenRequest(messages=q, max_tokens=8, temperature=0.9, seed=5), unseeded, unseeded,
+            GenRequest(messages=q, max_tokens=7), GenRequest(messages=q, max_tokens=8, logit_bias={3: -5.0})]
+    rows = []
+    decode = slm._decode
+    monkeypatch.setattr(slm, "_decode", lambda prompts, rs, *a, **k: rows.append(len(rs)) or decode(prompts, rs))
+    got = slm.generate_batch(reqs, batch_size=3)
+    # distinct: greedy (its seed ignored), seeded, both unseeded draws, max_tokens 7, the biased one
+    assert sum(rows) == 6 and rows == [3, 3]
+    assert got[0].token_ids == got[2].token_ids == got[3].token_ids == slm.generate(greedy).token_ids
+    assert got[1].token_ids == got[4].token_ids == slm.generate(seeded).token_ids
+    assert got[0] is not got[2] and got[0].token_ids is not got[2].token_ids  # copies, not one shared object
+    assert len(got) == len(reqs) and got[7].completion_tokens <= 7
+
+
 def test_hf_stop_strings_and_banned_tokens(models):
     slm, _ = models
     free = slm.generate(GenRequest(messages=MSGS, max_tokens=20, logit_bias={slm.token_id(OFFLOAD_TOKEN): -1e9}))

@@ -82,8 +82,9 @@ def test_the_demo_evaluation_splits_into_steps_that_cover_every_method_once():
     jobs = eval_jobs(cfg, stage3, pending={"stage3 λ=2", "stage2"})
     by = {j.name: j for j in jobs}
     assert set(by) == {"eval models alone, oracle", "eval routers", "eval slm+sft", "eval pyrodash λ=0.6",
-                       "eval pyrodash λ=2", "eval pyrodash λ=4"}
+                       "eval pyrodash λ=2", "eval pyrodash λ=4", "eval sweeps λ=2"}
     assert by["eval pyrodash λ=2"].after == ("stage3 λ=2",) and by["eval pyrodash λ=0.6"].after == ()
+    assert by["eval sweeps λ=2"].after == ("stage3 λ=2",)
     assert by["eval slm+sft"].after == ("stage2",)  # the Stage 2 model, once trained
     assert by["eval models alone, oracle"].after == by["eval routers"].after == ()  # beside training
     assert eval_jobs(cfg, stage3, pending=set())[2].after == ()  # Stage 2 reused
@@ -91,7 +92,9 @@ def test_the_demo_evaluation_splits_into_steps_that_cover_every_method_once():
     assert parts["eval models alone, oracle"].methods == ["slm", "llm", "oracle"]
     assert parts["eval slm+sft"].methods == ["slm+sft"]
     assert [next(iter(m)) for m in parts["eval routers"].methods] == ["routellm", "glimprouter"]
-    assert parts["eval pyrodash λ=2"].methods == [{"pyrodash": {"lambdas": [2.0]}}] + cfg.methods[-2:]  # the sweeps
+    assert parts["eval pyrodash λ=2"].methods == [{"pyrodash": {"lambdas": [2.0]}}]
+    assert parts["eval sweeps λ=2"].methods == cfg.methods[-2:]  # the sweeps, a step of their own
+    assert parts["eval sweeps λ=2"].models == parts["eval pyrodash λ=2"].models
     assert parts["eval pyrodash λ=4"].models == {"slm": "s", "llm": "l", "sft": "f", "pyrodash": {4.0: "p4.0"}}
     assert "pyrodash" not in parts["eval routers"].models  # a step never needs a checkpoint not yet trained
     assert parts["eval routers"].models == parts["eval models alone, oracle"].models == {"slm": "s", "llm": "l"}

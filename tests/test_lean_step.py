@@ -99,3 +99,13 @@ def test_models_it_does_not_reproduce_keep_their_forward():
     hooked.model.layers[0].mlp.register_forward_hook(lambda *a: None)
     assert lean_step(hooked) is None
     assert lean_step(torch.nn.Linear(2, 2)) is None
+
+
+def test_transformers_output_capture_hooks_do_not_turn_it_off():
+    """A forward asking for hidden states (RouteLLM-MF's encoder) installs transformers' capture hooks on the model for
+    good; they record only inside such a forward, so the lean step still applies and still gives the model's logits."""
+    model = _model(2)
+    model(input_ids=torch.tensor([[1, 2, 3]]), output_hidden_states=True)
+    assert any(m._forward_hooks for m in model.modules())  # the hooks are there
+    assert lean_step(model) is not None
+    _same_logits_every_step(model, padded=True)

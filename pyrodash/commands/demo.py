@@ -68,18 +68,19 @@ def eval_jobs(cfg: EvalConfig, stage3_job: dict[float, str], pending: set[str],
               stage2_job: str = "stage2") -> list[Job]:
     """`cfg`'s evaluation as steps that can run side by side, each writing its own methods' records: the models
     alone and the oracle; the routers (neither needs the run's training); the Stage 2 model (after `stage2_job` when
-    it is in `pending`, still to run); per λ its PyroDash policy and the sweeps at that λ, after `stage3_job[λ]` when
-    that job is in `pending`."""
+    it is in `pending`, still to run); per λ its PyroDash policy, and apart from it the sweeps at that λ (two steps
+    that end together pack better than one: measured, the λ 2 step with its five sweeps 22.5 s, the λ 0.6 step beside
+    it 14 s), each after `stage3_job[λ]` when that job is in `pending`."""
     lam_specs = {float(k): v for k, v in (cfg.models.get("pyrodash") or {}).items()}
     base_models = {k: v for k, v in cfg.models.items() if k != "pyrodash"}
     groups: dict[str, list] = {"models alone, oracle": [], "routers": [], "slm+sft": []}
-    per_lam: dict[float, list] = {lam: [] for lam in lam_specs}
+    per_lam: dict[tuple[str, float], list] = {("pyrodash", lam): [] for lam in lam_specs}
     for entry, (kind, opt) in zip(cfg.methods, method_specs(cfg.methods)):
         if kind == "pyrodash":
             for lam in opt.get("lambdas", sorted(lam_specs)):
-                per_lam.setdefault(float(lam), []).append({"pyrodash": {**opt, "lambdas": [lam]}})
+                per_lam.setdefault(("pyrodash", float(lam)), []).append({"pyrodash": {**opt, "lambdas": [lam]}})
         elif kind in SWEEPS:
-            per_lam.setdefault(sweep_lambda(opt, lam_specs), []).append(entry)
+            per_lam.setdefault(("sweeps", sweep_lambda(opt, lam_specs)), []).append(entry)
         elif kind in ("routellm", "glimprouter"):
             groups["routers"].append(entry)
         else:
@@ -90,11 +91,11 @@ def eval_jobs(cfg: EvalConfig, stage3_job: dict[float, str], pending: set[str],
                 (replace(cfg, methods=ms, models=base_models if label == "slm+sft" else untrained),), {"quiet": True},
                 after=sft_after if label == "slm+sft" else ())
             for label, ms in groups.items() if ms]
-    for lam, ms in per_lam.items():
+    for (what, lam), ms in per_lam.items():
         if ms:
             models = base_models | {"pyrodash": {lam: lam_specs[lam]}} if lam in lam_specs else cfg.models
             after = (stage3_job[lam],) if stage3_job.get(lam) in pending else ()
-            jobs.append(Job(f"eval pyrodash λ={lam:g}", evaluate, (replace(cfg, methods=ms, models=models),),
+            jobs.append(Job(f"eval {what} λ={lam:g}", evaluate, (replace(cfg, methods=ms, models=models),),
                             {"quiet": True}, after=after))
     return jobs
 
