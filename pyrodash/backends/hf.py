@@ -26,8 +26,10 @@ from __future__ import annotations
 import asyncio
 import copy
 import inspect
+import json
 import threading
 from collections.abc import AsyncIterator, Callable
+from dataclasses import fields
 from pathlib import Path
 
 import torch
@@ -98,9 +100,12 @@ def same_decode(prompt: list[int], req: GenRequest) -> tuple | None:
     wrote the same weights, byte for byte)."""
     if req.temperature > _GREEDY_BELOW and req.seed is None:
         return None
-    sampling = (req.temperature, req.top_p, req.seed) if req.temperature > _GREEDY_BELOW else ()
-    return (tuple(prompt), req.max_tokens, sampling, tuple(req.stop), tuple(req.stop_token_ids),
-            tuple(sorted(req.logit_bias.items())), req.top_logprobs)
+    # every field of the request but the prompt's text (the ids stand for it), so a field added later is part of it
+    settings = {f.name: getattr(req, f.name) for f in fields(req) if f.name not in ("messages", "prefix")}
+    if req.temperature <= _GREEDY_BELOW:  # greedy: the sampling settings do not change a token
+        for name in ("temperature", "top_p", "seed"):
+            settings.pop(name)
+    return tuple(prompt), json.dumps(settings, sort_keys=True, default=repr)
 
 
 class HFBackend:
