@@ -1,22 +1,35 @@
 """Library noise to a file: transformers/datasets/TRL log records and warnings go to a log file, their progress
-bars are off, so the console keeps our own headers, rich bars and tables. Used by `pyrodash demo` (DIR/demo.log)
-and by each side-by-side step (`pyrodash.jobs`: DIR/jobs/<step>.log)."""
+bars are off, so the console keeps our own headers, rich bars and tables. Used by `pyrodash demo` (DIR/demo.log),
+by each side-by-side step (`pyrodash.jobs`: DIR/jobs/<step>.log) and by `pyrodash curate`, `train` and `eval`
+(DIR/curate.log, DIR/train.log, DIR/eval.log in their output or run directory)."""
 
 from __future__ import annotations
 
 import contextlib
+import logging
 from pathlib import Path
+
+
+class _LazyFileHandler(logging.FileHandler):
+    """A log file opened (and its directory made) at its first record: a command that stops before writing anything
+    (a config error) leaves no directory behind."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path, delay=True)
+
+    def _open(self):
+        Path(self.baseFilename).parent.mkdir(parents=True, exist_ok=True)
+        return super()._open()
 
 
 @contextlib.contextmanager
 def library_log(path: Path):
     """Send library noise (transformers/datasets/TRL log records, FutureWarnings and other warnings) to `path`, and
     turn off transformers' weight-loading and datasets' map bars: the console keeps the stage headers, our rich
-    bars and the tables."""
-    import logging
+    bars and the tables. The file is opened at its first record."""
     import warnings
 
-    handler = logging.FileHandler(path)
+    handler = _LazyFileHandler(Path(path))
     handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
     loggers = [logging.getLogger(n) for n in ("py.warnings", "transformers", "datasets", "trl", "accelerate", "peft",
                                               "torch")]

@@ -286,6 +286,21 @@ def test_hf_batch_decodes_identical_deterministic_requests_once(models, monkeypa
     assert len(got) == len(reqs) and got[7].completion_tokens <= 7
 
 
+def test_hf_decode_uses_the_cache_keyword_of_the_installed_transformers(models):
+    """No deprecation noise on every prompt: the KV cache goes in under the keyword the model's forward takes (`cache`
+    in transformers 5, `past_key_values` before)."""
+    import inspect
+    import warnings
+
+    slm, _ = models
+    expected = "cache" if "cache" in inspect.signature(slm.model.forward).parameters else "past_key_values"
+    assert slm._cache_arg == expected
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        slm.generate(GenRequest(messages=MSGS, max_tokens=3))
+    assert not [w for w in caught if "past_key_values" in str(w.message)]
+
+
 def test_hf_stop_strings_and_banned_tokens(models):
     slm, _ = models
     free = slm.generate(GenRequest(messages=MSGS, max_tokens=20, logit_bias={slm.token_id(OFFLOAD_TOKEN): -1e9}))

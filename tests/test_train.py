@@ -94,6 +94,27 @@ def test_recipe_yaml_reads_exponent_floats(tmp_path):
     assert load_recipe(p, {"stage3.lam": 0.6}).stage_config("stage3", output_dir=str(tmp_path)).lam == 0.6
 
 
+def test_recipe_gradient_checkpointing_goes_in_under_the_installed_name(tmp_path):
+    """`gradient_checkpointing` (every transformers knows it) is passed as `activation_checkpointing` where that
+    exists, so building a stage's config raises no deprecation warning, and its value holds."""
+    import warnings
+    from dataclasses import fields
+
+    from transformers import TrainingArguments
+
+    from pyrodash.train.config import load_recipe
+
+    p = tmp_path / "r.yaml"
+    p.write_text("name: x\nworld: {quick: true}\nstage2: {gradient_checkpointing: true, bf16: false}\n")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cfg = load_recipe(p).stage_config("stage2", output_dir=str(tmp_path))
+    assert cfg.gradient_checkpointing is True
+    if "activation_checkpointing" in {f.name for f in fields(TrainingArguments)}:
+        assert cfg.activation_checkpointing is True
+        assert not [w for w in caught if "gradient_checkpointing" in str(w.message)]
+
+
 def test_recipe_errors_name_the_fix(tmp_path):
     from pyrodash.train.config import load_recipe
 
@@ -367,6 +388,7 @@ def test_quick_stage3_reward_used_real_llm_handoffs(quick_run):
     assert 0 <= st3["heldout"]["llm_calls_per_example"] <= 1
     # the sweep reused the cached Cost_base; --resume picked up the last checkpoint
     assert quick_run["sweep_rc"] == 0 and quick_run["resume_rc"] == 0
+    assert "py.warnings" in (quick_run["out"] / "train.log").read_text()  # library warnings there, not on the console
     st3b = quick_run["sweep"]["runs"]["0.6"]
     assert st3b["cost_base_computed"] == 0 and st3b["cost_base_cached"] == st3["prompts"]
     assert quick_run["resumed"]["resumed_from"].endswith(f"checkpoint-{st3b['steps']}")

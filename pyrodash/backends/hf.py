@@ -141,6 +141,9 @@ class HFBackend:
         self._lock = threading.Lock()
         self._threads: set[threading.Thread] = set()  # decode threads that may still be running
         self._keep_arg = "logits_to_keep" in inspect.signature(model.forward).parameters
+        # the KV cache keyword: `cache` since transformers renamed it (`past_key_values` warns there), else the old one
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model  # under PEFT: the wrapped model
+        self._cache_arg = "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
         self.lean = True  # decode steps through `lean_step` where it covers the model (same logits, less overhead)
         self._pieces: dict[int, str] = {}  # token id -> its text alone (top-k logprobs)
 
@@ -203,9 +206,8 @@ class HFBackend:
 
     def _forward(self, ids, mask, pos, cache) -> torch.Tensor:
         extra = {"logits_to_keep": 1} if self._keep_arg else {}  # no [B, L, V] logits for a long prompt
-        out = self.model(
-            input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True, **extra
-        )
+        extra[self._cache_arg] = cache
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, **extra)
         return out.logits[:, -1, :].float()
 
     @torch.inference_mode()

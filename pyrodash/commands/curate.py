@@ -13,6 +13,7 @@ from pathlib import Path
 
 from pyrodash.backends.endpoint import add_llm_mode_argument, with_mode
 from pyrodash.commands.world import build_recipe_world
+from pyrodash.library_log import library_log
 from pyrodash.train import distributed as dist
 from pyrodash.train.chat_logs import is_chat_log
 from pyrodash.train.config import load_recipe
@@ -51,8 +52,11 @@ def run(args: argparse.Namespace) -> int:
     if not dist.is_main():  # under `accelerate launch`: the main process curates (one set of LLM calls), others wait
         dist.barrier()
         return 0
-    build_recipe_world(recipe)  # a missing world is built here: curation only resolves it
-    out = run_curation(recipe, args.output_dir)
+    log = Path(args.output_dir) / "curate.log"
+    with library_log(log):
+        build_recipe_world(recipe)  # a missing world is built here: curation only resolves it
+        out = run_curation(recipe, args.output_dir)
     dist.barrier()
-    print(json.dumps({"curated": str(out), **json.loads((out / "stats.json").read_text())}, indent=1))
+    logged = {"library_log": str(log)} if log.exists() else {}
+    print(json.dumps({"curated": str(out), **json.loads((out / "stats.json").read_text()), **logged}, indent=1))
     return 0

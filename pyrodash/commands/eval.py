@@ -7,10 +7,12 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from pyrodash.backends.endpoint import add_llm_mode_argument
 from pyrodash.commands.report import print_table2
 from pyrodash.evaluate import EvalConfig, evaluate
+from pyrodash.library_log import library_log
 from pyrodash.report import write_report
 
 
@@ -52,9 +54,11 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     cfg = EvalConfig.from_yaml(args.config, run_dir=args.run_dir, limit=args.limit, llm_mode=args.llm_mode)
-    run_dir = evaluate(cfg)
+    log = Path(cfg.run_dir) / "eval.log"
+    with library_log(log):
+        run_dir = evaluate(cfg)
     console = Console()
-    console.print(f"records: [bold]{run_dir / 'records'}[/]")
+    console.print(f"records: [bold]{run_dir / 'records'}[/]" + (f" (library logs in {log})" if log.exists() else ""))
     warn_llm_failures(run_dir, console)
     if not args.no_report:
         path = write_report(run_dir)

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 from pyrodash.backends.endpoint import add_llm_mode_argument, with_mode
 from pyrodash.commands.world import build_recipe_world
+from pyrodash.library_log import library_log
 from pyrodash.train import distributed as dist
 from pyrodash.train.config import load_recipe
 from pyrodash.train.plan import print_plan
@@ -61,28 +63,30 @@ def run(args: argparse.Namespace) -> int:
     if args.dry_run:
         print_plan(recipe, args.output_dir, [args.stage], lambdas=lambdas)
         return 0
-    with dist.main_first():  # one rank builds a missing world (training only resolves it); the others then find it
-        build_recipe_world(recipe)
-    show = dist.is_main()
-    if args.stage == "stage1":
-        out = run_stage1(recipe, args.output_dir, base=args.source)
-    elif args.stage == "stage2":
-        out = run_stage2(recipe, args.output_dir, stage1=args.source)
-        rates = out / "offload_rates.json"
-        if rates.exists() and show:
-            print(json.dumps({"offload_rates": json.loads(rates.read_text())}, indent=1))
-    elif args.lambdas:
-        out = run_sweep(recipe, args.output_dir, args.lambdas, resume=args.resume)
-        summary = json.loads(out.read_text())
-        if not show:
-            return 0
-        print(f"SLM+SFT accuracy (held-out, no P_s): {summary.get('slm_sft_accuracy')}")
-        for row in summary["table"]:
-            print("  ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()))
-    else:
-        out = run_stage3(recipe, args.output_dir, lam=args.lam, stage2=args.source, resume=args.resume)
-        if show:
-            print((out / "stage3_stats.json").read_text())
+    log = Path(args.output_dir) / "train.log"
+    with library_log(log):
+        with dist.main_first():  # one rank builds a missing world (training only resolves it); the others then find it
+            build_recipe_world(recipe)
+        show = dist.is_main()
+        if args.stage == "stage1":
+            out = run_stage1(recipe, args.output_dir, base=args.source)
+        elif args.stage == "stage2":
+            out = run_stage2(recipe, args.output_dir, stage1=args.source)
+            rates = out / "offload_rates.json"
+            if rates.exists() and show:
+                print(json.dumps({"offload_rates": json.loads(rates.read_text())}, indent=1))
+        elif args.lambdas:
+            out = run_sweep(recipe, args.output_dir, args.lambdas, resume=args.resume)
+            summary = json.loads(out.read_text())
+            if not show:
+                return 0
+            print(f"SLM+SFT accuracy (held-out, no P_s): {summary.get('slm_sft_accuracy')}")
+            for row in summary["table"]:
+                print("  ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()))
+        else:
+            out = run_stage3(recipe, args.output_dir, lam=args.lam, stage2=args.source, resume=args.resume)
+            if show:
+                print((out / "stage3_stats.json").read_text())
     if show:
-        print(f"saved {out}")
+        print(f"saved {out}" + (f" (library logs in {log})" if log.exists() else ""))
     return 0

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -209,6 +209,11 @@ class Recipe:
                 raw = {k: v for k, v in raw.items() if k not in ("bf16", "fp16", "tf32")}
             raw.setdefault("bf16", False)
         known = {f.name for f in fields(cls)}
+        for old, new in _RENAMED:  # recipes keep the name every transformers knows; the new one where it exists
+            if new in known and new not in raw:
+                value = raw.pop(old, _default(cls, old))  # silent recipe: TRL's own default (it sets the old name)
+                if value is not None:
+                    raw[new] = value
         unknown = sorted(set(raw) - known)
         if unknown:
             raise ValueError(f"{self.path or self.name}: {stage} has unknown keys {unknown}; they must be fields of "
@@ -233,6 +238,23 @@ class Recipe:
         d = asdict(self)
         d.pop("path")
         return d
+
+
+# TrainingArguments keys transformers renamed (it warns on the old name where the new exists, and TRL's configs set
+# the old one by default): a recipe's `gradient_checkpointing`, or TRL's default for it, goes in under
+# `activation_checkpointing` on a transformers that has it.
+_RENAMED = (("gradient_checkpointing", "activation_checkpointing"),
+            ("gradient_checkpointing_kwargs", "activation_checkpointing_kwargs"))
+
+
+def _default(cls, name: str):
+    """The default of dataclass field `name` of `cls` (None when it has none)."""
+    f = next((f for f in fields(cls) if f.name == name), None)
+    if f is None:
+        return None
+    if f.default is not MISSING:
+        return f.default
+    return f.default_factory() if f.default_factory is not MISSING else None
 
 
 class _Loader(yaml.SafeLoader):
