@@ -23,13 +23,14 @@ class _LazyFileHandler(logging.FileHandler):
 
 
 @contextlib.contextmanager
-def library_log(path: Path):
+def library_log(path: Path, lazy: bool = False):
     """Send library noise (transformers/datasets/TRL log records, FutureWarnings and other warnings) to `path`, and
     turn off transformers' weight-loading and datasets' map bars: the console keeps the stage headers, our rich
-    bars and the tables. The file is opened at its first record."""
+    bars and the tables. `lazy`: the file (and its directory) is made at its first record, for a command whose
+    output directory a config error must not leave behind; else it is opened at once."""
     import warnings
 
-    handler = _LazyFileHandler(Path(path))
+    handler = _LazyFileHandler(Path(path)) if lazy else logging.FileHandler(path)
     handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
     loggers = [logging.getLogger(n) for n in ("py.warnings", "transformers", "datasets", "trl", "accelerate", "peft",
                                               "torch")]

@@ -31,10 +31,10 @@ def test_the_log_file_and_its_directory_appear_with_the_first_record(tmp_path):
     from pyrodash.library_log import library_log
 
     log = tmp_path / "run" / "eval.log"
-    with library_log(log):
+    with library_log(log, lazy=True):
         pass
     assert not (tmp_path / "run").exists()
-    with library_log(log):
+    with library_log(log, lazy=True):
         warnings.warn("noise", FutureWarning, stacklevel=1)
     assert "noise" in log.read_text()
 

@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
         dist.barrier()
         return 0
     log = Path(args.output_dir) / "curate.log"
-    with library_log(log):
+    with library_log(log, lazy=True):
         build_recipe_world(recipe)  # a missing world is built here: curation only resolves it
         out = run_curation(recipe, args.output_dir)
     dist.barrier()

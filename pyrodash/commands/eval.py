@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
 
     cfg = EvalConfig.from_yaml(args.config, run_dir=args.run_dir, limit=args.limit, llm_mode=args.llm_mode)
     log = Path(cfg.run_dir) / "eval.log"
-    with library_log(log):
+    with library_log(log, lazy=True):
         run_dir = evaluate(cfg)
     console = Console()
     console.print(f"records: [bold]{run_dir / 'records'}[/]" + (f" (library logs in {log})" if log.exists() else ""))

@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
         print_plan(recipe, args.output_dir, [args.stage], lambdas=lambdas)
         return 0
     log = Path(args.output_dir) / "train.log"
-    with library_log(log):
+    with library_log(log, lazy=True):
         with dist.main_first():  # one rank builds a missing world (training only resolves it); the others then find it
             build_recipe_world(recipe)
         show = dist.is_main()
