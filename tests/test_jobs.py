@@ -179,3 +179,12 @@ def test_a_step_that_becomes_ready_takes_its_core_back(tmp_path):
             Job("b", note, (x, "b", 3.0), after=("medium",))]
     run_jobs(jobs, 3, tmp_path / "logs")
     assert grants.read_text() == "1,2,1"
+
+
+def test_demo_refuses_from_scratch_with_a_built_world_in_one_line(tmp_path, capsys):
+    from pyrodash.cli import main
+
+    assert main(["demo", "--quick", "--from-scratch", "--world", str(tmp_path), "--out", str(tmp_path / "d")]) == 2
+    err = capsys.readouterr().err
+    assert "--from-scratch builds the world's models" in err and "Traceback" not in err
+    assert not (tmp_path / "d").exists()

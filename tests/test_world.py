@@ -1,5 +1,6 @@
-"""The built-in world: generator determinism, tokenizer and chat template, HF loading, caching, and (slow) the
-quick build's SLM/LLM gap and hidden-difficulty property."""
+"""The built-in world: generator determinism, tokenizer and chat template, HF loading, caching, the base models that
+ship with PyroDash, and (slow) a from-scratch quick build: its SLM/LLM gap and hidden-difficulty property, and the
+shipped models it reproduces."""
 
 from __future__ import annotations
 
@@ -260,10 +261,16 @@ def test_first_wrong_step():
 # ---- the quick world (slow; cached under $PYRODASH_CACHE so other tests reuse it) ----------------------------------
 
 @pytest.mark.slow
-def test_quick_world_gap_and_hidden_difficulty():
+def test_quick_world_from_scratch_gap_hidden_difficulty_and_the_shipped_models(tmp_path):
+    """A quick build that pretrains its models here (`from_scratch`, as `pyrodash world build --from-scratch`): the
+    world's properties, and the models that ship with PyroDash are its models, byte for byte, on the platform that
+    trained them (torch version and CPU capability; elsewhere PyTorch does not promise the same bits)."""
     from pyrodash.world.build import build_world, read_world_info, world_warnings
+    from pyrodash.world.shipped import SHIPPED, platform
 
-    info = read_world_info(build_world(quick=True, seed=0, verbose=False))
+    world = build_world(tmp_path / "quick", quick=True, seed=0, verbose=False, from_scratch=True)
+    info = read_world_info(world)
+    assert info["models_from"] is None and not info["models_shipped"]
     acc = info["accuracy"]
     assert 0.15 <= acc["slm"]["mean"] <= 0.65, acc
     assert acc["llm"]["mean"] >= 0.75 and acc["llm"]["mean"] - acc["slm"]["mean"] >= 0.3, acc
@@ -274,6 +281,63 @@ def test_quick_world_gap_and_hidden_difficulty():
     assert fw["n"] >= 20 and fw["frac_first_step"] < 0.2 and fw["frac_at_first_hard"] >= 0.5, fw
     assert info["llm_continue"] >= 0.75  # it continues a gold prefix as its own answer (how the engine hands off)
     assert world_warnings(info) == []
+    shipped = json.loads((SHIPPED / "seed0" / "world.json").read_text())
+    if shipped["shipped_from"]["platform"] == platform():
+        for m in ("slm", "llm"):
+            assert (world / m / "model.safetensors").read_bytes() == (SHIPPED / "seed0" / m / "model.safetensors"
+                                                                      ).read_bytes(), m
+        assert info["accuracy"] == shipped["accuracy"]
+
+
+def test_the_shipped_base_models_are_current_and_load():
+    """The base models that ship with PyroDash are the ones the quick preset's config trains (same models hash and
+    build recipe; `scripts/ship_world.py` ships them again after a change), from a from-scratch build, and load with
+    `from_pretrained` as the shapes the config gives."""
+    from transformers import AutoModelForCausalLM
+
+    from pyrodash.world.build import BUILD_RECIPE, has_models
+    from pyrodash.world.pretrain import model_config
+    from pyrodash.world.shipped import SHIPPED
+
+    cfg = WorldConfig.from_preset("quick")
+    d = SHIPPED / "seed0"
+    info = json.loads((d / "world.json").read_text())
+    assert (WorldConfig.from_dict(info["config"]).models_hash(), info["build_recipe"]) == (
+        cfg.models_hash(), BUILD_RECIPE), "the world's models changed: run `python scripts/ship_world.py`"
+    assert info["seed"] == 0 and info["models_from"] is None and has_models(d)
+    for m, spec in (("slm", cfg.slm), ("llm", cfg.llm)):
+        model = AutoModelForCausalLM.from_pretrained(str(d / m))
+        want = model_config(spec)
+        assert (model.config.hidden_size, model.config.num_hidden_layers, model.config.intermediate_size) == (
+            want.hidden_size, want.num_hidden_layers, want.intermediate_size)
+        assert sum(p.numel() for p in model.parameters()) == info["params"][m]
+
+
+def test_a_build_copies_the_shipped_models_and_from_scratch_does_not(tmp_path, monkeypatch, capsys):
+    """With an empty cache, a quick build of seed 0 copies the shipped models (world.json and the console say so) and
+    measures them; another seed, or `from_scratch`, finds none to copy; a built world whose models were copied is built
+    again when asked for `from_scratch`."""
+    from pyrodash.world import build
+    from pyrodash.world.shipped import SHIPPED
+
+    monkeypatch.setenv("PYRODASH_CACHE", str(tmp_path / "cache"))
+    cfg = WorldConfig.from_preset("quick")
+    assert build.find_models(cfg, 0) == SHIPPED / "seed0"
+    assert build.find_models(cfg, 1) is None and build.find_models(cfg, 0, shipped=False) is None
+    world = build.build_world(tmp_path / "w", quick=True, seed=0)
+    info = build.read_world_info(world)
+    assert info["models_shipped"] and info["models_from"] == str(SHIPPED / "seed0")
+    assert "the base models that ship with PyroDash" in capsys.readouterr().out
+    for m in ("slm", "llm"):
+        assert (world / m / "model.safetensors").read_bytes() == (SHIPPED / "seed0" / m / "model.safetensors"
+                                                                  ).read_bytes()
+    assert info["accuracy"]["llm"]["mean"] >= 0.75 and build.world_warnings(info) == []
+    calls = []
+    monkeypatch.setattr(build, "run_build", lambda d, c, s, verbose=True, reuse_models=True: calls.append(
+        reuse_models))
+    assert build.build_world(tmp_path / "w", quick=True, seed=0) == world and calls == []  # built: reused
+    build.build_world(tmp_path / "w", quick=True, seed=0, from_scratch=True)
+    assert calls == [False]  # its models were copied: pretrained here this time
 
 
 def test_untrained_world_is_flagged(tiny_world, capsys):

@@ -55,6 +55,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="world seed")
     p.add_argument("--lambdas", default=None, help="comma-separated λ values (default: the preset's)")
     p.add_argument("--world", default=None, help="a built world directory to use (default: build or reuse the cache)")
+    p.add_argument("--from-scratch", action="store_true",
+                   help="pretrain the world's two models here (~3 minutes on 2 cores) instead of starting from the "
+                        "base models that ship with PyroDash (seed 0) or a cached world's")
     p.add_argument("--workers", type=int, default=None,
                    help="processes for Stage 3 per λ and the evaluation, side by side on one thread each (default: "
                         "the cores, at most 4; 1: one after the other on every thread)")
@@ -124,7 +127,8 @@ def training_jobs(recipe, out: Path, lambdas: list[float], console) -> list[Job]
 
 
 def run_demo(out: str | Path, quick: bool = True, seed: int = 0, lambdas: list[float] | None = None,
-             console=None, world_dir: str | Path | None = None, workers: int | None = None) -> Path:
+             console=None, world_dir: str | Path | None = None, workers: int | None = None,
+             from_scratch: bool = False) -> Path:
     """Build, curate, train and evaluate into `out`; returns the report path. `workers`: processes for the steps
     that run side by side (Stage 3 per λ, the evaluation's methods; default `pyrodash.jobs.default_workers()`)."""
     from rich.console import Console
@@ -149,8 +153,14 @@ def run_demo(out: str | Path, quick: bool = True, seed: int = 0, lambdas: list[f
 
     if world_dir is not None and not (Path(world_dir) / "world.json").exists():
         raise ValueError(f"--world {world_dir}: no world.json there; build one with `pyrodash world build --out DIR`")
-    world = Path(world_dir) if world_dir else step("world", lambda: build_world(None, quick=quick, seed=seed))
-    for w in world_warnings(read_world_info(world)):
+    world = Path(world_dir) if world_dir else step(
+        "world", lambda: build_world(None, quick=quick, seed=seed, from_scratch=from_scratch))
+    info = read_world_info(world)
+    if info.get("models_from"):
+        what = "the base models that ship with PyroDash" if info.get("models_shipped") else "a cached world's models"
+        console.print(f"[dim]world {world}: {what} ({info['models_from']}, pretrained from scratch in "
+                      f"{info['timings'].get('pretrain_wall', '?')} s); `--from-scratch` trains them here[/]")
+    for w in world_warnings(info):
         console.print(f"[bold yellow]warning: world {world}:[/] {w}")
     recipe = load_recipe(ROOT / "configs" / "world" / f"{preset}.yaml", {"world": {"dir": str(world)}})
     cfg = EvalConfig.from_yaml(
@@ -179,13 +189,16 @@ def run(args: argparse.Namespace) -> int:
     console = Console()
     out = Path(args.out or ("runs/demo-quick" if args.quick else "runs/demo"))
     lambdas = [float(x) for x in args.lambdas.split(",")] if args.lambdas else None
+    if args.from_scratch and args.world:
+        raise ValueError("--from-scratch builds the world's models; it cannot be combined with --world DIR (a world "
+                         "already built): drop one of the two")
     if args.workers is not None and args.workers < 1:
         raise ValueError(f"--workers {args.workers}: give 1 or more processes (1 runs the steps one after the other)")
     t0 = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
     with library_log(out / LOG_NAME):
         path = run_demo(out, quick=args.quick, seed=args.seed, lambdas=lambdas, console=console,
-                        world_dir=args.world, workers=args.workers)
+                        world_dir=args.world, workers=args.workers, from_scratch=args.from_scratch)
     print_table2(out, console)
     print_turns(out, console)
 

@@ -29,6 +29,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     b.add_argument("--quick", action="store_true", help="the small CI preset (about 3 minutes)")
     b.add_argument("--seed", type=int, default=0, help="world seed: table, splits, training order")
     b.add_argument("--force", action="store_true", help="rebuild even if OUT already holds this world")
+    b.add_argument("--from-scratch", action="store_true",
+                   help="pretrain the two models here (~3 minutes on 2 cores) instead of copying the base models that "
+                        "ship with PyroDash or those of a cached world with the same models")
     i = sub.add_parser("info", help="print a built world's accuracies")
     i.add_argument("dir", help="a world directory made by `pyrodash world build`")
     i.add_argument("--json", action="store_true", help="print world.json as it is")
@@ -58,6 +61,10 @@ def print_info(info: dict, world_dir: str) -> None:
     console.print(f"SLM's first wrong step on failed hard problems (n={fw['n']}): by index {fw['step_index']}, "
                   f"relative to the first untaught lookup {fw['relative_to_first_hard']}")
     console.print(f"build: {info['build_seconds']:.0f} s {info['timings']}")
+    if info.get("models_from"):
+        what = "the base models that ship with PyroDash" if info.get("models_shipped") else "a cached world's models"
+        console.print(f"models: {what}, copied from {info['models_from']} (their pretraining timings above); "
+                      "`pyrodash world build --from-scratch` trains them here")
     for w in world_warnings(info):
         console.print(f"[bold yellow]warning:[/] {w}")
 
@@ -79,7 +86,8 @@ def run(args: argparse.Namespace) -> int:
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()  # no "Writing model shards" bars between ours
-        world_dir = build_world(args.out, quick=args.quick, seed=args.seed, force=args.force)
+        world_dir = build_world(args.out, quick=args.quick, seed=args.seed, force=args.force,
+                                from_scratch=args.from_scratch)
         print_info(read_world_info(world_dir), str(world_dir))
         print(world_dir)
         return 0

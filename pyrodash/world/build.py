@@ -11,6 +11,9 @@
 seed; the default directory is `$PYRODASH_CACHE/worlds/<quick|full>-seed<N>-<hash>` (cache: ~/.cache/pyrodash).
 A build whose config differs from a cached world's in its split sizes only (`WorldConfig.models_hash`) copies that
 world's models instead of pretraining them again (world.json `models_from`), then writes its splits and measures.
+
+The base models that ship with PyroDash (`pyrodash.world.shipped`: seed 0's) are found the same way, after the cache;
+`from_scratch=True` (`--from-scratch`) pretrains the models here instead of copying any.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from pyrodash.world.config import BUILD_RECIPE, TIER_SPLITS, WorldConfig, cache_
 from pyrodash.world.evaluate import evaluate_continue, evaluate_split, first_wrong_distribution
 from pyrodash.world.multiturn import evaluate_turns, make_multiturn_split
 from pyrodash.world.pretrain import pretrain, save_model
+from pyrodash.world.shipped import SHIPPED, is_shipped
 from pyrodash.world.task import STEP_SEP, make_known, make_split, make_table, sample_problem
 
 MULTITURN_SPLITS = {"multiturn": "n_multiturn", "multiturn_val": "n_multiturn_val",
@@ -128,13 +132,13 @@ def has_models(world_dir: Path) -> bool:
     return all((world_dir / m / "config.json").is_file() for m in ("slm", "llm"))
 
 
-def find_models(cfg: WorldConfig, seed: int, exclude: Path | None = None) -> Path | None:
-    """A built world in the cache (`$PYRODASH_CACHE/worlds/`) whose models are the ones `cfg` and `seed` would train:
-    same seed, build recipe and models hash (`WorldConfig.models_hash`); None when there is none."""
-    root = cache_root() / "worlds"
-    if not root.is_dir():
-        return None
-    for d in sorted(root.iterdir()):
+def find_models(cfg: WorldConfig, seed: int, exclude: Path | None = None, shipped: bool = True) -> Path | None:
+    """A built world whose models are the ones `cfg` and `seed` would train (same seed, build recipe and models hash,
+    `WorldConfig.models_hash`): in the cache (`$PYRODASH_CACHE/worlds/`), then, with `shipped`, among the base models
+    that ship with PyroDash (`SHIPPED`); None when there is none."""
+    dirs = [d for root in (cache_root() / "worlds", SHIPPED if shipped else None)
+            if root is not None and root.is_dir() for d in sorted(root.iterdir())]
+    for d in dirs:
         if exclude is not None and d.resolve() == Path(exclude).resolve():
             continue
         try:
@@ -148,6 +152,7 @@ def find_models(cfg: WorldConfig, seed: int, exclude: Path | None = None) -> Pat
     return None
 
 
+
 def is_built(world_dir: Path, cfg: WorldConfig, seed: int) -> bool:
     try:
         info = read_world_info(world_dir)
@@ -157,18 +162,21 @@ def is_built(world_dir: Path, cfg: WorldConfig, seed: int) -> bool:
 
 
 def build_world(out_dir: str | Path | None = None, quick: bool = False, seed: int = 0, force: bool = False,
-                cfg: WorldConfig | None = None, verbose: bool = True) -> Path:
-    """Build the world into `out_dir` (default: the cache) unless an identical build is there; return its path."""
+                cfg: WorldConfig | None = None, verbose: bool = True, from_scratch: bool = False) -> Path:
+    """Build the world into `out_dir` (default: the cache) unless an identical build is there; return its path.
+    `from_scratch`: pretrain the models here, never copy them (from the cache or the shipped base models); a built
+    world there whose models were copied is built again."""
     cfg = cfg or WorldConfig.from_preset("quick" if quick else "full")
     world_dir = Path(out_dir) if out_dir is not None else default_world_dir(cfg, seed)
-    if not force and is_built(world_dir, cfg, seed):
+    if not force and is_built(world_dir, cfg, seed) and not (
+            from_scratch and read_world_info(world_dir).get("models_from")):
         return world_dir
     if (world_dir / "world.json").exists() and not force:
         info = read_world_info(world_dir)
         if info.get("config_hash") != cfg.config_hash() or info.get("seed") != seed:
             raise ValueError(f"{world_dir} holds a different world (hash {info.get('config_hash')}, seed "
                              f"{info.get('seed')}); pass --force to rebuild it or choose another --out")
-    run_build(world_dir, cfg, seed, verbose=verbose)
+    run_build(world_dir, cfg, seed, verbose=verbose, reuse_models=not from_scratch)
     return world_dir
 
 
@@ -256,8 +264,9 @@ def _pretrain_and_save(which: str, world_dir: Path, cfg: WorldConfig, seed: int,
     return losses, {which: round(time.time() - t, 1), f"cpu_{which}": round(time.process_time() - cpu, 1)}
 
 
-def run_build(world_dir: Path, cfg: WorldConfig, seed: int, verbose: bool = True) -> dict:
-    """Generate the splits, pretrain both models, measure them, and write everything to `world_dir`.
+def run_build(world_dir: Path, cfg: WorldConfig, seed: int, verbose: bool = True, reuse_models: bool = True) -> dict:
+    """Generate the splits, pretrain both models (or, with `reuse_models`, copy those of a world that has them:
+    `find_models`), measure them, and write everything to `world_dir`.
     Everything runs on `build_threads()` threads (pretraining: see `train_models`): deterministic for a seed and a
     thread count."""
     import torch
@@ -265,7 +274,7 @@ def run_build(world_dir: Path, cfg: WorldConfig, seed: int, verbose: bool = True
     threads = torch.get_num_threads()
     torch.set_num_threads(build_threads())
     try:
-        return _run_build(world_dir, cfg, seed, verbose)
+        return _run_build(world_dir, cfg, seed, verbose, reuse_models)
     finally:
         torch.set_num_threads(threads)
 
@@ -275,7 +284,7 @@ def build_threads() -> int:
     return max(1, min(4, os.cpu_count() or 1))
 
 
-def _run_build(world_dir: Path, cfg: WorldConfig, seed: int, verbose: bool) -> dict:
+def _run_build(world_dir: Path, cfg: WorldConfig, seed: int, verbose: bool, reuse_models: bool = True) -> dict:
     import torch
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from transformers import AutoModelForCausalLM
@@ -289,7 +298,7 @@ def _run_build(world_dir: Path, cfg: WorldConfig, seed: int, verbose: bool) -> d
     acc: dict[str, dict[str, float]] = {"slm": {}, "llm": {}}
     slm_out: dict[str, tuple[list[str], list[bool]]] = {}
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    donor = find_models(cfg, seed, world_dir)
+    donor = find_models(cfg, seed, world_dir) if reuse_models else None
     with Progress(*columns, disable=not verbose, transient=False) as progress:
         t = time.time()
         if donor is not None:  # same models hash and seed: the same weights, already trained
@@ -298,7 +307,11 @@ def _run_build(world_dir: Path, cfg: WorldConfig, seed: int, verbose: bool) -> d
             old = read_world_info(donor)
             losses, pretrain_threads = old["losses"], old.get("pretrain_threads")
             timings.update({k: v for k, v in old["timings"].items() if k.startswith("pretrain")})
-            if verbose:
+            if verbose and is_shipped(donor):
+                print(f"world: the base models that ship with PyroDash ({donor}, models hash {cfg.models_hash()}, "
+                      f"seed {seed}; pretrained from scratch in {old['timings'].get('pretrain_wall', '?')} s on "
+                      f"{old.get('threads', '?')} cores); `--from-scratch` trains them here", flush=True)
+            elif verbose:
                 print(f"world: models copied from {donor} (same models hash {cfg.models_hash()}, seed {seed}); "
                       "only the data splits differ", flush=True)
         else:
@@ -332,7 +345,8 @@ def _run_build(world_dir: Path, cfg: WorldConfig, seed: int, verbose: bool) -> d
     hard = [c for ex, c in zip(tests, oks) if ex.meta["hard_steps"]]
     info = {
         "config": cfg.to_dict(), "config_hash": cfg.config_hash(), "models_hash": cfg.models_hash(),
-        "models_from": str(donor) if donor is not None else None, "build_recipe": BUILD_RECIPE, "seed": seed,
+        "models_from": str(donor) if donor is not None else None,
+        "models_shipped": donor is not None and is_shipped(donor), "build_recipe": BUILD_RECIPE, "seed": seed,
         "tiers": dict(TIER_SPLITS),
         "prompts": "world-v1",
         "splits": {name: len(exs) for name, exs in splits.items()},

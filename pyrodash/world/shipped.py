@@ -1,0 +1,49 @@
+"""The base models that ship with PyroDash: the world's two pretrained models of seed 0, in `checkpoints/seed0/`.
+
+The paper's pipeline starts from downloaded base models (Qwen3.5-4B, GLM-5.2); the built-in world trains its own, and
+that pretraining is ~195 s of the quick demo's ~400 s on 2 cores. So PyroDash ships the ones seed 0 trains (2.8 MB,
+float32 safetensors): a build finds them as it finds a cached world with the same models (`build.find_models`: same
+seed, build recipe and models hash) and copies them, saying so (world.json `models_from`, `models_shipped`); `pyrodash
+world build --from-scratch` and `pyrodash demo --from-scratch` train them instead.
+
+    python scripts/ship_world.py           # build seed 0's world from scratch and ship its models
+
+`tests/test_world.py` checks that the shipped models are current (their models hash is the quick preset's) and that a
+from-scratch build reproduces them byte for byte where the platform is the one that trained them (`platform()`: the
+torch version and CPU capability; PyTorch promises bitwise reproducibility only there).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+SHIPPED = Path(__file__).resolve().parent / "checkpoints"
+
+
+def is_shipped(world_dir: str | Path) -> bool:
+    """Whether `world_dir` is one of the base-model directories that ship with PyroDash."""
+    return Path(world_dir).resolve().parent == SHIPPED
+
+
+def platform() -> dict:
+    """What bitwise reproducibility of a build depends on besides the seed and the thread count."""
+    import torch
+
+    return {"torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability()}
+
+
+def ship(world_dir: str | Path) -> Path:
+    """Copy a from-scratch build's models and world.json (with `platform()`) to `SHIPPED/seed<N>`; its path."""
+    world_dir = Path(world_dir)
+    info = json.loads((world_dir / "world.json").read_text())
+    if info.get("models_from"):
+        raise ValueError(f"{world_dir}: its models were copied from {info['models_from']}; ship a world built with "
+                         "`pyrodash world build --from-scratch`")
+    dest = SHIPPED / f"seed{info['seed']}"
+    shutil.rmtree(dest, ignore_errors=True)
+    for m in ("slm", "llm"):
+        shutil.copytree(world_dir / m, dest / m)
+    (dest / "world.json").write_text(json.dumps({**info, "shipped_from": {"platform": platform()}}, indent=1) + "\n")
+    return dest
