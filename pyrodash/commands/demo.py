@@ -3,7 +3,8 @@
     pyrodash demo --quick            # λ in {0.6, 2, 4}; README "Time" has the minutes on 2 cores
     pyrodash demo --out runs/demo    # the larger world, λ in {0.05, 0.6, 2, 4}
 
-Steps (each reused when its output is already in DIR, so an interrupted demo resumes): world build (cached) →
+Steps (each reused when its output is already in DIR, so an interrupted demo resumes): world build (cached; seed 0's
+base models ship with PyroDash and are copied, `--from-scratch` pretrains them) →
 EasyHard curation → Stage 1 → Stage 2 → Stage 3 per λ and the evaluation of every method (SLM, SLM+SFT, LLM,
 RouteLLM-MF, GlimpRouter, PyroDash per λ and across offload_bias) on the five world test tiers and the multi-turn
 splits (conversations, reported per turn) → `DIR/report.md`, `DIR/pareto.png`, `DIR/summary.json`, `DIR/records/`.
@@ -156,7 +157,7 @@ def run_demo(out: str | Path, quick: bool = True, seed: int = 0, lambdas: list[f
     world = Path(world_dir) if world_dir else step(
         "world", lambda: build_world(None, quick=quick, seed=seed, from_scratch=from_scratch))
     info = read_world_info(world)
-    if info.get("models_from"):
+    if info.get("models_from") and "world" not in times:  # (a build that ran said so itself)
         what = "the base models that ship with PyroDash" if info.get("models_shipped") else "a cached world's models"
         console.print(f"[dim]world {world}: {what} ({info['models_from']}, pretrained from scratch in "
                       f"{info['timings'].get('pretrain_wall', '?')} s); `--from-scratch` trains them here[/]")
