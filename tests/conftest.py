@@ -1,8 +1,9 @@
 """Fixtures shared by test modules: the quick demo, run once per test session.
 
 `quick_demo` is `pyrodash demo --quick` into a temporary directory (the world from the cache; on a fresh machine built
-there from the base models that ship with PyroDash, which `tests/test_world.py` rebuilds from scratch). tests/test_demo.py checks its report; tests/test_train.py starts from its curated corpora and its Stage 1
-and Stage 2 checkpoints (the same recipe makes the same ones), so CI trains them once.
+there from the base models that ship with PyroDash, which `tests/test_world.py` rebuilds from scratch).
+tests/test_demo.py checks its report; tests/test_train.py starts from its curated corpora and its Stage 1 and Stage 2
+checkpoints (the same recipe makes the same ones), so CI trains them once.
 """
 
 from __future__ import annotations

@@ -264,7 +264,7 @@ def test_first_wrong_step():
 def test_quick_world_from_scratch_gap_hidden_difficulty_and_the_shipped_models(tmp_path):
     """A quick build that pretrains its models here (`from_scratch`, as `pyrodash world build --from-scratch`): the
     world's properties, and the models that ship with PyroDash are its models, byte for byte, on the platform that
-    trained them (torch version and CPU capability; elsewhere PyTorch does not promise the same bits)."""
+    trained them (torch version, CPU capability and CPU; elsewhere PyTorch does not promise the same bits)."""
     from pyrodash.world.build import build_world, read_world_info, world_warnings
     from pyrodash.world.shipped import SHIPPED, platform
 
@@ -297,7 +297,7 @@ def test_the_shipped_base_models_are_current_and_load():
 
     from pyrodash.world.build import BUILD_RECIPE, has_models
     from pyrodash.world.pretrain import model_config
-    from pyrodash.world.shipped import SHIPPED
+    from pyrodash.world.shipped import SHIPPED, platform
 
     cfg = WorldConfig.from_preset("quick")
     d = SHIPPED / "seed0"
@@ -305,6 +305,7 @@ def test_the_shipped_base_models_are_current_and_load():
     assert (WorldConfig.from_dict(info["config"]).models_hash(), info["build_recipe"]) == (
         cfg.models_hash(), BUILD_RECIPE), "the world's models changed: run `python scripts/ship_world.py`"
     assert info["seed"] == 0 and info["models_from"] is None and has_models(d)
+    assert set(info["shipped_from"]["platform"]) == set(platform())  # what the from-scratch test compares
     for m, spec in (("slm", cfg.slm), ("llm", cfg.llm)):
         model = AutoModelForCausalLM.from_pretrained(str(d / m))
         want = model_config(spec)

@@ -10,7 +10,7 @@ world build --from-scratch` and `pyrodash demo --from-scratch` train them instea
 
 `tests/test_world.py` checks that the shipped models are current (their models hash is the quick preset's) and that a
 from-scratch build reproduces them byte for byte where the platform is the one that trained them (`platform()`: the
-torch version and CPU capability; PyTorch promises bitwise reproducibility only there).
+torch version, its CPU capability and the CPU; PyTorch promises bitwise reproducibility only there).
 """
 
 from __future__ import annotations
@@ -28,10 +28,19 @@ def is_shipped(world_dir: str | Path) -> bool:
 
 
 def platform() -> dict:
-    """What bitwise reproducibility of a build depends on besides the seed and the thread count."""
+    """What bitwise reproducibility of a build depends on besides the seed and the thread count: the torch build, the
+    kernels it dispatches to, and the CPU (its math libraries pick code paths by vendor and model)."""
+    import platform as host
+
     import torch
 
-    return {"torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability()}
+    cpu = host.processor()
+    info = Path("/proc/cpuinfo")
+    if info.is_file():  # Linux: platform.processor() is often empty there
+        fields = {k.strip(): v.strip() for k, v in (line.split(":", 1) for line in info.read_text().splitlines()
+                                                     if ":" in line)}
+        cpu = " ".join(fields.get(k, "") for k in ("vendor_id", "model name")).strip() or cpu
+    return {"torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability(), "cpu": cpu}
 
 
 def ship(world_dir: str | Path) -> Path:
