@@ -152,7 +152,6 @@ def find_models(cfg: WorldConfig, seed: int, exclude: Path | None = None, shippe
     return None
 
 
-
 def is_built(world_dir: Path, cfg: WorldConfig, seed: int) -> bool:
     try:
         info = read_world_info(world_dir)
