@@ -520,6 +520,25 @@ def oracle_distance(ms: dict[str, Metrics]) -> list[str]:
                           "Δ cost vs oracle", "within 5 points at ≤ oracle cost + 0.10"], rows)
 
 
+def world_line(run_dir: Path) -> list[str]:
+    """Where the run's world and its base models come from (its world.json, read as JSON), when the run names one."""
+    try:
+        world = json.loads((run_dir / "config.resolved.json").read_text()).get("world_dir")
+        info = json.loads((Path(world) / "world.json").read_text()) if world else None
+    except (OSError, ValueError, TypeError):
+        return []
+    if not info:
+        return []
+    if info.get("models_shipped"):
+        how = "shipped with PyroDash (what a from-scratch build of this seed trains)"
+    elif info.get("models_from"):
+        how = f"copied from the world at `{info['models_from']}`"
+    else:
+        how = f"pretrained by its build ({info.get('timings', {}).get('pretrain_wall', '?')} s)"
+    return [f"World: `{world}` (seed {info.get('seed')}, config hash {info.get('config_hash')}); base models: {how}.",
+            ""]
+
+
 def baseline_notes(run_dir: Path, runs: dict[str, list[dict]]) -> list[str]:
     """RouteLLM-MF's router (labels, fit, α) and the realised LLM shares / steps of both routing baselines."""
     lines = []
@@ -566,7 +585,7 @@ def render(run_dir: str | Path, prices: Prices | None = None) -> tuple[str, dict
     lam_names = lambda_points(ms)
     out = [f"# PyroDash evaluation report: `{Path(run_dir).name}`", "",
            f"Prices (USD per million tokens): {prices.to_dict()}. Every number below is recomputed from "
-           f"`records/*.jsonl`.", ""]
+           f"`records/*.jsonl`.", ""] + world_line(Path(run_dir))
     if duplicates:
         out += ["Duplicate records ignored (the last line per (benchmark, id, sample) is kept): "
                 + ", ".join(f"{n}: {k}" for n, k in duplicates.items()) + ".", ""]

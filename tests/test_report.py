@@ -182,3 +182,23 @@ def test_sweep_names_parse_sort_and_draw_as_their_own_series():
     # a share sweep ends at its policy (share 1), a bias sweep passes through it (bias 0)
     assert [k for k, _ in s["pyrodash@0.6 share sweep"]] == [0.25, 0.5, 1.0]
     assert [k for k, _ in s["pyrodash@0.6 bias sweep"]] == [0.0, 1.0]
+
+
+@pytest.mark.parametrize("provenance, says", [
+    ({"models_from": "/x/checkpoints/seed0", "models_shipped": True}, "base models: shipped with PyroDash"),
+    ({"models_from": "/cache/worlds/other", "models_shipped": False}, "base models: copied from the world at"),
+    ({"models_from": None, "models_shipped": False, "timings": {"pretrain_wall": 194.9}},
+     "base models: pretrained by its build (194.9 s)"),
+])
+def test_the_report_names_the_world_and_where_its_base_models_come_from(tmp_path, provenance, says):
+    run = tmp_path / "run"
+    make_run(run)
+    world = tmp_path / "world"
+    world.mkdir()
+    (world / "world.json").write_text(json.dumps({"seed": 0, "config_hash": "abc", **provenance}))
+    (run / "config.resolved.json").write_text(json.dumps({"world_dir": str(world)}))
+    md, _, _ = render(run)
+    line = next(x for x in md.splitlines() if x.startswith("World:"))
+    assert f"`{world}` (seed 0, config hash abc)" in line and says in line
+    (world / "world.json").unlink()  # a world that is gone: no line, no error
+    assert "World:" not in render(run)[0]
