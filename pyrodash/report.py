@@ -28,6 +28,7 @@ from pyrodash.data.benchmarks import own_history_benchmark
 from pyrodash.method_names import lambda_points, parse_method, sort_key
 from pyrodash.record import read_record, usage_of
 from pyrodash.report_plots import pareto_png
+from pyrodash.world.shipped import models_source
 
 STEP_BOUNDARY = "\n\n"
 # --- reading records ----------------------------------------------------------------------------------------------
@@ -521,7 +522,8 @@ def oracle_distance(ms: dict[str, Metrics]) -> list[str]:
 
 
 def world_line(run_dir: Path) -> list[str]:
-    """Where the run's world and its base models come from (its world.json, read as JSON), when the run names one."""
+    """The run's world and where its base models come from (`models_source` of its world.json), when the run names
+    one."""
     try:
         world = json.loads((run_dir / "config.resolved.json").read_text()).get("world_dir")
         info = json.loads((Path(world) / "world.json").read_text()) if world else None
@@ -529,14 +531,8 @@ def world_line(run_dir: Path) -> list[str]:
         return []
     if not info:
         return []
-    if info.get("models_shipped"):
-        how = "shipped with PyroDash (what a from-scratch build of this seed trains)"
-    elif info.get("models_from"):
-        how = f"copied from the world at `{info['models_from']}`"
-    else:
-        how = f"pretrained by its build ({info.get('timings', {}).get('pretrain_wall', '?')} s)"
-    return [f"World: `{world}` (seed {info.get('seed')}, config hash {info.get('config_hash')}); base models: {how}.",
-            ""]
+    return [f"World: `{world}` (seed {info.get('seed')}, config hash {info.get('config_hash')}); models: "
+            f"{models_source(info)}.", ""]
 
 
 def baseline_notes(run_dir: Path, runs: dict[str, list[dict]]) -> list[str]:

@@ -185,10 +185,12 @@ def test_sweep_names_parse_sort_and_draw_as_their_own_series():
 
 
 @pytest.mark.parametrize("provenance, says", [
-    ({"models_from": "/x/checkpoints/seed0", "models_shipped": True}, "base models: shipped with PyroDash"),
-    ({"models_from": "/cache/worlds/other", "models_shipped": False}, "base models: copied from the world at"),
+    ({"models_from": "/x/checkpoints/seed0", "models_shipped": True},
+     "models: the base models that ship with PyroDash, copied from /x/checkpoints/seed0"),
+    ({"models_from": "/cache/worlds/other", "models_shipped": False},
+     "models: copied from the world at /cache/worlds/other"),
     ({"models_from": None, "models_shipped": False, "timings": {"pretrain_wall": 194.9}},
-     "base models: pretrained by its build (194.9 s)"),
+     "models: pretrained by its build (194.9 s)"),
 ])
 def test_the_report_names_the_world_and_where_its_base_models_come_from(tmp_path, provenance, says):
     run = tmp_path / "run"

@@ -36,6 +36,7 @@ from pyrodash.train.stage2 import run_stage2
 from pyrodash.train.stage3 import fill_cost_base, run_stage3
 from pyrodash.world.build import build_world, read_world_info, world_warnings
 from pyrodash.world.config import TIER_SPLITS
+from pyrodash.world.shipped import models_source
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 # λ spans the world's trade-off, not the paper's grid: a correct handoff beats a wrong SLM-alone answer while
@@ -158,9 +159,7 @@ def run_demo(out: str | Path, quick: bool = True, seed: int = 0, lambdas: list[f
         "world", lambda: build_world(None, quick=quick, seed=seed, from_scratch=from_scratch))
     info = read_world_info(world)
     if info.get("models_from") and "world" not in times:  # (a build that ran said so itself)
-        what = "the base models that ship with PyroDash" if info.get("models_shipped") else "a cached world's models"
-        console.print(f"[dim]world {world}: {what} ({info['models_from']}, pretrained from scratch in "
-                      f"{info['timings'].get('pretrain_wall', '?')} s); `--from-scratch` trains them here[/]")
+        console.print(f"[dim]world {world}: models: {models_source(info)}; `--from-scratch` trains them here[/]")
     for w in world_warnings(info):
         console.print(f"[bold yellow]warning: world {world}:[/] {w}")
     recipe = load_recipe(ROOT / "configs" / "world" / f"{preset}.yaml", {"world": {"dir": str(world)}})

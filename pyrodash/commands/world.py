@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pyrodash.world.build import build_world, read_world_info, world_warnings
+from pyrodash.world.shipped import models_source
 
 if TYPE_CHECKING:  # the recipe's module imports TRL: not at `pyrodash world`'s start
     from pyrodash.train.config import Recipe
@@ -64,9 +65,7 @@ def print_info(info: dict, world_dir: str) -> None:
                   f"relative to the first untaught lookup {fw['relative_to_first_hard']}")
     console.print(f"build: {info['build_seconds']:.0f} s {info['timings']}")
     if info.get("models_from"):
-        what = "the base models that ship with PyroDash" if info.get("models_shipped") else "a cached world's models"
-        console.print(f"models: {what}, copied from {info['models_from']} (their pretraining timings above); "
-                      "`pyrodash world build --from-scratch` trains them here")
+        console.print(f"models: {models_source(info)}; `pyrodash world build --from-scratch` trains them here")
     for w in world_warnings(info):
         console.print(f"[bold yellow]warning:[/] {w}")
 

@@ -31,7 +31,7 @@ from pyrodash.world.config import BUILD_RECIPE, TIER_SPLITS, WorldConfig, cache_
 from pyrodash.world.evaluate import evaluate_continue, evaluate_split, first_wrong_distribution
 from pyrodash.world.multiturn import evaluate_turns, make_multiturn_split
 from pyrodash.world.pretrain import pretrain, save_model
-from pyrodash.world.shipped import SHIPPED, is_shipped
+from pyrodash.world.shipped import SHIPPED, is_shipped, models_source
 from pyrodash.world.task import STEP_SEP, make_known, make_split, make_table, sample_problem
 
 MULTITURN_SPLITS = {"multiturn": "n_multiturn", "multiturn_val": "n_multiturn_val",
@@ -306,13 +306,11 @@ def _run_build(world_dir: Path, cfg: WorldConfig, seed: int, verbose: bool, reus
             old = read_world_info(donor)
             losses, pretrain_threads = old["losses"], old.get("pretrain_threads")
             timings.update({k: v for k, v in old["timings"].items() if k.startswith("pretrain")})
-            if verbose and is_shipped(donor):
-                print(f"world: the base models that ship with PyroDash ({donor}, models hash {cfg.models_hash()}, "
-                      f"seed {seed}; pretrained from scratch in {old['timings'].get('pretrain_wall', '?')} s on "
-                      f"{old.get('threads', '?')} cores); `--from-scratch` trains them here", flush=True)
-            elif verbose:
-                print(f"world: models copied from {donor} (same models hash {cfg.models_hash()}, seed {seed}); "
-                      "only the data splits differ", flush=True)
+            if verbose:
+                source = models_source({"models_from": str(donor), "models_shipped": is_shipped(donor),
+                                        "seed": seed, "timings": old["timings"]})
+                print(f"world: models: {source} (same models hash {cfg.models_hash()}); `--from-scratch` trains "
+                      "them here", flush=True)
         else:
             losses, seconds, pretrain_threads = train_models(world_dir, cfg, seed, progress)
             timings.update({f"pretrain_{w}": s for w, s in seconds.items()}, pretrain_wall=round(time.time() - t, 1))

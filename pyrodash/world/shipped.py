@@ -27,6 +27,19 @@ def is_shipped(world_dir: str | Path) -> bool:
     return Path(world_dir).resolve().parent == SHIPPED
 
 
+def models_source(info: dict) -> str:
+    """Where a built world's models come from, in words, from its world.json (`models_from`, `models_shipped`, and
+    the pretraining timings, which a copy carries over from where it was trained). Every place that tells a user
+    (the build, `pyrodash world info`, the demo, the report) says it this way."""
+    wall = (info.get("timings") or {}).get("pretrain_wall", "?")
+    if info.get("models_shipped"):
+        return (f"the base models that ship with PyroDash, copied from {info['models_from']} (what a from-scratch "
+                f"build of seed {info.get('seed')} trains: {wall} s of pretraining there)")
+    if info.get("models_from"):
+        return f"copied from the world at {info['models_from']} (pretrained there in {wall} s)"
+    return f"pretrained by its build ({wall} s)"
+
+
 def platform() -> dict:
     """What bitwise reproducibility of a build depends on besides the seed and the thread count: the torch build, the
     kernels it dispatches to, and the CPU (its math libraries pick code paths by vendor and model)."""
