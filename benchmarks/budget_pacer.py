@@ -78,8 +78,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--keep", action="store_true", help="keep the temporary directory (configs, server logs)")
     p.add_argument("--dump", help="write every request (time, question, admission, budget state, dollars) as JSONL")
-    p.add_argument("--full-replay", action="store_true", help="replay every question at both shares, also the "
-                   "answers the run served (checks that the replay reproduces them)")
+    p.add_argument(
+        "--full-replay",
+        action="store_true",
+        help="replay every question at both shares, also the "
+        "answers the run served (checks that the replay reproduces them)",
+    )
     return p.parse_args(argv)
 
 
@@ -97,8 +101,14 @@ def load_run(run: Path, lam: str) -> dict:
     llm_records = run / "records" / "llm.jsonl"
     if not llm_records.exists():
         raise SystemExit(f"{llm_records} not found: the demo's LLM-only records give the LLM-only dollars")
-    return {"slm": str(slm), "llm": cfg["models"]["llm"], "world": cfg["world_dir"], "prices": cfg["prices"],
-            "prompts": cfg["prompts"], "llm_records": llm_records}
+    return {
+        "slm": str(slm),
+        "llm": cfg["models"]["llm"],
+        "world": cfg["world_dir"],
+        "prices": cfg["prices"],
+        "prompts": cfg["prompts"],
+        "llm_records": llm_records,
+    }
 
 
 def load_questions(run: dict) -> list[dict]:
@@ -151,17 +161,28 @@ def write_config(tmp: Path, run: dict, args, usd_per_hour: float, origin: float,
     import yaml
 
     budgets = {
-        "default": {"usd_per_hour": usd_per_hour, "dollars": "llm", "cap_usd": usd_per_hour * args.cap_mult,
-                    "at_cap": "slm"},
-        "time_compression": 3600.0 / args.hour_s, "period_origin": origin,
-    }  # fmt: skip
+        "default": {
+            "usd_per_hour": usd_per_hour,
+            "dollars": "llm",
+            "cap_usd": usd_per_hour * args.cap_mult,
+            "at_cap": "slm",
+        },
+        "time_compression": 3600.0 / args.hour_s,
+        "period_origin": origin,
+    }
     if redis_url:
         budgets["redis_url"] = redis_url
-    cfg = {"slm": run["slm"], "llm": run["llm"], "prices": {k: v for k, v in run["prices"].items() if v is not None},
-           "prompts": run["prompts"], "operating_points": {"pyrodash": 0.0},
-           "limits": {"max_tokens": 512, "default_max_tokens": args.max_tokens, "max_concurrency": 64},
-           "failure": {"retries": 2, "backoff_s": 0.2, "timeout_s": 120, "on_error": "fallback"},
-           "api_key_env": None, "budgets": budgets}  # fmt: skip
+    cfg = {
+        "slm": run["slm"],
+        "llm": run["llm"],
+        "prices": {k: v for k, v in run["prices"].items() if v is not None},
+        "prompts": run["prompts"],
+        "operating_points": {"pyrodash": 0.0},
+        "limits": {"max_tokens": 512, "default_max_tokens": args.max_tokens, "max_concurrency": 64},
+        "failure": {"retries": 2, "backoff_s": 0.2, "timeout_s": 120, "on_error": "fallback"},
+        "api_key_env": None,
+        "budgets": budgets,
+    }
     path = tmp / "serve.yaml"
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     return path
@@ -172,8 +193,11 @@ def start_redis(tmp: Path) -> tuple[subprocess.Popen, str]:
     if not os.access(exe, os.X_OK):
         raise SystemExit("--replicas 2 needs Debian's redis-server: apt-get install -y redis-server")
     port = free_port()
-    proc = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                             "--dir", str(tmp)], stdout=open(tmp / "redis.log", "w"), stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(tmp)],
+        stdout=open(tmp / "redis.log", "w"),
+        stderr=subprocess.STDOUT,
+    )
     import redis
 
     client = redis.Redis(port=port)
@@ -203,8 +227,11 @@ def start_nginx(tmp: Path, ports: list[int]) -> tuple[subprocess.Popen, int]:
         raise SystemExit("--replicas 2 needs Debian's nginx: apt-get install -y nginx")
     port = free_port()
     (tmp / "nginx.conf").write_text(nginx_conf([f"127.0.0.1:{p}" for p in ports], port, tmp))
-    proc = subprocess.Popen([exe, "-p", str(tmp), "-c", str(tmp / "nginx.conf"), "-e", str(tmp / "nginx-error.log"),
-                             "-g", "daemon off;"], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [exe, "-p", str(tmp), "-c", str(tmp / "nginx.conf"), "-e", str(tmp / "nginx-error.log"), "-g", "daemon off;"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+    )
     return proc, port
 
 
@@ -230,8 +257,12 @@ async def drive(url: str, plan: list[tuple[float, int]], questions: list[dict], 
     async def one(at: float, q: int, client: httpx.AsyncClient) -> None:
         await asyncio.sleep(max(0.0, t0 + at - time.time()))
         sent = time.time() - t0
-        body = {"model": "pyrodash", "messages": [{"role": "user", "content": questions[q]["question"]}],
-                "max_tokens": args.max_tokens, "max_tokens_per_model": args.max_tokens_per_model}
+        body = {
+            "model": "pyrodash",
+            "messages": [{"role": "user", "content": questions[q]["question"]}],
+            "max_tokens": args.max_tokens,
+            "max_tokens_per_model": args.max_tokens_per_model,
+        }
         row = {"t": sent, "q": q, "status": None}
         try:
             r = await client.post(f"{url}/v1/chat/completions", json=body)
@@ -239,9 +270,14 @@ async def drive(url: str, plan: list[tuple[float, int]], questions: list[dict], 
             if r.status_code == 200:
                 data = r.json()
                 p = data["pyrodash"]
-                row.update(output=data["choices"][0]["message"]["content"], cost_usd=p["cost_usd"],
-                           llm_usd=sum(e["cost_usd"] for e in p.get("llm_endpoints") or []),
-                           admitted=p["handoff_admitted"], share=p["handoff_share"], budget=p.get("budget"))
+                row.update(
+                    output=data["choices"][0]["message"]["content"],
+                    cost_usd=p["cost_usd"],
+                    llm_usd=sum(e["cost_usd"] for e in p.get("llm_endpoints") or []),
+                    admitted=p["handoff_admitted"],
+                    share=p["handoff_share"],
+                    budget=p.get("budget"),
+                )
         except httpx.HTTPError as e:
             row["error"] = type(e).__name__
         row["done"] = time.time() - t0
@@ -256,8 +292,9 @@ async def drive(url: str, plan: list[tuple[float, int]], questions: list[dict], 
 # ---------------------------------------------------------------- the replay
 
 
-def replay(run: dict, questions: list[dict], used: list[int], args, seen: dict[tuple[int, float], dict]) \
-        -> dict[int, dict]:
+def replay(
+    run: dict, questions: list[dict], used: list[int], args, seen: dict[tuple[int, float], dict]
+) -> dict[int, dict]:
     """Each used question's answer at share 1 and at share 0 (the ones the run did not serve: through the engine's
     batch driver; `--full-replay`: all of them), and the share below which its hash admits it."""
     from pyrodash.backends import load_llm, load_slm
@@ -267,19 +304,33 @@ def replay(run: dict, questions: list[dict], used: list[int], args, seen: dict[t
     from pyrodash.prompts import get_prompts
 
     prices = Prices(**{k: v for k, v in run["prices"].items() if v is not None})
-    engine = CollaborateEngine(load_slm(run["slm"]), load_llm(run["llm"]), get_prompts(run["prompts"]), prices,
-                               max_tokens=args.max_tokens_per_model)
+    engine = CollaborateEngine(
+        load_slm(run["slm"]),
+        load_llm(run["llm"]),
+        get_prompts(run["prompts"]),
+        prices,
+        max_tokens=args.max_tokens_per_model,
+    )
     msgs = [[{"role": "user", "content": questions[q]["question"]}] for q in used]
     out: dict[int, dict] = {q: {} for q in used}
     for share in (1.0, 0.0):
         todo = [i for i, q in enumerate(used) if args.full_replay or (q, share) not in seen]
-        opts = {"offload_bias": 0.0, "handoff_share": share, "max_tokens": args.max_tokens_per_model,
-                "max_total_tokens": args.max_tokens, "temperature": 0.0}
+        opts = {
+            "offload_bias": 0.0,
+            "handoff_share": share,
+            "max_tokens": args.max_tokens_per_model,
+            "max_total_tokens": args.max_tokens,
+            "temperature": 0.0,
+        }
         dones = engine.batch([msgs[i] for i in todo], options=[opts] * len(todo), batch_size=64, concurrency=8)
         for i, d in zip(todo, dones):
             q = used[i]
-            out[q][share] = {"output": d.output, "llm_usd": sum(e["cost_usd"] for e in d.llm_endpoints),
-                             "correct": is_correct(d.output, questions[q]["gold"]), "replayed": True}
+            out[q][share] = {
+                "output": d.output,
+                "llm_usd": sum(e["cost_usd"] for e in d.llm_endpoints),
+                "correct": is_correct(d.output, questions[q]["gold"]),
+                "replayed": True,
+            }
         for q in used:
             out[q].setdefault(share, seen.get((q, share)))
     for q, m in zip(used, msgs):  # the share below which this request may hand off (the engine's hash)
@@ -351,13 +402,34 @@ def main(argv=None) -> int:
         servers = []
         for i, port in enumerate(ports):
             log = open(tmp / f"serve-{i}.log", "w")
-            servers.append(subprocess.Popen([sys.executable, "-m", "pyrodash", "serve", "--config", str(cfg), "--port",
-                                             str(port), "--log-level", "warning"], cwd=ROOT, env=env, stdout=log,
-                                            stderr=subprocess.STDOUT))  # fmt: skip
+            servers.append(
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-m",
+                        "pyrodash",
+                        "serve",
+                        "--config",
+                        str(cfg),
+                        "--port",
+                        str(port),
+                        "--log-level",
+                        "warning",
+                    ],
+                    cwd=ROOT,
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                )
+            )
         procs += servers
         for i, (port, proc) in enumerate(zip(ports, servers)):
-            wait_url(f"http://127.0.0.1:{port}/health", proc, what=f"pyrodash serve #{i} (log {tmp}/serve-{i}.log)",
-                     timeout=max(5.0, t0 - time.time() - 5))
+            wait_url(
+                f"http://127.0.0.1:{port}/health",
+                proc,
+                what=f"pyrodash serve #{i} (log {tmp}/serve-{i}.log)",
+                timeout=max(5.0, t0 - time.time() - 5),
+            )
         url = f"http://127.0.0.1:{ports[0]}"
         if args.replicas > 1:
             nproc, nport = start_nginx(tmp, ports)
@@ -368,13 +440,17 @@ def main(argv=None) -> int:
         if warm < 5:
             raise SystemExit(f"the servers took too long to start: raise --startup-s (warm-up left {warm:.1f} s)")
         rnd = random.Random(args.seed * 1000 + 7)
-        warm_plan = [(t - t0, rnd.randrange(len(questions)))
-                     for t in arrivals(rnd, time.time(), warm, args.base_rps * factors[0])]  # fmt: skip
-        print(f"budget_pacer: {args.replicas} replica(s){' behind nginx, Redis shared' if args.replicas > 1 else ''}; "
-              f"SLM {Path(run['slm']).name}; hour = {args.hour_s:g} s; target ${usd_per_hour:.6f}/hour "
-              f"({args.target_frac:.0%} of LLM-only ${measured_llm_only:.6f} over {len(factors)} hours), cap "
-              f"${cap:.6f}/hour; {len(plan)} measured requests + {len(warm_plan)} in a {warm:.0f} s warm-up",
-              flush=True)  # fmt: skip
+        warm_plan = [
+            (t - t0, rnd.randrange(len(questions)))
+            for t in arrivals(rnd, time.time(), warm, args.base_rps * factors[0])
+        ]
+        print(
+            f"budget_pacer: {args.replicas} replica(s){' behind nginx, Redis shared' if args.replicas > 1 else ''}; "
+            f"SLM {Path(run['slm']).name}; hour = {args.hour_s:g} s; target ${usd_per_hour:.6f}/hour "
+            f"({args.target_frac:.0%} of LLM-only ${measured_llm_only:.6f} over {len(factors)} hours), cap "
+            f"${cap:.6f}/hour; {len(plan)} measured requests + {len(warm_plan)} in a {warm:.0f} s warm-up",
+            flush=True,
+        )
         rows = asyncio.run(drive(url, warm_plan + plan, questions, t0, args))
         states = []
         for port in ports:
@@ -387,8 +463,9 @@ def main(argv=None) -> int:
             stop(proc, signal.SIGQUIT if proc.args and "nginx" in str(proc.args[0]) else signal.SIGTERM)
     load_s = time.time() - t_start
     if args.dump:
-        Path(args.dump).write_text("".join(json.dumps({k: v for k, v in r.items() if k != "output"}) + "\n"
-                                           for r in rows))
+        Path(args.dump).write_text(
+            "".join(json.dumps({k: v for k, v in r.items() if k != "output"}) + "\n" for r in rows)
+        )
     bad = [r for r in rows if r["status"] != 200]
     if bad:
         print(f"warning: {len(bad)} requests failed: {sorted({str(r.get('status') or r.get('error')) for r in bad})}")
@@ -396,16 +473,24 @@ def main(argv=None) -> int:
     for r in ok:
         r["correct"] = is_correct(r["output"], questions[r["q"]]["gold"])
     used = sorted({r["q"] for r in ok})
-    seen = {(r["q"], 1.0 if r["admitted"] else 0.0): {"output": r["output"], "llm_usd": r["llm_usd"],
-                                                      "correct": r["correct"]} for r in ok}
+    seen = {
+        (r["q"], 1.0 if r["admitted"] else 0.0): {
+            "output": r["output"],
+            "llm_usd": r["llm_usd"],
+            "correct": r["correct"],
+        }
+        for r in ok
+    }
     t_rep = time.time()
     rep = replay(run, questions, used, args, seen)
     rep_s = time.time() - t_rep
 
     # per budget hour (the warm-up is hour 0, not scored)
     n_hours = len(factors)
-    print(f"\n{'hour':>5} {'rate x':>6} {'reqs':>5} {'p50 s':>6} {'p99 s':>6} {'LLM-only $':>11} {'share-1 $':>10} "
-          f"{'target $':>10} {'spend $':>10} {'spend/tgt':>9} {'err':>7}  note")
+    print(
+        f"\n{'hour':>5} {'rate x':>6} {'reqs':>5} {'p50 s':>6} {'p99 s':>6} {'LLM-only $':>11} {'share-1 $':>10} "
+        f"{'target $':>10} {'spend $':>10} {'spend/tgt':>9} {'err':>7}  note"
+    )
     errs, spend_sum, att_sum, cap_exceeded = [], 0.0, 0.0, 0
     for h in range(0, n_hours + 1):
         lo, hi = (-math.inf, 0.0) if h == 0 else ((h - 1) * args.hour_s, h * args.hour_s)
@@ -418,17 +503,22 @@ def main(argv=None) -> int:
         err = spend / att - 1 if att > 0 else 0.0
         if spend > cap + 1e-12:  # the cap holds per budget hour (the warm-up is the end of the hour before)
             cap_exceeded += 1
-        note = "warm-up (not scored)" if h == 0 else ("light: the policy wants less than the budget"
-                                                       if demand < target else "")
+        note = (
+            "warm-up (not scored)"
+            if h == 0
+            else ("light: the policy wants less than the budget" if demand < target else "")
+        )
         if h > 0:
             errs.append(abs(err))
             spend_sum += spend
             att_sum += att
         rate = f"{factors[h - 1]:g}" if h > 0 else f"{factors[0]:g}"
         lat = sorted(r["done"] - r["t"] for r in win) or [0.0]
-        print(f"{h:>5} {rate:>6} {len(win):>5} {lat[len(lat) // 2]:>6.2f} {lat[int(0.99 * (len(lat) - 1))]:>6.2f} "
-              f"{llm_only:>11.6f} {demand:>10.6f} {target:>10.6f} {spend:>10.6f} {spend / target:>9.3f} {err:>+7.3f}  "
-              f"{note}")
+        print(
+            f"{h:>5} {rate:>6} {len(win):>5} {lat[len(lat) // 2]:>6.2f} {lat[int(0.99 * (len(lat) - 1))]:>6.2f} "
+            f"{llm_only:>11.6f} {demand:>10.6f} {target:>10.6f} {spend:>10.6f} {spend / target:>9.3f} {err:>+7.3f}  "
+            f"{note}"
+        )
     measured = [r for r in ok if r["t"] >= 0]
     acc = sum(r["correct"] for r in measured) / max(1, len(measured))
     s_static, acc_static = static_same_spend(measured, rep, spend_sum)
@@ -436,22 +526,27 @@ def main(argv=None) -> int:
     agree = sum(r["output"] == rep[r["q"]][1.0 if r["admitted"] else 0.0]["output"] for r in checked)
     share1 = sum(rep[r["q"]][1.0]["llm_usd"] for r in measured)
     llm_only_total = sum(questions[r["q"]]["llm_only"] for r in measured)
-    print(f"\nmeasured: {len(measured)} requests, spend ${spend_sum:.6f} = {spend_sum / llm_only_total:.3f} of "
-          f"LLM-only (target {args.target_frac:.3f} x the hours; share 1 would spend {share1 / llm_only_total:.3f}); "
-          f"admitted {sum(r['admitted'] for r in measured) / max(1, len(measured)):.3f}")  # fmt: skip
+    print(
+        f"\nmeasured: {len(measured)} requests, spend ${spend_sum:.6f} = {spend_sum / llm_only_total:.3f} of "
+        f"LLM-only (target {args.target_frac:.3f} x the hours; share 1 would spend {share1 / llm_only_total:.3f}); "
+        f"admitted {sum(r['admitted'] for r in measured) / max(1, len(measured)):.3f}"
+    )
     check = f"; the replay reproduced {agree}/{len(checked)} served answers" if checked else ""
     print(f"static share spending the same: {s_static:.3f} (replayed accuracy {acc_static:.4f}){check}")
     for i, st in enumerate(states):
         d = (st.get("data") or [{}])[0]
-        print(f"replica {i} /v1/budget: store={json.dumps(st.get('store'))} period_spend_usd="
-              f"{d.get('period_spend_usd')} requests={d.get('requests')} cap_hits={d.get('cap_hits')}")
-    print(f"time: load {load_s:.0f} s (incl. start-up), replay {rep_s:.0f} s; files: "
-          f"{tmp if args.keep else 'removed'}")
+        print(
+            f"replica {i} /v1/budget: store={json.dumps(st.get('store'))} period_spend_usd="
+            f"{d.get('period_spend_usd')} requests={d.get('requests')} cap_hits={d.get('cap_hits')}"
+        )
+    print(f"time: load {load_s:.0f} s (incl. start-up), replay {rep_s:.0f} s; files: {tmp if args.keep else 'removed'}")
     if not args.keep:
         shutil.rmtree(tmp, ignore_errors=True)
     total_err = abs(spend_sum / att_sum - 1) if att_sum > 0 else float("nan")
-    print(f"window_err_p90={p90(errs):.4f} total_err={total_err:.4f} cap_exceeded={cap_exceeded} acc={acc:.4f} "
-          f"static_acc_same_spend={acc_static:.4f}")
+    print(
+        f"window_err_p90={p90(errs):.4f} total_err={total_err:.4f} cap_exceeded={cap_exceeded} acc={acc:.4f} "
+        f"static_acc_same_spend={acc_static:.4f}"
+    )
     return 0
 
 

@@ -40,9 +40,24 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     upstream, up_proc = scripted_server_process(a.tokens, a.handoff_at, a.token_ms / 1e3)
     port = _free_port()
-    cmd = [sys.executable, "-m", "pyrodash", "serve", "--slm", f"{upstream}#slm", "--llm", f"{upstream}#llm",
-           "--prompts", "qwen-math-v1", "--port", str(port), "--max-tokens", str(4 * a.tokens), "--log-level",
-           "warning"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "pyrodash",
+        "serve",
+        "--slm",
+        f"{upstream}#slm",
+        "--llm",
+        f"{upstream}#llm",
+        "--prompts",
+        "qwen-math-v1",
+        "--port",
+        str(port),
+        "--max-tokens",
+        str(4 * a.tokens),
+        "--log-level",
+        "warning",
+    ]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(x for x in (str(ROOT), os.environ.get("PYTHONPATH")) if x)}
     env.pop("PYRODASH_API_KEY", None)
     serve = subprocess.Popen(cmd, env=env)
@@ -60,12 +75,16 @@ def main(argv: list[str] | None = None) -> int:
     per_req = cpu / max(1, n + len(r["errors"]))
     for e in sorted(set(r["errors"]))[:5]:
         print(f"  error: {e}")
-    print(f"{a.streams} streams x {a.duration:g}s, {a.tokens} tokens per request ({a.handoff_at} SLM + "
-          f"{a.tokens - a.handoff_at} LLM) at {a.token_ms:g} ms/token: rps={r['rps']:.1f} "
-          f"p50={_pct(r['lat'], 50) * 1e3:.0f}ms; serve process CPU {cpu:.2f}s")
-    print(f"requests={n} errors={len(r['errors'])} cpu_ms_per_request={per_req * 1e3:.3f} "
-          f"cpu_us_per_token={per_req * 1e6 / a.tokens:.1f} requests_per_core_s={1 / per_req:.0f} "
-          f"streams_per_core={a.token_ms * 1e-3 * a.tokens / per_req:.0f}")
+    print(
+        f"{a.streams} streams x {a.duration:g}s, {a.tokens} tokens per request ({a.handoff_at} SLM + "
+        f"{a.tokens - a.handoff_at} LLM) at {a.token_ms:g} ms/token: rps={r['rps']:.1f} "
+        f"p50={_pct(r['lat'], 50) * 1e3:.0f}ms; serve process CPU {cpu:.2f}s"
+    )
+    print(
+        f"requests={n} errors={len(r['errors'])} cpu_ms_per_request={per_req * 1e3:.3f} "
+        f"cpu_us_per_token={per_req * 1e6 / a.tokens:.1f} requests_per_core_s={1 / per_req:.0f} "
+        f"streams_per_core={a.token_ms * 1e-3 * a.tokens / per_req:.0f}"
+    )
     return 0
 
 

@@ -29,10 +29,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from pyrodash.evaluate import EvalConfig, evaluate  # noqa: E402
-from pyrodash.library_log import library_log  # noqa: E402
-from pyrodash.method_names import lambda_points, parse_method  # noqa: E402
-from pyrodash.report import all_metrics, load_run, per_turn_by_benchmark, run_prices, single_turn  # noqa: E402
+from pyrodash.eval.harness import EvalConfig, evaluate  # noqa: E402
+from pyrodash.eval.names import lambda_points, parse_method  # noqa: E402
+from pyrodash.jobs.library_log import library_log  # noqa: E402
+from pyrodash.report.core import all_metrics, load_run, per_turn_by_benchmark, run_prices, single_turn  # noqa: E402
 from pyrodash.train.config import load_recipe  # noqa: E402
 from pyrodash.train.paths import stage_dir  # noqa: E402
 from pyrodash.train.stage3 import run_stage3  # noqa: E402
@@ -44,10 +44,16 @@ def points(run: Path) -> dict[str, dict]:
     prices = run_prices(run)
     ms = all_metrics(single_turn(runs), prices)
     pt = per_turn_by_benchmark(runs, prices).get("world:multiturn-self", {})
-    return {name: {"lambda": parse_method(name)[1], "accuracy": ms[name].accuracy, "llm_calls": ms[name].llm_calls,
-                   "cost": ms[name].cost_normalized,
-                   "turns_self": {str(t): v["accuracy"] for t, v in (pt.get(name) or {}).items()}}
-            for name in lambda_points(ms)}
+    return {
+        name: {
+            "lambda": parse_method(name)[1],
+            "accuracy": ms[name].accuracy,
+            "llm_calls": ms[name].llm_calls,
+            "cost": ms[name].cost_normalized,
+            "turns_self": {str(t): v["accuracy"] for t, v in (pt.get(name) or {}).items()},
+        }
+        for name in lambda_points(ms)
+    }
 
 
 def interpolate(direct: list[dict], calls: float) -> float | None:
@@ -69,8 +75,11 @@ def main() -> int:
     run = Path(args.run)
     resolved = run / "config.resolved.json"
     if not resolved.is_file() or not (run / "cost_base.json").is_file():
-        print(f"{run}: not a finished demo run (no config.resolved.json / cost_base.json); run `pyrodash demo "
-              "--quick --out DIR` first", file=sys.stderr)
+        print(
+            f"{run}: not a finished demo run (no config.resolved.json / cost_base.json); run `pyrodash demo "
+            "--quick --out DIR` first",
+            file=sys.stderr,
+        )
         return 2
     evalcfg = json.loads(resolved.read_text())
     world = evalcfg["world_dir"]
@@ -96,19 +105,37 @@ def main() -> int:
                 run_stage3(recipe, abl, lam=lam, stage2=run / "stage2")
         (abl / "records").mkdir(exist_ok=True)
         shutil.copy(run / "records" / "llm.jsonl", abl / "records" / "llm.jsonl")  # the LLM-only cost, reused
-        cfg = EvalConfig.from_yaml(args.eval_config, run_dir=str(abl), world_dir=world,
-                                   benchmarks=evalcfg["benchmarks"], methods=["llm", "pyrodash"],
-                                   models={**{k: evalcfg["models"][k] for k in ("slm", "llm")},
-                                           "pyrodash": {lam: str(stage_dir(abl, "stage3", lam)) for lam in lambdas}})
+        cfg = EvalConfig.from_yaml(
+            args.eval_config,
+            run_dir=str(abl),
+            world_dir=world,
+            benchmarks=evalcfg["benchmarks"],
+            methods=["llm", "pyrodash"],
+            models={
+                **{k: evalcfg["models"][k] for k in ("slm", "llm")},
+                "pyrodash": {lam: str(stage_dir(abl, "stage3", lam)) for lam in lambdas},
+            },
+        )
         evaluate(cfg)
     direct = points(abl)
     rows = []
     for name, p in sorted(normalized.items(), key=lambda kv: kv[1]["llm_calls"]):
         near = min(direct.values(), key=lambda d: abs(d["llm_calls"] - p["llm_calls"]))
-        rows.append({"normalized": {"method": name, **p}, "direct_nearest": near,
-                     "direct_accuracy_at_same_calls": interpolate(list(direct.values()), p["llm_calls"])})
-    out = {"run": str(run), "mean_cost_base_usd": mean_base, "direct_lambdas": lambdas, "normalized": normalized,
-           "direct": direct, "matched": rows}
+        rows.append(
+            {
+                "normalized": {"method": name, **p},
+                "direct_nearest": near,
+                "direct_accuracy_at_same_calls": interpolate(list(direct.values()), p["llm_calls"]),
+            }
+        )
+    out = {
+        "run": str(run),
+        "mean_cost_base_usd": mean_base,
+        "direct_lambdas": lambdas,
+        "normalized": normalized,
+        "direct": direct,
+        "matched": rows,
+    }
     (run / "cost_penalty.json").write_text(json.dumps(out, indent=1))
     print(f"mean Cost_base {mean_base:.3e} $; direct λ = normalized λ / mean Cost_base x {scales}")
     print(f"{'point':<28}{'acc':>7}{'calls':>7}{'cost':>7}  turns 1/2/3 (own history)")
@@ -120,9 +147,11 @@ def main() -> int:
     for r in rows:
         n, d, at = r["normalized"], r["direct_nearest"], r["direct_accuracy_at_same_calls"]
         at_s = "n/a (outside the direct points)" if at is None else f"{100 * at:.1f}%"
-        print(f"matched: normalized λ {n['lambda']:g} ({100 * n['accuracy']:.1f}% at {n['llm_calls']:.2f} calls) vs "
-              f"direct λ {d['lambda']:g} ({100 * d['accuracy']:.1f}% at {d['llm_calls']:.2f}); direct curve at the "
-              f"same calls: {at_s}")
+        print(
+            f"matched: normalized λ {n['lambda']:g} ({100 * n['accuracy']:.1f}% at {n['llm_calls']:.2f} calls) vs "
+            f"direct λ {d['lambda']:g} ({100 * d['accuracy']:.1f}% at {d['llm_calls']:.2f}); direct curve at the "
+            f"same calls: {at_s}"
+        )
     return 0
 
 

@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     x = torch.full((len(ids), width), be.pad_id)
     mask = torch.zeros_like(x)
     for i, row in enumerate(ids):
-        x[i, width - len(row):], mask[i, width - len(row):] = torch.tensor(row), 1
+        x[i, width - len(row) :], mask[i, width - len(row) :] = torch.tensor(row), 1
 
     def ours():
         be.lean = True
@@ -69,8 +69,14 @@ def main(argv: list[str] | None = None) -> int:
 
     def reference():
         with torch.inference_mode():
-            out = be.model.generate(input_ids=x, attention_mask=mask, max_new_tokens=a.max_tokens, do_sample=False,
-                                    eos_token_id=sorted(be.eos_ids), pad_token_id=be.pad_id)
+            out = be.model.generate(
+                input_ids=x,
+                attention_mask=mask,
+                max_new_tokens=a.max_tokens,
+                do_sample=False,
+                eos_token_id=sorted(be.eos_ids),
+                pad_token_id=be.pad_id,
+            )
         rows = []
         for row in out[:, width:].tolist():  # up to and including the first EOS, as our loop records them
             cut = next((i + 1 for i, t in enumerate(row) if t in be.eos_ids), len(row))
@@ -87,14 +93,18 @@ def main(argv: list[str] | None = None) -> int:
     same = got["ours"] == got["forward"] == got["generate"]
     lengths = [len(i) for i in ids]
     new = [len(t) for t in got["ours"]]
-    print(f"world seed {a.seed}, {a.model}, {len(reqs)} prompts of {min(lengths)}-{max(lengths)} tokens, "
-          f"{min(new)}-{max(new)} new tokens ({sum(new)} in all), {torch.get_num_threads()} threads")
+    print(
+        f"world seed {a.seed}, {a.model}, {len(reqs)} prompts of {min(lengths)}-{max(lengths)} tokens, "
+        f"{min(new)}-{max(new)} new tokens ({sum(new)} in all), {torch.get_num_threads()} threads"
+    )
     for name, ts in times.items():
         runs = ", ".join(f"{t:.2f}" for t in ts)
         print(f"{name:>9}: median {statistics.median(ts):.2f} s over {a.runs} runs ({runs})")
     o, f, g = (statistics.median(times[k]) for k in ("ours", "forward", "generate"))
-    print(f"ours_s={o:.3f} forward_s={f:.3f} generate_s={g:.3f} speedup={g / o:.2f} lean_speedup={f / o:.2f} "
-          f"same_tokens={same}")
+    print(
+        f"ours_s={o:.3f} forward_s={f:.3f} generate_s={g:.3f} speedup={g / o:.2f} lean_speedup={f / o:.2f} "
+        f"same_tokens={same}"
+    )
     return 0 if same else 1
 
 

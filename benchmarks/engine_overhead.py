@@ -40,8 +40,9 @@ from pyrodash.backends.base import GenRequest  # noqa: E402
 OFFLOAD_ID = 151_669  # the scripted SLM's <offload> id (any id works; it is only compared, never decoded)
 
 
-def scripted_app(script: list[str], handoff_at: int, token_s: float = 0.0, prompt_tokens: int = 100,
-                 cached_tokens: int = 0):
+def scripted_app(
+    script: list[str], handoff_at: int, token_s: float = 0.0, prompt_tokens: int = 100, cached_tokens: int = 0
+):
     """TEST DOUBLE: an OpenAI-compatible server that streams a fixed script, no model behind it.
 
     model "direct" streams the whole script; "slm" streams script[:handoff_at] then stops with
@@ -79,8 +80,20 @@ def scripted_app(script: list[str], handoff_at: int, token_s: float = 0.0, promp
         app.state.log.append(rec)
 
         def chunk(choices, **extra) -> str:
-            return "data: " + json.dumps({"id": "x", "object": "chat.completion.chunk", "created": 0, "model": model,
-                                          "choices": choices, **extra}) + "\n\n"
+            return (
+                "data: "
+                + json.dumps(
+                    {
+                        "id": "x",
+                        "object": "chat.completion.chunk",
+                        "created": 0,
+                        "model": model,
+                        "choices": choices,
+                        **extra,
+                    }
+                )
+                + "\n\n"
+            )
 
         async def events():
             yield chunk([{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])
@@ -99,8 +112,12 @@ def scripted_app(script: list[str], handoff_at: int, token_s: float = 0.0, promp
             rec[2] = time.perf_counter()
             yield chunk([{"index": 0, "delta": {}, **fin}])
             n_out = len(toks) + (model == "slm" and stops)
-            usage = {"prompt_tokens": prompt_tokens, "completion_tokens": n_out,
-                     "total_tokens": prompt_tokens + n_out, "prompt_tokens_details": {"cached_tokens": cached_tokens}}
+            usage = {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": n_out,
+                "total_tokens": prompt_tokens + n_out,
+                "prompt_tokens_details": {"cached_tokens": cached_tokens},
+            }
             yield chunk([], usage=usage)
             yield "data: [DONE]\n\n"
 
@@ -183,12 +200,15 @@ async def measure(url: str, runs: int, handoff_at: int) -> dict:
         if sent is not None and sent > call:
             wire.append(sent - slm_rec[2])
     await engine.aclose()
-    return {"ratio": statistics.median(e_wall) / statistics.median(d_wall),
-            "added_ttft_ms": statistics.median(e - d for e, d in zip(e_ttft, d_ttft)) * 1e3,
-            "handoff_ms": statistics.median(handoffs) * 1e3,
-            "handoff_parts_ms": [statistics.median(p[j] for p in parts) * 1e3 for j in range(3)],
-            "handoff_wire_ms": statistics.median(wire) * 1e3 if wire else float("nan"),
-            "direct_ms": statistics.median(d_wall) * 1e3, "engine_ms": statistics.median(e_wall) * 1e3}
+    return {
+        "ratio": statistics.median(e_wall) / statistics.median(d_wall),
+        "added_ttft_ms": statistics.median(e - d for e, d in zip(e_ttft, d_ttft)) * 1e3,
+        "handoff_ms": statistics.median(handoffs) * 1e3,
+        "handoff_parts_ms": [statistics.median(p[j] for p in parts) * 1e3 for j in range(3)],
+        "handoff_wire_ms": statistics.median(wire) * 1e3 if wire else float("nan"),
+        "direct_ms": statistics.median(d_wall) * 1e3,
+        "engine_ms": statistics.median(e_wall) * 1e3,
+    }
 
 
 def _serve(port: int, tokens: int, handoff_at: int, token_s: float) -> None:
@@ -208,8 +228,9 @@ def scripted_server_process(tokens: int, handoff_at: int, token_s: float) -> tup
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = multiprocessing.get_context("spawn").Process(target=_serve, args=(port, tokens, handoff_at, token_s),
-                                                        daemon=True)
+    proc = multiprocessing.get_context("spawn").Process(
+        target=_serve, args=(port, tokens, handoff_at, token_s), daemon=True
+    )
     proc.start()
     url = f"http://127.0.0.1:{port}/v1"
     for _ in range(300):
@@ -240,10 +261,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"script: {a.tokens} tokens at {a.token_ms} ms/token, handoff after {a.handoff_at}, {a.runs} runs")
     print(f"direct {r['direct_ms']:.1f} ms, engine {r['engine_ms']:.1f} ms (medians)")
     a, b, c = r["handoff_parts_ms"]
-    print(f"handoff split (p50s): stop sent -> the SLM client yields it {a:.3f} ms; the engine (stop -> LLM request "
-          f"handed to its client) {b:.3f} ms; LLM client -> request at the server {c:.3f} ms")
-    print(f"overhead_ratio={r['ratio']:.4f} added_ttft_ms_p50={r['added_ttft_ms']:.3f} "
-          f"handoff_ms_p50={r['handoff_ms']:.3f} handoff_wire_ms_p50={r['handoff_wire_ms']:.3f}")
+    print(
+        f"handoff split (p50s): stop sent -> the SLM client yields it {a:.3f} ms; the engine (stop -> LLM request "
+        f"handed to its client) {b:.3f} ms; LLM client -> request at the server {c:.3f} ms"
+    )
+    print(
+        f"overhead_ratio={r['ratio']:.4f} added_ttft_ms_p50={r['added_ttft_ms']:.3f} "
+        f"handoff_ms_p50={r['handoff_ms']:.3f} handoff_wire_ms_p50={r['handoff_wire_ms']:.3f}"
+    )
     return 0
 
 

@@ -78,10 +78,19 @@ async def _request(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, h
 
 
 async def _client(port: int, model: str, n: int, max_tokens: int, out: list[dict]) -> None:
-    body = json.dumps({"model": model, "messages": [{"role": "user", "content": "What is 2+2?"}], "stream": True,
-                       "max_tokens": max_tokens, "stream_options": {"include_usage": True}}).encode()  # fmt: skip
-    head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
-            f"Authorization: Bearer {KEY}\r\nContent-Length: {len(body)}\r\n\r\n").encode()  # fmt: skip
+    body = json.dumps(
+        {
+            "model": model,
+            "messages": [{"role": "user", "content": "What is 2+2?"}],
+            "stream": True,
+            "max_tokens": max_tokens,
+            "stream_options": {"include_usage": True},
+        }
+    ).encode()
+    head = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
+        f"Authorization: Bearer {KEY}\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode()
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     try:
         for _ in range(n):
@@ -116,11 +125,27 @@ def _up(url: str, proc: subprocess.Popen) -> None:
 
 def start_litellm(exe: str, upstream: str, port: int, workers: int, workdir: Path) -> subprocess.Popen:
     cfg = workdir / "litellm.yaml"
-    cfg.write_text(json.dumps({"model_list": [{"model_name": "direct", "litellm_params": {
-        "model": "openai/direct", "api_base": upstream, "api_key": "sk-none"}}],
-        "litellm_settings": {"telemetry": False}}))  # JSON is YAML  # fmt: skip
-    env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_LOG": "ERROR", "NO_DOCS": "True",
-           "DISABLE_ADMIN_UI": "True", "LITELLM_MASTER_KEY": KEY}  # fmt: skip
+    cfg.write_text(
+        json.dumps(
+            {
+                "model_list": [
+                    {
+                        "model_name": "direct",
+                        "litellm_params": {"model": "openai/direct", "api_base": upstream, "api_key": "sk-none"},
+                    }
+                ],
+                "litellm_settings": {"telemetry": False},
+            }
+        )
+    )  # JSON is YAML
+    env = {
+        **os.environ,
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+        "LITELLM_LOG": "ERROR",
+        "NO_DOCS": "True",
+        "DISABLE_ADMIN_UI": "True",
+        "LITELLM_MASTER_KEY": KEY,
+    }
     log = open(workdir / "litellm.log", "wb")  # noqa: SIM115 - closed with the process
     cmd = [exe, "--config", str(cfg), "--host", "127.0.0.1", "--port", str(port), "--num_workers", str(workers)]
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
@@ -129,9 +154,26 @@ def start_litellm(exe: str, upstream: str, port: int, workers: int, workdir: Pat
 
 
 def start_pyrodash(upstream: str, port: int, workers: int, workdir: Path) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "pyrodash", "serve", "--slm", f"{upstream}#slm", "--llm", f"{upstream}#llm",
-           "--prompts", "qwen-math-v1", "--offload-bias", "-1000", "--port", str(port), "--max-tokens", "4096",
-           "--log-level", "warning"] + (["--workers", str(workers)] if workers != 1 else [])  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "pyrodash",
+        "serve",
+        "--slm",
+        f"{upstream}#slm",
+        "--llm",
+        f"{upstream}#llm",
+        "--prompts",
+        "qwen-math-v1",
+        "--offload-bias",
+        "-1000",
+        "--port",
+        str(port),
+        "--max-tokens",
+        "4096",
+        "--log-level",
+        "warning",
+    ] + (["--workers", str(workers)] if workers != 1 else [])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(x for x in (str(ROOT), os.environ.get("PYTHONPATH")) if x)}
     env.pop("PYRODASH_API_KEY", None)
     log = open(workdir / "pyrodash.log", "wb")  # noqa: SIM115 - closed with the process
@@ -151,13 +193,17 @@ def summarise(res: dict[str, list[dict]], c: int) -> list[str]:
             lines.append(f"  {target:9s} no successful request ({errs} errors)")
             continue
         q = {k: {p: _pct([r[k] for r in ok], p) * 1e3 for p in (50, 99)} for k in ("ttft", "total")}
-        line = (f"  {target:9s} n={len(ok)} errors={errs}  TTFT p50 {q['ttft'][50]:7.2f} p99 {q['ttft'][99]:7.2f} "
-                f"| total p50 {q['total'][50]:7.2f} p99 {q['total'][99]:7.2f} ms")  # fmt: skip
+        line = (
+            f"  {target:9s} n={len(ok)} errors={errs}  TTFT p50 {q['ttft'][50]:7.2f} p99 {q['ttft'][99]:7.2f} "
+            f"| total p50 {q['total'][50]:7.2f} p99 {q['total'][99]:7.2f} ms"
+        )
         if target != "direct":
             d = {k: {p: q[k][p] - _pct(base[k], p) * 1e3 for p in (50, 99)} for k in ("ttft", "total")}
             added[target] = d["ttft"][50]
-            line += (f"  added: TTFT p50 {d['ttft'][50]:+6.2f} p99 {d['ttft'][99]:+6.2f}, total p50 "
-                     f"{d['total'][50]:+6.2f} p99 {d['total'][99]:+6.2f} ms")  # fmt: skip
+            line += (
+                f"  added: TTFT p50 {d['ttft'][50]:+6.2f} p99 {d['ttft'][99]:+6.2f}, total p50 "
+                f"{d['total'][50]:+6.2f} p99 {d['total'][99]:+6.2f} ms"
+            )
             hdr = [float(r["headers"][HEADERS[target]]) for r in ok if HEADERS[target] in r["headers"]]
             if hdr:
                 line += f"  [{HEADERS[target]} p50 {_pct(hdr, 50):.2f}]"
@@ -179,7 +225,7 @@ async def measure(ports: dict[str, int], models: dict[str, str], args) -> None:
         res: dict[str, list[dict]] = {t: [] for t in ports}
         order = list(ports)
         for i in range(args.rounds):
-            for target in order[i % len(order):] + order[: i % len(order)]:
+            for target in order[i % len(order) :] + order[: i % len(order)]:
                 await asyncio.sleep(0.05)
                 res[target] += await _round(ports[target], models[target], c, n, args.max_tokens)
             print(f"  c={c} round {i + 1}/{args.rounds} done", file=sys.stderr, flush=True)
@@ -192,14 +238,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--token-ms", type=float, default=1.0, help="upstream time per token")
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 64])
     p.add_argument("--rounds", type=int, default=8, help="interleaved rounds (each runs every target)")
-    p.add_argument("--requests", type=int, default=10,
-                   help="sequential requests per client per round at concurrency 1 (a fifth of it above 1)")
+    p.add_argument(
+        "--requests",
+        type=int,
+        default=10,
+        help="sequential requests per client per round at concurrency 1 (a fifth of it above 1)",
+    )
     p.add_argument("--max-tokens", type=int, default=1024)
-    p.add_argument("--litellm", default=str(ROOT / ".venv-litellm" / "bin" / "litellm"),
-                   help="the litellm executable ('' to leave LiteLLM out)")
+    p.add_argument(
+        "--litellm",
+        default=str(ROOT / ".venv-litellm" / "bin" / "litellm"),
+        help="the litellm executable ('' to leave LiteLLM out)",
+    )
     p.add_argument("--workers", type=int, default=1, help="pyrodash serve --workers")
-    p.add_argument("--litellm-workers", type=int, default=None,
-                   help="litellm --num_workers (default: --workers, so both gateways get the same processes)")
+    p.add_argument(
+        "--litellm-workers",
+        type=int,
+        default=None,
+        help="litellm --num_workers (default: --workers, so both gateways get the same processes)",
+    )
     a = p.parse_args(argv)
     upstream, up_proc = scripted_server_process(a.tokens, a.tokens // 2, a.token_ms / 1e3)
     procs: list[subprocess.Popen] = []
@@ -210,17 +267,23 @@ def main(argv: list[str] | None = None) -> int:
             if a.litellm and Path(a.litellm).exists():
                 ports["litellm"] = _free_port()
                 t0 = time.perf_counter()
-                procs.append(start_litellm(a.litellm, upstream, ports["litellm"], a.litellm_workers or a.workers,
-                                           Path(tmp)))
+                procs.append(
+                    start_litellm(a.litellm, upstream, ports["litellm"], a.litellm_workers or a.workers, Path(tmp))
+                )
                 print(f"litellm up in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
             else:
-                print(f"note: no LiteLLM at {a.litellm!r} (python3 -m venv .venv-litellm && .venv-litellm/bin/pip "
-                      "install 'litellm[proxy]'): its rows are left out")  # fmt: skip
+                print(
+                    f"note: no LiteLLM at {a.litellm!r} (python3 -m venv .venv-litellm && .venv-litellm/bin/pip "
+                    "install 'litellm[proxy]'): its rows are left out"
+                )
             ports["pyrodash"] = _free_port()
             procs.append(start_pyrodash(upstream, ports["pyrodash"], a.workers, Path(tmp)))
-            print(f"upstream: {a.tokens} tokens at {a.token_ms:g} ms/token; {a.rounds} interleaved rounds; "
-                  f"{os.cpu_count()} CPUs shared by the clients, the upstream and the gateways; workers: pyrodash "
-                  f"{a.workers}, litellm {a.litellm_workers or a.workers}", flush=True)
+            print(
+                f"upstream: {a.tokens} tokens at {a.token_ms:g} ms/token; {a.rounds} interleaved rounds; "
+                f"{os.cpu_count()} CPUs shared by the clients, the upstream and the gateways; workers: pyrodash "
+                f"{a.workers}, litellm {a.litellm_workers or a.workers}",
+                flush=True,
+            )
             asyncio.run(measure(ports, models, a))
         finally:
             for proc in procs:

@@ -42,8 +42,20 @@ def scripted_app(tokens: int, cut_at: int, token_s: float) -> FastAPI:
         model, n = body["model"], body.get("max_tokens", tokens)
 
         def chunk(choices, **extra) -> str:
-            return "data: " + json.dumps({"id": "x", "object": "chat.completion.chunk", "created": 0, "model": model,
-                                          "choices": choices, **extra}) + "\n\n"
+            return (
+                "data: "
+                + json.dumps(
+                    {
+                        "id": "x",
+                        "object": "chat.completion.chunk",
+                        "created": 0,
+                        "model": model,
+                        "choices": choices,
+                        **extra,
+                    }
+                )
+                + "\n\n"
+            )
 
         async def events():
             yield chunk([{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])
@@ -74,8 +86,12 @@ async def measure(url: str, runs: int, tokens: int) -> dict:
 
     whole = load_llm(f"{url}#whole")
     one = load_llm({"endpoints": [{"url": url, "model": "whole", "name": "whole1"}]})
-    two = load_llm({"cooldown_s": 0, "endpoints": [{"url": url, "model": "cut", "name": "cut"},
-                                                   {"url": url, "model": "whole", "name": "whole"}]})
+    two = load_llm(
+        {
+            "cooldown_s": 0,
+            "endpoints": [{"url": url, "model": "cut", "name": "cut"}, {"url": url, "model": "whole", "name": "whole"}],
+        }
+    )
     req = GenRequest(messages=[{"role": "user", "content": "q"}], max_tokens=tokens)
 
     async def wall(backend) -> float:
@@ -109,8 +125,12 @@ async def measure(url: str, runs: int, tokens: int) -> dict:
             g.append(gp)
     for b in (whole, one, two):
         await b.aclose()
-    return {"ratio": statistics.median(m) / statistics.median(d), "gap_ms": statistics.median(g) * 1e3,
-            "direct_ms": statistics.median(d) * 1e3, "mesh_ms": statistics.median(m) * 1e3}
+    return {
+        "ratio": statistics.median(m) / statistics.median(d),
+        "gap_ms": statistics.median(g) * 1e3,
+        "direct_ms": statistics.median(d) * 1e3,
+        "mesh_ms": statistics.median(m) * 1e3,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -130,8 +150,9 @@ def main(argv: list[str] | None = None) -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = multiprocessing.get_context("spawn").Process(target=_serve, args=(port, a.tokens, a.cut_at,
-                                                                             a.token_ms / 1e3), daemon=True)
+    proc = multiprocessing.get_context("spawn").Process(
+        target=_serve, args=(port, a.tokens, a.cut_at, a.token_ms / 1e3), daemon=True
+    )
     proc.start()
     url = f"http://127.0.0.1:{port}/v1"
     try:
@@ -145,8 +166,10 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         proc.terminate()
         proc.join(5)
-    print(f"direct {r['direct_ms']:.1f} ms, through a one-endpoint mesh {r['mesh_ms']:.1f} ms; "
-          f"failover gap {r['gap_ms']:.1f} ms (scripted token time {a.token_ms:g} ms)")
+    print(
+        f"direct {r['direct_ms']:.1f} ms, through a one-endpoint mesh {r['mesh_ms']:.1f} ms; "
+        f"failover gap {r['gap_ms']:.1f} ms (scripted token time {a.token_ms:g} ms)"
+    )
     print(f"mesh_overhead_ratio={r['ratio']:.4f} failover_gap_ms_p50={r['gap_ms']:.2f} token_ms={a.token_ms:g}")
     return 0
 

@@ -30,8 +30,7 @@ def _run(code_dir: Path, args: list[str], log: Path) -> float:
     env = {**os.environ, "PYTHONPATH": str(code_dir)}
     t0 = time.perf_counter()
     with log.open("a") as f:
-        subprocess.run([sys.executable, "-m", "pyrodash", *args], cwd=code_dir, env=env, stdout=f, stderr=f,
-                       check=True)
+        subprocess.run([sys.executable, "-m", "pyrodash", *args], cwd=code_dir, env=env, stdout=f, stderr=f, check=True)
     return time.perf_counter() - t0
 
 
@@ -39,9 +38,12 @@ def _phases(code_dir: Path, run: Path, tmp: Path, log: Path) -> dict[str, float]
     cfg = json.loads((run / "config.resolved.json").read_text())
     lam = sorted(cfg["models"]["pyrodash"], key=float)[0]
     ecfg = {k: v for k, v in cfg.items() if k != "prices_sheet"} | {
-        "run_dir": str(tmp / "eval"), "prices": cfg.get("prices_sheet") or cfg["prices"],
+        "run_dir": str(tmp / "eval"),
+        "prices": cfg.get("prices_sheet") or cfg["prices"],
         "methods": ["slm", "llm", "oracle", {"pyrodash": {"lambdas": [float(lam)]}}],
-        "benchmark_methods": {}, "models": {**cfg["models"], "pyrodash": {float(lam): cfg["models"]["pyrodash"][lam]}}}
+        "benchmark_methods": {},
+        "models": {**cfg["models"], "pyrodash": {float(lam): cfg["models"]["pyrodash"][lam]}},
+    }
     (tmp / "eval.yaml").write_text(yaml.safe_dump(ecfg))
     out = tmp / "train"
     out.mkdir()
@@ -53,8 +55,20 @@ def _phases(code_dir: Path, run: Path, tmp: Path, log: Path) -> dict[str, float]
             shutil.copy(src, out / name)
     return {
         "evaluation": _run(code_dir, ["eval", "--config", str(tmp / "eval.yaml")], log),
-        "stage3": _run(code_dir, ["train", "stage3", "--config", str(code_dir / "configs" / "world" / "quick.yaml"),
-                                  "--output-dir", str(out), "--lambda", str(lam)], log),  # the cached quick world
+        "stage3": _run(
+            code_dir,
+            [
+                "train",
+                "stage3",
+                "--config",
+                str(code_dir / "configs" / "world" / "quick.yaml"),
+                "--output-dir",
+                str(out),
+                "--lambda",
+                str(lam),
+            ],
+            log,
+        ),  # the cached quick world
     }
 
 
@@ -71,7 +85,7 @@ def main() -> None:
     best: dict[str, dict[str, float]] = {s: {} for s in sides}
     log = Path(tempfile.gettempdir()) / "pyrodash-phase-times.log"
     for i in range(a.repeats):
-        for side in (("this", "base") if i % 2 == 0 else ("base", "this")):
+        for side in ("this", "base") if i % 2 == 0 else ("base", "this"):
             with tempfile.TemporaryDirectory() as d:
                 for k, v in _phases(sides[side], run, Path(d), log).items():
                     best[side][k] = min(best[side].get(k, float("inf")), v)

@@ -43,9 +43,14 @@ async def one(engine, question: str) -> dict:
             done = ev
     end = time.perf_counter()
     u = done.usage
-    rec = {"total": end - t0, "handoff": done.handoff is not None, "slm_in": u.slm_in, "slm_out": u.slm_out,
-           "llm_in": u.llm_in,
-           "llm_out": u.llm_out}
+    rec = {
+        "total": end - t0,
+        "handoff": done.handoff is not None,
+        "slm_in": u.slm_in,
+        "slm_out": u.slm_out,
+        "llm_in": u.llm_in,
+        "llm_out": u.llm_out,
+    }
     if t_handoff is None:
         rec.update(slm=end - t0, hand=0.0, llm=0.0)
     else:
@@ -61,8 +66,13 @@ async def run(args) -> list[dict]:
     from pyrodash.prompts import get_prompts
     from pyrodash.world.build import load_world_split
 
-    engine = CollaborateEngine(load_slm(args.slm), load_llm(args.llm), get_prompts(args.prompts),
-                               Prices.from_yaml("paper"), max_tokens=args.max_tokens)
+    engine = CollaborateEngine(
+        load_slm(args.slm),
+        load_llm(args.llm),
+        get_prompts(args.prompts),
+        Prices.from_yaml("paper"),
+        max_tokens=args.max_tokens,
+    )
     questions = [ex.question for ex in load_world_split(args.world, args.split)[: args.n]]
     await one(engine, questions[0])  # warm-up, not counted
     out = [await one(engine, q) for q in questions]
@@ -93,15 +103,20 @@ def main(argv: list[str] | None = None) -> int:
     llm_tok = sum(r["llm_out"] for r in recs)
     slm_ms_tok = sum(r["slm"] for r in recs) * 1e3 / max(1, slm_tok)
     llm_ms_tok = sum(r["llm"] for r in recs) * 1e3 / max(1, llm_tok)
-    for name, key in (("SLM (prefill + decode)", "slm"), ("handoff (pack, request, LLM prefill)", "hand"),
-                      ("LLM decode", "llm")):
+    for name, key in (
+        ("SLM (prefill + decode)", "slm"),
+        ("handoff (pack, request, LLM prefill)", "hand"),
+        ("LLM decode", "llm"),
+    ):
         share = sum(r[key] for r in off) / sum(r["total"] for r in off)
         print(f"{name:38s} p50 {p50(key):8.1f} ms   share of a handed-off request's time {share:6.1%}")
-    print(f"n={len(recs)} handoff_rate={sum(r['handoff'] for r in recs) / len(recs):.3f} "
-          f"slm_ms_p50={p50('slm'):.1f} handoff_ms_p50={p50('hand'):.1f} llm_ms_p50={p50('llm'):.1f} "
-          f"slm_ms_per_token={slm_ms_tok:.2f} llm_ms_per_token={llm_ms_tok:.2f} slm_in_mean={mean('slm_in'):.1f} "
-          f"slm_tokens_mean={mean('slm_out'):.1f} "
-          f"llm_in_mean={mean('llm_in'):.1f} llm_out_mean={mean('llm_out'):.1f} total_ms_p50={p50('total'):.1f}")
+    print(
+        f"n={len(recs)} handoff_rate={sum(r['handoff'] for r in recs) / len(recs):.3f} "
+        f"slm_ms_p50={p50('slm'):.1f} handoff_ms_p50={p50('hand'):.1f} llm_ms_p50={p50('llm'):.1f} "
+        f"slm_ms_per_token={slm_ms_tok:.2f} llm_ms_per_token={llm_ms_tok:.2f} slm_in_mean={mean('slm_in'):.1f} "
+        f"slm_tokens_mean={mean('slm_out'):.1f} "
+        f"llm_in_mean={mean('llm_in'):.1f} llm_out_mean={mean('llm_out'):.1f} total_ms_p50={p50('total'):.1f}"
+    )
     return 0
 
 

@@ -60,8 +60,12 @@ class ScriptedBackend:
             await asyncio.sleep(self.token_s)
             yield GenChunk(text=f"{self.name}{i} ", token_ids=[100 + i])
         hands_off = self.offload and OFFLOAD_ID in req.stop_token_ids and req.logit_bias.get(OFFLOAD_ID, 0) > -100
-        yield GenChunk(finish_reason="stop", stop_token_id=OFFLOAD_ID if hands_off else None, prompt_tokens=50,
-                       completion_tokens=n + int(hands_off))  # fmt: skip
+        yield GenChunk(
+            finish_reason="stop",
+            stop_token_id=OFFLOAD_ID if hands_off else None,
+            prompt_tokens=50,
+            completion_tokens=n + int(hands_off),
+        )
 
     async def aclose(self) -> None:
         return None
@@ -83,8 +87,7 @@ def direct_app(tokens: int, token_s: float):
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
         body = json.loads(await request.body())
-        req = GenRequest(messages=body["messages"], max_tokens=body.get("max_tokens", 512),
-                         stop_token_ids=[OFFLOAD_ID])  # fmt: skip
+        req = GenRequest(messages=body["messages"], max_tokens=body.get("max_tokens", 512), stop_token_ids=[OFFLOAD_ID])
 
         async def events():
             head = {"id": "chatcmpl-direct", "object": "chat.completion.chunk", "created": 0, "model": "direct"}
@@ -111,8 +114,11 @@ def pyrodash_app(tokens: int, token_s: float, streams: int):
     from pyrodash.server.config import Limits, ServeConfig
 
     slm, llm = scripted_pair(tokens, token_s)
-    config = ServeConfig(prompts="world-v1", api_key_env=None,
-                         limits=Limits(max_tokens=4096, default_max_tokens=512, max_concurrency=max(streams, 1)))
+    config = ServeConfig(
+        prompts="world-v1",
+        api_key_env=None,
+        limits=Limits(max_tokens=4096, default_max_tokens=512, max_concurrency=max(streams, 1)),
+    )
     engine = CollaborateEngine(slm, llm, get_prompts("world-v1"), Prices.from_yaml("paper"))
     return build_app(config, engine=engine)
 
@@ -122,8 +128,15 @@ def serve(kind: str, port: int, args: argparse.Namespace) -> None:
 
     token_s = args.token_ms / 1000
     app = direct_app(args.tokens, token_s) if kind == "direct" else pyrodash_app(args.tokens, token_s, args.streams)
-    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False,
-                backlog=4096, timeout_graceful_shutdown=5)  # fmt: skip
+    uvicorn.run(
+        app,
+        host="127.0.0.1",
+        port=port,
+        log_level="warning",
+        access_log=False,
+        backlog=4096,
+        timeout_graceful_shutdown=5,
+    )
 
 
 def _free_port() -> int:
@@ -144,8 +157,10 @@ class _Conn:
         if self.writer is None:
             self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
         t0 = time.perf_counter()
-        head = (f"POST {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\nContent-Type: application/json\r\n"
-                f"Content-Length: {len(body)}\r\n\r\n")  # fmt: skip
+        head = (
+            f"POST {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        )
         self.writer.write(head.encode() + body)
         await self.writer.drain()
         status = int((await self.reader.readline()).split()[1])
@@ -176,11 +191,19 @@ class _Conn:
             self.reader = self.writer = None
 
 
-async def _client(target: tuple[str, int, str], deadline: float, lat: list[float], ttft: list[float],
-                  errs: list[str], max_tokens: int = 256, model: str = "pyrodash") -> None:
+async def _client(
+    target: tuple[str, int, str],
+    deadline: float,
+    lat: list[float],
+    ttft: list[float],
+    errs: list[str],
+    max_tokens: int = 256,
+    model: str = "pyrodash",
+) -> None:
     host, port, prefix = target
-    body = json.dumps({"model": model, "messages": [{"role": "user", "content": "2+2?"}], "max_tokens": max_tokens,
-                       "stream": True}).encode()  # fmt: skip
+    body = json.dumps(
+        {"model": model, "messages": [{"role": "user", "content": "2+2?"}], "max_tokens": max_tokens, "stream": True}
+    ).encode()
     conn = _Conn(host, port)
     while time.perf_counter() < deadline:
         t0 = time.perf_counter()
@@ -217,8 +240,20 @@ def _pct(xs: list[float], q: float) -> float:
 
 def measure(kind: str, args: argparse.Namespace) -> dict:
     port = _free_port()
-    cmd = [sys.executable, __file__, "--serve", kind, "--port", str(port), "--tokens", str(args.tokens),
-           "--token-ms", str(args.token_ms), "--streams", str(args.streams)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        __file__,
+        "--serve",
+        kind,
+        "--port",
+        str(port),
+        "--tokens",
+        str(args.tokens),
+        "--token-ms",
+        str(args.token_ms),
+        "--streams",
+        str(args.streams),
+    ]
     proc = subprocess.Popen(cmd, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     url = f"http://127.0.0.1:{port}"
     try:
@@ -277,15 +312,21 @@ def target_of(url: str) -> tuple[str, int, str]:
 
 def measure_url(args: argparse.Namespace) -> int:
     """Load an already running server; print the request count, errors and latency percentiles."""
-    print(f"{args.streams} streams x {args.duration:.0f}s against {args.url}, max_tokens={args.max_tokens}; "
-          f"{os.cpu_count()} CPUs shared by clients and server(s)", flush=True)  # fmt: skip
-    r = asyncio.run(_load(target_of(args.url), args.streams, args.duration, max_tokens=args.max_tokens,
-                          model=args.model))  # fmt: skip
+    print(
+        f"{args.streams} streams x {args.duration:.0f}s against {args.url}, max_tokens={args.max_tokens}; "
+        f"{os.cpu_count()} CPUs shared by clients and server(s)",
+        flush=True,
+    )
+    r = asyncio.run(
+        _load(target_of(args.url), args.streams, args.duration, max_tokens=args.max_tokens, model=args.model)
+    )
     for e in sorted(set(r["errors"]))[:5]:
         print(f"  error: {e}")
-    print(f"url={args.url} streams={args.streams} requests={r['requests']} errors={len(r['errors'])} "
-          f"rps={r['rps']:.1f} p50_ms={_pct(r['lat'], 50) * 1e3:.1f} p99_ms={_pct(r['lat'], 99) * 1e3:.1f} "
-          f"ttft_p50_ms={_pct(r['ttft'], 50) * 1e3:.1f}")  # fmt: skip
+    print(
+        f"url={args.url} streams={args.streams} requests={r['requests']} errors={len(r['errors'])} "
+        f"rps={r['rps']:.1f} p50_ms={_pct(r['lat'], 50) * 1e3:.1f} p99_ms={_pct(r['lat'], 99) * 1e3:.1f} "
+        f"ttft_p50_ms={_pct(r['ttft'], 50) * 1e3:.1f}"
+    )
     return 0
 
 
@@ -306,25 +347,35 @@ def main() -> int:
         return 0
     if args.url:
         return measure_url(args)
-    print(f"{args.streams} streams x {args.duration:.0f}s; script: {args.tokens} SLM + {args.tokens} LLM tokens at "
-          f"{args.token_ms:g} ms/token (ideal {2 * args.tokens * args.token_ms:.0f} ms/request); "
-          f"{os.cpu_count()} CPUs shared by clients and server", flush=True)  # fmt: skip
+    print(
+        f"{args.streams} streams x {args.duration:.0f}s; script: {args.tokens} SLM + {args.tokens} LLM tokens at "
+        f"{args.token_ms:g} ms/token (ideal {2 * args.tokens * args.token_ms:.0f} ms/request); "
+        f"{os.cpu_count()} CPUs shared by clients and server",
+        flush=True,
+    )
     res = {kind: measure(kind, args) for kind in ("direct", "pyrodash")}
     for kind, r in res.items():
-        print(f"{kind:9s} requests={r['requests']} errors={len(r['errors'])} rps={r['rps']:.1f} "
-              f"p50={_pct(r['lat'], 50) * 1e3:.1f}ms p99={_pct(r['lat'], 99) * 1e3:.1f}ms "
-              f"ttft_p50={_pct(r['ttft'], 50) * 1e3:.1f}ms", flush=True)  # fmt: skip
+        print(
+            f"{kind:9s} requests={r['requests']} errors={len(r['errors'])} rps={r['rps']:.1f} "
+            f"p50={_pct(r['lat'], 50) * 1e3:.1f}ms p99={_pct(r['lat'], 99) * 1e3:.1f}ms "
+            f"ttft_p50={_pct(r['ttft'], 50) * 1e3:.1f}ms",
+            flush=True,
+        )
         for e in sorted(set(r["errors"]))[:5]:
             print(f"  {kind} error: {e}")
     d, s = res["direct"], res["pyrodash"]
     per_req = s["server_cpu_s"] / max(1, s["requests"] + len(s["errors"]))
-    print(f"pyrodash server process: cpu_ms_per_request={per_req * 1e3:.3f} "
-          f"cpu_us_per_token={per_req * 1e6 / (2 * args.tokens):.1f} (user+system CPU time of its one process; "
-          f"capacity of one core ~ {1 / per_req:.0f} requests/s of {2 * args.tokens} streamed tokens)")  # fmt: skip
+    print(
+        f"pyrodash server process: cpu_ms_per_request={per_req * 1e3:.3f} "
+        f"cpu_us_per_token={per_req * 1e6 / (2 * args.tokens):.1f} (user+system CPU time of its one process; "
+        f"capacity of one core ~ {1 / per_req:.0f} requests/s of {2 * args.tokens} streamed tokens)"
+    )
     p50 = (_pct(s["lat"], 50) - _pct(d["lat"], 50)) * 1e3
     p99 = (_pct(s["lat"], 99) - _pct(d["lat"], 99)) * 1e3
-    print(f"streams={args.streams} errors={len(s['errors'])} rps={s['rps']:.1f} p50_added_ms={p50:.1f} "
-          f"p99_added_ms={p99:.1f}")  # fmt: skip
+    print(
+        f"streams={args.streams} errors={len(s['errors'])} rps={s['rps']:.1f} p50_added_ms={p50:.1f} "
+        f"p99_added_ms={p99:.1f}"
+    )
     return 0
 
 

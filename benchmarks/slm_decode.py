@@ -23,11 +23,28 @@ def qwen3_4b_config(tiny: bool = False):
     from transformers import Qwen3Config
 
     if tiny:
-        return Qwen3Config(vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                           num_key_value_heads=2, head_dim=16, intermediate_size=128, max_position_embeddings=4096)
-    return Qwen3Config(vocab_size=151_936, hidden_size=2560, num_hidden_layers=36, num_attention_heads=32,
-                       num_key_value_heads=8, head_dim=128, intermediate_size=9728, max_position_embeddings=40_960,
-                       tie_word_embeddings=True, rope_theta=1_000_000)
+        return Qwen3Config(
+            vocab_size=1000,
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            intermediate_size=128,
+            max_position_embeddings=4096,
+        )
+    return Qwen3Config(
+        vocab_size=151_936,
+        hidden_size=2560,
+        num_hidden_layers=36,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        intermediate_size=9728,
+        max_position_embeddings=40_960,
+        tie_word_embeddings=True,
+        rope_theta=1_000_000,
+    )
 
 
 def _sync(device: torch.device) -> None:
@@ -41,8 +58,14 @@ def timed_generate(model, batch: int, prompt_tokens: int, new_tokens: int, devic
     mask = torch.ones_like(ids)
     _sync(device)
     t0 = time.perf_counter()
-    out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-                         do_sample=False, pad_token_id=0)
+    out = model.generate(
+        input_ids=ids,
+        attention_mask=mask,
+        max_new_tokens=new_tokens,
+        min_new_tokens=new_tokens,
+        do_sample=False,
+        pad_token_id=0,
+    )
     _sync(device)
     assert out.shape == (batch, prompt_tokens + new_tokens)
     return time.perf_counter() - t0
@@ -66,8 +89,11 @@ def main(argv: list[str] | None = None) -> int:
     model.generation_config.eos_token_id = None  # never stop early: every sequence decodes --new-tokens
     name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
     params = sum(t.numel() for t in model.parameters()) / 1e9
-    print(f"{name}: Qwen3{'-tiny' if a.tiny else '-4B shape'} ({params:.2f}B params, {dtype}), prompt "
-          f"{a.prompt_tokens} + {a.new_tokens} new tokens per sequence", flush=True)
+    print(
+        f"{name}: Qwen3{'-tiny' if a.tiny else '-4B shape'} ({params:.2f}B params, {dtype}), prompt "
+        f"{a.prompt_tokens} + {a.new_tokens} new tokens per sequence",
+        flush=True,
+    )
     line = ""
     with torch.inference_mode():
         for b in batches:
@@ -75,8 +101,10 @@ def main(argv: list[str] | None = None) -> int:
             prefill = timed_generate(model, b, a.prompt_tokens, 1, device)
             total = timed_generate(model, b, a.prompt_tokens, a.new_tokens, device)
             step = (total - prefill) / max(1, a.new_tokens - 1)
-            line = (f"device={name.replace(' ', '_')} batch={b} decode_tokens_per_s={b / step:.0f} "
-                    f"ms_per_step={step * 1e3:.2f} prefill_ms={prefill * 1e3:.1f}")
+            line = (
+                f"device={name.replace(' ', '_')} batch={b} decode_tokens_per_s={b / step:.0f} "
+                f"ms_per_step={step * 1e3:.2f} prefill_ms={prefill * 1e3:.1f}"
+            )
             print(line, flush=True)
     return 0
 

@@ -40,9 +40,12 @@ def main() -> None:
         sys.exit("side by side needs 2+ cores; this machine has 1")
     base = WorldConfig.from_preset(args.preset)
     steps = lambda k: max(1, round(k * args.scale))  # noqa: E731
-    cfg = replace(base, slm=replace(base.slm, train_steps=steps(base.slm.train_steps)),
-                  llm=replace(base.llm, train_steps=steps(base.llm.train_steps)),
-                  llm_beside_slm_steps=steps(base.llm_beside_slm_steps))
+    cfg = replace(
+        base,
+        slm=replace(base.slm, train_steps=steps(base.slm.train_steps)),
+        llm=replace(base.llm, train_steps=steps(base.llm.train_steps)),
+        llm_beside_slm_steps=steps(base.llm_beside_slm_steps),
+    )
     torch.set_num_threads(n)
     seconds = {}
     for name, side in (("sequential", False), ("side_by_side", True)):
@@ -51,8 +54,10 @@ def main() -> None:
             train_models(Path(d), cfg, 0, progress, side_by_side=side)
             seconds[name] = time.perf_counter() - t
         print(f"{name}: {seconds[name]:.1f} s (SLM {cfg.slm.train_steps} + LLM {cfg.llm.train_steps} steps)")
-    print(f"sequential_s={seconds['sequential']:.1f} side_by_side_s={seconds['side_by_side']:.1f} "
-          f"speedup={seconds['sequential'] / seconds['side_by_side']:.2f} threads={n} scale={args.scale}")
+    print(
+        f"sequential_s={seconds['sequential']:.1f} side_by_side_s={seconds['side_by_side']:.1f} "
+        f"speedup={seconds['sequential'] / seconds['side_by_side']:.2f} threads={n} scale={args.scale}"
+    )
 
 
 if __name__ == "__main__":

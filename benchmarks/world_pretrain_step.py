@@ -60,8 +60,10 @@ def main() -> None:
     for name, bf16 in (("fp32", False), ("bf16", True)):
         ms[name] = 1000 * statistics.mean(step_times(args.which, cfg, bf16, batches))
         print(f"{args.preset} {args.which} {name}: {ms[name]:.1f} ms/step (mean of {args.steps})")
-    print(f"step_ms_fp32={ms['fp32']:.1f} step_ms_bf16={ms['bf16']:.1f} fp32_speedup={ms['bf16'] / ms['fp32']:.2f} "
-          f"threads={args.threads} build_pretrain_s={spec.train_steps * ms['fp32'] / 1000:.0f}")
+    print(
+        f"step_ms_fp32={ms['fp32']:.1f} step_ms_bf16={ms['bf16']:.1f} fp32_speedup={ms['bf16'] / ms['fp32']:.2f} "
+        f"threads={args.threads} build_pretrain_s={spec.train_steps * ms['fp32'] / 1000:.0f}"
+    )
 
 
 if __name__ == "__main__":

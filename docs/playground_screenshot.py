@@ -36,8 +36,15 @@ def main() -> int:
 
     opts = webdriver.ChromeOptions()
     opts.binary_location = shutil.which("chromium") or "/usr/bin/chromium"
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
-                f"--window-size={args.size}", "--force-device-scale-factor=1", "--hide-scrollbars"):  # fmt: skip
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-dev-shm-usage",
+        "--disable-gpu",
+        f"--window-size={args.size}",
+        "--force-device-scale-factor=1",
+        "--hide-scrollbars",
+    ):
         opts.add_argument(arg)
     driver = webdriver.Chrome(service=Service(executable_path="/usr/bin/chromedriver"), options=opts)
     wait = WebDriverWait(driver, 300, poll_frequency=0.2)
@@ -66,8 +73,11 @@ def main() -> int:
             driver.find_element(By.ID, "tab-compare").click()
             driver.find_element(By.ID, "compare-question").send_keys(args.question[-1])
             driver.find_element(By.ID, "compare-send").click()
-            wait.until(lambda d: all(c.get_attribute("data-state") in ("done", "error")
-                                     for c in d.find_elements(By.CSS_SELECTOR, ".col")))  # fmt: skip
+            wait.until(
+                lambda d: all(
+                    c.get_attribute("data-state") in ("done", "error") for c in d.find_elements(By.CSS_SELECTOR, ".col")
+                )
+            )
             driver.save_screenshot(args.compare_out)
             print(f"wrote {Path(args.compare_out).resolve()}")
     finally:

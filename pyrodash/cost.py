@@ -82,8 +82,10 @@ class Prices:
             return cls.from_litellm(sides["llm"], sides.get("slm"))
         known = {f.name for f in fields(cls)}
         if set(spec) - known:
-            raise ValueError(f"price sheet: unknown keys {sorted(set(spec) - known)}; expected {sorted(known)}, "
-                             f"LiteLLM's {sorted(LITELLM_KEYS)}, or {{slm: ..., llm: ...}}")
+            raise ValueError(
+                f"price sheet: unknown keys {sorted(set(spec) - known)}; expected {sorted(known)}, "
+                f"LiteLLM's {sorted(LITELLM_KEYS)}, or {{slm: ..., llm: ...}}"
+            )
         return cls(**spec)
 
     def to_dict(self) -> dict:
@@ -130,13 +132,22 @@ def endpoint_bill(calls: Iterable[dict], default: Prices) -> list[dict]:
     out: dict[str, dict] = {}
     for c in calls:
         sheet = Prices(**c["prices"]) if c.get("prices") else default
-        e = out.setdefault(c["endpoint"], {
-            "endpoint": c["endpoint"], "calls": 0, "llm_in": 0, "llm_out": 0, "llm_cached_in": 0, "chars": 0,
-            "errors": 0, "estimated": False, "price": {"llm_in": sheet.llm_in, "llm_out": sheet.llm_out,
-                                   "llm_cached_in": sheet.llm_cached_in},
-            "own_price": bool(c.get("prices")),  # False: billed at `default` (a report may re-price it)
-            "cost_usd": 0.0,
-        })  # fmt: skip
+        e = out.setdefault(
+            c["endpoint"],
+            {
+                "endpoint": c["endpoint"],
+                "calls": 0,
+                "llm_in": 0,
+                "llm_out": 0,
+                "llm_cached_in": 0,
+                "chars": 0,
+                "errors": 0,
+                "estimated": False,
+                "price": {"llm_in": sheet.llm_in, "llm_out": sheet.llm_out, "llm_cached_in": sheet.llm_cached_in},
+                "own_price": bool(c.get("prices")),  # False: billed at `default` (a report may re-price it)
+                "cost_usd": 0.0,
+            },
+        )
         u = Usage(llm_in=c.get("llm_in", 0), llm_out=c.get("llm_out", 0), llm_cached_in=c.get("llm_cached_in", 0))
         e["calls"] += c.get("calls", 0)
         e["llm_in"] += u.llm_in

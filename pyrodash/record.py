@@ -45,13 +45,30 @@ class Record:
     @classmethod
     def from_done(cls, done: Done) -> Record:
         u = done.usage
-        return cls(output=done.output, finish_reason=done.finish_reason, mode=done.mode, slm_in=u.slm_in,
-                   slm_out=u.slm_out, llm_in=u.llm_in, llm_out=u.llm_out, llm_cached_in=u.llm_cached_in,
-                   llm_calls=u.llm_calls, cost_usd=done.cost_usd, handoff=done.handoff, offload_bias=done.offload_bias,
-                   handoff_share=done.handoff_share, handoff_admitted=done.handoff_admitted, fallback=done.fallback,
-                   llm_errors=list(done.errors), usage_estimated=done.usage_estimated, turn=done.turn,
-                   trimmed=dict(done.trimmed), segments=[dict(s) for s in done.segments],
-                   llm_endpoints=[dict(e) for e in done.llm_endpoints], latency_s=done.latency_s)
+        return cls(
+            output=done.output,
+            finish_reason=done.finish_reason,
+            mode=done.mode,
+            slm_in=u.slm_in,
+            slm_out=u.slm_out,
+            llm_in=u.llm_in,
+            llm_out=u.llm_out,
+            llm_cached_in=u.llm_cached_in,
+            llm_calls=u.llm_calls,
+            cost_usd=done.cost_usd,
+            handoff=done.handoff,
+            offload_bias=done.offload_bias,
+            handoff_share=done.handoff_share,
+            handoff_admitted=done.handoff_admitted,
+            fallback=done.fallback,
+            llm_errors=list(done.errors),
+            usage_estimated=done.usage_estimated,
+            turn=done.turn,
+            trimmed=dict(done.trimmed),
+            segments=[dict(s) for s in done.segments],
+            llm_endpoints=[dict(e) for e in done.llm_endpoints],
+            latency_s=done.latency_s,
+        )
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -71,8 +88,9 @@ def read_record(r: dict) -> dict:
             r.setdefault(k, nested.get(k, 0))
     if any("model" in s and "by" not in s for s in r.get("segments") or []):
         r = dict(r)
-        r["segments"] = [{"by": s.get("by", s.get("model")), **{k: v for k, v in s.items() if k != "model"}}
-                         for s in r["segments"]]
+        r["segments"] = [
+            {"by": s.get("by", s.get("model")), **{k: v for k, v in s.items() if k != "model"}} for s in r["segments"]
+        ]
     return r
 
 

@@ -17,15 +17,18 @@ import json
 import sys
 from pathlib import Path
 
-from pyrodash.method_names import lambda_points
+from pyrodash.eval.names import lambda_points
 
 SHOWN = ("slm", "oracle", "llm")
 
 
 def meets(pt: dict, name: str, turn: str) -> bool:
     p, o, s = pt[name][turn], pt["oracle"][turn], pt["slm"][turn]
-    return (p["accuracy"] >= s["accuracy"] and p["accuracy"] >= o["accuracy"] - 0.05
-            and p["cost_normalized"] <= o["cost_normalized"] + 0.10)
+    return (
+        p["accuracy"] >= s["accuracy"]
+        and p["accuracy"] >= o["accuracy"] - 0.05
+        and p["cost_normalized"] <= o["cost_normalized"] + 0.10
+    )
 
 
 def main(runs: list[str]) -> int:
@@ -41,8 +44,9 @@ def main(runs: list[str]) -> int:
             print(f"\n{label} ({bench}): accuracy at cost / LLM-only, per turn\n")
             print("| method | turn 1 | turn 2 | turn 3 |\n| --- | --- | --- | --- |")
             for n in names:
-                cells = [f"{100 * pt[n][t]['accuracy']:.0f}% at {pt[n][t]['cost_normalized']:.3f}"
-                         for t in ("1", "2", "3")]
+                cells = [
+                    f"{100 * pt[n][t]['accuracy']:.0f}% at {pt[n][t]['cost_normalized']:.3f}" for t in ("1", "2", "3")
+                ]
                 print(f"| {n} | " + " | ".join(cells) + " |")
         gold, own = by["world:multiturn"], by.get("world:multiturn-self", {})
         ok = [n for n in lambda_points(gold) if meets(gold, n, "2") and meets(gold, n, "3")]
@@ -50,11 +54,16 @@ def main(runs: list[str]) -> int:
         for n in ok:
             if own:
                 a, llm = own[n]["3"]["accuracy"], own["llm"]["3"]["accuracy"]
-                print(f"check, own history turn 3: {n} {100 * a:.1f}% vs LLM {100 * llm:.1f}% -> "
-                      f"{a / llm:.2f} of it ({'>=' if a >= 0.9 * llm else '<'} 0.90)")
+                print(
+                    f"check, own history turn 3: {n} {100 * a:.1f}% vs LLM {100 * llm:.1f}% -> "
+                    f"{a / llm:.2f} of it ({'>=' if a >= 0.9 * llm else '<'} 0.90)"
+                )
         single = summary["methods"]
-        best = [(n, single[n]["accuracy"], single[n]["cost_normalized"]) for n in lambda_points(single)
-                if single[n]["accuracy"] >= 0.98 and single[n]["cost_normalized"] <= 0.56]
+        best = [
+            (n, single[n]["accuracy"], single[n]["cost_normalized"])
+            for n in lambda_points(single)
+            if single[n]["accuracy"] >= 0.98 and single[n]["cost_normalized"] <= 0.56
+        ]
         print(f"check, single questions >= 98% at <= 0.56: {best or 'none'}\n")
     return 0
 

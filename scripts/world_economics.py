@@ -46,21 +46,41 @@ def economics(tests: dict, prompts, prices: Prices) -> dict:
                 continue
             tf.append(f)
             cut = round(f * len(sol))
-            orc += Usage(slm_in=slm_in, slm_out=cut + 1, llm_calls=1, llm_out=len(sol) - cut + 1,
-                         llm_in=n_prompt([{"role": "system", "content": sys_l}, {"role": "user", "content": q}]) + cut)
+            orc += Usage(
+                slm_in=slm_in,
+                slm_out=cut + 1,
+                llm_calls=1,
+                llm_out=len(sol) - cut + 1,
+                llm_in=n_prompt([{"role": "system", "content": sys_l}, {"role": "user", "content": q}]) + cut,
+            )
         n = len(exs)
-        rows.append((name, llm.llm_out / llm.llm_in, easy / n, statistics.median(tf) if tf else float("nan"),
-                     orc.cost(prices) / llm.cost(prices), llm.llm_in / n, llm.llm_out / n))
+        rows.append(
+            (
+                name,
+                llm.llm_out / llm.llm_in,
+                easy / n,
+                statistics.median(tf) if tf else float("nan"),
+                orc.cost(prices) / llm.cost(prices),
+                llm.llm_in / n,
+                llm.llm_out / n,
+            )
+        )
         tot_llm, tot_orc, fracs = tot_llm + llm, tot_orc + orc, fracs + tf
     print(f"{'tier':6} {'out/in':>7} {'no-hard':>8} {'med p':>6} {'oracle':>7} {'in':>6} {'out':>6}")
     for r in rows:
         print(f"{r[0]:6} {r[1]:7.2f} {r[2]:8.3f} {r[3]:6.3f} {r[4]:7.3f} {r[5]:6.1f} {r[6]:6.1f}")
     q = statistics.quantiles(fracs, n=4)
-    out = {"out_in": tot_llm.llm_out / tot_llm.llm_in, "no_hard_share": sum(r[2] for r in rows) / len(rows),
-           "first_hard_median": statistics.median(fracs), "oracle_cost": tot_orc.cost(prices) / tot_llm.cost(prices)}
-    print(f"ALL    out/in={out['out_in']:.2f} no_hard_share={out['no_hard_share']:.3f} "
-          f"first_hard_frac median={out['first_hard_median']:.3f} mean={statistics.mean(fracs):.3f} q1={q[0]:.3f} "
-          f"q3={q[2]:.3f} oracle_cost/LLM-only={out['oracle_cost']:.3f}")
+    out = {
+        "out_in": tot_llm.llm_out / tot_llm.llm_in,
+        "no_hard_share": sum(r[2] for r in rows) / len(rows),
+        "first_hard_median": statistics.median(fracs),
+        "oracle_cost": tot_orc.cost(prices) / tot_llm.cost(prices),
+    }
+    print(
+        f"ALL    out/in={out['out_in']:.2f} no_hard_share={out['no_hard_share']:.3f} "
+        f"first_hard_frac median={out['first_hard_median']:.3f} mean={statistics.mean(fracs):.3f} q1={q[0]:.3f} "
+        f"q3={q[2]:.3f} oracle_cost/LLM-only={out['oracle_cost']:.3f}"
+    )
     return out
 
 

@@ -26,13 +26,13 @@ from test_server_faults import FaultInjectingLLM  # noqa: E402
 
 from pyrodash.backends.hf import HFBackend  # noqa: E402
 from pyrodash.backends.model_server import build_model_app  # noqa: E402
-from pyrodash.conversation import example_messages  # noqa: E402
 from pyrodash.cost import Prices  # noqa: E402
 from pyrodash.data.benchmarks import load_benchmark  # noqa: E402
-from pyrodash.evaluate import EvalConfig, evaluate  # noqa: E402
+from pyrodash.engine.conversation import example_messages  # noqa: E402
+from pyrodash.eval.harness import EvalConfig, evaluate  # noqa: E402
 from pyrodash.prompts import get_prompts  # noqa: E402
 from pyrodash.record import Record  # noqa: E402
-from pyrodash.report import read_records  # noqa: E402
+from pyrodash.report.core import read_records  # noqa: E402
 from pyrodash.train.models import FrozenLLM, load_local  # noqa: E402
 from pyrodash.train.stage3 import collaborate  # noqa: E402
 
@@ -42,16 +42,31 @@ BUDGET = 300  # each model's, as the world's eval config and Stage 3 use
 def _key(r: dict) -> tuple:
     """What must agree: the text, who wrote what (in order), the handoff, the four token counts and LLM calls."""
     segs = tuple((s["by"], s["text"], bool(s.get("fallback"))) for s in r["segments"])
-    return (r["output"], segs, r["handoff"], r["slm_in"], r["slm_out"], r["llm_in"], r["llm_out"], r["llm_calls"],
-            r["fallback"])
+    return (
+        r["output"],
+        segs,
+        r["handoff"],
+        r["slm_in"],
+        r["slm_out"],
+        r["llm_in"],
+        r["llm_out"],
+        r["llm_calls"],
+        r["fallback"],
+    )
 
 
 def _served(url: str, messages: list[list[dict]]) -> list[dict]:
     out = []
     with openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=120) as c:
         for m in messages:
-            r = c.chat.completions.create(model="pyrodash", messages=m, max_tokens=2 * BUDGET, temperature=0,
-                                          top_p=1, extra_body={"max_tokens_per_model": BUDGET})
+            r = c.chat.completions.create(
+                model="pyrodash",
+                messages=m,
+                max_tokens=2 * BUDGET,
+                temperature=0,
+                top_p=1,
+                extra_body={"max_tokens_per_model": BUDGET},
+            )
             p = dict(r.model_extra["pyrodash"])
             out.append({**p, "output": r.choices[0].message.content})
     return out
@@ -59,10 +74,30 @@ def _served(url: str, messages: list[list[dict]]) -> list[dict]:
 
 def _serve(slm: str, llm: str, prices: str, tmp: Path):
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "pyrodash", "serve", "--slm", slm, "--llm", llm, "--prompts",
-                             "world-v1", "--prices", prices, "--port", str(port), "--max-tokens", str(4 * BUDGET)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            cwd=tmp)  # fmt: skip
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pyrodash",
+            "serve",
+            "--slm",
+            slm,
+            "--llm",
+            llm,
+            "--prompts",
+            "world-v1",
+            "--prices",
+            prices,
+            "--port",
+            str(port),
+            "--max-tokens",
+            str(4 * BUDGET),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=tmp,
+    )
     wait_healthy(f"http://127.0.0.1:{port}", proc, "pyrodash serve")
     return proc, f"http://127.0.0.1:{port}"
 
@@ -82,24 +117,34 @@ def check_parity(run_dir: Path, tmp: Path, n_single: int = 6, n_turns: int = 4, 
     assert len(examples) == n_single + n_turns and len(faulty) == n_faults
 
     def paths(llm_spec: str | dict, exs, name: str, served_llm: str) -> dict[str, list[tuple]]:
-        ecfg = EvalConfig(run_dir=str(tmp / f"eval-{name}"), benchmarks=sorted({ex.benchmark for ex in exs}),
-                          methods=["pyrodash"], models={"llm": llm_spec, "pyrodash": {0.6: slm_dir}},
-                          prompts=cfg["prompts"], prices=cfg["prices"], max_tokens=BUDGET, world_dir=world)
-        recs = {(r["benchmark"], r["id"]): r for r in read_records(evaluate(ecfg, examples=exs, quiet=True)
-                                                                   / "records" / "pyrodash@0.6.jsonl")}
+        ecfg = EvalConfig(
+            run_dir=str(tmp / f"eval-{name}"),
+            benchmarks=sorted({ex.benchmark for ex in exs}),
+            methods=["pyrodash"],
+            models={"llm": llm_spec, "pyrodash": {0.6: slm_dir}},
+            prompts=cfg["prompts"],
+            prices=cfg["prices"],
+            max_tokens=BUDGET,
+            world_dir=world,
+        )
+        recs = {
+            (r["benchmark"], r["id"]): r
+            for r in read_records(evaluate(ecfg, examples=exs, quiet=True) / "records" / "pyrodash@0.6.jsonl")
+        }
         evald = [recs[(ex.benchmark, ex.id)] for ex in exs]
         msgs = [example_messages(prompts, ex.question, ex.meta.get("history")) for ex in exs]
         model, tok = load_local(slm_dir)
         frozen = FrozenLLM.from_spec(llm_spec)
-        st3 = [Record.from_done(d).to_json() for d in
-               collaborate(model, tok, frozen, msgs, prompts, prices, BUDGET, BUDGET)]
+        st3 = [
+            Record.from_done(d).to_json()
+            for d in collaborate(model, tok, frozen, msgs, prompts, prices, BUDGET, BUDGET)
+        ]
         proc, url = _serve(slm_dir, served_llm, str(tmp / "prices.yaml"), tmp)
         try:
             served = _served(url, msgs)
         finally:
             stop(proc)
-        keys = {"serve": [_key(r) for r in served], "eval": [_key(r) for r in evald],
-                "stage3": [_key(r) for r in st3]}
+        keys = {"serve": [_key(r) for r in served], "eval": [_key(r) for r in evald], "stage3": [_key(r) for r in st3]}
         for a, b in (("serve", "eval"), ("stage3", "eval")):
             for i, (x, y) in enumerate(zip(keys[a], keys[b], strict=True)):
                 assert x == y, f"{name} question {exs[i].id}: {a} != {b}\n{x}\n{y}"

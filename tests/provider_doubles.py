@@ -40,19 +40,61 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pyrodash.backends.base import GenChunk, GenRequest
 
 OPENAI_CHAT_FIELDS = {
-    "model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "stream", "stream_options",
-    "stop", "seed", "logit_bias", "logprobs", "top_logprobs", "n", "presence_penalty", "frequency_penalty", "user",
-    "response_format", "tools", "tool_choice", "parallel_tool_calls", "reasoning_effort", "metadata", "store",
-    "service_tier", "prediction", "modalities", "audio", "web_search_options", "prompt_cache_key",
-    "safety_identifier", "verbosity",
-}  # fmt: skip
+    "model",
+    "messages",
+    "max_tokens",
+    "max_completion_tokens",
+    "temperature",
+    "top_p",
+    "stream",
+    "stream_options",
+    "stop",
+    "seed",
+    "logit_bias",
+    "logprobs",
+    "top_logprobs",
+    "n",
+    "presence_penalty",
+    "frequency_penalty",
+    "user",
+    "response_format",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "reasoning_effort",
+    "metadata",
+    "store",
+    "service_tier",
+    "prediction",
+    "modalities",
+    "audio",
+    "web_search_options",
+    "prompt_cache_key",
+    "safety_identifier",
+    "verbosity",
+}
 OPENAI_MESSAGE_FIELDS = {"role", "content", "name", "tool_calls", "tool_call_id", "refusal", "audio"}
-ANTHROPIC_FIELDS = {"model", "messages", "max_tokens", "system", "stop_sequences", "stream", "temperature", "top_p",
-                    "top_k", "metadata", "tools", "tool_choice", "thinking", "service_tier"}
+ANTHROPIC_FIELDS = {
+    "model",
+    "messages",
+    "max_tokens",
+    "system",
+    "stop_sequences",
+    "stream",
+    "temperature",
+    "top_p",
+    "top_k",
+    "metadata",
+    "tools",
+    "tool_choice",
+    "thinking",
+    "service_tier",
+}
 
 
-def _openai_error(status: int, message: str, param: str | None = None, code: str | None = None,
-                  kind: str = "invalid_request_error") -> JSONResponse:
+def _openai_error(
+    status: int, message: str, param: str | None = None, code: str | None = None, kind: str = "invalid_request_error"
+) -> JSONResponse:
     return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": code}}, status)
 
 
@@ -71,8 +113,9 @@ async def _run(backend, req: GenRequest) -> tuple[list[str], GenChunk]:
     return texts, final
 
 
-def _openai_like(backend, model: str, key: str, *, reasoning: bool = False, usage: bool = True,
-                 deepseek: bool = False) -> FastAPI:
+def _openai_like(
+    backend, model: str, key: str, *, reasoning: bool = False, usage: bool = True, deepseek: bool = False
+) -> FastAPI:
     app = FastAPI()
     app.state.calls = []
 
@@ -81,8 +124,11 @@ def _openai_like(backend, model: str, key: str, *, reasoning: bool = False, usag
         if got != f"Bearer {key}":
             token = got.removeprefix("Bearer ").strip()
             shown = f": {_masked(token)}" if token else ""
-            return _openai_error(401, f"Incorrect API key provided{shown}. You can find your API key in your "
-                                 "account settings.", code="invalid_api_key")
+            return _openai_error(
+                401,
+                f"Incorrect API key provided{shown}. You can find your API key in your account settings.",
+                code="invalid_api_key",
+            )
         return None
 
     @app.get("/v1/models")
@@ -105,30 +151,49 @@ def _openai_like(backend, model: str, key: str, *, reasoning: bool = False, usag
         for i, m in enumerate(msgs):
             extra = set(m) - OPENAI_MESSAGE_FIELDS - ({"prefix", "reasoning_content"} if deepseek else set())
             if extra:
-                return _openai_error(400, f"Invalid 'messages[{i}]': unknown field '{sorted(extra)[0]}'.",
-                                     param=f"messages[{i}]")
+                return _openai_error(
+                    400, f"Invalid 'messages[{i}]': unknown field '{sorted(extra)[0]}'.", param=f"messages[{i}]"
+                )
         if body.get("model") != model:
-            return _openai_error(404, f"The model `{body.get('model')}` does not exist or you do not have access "
-                                 "to it.", code="model_not_found")
+            return _openai_error(
+                404,
+                f"The model `{body.get('model')}` does not exist or you do not have access to it.",
+                code="model_not_found",
+            )
         if reasoning:
             if "max_tokens" in body:
-                return _openai_error(400, "Unsupported parameter: 'max_tokens' is not supported with this model. "
-                                     "Use 'max_completion_tokens' instead.", "max_tokens", "unsupported_parameter")
+                return _openai_error(
+                    400,
+                    "Unsupported parameter: 'max_tokens' is not supported with this model. "
+                    "Use 'max_completion_tokens' instead.",
+                    "max_tokens",
+                    "unsupported_parameter",
+                )
             for f in ("temperature", "top_p"):
                 if f in body and body[f] != 1:
-                    return _openai_error(400, f"Unsupported value: '{f}' does not support {body[f]} with this "
-                                         "model. Only the default (1) value is supported.", f, "unsupported_value")
+                    return _openai_error(
+                        400,
+                        f"Unsupported value: '{f}' does not support {body[f]} with this "
+                        "model. Only the default (1) value is supported.",
+                        f,
+                        "unsupported_value",
+                    )
         prefix = ""
         if deepseek and msgs and msgs[-1].get("role") == "assistant" and msgs[-1].get("prefix"):
             if not beta:
-                return _openai_error(400, "Prefix completion is a beta feature: use base_url "
-                                     "https://api.deepseek.com/beta")
+                return _openai_error(
+                    400, "Prefix completion is a beta feature: use base_url https://api.deepseek.com/beta"
+                )
             prefix, msgs = str(msgs[-1]["content"]), msgs[:-1]
         app.state.calls.append(body)
         max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or 256
         stop = body.get("stop") or []
-        req = GenRequest(messages=[{"role": m["role"], "content": m["content"]} for m in msgs], prefix=prefix,
-                         max_tokens=int(max_tokens), stop=[stop] if isinstance(stop, str) else list(stop))
+        req = GenRequest(
+            messages=[{"role": m["role"], "content": m["content"]} for m in msgs],
+            prefix=prefix,
+            max_tokens=int(max_tokens),
+            stop=[stop] if isinstance(stop, str) else list(stop),
+        )
         rid, created = f"chatcmpl-{uuid.uuid4().hex[:12]}", int(time.time())
 
         def usage_of(final: GenChunk) -> dict:
@@ -137,23 +202,39 @@ def _openai_like(backend, model: str, key: str, *, reasoning: bool = False, usag
             if deepseek:
                 u.update(prompt_cache_hit_tokens=0, prompt_cache_miss_tokens=p)
             else:
-                u.update(prompt_tokens_details={"cached_tokens": 0},
-                         completion_tokens_details={"reasoning_tokens": 0})
+                u.update(prompt_tokens_details={"cached_tokens": 0}, completion_tokens_details={"reasoning_tokens": 0})
             return u
 
         texts, final = await _run(backend, req)
         if not body.get("stream"):
             msg = {"role": "assistant", "content": "".join(texts)}
-            out = {"id": rid, "object": "chat.completion", "created": created, "model": model,
-                   "choices": [{"index": 0, "message": msg, "finish_reason": final.finish_reason}]}
+            out = {
+                "id": rid,
+                "object": "chat.completion",
+                "created": created,
+                "model": model,
+                "choices": [{"index": 0, "message": msg, "finish_reason": final.finish_reason}],
+            }
             if usage:
                 out["usage"] = usage_of(final)
             return out
         include = usage and bool((body.get("stream_options") or {}).get("include_usage"))
 
         def chunk(choices: list, **extra) -> str:
-            return "data: " + json.dumps({"id": rid, "object": "chat.completion.chunk", "created": created,
-                                          "model": model, "choices": choices, **extra}) + "\n\n"
+            return (
+                "data: "
+                + json.dumps(
+                    {
+                        "id": rid,
+                        "object": "chat.completion.chunk",
+                        "created": created,
+                        "model": model,
+                        "choices": choices,
+                        **extra,
+                    }
+                )
+                + "\n\n"
+            )
 
         def events():
             yield chunk([{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])
@@ -178,8 +259,13 @@ def _openai_like(backend, model: str, key: str, *, reasoning: bool = False, usag
     return app
 
 
-def openai_double(backend, model: str = "gpt-double", key: str = "sk-double-0123456789abcdef",
-                  reasoning: bool = False, usage: bool = True) -> FastAPI:
+def openai_double(
+    backend,
+    model: str = "gpt-double",
+    key: str = "sk-double-0123456789abcdef",
+    reasoning: bool = False,
+    usage: bool = True,
+) -> FastAPI:
     """TEST DOUBLE of the OpenAI Chat Completions API (see the module docstring)."""
     return _openai_like(backend, model, key, reasoning=reasoning, usage=usage)
 
@@ -194,14 +280,16 @@ def _anthropic_text(content) -> str | None:
     modelled here; None when it is neither."""
     if isinstance(content, str):
         return content
-    if isinstance(content, list) and all(isinstance(b, dict) and b.get("type") == "text" and
-                                         isinstance(b.get("text"), str) for b in content):
+    if isinstance(content, list) and all(
+        isinstance(b, dict) and b.get("type") == "text" and isinstance(b.get("text"), str) for b in content
+    ):
         return "".join(b["text"] for b in content)
     return None
 
 
-def anthropic_double(backend, model: str = "claude-double", key: str = "sk-ant-double-0123456789abcdef",
-                     prefill: bool = True) -> FastAPI:
+def anthropic_double(
+    backend, model: str = "claude-double", key: str = "sk-ant-double-0123456789abcdef", prefill: bool = True
+) -> FastAPI:
     """TEST DOUBLE of Anthropic's Messages API (see the module docstring)."""
     app = FastAPI()
     app.state.calls = []
@@ -220,8 +308,12 @@ def anthropic_double(backend, model: str = "claude-double", key: str = "sk-ant-d
     async def models(request: Request):
         if (bad := check_headers(request)) is not None:
             return bad
-        return {"data": [{"type": "model", "id": model, "display_name": model, "created_at": "2026-01-01T00:00:00Z"}],
-                "has_more": False, "first_id": model, "last_id": model}
+        return {
+            "data": [{"type": "model", "id": model, "display_name": model, "created_at": "2026-01-01T00:00:00Z"}],
+            "has_more": False,
+            "first_id": model,
+            "last_id": model,
+        }
 
     @app.post("/v1/messages")
     async def messages(request: Request):
@@ -236,34 +328,53 @@ def anthropic_double(backend, model: str = "claude-double", key: str = "sk-ant-d
         if body.get("model") != model:
             return err(404, "not_found_error", f"model: {body.get('model')}")
         if "temperature" in body and "top_p" in body:
-            return err(400, "invalid_request_error", "`temperature` and `top_p` cannot both be specified for this "
-                       "model. Please use only one.")
+            return err(
+                400,
+                "invalid_request_error",
+                "`temperature` and `top_p` cannot both be specified for this model. Please use only one.",
+            )
         msgs = list(body.get("messages") or [])
         if not msgs or any(m.get("role") not in ("user", "assistant") for m in msgs):
-            return err(400, "invalid_request_error", "messages: roles must be 'user' or 'assistant' (system is a "
-                       "top-level field)")
+            return err(
+                400,
+                "invalid_request_error",
+                "messages: roles must be 'user' or 'assistant' (system is a top-level field)",
+            )
         texts = [_anthropic_text(m.get("content")) for m in msgs]
         system = _anthropic_text(body.get("system", ""))
         if system is None or None in texts:
             at = "system" if system is None else f"messages.{texts.index(None)}.content"
-            return err(400, "invalid_request_error", f"{at}: a string or a list of text blocks (this test double "
-                       "models no other content)")
+            return err(
+                400,
+                "invalid_request_error",
+                f"{at}: a string or a list of text blocks (this test double models no other content)",
+            )
         msgs = [{"role": m["role"], "content": t} for m, t in zip(msgs, texts, strict=True)]
         prefix = ""
         if msgs[-1]["role"] == "assistant":
             if not prefill:
-                return err(400, "invalid_request_error", "This model does not support assistant message prefill. "
-                           "The conversation must end with a user message.")
+                return err(
+                    400,
+                    "invalid_request_error",
+                    "This model does not support assistant message prefill. "
+                    "The conversation must end with a user message.",
+                )
             prefix = msgs[-1]["content"]
             if prefix != prefix.rstrip():
-                return err(400, "invalid_request_error", "messages: final assistant content cannot end with "
-                           "trailing whitespace")
+                return err(
+                    400,
+                    "invalid_request_error",
+                    "messages: final assistant content cannot end with trailing whitespace",
+                )
             msgs = msgs[:-1]
         app.state.calls.append(body)
         sys_msg = [{"role": "system", "content": system}] if system else []
-        req = GenRequest(messages=sys_msg + msgs,
-                         prefix=prefix, max_tokens=int(body["max_tokens"]),
-                         stop=list(body.get("stop_sequences") or []))
+        req = GenRequest(
+            messages=sys_msg + msgs,
+            prefix=prefix,
+            max_tokens=int(body["max_tokens"]),
+            stop=list(body.get("stop_sequences") or []),
+        )
         texts, final = await _run(backend, req)
         mid = f"msg_{uuid.uuid4().hex[:12]}"
         stop = "max_tokens" if final.finish_reason == "length" else "end_turn"
@@ -272,23 +383,40 @@ def anthropic_double(backend, model: str = "claude-double", key: str = "sk-ant-d
             return f"event: {kind}\ndata: " + json.dumps({"type": kind, **data}) + "\n\n"
 
         def events():
-            yield ev("message_start", message={"id": mid, "type": "message", "role": "assistant", "model": model,
-                                               "content": [], "stop_reason": None,
-                                               "usage": {"input_tokens": final.prompt_tokens or 0,
-                                                         "output_tokens": 1}})
+            yield ev(
+                "message_start",
+                message={
+                    "id": mid,
+                    "type": "message",
+                    "role": "assistant",
+                    "model": model,
+                    "content": [],
+                    "stop_reason": None,
+                    "usage": {"input_tokens": final.prompt_tokens or 0, "output_tokens": 1},
+                },
+            )
             yield ev("content_block_start", index=0, content_block={"type": "text", "text": ""})
             yield ev("ping")
             for t in texts:
                 yield ev("content_block_delta", index=0, delta={"type": "text_delta", "text": t})
             yield ev("content_block_stop", index=0)
-            yield ev("message_delta", delta={"stop_reason": stop, "stop_sequence": None},
-                     usage={"output_tokens": final.completion_tokens or 0})
+            yield ev(
+                "message_delta",
+                delta={"stop_reason": stop, "stop_sequence": None},
+                usage={"output_tokens": final.completion_tokens or 0},
+            )
             yield ev("message_stop")
 
         if not body.get("stream"):
-            return {"id": mid, "type": "message", "role": "assistant", "model": model, "stop_reason": stop,
-                    "content": [{"type": "text", "text": "".join(texts)}],
-                    "usage": {"input_tokens": final.prompt_tokens or 0, "output_tokens": final.completion_tokens}}
+            return {
+                "id": mid,
+                "type": "message",
+                "role": "assistant",
+                "model": model,
+                "stop_reason": stop,
+                "content": [{"type": "text", "text": "".join(texts)}],
+                "usage": {"input_tokens": final.prompt_tokens or 0, "output_tokens": final.completion_tokens},
+            }
         return StreamingResponse(events(), media_type="text/event-stream")
 
     return app

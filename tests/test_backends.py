@@ -42,8 +42,9 @@ class FaultInjectingApp:
                 if self.mode == "hang":
                     await asyncio.sleep(30)
                 body = b'{"error": {"message": "injected fault", "type": "server_error", "param": null, "code": 500}}'
-                await send({"type": "http.response.start", "status": 500,
-                            "headers": [(b"content-type", b"application/json")]})
+                await send(
+                    {"type": "http.response.start", "status": 500, "headers": [(b"content-type", b"application/json")]}
+                )
                 await send({"type": "http.response.body", "body": body})
                 return
         await self.inner(scope, receive, send)
@@ -69,8 +70,15 @@ def test_model_server_speaks_openai_with_vllm_extras(models, servers):
     assert [m.id for m in client.models.list().data] == ["slm"]
     oid = slm.token_id(OFFLOAD_TOKEN)
     stream = client.chat.completions.create(
-        model="slm", messages=MSGS, max_tokens=12, temperature=0.0, stream=True,
-        stream_options={"include_usage": True}, extra_body={"stop_token_ids": [oid]}, logit_bias={str(oid): 100})
+        model="slm",
+        messages=MSGS,
+        max_tokens=12,
+        temperature=0.0,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"stop_token_ids": [oid]},
+        logit_bias={str(oid): 100},
+    )
     chunks = list(stream)
     fin = [c.choices[0] for c in chunks if c.choices and c.choices[0].finish_reason]
     assert fin[0].finish_reason == "stop" and fin[0].model_extra["stop_reason"] == oid
@@ -85,8 +93,14 @@ def test_continue_final_message_and_logprobs(models, servers):
     _, llm = models
     client = openai.OpenAI(base_url=servers[1], api_key="none")
     r = client.chat.completions.create(
-        model="llm", messages=MSGS + [{"role": "assistant", "content": "ab"}], max_tokens=6, temperature=0.0,
-        logprobs=True, top_logprobs=5, extra_body={"continue_final_message": True, "add_generation_prompt": False})
+        model="llm",
+        messages=MSGS + [{"role": "assistant", "content": "ab"}],
+        max_tokens=6,
+        temperature=0.0,
+        logprobs=True,
+        top_logprobs=5,
+        extra_body={"continue_final_message": True, "add_generation_prompt": False},
+    )
     ref = llm.generate(GenRequest(messages=MSGS, prefix="ab", max_tokens=6, top_logprobs=5))
     assert r.choices[0].message.content == ref.text
     assert r.usage.prompt_tokens == len(ref.prompt_ids) and r.usage.completion_tokens == 6
@@ -95,8 +109,9 @@ def test_continue_final_message_and_logprobs(models, servers):
     with pytest.raises(openai.BadRequestError, match="n=1"):
         client.chat.completions.create(model="llm", messages=MSGS, n=2)
     with pytest.raises(openai.BadRequestError, match="final assistant message"):
-        client.chat.completions.create(model="llm", messages=MSGS, extra_body={
-            "continue_final_message": True, "add_generation_prompt": False})
+        client.chat.completions.create(
+            model="llm", messages=MSGS, extra_body={"continue_final_message": True, "add_generation_prompt": False}
+        )
 
 
 def test_http_backend_matches_in_process(models, servers):
@@ -119,8 +134,14 @@ def test_retry_after_http_500_succeeds_and_counts_both_calls(models, servers):
     slm, llm = models
     fault = FaultInjectingApp(build_model_app(llm, "llm"), n=1)
     with serve_in_thread(fault) as url:
-        eng = CollaborateEngine(slm, OpenAICompatBackend(url, "llm"), PROMPTS, PRICES, max_tokens=16,
-                                failure=FailurePolicy(retries=2, backoff_s=0.01))
+        eng = CollaborateEngine(
+            slm,
+            OpenAICompatBackend(url, "llm"),
+            PROMPTS,
+            PRICES,
+            max_tokens=16,
+            failure=FailurePolicy(retries=2, backoff_s=0.01),
+        )
         done = eng.run("x", offload_bias=1.5)
     ref = CollaborateEngine(slm, llm, PROMPTS, PRICES, max_tokens=16).run("x", offload_bias=1.5)
     assert done.output == ref.output and not done.fallback and done.finish_reason == ref.finish_reason
@@ -132,16 +153,32 @@ def test_failing_llm_falls_back_to_the_slm(models, servers):
     slm, llm = models
     fault = FaultInjectingApp(build_model_app(llm, "llm"), n=10**6)
     with serve_in_thread(fault) as url:
-        eng = CollaborateEngine(slm, OpenAICompatBackend(url, "llm"), PROMPTS, PRICES, max_tokens=16,
-                                failure=FailurePolicy(retries=2, backoff_s=0.01, on_error="fallback"))
+        eng = CollaborateEngine(
+            slm,
+            OpenAICompatBackend(url, "llm"),
+            PROMPTS,
+            PRICES,
+            max_tokens=16,
+            failure=FailurePolicy(retries=2, backoff_s=0.01, on_error="fallback"),
+        )
         done = eng.run("x", offload_bias=1.5)
     assert done.fallback and done.llm_text == "" and len(done.errors) == 3 and fault.seen == 3
     assert done.usage.llm_calls == 3 and done.usage.llm_in == done.usage.llm_out == 0
     oid = eng.offload_id
-    first = slm.generate(GenRequest(messages=[{"role": "system", "content": PROMPTS.offload_system}] + MSGS,
-                                    max_tokens=16, stop_token_ids=[oid], logit_bias={oid: 1.5}))
-    resume = GenRequest(messages=[{"role": "system", "content": PROMPTS.offload_system}] + MSGS, prefix=first.text,
-                        max_tokens=16 - first.completion_tokens, logit_bias={oid: float("-inf")})
+    first = slm.generate(
+        GenRequest(
+            messages=[{"role": "system", "content": PROMPTS.offload_system}] + MSGS,
+            max_tokens=16,
+            stop_token_ids=[oid],
+            logit_bias={oid: 1.5},
+        )
+    )
+    resume = GenRequest(
+        messages=[{"role": "system", "content": PROMPTS.offload_system}] + MSGS,
+        prefix=first.text,
+        max_tokens=16 - first.completion_tokens,
+        logit_bias={oid: float("-inf")},
+    )
     rest = slm.generate(resume)
     assert oid not in rest.token_ids and done.handoff == first.completion_tokens - 1
     assert done.output == first.text + rest.text and OFFLOAD_TOKEN not in done.output
@@ -152,8 +189,14 @@ def test_failing_llm_falls_back_to_the_slm(models, servers):
 def test_failing_llm_raises_when_configured(models):
     slm, llm = models
     with serve_in_thread(FaultInjectingApp(build_model_app(llm, "llm"), n=10**6)) as url:
-        eng = CollaborateEngine(slm, OpenAICompatBackend(url, "llm"), PROMPTS, PRICES, max_tokens=8,
-                                failure=FailurePolicy(retries=1, backoff_s=0.01, on_error="raise"))
+        eng = CollaborateEngine(
+            slm,
+            OpenAICompatBackend(url, "llm"),
+            PROMPTS,
+            PRICES,
+            max_tokens=8,
+            failure=FailurePolicy(retries=1, backoff_s=0.01, on_error="raise"),
+        )
         with pytest.raises(EngineError, match="injected fault") as ei:
             eng.run("x", offload_bias=1e4)
     d = ei.value.done
@@ -164,8 +207,14 @@ def test_failing_llm_raises_when_configured(models):
 def test_llm_timeout_and_unreachable_server(models):
     slm, llm = models
     with serve_in_thread(FaultInjectingApp(build_model_app(llm, "llm"), n=1, mode="hang")) as url:
-        eng = CollaborateEngine(slm, OpenAICompatBackend(url, "llm"), PROMPTS, PRICES, max_tokens=8,
-                                failure=FailurePolicy(retries=1, backoff_s=0.0, timeout_s=0.5))
+        eng = CollaborateEngine(
+            slm,
+            OpenAICompatBackend(url, "llm"),
+            PROMPTS,
+            PRICES,
+            max_tokens=8,
+            failure=FailurePolicy(retries=1, backoff_s=0.0, timeout_s=0.5),
+        )
         t0 = time.perf_counter()
         done = eng.run("x", offload_bias=1e4)
         assert time.perf_counter() - t0 < 10
@@ -173,8 +222,14 @@ def test_llm_timeout_and_unreachable_server(models):
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         dead = f"http://127.0.0.1:{s.getsockname()[1]}/v1"
-    eng = CollaborateEngine(slm, OpenAICompatBackend(dead, "llm"), PROMPTS, PRICES, max_tokens=8,
-                            failure=FailurePolicy(retries=1, backoff_s=0.0))
+    eng = CollaborateEngine(
+        slm,
+        OpenAICompatBackend(dead, "llm"),
+        PROMPTS,
+        PRICES,
+        max_tokens=8,
+        failure=FailurePolicy(retries=1, backoff_s=0.0),
+    )
     done = eng.run("x", offload_bias=1e4)
     assert done.fallback and done.usage.llm_calls == 0 and "connect" in done.errors[0]
 
@@ -184,6 +239,7 @@ def test_closing_an_http_stream_stops_the_server_model(models, servers):
     calls = []
     hook = slm.model.register_forward_hook(lambda *a: calls.append(1))
     try:
+
         async def three_chunks():
             b = OpenAICompatBackend(servers[0], "slm")
             async with contextlib.aclosing(b.stream(GenRequest(messages=MSGS, max_tokens=3000))) as it:
@@ -205,7 +261,8 @@ def test_closing_an_http_stream_stops_the_server_model(models, servers):
 
 def test_cached_tokens_and_offload_stop_from_a_scripted_server():
     spec = importlib.util.spec_from_file_location(
-        "engine_overhead", Path(__file__).resolve().parent.parent / "benchmarks" / "engine_overhead.py")
+        "engine_overhead", Path(__file__).resolve().parent.parent / "benchmarks" / "engine_overhead.py"
+    )
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     script = [f" t{i}" for i in range(10)]
@@ -238,10 +295,11 @@ def test_load_backend_specs(tmp_path, monkeypatch):
 
 def test_hf_batch_equals_single_and_stream(models):
     slm, _ = models
-    reqs = [GenRequest(messages=[{"role": "user", "content": "a much longer question " * 3}], max_tokens=10),
-            GenRequest(messages=MSGS, max_tokens=10, temperature=0.9, top_p=0.8, seed=11),
-            GenRequest(messages=[{"role": "user", "content": "hi"}], max_tokens=7, top_logprobs=4, seed=3,
-                       temperature=1.2)]
+    reqs = [
+        GenRequest(messages=[{"role": "user", "content": "a much longer question " * 3}], max_tokens=10),
+        GenRequest(messages=MSGS, max_tokens=10, temperature=0.9, top_p=0.8, seed=11),
+        GenRequest(messages=[{"role": "user", "content": "hi"}], max_tokens=7, top_logprobs=4, seed=3, temperature=1.2),
+    ]
     batch = slm.generate_batch(reqs)
     for req, res in zip(reqs, batch):
         one = slm.generate(req)
@@ -271,9 +329,17 @@ def test_hf_batch_decodes_identical_deterministic_requests_once(models, monkeypa
     greedy = GenRequest(messages=q, max_tokens=8)
     seeded = GenRequest(messages=q, max_tokens=8, temperature=0.9, seed=5)
     unseeded = GenRequest(messages=q, max_tokens=8, temperature=0.9)
-    reqs = [greedy, seeded, GenRequest(messages=q, max_tokens=8), GenRequest(messages=q, max_tokens=8, seed=99),
-            GenRequest(messages=q, max_tokens=8, temperature=0.9, seed=5), unseeded, unseeded,
-            GenRequest(messages=q, max_tokens=7), GenRequest(messages=q, max_tokens=8, logit_bias={3: -5.0})]
+    reqs = [
+        greedy,
+        seeded,
+        GenRequest(messages=q, max_tokens=8),
+        GenRequest(messages=q, max_tokens=8, seed=99),
+        GenRequest(messages=q, max_tokens=8, temperature=0.9, seed=5),
+        unseeded,
+        unseeded,
+        GenRequest(messages=q, max_tokens=7),
+        GenRequest(messages=q, max_tokens=8, logit_bias={3: -5.0}),
+    ]
     rows = []
     decode = slm._decode
     monkeypatch.setattr(slm, "_decode", lambda prompts, rs, *a, **k: rows.append(len(rs)) or decode(prompts, rs))
@@ -306,8 +372,9 @@ def test_hf_stop_strings_and_banned_tokens(models):
     free = slm.generate(GenRequest(messages=MSGS, max_tokens=20, logit_bias={slm.token_id(OFFLOAD_TOKEN): -1e9}))
     assert len(free.text) >= 6
     stop = free.text[3:5]
-    cut = slm.generate(GenRequest(messages=MSGS, max_tokens=20, stop=[stop],
-                                  logit_bias={slm.token_id(OFFLOAD_TOKEN): -1e9}))
+    cut = slm.generate(
+        GenRequest(messages=MSGS, max_tokens=20, stop=[stop], logit_bias={slm.token_id(OFFLOAD_TOKEN): -1e9})
+    )
     assert cut.finish_reason == "stop" and cut.text == free.text[: free.text.index(stop)] and stop not in cut.text
     banned = free.token_ids[0]
     other = slm.generate(GenRequest(messages=MSGS, max_tokens=5, logit_bias={banned: float("-inf")}))
@@ -338,6 +405,7 @@ def test_a_consumer_leaving_during_the_llm_part_stops_the_llm_server(models, ser
     calls = []
     hook = llm.model.register_forward_hook(lambda *a: calls.append(1))
     try:
+
         async def leave_early():
             eng = CollaborateEngine(slm, OpenAICompatBackend(servers[1], "llm"), PROMPTS, PRICES, max_tokens=3000)
             n = 0

@@ -7,7 +7,7 @@ import json
 import pytest
 import yaml
 
-from pyrodash.server.budget_config import BudgetsConfig
+from pyrodash.server.budget.config import BudgetsConfig
 from pyrodash.server.config import ServeConfig
 
 ROOT = __import__("pathlib").Path(__file__).resolve().parent.parent
@@ -16,14 +16,20 @@ ROOT = __import__("pathlib").Path(__file__).resolve().parent.parent
 def test_a_full_section_parses(monkeypatch, tmp_path):
     monkeypatch.setenv("TEAM_A_KEY", "a-secret")
     curve = tmp_path / "curve.json"
-    curve.write_text(json.dumps({"trace": [{"bias": -20, "rate": 0, "cost_usd": 1e-5},
-                                           {"bias": 0, "rate": 0.8, "cost_usd": 3e-4}]}))  # fmt: skip
-    cfg = BudgetsConfig.parse({
-        "default": {"usd_per_hour": 2.0, "dollars": "all", "cap_usd": 3.0, "at_cap": "refuse"},
-        "keys": {"team-a": {"key_env": "TEAM_A_KEY", "usd_per_day": 24}},
-        "redis_url": "redis://127.0.0.1:6379/0", "curve": str(curve), "knob": "offload_bias",
-        "time_compression": 60, "controller": {"integral_s": 600, "cost_window": 20},
-    })  # fmt: skip
+    curve.write_text(
+        json.dumps({"trace": [{"bias": -20, "rate": 0, "cost_usd": 1e-5}, {"bias": 0, "rate": 0.8, "cost_usd": 3e-4}]})
+    )
+    cfg = BudgetsConfig.parse(
+        {
+            "default": {"usd_per_hour": 2.0, "dollars": "all", "cap_usd": 3.0, "at_cap": "refuse"},
+            "keys": {"team-a": {"key_env": "TEAM_A_KEY", "usd_per_day": 24}},
+            "redis_url": "redis://127.0.0.1:6379/0",
+            "curve": str(curve),
+            "knob": "offload_bias",
+            "time_compression": 60,
+            "controller": {"integral_s": 600, "cost_window": 20},
+        }
+    )
     assert [b.name for b in cfg.budgets] == ["default", "team-a"]
     assert cfg.default.usd_per_hour == 2.0 and cfg.default.period_s == 3600 and cfg.default.at_cap == "refuse"
     team = cfg.keys[0]
@@ -57,11 +63,15 @@ BAD = [
     ({"default": {"usd_per_hour": 2, "cap_usd": 3, "at_cap": "block"}}, "use slm (the SLM alone until the hour ends)"),
     ({"default": {"usd_per_hour": 2, "key_env": "K"}}, "the default budget has no key; put keyed budgets under"),
     ({"keys": {"a": {"usd_per_hour": 1}}}, "set key_env to the environment variable"),
-    ({"keys": {"a": {"usd_per_hour": 1, "key_env": "PYRODASH_TEST_UNSET_KEY"}}},
-     "the environment variable PYRODASH_TEST_UNSET_KEY is not set: export it"),
+    (
+        {"keys": {"a": {"usd_per_hour": 1, "key_env": "PYRODASH_TEST_UNSET_KEY"}}},
+        "the environment variable PYRODASH_TEST_UNSET_KEY is not set: export it",
+    ),
     ({"keys": {"bad name": {"usd_per_hour": 1, "key_env": "K1"}}}, "a budget name is 1-64 letters"),
-    ({"keys": {"a": {"usd_per_hour": 1, "key_env": "K1"}, "b": {"usd_per_hour": 1, "key_env": "K1"}}},
-     "two budgets share one API key"),
+    (
+        {"keys": {"a": {"usd_per_hour": 1, "key_env": "K1"}, "b": {"usd_per_hour": 1, "key_env": "K1"}}},
+        "two budgets share one API key",
+    ),
     ({}, "no budget: add default"),
     ("2.0", "budgets must be a mapping"),
     ({"default": {"usd_per_hour": 2}, "redis_url": "localhost:6379"}, "use redis://host:port/db"),
@@ -87,13 +97,17 @@ def test_bad_configs_get_one_line_errors_naming_the_fix(raw, fix, monkeypatch):
 def test_a_budget_key_must_differ_from_the_server_key(monkeypatch):
     monkeypatch.setenv("K1", "server-key")
     with pytest.raises(ValueError, match="a budget's key is the server's api_key"):
-        ServeConfig(prompts="world-v1", api_key="server-key",
-                    budgets={"keys": {"a": {"usd_per_hour": 1, "key_env": "K1"}}})
+        ServeConfig(
+            prompts="world-v1", api_key="server-key", budgets={"keys": {"a": {"usd_per_hour": 1, "key_env": "K1"}}}
+        )
 
 
 def test_bad_curve_files(tmp_path):
-    for text, fix in (("not json", "is not JSON"), (json.dumps({"trace": [{"x": 1}]}), "expected `pyrodash calibrate"),
-                      (json.dumps({"trace": [{"bias": 0, "rate": 0.5, "cost_usd": None}]}), "--target-rate mode")):
+    for text, fix in (
+        ("not json", "is not JSON"),
+        (json.dumps({"trace": [{"x": 1}]}), "expected `pyrodash calibrate"),
+        (json.dumps({"trace": [{"bias": 0, "rate": 0.5, "cost_usd": None}]}), "--target-rate mode"),
+    ):
         p = tmp_path / "c.json"
         p.write_text(text)
         with pytest.raises(ValueError, match="budgets.curve=") as e:

@@ -1,4 +1,5 @@
-"""The spend pacer's controller (`pyrodash.server.pacer`), driven by a discrete-event simulation of traffic: Poisson
+"""The spend pacer's controller (`pyrodash.server.budget.pacer`), driven by a discrete-event simulation of traffic:
+Poisson
 arrivals whose rate steps up and down, requests whose dollars arrive when they finish (latency), a handoff share
 applied by a hash (uniform in [0, 1)), and price changes.
 
@@ -12,7 +13,7 @@ import random
 
 import pytest
 
-from pyrodash.server.pacer import (
+from pyrodash.server.budget.pacer import (
     BIAS,
     Curve,
     PacerSpec,
@@ -25,8 +26,15 @@ from pyrodash.server.pacer import (
 PERIOD = 600.0
 
 
-def simulate(spec: PacerSpec, segments: list[tuple[float, float, float]], cost=None, seed: int = 0,
-             latency=(0.5, 3.0), state: PacerState | None = None, base_share: float = 1.0):
+def simulate(
+    spec: PacerSpec,
+    segments: list[tuple[float, float, float]],
+    cost=None,
+    seed: int = 0,
+    latency=(0.5, 3.0),
+    state: PacerState | None = None,
+    base_share: float = 1.0,
+):
     """Run `segments` ((start, end, arrivals per second)) through the pacer. `cost(rnd, t)` is the dollars of a
     request inside the share (outside: 0, as LLM dollars are). Returns (state, rows: (t, level, admitted, usd))."""
     rnd = random.Random(seed)
@@ -97,7 +105,7 @@ def test_light_traffic_gets_the_policy_own_point_and_is_not_banked():
     _, rows = simulate(spec(), segs, seed=1)
     light = [r for r in rows if r[0] < 1200]
     assert sum(r[2] for r in light) / len(light) > 0.97  # nearly all admitted
-    assert all(r[4] in ("policy", "learning") for r in light[len(light) // 4:] if r[1] >= 1.0)
+    assert all(r[4] in ("policy", "learning") for r in light[len(light) // 4 :] if r[1] >= 1.0)
     heavy = per_period(rows, 3)[2]
     assert abs(heavy / PERIOD - 1.0) < 0.05
 
@@ -180,9 +188,14 @@ def test_answers_in_flight_count_at_once():
 
 
 def test_a_calibration_curve_seeds_the_dollars_per_request(tmp_path):
-    trace = {"bias": 0.0, "trace": [{"bias": -20.0, "rate": 0.0, "cost_usd": 0.2},
-                                    {"bias": 0.0, "rate": 0.8, "cost_usd": 2.2},
-                                    {"bias": 2.0, "rate": 0.9, "cost_usd": 2.6}]}  # fmt: skip
+    trace = {
+        "bias": 0.0,
+        "trace": [
+            {"bias": -20.0, "rate": 0.0, "cost_usd": 0.2},
+            {"bias": 0.0, "rate": 0.8, "cost_usd": 2.2},
+            {"bias": 2.0, "rate": 0.9, "cost_usd": 2.6},
+        ],
+    }
     curve = Curve.from_trace(trace["trace"])
     assert curve.at(-10.0) == pytest.approx(1.2) and curve.at(5.0) == pytest.approx(2.6)
     with_curve = spec(prior_c1=2.0)  # LLM dollars: the policy adds 2.0 over the SLM alone
@@ -194,14 +207,15 @@ def test_a_calibration_curve_seeds_the_dollars_per_request(tmp_path):
     assert a.state == "paced" and a.level == pytest.approx(1.0 / (arrival_rate(st_a, with_curve) * 2.0), rel=0.2)
     path = tmp_path / "curve.json"
     path.write_text(json.dumps(trace))
-    from pyrodash.server.budget_config import load_curve
+    from pyrodash.server.budget.config import load_curve
 
     assert load_curve(path) == curve
 
 
 def test_the_offload_bias_knob_moves_along_the_curve():
-    curve = Curve.from_trace([{"bias": -4.0, "cost_usd": 0.0}, {"bias": 0.0, "cost_usd": 1.0},
-                              {"bias": 4.0, "cost_usd": 1.5}])  # fmt: skip
+    curve = Curve.from_trace(
+        [{"bias": -4.0, "cost_usd": 0.0}, {"bias": 0.0, "cost_usd": 1.0}, {"bias": 4.0, "cost_usd": 1.5}]
+    )
     assert curve.bias_for(1.0, 0.0) == 0.0 and curve.bias_for(0.5, 0.0) == pytest.approx(-2.0)
     assert curve.bias_for(0.0, 0.0) == pytest.approx(-4.0)
     sp = spec(knob=BIAS, curve=curve, prior_c1=1.0)
@@ -237,8 +251,10 @@ def test_the_benchmark_schedule_and_scoring():
     hour = args.hour_s
     counts = [sum(1 for t, _ in plan if h * hour <= t < (h + 1) * hour) for h in range(5)]
     assert counts[1] > 2.5 * counts[2] and counts[4] > counts[0]  # 4x vs 1x; hour 5 at 3x plus the burst
-    rep = {0: {1.0: {"llm_usd": 1.0, "correct": True}, 0.0: {"llm_usd": 0.0, "correct": False}, "h": 0.3},
-           1: {1.0: {"llm_usd": 2.0, "correct": True}, 0.0: {"llm_usd": 0.0, "correct": True}, "h": 0.7}}  # fmt: skip
+    rep = {
+        0: {1.0: {"llm_usd": 1.0, "correct": True}, 0.0: {"llm_usd": 0.0, "correct": False}, "h": 0.3},
+        1: {1.0: {"llm_usd": 2.0, "correct": True}, 0.0: {"llm_usd": 0.0, "correct": True}, "h": 0.7},
+    }
     rows = [{"q": 0}, {"q": 1}, {"q": 0}]
     share, acc = bp.static_same_spend(rows, rep, 2.0)  # question 0 admitted twice, question 1 not
     assert 0.3 < share <= 0.7 and acc == 1.0

@@ -18,14 +18,15 @@ from servers import free_port
 from test_scaling import parse_metrics
 from test_server import UvicornThread, make_engine, serve_config, tiny_llm, tiny_slm
 
-from pyrodash.server import budget_store
 from pyrodash.server.app import build_app
+from pyrodash.server.budget import store as budget_store
 
 pytest.importorskip("redis", reason="the budgets' Redis store needs the redis package: pip install 'pyrodash[budget]'")
 REDIS = shutil.which("redis-server") or next((p for p in ("/usr/bin/redis-server",) if os.access(p, os.X_OK)), None)
 RETRY_S = 2.0  # RedisStore's retry_s
-pytestmark = pytest.mark.skipif(REDIS is None, reason="redis-server is not installed: `apt-get install -y "
-                                "redis-server` (.ci/run installs it)")
+pytestmark = pytest.mark.skipif(
+    REDIS is None, reason="redis-server is not installed: `apt-get install -y redis-server` (.ci/run installs it)"
+)
 
 
 class RedisServer:
@@ -42,9 +43,25 @@ class RedisServer:
     def start(self) -> RedisServer:
         import redis
 
-        self.proc = subprocess.Popen([REDIS, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-                                      "--appendonly", "yes", "--appendfsync", "always", "--dir", str(self.dir)],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)  # fmt: skip
+        self.proc = subprocess.Popen(
+            [
+                REDIS,
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "always",
+                "--dir",
+                str(self.dir),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.STDOUT,
+        )
         client = redis.Redis(port=self.port)
         for _ in range(200):
             try:
@@ -79,14 +96,16 @@ def fast_heartbeats(monkeypatch):
 
 def replica(models, redis_url: str, **budget):
     slm, llm = models
-    config = serve_config(api_key=None, budgets={"default": {"usd_per_hour": 1000.0, **budget},
-                                                 "redis_url": redis_url})  # fmt: skip
+    config = serve_config(api_key=None, budgets={"default": {"usd_per_hour": 1000.0, **budget}, "redis_url": redis_url})
     return UvicornThread(build_app(config, engine=make_engine(slm, llm, config)))
 
 
 def ask(url: str, i: int) -> dict:
-    r = httpx.post(f"{url}/v1/chat/completions", timeout=60, json={
-        "model": "always-offload", "messages": [{"role": "user", "content": f"{i}*3="}], "max_tokens": 12})
+    r = httpx.post(
+        f"{url}/v1/chat/completions",
+        timeout=60,
+        json={"model": "always-offload", "messages": [{"role": "user", "content": f"{i}*3="}], "max_tokens": 12},
+    )
     assert r.status_code == 200, r.text
     return r.json()["pyrodash"]
 
@@ -160,8 +179,9 @@ def test_redis_loss_each_replica_holds_its_share_and_says_so(models, redis_serve
         assert p["budget"]["fallback"] is False and p["budget"]["target_usd_per_hour"] == pytest.approx(1000.0)
         after = budget_of(b.url)
         # the dollars spent during the outage reached the shared counter
-        assert after["spend_usd_total"] == pytest.approx(shared["spend_usd_total"] + outage_usd
-                                                         + sum(e["cost_usd"] for e in p["llm_endpoints"]))
+        assert after["spend_usd_total"] == pytest.approx(
+            shared["spend_usd_total"] + outage_usd + sum(e["cost_usd"] for e in p["llm_endpoints"])
+        )
         assert metric(a.url, "pyrodash_budget_fallback") == 0.0
         assert httpx.get(f"{a.url}/health").json()["budget"]["redis"] == "up"
 
@@ -169,8 +189,7 @@ def test_redis_loss_each_replica_holds_its_share_and_says_so(models, redis_serve
 def test_redis_down_at_start_up_serves_on_a_configured_share(models, tmp_path):
     dead = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
     slm, llm = models
-    config = serve_config(api_key=None, budgets={"default": {"usd_per_hour": 90.0}, "redis_url": dead,
-                                                 "replicas": 3})  # fmt: skip
+    config = serve_config(api_key=None, budgets={"default": {"usd_per_hour": 90.0}, "redis_url": dead, "replicas": 3})
     with UvicornThread(build_app(config, engine=make_engine(slm, llm, config))) as srv:
         p = ask(srv.url, 1)
         assert p["budget"]["fallback"] is True and p["budget"]["target_usd_per_hour"] == pytest.approx(30.0)

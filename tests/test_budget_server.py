@@ -33,16 +33,21 @@ def serve(models, budgets: dict, **kw):
 
 
 def ask(c: httpx.Client, i: int, headers: dict | None = None, model: str = "always-offload") -> httpx.Response:
-    return c.post("/v1/chat/completions", headers=headers or {},
-                  json={"model": model, "messages": [{"role": "user", "content": f"{i}+{i % 7}="}], "max_tokens": 12})
+    return c.post(
+        "/v1/chat/completions",
+        headers=headers or {},
+        json={"model": model, "messages": [{"role": "user", "content": f"{i}+{i % 7}="}], "max_tokens": 12},
+    )
 
 
 def one_request_usd(models) -> float:
     """The LLM dollars of one always-offload answer (a server without budgets)."""
     slm, llm = models
     config = serve_config(api_key=None)
-    with UvicornThread(build_app(config, engine=make_engine(slm, llm, config))) as srv, \
-            httpx.Client(base_url=srv.url, timeout=60) as c:  # fmt: skip
+    with (
+        UvicornThread(build_app(config, engine=make_engine(slm, llm, config))) as srv,
+        httpx.Client(base_url=srv.url, timeout=60) as c,
+    ):
         usd = [sum(e["cost_usd"] for e in ask(c, i).json()["pyrodash"]["llm_endpoints"]) for i in range(3)]
     assert min(usd) > 0
     return max(usd)
@@ -126,9 +131,13 @@ def test_at_cap_refuse_is_a_429_with_retry_after(models):
 def test_per_key_budgets(models, monkeypatch, caplog):
     monkeypatch.setenv("TEAM_A_KEY", "key-of-team-a")
     monkeypatch.setenv("TEAM_B_KEY", "key-of-team-b")
-    budgets = {"default": {"usd_per_hour": 1.0},
-               "keys": {"team-a": {"key_env": "TEAM_A_KEY", "usd_per_hour": 2.0},
-                        "team-b": {"key_env": "TEAM_B_KEY", "usd_per_day": 24.0, "dollars": "all"}}}  # fmt: skip
+    budgets = {
+        "default": {"usd_per_hour": 1.0},
+        "keys": {
+            "team-a": {"key_env": "TEAM_A_KEY", "usd_per_hour": 2.0},
+            "team-b": {"key_env": "TEAM_B_KEY", "usd_per_day": 24.0, "dollars": "all"},
+        },
+    }
     caplog.set_level(logging.DEBUG)
     with serve(models, budgets, api_key="server-key") as srv, httpx.Client(base_url=srv.url, timeout=60) as c:
         a, b, server = ({"Authorization": f"Bearer {k}"} for k in ("key-of-team-a", "key-of-team-b", "server-key"))
@@ -163,8 +172,10 @@ def test_per_key_budgets(models, monkeypatch, caplog):
 
 
 def test_a_server_without_budgets_is_unchanged(models):
-    with serve(models, {"default": {"usd_per_hour": 1.0}}, api_key=None) as srv, \
-            httpx.Client(base_url=srv.url, timeout=60) as c:  # fmt: skip
+    with (
+        serve(models, {"default": {"usd_per_hour": 1.0}}, api_key=None) as srv,
+        httpx.Client(base_url=srv.url, timeout=60) as c,
+    ):
         assert "budget" in c.get("/health").json()
         # the playground's budget card: its script is on the page and reads GET /v1/budget
         assert '<script src="/static/budget.js"></script>' in c.get("/").text
@@ -172,8 +183,10 @@ def test_a_server_without_budgets_is_unchanged(models):
         assert js.status_code == 200 and "/v1/budget" in js.text
     slm, llm = models
     config = serve_config(api_key=None)
-    with UvicornThread(build_app(config, engine=make_engine(slm, llm, config))) as srv, \
-            httpx.Client(base_url=srv.url, timeout=60) as c:  # fmt: skip
+    with (
+        UvicornThread(build_app(config, engine=make_engine(slm, llm, config))) as srv,
+        httpx.Client(base_url=srv.url, timeout=60) as c,
+    ):
         r = ask(c, 1).json()
         assert r["pyrodash"]["budget"] is None
         assert c.get("/v1/budget").json()["data"] == []
@@ -185,8 +198,8 @@ def test_two_file_stores_on_one_file_are_one_budget(tmp_path):
     """What the workers of `pyrodash serve --workers N` share: a SQLite file beside their metrics."""
     import asyncio
 
-    from pyrodash.server.budget_store import FileStore
-    from pyrodash.server.pacer import PacerSpec, arrive, finish
+    from pyrodash.server.budget.pacer import PacerSpec, arrive, finish
+    from pyrodash.server.budget.store import FileStore
 
     spec = PacerSpec(rate=1.0)
     a, b = FileStore(tmp_path / "b.sqlite"), FileStore(tmp_path / "b.sqlite")
@@ -219,22 +232,53 @@ def test_workers_of_one_server_hold_one_budget(tmp_path):
     metrics_dir = tmp_path / "prometheus"
     metrics_dir.mkdir()
     cfg = tmp_path / "serve.yaml"
-    cfg.write_text(yaml.safe_dump({"slm": f"{upstream}#slm", "llm": f"{upstream}#llm", "prompts": "qwen-math-v1",
-                                   "api_key_env": None, "budgets": {"default": {"usd_per_hour": 1000.0}}}))
+    cfg.write_text(
+        yaml.safe_dump(
+            {
+                "slm": f"{upstream}#slm",
+                "llm": f"{upstream}#llm",
+                "prompts": "qwen-math-v1",
+                "api_key_env": None,
+                "budgets": {"default": {"usd_per_hour": 1000.0}},
+            }
+        )
+    )
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir),
-           "PYTHONPATH": os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))}  # fmt: skip
+    env = {
+        **os.environ,
+        "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir),
+        "PYTHONPATH": os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH")))),
+    }
     env.pop("PYRODASH_API_KEY", None)
-    proc = subprocess.Popen([sys.executable, "-m", "pyrodash", "serve", "--config", str(cfg), "--port", str(port),
-                             "--log-level", "warning", "--workers", "2"], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pyrodash",
+            "serve",
+            "--config",
+            str(cfg),
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+            "--workers",
+            "2",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
     async def load(n: int) -> list[int]:
         async def one(i: int) -> int:
             async with httpx.AsyncClient(timeout=60) as c:  # a connection of its own: the kernel picks a worker
-                r = await c.post(f"{url}/v1/chat/completions", json={
-                    "model": "pyrodash", "messages": [{"role": "user", "content": f"{i}?"}], "max_tokens": 64})
+                r = await c.post(
+                    f"{url}/v1/chat/completions",
+                    json={"model": "pyrodash", "messages": [{"role": "user", "content": f"{i}?"}], "max_tokens": 64},
+                )
                 return r.status_code
 
         return await asyncio.gather(*(one(i) for i in range(n)))

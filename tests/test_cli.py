@@ -31,9 +31,11 @@ def test_unknown_command_is_a_usage_error():
 def test_only_the_command_run_is_imported():
     """Command modules import what they need at their top; the CLI imports just the one being run, so `pyrodash cost`
     (or `pyrodash --help`) never pays for TRL or torch."""
-    code = ("import sys\nfrom pyrodash.cli import main\nmain(['cost', '--json'])\n"
-            "print(sorted(m for m in sys.modules if m.startswith('pyrodash.commands.')), 'trl' in sys.modules, "
-            "'torch' in sys.modules)")
+    code = (
+        "import sys\nfrom pyrodash.cli import main\nmain(['cost', '--json'])\n"
+        "print(sorted(m for m in sys.modules if m.startswith('pyrodash.commands.')), 'trl' in sys.modules, "
+        "'torch' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == "['pyrodash.commands.cost'] False False"

@@ -15,7 +15,7 @@ from test_server import KEY, UvicornThread, llm_server, make_engine, remote, ser
 from tiny_models import HANDOFF_SLM_SEED
 
 from pyrodash.backends.base import GenRequest
-from pyrodash.conversation import ContextLimits, clean_history, earlier_turns, fit_context
+from pyrodash.engine.conversation import ContextLimits, clean_history, earlier_turns, fit_context
 from pyrodash.prompts import OFFLOAD_TOKEN, get_prompts
 from pyrodash.server.app import build_app
 
@@ -99,8 +99,9 @@ def test_three_turns_handoff_in_turn_two_only(chat_stack):
     client = openai.OpenAI(base_url=f"{srv.url}/v1", api_key=KEY, max_retries=0, timeout=60)
     history = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "3+4="}]
 
-    r1 = client.chat.completions.create(model="pyrodash", messages=history, max_tokens=16,
-                                        extra_body={"offload_bias": -100.0})
+    r1 = client.chat.completions.create(
+        model="pyrodash", messages=history, max_tokens=16, extra_body={"offload_bias": -100.0}
+    )
     p1 = r1.model_extra["pyrodash"]
     assert p1["turn"] == 1 and p1["handoff"] is None and p1["llm_calls"] == 0
     assert p1["segments"] == [{"by": "slm", "text": r1.choices[0].message.content}]
@@ -109,9 +110,16 @@ def test_three_turns_handoff_in_turn_two_only(chat_stack):
     bias = _mid_handoff_bias(engine, history)
     slm.requests.clear()
     llm.requests.clear()
-    chunks = list(client.chat.completions.create(model="pyrodash", messages=history, max_tokens=16, stream=True,
-                                                 stream_options={"include_usage": True},
-                                                 extra_body={"offload_bias": bias}))
+    chunks = list(
+        client.chat.completions.create(
+            model="pyrodash",
+            messages=history,
+            max_tokens=16,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"offload_bias": bias},
+        )
+    )
     answer2 = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     p2 = chunks[-1].model_extra["pyrodash"]
     assert p2["turn"] == 2 and p2["handoff"] >= 2 and p2["llm_calls"] == 1 and not p2["fallback"]
@@ -120,7 +128,8 @@ def test_three_turns_handoff_in_turn_two_only(chat_stack):
     slm_part, llm_part = p2["segments"][0]["text"], p2["segments"][1]["text"]
     assert p2["segments"][1]["endpoint"] == llm.name and p2["llm_endpoints"][0]["endpoint"] == llm.name
     assert p2["cost_usd"] == pytest.approx(
-        sum(e["cost_usd"] for e in p2["llm_endpoints"]) + (p2["slm_in"] * 1.0 + p2["slm_out"] * 2.0) / 1e6)
+        sum(e["cost_usd"] for e in p2["llm_endpoints"]) + (p2["slm_in"] * 1.0 + p2["slm_out"] * 2.0) / 1e6
+    )
 
     # the SLM saw the whole history under P_s; the LLM got the history + the SLM's partial turn as its prefix
     (s2,) = slm.requests
@@ -130,17 +139,23 @@ def test_three_turns_handoff_in_turn_two_only(chat_stack):
     assert l2.prefix == slm_part != "" and answer2 == slm_part + llm_part
 
     # a client that marks the handoff in its history: <offload> never reaches either model
-    history += [{"role": "assistant", "content": slm_part + OFFLOAD_TOKEN + llm_part},
-                {"role": "user", "content": "and *3?"}]
+    history += [
+        {"role": "assistant", "content": slm_part + OFFLOAD_TOKEN + llm_part},
+        {"role": "user", "content": "and *3?"},
+    ]
     slm.requests.clear()
-    r3 = client.chat.completions.create(model="pyrodash", messages=history, max_tokens=16,
-                                        extra_body={"offload_bias": -100.0})
+    r3 = client.chat.completions.create(
+        model="pyrodash", messages=history, max_tokens=16, extra_body={"offload_bias": -100.0}
+    )
     p3 = r3.model_extra["pyrodash"]
     assert p3["turn"] == 3 and p3["handoff"] is None and p3["llm_calls"] == 0 and llm.requests == [l2]
     (s3,) = slm.requests
     assert s3.messages[1:] == history[1:4] + [{"role": "assistant", "content": answer2}, history[-1]]
-    assert all(OFFLOAD_TOKEN not in m["content"]  # (P_s itself names the token: system text is not history)
-               for r in slm.requests + llm.requests for m in r.messages[1:])
+    assert all(
+        OFFLOAD_TOKEN not in m["content"]  # (P_s itself names the token: system text is not history)
+        for r in slm.requests + llm.requests
+        for m in r.messages[1:]
+    )
     assert p3["trimmed"] == {"slm": 0, "llm": 0}
     client.close()
 
@@ -149,14 +164,19 @@ def test_long_history_is_trimmed_per_model_and_counted(chat_stack, tmp_path_fact
     _, slm, llm, _ = chat_stack
     config = serve_config()
     engine = make_engine(slm, llm, config)
-    count = len(slm.prompt_ids(GenRequest(messages=[{"role": "system", "content": PROMPTS.offload_system}]
-                                          + _chat(4)[1:])))
+    count = len(
+        slm.prompt_ids(GenRequest(messages=[{"role": "system", "content": PROMPTS.offload_system}] + _chat(4)[1:]))
+    )
     engine.context = ContextLimits(slm=count + 16 - 10, llm=None)  # the SLM's window misses the oldest turn
     with UvicornThread(build_app(config, engine=engine)) as srv:
         slm.requests.clear()
         msgs = _chat(4)
-        r = httpx.post(f"{srv.url}/v1/chat/completions", headers={"Authorization": f"Bearer {KEY}"},
-                       json={"messages": msgs, "max_tokens": 16, "offload_bias": -100.0}, timeout=60)
+        r = httpx.post(
+            f"{srv.url}/v1/chat/completions",
+            headers={"Authorization": f"Bearer {KEY}"},
+            json={"messages": msgs, "max_tokens": 16, "offload_bias": -100.0},
+            timeout=60,
+        )
         p = r.json()["pyrodash"]
         assert r.status_code == 200 and p["trimmed"] == {"slm": 2, "llm": 0} and p["turn"] == 5
         (s,) = slm.requests
@@ -184,22 +204,46 @@ def test_generate_conversation_and_mesh_flags(tmp_path, capsys):
     slm_dir = str(tiny_model_dir(tmp_path / "slm", seed=HANDOFF_SLM_SEED))
     llm_dir = str(tiny_model_dir(tmp_path / "llm", seed=1, offload=False))
     hist = tmp_path / "h.json"
-    hist.write_text(json.dumps([{"role": "user", "content": "1+1="},
-                               {"role": "assistant", "content": f"2{OFFLOAD_TOKEN}"}]))
+    hist.write_text(
+        json.dumps([{"role": "user", "content": "1+1="}, {"role": "assistant", "content": f"2{OFFLOAD_TOKEN}"}])
+    )
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
     dead = f"http://127.0.0.1:{s.getsockname()[1]}/v1#tiny-llm"
     s.close()  # nothing listens: the first mesh endpoint refuses the connection
     saved = tmp_path / "saved.json"
-    argv = ["generate", "--slm", slm_dir, "--llm", dead, "--llm", llm_dir, "--prompts", "world-v1", "--max-tokens",
-            "12", "--offload-bias", "100", "--history", str(hist), "--turn", "+2?", "--save-history", str(saved),
-            "--json", "3+4="]
+    argv = [
+        "generate",
+        "--slm",
+        slm_dir,
+        "--llm",
+        dead,
+        "--llm",
+        llm_dir,
+        "--prompts",
+        "world-v1",
+        "--max-tokens",
+        "12",
+        "--offload-bias",
+        "100",
+        "--history",
+        str(hist),
+        "--turn",
+        "+2?",
+        "--save-history",
+        str(saved),
+        "--json",
+        "3+4=",
+    ]
     assert main(argv) == 0
     lines = [json.loads(x) for x in capsys.readouterr().out.strip().splitlines() if x.startswith("{")]
     assert [d["turn"] for d in lines] == [2, 3]
     ref = CollaborateEngine(HFBackend(slm_dir), HFBackend(llm_dir), PROMPTS, Prices.from_yaml("paper"), max_tokens=12)
-    convo = [{"role": "user", "content": "1+1="}, {"role": "assistant", "content": "2"},
-             {"role": "user", "content": "3+4="}]
+    convo = [
+        {"role": "user", "content": "1+1="},
+        {"role": "assistant", "content": "2"},
+        {"role": "user", "content": "3+4="},
+    ]
     want = ref.run(convo, offload_bias=100.0)
     assert lines[0]["output"] == want.output and lines[0]["usage"]["llm_calls"] == 1
     refused, used = lines[0]["llm_endpoints"]
@@ -222,10 +266,18 @@ def test_a_conversation_longer_than_the_window_is_trimmed_not_refused(chat_stack
         msgs += [{"role": "user", "content": f"{i}" * 400}, {"role": "assistant", "content": "ok"}]
     msgs.append({"role": "user", "content": "3+4="})
     auth = {"Authorization": f"Bearer {KEY}"}
-    r = httpx.post(f"{srv.url}/v1/chat/completions", headers=auth, timeout=60,
-                   json={"messages": msgs, "max_tokens": 16, "offload_bias": -100.0})
+    r = httpx.post(
+        f"{srv.url}/v1/chat/completions",
+        headers=auth,
+        timeout=60,
+        json={"messages": msgs, "max_tokens": 16, "offload_bias": -100.0},
+    )
     p = r.json()["pyrodash"]
     assert r.status_code == 200 and p["trimmed"]["slm"] >= 2 and p["turn"] == 7
-    r = httpx.post(f"{srv.url}/v1/chat/completions", headers=auth, timeout=60,
-                   json={"messages": msgs[:-1] + [{"role": "user", "content": "9" * 2100}], "max_tokens": 16})
+    r = httpx.post(
+        f"{srv.url}/v1/chat/completions",
+        headers=auth,
+        timeout=60,
+        json={"messages": msgs[:-1] + [{"role": "user", "content": "9" * 2100}], "max_tokens": 16},
+    )
     assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"

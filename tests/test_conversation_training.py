@@ -35,12 +35,21 @@ def world_turns(n: int = 6):
 def test_world_has_train_val_and_test_conversations_and_single_splits_do_not_move():
     from pyrodash.world.build import make_splits
 
-    cfg = replace(WorldConfig.from_preset("quick"), n_test=4, n_train=6, n_val=3, n_multiturn=5, n_multiturn_val=2,
-                  n_multiturn_train=7)
+    cfg = replace(
+        WorldConfig.from_preset("quick"),
+        n_test=4,
+        n_train=6,
+        n_val=3,
+        n_multiturn=5,
+        n_multiturn_val=2,
+        n_multiturn_train=7,
+    )
     splits = make_splits(cfg, 0)
     assert [len(splits[s]) for s in ("multiturn", "multiturn_val", "multiturn_train")] == [15, 6, 21]
-    openers = {s: {ex.question for ex in splits[s] if ex.meta["turn"] == 1}
-               for s in ("multiturn", "multiturn_val", "multiturn_train")}
+    openers = {
+        s: {ex.question for ex in splits[s] if ex.meta["turn"] == 1}
+        for s in ("multiturn", "multiturn_val", "multiturn_train")
+    }
     singles = {ex.question for s in ("train", "val", "tier1", "tier5") for ex in splits[s]}
     assert not (openers["multiturn"] & openers["multiturn_train"]) and not (openers["multiturn_train"] & singles)
     # more conversations change nothing else: the single-question splits and the first test conversations stay
@@ -72,8 +81,9 @@ def test_a_build_reuses_the_models_of_a_world_that_differs_in_its_splits_only(tm
             (d / m).mkdir(parents=True)
             if models:
                 (d / m / "config.json").write_text("{}")
-        (d / "world.json").write_text(json.dumps({"config": c.to_dict(), "seed": seed,
-                                                  "build_recipe": build.BUILD_RECIPE}))
+        (d / "world.json").write_text(
+            json.dumps({"config": c.to_dict(), "seed": seed, "build_recipe": build.BUILD_RECIPE})
+        )
         return d
 
     fake_world("other-seed", cfg, 1)
@@ -90,12 +100,19 @@ def test_a_build_reuses_the_models_of_a_world_that_differs_in_its_splits_only(tm
 
 def test_chat_log_turns_carry_their_logged_history_and_gold(tmp_path):
     log = tmp_path / "chats.jsonl"
-    convo = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "2+3?"},
-             {"role": "assistant", "content": "2+3=5 \\boxed{5}"}, {"role": "user", "content": "times 4?"},
-             {"role": "assistant", "content": "5*4=20 \\boxed{20}"}, {"role": "user", "content": "and?"},
-             {"role": "assistant", "content": "no answer here"}]
-    rows = [{"messages": convo}, [{"role": "user", "content": "1+1?"},
-                                  {"role": "assistant", "content": "two", "gold": "2"}]]
+    convo = [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "2+3?"},
+        {"role": "assistant", "content": "2+3=5 \\boxed{5}"},
+        {"role": "user", "content": "times 4?"},
+        {"role": "assistant", "content": "5*4=20 \\boxed{20}"},
+        {"role": "user", "content": "and?"},
+        {"role": "assistant", "content": "no answer here"},
+    ]
+    rows = [
+        {"messages": convo},
+        [{"role": "user", "content": "1+1?"}, {"role": "assistant", "content": "two", "gold": "2"}],
+    ]
     log.write_text("".join(json.dumps(r) + "\n" for r in rows))
     turns, counts = load_chat_turns(log)
     assert counts == {"conversations": 2, "turns": 3, "turns_without_answer": 1}
@@ -106,8 +123,9 @@ def test_chat_log_turns_carry_their_logged_history_and_gold(tmp_path):
     # a logged turn is asked verbatim (as the server is asked), a world turn under the prompt set's template
     assert turn_messages(get_prompts("qwen-math-v1"), t2) == convo[:4]
     world = world_turns(1)[2]
-    assert turn_messages(get_prompts("qwen-math-v1"), world)[-1]["content"] == \
-        get_prompts("qwen-math-v1").question(world.question)
+    assert turn_messages(get_prompts("qwen-math-v1"), world)[-1]["content"] == get_prompts("qwen-math-v1").question(
+        world.question
+    )
     assert row_messages(PROMPTS, world.to_dict()) == turn_messages(PROMPTS, world)
     assert load_chat_turns(log, limit=1)[1]["conversations"] == 1
     assert load_conversations(str(log))[0] == turns  # curation's conversations source reads it
@@ -123,9 +141,18 @@ def test_curate_chats_flag_checks_the_file(tmp_path, capsys):
     not_chats = tmp_path / "qa.jsonl"
     not_chats.write_text(json.dumps({"question": "1+1", "gold": "2"}) + "\n")
     root = Path(__file__).resolve().parent.parent
-    for path, msg in ((tmp_path / "none.jsonl", "no such file"), (not_chats, "one {\"messages\"")):
-        rc = main(["curate", "--config", str(root / "configs/world/quick.yaml"), "--output-dir", str(tmp_path / "o"),
-                   "--chats", str(path)])
+    for path, msg in ((tmp_path / "none.jsonl", "no such file"), (not_chats, 'one {"messages"')):
+        rc = main(
+            [
+                "curate",
+                "--config",
+                str(root / "configs/world/quick.yaml"),
+                "--output-dir",
+                str(tmp_path / "o"),
+                "--chats",
+                str(path),
+            ]
+        )
         assert rc != 0 and msg in capsys.readouterr().err
 
 
@@ -149,7 +176,7 @@ def test_turn_rows_put_the_history_in_the_prompt_and_only_the_turn_in_the_comple
         if r["difficulty"] == "hard":  # <offload> before the first untaught step of THIS turn, cut there
             assert target.endswith(OFFLOAD_TOKEN) and sols[r["id"]].startswith(target[: -len(OFFLOAD_TOKEN)])
             first_hard = ex.meta["steps"][ex.meta["hard_steps"][0]]
-            assert sols[r["id"]][len(target) - len(OFFLOAD_TOKEN):].startswith(first_hard)
+            assert sols[r["id"]][len(target) - len(OFFLOAD_TOKEN) :].startswith(first_hard)
     for r in a:
         assert r["prompt"] == by_id[r["id"]].meta["history"] + [{"role": "user", "content": r["question"]}]
 
@@ -164,8 +191,14 @@ def test_sft_trains_the_current_turn_only(tmp_path):
     ex = world_turns(1)[2]  # turn 3: two earlier solutions in the history
     sol = ex.meta["solution"]
     a, _, _ = build_corpora([ex], {ex.id: sol}, {ex.id: "easy"}, PROMPTS, CurateConfig())
-    args = SFTConfig(output_dir=str(tmp_path), assistant_only_loss=True, max_length=2048, report_to="none",
-                     bf16=False, per_device_train_batch_size=1)
+    args = SFTConfig(
+        output_dir=str(tmp_path),
+        assistant_only_loss=True,
+        max_length=2048,
+        report_to="none",
+        bf16=False,
+        per_device_train_batch_size=1,
+    )
     trainer = SFTTrainer(model=model, args=args, train_dataset=messages_dataset(a), processing_class=tok)
     row = trainer.train_dataset[0]
     ids = row["input_ids"]
@@ -184,8 +217,7 @@ def test_stage3_mixes_conversation_turns_in(tmp_path):
     from pyrodash.world.build import write_splits
 
     world = tmp_path / "w"
-    singles = [Example(id=f"q{i}", benchmark="world:train", question=f"{i}: +1x1", gold=str(i + 1))
-               for i in range(12)]
+    singles = [Example(id=f"q{i}", benchmark="world:train", question=f"{i}: +1x1", gold=str(i + 1)) for i in range(12)]
     write_splits({"train": singles, "multiturn_train": world_turns(10)}, world / "data")
 
     class Cfg:
@@ -222,8 +254,14 @@ def test_reward_hands_a_turn_off_with_its_history(tmp_path):
     llm.backend.generate_batch = lambda reqs, **kw: sent.extend(reqs) or batch(reqs, **kw)
     ids = slm_tok.encode("(1,1) 5+1=6\n\n", add_special_tokens=False) + [engine.offload_id]
     reward = CollaborativeReward(engine, cache, lam=0.5)
-    r = reward(prompts=None, completions=["(1,1) 5+1=6\n\n"], completion_ids=[ids], question=[ex.question],
-               gold=[ex.gold], chat=[json.dumps(chat)])
+    r = reward(
+        prompts=None,
+        completions=["(1,1) 5+1=6\n\n"],
+        completion_ids=[ids],
+        question=[ex.question],
+        gold=[ex.gold],
+        chat=[json.dumps(chat)],
+    )
     # one handoff: [P_l] + the turn's history + its question, the SLM's partial turn as the prefix, exactly the
     # server's request (the engine may hand an in-process model that request already rendered: compare the prompts)
     want = handoff_request(PROMPTS, engine.llm_style, chat, "(1,1) 5+1=6\n\n", 10)
@@ -241,12 +279,18 @@ def test_curate_chats_runs_each_logged_turn_through_curation(tmp_path, capsys):
 
     slm, llm = tiny_model_dir(tmp_path / "slm", seed=2), tiny_model_dir(tmp_path / "llm", seed=3, offload=False)
     log = tmp_path / "chats.jsonl"
-    convo = [{"role": "user", "content": "2+3?"}, {"role": "assistant", "content": "\\boxed{5}"},
-             {"role": "user", "content": "times 4?"}, {"role": "assistant", "content": "\\boxed{20}"}]
+    convo = [
+        {"role": "user", "content": "2+3?"},
+        {"role": "assistant", "content": "\\boxed{5}"},
+        {"role": "user", "content": "times 4?"},
+        {"role": "assistant", "content": "\\boxed{20}"},
+    ]
     log.write_text(json.dumps({"messages": convo}) + "\n" + json.dumps({"messages": convo[:2]}) + "\n")
     recipe = tmp_path / "r.yaml"
-    recipe.write_text(f"name: t\nslm: {slm}\nllm: {llm}\nprompts: world-v1\ncurate: {{source: null, "
-                      "heldout_source: null, slm_max_new_tokens: 6, llm_max_new_tokens: 6, batch_size: 4}\n")
+    recipe.write_text(
+        f"name: t\nslm: {slm}\nllm: {llm}\nprompts: world-v1\ncurate: {{source: null, "
+        "heldout_source: null, slm_max_new_tokens: 6, llm_max_new_tokens: 6, batch_size: 4}\n"
+    )
     assert main(["curate", "--config", str(recipe), "--output-dir", str(tmp_path / "o"), "--chats", str(log)]) == 0
     stats = json.loads((tmp_path / "o" / "curated" / "stats.json").read_text())
     assert stats["examples"] == 3 and stats["conversations"]["turns"] == 3

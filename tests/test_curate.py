@@ -47,8 +47,10 @@ def test_insert_offloads_count_and_placement(seed):
     assert all(s.count(OFFLOAD_TOKEN) <= 1 and (OFFLOAD_TOKEN not in s or s.startswith(OFFLOAD_TOKEN)) for s in steps)
     assert steps[-1] in ("\\boxed{64}", OFFLOAD_TOKEN + "\\boxed{64}")  # the answer itself is never split
     # seeded: the same rng state gives the same text
-    assert insert_offloads(SOLUTION, "\n\n", count, random.Random(seed))[0] == insert_offloads(
-        SOLUTION, "\n\n", count, random.Random(seed))[0]
+    assert (
+        insert_offloads(SOLUTION, "\n\n", count, random.Random(seed))[0]
+        == insert_offloads(SOLUTION, "\n\n", count, random.Random(seed))[0]
+    )
 
 
 def test_before_hard_puts_the_first_offload_before_the_untaught_step():
@@ -138,9 +140,11 @@ def test_sources_jsonl_and_errors(tmp_path):
 
 def test_hf_source_offline_fails_clearly():
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    code = ("from pyrodash.train.curate import load_examples\n"
-            "try:\n    load_examples('hf:no-such-org/no-such-dataset', limit=2)\n"
-            "except ValueError as e:\n    print('ValueError:', e)\n")
+    code = (
+        "from pyrodash.train.curate import load_examples\n"
+        "try:\n    load_examples('hf:no-such-org/no-such-dataset', limit=2)\n"
+        "except ValueError as e:\n    print('ValueError:', e)\n"
+    )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
     assert "ValueError: could not load HF dataset 'no-such-org/no-such-dataset'" in res.stdout, res.stderr
     assert ".jsonl" in res.stdout  # ... and says what to do instead

@@ -33,8 +33,18 @@ def test_report_structure(demo):
     for name in ("report.md", "pareto.png", "summary.json", "config.resolved.json"):
         assert (demo / name).exists(), name
     md = (demo / "report.md").read_text()
-    for head in ("Table 1", "Table 2", "Table 3", "Table 4", "Pareto verdict", "Distance to the oracle single handoff",
-                 "Trigger positions", "Case studies", "Re-pricing", "Conversations: per turn"):
+    for head in (
+        "Table 1",
+        "Table 2",
+        "Table 3",
+        "Table 4",
+        "Pareto verdict",
+        "Distance to the oracle single handoff",
+        "Trigger positions",
+        "Case studies",
+        "Re-pricing",
+        "Conversations: per turn",
+    ):
         assert f"## {head}" in md
     names = set(json.loads((demo / "summary.json").read_text())["methods"])
     assert {"slm", "slm+sft", "llm", "oracle", "pyrodash@0.6", "pyrodash@2", "pyrodash@4"} <= names

@@ -8,7 +8,7 @@ import warnings
 
 
 def test_library_noise_goes_to_the_log_file(tmp_path, capsys):
-    from pyrodash.library_log import library_log
+    from pyrodash.jobs.library_log import library_log
 
     log = tmp_path / "demo.log"
     with library_log(log):
@@ -28,7 +28,7 @@ def test_library_noise_goes_to_the_log_file(tmp_path, capsys):
 
 def test_the_log_file_and_its_directory_appear_with_the_first_record(tmp_path):
     """A command that stops before any library speaks (a config error) leaves no directory behind."""
-    from pyrodash.library_log import library_log
+    from pyrodash.jobs.library_log import library_log
 
     log = tmp_path / "run" / "eval.log"
     with library_log(log, lazy=True):
@@ -50,7 +50,8 @@ def test_cli_commands_send_library_noise_to_their_log(tmp_path, monkeypatch):
 
     monkeypatch.setattr(eval_cmd, "evaluate", noisy)
     cfg = tmp_path / "e.yaml"
-    cfg.write_text('{"run_dir": "%s", "benchmarks": ["aime24"], "methods": ["slm"], "models": {"slm": "x"}}'
-                   % (tmp_path / "run"))
+    cfg.write_text(
+        '{"run_dir": "%s", "benchmarks": ["aime24"], "methods": ["slm"], "models": {"slm": "x"}}' % (tmp_path / "run")
+    )
     assert main(["eval", "--config", str(cfg)]) == 2
     assert "a library's deprecation" in (tmp_path / "run" / "eval.log").read_text()

@@ -54,8 +54,9 @@ def _handoff(models, llm, calls: list) -> object:
     assert done.usage.llm_calls == 1 and len(calls) - n0 == 1, (done.usage.llm_calls, calls[n0:])
     assert not done.fallback and not done.errors and done.usage.llm_out > 0 and not done.usage_estimated
     assert done.output == done.slm_text + done.llm_text
-    ref = CollaborateEngine(slm, ref_llm, PROMPTS, PRICES, handoff_style="continue", offload_bias=bias,
-                            max_tokens=24).run(QUESTION)
+    ref = CollaborateEngine(
+        slm, ref_llm, PROMPTS, PRICES, handoff_style="continue", offload_bias=bias, max_tokens=24
+    ).run(QUESTION)
     assert ref.slm_text == done.slm_text
     if done.slm_text == done.slm_text.rstrip():  # a prefill loses trailing whitespace (Anthropic's rule)
         assert done.llm_text == ref.llm_text, "the prefix was not continued as the in-process LLM continues it"
@@ -87,14 +88,28 @@ def test_anthropic_double_takes_content_as_text_blocks(models):
     app = anthropic_double(models[1])
     with serve_in_thread(app) as url:
         h = {"x-api-key": ANT_KEY, "anthropic-version": "2023-06-01"}
-        blocks = {"model": "claude-double", "max_tokens": 2, "system": [{"type": "text", "text": "Be brief."}],
-                  "messages": [{"role": "user", "content": [{"type": "text", "text": "Count on: "},
-                                                            {"type": "text", "text": "1, 2, 3"}]},
-                               {"role": "assistant", "content": [{"type": "text", "text": "1, 2, 3, 4"}]}]}
+        blocks = {
+            "model": "claude-double",
+            "max_tokens": 2,
+            "system": [{"type": "text", "text": "Be brief."}],
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [{"type": "text", "text": "Count on: "}, {"type": "text", "text": "1, 2, 3"}],
+                },
+                {"role": "assistant", "content": [{"type": "text", "text": "1, 2, 3, 4"}]},
+            ],
+        }
         r = httpx.post(f"{url}/messages", json=blocks, headers=h, timeout=30)
         assert r.status_code == 200 and r.json()["content"][0]["type"] == "text", r.text
-        plain = {**blocks, "system": "Be brief.", "messages": [{"role": "user", "content": "Count on: 1, 2, 3"},
-                                                               {"role": "assistant", "content": "1, 2, 3, 4"}]}
+        plain = {
+            **blocks,
+            "system": "Be brief.",
+            "messages": [
+                {"role": "user", "content": "Count on: 1, 2, 3"},
+                {"role": "assistant", "content": "1, 2, 3, 4"},
+            ],
+        }
         r2 = httpx.post(f"{url}/messages", json=plain, headers=h, timeout=30)
         assert r2.json()["usage"] == r.json()["usage"]  # the same request, written either way
         image = {**blocks, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}
@@ -112,8 +127,9 @@ def test_undecidable_without_an_anthropic_sign_picks_instruct_and_says_so(models
         llm = load_llm({"url": url, "model": "deepseek-chat", "api_key_env": "PD_DEEPSEEK_KEY"})
     rep = llm.report
     assert llm.wire.mode == "instruct" and rep.provider is None, rep.lines()
-    assert rep.warning and "cannot tell whether continue continued" in rep.warning and "--llm-mode continue" in \
-        rep.warning, rep.warning
+    assert (
+        rep.warning and "cannot tell whether continue continued" in rep.warning and "--llm-mode continue" in rep.warning
+    ), rep.warning
     assert any(r.levelno == logging.WARNING and "cannot tell" in r.getMessage() for r in caplog.records)
 
 
@@ -137,20 +153,36 @@ def litellm_chain(models, tmp_path_factory):
     `drop_params` + `additional_drop_params: [top_p]` (LiteLLM drops top_p), both to the Anthropic double."""
     exe = litellm_bin()
     if exe is None:
-        pytest.skip("LiteLLM is not installed: python3 -m venv .venv-litellm && .venv-litellm/bin/pip install "
-                    "'litellm[proxy]' (or set LITELLM_BIN); .ci/run does this")
+        pytest.skip(
+            "LiteLLM is not installed: python3 -m venv .venv-litellm && .venv-litellm/bin/pip install "
+            "'litellm[proxy]' (or set LITELLM_BIN); .ci/run does this"
+        )
     tmp = tmp_path_factory.mktemp("litellm")
     app = anthropic_double(models[1], model="claude-double", key=ANT_KEY)
     with serve_in_thread(app) as upstream:
         params = {"model": "anthropic/claude-double", "api_base": upstream.removesuffix("/v1"), "api_key": ANT_KEY}
         cfg = tmp / "litellm.yaml"
-        cfg.write_text(json.dumps({"model_list": [
-            {"model_name": "my-llm", "litellm_params": params},
-            {"model_name": "my-llm-drop", "litellm_params": {**params, "drop_params": True,
-                                                             "additional_drop_params": ["top_p"]}}]}))
+        cfg.write_text(
+            json.dumps(
+                {
+                    "model_list": [
+                        {"model_name": "my-llm", "litellm_params": params},
+                        {
+                            "model_name": "my-llm-drop",
+                            "litellm_params": {**params, "drop_params": True, "additional_drop_params": ["top_p"]},
+                        },
+                    ]
+                }
+            )
+        )
         port = free_port()
-        env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "NO_DOCS": "True", "DISABLE_ADMIN_UI": "True",
-               "LITELLM_MASTER_KEY": MASTER}
+        env = {
+            **os.environ,
+            "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+            "NO_DOCS": "True",
+            "DISABLE_ADMIN_UI": "True",
+            "LITELLM_MASTER_KEY": MASTER,
+        }
         cmd = [exe, "--config", str(cfg), "--host", "127.0.0.1", "--port", str(port)]
         with _process(cmd, f"http://127.0.0.1:{port}/health/liveliness", env, tmp / "litellm.log", 180):
             yield f"http://127.0.0.1:{port}/v1", app
@@ -167,8 +199,11 @@ def test_auto_picks_anthropic_through_litellm(route, models, litellm_chain, monk
     assert llm.wire.describe() == "anthropic" and llm.continues_prefix, rep.lines()
     assert rep.provider == "anthropic" and "x-litellm-model-name: anthropic/claude-double" in rep.seen, rep.lines()
     # the start-up warning says the counts could not tell and names what it saw
-    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and "by the provider's shape" in
-              r.getMessage()]
+    warned = [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno == logging.WARNING and "by the provider's shape" in r.getMessage()
+    ]
     assert len(warned) == 1 and "cannot tell whether prefix continued" in warned[0], rep.lines()
     assert "x-litellm-model-name" in warned[0] and "/messages" in warned[0], warned[0]
     done = _handoff(models, llm, app.state.calls)
@@ -178,8 +213,7 @@ def test_auto_picks_anthropic_through_litellm(route, models, litellm_chain, monk
 
 
 @pytest.mark.slow
-def test_a_forced_openai_style_mode_through_litellm_learns_anthropic_refuses_top_p(models, litellm_chain,
-                                                                                  monkeypatch):
+def test_a_forced_openai_style_mode_through_litellm_learns_anthropic_refuses_top_p(models, litellm_chain, monkeypatch):
     """`--llm-mode prefix` through the proxy: the counts cannot tell, the provider is Anthropic-shaped (LiteLLM
     sends a final assistant message as a prefill), so the mode is kept with a warning and top_p is never sent:
     a sampled request with top_p set is not refused."""
@@ -188,8 +222,13 @@ def test_a_forced_openai_style_mode_through_litellm_learns_anthropic_refuses_top
     llm = load_llm(f"{base}#my-llm", mode="prefix")
     assert llm.wire.describe() == "prefix (without top_p)" and llm.report.warning, llm.report.lines()
     n0 = len(app.state.calls)
-    req = GenRequest(messages=[{"role": "user", "content": "Count on: 1, 2, 3"}], prefix="1, 2", max_tokens=3,
-                     temperature=0.7, top_p=0.9)
+    req = GenRequest(
+        messages=[{"role": "user", "content": "Count on: 1, 2, 3"}],
+        prefix="1, 2",
+        max_tokens=3,
+        temperature=0.7,
+        top_p=0.9,
+    )
 
     async def sampled() -> list:
         try:

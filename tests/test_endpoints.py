@@ -65,24 +65,44 @@ def servers(models):
 def _reference(models, style: str, bias: float):
     slm, llm, _ = models
     return CollaborateEngine(slm, llm, PROMPTS, PRICES, handoff_style=style, offload_bias=bias, max_tokens=24).run(
-        QUESTION)
+        QUESTION
+    )
 
 
 # (server, spec overrides, expected resolved mode, handoff style the engine must use)
 CASES = {
     "continue": ("vllm-style", {"model": "llm"}, "continue", "continue"),
-    "completion": ("vllm-style", {"model": "llm", "mode": "completion", "tokenizer": "LLM_DIR"}, "completion",
-                   "continue"),
+    "completion": (
+        "vllm-style",
+        {"model": "llm", "mode": "completion", "tokenizer": "LLM_DIR"},
+        "completion",
+        "continue",
+    ),
     "instruct": ("openai", {"model": "gpt-double", "api_key_env": "PD_OPENAI_KEY"}, "instruct", "instruct"),
-    "instruct-reasoning": ("openai-reasoning", {"model": "o-double", "api_key_env": "PD_OPENAI_KEY"},
-                           "instruct (max_completion_tokens, without temperature)", "instruct"),
-    "prefix": ("deepseek", {"model": "deepseek-chat", "api_key_env": "PD_DEEPSEEK_KEY", "url_suffix": "beta"},
-               "prefix", "continue"),
-    "anthropic": ("anthropic", {"model": "claude-double", "api_key_env": "PD_ANTHROPIC_KEY", "mode": "anthropic"},
-                  "anthropic", "continue"),
-    "anthropic-no-prefill": ("anthropic-no-prefill", {"model": "claude-double", "api_key_env": "PD_ANTHROPIC_KEY",
-                                                      "mode": "anthropic"},
-                             "anthropic (no prefill: instruct form)", "instruct"),
+    "instruct-reasoning": (
+        "openai-reasoning",
+        {"model": "o-double", "api_key_env": "PD_OPENAI_KEY"},
+        "instruct (max_completion_tokens, without temperature)",
+        "instruct",
+    ),
+    "prefix": (
+        "deepseek",
+        {"model": "deepseek-chat", "api_key_env": "PD_DEEPSEEK_KEY", "url_suffix": "beta"},
+        "prefix",
+        "continue",
+    ),
+    "anthropic": (
+        "anthropic",
+        {"model": "claude-double", "api_key_env": "PD_ANTHROPIC_KEY", "mode": "anthropic"},
+        "anthropic",
+        "continue",
+    ),
+    "anthropic-no-prefill": (
+        "anthropic-no-prefill",
+        {"model": "claude-double", "api_key_env": "PD_ANTHROPIC_KEY", "mode": "anthropic"},
+        "anthropic (no prefill: instruct form)",
+        "instruct",
+    ),
 }
 
 
@@ -135,8 +155,9 @@ def test_url_model_form_sends_openai_api_key_and_never_leaks_it(models, servers,
     llm = load_llm(urls["openai"] + "#gpt-double")
     assert llm.report.key == "accepted" and llm.wire.mode == "instruct"
     n0 = len(apps["openai"].state.calls)
-    done = CollaborateEngine(models[0], llm, PROMPTS, PRICES, offload_bias=mid_trace_bias(models[0]),
-                             max_tokens=24).run(QUESTION)
+    done = CollaborateEngine(
+        models[0], llm, PROMPTS, PRICES, offload_bias=mid_trace_bias(models[0]), max_tokens=24
+    ).run(QUESTION)
     assert len(apps["openai"].state.calls) - n0 == 1 and done.usage.llm_calls == 1 and not done.fallback
     assert done.usage.llm_out > 0
     # a wrong key: a one-line error naming the fix; the key appears nowhere (error, report, record, log)
@@ -148,8 +169,15 @@ def test_url_model_form_sends_openai_api_key_and_never_leaks_it(models, servers,
     assert "rejected the API key" in msg and "OPENAI_API_KEY" in msg and "\n" not in msg
     llm2 = OpenAICompatBackend.from_endpoint(LLMEndpoint.parse(urls["openai"] + "#gpt-double"))  # not probed
     llm2.wire = llm.wire
-    done2 = CollaborateEngine(models[0], llm2, PROMPTS, PRICES, offload_bias=mid_trace_bias(models[0]),
-                              max_tokens=24, failure=FailurePolicy(retries=2, backoff_s=0)).run(QUESTION)
+    done2 = CollaborateEngine(
+        models[0],
+        llm2,
+        PROMPTS,
+        PRICES,
+        offload_bias=mid_trace_bias(models[0]),
+        max_tokens=24,
+        failure=FailurePolicy(retries=2, backoff_s=0),
+    ).run(QUESTION)
     assert done2.fallback and len(done2.errors) == 1, "a 401 must not be retried"
     blob = msg + repr(done2.to_dict()) + caplog.text
     for k in (wrong, OPENAI_KEY, wrong[:8], wrong[-8:]):
@@ -175,9 +203,24 @@ def test_bad_configurations_are_one_line_errors(models, servers, keys):
 def test_cli_bad_llm_is_one_line_without_traceback(models, servers, tmp_path):
     urls, _ = servers
     slm_dir = tiny_model_dir(tmp_path / "slm", seed=HANDOFF_SLM_SEED)
-    r = subprocess.run([sys.executable, "-m", "pyrodash", "generate", "--slm", str(slm_dir), "--llm",
-                        urls["vllm-style"] + "#wrong", "--prompts", "world-v1", "q"],
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pyrodash",
+            "generate",
+            "--slm",
+            str(slm_dir),
+            "--llm",
+            urls["vllm-style"] + "#wrong",
+            "--prompts",
+            "world-v1",
+            "q",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 2 and "Traceback" not in r.stderr
     lines = [x for x in r.stderr.splitlines() if x.strip() and "Loading" not in x]
     assert len(lines) == 1 and "does not serve model 'wrong'" in lines[0], r.stderr
@@ -188,8 +231,15 @@ def test_client_errors_are_not_retried_and_show_everywhere(models, servers):
     slm = models[0]
     llm = load_backend({"url": urls["vllm-style"], "model": "llm", "mode": "continue"})
     llm._model = "renamed"  # the server now answers 404: a client error
-    done = CollaborateEngine(slm, llm, PROMPTS, PRICES, offload_bias=mid_trace_bias(slm), max_tokens=24,
-                             failure=FailurePolicy(retries=2, backoff_s=0)).run(QUESTION)
+    done = CollaborateEngine(
+        slm,
+        llm,
+        PROMPTS,
+        PRICES,
+        offload_bias=mid_trace_bias(slm),
+        max_tokens=24,
+        failure=FailurePolicy(retries=2, backoff_s=0),
+    ).run(QUESTION)
     assert done.fallback and len(done.errors) == 1 and "HTTP 404" in done.errors[0]
     assert done.usage.llm_calls == 1
     from pyrodash.server.metrics import Metrics
@@ -214,8 +264,9 @@ def test_unreported_usage_is_counted_and_marked(models, servers, keys):
     assert done.usage_estimated and done.usage.llm_out > 0 and done.usage.llm_in > 0 and not done.fallback
     # with a local tokenizer the continuation is counted exactly
     llm_tok = load_llm({**spec, "tokenizer": str(llm_dir)})
-    done2 = CollaborateEngine(slm, llm_tok, PROMPTS, PRICES, offload_bias=mid_trace_bias(slm),
-                              max_tokens=24).run(QUESTION)
+    done2 = CollaborateEngine(slm, llm_tok, PROMPTS, PRICES, offload_bias=mid_trace_bias(slm), max_tokens=24).run(
+        QUESTION
+    )
     n = len(llm_tok.tokenizer.encode(done2.llm_text, add_special_tokens=False))
     assert done2.usage_estimated and done2.usage.llm_out == n
 
@@ -233,6 +284,7 @@ class IgnoresStopTokenIds:
         if scope["type"] != "http" or not scope["path"].endswith("/chat/completions"):
             return await self.inner(scope, receive, send)
         if self.drop_reason_only:
+
             async def send2(msg):
                 if msg["type"] == "http.response.body" and msg.get("body"):
                     msg = {**msg, "body": msg["body"].replace(b'"stop_reason"', b'"x_stop"')}
@@ -303,8 +355,12 @@ def test_health_reports_a_misconfigured_llm(models, servers):
 def test_pyrodash_check_reports_both_sides(models, servers, tmp_path):
     urls, _ = servers
     slm_dir = tiny_model_dir(tmp_path / "slm", seed=HANDOFF_SLM_SEED)
-    r = subprocess.run([sys.executable, "-m", "pyrodash", "check", "--llm", urls["vllm-style"] + "#llm", "--slm",
-                        str(slm_dir)], capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "pyrodash", "check", "--llm", urls["vllm-style"] + "#llm", "--slm", str(slm_dir)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     out = r.stdout
     assert "mode            continue" in out and "served yes" in out and "usage reported  yes" in out

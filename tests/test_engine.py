@@ -48,8 +48,10 @@ def mid_handoff_bias(engine, question: str, lo: int = 2) -> tuple[float, Done]:
 
 
 def slm_request(engine, question: str, **kw) -> GenRequest:
-    msgs = [{"role": "system", "content": PROMPTS.offload_system},
-            {"role": "user", "content": PROMPTS.question(question)}]
+    msgs = [
+        {"role": "system", "content": PROMPTS.offload_system},
+        {"role": "user", "content": PROMPTS.question(question)},
+    ]
     return GenRequest(messages=msgs, max_tokens=engine.max_tokens, stop_token_ids=[engine.offload_id], **kw)
 
 
@@ -111,7 +113,8 @@ def test_instruct_style_puts_question_and_partial_in_the_user_message(slm, llm):
     bias, done = mid_handoff_bias(eng, "x")
     lreq = eng.llm_request(PROMPTS.plain_messages("x"), done.slm_text, 24, {})
     assert lreq.prefix == "" and lreq.messages[-1]["content"] == PROMPTS.handoff_template.format(
-        question="x", partial=done.slm_text)
+        question="x", partial=done.slm_text
+    )
     assert done.usage.llm_calls == 1 and done.llm_text == llm.generate(lreq).text
     assert done.usage.llm_in == len(llm.prompt_ids(lreq))
 
@@ -163,6 +166,7 @@ def test_closing_the_stream_stops_generation(slm, llm):
     calls = []
     hook = slm.model.register_forward_hook(lambda *a: calls.append(time.perf_counter()))
     try:
+
         async def consume_three():
             n = 0
             async for ev in eng.stream("abc", offload_bias=-1e4):
@@ -308,10 +312,16 @@ def test_fallback_after_partial_llm_text_keeps_streamed_order_everywhere(slm, ll
     ordered SLM, fallback and LLM text differently from the stream. Now the stream, the batch driver and the eval
     record agree: text in streamed order, each piece once."""
     from pyrodash.data.example import Example
-    from pyrodash.methods import Env, PyroDash
+    from pyrodash.eval.methods import Env, PyroDash
 
-    eng = CollaborateEngine(slm, CutLLM(llm), PROMPTS, PRICES, max_tokens=24,
-                            failure=FailurePolicy(retries=1, backoff_s=0.0, on_error="fallback"))
+    eng = CollaborateEngine(
+        slm,
+        CutLLM(llm),
+        PROMPTS,
+        PRICES,
+        max_tokens=24,
+        failure=FailurePolicy(retries=1, backoff_s=0.0, on_error="fallback"),
+    )
     bias = mid_handoff_bias(CollaborateEngine(slm, llm, PROMPTS, PRICES, max_tokens=24), "x")[0]
 
     async def events():
@@ -322,11 +332,18 @@ def test_fallback_after_partial_llm_text_keeps_streamed_order_everywhere(slm, ll
     streamed = "".join(ev.text for ev in evs if isinstance(ev, (SLMDelta, LLMDelta)))
     assert done.fallback and done.llm_text and len(done.errors) == 2
     assert done.output == streamed == "".join(s["text"] for s in done.segments)
-    assert [(s["by"], bool(s.get("fallback"))) for s in done.segments] == [("slm", False), ("llm", False),
-                                                                           ("slm", True)]
+    assert [(s["by"], bool(s.get("fallback"))) for s in done.segments] == [
+        ("slm", False),
+        ("llm", False),
+        ("slm", True),
+    ]
     batch = eng.batch(["x"], options=[{"offload_bias": bias}])[0]
-    assert (batch.output, batch.segments, batch.usage, batch.handoff) == (done.output, done.segments, done.usage,
-                                                                           done.handoff)
+    assert (batch.output, batch.segments, batch.usage, batch.handoff) == (
+        done.output,
+        done.segments,
+        done.usage,
+        done.handoff,
+    )
     env = Env(PROMPTS, PRICES, max_tokens=24)
     method = PyroDash("pyrodash", slm, CutLLM(llm), env, offload_bias=bias)
     method.engine.failure = eng.failure
@@ -374,8 +391,9 @@ def test_llm_chunk_timeout_counts_only_the_wait_for_a_chunk(slm, llm):
     (and the retry continues); a consumer slower than the timeout between chunks is no timeout; a cancel from
     outside during a wait stays a cancel."""
     stall = StallAfter(llm, n=3, stall_s=30.0)
-    eng = CollaborateEngine(slm, stall, PROMPTS, PRICES, max_tokens=24,
-                            failure=FailurePolicy(backoff_s=0.0, timeout_s=0.3))
+    eng = CollaborateEngine(
+        slm, stall, PROMPTS, PRICES, max_tokens=24, failure=FailurePolicy(backoff_s=0.0, timeout_s=0.3)
+    )
     t0 = time.perf_counter()
     done = eng.run("7+8", offload_bias=1e4)  # hand off at once
     assert time.perf_counter() - t0 < 10

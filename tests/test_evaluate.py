@@ -18,7 +18,7 @@ from tiny_models import tiny_model_dir
 
 from pyrodash.cost import Prices
 from pyrodash.data.example import Example
-from pyrodash.evaluate import EvalConfig, evaluate, resume
+from pyrodash.eval.harness import EvalConfig, evaluate, resume
 from pyrodash.prompts import get_prompts
 from pyrodash.record import usage_of
 
@@ -27,8 +27,16 @@ GREEDY = {"temperature": 0.0, "top_p": 1.0, "seed": None}
 
 
 def examples(n: int) -> list[Example]:
-    return [Example(id=f"t{i}", benchmark="toy", question=f"Start {i}: +{i % 7}, f.", gold=str(i),
-                    meta={"steps": ["a", "b"], "hard_steps": [i % 2]}) for i in range(n)]
+    return [
+        Example(
+            id=f"t{i}",
+            benchmark="toy",
+            question=f"Start {i}: +{i % 7}, f.",
+            gold=str(i),
+            meta={"steps": ["a", "b"], "hard_steps": [i % 2]},
+        )
+        for i in range(n)
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -40,13 +48,13 @@ def backends(tmp_path_factory):
 
 
 def env(max_tokens: int = 12):
-    from pyrodash.methods import Env
+    from pyrodash.eval.methods import Env
 
     return Env(get_prompts("world-v1"), Prices.from_yaml("paper"), max_tokens=max_tokens, batch_size=4)
 
 
 def test_records_and_token_counts(tmp_path, backends):
-    from pyrodash.methods import Solo
+    from pyrodash.eval.methods import Solo
 
     slm, llm = backends
     e = env()
@@ -72,7 +80,7 @@ def test_records_and_token_counts(tmp_path, backends):
 
 @pytest.mark.parametrize("bias", [0.0, 6.0])
 def test_batched_pyrodash_equals_engine(backends, bias):
-    from pyrodash.methods import PyroDash
+    from pyrodash.eval.methods import PyroDash
 
     slm, llm = backends
     m = PyroDash("pyrodash@0.1", slm, llm, env(16), offload_bias=bias)
@@ -90,8 +98,8 @@ SCRIPT = textwrap.dedent("""
     import sys, time
     sys.path[:0] = [{root!r}, {root!r} + "/tests"]
     from pyrodash.backends.hf import HFBackend
-    from pyrodash.evaluate import EvalConfig, evaluate
-    from pyrodash.methods import Solo
+    from pyrodash.eval.harness import EvalConfig, evaluate
+    from pyrodash.eval.methods import Solo
     from test_evaluate import env, examples
 
     class Slow(Solo):
@@ -140,12 +148,16 @@ def test_resume_after_sigkill(tmp_path):
     assert path.read_bytes().startswith(before)
     # the resumed records equal those of one uninterrupted run
     from pyrodash.backends.hf import HFBackend
-    from pyrodash.methods import Solo
+    from pyrodash.eval.methods import Solo
 
     e = env()
     e.batch_size = 1
-    evaluate(EvalConfig(run_dir=str(tmp_path / "fresh"), benchmarks=["toy"], batch_size=1),
-             {"slm": Solo("slm", HFBackend(model), "slm", e)}, examples=examples(24), quiet=True)
+    evaluate(
+        EvalConfig(run_dir=str(tmp_path / "fresh"), benchmarks=["toy"], batch_size=1),
+        {"slm": Solo("slm", HFBackend(model), "slm", e)},
+        examples=examples(24),
+        quiet=True,
+    )
     fresh_lines = (tmp_path / "fresh/records/slm.jsonl").read_text().splitlines()
     fresh = {json.loads(x)["id"]: json.loads(x) for x in fresh_lines}
     for x in lines:
@@ -170,22 +182,37 @@ def test_cli_eval_avg_at_k(tmp_path):
     from pyrodash.cli import main
 
     data = tmp_path / "aime.jsonl"
-    data.write_text("".join(json.dumps({"id": i, "problem": f"What is {i}+{i}?", "answer": str(2 * i)}) + "\n"
-                            for i in range(3)))
+    data.write_text(
+        "".join(json.dumps({"id": i, "problem": f"What is {i}+{i}?", "answer": str(2 * i)}) + "\n" for i in range(3))
+    )
     slm, llm = tiny_model_dir(tmp_path / "slm", seed=1), tiny_model_dir(tmp_path / "llm", seed=2)
     cfg = tmp_path / "eval.yaml"
-    cfg.write_text(json.dumps({
-        "run_dir": str(tmp_path / "run"), "benchmarks": ["aime24"], "benchmark_paths": {"aime24": str(data)},
-        "samples": {"aime24": 2}, "prompts": "world-v1", "max_tokens": 8, "batch_size": 4,
-        "models": {"slm": str(slm), "llm": str(llm), "pyrodash": {0.1: str(slm)}},
-        "methods": ["slm", "llm", "pyrodash", {"glimprouter": {"taus": [1.0]}},
+    cfg.write_text(
+        json.dumps(
+            {
+                "run_dir": str(tmp_path / "run"),
+                "benchmarks": ["aime24"],
+                "benchmark_paths": {"aime24": str(data)},
+                "samples": {"aime24": 2},
+                "prompts": "world-v1",
+                "max_tokens": 8,
+                "batch_size": 4,
+                "models": {"slm": str(slm), "llm": str(llm), "pyrodash": {0.1: str(slm)}},
+                "methods": [
+                    "slm",
+                    "llm",
+                    "pyrodash",
+                    {"glimprouter": {"taus": [1.0]}},
                     {"pyrodash_bias": {"lambda": 0.1, "biases": [5.0]}},
-                    {"pyrodash_share": {"lambda": 0.1, "shares": [0.0]}}]}))
+                    {"pyrodash_share": {"lambda": 0.1, "shares": [0.0]}},
+                ],
+            }
+        )
+    )
     assert main(["eval", "--config", str(cfg)]) == 0
     rec = tmp_path / "run" / "records"
     names = sorted(p.stem for p in rec.glob("*.jsonl"))
-    assert names == sorted(["slm", "llm", "pyrodash@0.1", "glimprouter@1", "pyrodash@0.1+bias5",
-                            "pyrodash@0.1+share0"])
+    assert names == sorted(["slm", "llm", "pyrodash@0.1", "glimprouter@1", "pyrodash@0.1+bias5", "pyrodash@0.1+share0"])
     # handoff_share 0: no request may hand off, and every record says so
     share0 = [json.loads(x) for x in (rec / "pyrodash@0.1+share0.jsonl").read_text().splitlines()]
     assert all(r["handoff_admitted"] is False and r["llm_calls"] == 0 and r["handoff_share"] == 0.0 for r in share0)
@@ -193,8 +220,9 @@ def test_cli_eval_avg_at_k(tmp_path):
     first = {n: (rec / f"{n}.jsonl").read_text() for n in names}
     for n in names:
         rows = [json.loads(x) for x in first[n].splitlines()]
-        assert sorted((r["id"], r["sample"]) for r in rows) == sorted((f"aime24-{i}", s) for i in range(3)
-                                                                      for s in range(2))
+        assert sorted((r["id"], r["sample"]) for r in rows) == sorted(
+            (f"aime24-{i}", s) for i in range(3) for s in range(2)
+        )
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())["methods"]
     assert set(summary) == set(names)
     assert main(["eval", "--config", str(cfg)]) == 0
@@ -202,7 +230,7 @@ def test_cli_eval_avg_at_k(tmp_path):
 
 
 def test_refuses_records_from_other_settings(tmp_path, backends):
-    from pyrodash.methods import Solo
+    from pyrodash.eval.methods import Solo
 
     slm, _ = backends
     cfg = EvalConfig(run_dir=str(tmp_path), benchmarks=["toy"], models={"slm": "a"})
@@ -261,8 +289,16 @@ def test_missing_model_path_fails_before_the_run_dir_exists(tmp_path, capsys):
 
     p = tmp_path / "c.yaml"
     run = tmp_path / "run"
-    p.write_text(json.dumps({"run_dir": str(run), "benchmarks": ["aime24"], "methods": ["slm"],
-                             "models": {"slm": str(tmp_path / "no-such-model")}}))
+    p.write_text(
+        json.dumps(
+            {
+                "run_dir": str(run),
+                "benchmarks": ["aime24"],
+                "methods": ["slm"],
+                "models": {"slm": str(tmp_path / "no-such-model")},
+            }
+        )
+    )
     assert main(["eval", "--config", str(p)]) == 2
     err = capsys.readouterr().err.strip()
     assert "models.slm" in err and "does not exist" in err and len(err.splitlines()) == 1, err
@@ -270,7 +306,7 @@ def test_missing_model_path_fails_before_the_run_dir_exists(tmp_path, capsys):
 
 
 def test_broken_resolved_config_names_the_file(tmp_path, backends):
-    from pyrodash.methods import Solo
+    from pyrodash.eval.methods import Solo
 
     slm, _ = backends
     cfg = EvalConfig(run_dir=str(tmp_path), benchmarks=["toy"], models={"slm": "a"})
@@ -281,17 +317,23 @@ def test_broken_resolved_config_names_the_file(tmp_path, backends):
 
 
 def test_benchmark_methods_limits_which_methods_run_on_a_benchmark(tmp_path, backends):
-    from pyrodash.methods import Solo
+    from pyrodash.eval.methods import Solo
 
     slm, llm = backends
     e = env()
     other = [Example(id=f"c{i}", benchmark="chat", question=f"q{i}", gold="1", meta={}) for i in range(3)]
-    cfg = EvalConfig(run_dir=str(tmp_path), benchmarks=["toy", "chat"], batch_size=4,
-                     benchmark_methods={"chat": ["llm", "pyrodash@[0-9.]+"]})
+    cfg = EvalConfig(
+        run_dir=str(tmp_path),
+        benchmarks=["toy", "chat"],
+        batch_size=4,
+        benchmark_methods={"chat": ["llm", "pyrodash@[0-9.]+"]},
+    )
     methods = {"slm": Solo("slm", slm, "slm", e), "llm": Solo("llm", llm, "llm", e)}
     evaluate(cfg, methods, examples=examples(4) + other, quiet=True)
-    benches = {n: sorted({json.loads(x)["benchmark"] for x in (tmp_path / "records" / f"{n}.jsonl").read_text()
-                          .splitlines()}) for n in ("slm", "llm")}
+    benches = {
+        n: sorted({json.loads(x)["benchmark"] for x in (tmp_path / "records" / f"{n}.jsonl").read_text().splitlines()})
+        for n in ("slm", "llm")
+    }
     assert benches == {"slm": ["toy"], "llm": ["chat", "toy"]}
     assert cfg.runs_on("pyrodash@0.6", "chat") and not cfg.runs_on("pyrodash@0.6+share0.5", "chat")
     assert cfg.runs_on("pyrodash@0.6+share0.5", "toy")

@@ -12,10 +12,10 @@ import pytest
 from tiny_models import HANDOFF_SLM_SEED, tiny_model_dir
 
 from pyrodash.backends.hf import HFBackend
-from pyrodash.calibrate import calibrate_offload_bias
 from pyrodash.cli import main
 from pyrodash.cost import Prices, Usage
 from pyrodash.engine import CollaborateEngine
+from pyrodash.engine.calibrate import calibrate_offload_bias
 from pyrodash.prompts import get_prompts
 
 PROMPTS = get_prompts("world-v1")
@@ -31,8 +31,7 @@ def dirs(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def engine(dirs):
-    return CollaborateEngine(HFBackend(dirs[0]), HFBackend(dirs[1]), PROMPTS, Prices.from_yaml("paper"),
-                             max_tokens=12)
+    return CollaborateEngine(HFBackend(dirs[0]), HFBackend(dirs[1]), PROMPTS, Prices.from_yaml("paper"), max_tokens=12)
 
 
 def gen(dirs, *extra) -> list[str]:
@@ -103,8 +102,24 @@ def test_calibration_within_a_budget(engine):
 def test_calibrate_cli(dirs, tmp_path, capsys):
     qfile = tmp_path / "q.jsonl"
     qfile.write_text("".join(json.dumps({"question": q}) + "\n" for q in QUESTIONS[:4]))
-    argv = ["calibrate", "--slm", dirs[0], "--llm", dirs[1], "--prompts", "world-v1", "--max-tokens", "12",
-            "--questions", str(qfile), "--target-rate", "0.25", "--iters", "8", "--json"]
+    argv = [
+        "calibrate",
+        "--slm",
+        dirs[0],
+        "--llm",
+        dirs[1],
+        "--prompts",
+        "world-v1",
+        "--max-tokens",
+        "12",
+        "--questions",
+        str(qfile),
+        "--target-rate",
+        "0.25",
+        "--iters",
+        "8",
+        "--json",
+    ]
     assert main(argv) == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert out["questions"] == 4 and out["met"] and abs(out["rate"] - 0.25) <= 0.25
@@ -124,8 +139,12 @@ def test_serve_model_cli_serves_on_127_0_0_1(dirs):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "pyrodash.cli", "serve-model", dirs[0], "--port", str(port),
-                             "--name", "slm"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pyrodash.cli", "serve-model", dirs[0], "--port", str(port), "--name", "slm"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         url = f"http://127.0.0.1:{port}/v1"
         for _ in range(300):
@@ -136,8 +155,9 @@ def test_serve_model_cli_serves_on_127_0_0_1(dirs):
                 assert proc.poll() is None, proc.stdout.read()
                 time.sleep(0.1)
         assert models["data"][0]["id"] == "slm"
-        tok = httpx.post(f"http://127.0.0.1:{port}/tokenize", json={"prompt": "<offload>",
-                                                                    "add_special_tokens": False}).json()
+        tok = httpx.post(
+            f"http://127.0.0.1:{port}/tokenize", json={"prompt": "<offload>", "add_special_tokens": False}
+        ).json()
         assert tok["tokens"] == [HFBackend(dirs[0]).token_id("<offload>")]
     finally:
         proc.terminate()
@@ -164,7 +184,8 @@ def test_a_stream_left_mid_decode_does_not_abort_the_interpreter(dirs, tmp_path)
     the interpreter exit. A daemon decode thread was killed there by pthread_exit -> abort (exit 134, 3 runs of 3
     before the fix); now the stream's close cancels it and exit waits for it."""
     script = tmp_path / "leave.py"
-    script.write_text(textwrap.dedent(f"""
+    script.write_text(
+        textwrap.dedent(f"""
         import asyncio
         from pyrodash.backends.base import GenRequest
         from pyrodash.backends.hf import HFBackend
@@ -177,7 +198,8 @@ def test_a_stream_left_mid_decode_does_not_abort_the_interpreter(dirs, tmp_path)
 
         asyncio.run(main())
         print("left", flush=True)
-    """))
+    """)
+    )
     r = _python(str(script))
     assert r.returncode == 0 and "terminate called" not in r.stderr, f"exit {r.returncode}: {r.stderr[-500:]}"
     assert r.stdout.strip() == "left"

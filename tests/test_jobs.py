@@ -1,4 +1,5 @@
-"""Steps side by side (pyrodash.jobs): order after what a step needs, one log per step, failures named; and the
+"""Steps side by side (pyrodash.jobs.scheduler):
+order after what a step needs, one log per step, failures named; and the
 demo's split of the evaluation into such steps."""
 
 from __future__ import annotations
@@ -10,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from pyrodash.commands.demo import ROOT, eval_jobs, training_jobs
-from pyrodash.evaluate import EvalConfig
-from pyrodash.jobs import Job, log_name, run_jobs
+from pyrodash.eval.harness import EvalConfig
+from pyrodash.jobs.scheduler import Job, log_name, run_jobs
 
 
 def note(path: str, text: str, wait: float = 0.0) -> None:
@@ -36,8 +37,11 @@ def torch_threads(path: str) -> None:
 @pytest.mark.parametrize("workers", [1, 2])
 def test_steps_run_after_what_they_need_with_a_log_each(tmp_path, workers):
     order = tmp_path / "order.txt"
-    jobs = [Job("b needs a", note, (str(order), "b")), Job("a", note, (str(order), "a", 0.5)),
-            Job("c", note, (str(order), "c"))]
+    jobs = [
+        Job("b needs a", note, (str(order), "b")),
+        Job("a", note, (str(order), "a", 0.5)),
+        Job("c", note, (str(order), "c")),
+    ]
     jobs[0].after = ("a",)
     seconds = run_jobs(jobs, workers, tmp_path / "logs")
     text = order.read_text()
@@ -49,15 +53,21 @@ def test_steps_run_after_what_they_need_with_a_log_each(tmp_path, workers):
 
 
 def test_a_worker_has_one_torch_thread(tmp_path):
-    run_jobs([Job("t", torch_threads, (str(tmp_path / "n"),)), Job("u", note, (str(tmp_path / "x"), "u"))], 2,
-             tmp_path / "logs")
+    run_jobs(
+        [Job("t", torch_threads, (str(tmp_path / "n"),)), Job("u", note, (str(tmp_path / "x"), "u"))],
+        2,
+        tmp_path / "logs",
+    )
     assert (tmp_path / "n").read_text() == "1"
 
 
 def test_a_failed_step_is_named_with_its_log_and_what_needs_it_never_runs(tmp_path):
     done = tmp_path / "done.txt"
-    jobs = [Job("breaks", fail, ("boom",)), Job("slow", note, (str(done), "slow", 1.0)),
-            Job("needs it", note, (str(done), "never"), after=("breaks",))]
+    jobs = [
+        Job("breaks", fail, ("boom",)),
+        Job("slow", note, (str(done), "slow", 1.0)),
+        Job("needs it", note, (str(done), "never"), after=("breaks",)),
+    ]
     with pytest.raises(RuntimeError, match=r"breaks: ValueError: boom \(log: .*breaks\.log\)"):
         run_jobs(jobs, 2, tmp_path / "logs")
     assert done.read_text() == "slow"  # the step already running finished; the one that needed the failed never ran
@@ -66,8 +76,10 @@ def test_a_failed_step_is_named_with_its_log_and_what_needs_it_never_runs(tmp_pa
 
 @pytest.mark.parametrize("after, match", [(("nobody",), "unknown jobs"), (("y",), "wait for each other")])
 def test_impossible_orders_are_refused_before_anything_runs(tmp_path, after, match):
-    jobs = [Job("x", note, (str(tmp_path / "o"), "x"), after=after), Job("y", note, (str(tmp_path / "o"), "y"),
-                                                                         after=("x",))]
+    jobs = [
+        Job("x", note, (str(tmp_path / "o"), "x"), after=after),
+        Job("y", note, (str(tmp_path / "o"), "y"), after=("x",)),
+    ]
     with pytest.raises(ValueError, match=match):
         run_jobs(jobs, 2, tmp_path / "logs")
     assert not (tmp_path / "o").exists()
@@ -75,14 +87,23 @@ def test_impossible_orders_are_refused_before_anything_runs(tmp_path, after, mat
 
 def test_the_demo_evaluation_splits_into_steps_that_cover_every_method_once():
     lams = [0.6, 2.0, 4.0]
-    cfg = EvalConfig.from_yaml(ROOT / "configs" / "eval" / "world-quick.yaml", run_dir="r",
-                               models={"slm": "s", "llm": "l", "sft": "f",
-                                       "pyrodash": {lam: f"p{lam}" for lam in lams}})
+    cfg = EvalConfig.from_yaml(
+        ROOT / "configs" / "eval" / "world-quick.yaml",
+        run_dir="r",
+        models={"slm": "s", "llm": "l", "sft": "f", "pyrodash": {lam: f"p{lam}" for lam in lams}},
+    )
     stage3 = {lam: f"stage3 λ={lam:g}" for lam in lams}
     jobs = eval_jobs(cfg, stage3, pending={"stage3 λ=2", "stage2"})
     by = {j.name: j for j in jobs}
-    assert set(by) == {"eval models alone, oracle", "eval routers", "eval slm+sft", "eval pyrodash λ=0.6",
-                       "eval pyrodash λ=2", "eval pyrodash λ=4", "eval sweeps λ=2"}
+    assert set(by) == {
+        "eval models alone, oracle",
+        "eval routers",
+        "eval slm+sft",
+        "eval pyrodash λ=0.6",
+        "eval pyrodash λ=2",
+        "eval pyrodash λ=4",
+        "eval sweeps λ=2",
+    }
     assert by["eval pyrodash λ=2"].after == ("stage3 λ=2",) and by["eval pyrodash λ=0.6"].after == ()
     assert by["eval sweeps λ=2"].after == ("stage3 λ=2",)
     assert by["eval slm+sft"].after == ("stage2",)  # the Stage 2 model, once trained
@@ -118,8 +139,13 @@ def test_the_demo_training_is_a_chain_of_steps_with_cost_base_beside_it(tmp_path
     console = Console(file=io.StringIO())
     jobs = training_jobs("recipe", tmp_path, [0.6, 2.0], console)
     assert [(j.name, j.after) for j in jobs] == [
-        ("curation", ()), ("stage1", ("curation",)), ("stage2", ("stage1",)), ("cost base", ()),
-        ("stage3 λ=0.6", ("stage2", "cost base")), ("stage3 λ=2", ("stage2", "cost base"))]
+        ("curation", ()),
+        ("stage1", ("curation",)),
+        ("stage2", ("stage1",)),
+        ("cost base", ()),
+        ("stage3 λ=0.6", ("stage2", "cost base")),
+        ("stage3 λ=2", ("stage2", "cost base")),
+    ]
     # a step whose output exists is reused: what needs it no longer waits for it
     for name in ("curated", "stage1", "stage2"):
         d = tmp_path / name if name == "curated" else stage_dir(tmp_path, name)
@@ -149,13 +175,15 @@ def watch_grant(path: str, timeout: float = 30.0, until: str = "1,2") -> None:
 def test_an_elastic_step_gets_the_core_another_step_leaves_and_gives_it_back(tmp_path):
     """Two workers: the elastic step starts on one thread beside a short step, is granted the second core when that
     step ends, and the worker is back on one thread for the step after it. Outside a step there is no grant."""
-    from pyrodash.jobs import granted_threads
+    from pyrodash.jobs.scheduler import granted_threads
 
     grants, after = tmp_path / "grants", tmp_path / "after"
-    jobs = [Job("elastic", watch_grant, (str(grants),), elastic=True),
-            Job("short", note, (str(tmp_path / "x"), "s", 1.0)),
-            Job("after", torch_threads, (str(after),), after=("elastic",)),
-            Job("after 2", torch_threads, (str(tmp_path / "after2"),), after=("elastic",))]
+    jobs = [
+        Job("elastic", watch_grant, (str(grants),), elastic=True),
+        Job("short", note, (str(tmp_path / "x"), "s", 1.0)),
+        Job("after", torch_threads, (str(after),), after=("elastic",)),
+        Job("after 2", torch_threads, (str(tmp_path / "after2"),), after=("elastic",)),
+    ]
     run_jobs(jobs, 2, tmp_path / "logs")
     assert grants.read_text() == "1,2"
     assert after.read_text() == (tmp_path / "after2").read_text() == "1"  # whichever worker ran the elastic step
@@ -164,8 +192,11 @@ def test_an_elastic_step_gets_the_core_another_step_leaves_and_gives_it_back(tmp
 
 def test_a_step_that_is_not_elastic_keeps_one_thread(tmp_path):
     grants = tmp_path / "grants"
-    run_jobs([Job("plain", watch_grant, (str(grants), 2.0)), Job("short", note, (str(tmp_path / "x"), "s", 0.2))], 2,
-             tmp_path / "logs")
+    run_jobs(
+        [Job("plain", watch_grant, (str(grants), 2.0)), Job("short", note, (str(tmp_path / "x"), "s", 0.2))],
+        2,
+        tmp_path / "logs",
+    )
     assert grants.read_text() == "1"
 
 
@@ -174,9 +205,13 @@ def test_a_step_that_becomes_ready_takes_its_core_back(tmp_path):
     steps become ready at once (1 thread)."""
     grants = tmp_path / "grants"
     x = str(tmp_path / "x")
-    jobs = [Job("elastic", watch_grant, (str(grants), 40.0, "1,2,1"), elastic=True), Job("short", note, (x, "s", 0.5)),
-            Job("medium", note, (x, "m", 4.0)), Job("a", note, (x, "a", 3.0), after=("medium",)),
-            Job("b", note, (x, "b", 3.0), after=("medium",))]
+    jobs = [
+        Job("elastic", watch_grant, (str(grants), 40.0, "1,2,1"), elastic=True),
+        Job("short", note, (x, "s", 0.5)),
+        Job("medium", note, (x, "m", 4.0)),
+        Job("a", note, (x, "a", 3.0), after=("medium",)),
+        Job("b", note, (x, "b", 3.0), after=("medium",)),
+    ]
     run_jobs(jobs, 3, tmp_path / "logs")
     assert grants.read_text() == "1,2,1"
 

@@ -36,8 +36,15 @@ def test_growing_layer_holds_what_concatenation_holds():
 def test_growing_cache_replaces_full_attention_layers_only():
     from transformers import Qwen3Config
 
-    cfg = Qwen3Config(vocab_size=16, hidden_size=8, intermediate_size=16, num_hidden_layers=3,
-                      num_attention_heads=2, num_key_value_heads=2, head_dim=4)
+    cfg = Qwen3Config(
+        vocab_size=16,
+        hidden_size=8,
+        intermediate_size=16,
+        num_hidden_layers=3,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        head_dim=4,
+    )
     cache = growing_cache(cfg)
     assert len(cache.layers) == 3 and all(isinstance(layer, GrowingLayer) for layer in cache.layers)
 
@@ -52,9 +59,17 @@ def test_decode_equals_transformers_cache_and_full_batch(slm, monkeypatch):
     the batch writes the same tokens and logprobs as each request decoded alone (nothing leaves a batch of one), and
     as the loop on transformers' own concatenating DynamicCache."""
     msgs = [{"role": "user", "content": "a much longer question " * (1 + i % 3)} for i in range(6)]
-    reqs = [GenRequest(messages=[m], max_tokens=4 + 5 * i, temperature=0.8 if i % 2 else 0.0, seed=i,
-                       top_logprobs=3 if i == 1 else 0, logit_bias={5: 2.0} if i == 4 else {})
-            for i, m in enumerate(msgs)]
+    reqs = [
+        GenRequest(
+            messages=[m],
+            max_tokens=4 + 5 * i,
+            temperature=0.8 if i % 2 else 0.0,
+            seed=i,
+            top_logprobs=3 if i == 1 else 0,
+            logit_bias={5: 2.0} if i == 4 else {},
+        )
+        for i, m in enumerate(msgs)
+    ]
     ours = slm.generate_batch(reqs)
 
     ref = [slm.generate_batch([r])[0] for r in reqs]  # alone: nothing to compact
@@ -67,5 +82,6 @@ def test_decode_equals_transformers_cache_and_full_batch(slm, monkeypatch):
         if a.top_logprobs:  # alone the padding differs: the same tokens, logprobs equal to float rounding
             assert [sorted(d) for d in a.top_logprobs] == [sorted(d) for d in b.top_logprobs]
             assert [v for d in a.top_logprobs for v in sorted(d.values())] == pytest.approx(
-                [v for d in b.top_logprobs for v in sorted(d.values())], abs=1e-4)
+                [v for d in b.top_logprobs for v in sorted(d.values())], abs=1e-4
+            )
     assert len({len(r.token_ids) for r in ours}) > 1  # rows did finish at different steps

@@ -28,9 +28,9 @@ def inner_imports(path: Path) -> list[str]:
         if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
             continue
         for node in ast.walk(fn):
-            own = (isinstance(node, ast.ImportFrom) and (node.level > 0 or (node.module or "").split(".")[0] ==
-                                                           "pyrodash")) or \
-                  (isinstance(node, ast.Import) and any(a.name.split(".")[0] == "pyrodash" for a in node.names))
+            own = (
+                isinstance(node, ast.ImportFrom) and (node.level > 0 or (node.module or "").split(".")[0] == "pyrodash")
+            ) or (isinstance(node, ast.Import) and any(a.name.split(".")[0] == "pyrodash" for a in node.names))
             if own and not (isinstance(node, ast.ImportFrom) and node.module in LAZY):
                 found[node.lineno] = ast.unparse(node)
     return [f"{line}: {stmt}" for line, stmt in sorted(found.items())]
@@ -41,4 +41,5 @@ def test_own_package_imports_sit_at_module_top():
     start-up time matters); `pyrodash.cli` imports just the command being run, so `pyrodash --help` stays fast."""
     bad = {str(p.relative_to(ROOT)): lines for p in sorted(PACKAGE.rglob("*.py")) if (lines := inner_imports(p))}
     assert not bad, "own-package imports inside functions (move them to the module top):\n" + "\n".join(
-        f"  {path}:{line}" for path, lines in bad.items() for line in lines)
+        f"  {path}:{line}" for path, lines in bad.items() for line in lines
+    )

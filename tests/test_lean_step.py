@@ -17,8 +17,16 @@ from pyrodash.backends.lean_step import lean_step
 
 def _model(kv_heads: int, attn: str = "sdpa", seed: int = 0) -> Qwen3ForCausalLM:
     torch.manual_seed(seed)
-    cfg = Qwen3Config(vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=kv_heads, head_dim=8, max_position_embeddings=256)
+    cfg = Qwen3Config(
+        vocab_size=40,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=kv_heads,
+        head_dim=8,
+        max_position_embeddings=256,
+    )
     model = Qwen3ForCausalLM(cfg).eval()
     model.set_attn_implementation(attn)
     return model
@@ -40,15 +48,28 @@ def _same_logits_every_step(model, padded: bool, steps: int = 12) -> None:
     assert step is not None
     with torch.inference_mode():
         ref_cache, lean_cache = growing_cache(model.config), growing_cache(model.config)
-        logits = model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=ref_cache,
-                       use_cache=True).logits[:, -1].float()
+        logits = (
+            model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=ref_cache, use_cache=True)
+            .logits[:, -1]
+            .float()
+        )
         model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=lean_cache, use_cache=True)
         for _ in range(steps):
             nxt = logits.argmax(-1)[:, None]
             mask = torch.cat([mask, mask.new_ones((3, 1))], dim=1)
             pos = pos[:, -1:] + 1
-            logits = model(input_ids=nxt, attention_mask=mask, position_ids=pos, past_key_values=ref_cache,
-                           use_cache=True, logits_to_keep=1).logits[:, -1].float()
+            logits = (
+                model(
+                    input_ids=nxt,
+                    attention_mask=mask,
+                    position_ids=pos,
+                    past_key_values=ref_cache,
+                    use_cache=True,
+                    logits_to_keep=1,
+                )
+                .logits[:, -1]
+                .float()
+            )
             lean = step(nxt, mask, pos, lean_cache)
             assert torch.equal(lean, logits)
 
@@ -63,8 +84,15 @@ def test_lean_step_with_lora_layers_is_the_peft_models():
     """Stage 3 decodes its rollouts with LoRA layers in the model: they are called as the modules they are."""
     from peft import LoraConfig, get_peft_model
 
-    peft_model = get_peft_model(_model(2), LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=[
-        "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]))
+    peft_model = get_peft_model(
+        _model(2),
+        LoraConfig(
+            r=4,
+            lora_alpha=8,
+            lora_dropout=0.0,
+            target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        ),
+    )
     with torch.no_grad():
         for name, p in peft_model.named_parameters():
             if "lora_B" in name:
@@ -82,9 +110,17 @@ def test_decode_loop_writes_the_same_tokens_with_and_without_it():
     model, tok = tiny_model(seed=3)
     backend = HFBackend(model, tok)
     assert lean_step(backend.model) is not None
-    reqs = [GenRequest(messages=[{"role": "user", "content": "question " * (1 + i % 3)}], max_tokens=6 + 4 * i,
-                       temperature=0.8 if i % 2 else 0.0, seed=i, top_logprobs=2 if i == 1 else 0,
-                       logit_bias={5: 3.0} if i == 2 else {}) for i in range(5)]
+    reqs = [
+        GenRequest(
+            messages=[{"role": "user", "content": "question " * (1 + i % 3)}],
+            max_tokens=6 + 4 * i,
+            temperature=0.8 if i % 2 else 0.0,
+            seed=i,
+            top_logprobs=2 if i == 1 else 0,
+            logit_bias={5: 3.0} if i == 2 else {},
+        )
+        for i in range(5)
+    ]
     lean = backend.generate_batch(reqs)
     backend.lean = False
     ref = backend.generate_batch(reqs)

@@ -28,9 +28,11 @@ def test_split_by_length_covers_every_row_once_with_the_least_padding():
         assert 1 <= len(groups) <= parts
         # the best split of the length-sorted rows into at most `parts` runs, by brute force
         order = sorted(range(len(lengths)), key=lambda i: lengths[i])
-        best = min(_padded([order[a:b] for a, b in zip((0, *cuts), (*cuts, len(order)))], lengths)
-                   for k in range(min(parts, len(order)))
-                   for cuts in itertools.combinations(range(1, len(order)), k))
+        best = min(
+            _padded([order[a:b] for a, b in zip((0, *cuts), (*cuts, len(order)))], lengths)
+            for k in range(min(parts, len(order)))
+            for cuts in itertools.combinations(range(1, len(order)), k)
+        )
         assert _padded(groups, lengths) == best
 
 
@@ -45,8 +47,7 @@ def _trainer(tmp_path, chunks: int):
     model, tok = tiny_model(seed=1)
     rows = gold_corpora(24)[1]  # Corpus B
     cfg = stage1_cfg(tmp_path, per_device_train_batch_size=12, length_chunks=chunks)
-    trainer = LengthChunkedSFTTrainer(model=model, args=cfg, train_dataset=messages_dataset(rows),
-                                      processing_class=tok)
+    trainer = LengthChunkedSFTTrainer(model=model, args=cfg, train_dataset=messages_dataset(rows), processing_class=tok)
     return trainer, model
 
 

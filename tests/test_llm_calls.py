@@ -33,10 +33,16 @@ class Faults:
         if scope["type"] == "http" and scope["path"].endswith("completions"):
             self.seen += 1
             if self.fail(self.seen):
-                body = json.dumps({"error": {"message": "injected", "type": "x", "param": None,
-                                             "code": self.status}}).encode()
-                await send({"type": "http.response.start", "status": self.status,
-                            "headers": [(b"content-type", b"application/json")]})
+                body = json.dumps(
+                    {"error": {"message": "injected", "type": "x", "param": None, "code": self.status}}
+                ).encode()
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": self.status,
+                        "headers": [(b"content-type", b"application/json")],
+                    }
+                )
                 await send({"type": "http.response.body", "body": body})
                 return
         await self.inner(scope, receive, send)
@@ -91,8 +97,9 @@ def test_cost_base_and_rewards_with_failing_llm_calls(llm_model, tmp_path):
     state = {"fail": True}
     server = Faults(build_model_app(llm_model, "llm"), 503, fail=lambda n: state["fail"] and n % 2 == 0)
     with serve_in_thread(server) as url:
-        llm = FrozenLLM(load_backend(url + "#llm"), concurrency=1, policy=RetryPolicy(retries=0, backoff_s=0),
-                        key="tiny")
+        llm = FrozenLLM(
+            load_backend(url + "#llm"), concurrency=1, policy=RetryPolicy(retries=0, backoff_s=0), key="tiny"
+        )
         cache = BaselineCache(tmp_path / "cost_base.json", "tiny", PROMPTS, PRICES, max_tokens=6)
         with pytest.raises(ValueError, match="2 of 4 .* failed .* run the same command again to resume"):
             cache.fill(llm, qs, golds)
@@ -104,8 +111,13 @@ def test_cost_base_and_rewards_with_failing_llm_calls(llm_model, tmp_path):
         engine = collaboration_engine(HFBackend(slm, slm_tok), llm, PROMPTS, PRICES, 6, 6)
         off = engine.offload_id
         reward = CollaborativeReward(engine, cache, lam=0.1)
-        rewards = reward(prompts=[None] * 4, completions=["1", "2", "3", "4"], completion_ids=[[5, off]] * 4,
-                         question=[qs[0]] * 4, gold=[golds[0]] * 4)
+        rewards = reward(
+            prompts=[None] * 4,
+            completions=["1", "2", "3", "4"],
+            completion_ids=[[5, off]] * 4,
+            question=[qs[0]] * 4,
+            gold=[golds[0]] * 4,
+        )
     failed = [d["llm_failed"] for d in reward.last]
     assert sum(failed) == 2 and reward.totals["llm_failures"] == 2 and len(rewards) == 4
     ok = [r for r, f in zip(rewards, failed) if not f]

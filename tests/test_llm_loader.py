@@ -36,8 +36,13 @@ from pyrodash.prompts import get_prompts
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMPTS = get_prompts("world-v1")
-QUESTIONS = ["Start 47: +3, f.", "Start 12: +5, f, +2, f.", "Start 5: x2, f.", "Start 31: +4, f, x3, f.",
-             "Start 8: +1, f."]
+QUESTIONS = [
+    "Start 47: +3, f.",
+    "Start 12: +5, f, +2, f.",
+    "Start 5: x2, f.",
+    "Start 31: +4, f, x3, f.",
+    "Start 8: +1, f.",
+]
 README_SLM, README_LLM, README_QUESTION = "runs/q/stage1", "http://127.0.0.1:8001/v1#llm", '"47: +3x8 f2"'
 
 
@@ -60,8 +65,9 @@ def tiny(tmp_path_factory):
 def run_readme_example(code: str, slm: str, llm: str, question: str, bias: float, capsys, monkeypatch):
     """README's example with its SLM path, LLM spec and question replaced, the engine at `bias` (a mid-trace
     handoff of the tiny SLM) and 24 tokens a model; returns the `done` it printed."""
-    monkeypatch.setattr(pyrodash, "CollaborateEngine",
-                        functools.partial(pyrodash.CollaborateEngine, offload_bias=bias, max_tokens=24))
+    monkeypatch.setattr(
+        pyrodash, "CollaborateEngine", functools.partial(pyrodash.CollaborateEngine, offload_bias=bias, max_tokens=24)
+    )
     src = code.replace(README_SLM, slm).replace(README_LLM, llm).replace(README_QUESTION, repr(question))
     scope: dict = {}
     capsys.readouterr()
@@ -84,8 +90,11 @@ def test_readme_python_example_with_transformers_serve(tiny, capsys, monkeypatch
     with _process(cmd, f"http://127.0.0.1:{port}/health", env, tmp_path / "serve.log"):
         for q in QUESTIONS:
             bias = mid_trace_bias(slm, PROMPTS, q)
-            served.append(run_readme_example(code, str(slm_dir), f"http://127.0.0.1:{port}/v1#{llm_dir}", q, bias,
-                                             capsys, monkeypatch))
+            served.append(
+                run_readme_example(
+                    code, str(slm_dir), f"http://127.0.0.1:{port}/v1#{llm_dir}", q, bias, capsys, monkeypatch
+                )
+            )
             local.append(run_readme_example(code, str(slm_dir), str(llm_dir), q, bias, capsys, monkeypatch))
     for q, done, ref in zip(QUESTIONS, served, local, strict=True):
         assert done.handoff is not None and done.usage.llm_calls == 1, (q, done.to_dict())
@@ -134,8 +143,7 @@ def test_frozen_llm_loads_through_the_one_loader_and_takes_a_mesh(tiny):
     with contextlib.ExitStack() as stack:
         urls = [stack.enter_context(serve_in_thread(build_model_app(local.backend, "llm"))) for _ in range(2)]
         mesh = FrozenLLM.from_spec([f"{urls[0]}#llm", f"{urls[1]}#llm"], concurrency=2)
-        assert isinstance(mesh.backend, MeshBackend) and all(m.backend.report is not None
-                                                             for m in mesh.backend.members)
+        assert isinstance(mesh.backend, MeshBackend) and all(m.backend.report is not None for m in mesh.backend.members)
         assert mesh.style == "continue" and mesh.key.startswith("[")
         gens = mesh.generate(reqs)
     assert [g.text for g in gens] == want and mesh.calls == 3 and mesh.failures == 0
@@ -171,13 +179,15 @@ def test_backends_import_only_leaf_modules_and_at_module_top():
     for path in sorted((ROOT / "pyrodash" / "backends").glob("*.py")):
         for mod, in_func in _own_imports(path):
             assert mod.startswith(allowed), f"{path.name} imports {mod}: backends may import only {allowed}"
-            assert not in_func or (path.name, mod) in IN_FUNCTION, \
+            assert not in_func or (path.name, mod) in IN_FUNCTION, (
                 f"{path.name} imports {mod} inside a function: move it to the module top"
+            )
 
 
 def test_every_backends_module_imports_first_in_a_fresh_interpreter():
-    mods = sorted(f"pyrodash.backends.{p.stem}" for p in (ROOT / "pyrodash" / "backends").glob("*.py")
-                  if p.stem != "__init__")
+    mods = sorted(
+        f"pyrodash.backends.{p.stem}" for p in (ROOT / "pyrodash" / "backends").glob("*.py") if p.stem != "__init__"
+    )
     code = "import importlib, sys; importlib.import_module(sys.argv[1])"
     for mod in ["pyrodash.backends", *mods]:
         r = subprocess.run([sys.executable, "-c", code, mod], capture_output=True, text=True, timeout=120)

@@ -44,8 +44,14 @@ from pyrodash.server.app import build_app, build_engine
 
 PROMPTS = get_prompts("world-v1")
 PRICES = Prices(slm_in=1.0, slm_out=2.0, llm_in=10.0, llm_out=40.0)
-LITELLM = {"input_cost_per_token": 2e-6, "output_cost_per_token": 8e-6, "cache_read_input_token_cost": 5e-7,
-           "max_tokens": 8192, "litellm_provider": "openai", "mode": "chat"}  # fmt: skip
+LITELLM = {
+    "input_cost_per_token": 2e-6,
+    "output_cost_per_token": 8e-6,
+    "cache_read_input_token_cost": 5e-7,
+    "max_tokens": 8192,
+    "litellm_provider": "openai",
+    "mode": "chat",
+}
 MSGS = [{"role": "user", "content": "3+4="}]
 
 
@@ -57,14 +63,19 @@ def test_litellm_price_entries_load(tmp_path):
     assert (p.slm_in, p.slm_out) == (0.0, 0.0)
     assert (p.llm_in, p.llm_out, p.llm_cached_in) == pytest.approx((2.0, 8.0, 0.5))  # USD per million tokens
     table = tmp_path / "model_prices_and_context_window.json"
-    table.write_text(json.dumps({"gpt-x": LITELLM, "small": {"input_cost_per_token": 1e-7,
-                                                             "output_cost_per_token": 2e-7}}))
+    table.write_text(
+        json.dumps({"gpt-x": LITELLM, "small": {"input_cost_per_token": 1e-7, "output_cost_per_token": 2e-7}})
+    )
     assert Prices.load(f"{table}#gpt-x") == p
     both = Prices.load({"slm": f"{table}#small", "llm": f"{table}#gpt-x"})
     assert (both.slm_in, both.slm_out, both.llm_out) == pytest.approx((0.1, 0.2, 8.0))
     assert Prices.load("paper") == Prices.from_yaml("paper") and Prices.load(PRICES.to_dict()) == PRICES
-    for bad, msg in (({"input_cost_per_token": 1e-6}, "output_cost_per_token"), (f"{table}#nope", "no entry"),
-                     ({"llm_in": 1, "bogus": 2}, "unknown keys"), ({"slm": LITELLM}, "llm side")):
+    for bad, msg in (
+        ({"input_cost_per_token": 1e-6}, "output_cost_per_token"),
+        (f"{table}#nope", "no entry"),
+        ({"llm_in": 1, "bogus": 2}, "unknown keys"),
+        ({"slm": LITELLM}, "llm side"),
+    ):
         with pytest.raises(ValueError, match=msg):
             Prices.load(bad)
     # cached input billed at the cache-read price
@@ -72,10 +83,28 @@ def test_litellm_price_entries_load(tmp_path):
 
 
 def test_endpoint_bill_prices_each_endpoint_at_its_own_sheet():
-    calls = [{"endpoint": "a", "calls": 1, "llm_in": 100, "llm_out": 7, "llm_cached_in": 0, "text": "abc",
-              "prices": Prices.load(LITELLM).to_dict(), "error": "boom"},
-             {"endpoint": "b", "calls": 1, "llm_in": 110, "llm_out": 20, "llm_cached_in": 0, "text": "defg",
-              "prices": None, "error": None}]  # fmt: skip
+    calls = [
+        {
+            "endpoint": "a",
+            "calls": 1,
+            "llm_in": 100,
+            "llm_out": 7,
+            "llm_cached_in": 0,
+            "text": "abc",
+            "prices": Prices.load(LITELLM).to_dict(),
+            "error": "boom",
+        },
+        {
+            "endpoint": "b",
+            "calls": 1,
+            "llm_in": 110,
+            "llm_out": 20,
+            "llm_cached_in": 0,
+            "text": "defg",
+            "prices": None,
+            "error": None,
+        },
+    ]
     a, b = endpoint_bill(calls, PRICES)
     assert (a["endpoint"], a["errors"], a["chars"], a["price"]["llm_out"]) == ("a", 1, 3, pytest.approx(8.0))
     assert a["cost_usd"] == pytest.approx((100 * 2.0 + 7 * 8.0) / 1e6)
@@ -85,8 +114,14 @@ def test_endpoint_bill_prices_each_endpoint_at_its_own_sheet():
 def test_specs_from_flags_and_yaml_forms():
     assert spec_from_flags(["http://a:1/v1#m"]) == "http://a:1/v1#m"
     spec = spec_from_flags(["http://a:1/v1#m", "http://b:2/v1"], ["paper"], "cheapest", 5.0)
-    assert spec == {"endpoints": [{"url": "http://a:1/v1", "model": "m", "prices": "paper"},
-                                  {"url": "http://b:2/v1", "model": None}], "policy": "cheapest", "cooldown_s": 5.0}
+    assert spec == {
+        "endpoints": [
+            {"url": "http://a:1/v1", "model": "m", "prices": "paper"},
+            {"url": "http://b:2/v1", "model": None},
+        ],
+        "policy": "cheapest",
+        "cooldown_s": 5.0,
+    }
     with pytest.raises(ValueError, match="one price sheet per --llm"):
         spec_from_flags(["http://a:1/v1"], ["paper", "paper"])
     with pytest.raises(ValueError, match="needs a price sheet on every endpoint"):
@@ -121,10 +156,19 @@ def _collect(backend, req: GenRequest):
 def test_cheapest_uses_the_cheap_endpoint_and_cools_down_a_failing_one(llm_up):
     flaky = FaultInjectingLLM(llm_up.url)
     with UvicornThread(flaky.app, log_level="error") as cheap:
-        spec = {"policy": "cheapest", "cooldown_s": 1.0, "endpoints": [
-            {"url": f"{llm_up.url}/v1", "model": "tiny-llm", "name": "dear",
-             "prices": {"input_cost_per_token": 1e-5, "output_cost_per_token": 4e-5}},
-            {"url": f"{cheap.url}/v1", "model": "tiny-llm", "name": "cheap", "prices": LITELLM}]}  # fmt: skip
+        spec = {
+            "policy": "cheapest",
+            "cooldown_s": 1.0,
+            "endpoints": [
+                {
+                    "url": f"{llm_up.url}/v1",
+                    "model": "tiny-llm",
+                    "name": "dear",
+                    "prices": {"input_cost_per_token": 1e-5, "output_cost_per_token": 4e-5},
+                },
+                {"url": f"{cheap.url}/v1", "model": "tiny-llm", "name": "cheap", "prices": LITELLM},
+            ],
+        }
         mesh = load_llm(spec)
         flaky.calls = 0  # loading probed each endpoint's continuation mode (pyrodash.backends.endpoint)
         req = GenRequest(messages=MSGS, max_tokens=8, temperature=0.0)
@@ -133,7 +177,9 @@ def test_cheapest_uses_the_cheap_endpoint_and_cools_down_a_failing_one(llm_up):
         flaky.mode = "http500"
         text2, last = _collect(mesh, req)
         assert text2 == text and [(e["endpoint"], e["calls"], bool(e["error"])) for e in last.endpoints] == [
-            ("cheap", 1, True), ("dear", 1, False)]  # fmt: skip
+            ("cheap", 1, True),
+            ("dear", 1, False),
+        ]
         assert last.endpoints[1]["prices"]["llm_out"] == pytest.approx(40.0) and flaky.calls == 2
         _, last = _collect(mesh, req)  # cheap is cooling down: not tried at all
         assert [e["endpoint"] for e in last.endpoints] == ["dear"] and flaky.calls == 2
@@ -165,9 +211,15 @@ def test_mid_stream_cut_continues_on_the_next_endpoint_in_process(llm_up, tmp_pa
     flaky.mode, flaky.cut_after = "cut", 3
     slm = HFBackend(tiny_model_dir(tmp_path_factory.mktemp("slm"), seed=0))
     with UvicornThread(flaky.app, log_level="error") as cut:
-        mesh = load_llm({"cooldown_s": 0, "endpoints": [
-            {"url": f"{cut.url}/v1", "model": "tiny-llm", "name": "cut"},
-            {"url": f"{llm_up.url}/v1", "model": "tiny-llm", "name": "whole", "prices": LITELLM}]})
+        mesh = load_llm(
+            {
+                "cooldown_s": 0,
+                "endpoints": [
+                    {"url": f"{cut.url}/v1", "model": "tiny-llm", "name": "cut"},
+                    {"url": f"{llm_up.url}/v1", "model": "tiny-llm", "name": "whole", "prices": LITELLM},
+                ],
+            }
+        )
         engine = CollaborateEngine(slm, mesh, PROMPTS, PRICES, max_tokens=24, failure=FailurePolicy(retries=0))
         ref = CollaborateEngine(slm, load_llm(f"{llm_up.url}/v1#tiny-llm"), PROMPTS, PRICES, max_tokens=24)
         done, want = engine.run("3+4=", offload_bias=100.0), ref.run("3+4=", offload_bias=100.0)
@@ -186,8 +238,10 @@ def test_mid_stream_cut_continues_on_the_next_endpoint_in_process(llm_up, tmp_pa
     assert cut_e["errors"] == 1 and cut_e["llm_out"] >= 1
     assert cut_e["estimated"] is True and whole_e["estimated"] is False
     assert cut_e["llm_out"] + whole_e["llm_out"] == want.usage.llm_out
-    assert done.cost_usd == pytest.approx(sum(e["cost_usd"] for e in done.llm_endpoints)
-                                          + Usage(slm_in=done.usage.slm_in, slm_out=done.usage.slm_out).cost(PRICES))
+    assert done.cost_usd == pytest.approx(
+        sum(e["cost_usd"] for e in done.llm_endpoints)
+        + Usage(slm_in=done.usage.slm_in, slm_out=done.usage.slm_out).cost(PRICES)
+    )
 
 
 # ---------------------------------------------------------------- two real servers, the first killed mid-handoff
@@ -236,16 +290,60 @@ def test_first_llm_killed_mid_handoff_the_second_finishes(tmp_path):
     p1, p2 = free_port(), free_port()
     procs = []
     try:
-        procs.append(_start([sys.executable, "-m", "pyrodash", "serve-model", str(llm_dir), "--port", str(p1),
-                             "--name", "tiny-llm"], p1, tmp_path / "serve-model.log"))  # fmt: skip
+        procs.append(
+            _start(
+                [
+                    sys.executable,
+                    "-m",
+                    "pyrodash",
+                    "serve-model",
+                    str(llm_dir),
+                    "--port",
+                    str(p1),
+                    "--name",
+                    "tiny-llm",
+                ],
+                p1,
+                tmp_path / "serve-model.log",
+            )
+        )
         (tmp_path / "hub").mkdir()
-        procs.append(_start([str(transformers_cli), "serve", str(llm_dir), "--host", "127.0.0.1", "--port", str(p2),
-                             "--device", "cpu"], p2, tmp_path / "transformers-serve.log",
-                            {"HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1"}))  # fmt: skip
-        config = serve_config(slm=str(slm_dir), context={"llm": 4096}, llm={"policy": "fallback", "endpoints": [
-            {"url": f"http://127.0.0.1:{p1}/v1", "model": "tiny-llm", "name": "serve-model", "prices": "paper"},
-            {"url": f"http://127.0.0.1:{p2}/v1", "model": str(llm_dir), "name": "transformers-serve",
-             "prompt_mode": "completion", "tokenizer": str(llm_dir), "prices": LITELLM}]})  # fmt: skip
+        procs.append(
+            _start(
+                [
+                    str(transformers_cli),
+                    "serve",
+                    str(llm_dir),
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(p2),
+                    "--device",
+                    "cpu",
+                ],
+                p2,
+                tmp_path / "transformers-serve.log",
+                {"HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1"},
+            )
+        )
+        config = serve_config(
+            slm=str(slm_dir),
+            context={"llm": 4096},
+            llm={
+                "policy": "fallback",
+                "endpoints": [
+                    {"url": f"http://127.0.0.1:{p1}/v1", "model": "tiny-llm", "name": "serve-model", "prices": "paper"},
+                    {
+                        "url": f"http://127.0.0.1:{p2}/v1",
+                        "model": str(llm_dir),
+                        "name": "transformers-serve",
+                        "prompt_mode": "completion",
+                        "tokenizer": str(llm_dir),
+                        "prices": LITELLM,
+                    },
+                ],
+            },
+        )
         engine = build_engine(config)
         first, second = engine.llm.members
         first.backend = SigkillAfterChunks(first.backend, procs[0], n=5)
@@ -254,9 +352,17 @@ def test_first_llm_killed_mid_handoff_the_second_finishes(tmp_path):
         want = ref.run(MSGS, offload_bias=100.0, max_tokens=60, max_total_tokens=60)  # the server's max_tokens
         with UvicornThread(build_app(config, engine=engine)) as srv:
             client = openai.OpenAI(base_url=f"{srv.url}/v1", api_key=KEY, max_retries=0, timeout=120)
-            chunks = list(client.chat.completions.create(
-                model="pyrodash", messages=MSGS, max_tokens=60, temperature=0.0, stream=True,
-                stream_options={"include_usage": True}, extra_body={"offload_bias": 100.0}))  # fmt: skip
+            chunks = list(
+                client.chat.completions.create(
+                    model="pyrodash",
+                    messages=MSGS,
+                    max_tokens=60,
+                    temperature=0.0,
+                    stream=True,
+                    stream_options={"include_usage": True},
+                    extra_body={"offload_bias": 100.0},
+                )
+            )
             auth = {"Authorization": f"Bearer {KEY}"}
             metrics = httpx.get(f"{srv.url}/metrics", headers=auth).text
             health = httpx.get(f"{srv.url}/health", headers=auth).json()
@@ -265,8 +371,10 @@ def test_first_llm_killed_mid_handoff_the_second_finishes(tmp_path):
         assert procs[0].poll() == -signal.SIGKILL, "the first LLM server was killed mid-stream"
         assert answer == want.output, "one uninterrupted answer: what one server alone writes, nothing duplicated"
         assert p["llm_calls"] == 2 and not p["fallback"] and p["handoff"] == 0
-        assert [(s["by"], s["endpoint"]) for s in p["segments"]] == [("llm", "serve-model"),
-                                                                      ("llm", "transformers-serve")]
+        assert [(s["by"], s["endpoint"]) for s in p["segments"]] == [
+            ("llm", "serve-model"),
+            ("llm", "transformers-serve"),
+        ]
         killed, rescuer = p["segments"][0]["text"], p["segments"][1]["text"]
         assert len(killed) >= 5 and killed + rescuer == answer and rescuer
         (req,) = second.backend.requests
@@ -297,12 +405,26 @@ def test_first_llm_killed_mid_handoff_the_second_finishes(tmp_path):
 
 
 def test_report_prices_mesh_records_per_endpoint():
-    from pyrodash.report import compute_metrics, mesh_table, record_cost
+    from pyrodash.report.core import compute_metrics, mesh_table, record_cost
 
-    a = {"endpoint": "a", "calls": 1, "errors": 1, "llm_in": 100, "llm_out": 5, "llm_cached_in": 0,
-         "price": {"llm_in": 2.0, "llm_out": 8.0, "llm_cached_in": None}}
-    b = {"endpoint": "b", "calls": 1, "errors": 0, "llm_in": 105, "llm_out": 15, "llm_cached_in": 0,
-         "price": {"llm_in": 10.0, "llm_out": 40.0, "llm_cached_in": None}}
+    a = {
+        "endpoint": "a",
+        "calls": 1,
+        "errors": 1,
+        "llm_in": 100,
+        "llm_out": 5,
+        "llm_cached_in": 0,
+        "price": {"llm_in": 2.0, "llm_out": 8.0, "llm_cached_in": None},
+    }
+    b = {
+        "endpoint": "b",
+        "calls": 1,
+        "errors": 0,
+        "llm_in": 105,
+        "llm_out": 15,
+        "llm_cached_in": 0,
+        "price": {"llm_in": 10.0, "llm_out": 40.0, "llm_cached_in": None},
+    }
     usage = Usage(slm_in=50, slm_out=3, llm_in=205, llm_out=20, llm_calls=2).to_dict()
     rec = {"benchmark": "w", "id": 1, "correct": True, "usage": usage, "llm_endpoints": [a, b]}
     cheap = Prices(slm_in=1.0, slm_out=2.0, llm_in=0.0, llm_out=0.0)
@@ -332,11 +454,31 @@ def test_serve_flags_build_a_mesh_config():
     from pyrodash.cli import build_parser
     from pyrodash.commands.serve import config_from_args
 
-    args = build_parser().parse_args(["serve", "--slm", "s", "--llm", "http://a:1/v1#m", "--llm", "http://b:2/v1#m",
-                                      "--llm-prices", "paper", "--llm-policy", "fallback", "--context-slm", "512"])
+    args = build_parser().parse_args(
+        [
+            "serve",
+            "--slm",
+            "s",
+            "--llm",
+            "http://a:1/v1#m",
+            "--llm",
+            "http://b:2/v1#m",
+            "--llm-prices",
+            "paper",
+            "--llm-policy",
+            "fallback",
+            "--context-slm",
+            "512",
+        ]
+    )
     c = config_from_args(args)
-    assert c.llm == {"endpoints": [{"url": "http://a:1/v1", "model": "m", "prices": "paper"},
-                                   {"url": "http://b:2/v1", "model": "m"}], "policy": "fallback"}
+    assert c.llm == {
+        "endpoints": [
+            {"url": "http://a:1/v1", "model": "m", "prices": "paper"},
+            {"url": "http://b:2/v1", "model": "m"},
+        ],
+        "policy": "fallback",
+    }
     assert (c.context.slm, c.context.llm) == (512, None)
     one = config_from_args(build_parser().parse_args(["serve", "--slm", "s", "--llm", "http://a:1/v1#m"]))
     assert one.llm == "http://a:1/v1#m"

@@ -22,18 +22,23 @@ def backends(tmp_path_factory):
 
 
 def _env(max_tokens: int = 16):
-    from pyrodash.methods import Env
+    from pyrodash.eval.methods import Env
 
     return Env(get_prompts("world-v1"), Prices.from_yaml("paper"), max_tokens=max_tokens, batch_size=4)
 
 
 def _ex(i: int, hard: list[int]) -> Example:
-    return Example(id=f"o{i}", benchmark="world:tier1", question=f"Start {i}: +{i % 7 + 1}, f.", gold=str(i),
-                   meta={"steps": ["a", "b", "c"], "hard_steps": hard})
+    return Example(
+        id=f"o{i}",
+        benchmark="world:tier1",
+        question=f"Start {i}: +{i % 7 + 1}, f.",
+        gold=str(i),
+        meta={"steps": ["a", "b", "c"], "hard_steps": hard},
+    )
 
 
 def test_cut_before_step():
-    from pyrodash.methods_oracle import cut_before_step
+    from pyrodash.eval.oracle import cut_before_step
 
     text = "1+2=3\n\nf(3)=7\n\n7+1=8\n\n\\boxed{8}"
     assert cut_before_step(text, 0) == ""
@@ -45,8 +50,8 @@ def test_cut_before_step():
 def test_oracle_hands_off_before_the_first_hard_step_and_bills_like_the_engine(backends):
     from pyrodash.backends.base import GenRequest
     from pyrodash.engine.requests import handoff_request, with_system
-    from pyrodash.methods import generate
-    from pyrodash.methods_oracle import Oracle, cut_before_step
+    from pyrodash.eval.methods import generate
+    from pyrodash.eval.oracle import Oracle, cut_before_step
 
     slm, llm = backends
     env = _env()
@@ -56,8 +61,15 @@ def test_oracle_hands_off_before_the_first_hard_step_and_bills_like_the_engine(b
     assert [r["oracle_step"] for r in recs] == [None, 0, 1]
     # The SLM's own answer under P_s (what the engine's SLM request would produce), independently generated.
     p = env.prompts
-    own = generate(slm, [GenRequest(messages=with_system(p.offload_system, p.plain_messages(ex.question)),
-                                    max_tokens=env.max_tokens, **s) for ex, s in items])
+    own = generate(
+        slm,
+        [
+            GenRequest(
+                messages=with_system(p.offload_system, p.plain_messages(ex.question)), max_tokens=env.max_tokens, **s
+            )
+            for ex, s in items
+        ],
+    )
     assert recs[0]["output"] == own[0].text and recs[0]["handoff"] is None
     assert usage_of(recs[0]) == Usage(slm_in=own[0].prompt_tokens, slm_out=own[0].completion_tokens)
     for r, g, (ex, s) in zip(recs[1:], own[1:], items[1:]):
@@ -71,13 +83,18 @@ def test_oracle_hands_off_before_the_first_hard_step_and_bills_like_the_engine(b
         assert r["segments"][-1]["text"] == lg.text
         u = usage_of(r)
         n_prefix = slm.count_tokens(prefix) if prefix else 0
-        assert u == Usage(slm_in=g.prompt_tokens, slm_out=n_prefix + 1, llm_in=lg.prompt_tokens,
-                          llm_out=lg.completion_tokens, llm_calls=1)
+        assert u == Usage(
+            slm_in=g.prompt_tokens,
+            slm_out=n_prefix + 1,
+            llm_in=lg.prompt_tokens,
+            llm_out=lg.completion_tokens,
+            llm_calls=1,
+        )
         assert r["handoff"] == n_prefix
 
 
 def test_oracle_needs_hard_steps(backends):
-    from pyrodash.methods_oracle import Oracle
+    from pyrodash.eval.oracle import Oracle
 
     slm, llm = backends
     ex = Example(id="x", benchmark="gsm8k", question="2+2?", gold="4", meta={})
@@ -86,11 +103,10 @@ def test_oracle_needs_hard_steps(backends):
 
 
 def test_report_places_oracle_and_measures_distance():
-    from pyrodash.report import Metrics, oracle_distance, parse_method, sort_key, verdict_sentence
+    from pyrodash.report.core import Metrics, oracle_distance, parse_method, sort_key, verdict_sentence
 
     assert parse_method("oracle") == ("oracle", None, None)
-    assert sorted(["llm", "oracle", "pyrodash@0.6", "slm"], key=sort_key) == ["slm", "pyrodash@0.6", "oracle",
-                                                                                "llm"]
+    assert sorted(["llm", "oracle", "pyrodash@0.6", "slm"], key=sort_key) == ["slm", "pyrodash@0.6", "oracle", "llm"]
     fields = Metrics.__dataclass_fields__
 
     def m(name, acc, norm):
@@ -98,8 +114,12 @@ def test_report_places_oracle_and_measures_distance():
         base.update(name=name, accuracy=acc, cost_usd=norm, cost_normalized=norm, llm_calls=1.0)
         return Metrics(**{k: base[k] for k in fields})
 
-    ms = {"oracle": m("oracle", 0.98, 0.45), "pyrodash@0.6": m("pyrodash@0.6", 0.95, 0.52),
-          "pyrodash@2": m("pyrodash@2", 0.6, 0.2), "routellm@0.5": m("routellm@0.5", 0.9, 0.6)}
+    ms = {
+        "oracle": m("oracle", 0.98, 0.45),
+        "pyrodash@0.6": m("pyrodash@0.6", 0.95, 0.52),
+        "pyrodash@2": m("pyrodash@2", 0.6, 0.2),
+        "routellm@0.5": m("routellm@0.5", 0.9, 0.6),
+    }
     table = "\n".join(oracle_distance(ms))
     assert "| pyrodash@0.6 | 95.00 | 0.5200 | -3.00 | +0.0700 | yes |" in table
     assert "| pyrodash@2 | 60.00 | 0.2000 | -38.00 | -0.2500 | no |" in table

@@ -44,12 +44,22 @@ SERIES = {
     "pyrodash_llm_endpoint_calls_total": {"endpoint"},
     "pyrodash_llm_endpoint_errors_total": {"endpoint"},
     "pyrodash_llm_endpoint_cost_usd_total": {"endpoint"},
-    **{f"{h}{s}": {"model"} | ({"le"} if s == "_bucket" else set())
-       for h in ("pyrodash_request_duration_seconds", "pyrodash_time_to_first_token_seconds",
-                 "pyrodash_overhead_seconds") for s in ("_bucket", "_sum", "_count")},
-}  # fmt: skip
-TYPES = {"pyrodash_requests_total": "counter", "pyrodash_requests_in_flight": "gauge",
-         "pyrodash_cost_usd_total": "counter", "pyrodash_request_duration_seconds": "histogram"}  # fmt: skip
+    **{
+        f"{h}{s}": {"model"} | ({"le"} if s == "_bucket" else set())
+        for h in (
+            "pyrodash_request_duration_seconds",
+            "pyrodash_time_to_first_token_seconds",
+            "pyrodash_overhead_seconds",
+        )
+        for s in ("_bucket", "_sum", "_count")
+    },
+}
+TYPES = {
+    "pyrodash_requests_total": "counter",
+    "pyrodash_requests_in_flight": "gauge",
+    "pyrodash_cost_usd_total": "counter",
+    "pyrodash_request_duration_seconds": "histogram",
+}
 
 
 def _load(name: str):
@@ -61,11 +71,32 @@ def _load(name: str):
 
 def _done() -> Done:
     usage = Usage(slm_in=10, slm_out=5, llm_in=20, llm_out=7, llm_cached_in=3, llm_calls=2)
-    ep = {"endpoint": "big", "calls": 2, "llm_in": 20, "llm_out": 7, "llm_cached_in": 3, "chars": 30, "price": None,
-          "cost_usd": 0.25, "errors": 1}  # fmt: skip
-    return Done(output="ab", slm_text="a", llm_text="b", usage=usage, cost_usd=0.5, finish_reason="stop", handoff=5,
-                handoff_admitted=False, fallback=True, errors=["attempt 1: boom"], usage_estimated=True,
-                trimmed={"slm": 2, "llm": 0}, llm_endpoints=[ep])  # fmt: skip
+    ep = {
+        "endpoint": "big",
+        "calls": 2,
+        "llm_in": 20,
+        "llm_out": 7,
+        "llm_cached_in": 3,
+        "chars": 30,
+        "price": None,
+        "cost_usd": 0.25,
+        "errors": 1,
+    }
+    return Done(
+        output="ab",
+        slm_text="a",
+        llm_text="b",
+        usage=usage,
+        cost_usd=0.5,
+        finish_reason="stop",
+        handoff=5,
+        handoff_admitted=False,
+        fallback=True,
+        errors=["attempt 1: boom"],
+        usage_estimated=True,
+        trimmed={"slm": 2, "llm": 0},
+        llm_endpoints=[ep],
+    )
 
 
 def test_names_labels_and_values_of_the_hand_written_exporter_are_kept():
@@ -135,8 +166,16 @@ async def _requests(app) -> dict:
         out["missing"] = await c.get("/nowhere")
         out["bad_json"] = await c.post(CHAT, content=b"{nope", headers={"content-type": "application/json"})
         out["unary"] = await c.post(CHAT, json={"model": "pyrodash", "messages": Q, "max_tokens": 64})
-        out["stream"] = await c.post(CHAT, json={"model": "pyrodash", "messages": Q, "max_tokens": 64, "stream": True,
-                                                 "stream_options": {"include_usage": True}})  # fmt: skip
+        out["stream"] = await c.post(
+            CHAT,
+            json={
+                "model": "pyrodash",
+                "messages": Q,
+                "max_tokens": 64,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+            },
+        )
         out["metrics"] = await c.get("/metrics")
     return out
 

@@ -1,5 +1,6 @@
 """The world's conversations (pyrodash.world.multiturn): follow-up generator, pretraining examples, the multi-turn
-split, and its evaluation per turn (records through `pyrodash.evaluate` with real tiny models, the report section)."""
+split, and its evaluation per turn (records through `pyrodash.eval.harness` with real tiny
+models, the report section)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from tiny_models import tiny_model_dir
 
 from pyrodash.backends.base import GenRequest
 from pyrodash.cost import Prices
-from pyrodash.evaluate import EvalConfig, evaluate
+from pyrodash.eval.harness import EvalConfig, evaluate
 from pyrodash.prompts import get_prompts
 from pyrodash.world.multiturn import (
     FOLLOWUP,
@@ -21,7 +22,7 @@ from pyrodash.world.multiturn import (
     make_multiturn_split,
     pretrain_example,
     sample_conversation,
-)  # fmt: skip
+)
 from pyrodash.world.task import Problem, make_known, make_split, make_table, solve, untaught_spans
 from pyrodash.world.tokenizer import IM_END_ID, encode_chat
 
@@ -49,10 +50,14 @@ def test_multiturn_split_one_example_per_turn_with_gold_history():
         t1, t2, t3 = exs[3 * c : 3 * c + 3]
         assert [e.meta["turn"] for e in (t1, t2, t3)] == [1, 2, 3] and t1.meta["history"] == []
         assert t1.question in seen and t3.meta["conversation"] == t1.meta["conversation"]
-        assert t2.meta["history"] == [{"role": "user", "content": t1.question},
-                                      {"role": "assistant", "content": t1.meta["solution"]}]
-        assert t3.meta["history"] == t2.meta["history"] + [{"role": "user", "content": t2.question},
-                                                           {"role": "assistant", "content": t2.meta["solution"]}]
+        assert t2.meta["history"] == [
+            {"role": "user", "content": t1.question},
+            {"role": "assistant", "content": t1.meta["solution"]},
+        ]
+        assert t3.meta["history"] == t2.meta["history"] + [
+            {"role": "user", "content": t2.question},
+            {"role": "assistant", "content": t2.meta["solution"]},
+        ]
         assert t3.meta["solution"].split(" ")[1].startswith(f"{int(t2.gold):02d}+")
         assert t3.meta["solution"].endswith(f"{{{int(t3.gold):02d}}}")
 
@@ -90,18 +95,25 @@ def backends(tmp_path_factory):
 
 
 def test_multiturn_split_is_evaluated_and_reported_per_turn(tmp_path, backends):
-    from pyrodash.methods import Env, PyroDash, Solo
-    from pyrodash.report import per_turn, render
+    from pyrodash.eval.methods import Env, PyroDash, Solo
+    from pyrodash.report.core import per_turn, render
 
     slm, llm = backends
     prompts, prices = get_prompts("world-v1"), Prices.from_yaml("paper")
     env = Env(prompts, prices, max_tokens=10, batch_size=4)
     exs = make_multiturn_split(0, 3, 2, [1], [1], TABLE, KNOWN)
     single = make_split(0, "tier1", 2, [1], TABLE, KNOWN)
-    methods = {"slm": Solo("slm", slm, "slm", env), "llm": Solo("llm", llm, "llm", env),
-               "pyrodash@0.1": PyroDash("pyrodash@0.1", slm, llm, env, offload_bias=100.0)}
-    evaluate(EvalConfig(run_dir=str(tmp_path), benchmarks=["world:multiturn"], batch_size=4), methods,
-             examples=exs + single, quiet=True)
+    methods = {
+        "slm": Solo("slm", slm, "slm", env),
+        "llm": Solo("llm", llm, "llm", env),
+        "pyrodash@0.1": PyroDash("pyrodash@0.1", slm, llm, env, offload_bias=100.0),
+    }
+    evaluate(
+        EvalConfig(run_dir=str(tmp_path), benchmarks=["world:multiturn"], batch_size=4),
+        methods,
+        examples=exs + single,
+        quiet=True,
+    )
     recs = [json.loads(x) for x in (tmp_path / "records" / "pyrodash@0.1.jsonl").read_text().splitlines()][:6]
     assert [r["meta"]["turn"] for r in recs] == [1, 2] * 3 and all(r["llm_calls"] == 1 for r in recs)
     slm_recs = [json.loads(x) for x in (tmp_path / "records" / "slm.jsonl").read_text().splitlines()][:6]
@@ -129,14 +141,22 @@ def test_turn_prompts_and_per_turn_accuracy_of_a_world_model(backends):
     exs = make_multiturn_split(1, 2, 3, [1], [1], TABLE, KNOWN)
     slm = backends[0]
     ids = turn_prompt_ids(exs[2], encode_chat)
-    assert ids == slm.prompt_ids(GenRequest(messages=exs[2].meta["history"] + [{"role": "user",
-                                                                                "content": exs[2].question}]))
+    assert ids == slm.prompt_ids(
+        GenRequest(messages=exs[2].meta["history"] + [{"role": "user", "content": exs[2].question}])
+    )
     acc = evaluate_turns(slm.model, exs, batch_size=8)
     # the same turns decoded one by one through the engine's own greedy loop, graded by the gold answers
     from pyrodash.grading import grade_batch
 
-    outs = [slm.generate(GenRequest(messages=ex.meta["history"] + [{"role": "user", "content": ex.question}],
-                                    max_tokens=len(ex.meta["solution"]) + 24)).text for ex in exs]
+    outs = [
+        slm.generate(
+            GenRequest(
+                messages=ex.meta["history"] + [{"role": "user", "content": ex.question}],
+                max_tokens=len(ex.meta["solution"]) + 24,
+            )
+        ).text
+        for ex in exs
+    ]
     ok = grade_batch(outs, [ex.gold for ex in exs], workers=0)
     assert acc == {t: sum(ok[t - 1 :: 3]) / 2 for t in (1, 2, 3)}
 

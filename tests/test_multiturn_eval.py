@@ -1,4 +1,4 @@
-"""Conversations evaluated as users live them (`world:multiturn-self`, pyrodash.evaluate): each turn after the
+"""Conversations evaluated as users live them (`world:multiturn-self`, pyrodash.eval.harness): each turn after the
 method's OWN earlier answers, turn by turn, resumable; whole conversations under `limit`; and the report's per-turn
 sections per benchmark (normalized cost, Pareto verdict, oracle distance) computed right on hand-made records."""
 
@@ -13,7 +13,7 @@ import pytest
 from pyrodash.cost import Prices
 from pyrodash.data.benchmarks import load_benchmark, subsample_examples
 from pyrodash.data.example import Example
-from pyrodash.evaluate import EvalConfig, evaluate, load_examples
+from pyrodash.eval.harness import EvalConfig, evaluate, load_examples
 from pyrodash.world.multiturn import make_multiturn_split
 from pyrodash.world.task import make_known, make_split, make_table
 
@@ -51,9 +51,17 @@ class Fake:
             if turn == self.fail_on_turn:
                 raise KeyboardInterrupt("killed")
             ans = 99 if turn in self.wrong else int(ex.gold)
-            out.append({"output": f"{self.tag}: after {len(ex.meta.get('history') or [])} messages, "
-                                  f"\\boxed{{{ans}}}",
-                        "slm_in": 10, "slm_out": 5, "llm_in": 0, "llm_out": 0, "llm_calls": 0, "handoff": None})
+            out.append(
+                {
+                    "output": f"{self.tag}: after {len(ex.meta.get('history') or [])} messages, \\boxed{{{ans}}}",
+                    "slm_in": 10,
+                    "slm_out": 5,
+                    "llm_in": 0,
+                    "llm_out": 0,
+                    "llm_calls": 0,
+                    "handoff": None,
+                }
+            )
         return out
 
 
@@ -111,10 +119,11 @@ def test_turns_are_answered_after_the_methods_own_answers(tmp_path):
             assert s["meta"]["history"] == [] and s["output"] == g["output"]
             assert "\\boxed{99}" in s["output"] and not s["correct"]
             continue
-        prev = next(e for e in exs if e.meta["conversation"] == ex.meta["conversation"]
-                    and e.meta["turn"] == turn - 1)
+        prev = next(e for e in exs if e.meta["conversation"] == ex.meta["conversation"] and e.meta["turn"] == turn - 1)
         assert s["meta"]["history"] == mine[prev.id]["meta"]["history"] + [
-            {"role": "user", "content": prev.question}, {"role": "assistant", "content": mine[prev.id]["output"]}]
+            {"role": "user", "content": prev.question},
+            {"role": "assistant", "content": mine[prev.id]["output"]},
+        ]
         assert s["meta"]["history"] != g["meta"]["history"]
         assert f"after {2 * (turn - 1)} messages" in s["output"] and s["correct"]
     t2 = next(r for r in mine.values() if r["meta"]["turn"] == 2)
@@ -147,8 +156,10 @@ def test_own_history_resumes_from_stored_turns(tmp_path):
         if r["meta"]["turn"] == 2:
             t1 = by[r["id"].replace("-t2", "-t1")]
             assert t1["output"].startswith("first run")  # the stored turn-1 output, not a new one
-            assert r["meta"]["history"] == [{"role": "user", "content": t1["question"]},
-                                            {"role": "assistant", "content": t1["output"]}]
+            assert r["meta"]["history"] == [
+                {"role": "user", "content": t1["question"]},
+                {"role": "assistant", "content": t1["output"]},
+            ]
     # a finished run resumes to nothing
     m2 = Fake("slm")
     evaluate(cfg, {"slm": m2}, examples=own, quiet=True)
@@ -174,8 +185,8 @@ def test_own_history_reaches_the_model(tmp_path):
 
     from pyrodash.backends.base import GenRequest
     from pyrodash.backends.hf import HFBackend
-    from pyrodash.methods import Env, Solo
-    from pyrodash.methods_oracle import Oracle
+    from pyrodash.eval.methods import Env, Solo
+    from pyrodash.eval.oracle import Oracle
     from pyrodash.prompts import get_prompts
 
     world, exs = _world(tmp_path, n=2, turns=2)
@@ -185,8 +196,12 @@ def test_own_history_reaches_the_model(tmp_path):
     prompts = get_prompts("world-v1")
     env = Env(prompts, Prices.from_yaml("paper"), max_tokens=10, batch_size=4)
     cfg = EvalConfig(run_dir=str(tmp_path / "run"), benchmarks=["world:multiturn", SELF], batch_size=4)
-    evaluate(cfg, {"slm": Solo("slm", slm, "slm", env), "oracle": Oracle("oracle", slm, llm, env)},
-             examples=exs + own, quiet=True)
+    evaluate(
+        cfg,
+        {"slm": Solo("slm", slm, "slm", env), "oracle": Oracle("oracle", slm, llm, env)},
+        examples=exs + own,
+        quiet=True,
+    )
     # the oracle answers own-history turns too: its handoff follows the turn's hard steps, its history is its own
     orc = {r["id"]: r for r in _lines(tmp_path / "run" / "records" / "oracle.jsonl") if r["benchmark"] == SELF}
     for ex in exs:
@@ -213,18 +228,41 @@ PRICES = Prices(slm_in=0, slm_out=0, llm_in=0, llm_out=1e6)  # $1 per LLM output
 
 
 def _rec(method, bench, conv, turn, correct, llm_out):
-    return {"id": f"c{conv}-t{turn}", "benchmark": bench, "sample": 0, "method": method, "question": "q",
-            "gold": "1", "correct": correct, "output": "x", "slm_in": 1, "slm_out": 1, "llm_in": 0,
-            "llm_out": llm_out, "llm_calls": int(llm_out > 0), "handoff": 3 if llm_out and method != "llm" else None,
-            "meta": {"turn": turn, "conversation": f"c{conv}", "history": []}}
+    return {
+        "id": f"c{conv}-t{turn}",
+        "benchmark": bench,
+        "sample": 0,
+        "method": method,
+        "question": "q",
+        "gold": "1",
+        "correct": correct,
+        "output": "x",
+        "slm_in": 1,
+        "slm_out": 1,
+        "llm_in": 0,
+        "llm_out": llm_out,
+        "llm_calls": int(llm_out > 0),
+        "handoff": 3 if llm_out and method != "llm" else None,
+        "meta": {"turn": turn, "conversation": f"c{conv}", "history": []},
+    }
 
 
 # (benchmark, turn) -> method -> (accuracy out of 2 conversations, llm_out per example)
 POINTS = {
-    ("world:multiturn", 1): {"slm": (0, 0), "llm": (2, 100), "oracle": (2, 40), "pyrodash@0.5": (2, 60),
-                             "pyrodash@2": (1, 20)},
-    ("world:multiturn", 2): {"slm": (0, 0), "llm": (2, 200), "oracle": (2, 50), "pyrodash@0.5": (2, 50),
-                             "pyrodash@2": (0, 10)},
+    ("world:multiturn", 1): {
+        "slm": (0, 0),
+        "llm": (2, 100),
+        "oracle": (2, 40),
+        "pyrodash@0.5": (2, 60),
+        "pyrodash@2": (1, 20),
+    },
+    ("world:multiturn", 2): {
+        "slm": (0, 0),
+        "llm": (2, 200),
+        "oracle": (2, 50),
+        "pyrodash@0.5": (2, 50),
+        "pyrodash@2": (0, 10),
+    },
     (SELF, 1): {"slm": (0, 0), "llm": (2, 100), "oracle": (2, 40), "pyrodash@0.5": (2, 60), "pyrodash@2": (1, 20)},
     (SELF, 2): {"slm": (0, 0), "llm": (2, 400), "oracle": (1, 100), "pyrodash@0.5": (1, 80), "pyrodash@2": (0, 0)},
 }
@@ -246,7 +284,7 @@ def run(tmp_path):
 
 
 def test_per_turn_normalized_cost_and_pareto_verdict(run):
-    from pyrodash.report import load_run, per_turn_by_benchmark, turn_pareto
+    from pyrodash.report.core import load_run, per_turn_by_benchmark, turn_pareto
 
     pt = per_turn_by_benchmark(load_run(run), PRICES)
     assert list(pt) == ["world:multiturn", SELF]
@@ -278,17 +316,19 @@ def test_per_turn_normalized_cost_and_pareto_verdict(run):
 def test_report_sections_summary_and_console_per_benchmark(run):
     from rich.console import Console
 
-    from pyrodash.commands.report import print_turns
-    from pyrodash.report import render, write_report
+    from pyrodash.report.console import print_turns
+    from pyrodash.report.core import render, write_report
 
     md, summary, ms = render(run)
     assert "### Conversations, gold history: `world:multiturn`" in md
     assert "### Conversations, own history: `world:multiturn-self`" in md
     assert md.index("gold history: `world:multiturn`") < md.index("own history: `world:multiturn-self`")
-    own_md = md[md.index("own history: `world:multiturn-self`"):]
+    own_md = md[md.index("own history: `world:multiturn-self`") :]
     assert "| pyrodash@0.5 | 2 | 2 | 50.00 | 1.00 | 100.00 | 80.00000000 | 0.2000 |" in own_md
-    assert "  - pyrodash@0.5 (acc 50.00%, 0.2000 of LLM-only): on the frontier; vs oracle +0.00 points, " \
-           "-0.0500 of LLM-only cost" in own_md
+    assert (
+        "  - pyrodash@0.5 (acc 50.00%, 0.2000 of LLM-only): on the frontier; vs oracle +0.00 points, "
+        "-0.0500 of LLM-only cost" in own_md
+    )
     gold_md = md[: md.index("own history: `world:multiturn-self`")]
     assert "  - pyrodash@2 (acc 0.00%, 0.0500 of LLM-only): dominated by slm;" in gold_md
     # summary: per_turn keeps the gold-history turns only (as before), the rest under their own keys

@@ -35,7 +35,7 @@ def chunked(body: bytes, sizes=(7, 1, 30), ext: bool = False, trailer: bool = Fa
     out, i, k = [], 0, 0
     while i < len(body):
         n = sizes[k % len(sizes)]
-        part = body[i:i + n]
+        part = body[i : i + n]
         out.append(b"%x%s\r\n%s\r\n" % (len(part), b";x=1" if ext else b"", part))
         i, k = i + n, k + 1
     return b"".join(out) + b"0\r\n" + (b"x-trailer: 1\r\n" if trailer else b"") + b"\r\n"
@@ -55,8 +55,11 @@ class RawServer:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
                 self.heads.append(head)
-                length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                              if line.lower().startswith(b"content-length:"))
+                length = next(
+                    int(line.split(b":")[1])
+                    for line in head.split(b"\r\n")
+                    if line.lower().startswith(b"content-length:")
+                )
                 self.bodies.append(json.loads(await reader.readexactly(length)))
                 self.requests += 1
                 out = self.answer(self.requests)
@@ -112,8 +115,16 @@ def test_lean_is_used_for_plain_http_without_a_proxy(monkeypatch):
     assert not lean_ok("http://10.0.0.1:8000/v1")
 
 
-@pytest.mark.parametrize("framing,kw", [("chunked", {}), ("chunked", {"sizes": (1,), "ext": True, "trailer": True}),
-                                        ("chunked", {"sizes": (4096,)}), ("length", {}), ("close", {})])
+@pytest.mark.parametrize(
+    "framing,kw",
+    [
+        ("chunked", {}),
+        ("chunked", {"sizes": (1,), "ext": True, "trailer": True}),
+        ("chunked", {"sizes": (4096,)}),
+        ("length", {}),
+        ("close", {}),
+    ],
+)
 def test_every_framing_streams_the_same_and_a_finished_stream_keeps_its_connection(framing, kw):
     body = sse(["Hello", ", wor", "ld ünï"], stop_reason=7)
 
@@ -138,8 +149,9 @@ def test_crlf_lines_and_gzip_bodies():
     gz = gzip.compress(body)
 
     async def main():
-        async with RawServer(lambda n: response(body) if n == 1 else
-                             response(gz, extra=b"content-encoding: gzip\r\n")) as srv:  # fmt: skip
+        async with RawServer(
+            lambda n: response(body) if n == 1 else response(gz, extra=b"content-encoding: gzip\r\n")
+        ) as srv:
             b = OpenAICompatBackend(srv.url, model="m")
             out = [(await collect(b))[0] for _ in range(2)]
             await b.aclose()
@@ -216,8 +228,7 @@ def test_failures_are_backend_errors_as_before():
         assert e.value.reached_server is False and "cannot connect" in str(e.value)
         # an HTTP error status: its message and status, the connection kept (the body was read)
         err = json.dumps({"error": {"message": "bad field", "param": "top_p"}}).encode()
-        async with RawServer(lambda n: response(err, "length", status=400) if n == 1 else
-                             response(sse(["y"]))) as srv:  # fmt: skip
+        async with RawServer(lambda n: response(err, "length", status=400) if n == 1 else response(sse(["y"]))) as srv:
             b = OpenAICompatBackend(srv.url, model="m")
             with pytest.raises(BackendError) as e:
                 await collect(b)
@@ -234,7 +245,7 @@ def test_failures_are_backend_errors_as_before():
             await b.aclose()
         # the server gone in the middle of the stream
         cut = response(sse(["a", "b"]))[:-40]
-        async with RawServer(lambda n: (lambda r, w: _write_and_close(w, cut))) as srv:
+        async with RawServer(lambda n: lambda r, w: _write_and_close(w, cut)) as srv:
             b = OpenAICompatBackend(srv.url, model="m")
             with pytest.raises(BackendError):
                 await collect(b)
@@ -283,6 +294,7 @@ def test_the_read_timeout_bounds_each_wait_not_the_stream():
                 await writer.drain()
             writer.write(b"0\r\n\r\n")
             await writer.drain()
+
         return send
 
     async def main(stall_after):

@@ -30,8 +30,11 @@ QUESTION = "Start 47: +3, f."
 OPS = {"pyrodash": 0.0, "pyrodash-eco": -2.0, "always-offload": 100.0}
 
 if not (CHROMIUM and CHROMEDRIVER.exists()):
-    pytest.skip("no Chromium here: install Debian's chromium and chromium-driver (apt-get install -y chromium "
-                "chromium-driver; .ci/run does it when it can)", allow_module_level=True)
+    pytest.skip(
+        "no Chromium here: install Debian's chromium and chromium-driver (apt-get install -y chromium "
+        "chromium-driver; .ci/run does it when it can)",
+        allow_module_level=True,
+    )
 webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is missing: pip install -e '.[test]'")
 from selenium.webdriver.chrome.service import Service  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
@@ -55,10 +58,28 @@ def stack(tmp_path_factory):
         "limits: {max_tokens: 256, default_max_tokens: 40}\n"
     )
     port = free_port()
-    cmd = [sys.executable, "-m", "pyrodash", "serve", "--config", str(cfg), "--port", str(port), "--api-key", KEY,
-           "--log-level", "warning"]  # fmt: skip
-    proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "pyrodash",
+        "serve",
+        "--config",
+        str(cfg),
+        "--port",
+        str(port),
+        "--api-key",
+        KEY,
+        "--log-level",
+        "warning",
+    ]
+    proc = subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(url, proc, "pyrodash serve")
@@ -73,8 +94,14 @@ def stack(tmp_path_factory):
 def browser():
     opts = webdriver.ChromeOptions()
     opts.binary_location = CHROMIUM
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
-                "--window-size=1440,960", "--force-device-scale-factor=1"):  # fmt: skip
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-dev-shm-usage",
+        "--disable-gpu",
+        "--window-size=1440,960",
+        "--force-device-scale-factor=1",
+    ):
         opts.add_argument(arg)
     driver = webdriver.Chrome(service=Service(executable_path=str(CHROMEDRIVER)), options=opts)
     try:
@@ -103,10 +130,20 @@ def _open_with_key(driver, url: str) -> None:
 
 def _mid_answer_bias(url: str) -> tuple[float, int]:
     """An offload_bias at which the SLM writes >= 3 tokens and then hands off (greedy), found by bisection."""
+
     def handoff(bias: float) -> int | None:
-        r = httpx.post(f"{url}/v1/chat/completions", headers={"Authorization": f"Bearer {KEY}"}, timeout=60, json={
-            "model": "pyrodash", "messages": [{"role": "user", "content": QUESTION}], "max_tokens": 40,
-            "temperature": 0, "offload_bias": bias})  # fmt: skip
+        r = httpx.post(
+            f"{url}/v1/chat/completions",
+            headers={"Authorization": f"Bearer {KEY}"},
+            timeout=60,
+            json={
+                "model": "pyrodash",
+                "messages": [{"role": "user", "content": QUESTION}],
+                "max_tokens": 40,
+                "temperature": 0,
+                "offload_bias": bias,
+            },
+        )
         assert r.status_code == 200, r.text
         return r.json()["pyrodash"]["handoff"]
 
@@ -171,12 +208,22 @@ def test_chat_shows_the_handoff_and_what_it_cost(stack, browser, tmp_path):
     assert "estimate" in browser.find_element(By.ID, "meter-how").text
     assert len(browser.find_elements(By.CSS_SELECTOR, "#meter-bars .bar-row")) == 2
     # the same request through the API: the page showed what the server billed
-    r = httpx.post(f"{url}/v1/chat/completions", headers={"Authorization": f"Bearer {KEY}"}, timeout=60, json={
-        "model": "pyrodash", "messages": [{"role": "user", "content": QUESTION}], "offload_bias": bias,
-        "temperature": 0, "max_tokens": int(browser.find_element(By.ID, "max-tokens").get_attribute("value"))})
+    r = httpx.post(
+        f"{url}/v1/chat/completions",
+        headers={"Authorization": f"Bearer {KEY}"},
+        timeout=60,
+        json={
+            "model": "pyrodash",
+            "messages": [{"role": "user", "content": QUESTION}],
+            "offload_bias": bias,
+            "temperature": 0,
+            "max_tokens": int(browser.find_element(By.ID, "max-tokens").get_attribute("value")),
+        },
+    )
     p = r.json()["pyrodash"]
-    assert p["handoff"] == at and total == pytest.approx(p["cost_usd"]) and only == pytest.approx(
-        p["llm_only_cost_usd"])  # fmt: skip
+    assert (
+        p["handoff"] == at and total == pytest.approx(p["cost_usd"]) and only == pytest.approx(p["llm_only_cost_usd"])
+    )
     shown = slm[0].get_attribute("textContent") + llm[0].get_attribute("textContent")
     assert shown == r.json()["choices"][0]["message"]["content"]
     browser.save_screenshot(str(tmp_path / "playground-chat.png"))
@@ -198,8 +245,10 @@ def test_compare_view_runs_slm_llm_and_pyrodash(stack, browser, tmp_path):
     box = browser.find_element(By.ID, "compare-question")
     box.send_keys(QUESTION)
     browser.find_element(By.ID, "compare-send").click()
-    _wait(browser, lambda d: all(c.get_attribute("data-state") == "done"
-                                 for c in d.find_elements(By.CSS_SELECTOR, ".col")))  # fmt: skip
+    _wait(
+        browser,
+        lambda d: all(c.get_attribute("data-state") == "done" for c in d.find_elements(By.CSS_SELECTOR, ".col")),
+    )
     costs = {}
     for col in browser.find_elements(By.CSS_SELECTOR, ".col"):
         mode = col.get_attribute("data-mode")

@@ -105,15 +105,25 @@ def test_readme_curl_lines_run_as_written(title, tiny, tmp_path):
     port = free_port()
     argv[argv.index("--port") + 1] = str(port)
     log = (tmp_path / "serve.log").open("w")
-    proc = subprocess.Popen([sys.executable, "-m", "pyrodash", *argv[1:], "--log-level", "warning"], cwd=ROOT,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1", "PYRODASH_API_KEY": ""}, stdout=log,
-                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pyrodash", *argv[1:], "--log-level", "warning"],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", "PYRODASH_API_KEY": ""},
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         wait_healthy(f"http://127.0.0.1:{port}", proc, "pyrodash serve")
         for cmd in curls:
             assert "localhost:8000" in cmd, cmd
-            run = subprocess.run(["bash", "-o", "pipefail", "-c", cmd.replace("localhost:8000", f"127.0.0.1:{port}")],
-                                 capture_output=True, text=True, timeout=120, cwd=ROOT)  # fmt: skip
+            run = subprocess.run(
+                ["bash", "-o", "pipefail", "-c", cmd.replace("localhost:8000", f"127.0.0.1:{port}")],
+                capture_output=True,
+                text=True,
+                timeout=120,
+                cwd=ROOT,
+            )
             assert run.returncode == 0, f"{cmd}\n{run.stdout}\n{run.stderr}"
             _answer(run.stdout)
     finally:

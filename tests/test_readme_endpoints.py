@@ -80,12 +80,15 @@ def run_example(readme_llm: str, local_llm: str, tiny, capsys) -> dict:
 
 def test_vllm_openai_deepseek_anthropic_examples(tiny, capsys, monkeypatch):
     _, _, llm, _ = tiny
-    vllm, openai_, deepseek, anthropic = (_by_host(h) for h in (":8001/", "openai.com", "deepseek.com",
-                                                                  "anthropic.com"))
-    apps = {vllm: (build_model_app(llm, vllm.split("#")[1]), "/v1"),
-            openai_: (openai_double(llm, model=openai_.split("#")[1], key=KEY), "/v1"),
-            deepseek: (deepseek_double(llm, model=deepseek.split("#")[1], key=KEY), "/beta"),
-            anthropic: (anthropic_double(llm, model=anthropic.split("#")[1], key=KEY), "/v1")}
+    vllm, openai_, deepseek, anthropic = (
+        _by_host(h) for h in (":8001/", "openai.com", "deepseek.com", "anthropic.com")
+    )
+    apps = {
+        vllm: (build_model_app(llm, vllm.split("#")[1]), "/v1"),
+        openai_: (openai_double(llm, model=openai_.split("#")[1], key=KEY), "/v1"),
+        deepseek: (deepseek_double(llm, model=deepseek.split("#")[1], key=KEY), "/beta"),
+        anthropic: (anthropic_double(llm, model=anthropic.split("#")[1], key=KEY), "/v1"),
+    }
     monkeypatch.setenv("OPENAI_API_KEY", KEY)  # a 127.0.0.1 URL reads OPENAI_API_KEY (deepseek.com: DEEPSEEK_...)
     monkeypatch.setenv("ANTHROPIC_API_KEY", KEY)
     with contextlib.ExitStack() as stack:
@@ -130,9 +133,16 @@ def test_transformers_serve_example(tiny, capsys, tmp_path):
     cmd = [exe, "serve", "--host", "127.0.0.1", "--port", str(port), str(tiny[1])]
     with _process(cmd, f"http://127.0.0.1:{port}/health", env, tmp_path / "serve.log"):
         done = run_example(readme_llm, f"http://127.0.0.1:{port}/v1#{tiny[1]}", tiny, capsys)
-    ref = HFBackend(tiny[1]).generate(GenRequest(
-        messages=[{"role": "system", "content": get_prompts("world-v1").completion_system},
-                  {"role": "user", "content": "Start 47: +3, f."}], prefix=done["slm_text"], max_tokens=24))
+    ref = HFBackend(tiny[1]).generate(
+        GenRequest(
+            messages=[
+                {"role": "system", "content": get_prompts("world-v1").completion_system},
+                {"role": "user", "content": "Start 47: +3, f."},
+            ],
+            prefix=done["slm_text"],
+            max_tokens=24,
+        )
+    )
     assert done["llm_text"] == ref.text  # the completion mode continues exactly as the in-process LLM
 
 
@@ -147,18 +157,35 @@ def litellm_bin() -> str | None:
 def test_litellm_proxy_example(tiny, capsys, tmp_path, monkeypatch):
     exe = litellm_bin()
     if exe is None:
-        pytest.skip("LiteLLM is not installed: python3 -m venv .venv-litellm && .venv-litellm/bin/pip install "
-                    "'litellm[proxy]' (or set LITELLM_BIN); .ci/run does this")
+        pytest.skip(
+            "LiteLLM is not installed: python3 -m venv .venv-litellm && .venv-litellm/bin/pip install "
+            "'litellm[proxy]' (or set LITELLM_BIN); .ci/run does this"
+        )
     readme_llm = _by_host(":4000/")
     name = readme_llm.split("#")[1]
     with serve_in_thread(build_model_app(tiny[2], "llm")) as upstream:
         cfg = tmp_path / "litellm.yaml"
-        cfg.write_text(json.dumps({"model_list": [{"model_name": name, "litellm_params": {
-            "model": "hosted_vllm/llm", "api_base": upstream, "api_key": "none"}}]}))
+        cfg.write_text(
+            json.dumps(
+                {
+                    "model_list": [
+                        {
+                            "model_name": name,
+                            "litellm_params": {"model": "hosted_vllm/llm", "api_base": upstream, "api_key": "none"},
+                        }
+                    ]
+                }
+            )
+        )
         port = free_port()
         master = "sk-litellm-master-0123456789abcdef"  # the proxy's key; clients send it as their API key
-        env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "NO_DOCS": "True", "DISABLE_ADMIN_UI": "True",
-               "LITELLM_MASTER_KEY": master}
+        env = {
+            **os.environ,
+            "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+            "NO_DOCS": "True",
+            "DISABLE_ADMIN_UI": "True",
+            "LITELLM_MASTER_KEY": master,
+        }
         monkeypatch.setenv("OPENAI_API_KEY", master)
         cmd = [exe, "--config", str(cfg), "--host", "127.0.0.1", "--port", str(port)]
         with _process(cmd, f"http://127.0.0.1:{port}/health/liveliness", env, tmp_path / "litellm.log", 180):

@@ -9,10 +9,18 @@ import pytest
 
 from pyrodash.cli import main
 from pyrodash.cost import Prices, Usage
-from pyrodash.method_names import parse_method, sort_key, sweep_kind
+from pyrodash.eval.names import parse_method, sort_key, sweep_kind
 from pyrodash.record import read_record, usage_of
-from pyrodash.report import Metrics, compute_metrics, first_llm_step, load_run, render, trigger_positions, write_report
-from pyrodash.report_plots import series
+from pyrodash.report.core import (
+    Metrics,
+    compute_metrics,
+    first_llm_step,
+    load_run,
+    render,
+    trigger_positions,
+    write_report,
+)
+from pyrodash.report.plots import series
 
 
 def _simulate(method: str, ex: dict, rng: random.Random) -> dict:
@@ -24,24 +32,40 @@ def _simulate(method: str, ex: dict, rng: random.Random) -> dict:
     usage = Usage(slm_in=len(ex["question"]))
     for i, step in enumerate(steps):
         text = step + ("\n\n" if i < len(steps) - 1 else "")
-        to_llm = fam == "llm" or (fam == "pyrodash" and knob < 0.5 and i in hard) or (
-            fam == "glimprouter" and rng.random() < 0.5)
+        to_llm = (
+            fam == "llm"
+            or (fam == "pyrodash" and knob < 0.5 and i in hard)
+            or (fam == "glimprouter" and rng.random() < 0.5)
+        )
         if fam == "pyrodash" and segs and segs[-1]["model"] == "llm":
             to_llm = True  # single handoff: the LLM finishes
         prefix = "".join(s["text"] for s in segs)
         if to_llm:
             if fam == "llm":
                 usage = Usage()
-            usage = usage + Usage(llm_in=len(ex["question"]) + len(prefix), llm_out=len(text),
-                                  llm_calls=int(not segs or segs[-1]["model"] != "llm"))
+            usage = usage + Usage(
+                llm_in=len(ex["question"]) + len(prefix),
+                llm_out=len(text),
+                llm_calls=int(not segs or segs[-1]["model"] != "llm"),
+            )
         else:
             usage = usage + Usage(slm_out=len(text))
         segs.append({"model": "llm" if to_llm else "slm", "text": text})
-    solved_hard = all(any(s["model"] == "llm" for s in segs[h:h + 1]) for h in hard)
-    return {"id": ex["id"], "benchmark": ex["benchmark"], "sample": 0, "question": ex["question"], "gold": "1",
-            "output": "".join(s["text"] for s in segs), "correct": solved_hard, "usage": usage.to_dict(),
-            "llm_calls": usage.llm_calls, "segments": segs, "meta": {"hard_steps": hard, "steps": steps},
-            "handoff": None}
+    solved_hard = all(any(s["model"] == "llm" for s in segs[h : h + 1]) for h in hard)
+    return {
+        "id": ex["id"],
+        "benchmark": ex["benchmark"],
+        "sample": 0,
+        "question": ex["question"],
+        "gold": "1",
+        "output": "".join(s["text"] for s in segs),
+        "correct": solved_hard,
+        "usage": usage.to_dict(),
+        "llm_calls": usage.llm_calls,
+        "segments": segs,
+        "meta": {"hard_steps": hard, "steps": steps},
+        "handoff": None,
+    }
 
 
 METHODS = ["slm", "llm", "pyrodash@0.1", "pyrodash@0.6", "glimprouter@0.9"]
@@ -53,9 +77,15 @@ def make_run(tmp_path, prices: Prices | None = None):
     for b in ("alpha", "beta"):
         for i in range(6):
             n = rng.randint(2, 5)
-            exs.append({"id": f"{b}-{i}", "benchmark": b, "question": f"q{i} " * rng.randint(2, 9),
-                        "steps": [f"s{j}=" + "x" * rng.randint(1, 12) for j in range(n)],
-                        "hard_steps": sorted(rng.sample(range(n), rng.randint(0, 1)))})
+            exs.append(
+                {
+                    "id": f"{b}-{i}",
+                    "benchmark": b,
+                    "question": f"q{i} " * rng.randint(2, 9),
+                    "steps": [f"s{j}=" + "x" * rng.randint(1, 12) for j in range(n)],
+                    "hard_steps": sorted(rng.sample(range(n), rng.randint(0, 1))),
+                }
+            )
     rec = tmp_path / "records"
     rec.mkdir(parents=True)
     runs = {}
@@ -114,13 +144,21 @@ def test_trigger_positions():
 
     assert first_llm_step(rec([("slm", "a\n\nb\n\n"), ("llm", "c")], [])) == 2
     assert first_llm_step(rec([("slm", "a\n\nb")], [])) is None
-    recs = [rec([("slm", "a\n\n"), ("llm", "b")], [2]),  # before
-            rec([("slm", "a\n\nb\n\n"), ("llm", "c")], [2]),  # at
-            rec([("slm", "a\n\nb\n\nc\n\n"), ("llm", "d")], [1, 2]),  # after
-            rec([("llm", "a")], []),  # no hard step
-            rec([("slm", "a")], [0])]  # hard, no handoff
-    assert trigger_positions(recs) == {"before": 1, "at": 1, "after": 1, "no_hard_step": 1, "hard_no_handoff": 1,
-                                       "handoffs": 4}
+    recs = [
+        rec([("slm", "a\n\n"), ("llm", "b")], [2]),  # before
+        rec([("slm", "a\n\nb\n\n"), ("llm", "c")], [2]),  # at
+        rec([("slm", "a\n\nb\n\nc\n\n"), ("llm", "d")], [1, 2]),  # after
+        rec([("llm", "a")], []),  # no hard step
+        rec([("slm", "a")], [0]),
+    ]  # hard, no handoff
+    assert trigger_positions(recs) == {
+        "before": 1,
+        "at": 1,
+        "after": 1,
+        "no_hard_step": 1,
+        "hard_no_handoff": 1,
+        "handoffs": 4,
+    }
 
 
 def test_torn_last_line_and_bad_names(tmp_path):
@@ -170,28 +208,59 @@ def test_sweep_names_parse_sort_and_draw_as_their_own_series():
     assert parse_method("pyrodash@0.6+share0.25") == ("pyrodash", 0.6, 0.25)
     assert parse_method("pyrodash@0.6+bias-2") == ("pyrodash", 0.6, -2.0)
     assert [sweep_kind(n) for n in ("pyrodash@0.6+share0.5", "pyrodash@0.6+bias1", "pyrodash@0.6", "llm")] == [
-        "share", "bias", None, None]
+        "share",
+        "bias",
+        None,
+        None,
+    ]
     with pytest.raises(ValueError, match="only pyrodash"):
         parse_method("routellm@0.5+share0.5")
     names = ["llm", "pyrodash@0.6+share0.5", "pyrodash@0.6+bias1", "pyrodash@0.6", "slm", "pyrodash@0.6+share0.25"]
-    assert sorted(names, key=sort_key) == ["slm", "pyrodash@0.6", "pyrodash@0.6+bias1", "pyrodash@0.6+share0.25",
-                                           "pyrodash@0.6+share0.5", "llm"]
-    ms = {n: Metrics(name=n, per_benchmark={}, accuracy=0.5, llm_token_ratio=0.0, llm_calls=0.0, cost_usd=1.0,
-                     usage=Usage(), usage_by_benchmark={}, n=1) for n in names}
+    assert sorted(names, key=sort_key) == [
+        "slm",
+        "pyrodash@0.6",
+        "pyrodash@0.6+bias1",
+        "pyrodash@0.6+share0.25",
+        "pyrodash@0.6+share0.5",
+        "llm",
+    ]
+    ms = {
+        n: Metrics(
+            name=n,
+            per_benchmark={},
+            accuracy=0.5,
+            llm_token_ratio=0.0,
+            llm_calls=0.0,
+            cost_usd=1.0,
+            usage=Usage(),
+            usage_by_benchmark={},
+            n=1,
+        )
+        for n in names
+    }
     s = series(ms)
     # a share sweep ends at its policy (share 1), a bias sweep passes through it (bias 0)
     assert [k for k, _ in s["pyrodash@0.6 share sweep"]] == [0.25, 0.5, 1.0]
     assert [k for k, _ in s["pyrodash@0.6 bias sweep"]] == [0.0, 1.0]
 
 
-@pytest.mark.parametrize("provenance, says", [
-    ({"models_from": "/x/checkpoints/seed0", "models_shipped": True},
-     "models: the base models that ship with PyroDash, copied from /x/checkpoints/seed0"),
-    ({"models_from": "/cache/worlds/other", "models_shipped": False},
-     "models: copied from the world at /cache/worlds/other"),
-    ({"models_from": None, "models_shipped": False, "timings": {"pretrain_wall": 194.9}},
-     "models: pretrained by its build (194.9 s)"),
-])
+@pytest.mark.parametrize(
+    "provenance, says",
+    [
+        (
+            {"models_from": "/x/checkpoints/seed0", "models_shipped": True},
+            "models: the base models that ship with PyroDash, copied from /x/checkpoints/seed0",
+        ),
+        (
+            {"models_from": "/cache/worlds/other", "models_shipped": False},
+            "models: copied from the world at /cache/worlds/other",
+        ),
+        (
+            {"models_from": None, "models_shipped": False, "timings": {"pretrain_wall": 194.9}},
+            "models: pretrained by its build (194.9 s)",
+        ),
+    ],
+)
 def test_the_report_names_the_world_and_where_its_base_models_come_from(tmp_path, provenance, says):
     run = tmp_path / "run"
     make_run(run)

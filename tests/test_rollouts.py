@@ -30,8 +30,9 @@ def test_rollouts_stop_at_offload_and_explored_rows_never_hand_off():
     explore = ExploreNoHandoff(tid, group=4, k=2)
     stops = [tok.eos_token_id, tid]
     torch.manual_seed(0)
-    outs = decode_rollouts(backend, _prompts(tok, 16), temperature=1.0, top_p=1.0, max_tokens=40, stop_ids=stops,
-                           explore=explore)
+    outs = decode_rollouts(
+        backend, _prompts(tok, 16), temperature=1.0, top_p=1.0, max_tokens=40, stop_ids=stops, explore=explore
+    )
     assert len(outs) == 16
     for i, ids in enumerate(outs):
         assert 1 <= len(ids) <= 40

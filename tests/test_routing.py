@@ -12,10 +12,10 @@ from tiny_models import tiny_model_dir
 
 from pyrodash.cost import Prices
 from pyrodash.data.example import Example
+from pyrodash.eval.routing.glimprouter import first_token_entropy, run_glimprouter
+from pyrodash.eval.routing.routellm_mf import MFRouter, calibrate_alpha, embed_texts, make_labels, train_mf
 from pyrodash.prompts import get_prompts
 from pyrodash.record import usage_of
-from pyrodash.routing.glimprouter import first_token_entropy, run_glimprouter
-from pyrodash.routing.routellm_mf import MFRouter, calibrate_alpha, embed_texts, make_labels, train_mf
 
 GREEDY = {"temperature": 0.0, "top_p": 1.0, "seed": None}
 PROMPTS = get_prompts("world-v1")
@@ -30,7 +30,7 @@ def models(tmp_path_factory):
 
 
 def env(max_tokens=24):
-    from pyrodash.methods import Env
+    from pyrodash.eval.methods import Env
 
     return Env(PROMPTS, Prices.from_yaml("paper"), max_tokens=max_tokens, batch_size=8)
 
@@ -48,7 +48,7 @@ def test_entropy():
 
 
 def _glimp(models, items, tau, boundary):
-    from pyrodash.methods import _ban_offload, generate
+    from pyrodash.eval.methods import _ban_offload, generate
 
     slm, llm = models
 
@@ -61,7 +61,7 @@ def _glimp(models, items, tau, boundary):
 def test_glimprouter_extremes_equal_solo(models):
     """τ=∞: the SLM writes every step, so the answer and its bill equal SLM-only decoding; τ=0: the LLM writes
     every step (one call per step, each billed with its growing prompt) and the answer equals LLM-only decoding."""
-    from pyrodash.methods import Solo
+    from pyrodash.eval.methods import Solo
 
     slm, llm = models
     items = [(ex, GREEDY) for ex in EXS]
@@ -134,7 +134,7 @@ def test_embeddings_ignore_padding(models):
 
 
 def test_routellm_routes_whole_queries(models):
-    from pyrodash.methods import RouteLLM, Solo
+    from pyrodash.eval.methods import RouteLLM, Solo
 
     slm, llm = models
     e = env()
@@ -165,13 +165,16 @@ def test_routellm_routes_whole_queries(models):
 def test_glimprouter_tau_calibrated_to_step_shares(models, tmp_path):
     from types import SimpleNamespace
 
-    from pyrodash.methods_build import Backends, build_methods
+    from pyrodash.eval.build import Backends, build_methods
 
     slm, llm = models
     be = Backends()
     be._cache = {repr("s"): slm, repr("l"): llm}
-    cfg = SimpleNamespace(models={"slm": "s", "llm": "l"}, run_dir=str(tmp_path),
-                          methods=[{"glimprouter": {"taus": [0.9], "train": "pool", "step_shares": [0.5]}}])
+    cfg = SimpleNamespace(
+        models={"slm": "s", "llm": "l"},
+        run_dir=str(tmp_path),
+        methods=[{"glimprouter": {"taus": [0.9], "train": "pool", "step_shares": [0.5]}}],
+    )
     ms = build_methods(cfg, env(), be, load_examples=lambda name, limit: EXS)
     taus = sorted(m.tau for m in ms.values())
     assert len(ms) == 2 and 0.9 in taus
@@ -185,12 +188,15 @@ def test_glimprouter_tau_calibrated_to_step_shares(models, tmp_path):
 def test_routellm_needs_decided_pairs(models, tmp_path):
     from types import SimpleNamespace
 
-    from pyrodash.methods_build import Backends, build_methods
+    from pyrodash.eval.build import Backends, build_methods
 
     slm, llm = models
     be = Backends()
     be._cache = {repr("s"): slm, repr("l"): llm}
-    cfg = SimpleNamespace(models={"slm": "s", "llm": "l"}, run_dir=str(tmp_path),
-                          methods=[{"routellm": {"train": "pool", "shares": [0.5]}}])
+    cfg = SimpleNamespace(
+        models={"slm": "s", "llm": "l"},
+        run_dir=str(tmp_path),
+        methods=[{"routellm": {"train": "pool", "shares": [0.5]}}],
+    )
     with pytest.raises(ValueError, match="both LLM wins and SLM wins"):  # random models: every pair is a tie
         build_methods(cfg, env(), be, load_examples=lambda name, limit: EXS)

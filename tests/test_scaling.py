@@ -80,23 +80,59 @@ def test_nginx_before_two_replicas_serves_the_load_and_metrics_add_up(tmp_path_f
     lb = None
     try:
         for port in ports:  # two replicas of the CE server, each with its own models in process
-            cmd = [sys.executable, "-m", "pyrodash", "serve", "--slm", str(slm), "--llm", str(llm), "--prompts",
-                   "world-v1", "--port", str(port), "--max-tokens", "64", "--log-level", "warning"]  # fmt: skip
-            procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                          text=True))  # fmt: skip
+            cmd = [
+                sys.executable,
+                "-m",
+                "pyrodash",
+                "serve",
+                "--slm",
+                str(slm),
+                "--llm",
+                str(llm),
+                "--prompts",
+                "world-v1",
+                "--port",
+                str(port),
+                "--max-tokens",
+                "64",
+                "--log-level",
+                "warning",
+            ]
+            procs.append(
+                subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            )
         for port, proc in zip(ports, procs):
             wait_healthy(f"http://127.0.0.1:{port}", proc, f"replica :{port}")
         lb_port = free_port()
         (tmp / "nginx.conf").write_text(nginx_conf([f"127.0.0.1:{p}" for p in ports], lb_port, tmp))
-        lb = subprocess.Popen([nginx, "-p", str(tmp), "-c", str(tmp / "nginx.conf"), "-e", str(tmp / "error.log"),
-                               "-g", "daemon off;"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        lb = subprocess.Popen(
+            [nginx, "-p", str(tmp), "-c", str(tmp / "nginx.conf"), "-e", str(tmp / "error.log"), "-g", "daemon off;"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         wait_healthy(f"http://127.0.0.1:{lb_port}", lb, "nginx", timeout=30)
         assert httpx.get(f"http://127.0.0.1:{lb_port}/metrics").status_code == 404  # scrape replicas, not nginx
 
         before = [parse_metrics(httpx.get(f"http://127.0.0.1:{p}/metrics").text) for p in ports]
-        load = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "server_load.py"), "--url",
-                               f"http://127.0.0.1:{lb_port}", "--streams", "8", "--duration", "6", "--max-tokens",
-                               "16"], capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
+        load = subprocess.run(
+            [
+                sys.executable,
+                str(ROOT / "benchmarks" / "server_load.py"),
+                "--url",
+                f"http://127.0.0.1:{lb_port}",
+                "--streams",
+                "8",
+                "--duration",
+                "6",
+                "--max-tokens",
+                "16",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=env,
+        )
         assert load.returncode == 0, load.stdout + load.stderr
         last = load.stdout.strip().splitlines()[-1]
         print(f"\nnginx + 2 replicas: {last}")  # the measured figures (pytest -s shows them)
@@ -113,14 +149,20 @@ def test_nginx_before_two_replicas_serves_the_load_and_metrics_add_up(tmp_path_f
                 break
             time.sleep(0.2)
         route = {"route": "/v1/chat/completions"}
-        per_replica = [total([a], "pyrodash_requests_total", **route) - total([b], "pyrodash_requests_total", **route)
-                       for a, b in zip(after, before)]  # fmt: skip
+        per_replica = [
+            total([a], "pyrodash_requests_total", **route) - total([b], "pyrodash_requests_total", **route)
+            for a, b in zip(after, before)
+        ]
         assert all(n > 0 for n in per_replica), per_replica  # nginx spread the load over both replicas
         assert sum(per_replica) == sent, (per_replica, sent)
-        assert total(after, "pyrodash_requests_total", status="200", **route) - \
-            total(before, "pyrodash_requests_total", status="200", **route) == sent
-        hist = total(after, "pyrodash_request_duration_seconds_count") - \
-            total(before, "pyrodash_request_duration_seconds_count")
+        assert (
+            total(after, "pyrodash_requests_total", status="200", **route)
+            - total(before, "pyrodash_requests_total", status="200", **route)
+            == sent
+        )
+        hist = total(after, "pyrodash_request_duration_seconds_count") - total(
+            before, "pyrodash_request_duration_seconds_count"
+        )
         assert hist == sent  # one latency observation per request, summed over replicas
         handoffs = total(after, "pyrodash_handoffs_total") - total(before, "pyrodash_handoffs_total")
         calls = total(after, "pyrodash_llm_calls_total") - total(before, "pyrodash_llm_calls_total")
@@ -133,8 +175,7 @@ def test_nginx_before_two_replicas_serves_the_load_and_metrics_add_up(tmp_path_f
 
 
 def test_parse_metrics_reads_labels_and_sums_over_replicas():
-    a = parse_metrics('# HELP x y\nreq_total{route="/v1/chat/completions",status="200"} 3\n'
-                      'req_total{status="499"} 1\n')
+    a = parse_metrics('# HELP x y\nreq_total{route="/v1/chat/completions",status="200"} 3\nreq_total{status="499"} 1\n')
     b = parse_metrics('req_total{status="200",route="/v1/chat/completions"} 4\n')
     assert total([a, b], "req_total", status="200") == 7 and total([a, b], "req_total") == 8
     with pytest.raises(AssertionError):
@@ -149,8 +190,11 @@ def test_nginx_conf_keeps_streams_unbuffered_and_targets_the_replicas(tmp_path):
     nginx = _nginx()
     if nginx:  # nginx parses the result (`nginx -t`)
         (tmp_path / "nginx.conf").write_text(conf)
-        t = subprocess.run([nginx, "-t", "-p", str(tmp_path), "-c", str(tmp_path / "nginx.conf"), "-e",
-                            str(tmp_path / "error.log")], capture_output=True, text=True)  # fmt: skip
+        t = subprocess.run(
+            [nginx, "-t", "-p", str(tmp_path), "-c", str(tmp_path / "nginx.conf"), "-e", str(tmp_path / "error.log")],
+            capture_output=True,
+            text=True,
+        )
         assert t.returncode == 0, t.stderr
 
 
@@ -161,8 +205,9 @@ def test_compose_file_wires_vllm_replicas_nginx_and_prometheus():
     docker = shutil.which("docker")
     if docker and subprocess.run([docker, "compose", "version"], capture_output=True).returncode == 0:
         env = {**os.environ, "SLM_CHECKPOINT": "/tmp", "LLM_URL": "http://llm:1/v1", "LLM_API_KEY": "x"}
-        r = subprocess.run([docker, "compose", "-f", str(compose_file), "config", "-q"], env=env,
-                           capture_output=True, text=True)  # fmt: skip
+        r = subprocess.run(
+            [docker, "compose", "-f", str(compose_file), "config", "-q"], env=env, capture_output=True, text=True
+        )
         assert r.returncode == 0, r.stderr
     doc = yaml.safe_load(compose_file.read_text())
     svc = doc["services"]

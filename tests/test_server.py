@@ -30,8 +30,12 @@ from pyrodash.server.config import Limits, OperatingPoint, ServeConfig
 
 PRICES = Prices(slm_in=1.0, slm_out=2.0, llm_in=10.0, llm_out=40.0)
 # model name -> operating point (an offload_bias, or {offload_bias, handoff_share})
-OPS = {"pyrodash": 0.0, "slm-only": -100.0, "always-offload": 100.0,
-       "half-share": {"offload_bias": 100.0, "handoff_share": 0.5}}
+OPS = {
+    "pyrodash": 0.0,
+    "slm-only": -100.0,
+    "always-offload": 100.0,
+    "half-share": {"offload_bias": 100.0, "handoff_share": 0.5},
+}
 BIAS = {k: v if isinstance(v, float) else v["offload_bias"] for k, v in OPS.items()}
 KEY = "test-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -47,8 +51,9 @@ class UvicornThread:
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level=log_level, lifespan="on",
-                                                    timeout_graceful_shutdown=5))
+        self.server = uvicorn.Server(
+            uvicorn.Config(app, log_level=log_level, lifespan="on", timeout_graceful_shutdown=5)
+        )
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
 
     @property
@@ -94,16 +99,27 @@ def remote(url: str, model: str = "tiny-llm", timeout_s: float = 30.0):
 
 
 def serve_config(**kw) -> ServeConfig:
-    base = dict(prompts="world-v1", prices=PRICES.to_dict(), operating_points=dict(OPS), api_key=KEY,
-                limits=Limits(max_body_bytes=64 * 1024, max_tokens=4000, default_max_tokens=16))
+    base = dict(
+        prompts="world-v1",
+        prices=PRICES.to_dict(),
+        operating_points=dict(OPS),
+        api_key=KEY,
+        limits=Limits(max_body_bytes=64 * 1024, max_tokens=4000, default_max_tokens=16),
+    )
     base.update(kw)
     return ServeConfig(**base)
 
 
 def make_engine(slm, llm, config: ServeConfig, **failure) -> CollaborateEngine:
     policy = FailurePolicy(**{"retries": 1, "backoff_s": 0.01, "timeout_s": 10.0, **failure})
-    return CollaborateEngine(slm, llm, get_prompts(config.prompts), config.load_prices(),
-                             max_tokens=config.limits.default_max_tokens, failure=policy)
+    return CollaborateEngine(
+        slm,
+        llm,
+        get_prompts(config.prompts),
+        config.load_prices(),
+        max_tokens=config.limits.default_max_tokens,
+        failure=policy,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -213,7 +229,11 @@ def test_models_lists_the_operating_points(client):
     assert [m.id for m in models.data] == list(OPS)
     assert {m.id: m.model_extra["offload_bias"] for m in models.data} == BIAS
     assert {m.id: m.model_extra["handoff_share"] for m in models.data} == {
-        "pyrodash": 1.0, "slm-only": 1.0, "always-offload": 1.0, "half-share": 0.5}
+        "pyrodash": 1.0,
+        "slm-only": 1.0,
+        "always-offload": 1.0,
+        "half-share": 0.5,
+    }
     assert client.models.retrieve("slm-only").model_extra["offload_bias"] == OPS["slm-only"]
     with pytest.raises(openai.NotFoundError):
         client.models.retrieve("gpt-9")
@@ -241,8 +261,10 @@ def test_health_and_metrics(client, stack):
         assert value(after, series) == value(before, series) + r.model_extra["pyrodash"][comp]
     cost = 'pyrodash_cost_usd_total{model="always-offload"}'
     assert value(after, cost) == pytest.approx(value(before, cost) + r.model_extra["pyrodash"]["cost_usd"])
-    assert value(after, "pyrodash_request_duration_seconds_count") == value(
-        before, "pyrodash_request_duration_seconds_count") + 1
+    assert (
+        value(after, "pyrodash_request_duration_seconds_count")
+        == value(before, "pyrodash_request_duration_seconds_count") + 1
+    )
     assert "# TYPE pyrodash_cost_usd_total counter" in after and "pyrodash_requests_in_flight 0" in after
 
 
@@ -252,8 +274,11 @@ def test_a_handoff_share_operating_point_lets_only_its_share_hand_off(client, st
     from pyrodash.engine import handoff_admitted
 
     def outside(text: str) -> float:
-        return sum(float(x.rsplit(" ", 1)[1]) for x in text.splitlines()
-                   if x.startswith('pyrodash_outside_handoff_share_total{model="half-share"}'))
+        return sum(
+            float(x.rsplit(" ", 1)[1])
+            for x in text.splitlines()
+            if x.startswith('pyrodash_outside_handoff_share_total{model="half-share"}')
+        )
 
     url = stack[0].url
     before = outside(httpx.get(f"{url}/metrics", headers=AUTH).text)
@@ -276,8 +301,12 @@ def test_without_a_base_slm_slm_only_is_the_served_slm_and_says_so(stack):
     url = stack[0].url
     cfg = httpx.get(f"{url}/playground/config", headers=AUTH).json()
     assert (cfg["slm_only"], cfg["base_slm"], cfg["slm"]) == ("slm", None, "tiny-slm")
-    r = httpx.post(f"{url}/v1/chat/completions", headers=AUTH, timeout=60,
-                   json={"messages": Q, "max_tokens": 4, "pyrodash": {"mode": "slm"}}).json()  # fmt: skip
+    r = httpx.post(
+        f"{url}/v1/chat/completions",
+        headers=AUTH,
+        timeout=60,
+        json={"messages": Q, "max_tokens": 4, "pyrodash": {"mode": "slm"}},
+    ).json()
     assert r["pyrodash"]["answered_by"] == "slm" and r["pyrodash"]["mode"] == "slm"
 
 
@@ -310,8 +339,7 @@ BAD = [  # (body, status, param, code)
     (b'{"messages": [{"role": "user", "content": "x"}], "stream": "yes"}', 400, "stream", "invalid_value"),
     (b'{"messages": [{"role": "user", "content": "x"}], "temperature": NaN}', 400, "temperature", "invalid_value"),
     (b'{"messages": [{"role": "user", "content": "x"}], "stop": [""]}', 400, "stop", "invalid_value"),
-    (b'{"messages": [{"role": "user", "content": "x"}], "offload_bias": "high"}', 400, "offload_bias",
-     "invalid_value"),
+    (b'{"messages": [{"role": "user", "content": "x"}], "offload_bias": "high"}', 400, "offload_bias", "invalid_value"),
     (b'{"messages": [{"role": "user", "content": "x"}], "n": 2}', 400, "n", "unsupported_value"),
     (b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": 4001}', 400, "max_tokens", "invalid_value"),
     (b'{"messages": [{"role": "user", "content": "x"}], "model": "gpt-9"}', 404, "model", "model_not_found"),
@@ -358,21 +386,32 @@ def test_sdk_raises_typed_errors(client):
 def test_config_yaml_flags_and_key_from_env(tmp_path, monkeypatch):
     cfg = tmp_path / "s.yaml"
     (tmp_path / "slm").mkdir()
-    cfg.write_text("slm: slm\nllm: http://h:1/v1#m\nport: 9000\n"
-                   "operating_points: {a: 1, b: -1, c: {handoff_share: 0.25}}\n"
-                   "limits: {max_tokens: 64, default_max_tokens: 32}\nfailure: {on_error: raise}\n")
+    cfg.write_text(
+        "slm: slm\nllm: http://h:1/v1#m\nport: 9000\n"
+        "operating_points: {a: 1, b: -1, c: {handoff_share: 0.25}}\n"
+        "limits: {max_tokens: 64, default_max_tokens: 32}\nfailure: {on_error: raise}\n"
+    )
     c = ServeConfig.from_yaml(cfg, port=9001, host=None)
     assert c.slm == str((tmp_path / "slm").resolve()) and c.llm == "http://h:1/v1#m"
-    assert c.port == 9001 and c.default_model == "a" and c.operating_points == {
-        "a": OperatingPoint(1.0), "b": OperatingPoint(-1.0), "c": OperatingPoint(0.0, 0.25)}
+    assert (
+        c.port == 9001
+        and c.default_model == "a"
+        and c.operating_points == {"a": OperatingPoint(1.0), "b": OperatingPoint(-1.0), "c": OperatingPoint(0.0, 0.25)}
+    )
     assert c.limits.max_tokens == 64 and c.failure.on_error == "raise"
     monkeypatch.setenv("PYRODASH_API_KEY", "from-env")
     assert c.resolved_api_key() == "from-env" and ServeConfig(api_key="flag").resolved_api_key() == "flag"
     monkeypatch.delenv("PYRODASH_API_KEY")
     assert c.resolved_api_key() is None and c.to_dict()["api_key"] is None
-    for bad in ("bogus: 1\n", "operating_points: {}\n", "limits: {max_tokens: 0}\n", "failure: {on_error: x}\n",
-                "operating_points: {a: {handoff_share: 1.5}}\n", "operating_points: {a: {share: 0.5}}\n",
-                "operating_points: {a: x}\n"):
+    for bad in (
+        "bogus: 1\n",
+        "operating_points: {}\n",
+        "limits: {max_tokens: 0}\n",
+        "failure: {on_error: x}\n",
+        "operating_points: {a: {handoff_share: 1.5}}\n",
+        "operating_points: {a: {share: 0.5}}\n",
+        "operating_points: {a: x}\n",
+    ):
         cfg.write_text(bad)
         with pytest.raises(ValueError):
             ServeConfig.from_yaml(cfg)
@@ -392,8 +431,10 @@ def test_cors_is_opt_in():
     async def preflight(config: ServeConfig) -> httpx.Response:
         transport = httpx.ASGITransport(app=build_app(config, engine=None))  # no lifespan: the engine is not needed
         async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
-            return await c.options("/v1/chat/completions", headers={
-                "Origin": "https://app.example", "Access-Control-Request-Method": "POST"})  # fmt: skip
+            return await c.options(
+                "/v1/chat/completions",
+                headers={"Origin": "https://app.example", "Access-Control-Request-Method": "POST"},
+            )
 
     on = asyncio.run(preflight(serve_config(cors_origins=["https://app.example"])))
     assert on.status_code == 200 and on.headers["access-control-allow-origin"] == "https://app.example"
@@ -402,12 +443,22 @@ def test_cors_is_opt_in():
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
-@given(bias=st.floats(-3.0, 6.0), seed=st.integers(0, 2**32), temperature=st.sampled_from([0.0, 0.7, 1.3]),
-       max_tokens=st.integers(1, 12))  # fmt: skip
+@given(
+    bias=st.floats(-3.0, 6.0),
+    seed=st.integers(0, 2**32),
+    temperature=st.sampled_from([0.0, 0.7, 1.3]),
+    max_tokens=st.integers(1, 12),
+)
 def test_stream_and_non_stream_agree(client, bias, seed, temperature, max_tokens):
     """Same request, same seed: the stream's deltas, finish_reason, usage and pyrodash equal the whole response."""
-    kw = dict(model="pyrodash", messages=Q, max_tokens=max_tokens, temperature=temperature, seed=seed,
-              extra_body={"offload_bias": bias})  # fmt: skip
+    kw = dict(
+        model="pyrodash",
+        messages=Q,
+        max_tokens=max_tokens,
+        temperature=temperature,
+        seed=seed,
+        extra_body={"offload_bias": bias},
+    )
     whole = client.chat.completions.create(**kw)
     chunks = list(client.chat.completions.create(**kw, stream=True, stream_options={"include_usage": True}))
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == whole.choices[0].message.content

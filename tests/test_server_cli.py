@@ -31,8 +31,22 @@ def test_serve_without_models_is_a_clear_cli_error(capsys, monkeypatch):
     assert main(["serve", "--config", "configs/serve/nope.yaml"]) == 2
     assert main(["serve", "--slm", "runs/none/slm", "--llm", "http://127.0.0.1:9/v1"]) == 2
     assert "slm model directory runs/none/slm does not exist" in capsys.readouterr().err
-    assert main(["serve", "--config", "configs/serve/world.yaml", "--slm", "http://127.0.0.1:9/v1",
-                 "--llm", "http://127.0.0.1:9/v1", "--prices", "nope"]) == 2  # fmt: skip
+    assert (
+        main(
+            [
+                "serve",
+                "--config",
+                "configs/serve/world.yaml",
+                "--slm",
+                "http://127.0.0.1:9/v1",
+                "--llm",
+                "http://127.0.0.1:9/v1",
+                "--prices",
+                "nope",
+            ]
+        )
+        == 2
+    )
     assert "price sheet 'nope' not found" in capsys.readouterr().err
 
 
@@ -40,25 +54,60 @@ def test_serve_process_answers_and_shuts_down_gracefully(tmp_path_factory):
     slm_dir = tiny_model_dir(tmp_path_factory.mktemp("slm"), seed=0)
     port = free_port()
     with llm_server(tiny_llm(tmp_path_factory)) as lsrv:
-        cmd = [sys.executable, "-m", "pyrodash.cli", "serve", "--slm", str(slm_dir), "--llm",
-               f"{lsrv.url}/v1#tiny-llm", "--prompts", "world-v1", "--port", str(port), "--api-key", "k",
-               "--max-tokens", "300", "--graceful-timeout", "20", "--log-level", "warning"]  # fmt: skip
-        proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "pyrodash.cli",
+            "serve",
+            "--slm",
+            str(slm_dir),
+            "--llm",
+            f"{lsrv.url}/v1#tiny-llm",
+            "--prompts",
+            "world-v1",
+            "--port",
+            str(port),
+            "--api-key",
+            "k",
+            "--max-tokens",
+            "300",
+            "--graceful-timeout",
+            "20",
+            "--log-level",
+            "warning",
+        ]
+        proc = subprocess.Popen(
+            cmd,
+            cwd=ROOT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         url = f"http://127.0.0.1:{port}"
         try:
             wait_healthy(url, proc, "pyrodash serve")
             client = openai.OpenAI(base_url=f"{url}/v1", api_key="k", max_retries=0, timeout=60)
-            r = client.chat.completions.create(model="pyrodash", messages=[{"role": "user", "content": "1+2="}],
-                                               max_tokens=5, extra_body={"offload_bias": 100.0})  # fmt: skip
+            r = client.chat.completions.create(
+                model="pyrodash",
+                messages=[{"role": "user", "content": "1+2="}],
+                max_tokens=5,
+                extra_body={"offload_bias": 100.0},
+            )
             assert r.model_extra["pyrodash"]["handoff"] == 0 and r.model_extra["pyrodash"]["llm_calls"] == 1
             with pytest.raises(openai.BadRequestError):
-                client.chat.completions.create(model="pyrodash", messages=[{"role": "user", "content": "x"}],
-                                               max_tokens=301)  # fmt: skip
+                client.chat.completions.create(
+                    model="pyrodash", messages=[{"role": "user", "content": "x"}], max_tokens=301
+                )
 
             # a stream in flight when SIGTERM arrives still finishes; then the server exits 0
-            stream = client.chat.completions.create(model="pyrodash", messages=[{"role": "user", "content": "x"}],
-                                                    max_tokens=250, stream=True, extra_body={"offload_bias": -100.0})
+            stream = client.chat.completions.create(
+                model="pyrodash",
+                messages=[{"role": "user", "content": "x"}],
+                max_tokens=250,
+                stream=True,
+                extra_body={"offload_bias": -100.0},
+            )
             parts = [next(stream)]
             proc.send_signal(signal.SIGTERM)
             parts += list(stream)

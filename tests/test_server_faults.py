@@ -72,8 +72,10 @@ class FaultInjectingLLM:
         if mode == "cut_once":
             mode, self.mode = "cut", "ok"
         if mode == "http500":
-            return JSONResponse({"error": {"message": "injected failure", "type": "server_error", "param": None,
-                                           "code": None}}, status_code=500)  # fmt: skip
+            return JSONResponse(
+                {"error": {"message": "injected failure", "type": "server_error", "param": None, "code": None}},
+                status_code=500,
+            )
         if mode == "hang":
             while not await request.is_disconnected():
                 await asyncio.sleep(0.05)
@@ -83,8 +85,12 @@ class FaultInjectingLLM:
         async def relay():
             sent = 0
             async with httpx.AsyncClient(timeout=60) as c:
-                async with c.stream("POST", f"{self.upstream}/v1/chat/completions", content=body,
-                                    headers={"content-type": "application/json"}) as r:  # fmt: skip
+                async with c.stream(
+                    "POST",
+                    f"{self.upstream}/v1/chat/completions",
+                    content=body,
+                    headers={"content-type": "application/json"},
+                ) as r:
                     async for line in r.aiter_lines():
                         if mode == "cut" and line.startswith("data:") and '"content"' in line:
                             sent += 1
@@ -108,8 +114,9 @@ def llm_up(models):
 
 def _server(models, llm_url: str, **failure):
     config = serve_config()
-    return UvicornThread(build_app(config, engine=make_engine(models[0], remote(llm_url), config, **failure)),
-                         log_level="error")  # fmt: skip
+    return UvicornThread(
+        build_app(config, engine=make_engine(models[0], remote(llm_url), config, **failure)), log_level="error"
+    )
 
 
 # ---------------------------------------------------------------- client disconnects
@@ -121,8 +128,12 @@ def test_disconnect_mid_stream_stops_the_generating_model(models, llm_up, side):
     backend = models[0] if side == "slm" else models[1]
     with _server(models, llm_up.url) as srv:
         # the model keeps generating when nobody stops it: 120 tokens asked, 120 produced
-        full = httpx.post(f"{srv.url}/v1/chat/completions", headers=AUTH, timeout=120,
-                          json={"model": model_name, "messages": Q, "max_tokens": 120}).json()  # fmt: skip
+        full = httpx.post(
+            f"{srv.url}/v1/chat/completions",
+            headers=AUTH,
+            timeout=120,
+            json={"model": model_name, "messages": Q, "max_tokens": 120},
+        ).json()
         # (max_tokens is the joint budget: the SLM's <offload> token counts, so the LLM decodes 119 of 120)
         assert full["pyrodash"]["slm_out"] + full["pyrodash"]["llm_out"] == 120
         assert full["pyrodash"][f"{side}_out"] >= 119 and full["choices"][0]["finish_reason"] == "length"
@@ -156,8 +167,9 @@ def test_disconnect_of_a_non_streaming_request_stops_generation(models, llm_up):
         try:
             body = {"model": "always-offload", "messages": Q, "max_tokens": 1900}
             with pytest.raises(httpx.ReadTimeout):
-                httpx.post(f"{srv.url}/v1/chat/completions", json=body, headers=AUTH, timeout=httpx.Timeout(
-                    10, read=1.0))  # fmt: skip
+                httpx.post(
+                    f"{srv.url}/v1/chat/completions", json=body, headers=AUTH, timeout=httpx.Timeout(10, read=1.0)
+                )
             stopped_at = counter.settled()
             assert stopped_at < 2000, f"the LLM made {stopped_at} forward passes after the client left"
             assert not srv.app.state.runs
@@ -187,8 +199,10 @@ def test_llm_failures_fall_back_to_the_slm(models, faulty, mode, calls, stream):
         kw = dict(model="always-offload", messages=Q, max_tokens=8)
         if stream:
             chunks = list(client.chat.completions.create(**kw, stream=True, stream_options={"include_usage": True}))
-            p, text = chunks[-1].model_extra["pyrodash"], "".join(
-                c.choices[0].delta.content or "" for c in chunks if c.choices)  # fmt: skip
+            p, text = (
+                chunks[-1].model_extra["pyrodash"],
+                "".join(c.choices[0].delta.content or "" for c in chunks if c.choices),
+            )
         else:
             r = client.chat.completions.create(**kw)
             p, text = r.model_extra["pyrodash"], r.choices[0].message.content
@@ -202,8 +216,12 @@ def test_llm_failures_fall_back_to_the_slm(models, faulty, mode, calls, stream):
 def test_a_retry_recovers_from_one_cut_stream(models, faulty):
     faulty.mode, faulty.calls = "cut_once", 0
     with _server(models, faulty.url, retries=1, timeout_s=5.0) as srv:
-        r = httpx.post(f"{srv.url}/v1/chat/completions", headers=AUTH, timeout=60,
-                       json={"model": "always-offload", "messages": Q, "max_tokens": 12}).json()  # fmt: skip
+        r = httpx.post(
+            f"{srv.url}/v1/chat/completions",
+            headers=AUTH,
+            timeout=60,
+            json={"model": "always-offload", "messages": Q, "max_tokens": 12},
+        ).json()
         assert r["pyrodash"]["fallback"] is False and r["pyrodash"]["llm_calls"] == 2 == faulty.calls
         assert r["pyrodash"]["llm_out"] >= 1 and r["choices"][0]["message"]["content"]
 
@@ -216,19 +234,31 @@ def test_llm_down_fallback_and_health(models):
         h = httpx.get(f"{srv.url}/health", headers=AUTH)
         assert h.status_code == 503 and h.json()["status"] == "degraded"
         assert h.json()["slm"]["reachable"] is True and h.json()["llm"]["reachable"] is False
-        r = httpx.post(f"{srv.url}/v1/chat/completions", headers=AUTH, timeout=60,
-                       json={"model": "always-offload", "messages": Q, "max_tokens": 6}).json()  # fmt: skip
+        r = httpx.post(
+            f"{srv.url}/v1/chat/completions",
+            headers=AUTH,
+            timeout=60,
+            json={"model": "always-offload", "messages": Q, "max_tokens": 6},
+        ).json()
         assert r["pyrodash"]["fallback"] is True and r["pyrodash"]["llm_calls"] == 0  # never reached a server
-        r = httpx.post(f"{srv.url}/v1/chat/completions", headers=AUTH, timeout=60,
-                       json={"model": "slm-only", "messages": Q, "max_tokens": 6}).json()  # fmt: skip
+        r = httpx.post(
+            f"{srv.url}/v1/chat/completions",
+            headers=AUTH,
+            timeout=60,
+            json={"model": "slm-only", "messages": Q, "max_tokens": 6},
+        ).json()
         assert r["pyrodash"]["fallback"] is False and r["pyrodash"]["llm_calls"] == 0
 
 
 def test_on_error_raise_gives_an_upstream_error(models, faulty):
     faulty.mode = "http500"
     with _server(models, faulty.url, retries=0, timeout_s=2.0, on_error="raise") as srv:
-        r = httpx.post(f"{srv.url}/v1/chat/completions", headers=AUTH, timeout=60,
-                       json={"model": "always-offload", "messages": Q, "max_tokens": 6})  # fmt: skip
+        r = httpx.post(
+            f"{srv.url}/v1/chat/completions",
+            headers=AUTH,
+            timeout=60,
+            json={"model": "always-offload", "messages": Q, "max_tokens": 6},
+        )
         assert r.status_code == 502
         err = r.json()["error"]
         # the upstream's own text and address stay in the server log; the client gets a request id
@@ -248,11 +278,14 @@ def test_on_error_raise_gives_an_upstream_error(models, faulty):
 def test_the_stream_error_event_is_openai_shaped(models, faulty):
     faulty.mode = "http500"
     with _server(models, faulty.url, retries=0, timeout_s=2.0, on_error="raise") as srv:
-        r = httpx.post(f"{srv.url}/v1/chat/completions", headers=AUTH, timeout=60,
-                       json={"model": "always-offload", "messages": Q, "max_tokens": 6, "stream": True})  # fmt: skip
+        r = httpx.post(
+            f"{srv.url}/v1/chat/completions",
+            headers=AUTH,
+            timeout=60,
+            json={"model": "always-offload", "messages": Q, "max_tokens": 6, "stream": True},
+        )
         events = [line[6:] for line in r.text.splitlines() if line.startswith("data: ")]
-        assert events[-1] == "[DONE]" and list(json.loads(events[-2])["error"]) == ["message", "type", "param",
-                                                                                     "code"]  # fmt: skip
+        assert events[-1] == "[DONE]" and list(json.loads(events[-2])["error"]) == ["message", "type", "param", "code"]
         assert "injected failure" not in r.text and faulty.url not in r.text  # nothing internal in the stream
     faulty.mode = "ok"
 
@@ -266,8 +299,12 @@ def test_slm_server_down_is_a_502_before_any_output(models, llm_up, stream):
         slm = remote(ssrv.url, model="tiny-slm", timeout_s=5)
         engine = make_engine(slm, remote(llm_up.url), config)  # looks up <offload> while the SLM server is up
     with UvicornThread(build_app(config, engine=engine), log_level="error") as srv:
-        r = httpx.post(f"{srv.url}/v1/chat/completions", headers=AUTH, timeout=60,
-                       json={"model": "pyrodash", "messages": Q, "max_tokens": 4, "stream": stream})  # fmt: skip
+        r = httpx.post(
+            f"{srv.url}/v1/chat/completions",
+            headers=AUTH,
+            timeout=60,
+            json={"model": "pyrodash", "messages": Q, "max_tokens": 4, "stream": stream},
+        )
         assert r.status_code == 502 and r.headers["content-type"].startswith("application/json")
         assert r.json()["error"]["type"] == "upstream_error" and "BackendError" in r.json()["error"]["message"]
         assert "127.0.0.1" not in r.text and "connect" not in r.text  # no internal address, no upstream text

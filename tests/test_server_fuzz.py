@@ -36,8 +36,7 @@ UNSCHEMABLE = (b'"context_length_exceeded"', b'"invalid_unicode"')
 
 
 def positive_data_acceptance_within_limits(ctx, response, case):
-    if response.status_code == 413 or (response.status_code == 400 and any(c in response.content
-                                                                            for c in UNSCHEMABLE)):
+    if response.status_code == 413 or (response.status_code == 400 and any(c in response.content for c in UNSCHEMABLE)):
         return None
     return schemathesis.checks.positive_data_acceptance(ctx, response, case)
 
@@ -50,7 +49,9 @@ def negative_data_rejection_413_included(ctx, response, case):
 
 WRAPPED = ("positive_data_acceptance", "negative_data_rejection")
 ALL_CHECKS = [c for c in CHECKS.get_all() if c.__name__ not in WRAPPED] + [
-    positive_data_acceptance_within_limits, negative_data_rejection_413_included]
+    positive_data_acceptance_within_limits,
+    negative_data_rejection_413_included,
+]
 
 FUZZ = settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -87,13 +88,23 @@ def _header(headers, name: str) -> str:
     return value[0] if isinstance(value, list) else value
 
 
-PATHS = [("/v1/chat/completions", "POST"), ("/v1/completions", "POST"), ("/v1/models", "GET"),
-         ("/v1/models/{model_id}", "GET"), ("/health", "GET"), ("/metrics", "GET")]
+PATHS = [
+    ("/v1/chat/completions", "POST"),
+    ("/v1/completions", "POST"),
+    ("/v1/models", "GET"),
+    ("/v1/models/{model_id}", "GET"),
+    ("/health", "GET"),
+    ("/metrics", "GET"),
+]
 
 
 # GET routes take nothing a request could get wrong (any model id is a valid string): positive mode only
-CASES = [(p, m, g) for p, m in PATHS for g in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE)
-         if m == "POST" or g == GenerationMode.POSITIVE]
+CASES = [
+    (p, m, g)
+    for p, m in PATHS
+    for g in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE)
+    if m == "POST" or g == GenerationMode.POSITIVE
+]
 
 
 @pytest.mark.parametrize(("path", "method", "mode"), CASES, ids=[f"{p}-{g.value}" for p, _, g in CASES])
@@ -120,8 +131,23 @@ JSON = st.recursive(
     lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=10), kids, max_size=4),
     max_leaves=12,
 )
-FIELDS = ["model", "messages", "prompt", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed",
-          "stop", "stream", "stream_options", "n", "logprobs", "offload_bias", "user"]  # fmt: skip
+FIELDS = [
+    "model",
+    "messages",
+    "prompt",
+    "max_tokens",
+    "max_completion_tokens",
+    "temperature",
+    "top_p",
+    "seed",
+    "stop",
+    "stream",
+    "stream_options",
+    "n",
+    "logprobs",
+    "offload_bias",
+    "user",
+]
 
 
 @FUZZ
@@ -133,8 +159,13 @@ def test_arbitrary_json_bodies_get_4xx_not_5xx(http, body, route):
 @FUZZ
 @given(field=st.sampled_from(FIELDS), value=JSON, stream=st.booleans())
 def test_one_wrong_field_in_a_valid_request(http, field, value, stream):
-    body = {"model": "pyrodash", "messages": [{"role": "user", "content": "1+1"}], "prompt": "1+1",
-            "max_tokens": 3, "stream": stream}  # fmt: skip
+    body = {
+        "model": "pyrodash",
+        "messages": [{"role": "user", "content": "1+1"}],
+        "prompt": "1+1",
+        "max_tokens": 3,
+        "stream": stream,
+    }
     body[field] = value
     for route in ("/v1/chat/completions", "/v1/completions"):
         _post(http, route, json.dumps(body))

@@ -40,8 +40,9 @@ class Switch:
     async def __call__(self, scope, receive, send):
         if self.fail and scope["type"] == "http" and scope["path"].endswith("/chat/completions"):
             body = json.dumps({"error": {"message": self.fail, "type": "server_error"}}).encode()
-            await send({"type": "http.response.start", "status": 500,
-                        "headers": [(b"content-type", b"application/json")]})  # fmt: skip
+            await send(
+                {"type": "http.response.start", "status": 500, "headers": [(b"content-type", b"application/json")]}
+            )
             await send({"type": "http.response.body", "body": body})
             return
         await self.app(scope, receive, send)
@@ -59,15 +60,31 @@ def deployment(tmp_path_factory):
     switch = Switch(build_model_app(tiny_llm(tmp_path_factory), model_name=str(llm_dir)))
     lsrv = UvicornThread(switch, log_level="critical").__enter__()
     config = ServeConfig(
-        slm=str(slm_dir), base_slm=str(base_dir), llm={"url": f"{lsrv.url}/v1", "model": str(llm_dir),
-                                                       "timeout_s": 10},
-        prompts="world-v1", prices=PRICES.to_dict(), operating_points=dict(OPS), api_key=KEY,
+        slm=str(slm_dir),
+        base_slm=str(base_dir),
+        llm={"url": f"{lsrv.url}/v1", "model": str(llm_dir), "timeout_s": 10},
+        prompts="world-v1",
+        prices=PRICES.to_dict(),
+        operating_points=dict(OPS),
+        api_key=KEY,
         failure={"retries": 1, "backoff_s": 0.01, "timeout_s": 10},
         limits=Limits(max_body_bytes=64 * 1024, max_tokens=4000, default_max_tokens=12),
-    )  # fmt: skip
-    needles = [str(root), str(slm_dir), str(base_dir), str(llm_dir), "models/slm-stage3", "models/slm-base",
-               "models/llm-weights", lsrv.url, f"127.0.0.1:{lsrv.port}", f":{lsrv.port}", "127.0.0.1", "localhost",
-               "/tmp/"]  # fmt: skip
+    )
+    needles = [
+        str(root),
+        str(slm_dir),
+        str(base_dir),
+        str(llm_dir),
+        "models/slm-stage3",
+        "models/slm-base",
+        "models/llm-weights",
+        lsrv.url,
+        f"127.0.0.1:{lsrv.port}",
+        f":{lsrv.port}",
+        "127.0.0.1",
+        "localhost",
+        "/tmp/",
+    ]
     try:
         with UvicornThread(build_app(config), log_level="warning") as srv:
             yield srv, lsrv, switch, needles
@@ -111,25 +128,31 @@ def test_a_half_sent_body_is_a_499_not_a_500(deployment, caplog):
 def _drop_two_uploads(srv, before, caplog) -> None:
     for _ in range(2):
         with socket.create_connection(("127.0.0.1", srv.port)) as s:
-            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-                      + f"Authorization: Bearer {KEY}\r\n".encode()
-                      + b"Content-Type: application/json\r\nContent-Length: 4096\r\n\r\n"
-                      + b'{"model": "pyrodash", "messages": [{"role": "user", "content": "3+')  # fmt: skip
+            s.sendall(
+                b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                + f"Authorization: Bearer {KEY}\r\n".encode()
+                + b"Content-Type: application/json\r\nContent-Length: 4096\r\n\r\n"
+                + b'{"model": "pyrodash", "messages": [{"role": "user", "content": "3+'
+            )
             time.sleep(0.2)  # the server is reading the body when the client goes away
     deadline = time.monotonic() + 20
     while True:
         after = _metrics(srv.url)
         got = _total(after, "pyrodash_requests_total", route=CHAT, status="499") - _total(
-            before, "pyrodash_requests_total", route=CHAT, status="499")  # fmt: skip
+            before, "pyrodash_requests_total", route=CHAT, status="499"
+        )
         if got >= 2 or time.monotonic() > deadline:
             break
         time.sleep(0.1)
     assert got == 2, "each dropped upload is counted as a 499"
-    assert _total(after, "pyrodash_requests_total", status="500") == _total(before, "pyrodash_requests_total",
-                                                                            status="500")  # fmt: skip
+    assert _total(after, "pyrodash_requests_total", status="500") == _total(
+        before, "pyrodash_requests_total", status="500"
+    )
     for kind, more in (("server", 0), ("client", 0), ("disconnect", 2)):
-        assert _total(after, "pyrodash_errors_total", kind=kind) == _total(before, "pyrodash_errors_total",
-                                                                           kind=kind) + more, kind  # fmt: skip
+        assert (
+            _total(after, "pyrodash_errors_total", kind=kind)
+            == _total(before, "pyrodash_errors_total", kind=kind) + more
+        ), kind
     bad = [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
     assert not bad, [r.getMessage() for r in bad]  # no traceback, nothing for an operator's 5xx alert
 
@@ -148,8 +171,10 @@ def test_no_response_carries_a_path_a_url_or_a_port(deployment, caplog):
         return r
 
     def get(path: str, auth: bool = True) -> httpx.Response:
-        return keep(f"GET {path} {'key' if auth else 'no key'}",
-                    httpx.get(f"{srv.url}{path}", headers=AUTH if auth else {}, timeout=60))  # fmt: skip
+        return keep(
+            f"GET {path} {'key' if auth else 'no key'}",
+            httpx.get(f"{srv.url}{path}", headers=AUTH if auth else {}, timeout=60),
+        )
 
     def post(label: str, body: dict | bytes, route: str = CHAT, auth: bool = True) -> httpx.Response:
         content = body if isinstance(body, bytes) else json.dumps(body).encode()
@@ -159,8 +184,19 @@ def test_no_response_carries_a_path_a_url_or_a_port(deployment, caplog):
         return keep(label, r)
 
     # without the key: what anyone can see
-    for path in ("/", "/static/index.html", "/static/app.js", "/static/style.css", "/openapi.json", "/docs",
-                 "/nowhere", "/playground/config", "/v1/models", "/v1/models/pyrodash", "/metrics"):
+    for path in (
+        "/",
+        "/static/index.html",
+        "/static/app.js",
+        "/static/style.css",
+        "/openapi.json",
+        "/docs",
+        "/nowhere",
+        "/playground/config",
+        "/v1/models",
+        "/v1/models/pyrodash",
+        "/metrics",
+    ):
         get(path, auth=False)
     h = get("/health", auth=False)
     assert h.status_code == 200 and h.json() == {"status": "ok", "live": True, "ready": True}
@@ -171,24 +207,42 @@ def test_no_response_carries_a_path_a_url_or_a_port(deployment, caplog):
     h = get("/health").json()
     assert (h["slm"]["name"], h["llm"]["name"], h["base_slm"]["name"]) == ("slm-stage3", "llm-weights", "slm-base")
     cfg = get("/playground/config").json()
-    assert (cfg["slm"], cfg["llm"], cfg["base_slm"], cfg["slm_only"]) == ("slm-stage3", "llm-weights", "slm-base",
-                                                                          "base_slm")  # fmt: skip
+    assert (cfg["slm"], cfg["llm"], cfg["base_slm"], cfg["slm_only"]) == (
+        "slm-stage3",
+        "llm-weights",
+        "slm-base",
+        "base_slm",
+    )
     for path in ("/v1/models", "/v1/models/nope", "/metrics"):
         get(path)
     r = post("handoff", {"model": "always-offload", "messages": Q, "max_tokens": 8}).json()["pyrodash"]
     assert r["handoff"] == 0 and [s["endpoint"] for s in r["segments"] if s["by"] == "llm"] == ["llm-weights"]
     assert [e["endpoint"] for e in r["llm_endpoints"]] == ["llm-weights"] and r["answered_by"] == "collab"
-    post("handoff stream", {"model": "always-offload", "messages": Q, "max_tokens": 8, "stream": True,
-                            "stream_options": {"include_usage": True}, "pyrodash": {"sources": True}})  # fmt: skip
+    post(
+        "handoff stream",
+        {
+            "model": "always-offload",
+            "messages": Q,
+            "max_tokens": 8,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "pyrodash": {"sources": True},
+        },
+    )
     r = post("base SLM", {"messages": Q, "max_tokens": 8, "pyrodash": {"mode": "slm"}}).json()
     assert r["pyrodash"]["answered_by"] == "base_slm" and r["pyrodash"]["llm_calls"] == 0
     post("LLM alone", {"messages": Q, "max_tokens": 8, "stream": True, "pyrodash": {"mode": "llm"}})
     post("completions", {"prompt": "3+4=", "max_tokens": 4}, "/v1/completions")
-    for label, body in [("bad json", b"{not json"), ("unknown field", {"messages": Q, "secret_field": 1}),
-                        ("no content", {"messages": [{"role": "user"}]}), ("model", {"model": "x", "messages": Q}),
-                        ("too large", b"[" * 70_000), ("type", {"messages": Q, "max_tokens": "5"}),
-                        ("context", {"messages": [{"role": "user", "content": "y" * 2100}], "max_tokens": 4}),
-                        ("unsupported", {"messages": Q, "n": 3})]:  # fmt: skip
+    for label, body in [
+        ("bad json", b"{not json"),
+        ("unknown field", {"messages": Q, "secret_field": 1}),
+        ("no content", {"messages": [{"role": "user"}]}),
+        ("model", {"model": "x", "messages": Q}),
+        ("too large", b"[" * 70_000),
+        ("type", {"messages": Q, "max_tokens": "5"}),
+        ("context", {"messages": [{"role": "user", "content": "y" * 2100}], "max_tokens": 4}),
+        ("unsupported", {"messages": Q, "n": 3}),
+    ]:
         assert post(label, body).status_code in (400, 404, 413), label
 
     # the LLM fails, with an upstream text that names its address and a directory
@@ -198,8 +252,16 @@ def test_no_response_carries_a_path_a_url_or_a_port(deployment, caplog):
         assert p["fallback"] and p["llm_errors"] == ["attempt 1: upstream_http_500", "attempt 2: upstream_http_500"]
         logged = [r.getMessage() for r in caplog.records if p["request_id"] in r.getMessage()]
         assert len(logged) == 2 and all(switch.fail in m for m in logged), "the log keeps the upstream's text"
-        post("LLM 500 stream", {"model": "always-offload", "messages": Q, "max_tokens": 8, "stream": True,
-                                "stream_options": {"include_usage": True}})  # fmt: skip
+        post(
+            "LLM 500 stream",
+            {
+                "model": "always-offload",
+                "messages": Q,
+                "max_tokens": 8,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+            },
+        )
         post("LLM alone, 500", {"messages": Q, "max_tokens": 8, "pyrodash": {"mode": "llm"}})
         post("LLM alone, 500, stream", {"messages": Q, "max_tokens": 8, "stream": True, "pyrodash": {"mode": "llm"}})
     finally:
@@ -238,8 +300,19 @@ def test_metrics_can_be_made_public_and_flags_reach_the_config(tmp_path_factory)
         assert "slm" not in httpx.get(f"{s.url}/health").json()
         doc = httpx.get(f"{s.url}/openapi.json").json()
         assert "401" not in doc["paths"]["/metrics"]["get"]["responses"]
-    args = build_parser().parse_args(["serve", "--slm", "s", "--llm", "http://a:1/v1#m", "--base-slm", "b",
-                                      "--metrics-public", "--allow-unknown-fields"])  # fmt: skip
+    args = build_parser().parse_args(
+        [
+            "serve",
+            "--slm",
+            "s",
+            "--llm",
+            "http://a:1/v1#m",
+            "--base-slm",
+            "b",
+            "--metrics-public",
+            "--allow-unknown-fields",
+        ]
+    )
     c = config_from_args(args)
     assert (c.base_slm, c.metrics_public, c.allow_unknown_fields) == ("b", True, True)
     c = config_from_args(build_parser().parse_args(["serve", "--slm", "s", "--llm", "http://a:1/v1#m"]))

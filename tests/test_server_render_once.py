@@ -28,14 +28,18 @@ import httpx
 import pytest
 from test_server import AUTH, UvicornThread, llm_server, make_engine, remote, serve_config, tiny_llm, tiny_slm
 
-from pyrodash import conversation as conv
 from pyrodash.backends.base import GenRequest, Tokenized
+from pyrodash.engine import conversation as conv
 from pyrodash.server.app import build_app
 
 Q = [{"role": "user", "content": "3+4="}]
-CHAT = [{"role": "user", "content": "1+1="}, {"role": "assistant", "content": "2"},
-        {"role": "user", "content": "2+3="}, {"role": "assistant", "content": "5"},
-        {"role": "user", "content": "3+4="}]  # fmt: skip
+CHAT = [
+    {"role": "user", "content": "1+1="},
+    {"role": "assistant", "content": "2"},
+    {"role": "user", "content": "2+3="},
+    {"role": "assistant", "content": "5"},
+    {"role": "user", "content": "3+4="},
+]
 
 
 @pytest.fixture(scope="module")
@@ -170,8 +174,12 @@ def test_a_fitted_prompt_is_rendered_and_tokenized_once(models, side, fit):
     slm_in = _fresh_count(slm, slm_req)
     counts = Counts({"slm": slm, "llm": llm})
     with served(models, window) as (srv, _engine), counts.counting():
-        for model, stream in [("always-offload", False), ("always-offload", True), ("pyrodash", False),
-                              ("slm-only", False)]:
+        for model, stream in [
+            ("always-offload", False),
+            ("always-offload", True),
+            ("pyrodash", False),
+            ("slm-only", False),
+        ]:
             counts.clear()
             p = chat(srv, CHAT, model, 8, stream)
             trimmed = p.get("trimmed", {})
@@ -179,7 +187,9 @@ def test_a_fitted_prompt_is_rendered_and_tokenized_once(models, side, fit):
             if p["handoff"] is not None:
                 assert bool(trimmed.get("llm")) == (fit == "trimmed" and side in ("llm", "both")), (model, p)
             assert counts.most("renders") == {"slm": 1, "llm": 1 if counts.renders["llm"] else 0}, (
-                model, counts.renders)
+                model,
+                counts.renders,
+            )
             assert counts.most("encodes") == {"slm": 1, "llm": 1 if counts.encodes["llm"] else 0}, (
                 model,
                 {k: {t[-60:]: n for t, n in v.items() if n > 1} for k, v in counts.encodes.items()},

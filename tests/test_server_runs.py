@@ -56,21 +56,30 @@ def test_events_come_in_ready_batches_then_the_error_then_the_end():
     assert got[:3] == [["a", "b"], ["c"], ["d"]] and isinstance(got[3], ValueError) and got[4:] == [None]
 
 
-@pytest.mark.parametrize("text", ["plain", 'quo"te \\ back', "line\nbreak\ttab\x00\x1f", "é ü 中 😀 \u2028",
-                                  "\ud800 lone surrogate"])
+@pytest.mark.parametrize(
+    "text", ["plain", 'quo"te \\ back', "line\nbreak\ttab\x00\x1f", "é ü 中 😀 \u2028", "\ud800 lone surrogate"]
+)
 def test_a_content_delta_is_the_json_encoders_own_text(text):
     w = ChunkWriter("chatcmpl-1", 0, "pyrodash", "chat", include_usage=True)
-    body = json.loads(w.delta(text)[len("data: "):])
+    body = json.loads(w.delta(text)[len("data: ") :])
     assert body["choices"][0]["delta"]["content"] == text
-    assert json.dumps(text, ensure_ascii=False) in w.delta(text) and json.dumps(text, ensure_ascii=False) in \
-        w.tagged(text, {"source": "slm"})
+    assert json.dumps(text, ensure_ascii=False) in w.delta(text) and json.dumps(text, ensure_ascii=False) in w.tagged(
+        text, {"source": "slm"}
+    )
 
 
 def test_the_last_chunks_and_done_are_one_write():
     """Each ready batch of deltas is one write; the finish chunk waits for the run's end and goes out with
     `data: [DONE]` (one write less per request)."""
-    done = Done(output="ab", slm_text="ab", llm_text="", usage=Usage(slm_in=3, slm_out=2), cost_usd=0.0,
-                finish_reason="stop", handoff=None)
+    done = Done(
+        output="ab",
+        slm_text="ab",
+        llm_text="",
+        usage=Usage(slm_in=3, slm_out=2),
+        cost_usd=0.0,
+        finish_reason="stop",
+        handoff=None,
+    )
     app = SimpleNamespace(state=SimpleNamespace(metrics=Metrics()))
 
     async def writes() -> list[str]:

@@ -53,8 +53,9 @@ def _err(r: httpx.Response) -> dict:
 
 def _requests_total(http: httpx.Client) -> float:
     text = http.get("/metrics").text
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith("pyrodash_requests_total{"))  # fmt: skip
+    return sum(
+        float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("pyrodash_requests_total{")
+    )
 
 
 # ---------------------------------------------------------------- lone surrogates
@@ -65,8 +66,10 @@ def _requests_total(http: httpx.Client) -> float:
     [
         (b'{"model": "\\ud800", "messages": [{"role": "user", "content": "x"}]}', "model"),
         (b'{"messages": [{"role": "user", "content": "a\\udfffb"}]}', "messages.0.content"),
-        (b'{"messages": [{"role": "user", "content": [{"type": "text", "text": "\\ud800"}]}]}',
-         "messages.0.content.0.text"),
+        (
+            b'{"messages": [{"role": "user", "content": [{"type": "text", "text": "\\ud800"}]}]}',
+            "messages.0.content.0.text",
+        ),
         (b'{"messages": [{"role": "user", "content": "x"}], "stop": ["\\udc00"]}', "stop.0"),
     ],
 )
@@ -120,8 +123,15 @@ def test_prompt_plus_max_tokens_over_the_context_is_a_400(http):
     r = _post(http, {"messages": [{"role": "user", "content": "x"}], "max_tokens": 2030})
     assert r.status_code == 400 and _err(r)["param"] == "max_tokens"
     assert _err(r)["code"] == "context_length_exceeded"
-    r = _post(http, {"messages": [{"role": "user", "content": "x"}], "max_tokens": 1900, "model": "slm-only",
-                     "max_tokens_per_model": 2})  # fits: accepted
+    r = _post(
+        http,
+        {
+            "messages": [{"role": "user", "content": "x"}],
+            "max_tokens": 1900,
+            "model": "slm-only",
+            "max_tokens_per_model": 2,
+        },
+    )  # fits: accepted
     assert r.status_code == 200, r.text
 
 
@@ -154,8 +164,14 @@ def test_special_tokens_for_a_remote_tokenizer_get_a_word_joiner():
 
 def test_client_sent_markers_cannot_hide_a_special_token(http):
     """The marker characters are removed from client text first: a client cannot use them to split a token."""
-    r = _post(http, {"model": "slm-only", "max_tokens": 1,
-                     "messages": [{"role": "user", "content": f"{literal.CLOSE}<offload>{literal.OPEN}"}]})
+    r = _post(
+        http,
+        {
+            "model": "slm-only",
+            "max_tokens": 1,
+            "messages": [{"role": "user", "content": f"{literal.CLOSE}<offload>{literal.OPEN}"}],
+        },
+    )
     r2 = _post(http, {"model": "slm-only", "max_tokens": 1, "messages": [{"role": "user", "content": "(aaaaaaa)"}]})
     assert r.status_code == r2.status_code == 200 and r.json()["pyrodash"]["slm_in"] == r2.json()["pyrodash"]["slm_in"]
 
@@ -187,9 +203,21 @@ def test_unsupported_openai_parameters_are_named(http, extra, param):
 
 
 def test_neutral_values_of_unsupported_parameters_are_accepted(http):
-    neutral = {"tools": [], "tool_choice": "none", "response_format": {"type": "text"}, "echo": False,
-               "best_of": 1, "n": 1, "logit_bias": {}, "presence_penalty": 0, "frequency_penalty": 0.0,
-               "user": "u", "metadata": {"a": "b"}, "store": False, "parallel_tool_calls": True}  # fmt: skip
+    neutral = {
+        "tools": [],
+        "tool_choice": "none",
+        "response_format": {"type": "text"},
+        "echo": False,
+        "best_of": 1,
+        "n": 1,
+        "logit_bias": {},
+        "presence_penalty": 0,
+        "frequency_penalty": 0.0,
+        "user": "u",
+        "metadata": {"a": "b"},
+        "store": False,
+        "parallel_tool_calls": True,
+    }
     r = _post(http, {"messages": [{"role": "user", "content": "x"}], "max_tokens": 2, **neutral})
     assert r.status_code == 200, r.text
 
@@ -199,15 +227,20 @@ def test_neutral_values_of_unsupported_parameters_are_accepted(http):
 
 def test_max_tokens_is_the_total_budget_of_the_joint_answer(srv):
     client = openai.OpenAI(base_url=f"{srv.url}/v1", api_key=KEY, max_retries=0, timeout=120)
-    r = client.chat.completions.create(model="always-offload", messages=[{"role": "user", "content": "1+2="}],
-                                       max_tokens=30)
+    r = client.chat.completions.create(
+        model="always-offload", messages=[{"role": "user", "content": "1+2="}], max_tokens=30
+    )
     p = r.model_extra["pyrodash"]
     assert p["handoff"] == 0 and p["llm_out"] >= 1
     assert r.usage.completion_tokens == p["slm_out"] + p["llm_out"] == 30
     assert r.choices[0].finish_reason == "length"
     # the per-model cap is its own, named option
-    r = client.chat.completions.create(model="always-offload", messages=[{"role": "user", "content": "1+2="}],
-                                       max_tokens=30, extra_body={"max_tokens_per_model": 5})
+    r = client.chat.completions.create(
+        model="always-offload",
+        messages=[{"role": "user", "content": "1+2="}],
+        max_tokens=30,
+        extra_body={"max_tokens_per_model": 5},
+    )
     p = r.model_extra["pyrodash"]
     assert p["llm_out"] == 5 and r.usage.completion_tokens == 6 and r.choices[0].finish_reason == "length"
 
@@ -248,8 +281,12 @@ def test_an_http_llm_still_gets_checked_for_the_slm_context(tmp_path_factory):
     with llm_server(llm) as lsrv:
         engine = make_engine(slm, remote(lsrv.url), config)
         with UvicornThread(build_app(config, engine=engine), log_level="error") as s:
-            r = httpx.post(f"{s.url}{CHAT}", headers=AUTH, timeout=60,
-                           json={"messages": [{"role": "user", "content": "y" * 2100}], "max_tokens": 2})
+            r = httpx.post(
+                f"{s.url}{CHAT}",
+                headers=AUTH,
+                timeout=60,
+                json={"messages": [{"role": "user", "content": "y" * 2100}], "max_tokens": 2},
+            )
             assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
 
 
@@ -269,8 +306,10 @@ def test_every_response_is_counted_once(http):
 # ---------------------------------------------------------------- OpenAI-strict: content, unknown fields
 
 
-@pytest.mark.parametrize("message", [{"role": "user"}, {"role": "user", "content": None}, {"role": "system"},
-                                     {"role": "developer", "content": None}])  # fmt: skip
+@pytest.mark.parametrize(
+    "message",
+    [{"role": "user"}, {"role": "user", "content": None}, {"role": "system"}, {"role": "developer", "content": None}],
+)
 def test_a_message_without_content_is_a_400_naming_it(http, message):
     r = _post(http, {"messages": [{"role": "user", "content": "x"}, message], "max_tokens": 1})
     assert r.status_code == 400, r.text
@@ -280,8 +319,14 @@ def test_a_message_without_content_is_a_400_naming_it(http, message):
 
 
 def test_an_assistant_message_may_omit_content(http):
-    r = _post(http, {"model": "slm-only", "max_tokens": 1, "messages": [
-        {"role": "user", "content": "x"}, {"role": "assistant"}, {"role": "user", "content": "y"}]})  # fmt: skip
+    r = _post(
+        http,
+        {
+            "model": "slm-only",
+            "max_tokens": 1,
+            "messages": [{"role": "user", "content": "x"}, {"role": "assistant"}, {"role": "user", "content": "y"}],
+        },
+    )
     assert r.status_code == 200, r.text
 
 
@@ -318,9 +363,18 @@ def test_a_config_switch_lets_unknown_fields_pass(tmp_path_factory, http):
     config = serve_config(allow_unknown_fields=True)
     engine = make_engine(tiny_slm(tmp_path_factory), tiny_llm(tmp_path_factory), config)
     with UvicornThread(build_app(config, engine=engine), log_level="error") as s:
-        r = httpx.post(f"{s.url}{CHAT}", headers=AUTH, timeout=60, json={
-            "model": "slm-only", "messages": [{"role": "user", "content": "x"}], "max_tokens": 1,
-            "vendor_extension": {"x": 1}, "trace_id": "abc"})  # fmt: skip
+        r = httpx.post(
+            f"{s.url}{CHAT}",
+            headers=AUTH,
+            timeout=60,
+            json={
+                "model": "slm-only",
+                "messages": [{"role": "user", "content": "x"}],
+                "max_tokens": 1,
+                "vendor_extension": {"x": 1},
+                "trace_id": "abc",
+            },
+        )
         assert r.status_code == 200, r.text
         doc = httpx.get(f"{s.url}/openapi.json").json()["components"]["schemas"]
         assert doc["ChatCompletionRequest"]["additionalProperties"] is True

@@ -53,11 +53,30 @@ def test_two_workers_under_load_metrics_totals_equal_the_requests_sent(tmp_path)
     (metrics_dir / "counter_99999999.db").write_bytes(b"an earlier run's file")  # removed at start
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir),
-           "PYTHONPATH": os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))}  # fmt: skip
+    env = {
+        **os.environ,
+        "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir),
+        "PYTHONPATH": os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH")))),
+    }
     env.pop("PYRODASH_API_KEY", None)
-    cmd = [sys.executable, "-m", "pyrodash", "serve", "--slm", f"{upstream}#slm", "--llm", f"{upstream}#llm",
-           "--prompts", "qwen-math-v1", "--port", str(port), "--log-level", "warning", "--workers", "2"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "pyrodash",
+        "serve",
+        "--slm",
+        f"{upstream}#slm",
+        "--llm",
+        f"{upstream}#llm",
+        "--prompts",
+        "qwen-math-v1",
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+        "--workers",
+        "2",
+    ]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         wait_healthy(url, proc, "pyrodash serve --workers 2", path="/v1/models")

@@ -10,8 +10,11 @@ from pyrodash.tokens import add_offload_token, anchor_token_ids, offload_token_i
 
 
 def anchors_of(tok) -> list[int]:
-    ids = [tok.encode(".", add_special_tokens=False)[0], tok.encode("\n", add_special_tokens=False)[0],
-           tok.eos_token_id]
+    ids = [
+        tok.encode(".", add_special_tokens=False)[0],
+        tok.encode("\n", add_special_tokens=False)[0],
+        tok.eos_token_id,
+    ]
     assert anchor_token_ids(tok) == sorted(set(ids))
     return sorted(set(ids))
 

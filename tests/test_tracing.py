@@ -58,8 +58,13 @@ class FailingLLM(server_load.ScriptedBackend):
 
 def _app(llm=None):
     slm, scripted_llm = server_load.scripted_pair(4, 0.002)
-    engine = CollaborateEngine(slm, llm or scripted_llm, get_prompts("world-v1"), Prices.from_yaml("paper"),
-                               failure=FailurePolicy(retries=1, backoff_s=0.0))  # fmt: skip
+    engine = CollaborateEngine(
+        slm,
+        llm or scripted_llm,
+        get_prompts("world-v1"),
+        Prices.from_yaml("paper"),
+        failure=FailurePolicy(retries=1, backoff_s=0.0),
+    )
     app = build_app(ServeConfig(prompts="world-v1", api_key_env=None), engine=engine)
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
@@ -120,13 +125,16 @@ def test_a_request_span_with_slm_handoff_and_llm_children_carrying_tokens_and_do
     assert 0 <= a["pyrodash.overhead_ms"]
     assert slm.attributes["gen_ai.usage.input_tokens"] == info["slm_in"]
     assert slm.attributes["gen_ai.usage.output_tokens"] == info["slm_out"]
-    assert slm.attributes["pyrodash.cost_usd"] == pytest.approx(info["cost_usd_by_component"]["slm_in"]
-                                                               + info["cost_usd_by_component"]["slm_out"])
+    assert slm.attributes["pyrodash.cost_usd"] == pytest.approx(
+        info["cost_usd_by_component"]["slm_in"] + info["cost_usd_by_component"]["slm_out"]
+    )
     assert handoff.attributes["pyrodash.handoff.slm_tokens"] == 4
     ep = info["llm_endpoints"][0]
     assert llm.attributes["pyrodash.llm.endpoint"] == ep["endpoint"] and llm.attributes["pyrodash.llm.calls"] == 1
     assert (llm.attributes["gen_ai.usage.input_tokens"], llm.attributes["gen_ai.usage.output_tokens"]) == (
-        info["llm_in"], info["llm_out"])
+        info["llm_in"],
+        info["llm_out"],
+    )
     assert llm.attributes["pyrodash.cost_usd"] == pytest.approx(ep["cost_usd"])
     # in time: the request holds them all; the SLM decodes, then the handoff, then the LLM writes
     assert root.start_time <= slm.start_time <= slm.end_time == handoff.start_time == llm.start_time
@@ -206,9 +214,24 @@ def test_pyrodash_serve_exports_over_otlp_http(tmp_path):
     port = free_port()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))}
     env.pop("PYRODASH_API_KEY", None)
-    cmd = [sys.executable, "-m", "pyrodash", "serve", "--slm", f"{upstream}#slm", "--llm", f"{upstream}#llm",
-           "--prompts", "qwen-math-v1", "--port", str(port), "--log-level", "warning",
-           "--otlp-endpoint", f"http://127.0.0.1:{receiver.server_port}"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "pyrodash",
+        "serve",
+        "--slm",
+        f"{upstream}#slm",
+        "--llm",
+        f"{upstream}#llm",
+        "--prompts",
+        "qwen-math-v1",
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+        "--otlp-endpoint",
+        f"http://127.0.0.1:{receiver.server_port}",
+    ]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         url = f"http://127.0.0.1:{port}"
@@ -220,8 +243,12 @@ def test_pyrodash_serve_exports_over_otlp_http(tmp_path):
             except httpx.HTTPError:
                 pass
             threading.Event().wait(0.2)
-        r = httpx.post(f"{url}{CHAT}", json={"model": "pyrodash", "messages": Q, "max_tokens": 64}, timeout=30,
-                       headers={"traceparent": f"00-{PARENT_TRACE}-{PARENT_SPAN}-01"})
+        r = httpx.post(
+            f"{url}{CHAT}",
+            json={"model": "pyrodash", "messages": Q, "max_tokens": 64},
+            timeout=30,
+            headers={"traceparent": f"00-{PARENT_TRACE}-{PARENT_SPAN}-01"},
+        )
         assert r.status_code == 200 and r.json()["pyrodash"]["handoff"] == 5
     finally:
         stop(proc, signal.SIGINT)  # a clean stop flushes the batch of spans not exported yet

@@ -27,9 +27,19 @@ def tiny_slm_dir(out: Path, tied: bool, seed: int = 0, hidden: int = 32) -> Path
 
     tok = build_tokenizer()
     torch.manual_seed(seed)
-    cfg = Qwen3Config(vocab_size=len(tok), hidden_size=hidden, num_hidden_layers=2, num_attention_heads=2,
-                      num_key_value_heads=1, head_dim=16, intermediate_size=64, tie_word_embeddings=tied,
-                      max_position_embeddings=1024, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    cfg = Qwen3Config(
+        vocab_size=len(tok),
+        hidden_size=hidden,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        intermediate_size=64,
+        tie_word_embeddings=tied,
+        max_position_embeddings=1024,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
     model = Qwen3ForCausalLM(cfg)
     model.generation_config.eos_token_id = tok.eos_token_id
     model.save_pretrained(out)
@@ -59,18 +69,34 @@ def gold_corpora(n: int = 24):
 def stage1_cfg(tmp: Path, **kw):
     from pyrodash.train.config import Stage1Config
 
-    base = dict(output_dir=str(tmp / "trainer"), learning_rate=5e-2, weight_decay=0.0, num_train_epochs=1,
-                per_device_train_batch_size=8, lora_r=4, lora_alpha=8, assistant_only_loss=True, max_length=256,
-                save_strategy="no", report_to="none", gradient_checkpointing=False, bf16=False, logging_steps=1,
-                seed=0)
+    base = dict(
+        output_dir=str(tmp / "trainer"),
+        learning_rate=5e-2,
+        weight_decay=0.0,
+        num_train_epochs=1,
+        per_device_train_batch_size=8,
+        lora_r=4,
+        lora_alpha=8,
+        assistant_only_loss=True,
+        max_length=256,
+        save_strategy="no",
+        report_to="none",
+        gradient_checkpointing=False,
+        bf16=False,
+        logging_steps=1,
+        seed=0,
+    )
     return Stage1Config(**{**base, **kw})
 
 
 # --- recipes ---------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("path", sorted((ROOT / "configs" / "world").glob("*.yaml"))
-                         + sorted((ROOT / "configs" / "paper").glob("*.yaml")), ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "path",
+    sorted((ROOT / "configs" / "world").glob("*.yaml")) + sorted((ROOT / "configs" / "paper").glob("*.yaml")),
+    ids=lambda p: p.name,
+)
 def test_recipes_load_and_validate(path):
     from pyrodash.train.config import Stage2Config, Stage3Config, load_recipe
 
@@ -234,8 +260,11 @@ def test_reward_hands_off_to_the_llm_and_prices_each_rollout(tmp_path):
     cache = BaselineCache(tmp_path / "cost_base.json", "tiny", prompts, prices, max_tokens=12)
     qs, golds = ["Start 1: +2.", "Start 5: +1, f."], ["3", "7"]
     assert cache.fill(llm, qs, golds) == 2 and cache.fill(llm, qs, golds) == 0  # cached on disk, not recomputed
-    assert BaselineCache(tmp_path / "cost_base.json", "tiny", prompts, prices, 12).cost_base(qs[0]) == \
-        cache.cost_base(qs[0]) > 0
+    assert (
+        BaselineCache(tmp_path / "cost_base.json", "tiny", prompts, prices, 12).cost_base(qs[0])
+        == cache.cost_base(qs[0])
+        > 0
+    )
     tok = llm.backend.tokenizer
     slm, slm_tok = tiny_model(seed=2)  # the policy being trained: its <offload> id ends a rollout
     engine = collaboration_engine(HFBackend(slm, slm_tok), llm, prompts, prices, 12, 12)
@@ -248,15 +277,21 @@ def test_reward_hands_off_to_the_llm_and_prices_each_rollout(tmp_path):
         reward = CollaborativeReward(engine, cache, lam=lam, cost_penalty=penalty)
         sent, batch = [], llm.backend.generate_batch
         llm.backend.generate_batch = lambda reqs, _s=sent, _b=batch, **kw: _s.extend(reqs) or _b(reqs, **kw)
-        r = reward(prompts=None, completions=[[{"role": "assistant", "content": c}] for c in completions],
-                   completion_ids=ids, question=question, gold=gold)
+        r = reward(
+            prompts=None,
+            completions=[[{"role": "assistant", "content": c}] for c in completions],
+            completion_ids=ids,
+            question=question,
+            gold=gold,
+        )
         del llm.backend.generate_batch
         assert len(sent) == 1  # exactly one LLM call (counted at the backend): the rollout that ended in <offload>
         d = reward.last
         assert [x["offload"] for x in d] == [False, True, False] and [x["r_acc"] for x in d] == [1.0, 0.0, 0.0]
         # the handoff is the engine's request, answered by the real LLM; its text joins the SLM's
         want = HFBackend(llm.backend.model, tok).generate(
-            engine_handoff(prompts, "continue", prompts.plain_messages(qs[1]), pack(completions[1]), 12))
+            engine_handoff(prompts, "continue", prompts.plain_messages(qs[1]), pack(completions[1]), 12)
+        )
         assert d[1]["joint"] == completions[1] + want.text and d[1]["t_llm_dec"] == want.completion_tokens > 0
         assert d[1]["t_slm"] == len(ids[1]) - 1 and d[0]["t_slm"] == len(ids[0])
         cost1 = grpo_cost_actual(d[1]["t_slm"], want.completion_tokens, prices, handoff=True)
@@ -310,8 +345,14 @@ def quick_run(tmp_path_factory, quick_demo):
     path = out.parent / "quick-16.yaml"
     path.write_text(yaml.safe_dump(data))
     recipe = load_recipe(path)
-    run = {"world": world, "out": out, "curated": out / "curated", "stage1": out / "stage1", "stage2": out / "stage2",
-           "stage3": run_stage3(recipe, out, lam=0.1)}
+    run = {
+        "world": world,
+        "out": out,
+        "curated": out / "curated",
+        "stage1": out / "stage1",
+        "stage2": out / "stage2",
+        "stage3": run_stage3(recipe, out, lam=0.1),
+    }
     # the CLI: a sweep over a second λ (reuses the cached Cost_base), then --resume from its last checkpoint
     cli = ["--config", str(path), "--output-dir", str(out)]
     run["sweep_rc"] = main(["train", "stage3", "--lambdas", "0.6", *cli])
@@ -434,7 +475,6 @@ def test_a_cpu_launch_that_started_one_of_n_processes_is_refused(monkeypatch):
     assert distributed.gather_objects({"a": 1}) == [{"a": 1}]
 
 
-
 def _accelerate_launch(nproc: int, argv: list[str], cwd: Path):
     """`accelerate launch --num_processes N -m pyrodash ARGV` on this CPU machine. N > 1 goes through `--multi_gpu`
     (torchrun starts the N processes; accelerate's `--cpu` form starts one unless MPI is set up) and the ranks join
@@ -447,13 +487,30 @@ def _accelerate_launch(nproc: int, argv: list[str], cwd: Path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    launch = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(nproc), "--num_machines",
-              "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(port),
-              "--multi_gpu" if nproc > 1 else "--cpu"]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
-           "OMP_NUM_THREADS": "1"}  # tiny models: one thread per process (accelerate's --cpu would pick 2 here)
-    proc = subprocess.run([*launch, "-m", "pyrodash", *argv], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=600)
+    launch = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--num_processes",
+        str(nproc),
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        "--main_process_port",
+        str(port),
+        "--multi_gpu" if nproc > 1 else "--cpu",
+    ]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
+        "OMP_NUM_THREADS": "1",
+    }  # tiny models: one thread per process (accelerate's --cpu would pick 2 here)
+    proc = subprocess.run(
+        [*launch, "-m", "pyrodash", *argv], cwd=cwd, env=env, capture_output=True, text=True, timeout=600
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     return proc
 

@@ -15,8 +15,15 @@ from pyrodash.world.config import TIER_SPLITS, ModelSpec, WorldConfig
 from pyrodash.world.task import STEP_SEP, make_known, make_table, sample_problem, solve, untaught_spans
 
 TINY = WorldConfig(
-    n_test=4, n_train=12, n_val=6, n_continue=5, eval_batch_size=8, preset="tiny", n_multiturn=3,
-    n_multiturn_train=4, n_multiturn_val=2,
+    n_test=4,
+    n_train=12,
+    n_val=6,
+    n_continue=5,
+    eval_batch_size=8,
+    preset="tiny",
+    n_multiturn=3,
+    n_multiturn_train=4,
+    n_multiturn_val=2,
     slm=ModelSpec(32, 1, 2, 64, True, 30, 3e-3, batch_size=8, warmup_steps=5),
     llm=ModelSpec(48, 2, 2, 96, False, 30, 3e-3, batch_size=8, warmup_steps=5),
 )
@@ -42,6 +49,7 @@ def tok(tmp_path_factory):
 
 # ---- generator ---------------------------------------------------------------------------------------------------
 
+
 def test_splits_deterministic_per_seed_and_disjoint():
     from pyrodash.world.build import make_splits
 
@@ -53,9 +61,14 @@ def test_splits_deterministic_per_seed_and_disjoint():
     questions = [e.question for s in a.values() for e in s if e.meta.get("turn", 1) == 1]
     assert len(questions) == len(set(questions))
     turns = TINY.multiturn_turns
-    assert {s: len(v) for s, v in a.items()} == {"train": 12, "val": 6, **{t: 4 for t in TIER_SPLITS},
-                                                 "multiturn": 3 * turns, "multiturn_val": 2 * turns,
-                                                 "multiturn_train": 4 * turns}
+    assert {s: len(v) for s, v in a.items()} == {
+        "train": 12,
+        "val": 6,
+        **{t: 4 for t in TIER_SPLITS},
+        "multiturn": 3 * turns,
+        "multiturn_val": 2 * turns,
+        "multiturn_train": 4 * turns,
+    }
 
 
 def test_solution_format_and_hard_steps():
@@ -77,8 +90,11 @@ def test_solution_format_and_hard_steps():
             for i in ex.meta["hard_steps"]:
                 x = int(steps[i][2 : steps[i].index(")")])
                 assert x not in known and i >= 1
-            assert all(int(s[2 : s.index(")")]) in known for i, s in enumerate(steps)
-                       if s.startswith("f(") and i not in ex.meta["hard_steps"])
+            assert all(
+                int(s[2 : s.index(")")]) in known
+                for i, s in enumerate(steps)
+                if s.startswith("f(") and i not in ex.meta["hard_steps"]
+            )
     # every addition line carries (additions left in its run, lookups left): each line follows from the one before
     sol = solve(Problem(95, 7, 3, 2), table)
     assert sol.steps[0] == "(2,2) 95+7=02\n(1,2) 02+7=09\n(0,2) 09+7=16"
@@ -158,6 +174,7 @@ def test_bad_config_raises():
 
 # ---- tokenizer and chat template ---------------------------------------------------------------------------------
 
+
 def test_tokenizer_round_trip(tok):
     from pyrodash.world.tokenizer import encode_text
 
@@ -176,8 +193,11 @@ def test_chat_template_matches_fast_encoder(tok):
     from pyrodash.world.tokenizer import encode_chat, render_chat
 
     p = get_prompts("world-v1")
-    msgs = [{"role": "system", "content": p.completion_system}, {"role": "user", "content": "01: +2x1 f1"},
-            {"role": "assistant", "content": "(0,1) 01+2=03\n\nf(03)=07\n\n\\boxed{07}"}]
+    msgs = [
+        {"role": "system", "content": p.completion_system},
+        {"role": "user", "content": "01: +2x1 f1"},
+        {"role": "assistant", "content": "(0,1) 01+2=03\n\nf(03)=07\n\n\\boxed{07}"},
+    ]
     out = tok.apply_chat_template(msgs, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
     ids, mask = encode_chat(msgs)
     assert out["input_ids"] == ids and out["assistant_masks"] == mask
@@ -195,13 +215,16 @@ def test_chat_template_matches_fast_encoder(tok):
 
 # ---- build, HF loading, cache ------------------------------------------------------------------------------------
 
+
 def test_tiny_build_loads_with_hf(tiny_world):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
     info = json.loads((tiny_world / "world.json").read_text())
     assert set(info["accuracy"]["slm"]) == {*TIER_SPLITS, "mean"} and set(info["accuracy"]["llm"]) == {
-        *TIER_SPLITS, "mean"}
+        *TIER_SPLITS,
+        "mean",
+    }
     assert info["config_hash"] == TINY.config_hash() and info["seed"] == 3
     assert info["params"]["llm"] > info["params"]["slm"]
     for which, tied in (("slm", True), ("llm", False)):
@@ -210,8 +233,12 @@ def test_tiny_build_loads_with_hf(tiny_world):
         assert type(model).__name__ == "Qwen3ForCausalLM" and model.config.tie_word_embeddings is tied
         assert any(n.endswith("q_proj.weight") for n, _ in model.named_parameters())
         assert GenerationConfig.from_pretrained(str(tiny_world / which)).eos_token_id == tk.eos_token_id
-        ids = tk.apply_chat_template([{"role": "user", "content": "01: +2x1 f1"}], add_generation_prompt=True,
-                                     return_tensors="pt", return_dict=True)
+        ids = tk.apply_chat_template(
+            [{"role": "user", "content": "01: +2x1 f1"}],
+            add_generation_prompt=True,
+            return_tensors="pt",
+            return_dict=True,
+        )
         out = model.generate(**ids, max_new_tokens=5, do_sample=False)
         assert out.shape[1] > ids["input_ids"].shape[1]
         # Stage 1 adds <offload> to these models: it must work on tied and untied embeddings alike.
@@ -260,6 +287,7 @@ def test_first_wrong_step():
 
 # ---- the quick world (slow; cached under $PYRODASH_CACHE so other tests reuse it) ----------------------------------
 
+
 @pytest.mark.slow
 def test_quick_world_from_scratch_gap_hidden_difficulty_and_the_shipped_models(tmp_path):
     """A quick build that pretrains its models here (`from_scratch`, as `pyrodash world build --from-scratch`): the
@@ -284,8 +312,9 @@ def test_quick_world_from_scratch_gap_hidden_difficulty_and_the_shipped_models(t
     shipped = json.loads((SHIPPED / "seed0" / "world.json").read_text())
     if shipped["shipped_from"]["platform"] == platform():
         for m in ("slm", "llm"):
-            assert (world / m / "model.safetensors").read_bytes() == (SHIPPED / "seed0" / m / "model.safetensors"
-                                                                      ).read_bytes(), m
+            assert (world / m / "model.safetensors").read_bytes() == (
+                SHIPPED / "seed0" / m / "model.safetensors"
+            ).read_bytes(), m
         assert info["accuracy"] == shipped["accuracy"]
 
 
@@ -303,14 +332,19 @@ def test_the_shipped_base_models_are_current_and_load():
     d = SHIPPED / "seed0"
     info = json.loads((d / "world.json").read_text())
     assert (WorldConfig.from_dict(info["config"]).models_hash(), info["build_recipe"]) == (
-        cfg.models_hash(), BUILD_RECIPE), "the world's models changed: run `python scripts/ship_world.py`"
+        cfg.models_hash(),
+        BUILD_RECIPE,
+    ), "the world's models changed: run `python scripts/ship_world.py`"
     assert info["seed"] == 0 and info["models_from"] is None and has_models(d)
     assert set(info["shipped_from"]["platform"]) == set(platform())  # what the from-scratch test compares
     for m, spec in (("slm", cfg.slm), ("llm", cfg.llm)):
         model = AutoModelForCausalLM.from_pretrained(str(d / m))
         want = model_config(spec)
         assert (model.config.hidden_size, model.config.num_hidden_layers, model.config.intermediate_size) == (
-            want.hidden_size, want.num_hidden_layers, want.intermediate_size)
+            want.hidden_size,
+            want.num_hidden_layers,
+            want.intermediate_size,
+        )
         assert sum(p.numel() for p in model.parameters()) == info["params"][m]
 
 
@@ -330,12 +364,12 @@ def test_a_build_copies_the_shipped_models_and_from_scratch_does_not(tmp_path, m
     assert info["models_shipped"] and info["models_from"] == str(SHIPPED / "seed0")
     assert "the base models that ship with PyroDash" in capsys.readouterr().out
     for m in ("slm", "llm"):
-        assert (world / m / "model.safetensors").read_bytes() == (SHIPPED / "seed0" / m / "model.safetensors"
-                                                                  ).read_bytes()
+        assert (world / m / "model.safetensors").read_bytes() == (
+            SHIPPED / "seed0" / m / "model.safetensors"
+        ).read_bytes()
     assert info["accuracy"]["llm"]["mean"] >= 0.75 and build.world_warnings(info) == []
     calls = []
-    monkeypatch.setattr(build, "run_build", lambda d, c, s, verbose=True, reuse_models=True: calls.append(
-        reuse_models))
+    monkeypatch.setattr(build, "run_build", lambda d, c, s, verbose=True, reuse_models=True: calls.append(reuse_models))
     assert build.build_world(tmp_path / "w", quick=True, seed=0) == world and calls == []  # built: reused
     build.build_world(tmp_path / "w", quick=True, seed=0, from_scratch=True)
     assert calls == [False]  # its models were copied: pretrained here this time
@@ -368,7 +402,8 @@ def test_pretraining_is_deterministic(tiny_world, tmp_path):
         torch.set_num_threads(threads)
     for which in ("slm", "llm"):
         assert (tmp_path / which / "model.safetensors").read_bytes() == (
-            tiny_world / which / "model.safetensors").read_bytes()
+            tiny_world / which / "model.safetensors"
+        ).read_bytes()
 
 
 def test_first_hard_frac_and_its_distribution():
@@ -407,10 +442,10 @@ def test_a_failure_in_the_slm_process_reaches_the_build(tmp_path):
 
 def test_training_resolves_the_world_the_cli_builds(tiny_world, tmp_path):
     """Training never builds a world: a recipe whose world is missing is a one-line error naming the `pyrodash world
-    build` command; `pyrodash curate` / `pyrodash train` build it first (`commands.world.build_recipe_world`)."""
-    from pyrodash.commands.world import build_recipe_world
+    build` command; `pyrodash curate` / `pyrodash train` build it first (`world.build.build_named_world`)."""
     from pyrodash.train.config import Recipe
     from pyrodash.train.paths import llm_spec, resolve_world, slm_spec
+    from pyrodash.world.build import build_named_world
 
     missing = Recipe(name="x", world={"dir": str(tmp_path / "none"), "quick": True, "seed": 2})
     with pytest.raises(ValueError, match="`pyrodash world build --quick --seed 2 --out .*none`") as e:
@@ -418,5 +453,5 @@ def test_training_resolves_the_world_the_cli_builds(tiny_world, tmp_path):
     assert "\n" not in str(e.value) and not (tmp_path / "none").exists()
     built = Recipe(name="x", world={"dir": str(tiny_world)})
     assert resolve_world(built) == tiny_world and llm_spec(built) == str(tiny_world / "llm")
-    assert build_recipe_world(built) == tiny_world  # a named, built world is used as it is
-    assert build_recipe_world(Recipe(name="x", slm="a", llm="b")) is None
+    assert build_named_world(built.world_dir(), built.world) == tiny_world  # a named, built world is used as it is
+    assert build_named_world(Recipe(name="x", slm="a", llm="b").world_dir(), None) is None

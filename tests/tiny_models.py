@@ -50,9 +50,18 @@ def tiny_model(seed: int = 0, offload: bool = True, tied: bool = False, hidden: 
     tok = tiny_tokenizer()
     torch.manual_seed(seed)
     cfg = Qwen3Config(
-        vocab_size=len(tok), hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-        num_attention_heads=2, num_key_value_heads=1, head_dim=hidden // 2, max_position_embeddings=2048,
-        tie_word_embeddings=tied, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, bos_token_id=None,
+        vocab_size=len(tok),
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=hidden // 2,
+        max_position_embeddings=2048,
+        tie_word_embeddings=tied,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        bos_token_id=None,
     )
     model = Qwen3ForCausalLM(cfg).eval()
     # random init gives near-uniform logits; scale the head so greedy decoding has clear preferences

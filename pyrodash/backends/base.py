@@ -97,8 +97,14 @@ class BackendError(RuntimeError):
     refused), so the engine does not count it as an LLM call; `usage` holds any counts the server reported;
     `status` is the HTTP status of a refused request (None: a network error, a timeout, a broken stream)."""
 
-    def __init__(self, message: str, reached_server: bool = True, usage: GenChunk | None = None,
-                 status: int | None = None, param: str | None = None):
+    def __init__(
+        self,
+        message: str,
+        reached_server: bool = True,
+        usage: GenChunk | None = None,
+        status: int | None = None,
+        param: str | None = None,
+    ):
         super().__init__(message)
         self.reached_server = reached_server
         self.usage = usage

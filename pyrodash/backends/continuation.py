@@ -66,16 +66,20 @@ class Wire:
         return self.mode + (f" ({', '.join(extra)})" if extra else "")
 
 
-def build_request(wire: Wire, req: GenRequest, model: str, render: Callable[[list[dict]], str] | None = None
-                  ) -> tuple[str, dict]:
+def build_request(
+    wire: Wire, req: GenRequest, model: str, render: Callable[[list[dict]], str] | None = None
+) -> tuple[str, dict]:
     """(path relative to the base URL, JSON body) of the streamed request for `req` in `wire`'s mode."""
     if wire.mode == "anthropic":
         return "/messages", _anthropic_body(wire, req, model)
     if wire.mode == "completion":
         if render is None:
             raise ValueError("completion mode renders the chat template locally: give tokenizer: DIR in the spec")
-        body: dict = {"model": model, "prompt": (render(req.messages) if req.messages else "") + req.prefix,
-                      "max_tokens": req.max_tokens}
+        body: dict = {
+            "model": model,
+            "prompt": (render(req.messages) if req.messages else "") + req.prefix,
+            "max_tokens": req.max_tokens,
+        }
         path = "/completions"
     else:
         msgs = list(req.messages)
@@ -123,8 +127,13 @@ def _anthropic_body(wire: Wire, req: GenRequest, model: str) -> dict:
             msgs.append({"role": "assistant", "content": prefill})
         elif prefill:
             msgs += [{"role": "assistant", "content": prefill}, {"role": "user", "content": CONTINUE_NOTE}]
-    body: dict = {"model": model, "max_tokens": req.max_tokens, "messages": msgs, "stream": True,
-                  "temperature": req.temperature}  # not top_p too: newer models refuse both at once
+    body: dict = {
+        "model": model,
+        "max_tokens": req.max_tokens,
+        "messages": msgs,
+        "stream": True,
+        "temperature": req.temperature,
+    }  # not top_p too: newer models refuse both at once
     if system:
         body["system"] = system
     if req.stop:
@@ -138,7 +147,7 @@ def trimmed_prefill(wire: Wire, req: GenRequest) -> str:
     """The trailing whitespace an Anthropic prefill lost (the continuation then starts without it)."""
     if wire.mode != "anthropic" or not wire.prefill or not req.prefix:
         return ""
-    return req.prefix[len(req.prefix.rstrip()):]
+    return req.prefix[len(req.prefix.rstrip()) :]
 
 
 @dataclass

@@ -79,8 +79,9 @@ class LLMEndpoint:
         legacy = d.pop("prompt_mode", None)
         if legacy is not None:
             if legacy not in _LEGACY_PROMPT_MODE:
-                raise ValueError(f"prompt_mode={legacy!r}: use mode: continue | completion | instruct | prefix | "
-                                 "anthropic | auto")
+                raise ValueError(
+                    f"prompt_mode={legacy!r}: use mode: continue | completion | instruct | prefix | anthropic | auto"
+                )
             d.setdefault("mode", _LEGACY_PROMPT_MODE[legacy])
         if mode is not None:
             d["mode"] = mode
@@ -127,14 +128,20 @@ def with_mode(spec: str | dict | list | None, mode: str | None) -> str | dict | 
         return members if isinstance(spec, list) else {**spec, "endpoints": members}
     if not is_http_spec(spec):
         what = "the world's LLM" if spec is None else repr(spec)
-        raise ValueError(f"--llm-mode {mode}: the LLM is a local model ({what}), which continues the trace in "
-                         "process; give an http(s)://host:port/v1#model LLM or drop the flag")
+        raise ValueError(
+            f"--llm-mode {mode}: the LLM is a local model ({what}), which continues the trace in "
+            "process; give an http(s)://host:port/v1#model LLM or drop the flag"
+        )
     ep = LLMEndpoint.parse(spec) if isinstance(spec, str) else None
     return {"url": ep.url, "model": ep.model, "mode": mode} if ep else {**spec, "mode": mode}
 
 
 def add_llm_mode_argument(parser) -> None:
     """The `--llm-mode` flag every command that calls an LLM takes."""
-    parser.add_argument("--llm-mode", choices=LLM_MODES, default=None,
-                        help="how the HTTP LLM continues a partial trace (default: the spec's mode, else auto = "
-                             "detected at start-up); see README 'Point it at your LLM'")
+    parser.add_argument(
+        "--llm-mode",
+        choices=LLM_MODES,
+        default=None,
+        help="how the HTTP LLM continues a partial trace (default: the spec's mode, else auto = "
+        "detected at start-up); see README 'Point it at your LLM'",
+    )

@@ -186,8 +186,9 @@ class HFBackend:
 
     def special_tokens(self) -> list[str]:
         """Every string the tokenizer turns into a single added/special token (what a client must not forge)."""
-        return sorted({t.content for t in self.tokenizer.added_tokens_decoder.values()} | set(
-            self.tokenizer.all_special_tokens))
+        return sorted(
+            {t.content for t in self.tokenizer.added_tokens_decoder.values()} | set(self.tokenizer.all_special_tokens)
+        )
 
     def context_window(self) -> int | None:
         """Positions the model was built for (prompt + generated tokens), or None when the config does not say."""

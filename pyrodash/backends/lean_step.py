@@ -60,17 +60,31 @@ class LeanStep:
         rotary = inner.rotary_emb
         self.inv_freq, self.rope_scaling = rotary.inv_freq, rotary.attention_scaling
         embed = inner.embed_tokens
-        self.embed = (lambda ids, w=embed.weight: F.embedding(ids, w, embed.padding_idx)) \
-            if type(embed) is nn.Embedding else embed
+        self.embed = (
+            (lambda ids, w=embed.weight: F.embedding(ids, w, embed.padding_idx))
+            if type(embed) is nn.Embedding
+            else embed
+        )
         self.layers = []
         for layer in inner.layers:
             a, mlp = layer.self_attn, layer.mlp
-            self.layers.append((
-                layer.input_layernorm.weight, _linear(a.q_proj), _linear(a.k_proj), _linear(a.v_proj),
-                a.q_norm.weight, a.k_norm.weight, a.scaling, _linear(a.o_proj),
-                layer.post_attention_layernorm.weight, _linear(mlp.gate_proj), _linear(mlp.up_proj),
-                _linear(mlp.down_proj), mlp.act_fn,
-            ))
+            self.layers.append(
+                (
+                    layer.input_layernorm.weight,
+                    _linear(a.q_proj),
+                    _linear(a.k_proj),
+                    _linear(a.v_proj),
+                    a.q_norm.weight,
+                    a.k_norm.weight,
+                    a.scaling,
+                    _linear(a.o_proj),
+                    layer.post_attention_layernorm.weight,
+                    _linear(mlp.gate_proj),
+                    _linear(mlp.up_proj),
+                    _linear(mlp.down_proj),
+                    mlp.act_fn,
+                )
+            )
         self.norm = inner.norm.weight
         self.head = _linear(model.lm_head)
 
@@ -95,15 +109,16 @@ class LeanStep:
             ks = (ks * cos) + (_rotate_half(ks) * sin)
             keys, values = cache.layers[i].update(ks, vs)
             if self.groups == 1:
-                out = F.scaled_dot_product_attention(qs, keys, values, attn_mask=attn_mask, dropout_p=0.0,
-                                                     scale=scale)
+                out = F.scaled_dot_product_attention(qs, keys, values, attn_mask=attn_mask, dropout_p=0.0, scale=scale)
             elif use_gqa_in_sdpa(attn_mask, keys, values):  # (no padding)
-                out = F.scaled_dot_product_attention(qs, keys, values, attn_mask=attn_mask, dropout_p=0.0,
-                                                     scale=scale, enable_gqa=True)
+                out = F.scaled_dot_product_attention(
+                    qs, keys, values, attn_mask=attn_mask, dropout_p=0.0, scale=scale, enable_gqa=True
+                )
             else:  # transformers' pack_gqa: the query heads of a key/value head side by side, one query token
                 packed = qs.reshape(b, qs.shape[1] // self.groups, self.groups, hd)
-                out = F.scaled_dot_product_attention(packed, keys, values, attn_mask=attn_mask, dropout_p=0.0,
-                                                     scale=scale)
+                out = F.scaled_dot_product_attention(
+                    packed, keys, values, attn_mask=attn_mask, dropout_p=0.0, scale=scale
+                )
             out = out.reshape(out.shape[0], -1, q, hd).transpose(1, 2).contiguous().reshape(b, q, -1).contiguous()
             x = residual + op(out)
             residual = x

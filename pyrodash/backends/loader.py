@@ -70,8 +70,9 @@ def load_backend(spec: str | dict) -> Backend:
             raise ValueError(f"backend spec: unknown keys {sorted(unknown)} for a local model; use {sorted(HF_KEYS)}")
         from pyrodash.backends.hf import HFBackend  # torch + transformers: only when a local model is loaded
 
-        return HFBackend(spec["path"], device=spec.get("device"), dtype=spec.get("dtype", "auto"),
-                         name=spec.get("name"))
+        return HFBackend(
+            spec["path"], device=spec.get("device"), dtype=spec.get("dtype", "auto"), name=spec.get("name")
+        )
     raise ValueError(f"backend spec {spec!r}: a dict needs 'path' (local model) or 'url' (OpenAI-compatible server)")
 
 
@@ -114,8 +115,10 @@ def _open(spec: str | dict, mode: str | None, local: LocalLoader | None) -> Back
     if is_http_spec(spec):
         return OpenAICompatBackend.from_endpoint(LLMEndpoint.parse(spec, mode))
     if mode not in (None, "auto", "continue"):
-        raise ValueError(f"--llm-mode {mode}: a local LLM continues the trace in process; drop the flag or give an "
-                         "http(s):// endpoint")
+        raise ValueError(
+            f"--llm-mode {mode}: a local LLM continues the trace in process; drop the flag or give an "
+            "http(s):// endpoint"
+        )
     if local is None:
         return load_backend(spec)
     if isinstance(spec, dict) and (set(spec) - HF_KEYS or "path" not in spec):

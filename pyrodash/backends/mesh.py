@@ -62,8 +62,14 @@ class Member:
 class MeshBackend:
     """Several LLM endpoints as one backend (see the module docstring)."""
 
-    def __init__(self, members: list[Member], policy: str = "fallback", cooldown_s: float = 30.0,
-                 timeout_s: float = 30.0, name: str | None = None):  # fmt: skip
+    def __init__(
+        self,
+        members: list[Member],
+        policy: str = "fallback",
+        cooldown_s: float = 30.0,
+        timeout_s: float = 30.0,
+        name: str | None = None,
+    ):
         if not members:
             raise ValueError("an LLM mesh needs at least one endpoint")
         if policy not in POLICIES:
@@ -96,8 +102,15 @@ class MeshBackend:
 
     def status(self) -> list[dict]:
         now = time.monotonic()
-        return [{"endpoint": m.name, "healthy": m.healthy(now), "cooldown_left_s": max(m.cooldown_until - now, 0.0),
-                 "failures": m.failures} for m in self.members]  # fmt: skip
+        return [
+            {
+                "endpoint": m.name,
+                "healthy": m.healthy(now),
+                "cooldown_left_s": max(m.cooldown_until - now, 0.0),
+                "failures": m.failures,
+            }
+            for m in self.members
+        ]
 
     # ---- the protocol --------------------------------------------------------------------------------------
     async def stream(self, req: GenRequest) -> AsyncIterator[GenChunk]:
@@ -132,28 +145,47 @@ class MeshBackend:
                 m.failures += 1
                 m.cooldown_until = time.monotonic() + self.cooldown_s
                 rep = getattr(e, "usage", None)
-                entries.append(self._entry(m, sub, text, n, rep if isinstance(rep, GenChunk) else None,
-                                           int(getattr(e, "reached_server", True)), msg))
+                entries.append(
+                    self._entry(
+                        m,
+                        sub,
+                        text,
+                        n,
+                        rep if isinstance(rep, GenChunk) else None,
+                        int(getattr(e, "reached_server", True)),
+                        msg,
+                    )
+                )
                 decoded += entries[-1]["llm_out"]
                 continue
             entries.append(self._entry(m, sub, text, n, final, 1, None))
             yield GenChunk(
-                finish_reason=final.finish_reason or "stop", stop_token_id=final.stop_token_id,
-                prompt_tokens=sum(e["llm_in"] for e in entries), completion_tokens=sum(e["llm_out"] for e in entries),
-                cached_tokens=sum(e["llm_cached_in"] for e in entries), endpoints=entries,
+                finish_reason=final.finish_reason or "stop",
+                stop_token_id=final.stop_token_id,
+                prompt_tokens=sum(e["llm_in"] for e in entries),
+                completion_tokens=sum(e["llm_out"] for e in entries),
+                cached_tokens=sum(e["llm_cached_in"] for e in entries),
+                endpoints=entries,
                 usage_estimated=any(e["estimated"] for e in entries),
-            )  # fmt: skip
+            )
             return
-        usage = GenChunk(prompt_tokens=sum(e["llm_in"] for e in entries),
-                         completion_tokens=sum(e["llm_out"] for e in entries),
-                         cached_tokens=sum(e["llm_cached_in"] for e in entries), endpoints=entries,
-                         usage_estimated=any(e["estimated"] for e in entries))  # fmt: skip
-        raise BackendError(f"every LLM endpoint failed ({'; '.join(errors)})",
-                           reached_server=any(e["calls"] for e in entries), usage=usage)  # fmt: skip
+        usage = GenChunk(
+            prompt_tokens=sum(e["llm_in"] for e in entries),
+            completion_tokens=sum(e["llm_out"] for e in entries),
+            cached_tokens=sum(e["llm_cached_in"] for e in entries),
+            endpoints=entries,
+            usage_estimated=any(e["estimated"] for e in entries),
+        )
+        raise BackendError(
+            f"every LLM endpoint failed ({'; '.join(errors)})",
+            reached_server=any(e["calls"] for e in entries),
+            usage=usage,
+        )
 
     @staticmethod
-    def _entry(m: Member, req: GenRequest, text: str, n: int, rep: GenChunk | None, reached: int,
-               error: str | None) -> dict:  # fmt: skip
+    def _entry(
+        m: Member, req: GenRequest, text: str, n: int, rep: GenChunk | None, reached: int, error: str | None
+    ) -> dict:
         """One upstream call's record: server-reported usage, else what was delivered (estimated input)."""
         estimated = bool(rep is not None and rep.usage_estimated)
         llm_in = rep.prompt_tokens if rep is not None else None
@@ -164,10 +196,17 @@ class MeshBackend:
             count = getattr(m.backend, "prompt_ids", None)
             llm_in = len(count(req)) if callable(count) else estimate_tokens(req.messages, req.prefix)
             estimated = estimated or not callable(count)
-        return {"endpoint": m.name, "calls": reached, "llm_in": llm_in or 0, "llm_out": llm_out,
-                "llm_cached_in": (rep.cached_tokens if rep is not None else None) or 0, "text": text,
-                "prices": m.prices.to_dict() if m.prices is not None else None, "error": error,
-                "estimated": estimated}  # fmt: skip
+        return {
+            "endpoint": m.name,
+            "calls": reached,
+            "llm_in": llm_in or 0,
+            "llm_out": llm_out,
+            "llm_cached_in": (rep.cached_tokens if rep is not None else None) or 0,
+            "text": text,
+            "prices": m.prices.to_dict() if m.prices is not None else None,
+            "error": error,
+            "estimated": estimated,
+        }
 
     def token_id(self, token: str) -> int | None:
         return self.members[0].backend.token_id(token)
@@ -180,8 +219,9 @@ class MeshBackend:
 
     async def warm(self) -> None:
         """Open connections to every HTTP endpoint ahead of a handoff (best effort, as each backend's `warm`)."""
-        await asyncio.gather(*(m.backend.warm() for m in self.members if hasattr(m.backend, "warm")),
-                             return_exceptions=True)
+        await asyncio.gather(
+            *(m.backend.warm() for m in self.members if hasattr(m.backend, "warm")), return_exceptions=True
+        )
 
     async def health(self) -> None:
         """Raises unless at least one endpoint answers (used by the server's /health)."""
@@ -198,8 +238,13 @@ def is_mesh_spec(spec: object) -> bool:
     return isinstance(spec, list) or (isinstance(spec, dict) and ("endpoints" in spec or "prices" in spec))
 
 
-def spec_from_flags(llms: list[str] | None, prices: list[str] | None = None, policy: str | None = None,
-                    cooldown_s: float | None = None, timeout_s: float | None = None) -> str | dict | None:
+def spec_from_flags(
+    llms: list[str] | None,
+    prices: list[str] | None = None,
+    policy: str | None = None,
+    cooldown_s: float | None = None,
+    timeout_s: float | None = None,
+) -> str | dict | None:
     """The LLM spec of repeatable `--llm` flags (with `--llm-prices` paired in order, `--llm-policy`, ...): one
     endpoint stays a plain spec; several (or any mesh option) make a mesh spec."""
     if not llms:
@@ -213,8 +258,11 @@ def spec_from_flags(llms: list[str] | None, prices: list[str] | None = None, pol
         return llms[0]
     members: list[str | dict] = []
     for i, url in enumerate(llms):
-        member: dict = {"url": url.partition("#")[0], "model": url.partition("#")[2] or None} \
-            if url.startswith(("http://", "https://")) else {"path": url}
+        member: dict = (
+            {"url": url.partition("#")[0], "model": url.partition("#")[2] or None}
+            if url.startswith(("http://", "https://"))
+            else {"path": url}
+        )
         if i < len(prices):
             member["prices"] = prices[i]
         members.append(member)

@@ -98,8 +98,9 @@ def to_gen_request(r: ChatRequest, default_max_tokens: int) -> GenRequest:
             raise RequestError("continue_final_message needs a final assistant message", "messages")
         prefix, msgs = str(msgs[-1].get("content") or ""), msgs[:-1]
     elif not r.add_generation_prompt:
-        raise RequestError("add_generation_prompt=false is only served with continue_final_message=true",
-                           "add_generation_prompt")
+        raise RequestError(
+            "add_generation_prompt=false is only served with continue_final_message=true", "add_generation_prompt"
+        )
     for m in msgs:
         if not isinstance(m.get("content"), str):
             raise RequestError("message content must be a string", "messages")
@@ -110,18 +111,36 @@ def to_gen_request(r: ChatRequest, default_max_tokens: int) -> GenRequest:
         raise RequestError("logit_bias keys must be token ids", "logit_bias") from e
     k = (r.top_logprobs or 0) if r.logprobs else 0
     max_tokens = r.max_completion_tokens or r.max_tokens or default_max_tokens
-    return GenRequest(messages=msgs, prefix=prefix, max_tokens=max_tokens, temperature=r.temperature, top_p=r.top_p,
-                      seed=r.seed, stop=stop, stop_token_ids=list(r.stop_token_ids or []), logit_bias=bias,
-                      top_logprobs=k)
+    return GenRequest(
+        messages=msgs,
+        prefix=prefix,
+        max_tokens=max_tokens,
+        temperature=r.temperature,
+        top_p=r.top_p,
+        seed=r.seed,
+        stop=stop,
+        stop_token_ids=list(r.stop_token_ids or []),
+        logit_bias=bias,
+        top_logprobs=k,
+    )
 
 
 def completion_to_gen_request(r: CompletionRequest) -> GenRequest:
     """A raw-prompt request (/v1/completions): messages=[] and the prompt as the prefix."""
     if r.n != 1:
         raise RequestError("only n=1 is supported", "n")
-    chat = ChatRequest(messages=[{"role": "user", "content": ""}], max_tokens=r.max_tokens, temperature=r.temperature,
-                       top_p=r.top_p, seed=r.seed, stop=r.stop, logit_bias=r.logit_bias,
-                       stop_token_ids=r.stop_token_ids, logprobs=bool(r.logprobs), top_logprobs=r.logprobs)
+    chat = ChatRequest(
+        messages=[{"role": "user", "content": ""}],
+        max_tokens=r.max_tokens,
+        temperature=r.temperature,
+        top_p=r.top_p,
+        seed=r.seed,
+        stop=r.stop,
+        logit_bias=r.logit_bias,
+        stop_token_ids=r.stop_token_ids,
+        logprobs=bool(r.logprobs),
+        top_logprobs=r.logprobs,
+    )
     req = to_gen_request(chat, r.max_tokens)
     req.messages, req.prefix = [], r.prompt
     return req
@@ -133,15 +152,24 @@ def _logprobs(chunk: GenChunk) -> dict | None:
     content = []
     for top in chunk.top_logprobs:
         best = max(top.items(), key=lambda kv: kv[1]) if top else ("", 0.0)
-        content.append({"token": chunk.text or best[0], "logprob": top.get(chunk.text, best[1]),
-                        "top_logprobs": [{"token": t, "logprob": v} for t, v in top.items()]})
+        content.append(
+            {
+                "token": chunk.text or best[0],
+                "logprob": top.get(chunk.text, best[1]),
+                "top_logprobs": [{"token": t, "logprob": v} for t, v in top.items()],
+            }
+        )
     return {"content": content}
 
 
 def _usage(final: GenChunk) -> dict:
     p, c = final.prompt_tokens or 0, final.completion_tokens or 0
-    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c,
-            "prompt_tokens_details": {"cached_tokens": final.cached_tokens or 0}}
+    return {
+        "prompt_tokens": p,
+        "completion_tokens": c,
+        "total_tokens": p + c,
+        "prompt_tokens_details": {"cached_tokens": final.cached_tokens or 0},
+    }
 
 
 def build_model_app(backend, model_name: str | None = None, default_max_tokens: int = 512):
@@ -187,8 +215,9 @@ def build_model_app(backend, model_name: str | None = None, default_max_tokens: 
     @app.post("/v1/chat/completions")
     async def chat(r: ChatRequest):
         if r.model not in (None, name):
-            return error(404, f"model {r.model!r} is not served here; this server serves {name!r}", "model",
-                         "not_found_error")
+            return error(
+                404, f"model {r.model!r} is not served here; this server serves {name!r}", "model", "not_found_error"
+            )
         try:
             req = to_gen_request(r, default_max_tokens)
         except RequestError as e:
@@ -205,17 +234,24 @@ def build_model_app(backend, model_name: str | None = None, default_max_tokens: 
                     lps += lp["content"] if lp else []
                     if ch.finish_reason is not None:
                         final = ch
-            choice = {"index": 0, "message": {"role": "assistant", "content": text},
-                      "logprobs": {"content": lps} if req.top_logprobs else None,
-                      "finish_reason": final.finish_reason, "stop_reason": final.stop_token_id}
+            choice = {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": {"content": lps} if req.top_logprobs else None,
+                "finish_reason": final.finish_reason,
+                "stop_reason": final.stop_token_id,
+            }
             return {**head, "object": "chat.completion", "choices": [choice], "usage": _usage(final)}
 
         include_usage = bool((r.stream_options or {}).get("include_usage"))
 
         async def events():
             def sse(choices: list, **extra) -> str:
-                return "data: " + json.dumps({**head, "object": "chat.completion.chunk", "choices": choices,
-                                              **extra}) + "\n\n"
+                return (
+                    "data: "
+                    + json.dumps({**head, "object": "chat.completion.chunk", "choices": choices, **extra})
+                    + "\n\n"
+                )
 
             yield sse([{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])
             final = GenChunk()
@@ -224,10 +260,26 @@ def build_model_app(backend, model_name: str | None = None, default_max_tokens: 
                     if ch.finish_reason is not None:
                         final = ch
                     if ch.text or ch.top_logprobs:
-                        yield sse([{"index": 0, "delta": {"content": ch.text}, "logprobs": _logprobs(ch),
-                                    "finish_reason": None}])
-            yield sse([{"index": 0, "delta": {}, "finish_reason": final.finish_reason or "length",
-                        "stop_reason": final.stop_token_id}])
+                        yield sse(
+                            [
+                                {
+                                    "index": 0,
+                                    "delta": {"content": ch.text},
+                                    "logprobs": _logprobs(ch),
+                                    "finish_reason": None,
+                                }
+                            ]
+                        )
+            yield sse(
+                [
+                    {
+                        "index": 0,
+                        "delta": {},
+                        "finish_reason": final.finish_reason or "length",
+                        "stop_reason": final.stop_token_id,
+                    }
+                ]
+            )
             if include_usage:
                 yield sse([], usage=_usage(final))
             yield "data: [DONE]\n\n"
@@ -237,14 +289,19 @@ def build_model_app(backend, model_name: str | None = None, default_max_tokens: 
     @app.post("/v1/completions")
     async def completions(r: CompletionRequest):
         if r.model not in (None, name):
-            return error(404, f"model {r.model!r} is not served here; this server serves {name!r}", "model",
-                         "not_found_error")
+            return error(
+                404, f"model {r.model!r} is not served here; this server serves {name!r}", "model", "not_found_error"
+            )
         try:
             req = completion_to_gen_request(r)
         except RequestError as e:
             return error(400, str(e), e.param)
-        head = {"id": f"cmpl-{uuid.uuid4().hex[:24]}", "object": "text_completion", "created": int(time.time()),
-                "model": name}
+        head = {
+            "id": f"cmpl-{uuid.uuid4().hex[:24]}",
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": name,
+        }
 
         def lp_block(chunks: list[GenChunk]) -> dict | None:
             if not req.top_logprobs:
@@ -257,8 +314,13 @@ def build_model_app(backend, model_name: str | None = None, default_max_tokens: 
             async with contextlib.aclosing(backend.stream(req)) as it:
                 chunks = [ch async for ch in it]
             final = chunks[-1] if chunks else GenChunk()
-            choice = {"index": 0, "text": "".join(c.text for c in chunks), "logprobs": lp_block(chunks[:-1]),
-                      "finish_reason": final.finish_reason, "stop_reason": final.stop_token_id}
+            choice = {
+                "index": 0,
+                "text": "".join(c.text for c in chunks),
+                "logprobs": lp_block(chunks[:-1]),
+                "finish_reason": final.finish_reason,
+                "stop_reason": final.stop_token_id,
+            }
             return {**head, "choices": [choice], "usage": _usage(final)}
 
         include_usage = bool((r.stream_options or {}).get("include_usage"))
@@ -272,8 +334,12 @@ def build_model_app(backend, model_name: str | None = None, default_max_tokens: 
                     if ch.text or ch.top_logprobs:
                         choice = {"index": 0, "text": ch.text, "logprobs": lp_block([ch]), "finish_reason": None}
                         yield "data: " + json.dumps({**head, "choices": [choice]}) + "\n\n"
-            fin = {"index": 0, "text": "", "finish_reason": final.finish_reason or "length",
-                   "stop_reason": final.stop_token_id}
+            fin = {
+                "index": 0,
+                "text": "",
+                "finish_reason": final.finish_reason or "length",
+                "stop_reason": final.stop_token_id,
+            }
             yield "data: " + json.dumps({**head, "choices": [fin]}) + "\n\n"
             if include_usage:
                 yield "data: " + json.dumps({**head, "choices": [], "usage": _usage(final)}) + "\n\n"
@@ -293,8 +359,9 @@ def serve_in_thread(app, host: str = "127.0.0.1", port: int = 0, log_level: str 
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
-    server = uvicorn.Server(uvicorn.Config(app, log_level=log_level, access_log=False, lifespan="off",
-                                           timeout_graceful_shutdown=1))
+    server = uvicorn.Server(
+        uvicorn.Config(app, log_level=log_level, access_log=False, lifespan="off", timeout_graceful_shutdown=1)
+    )
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True, name="pyrodash-uvicorn")
     thread.start()
     deadline = time.time() + 20

@@ -55,11 +55,28 @@ DRAIN_S = 0.5  # the longest a response is read after its [DONE] (to reuse its c
 
 
 class OpenAICompatBackend:
-    def __init__(self, url: str, model: str | None = None, api_key_env: str | None = None, timeout_s: float = 60.0,
-                 tokenizer: str | None = None, extra_body: dict | None = None, name: str | None = None,
-                 prompt_mode: str | None = None, mode: str | None = None):
-        spec = {"url": url, "model": model, "api_key_env": api_key_env, "timeout_s": timeout_s,
-                "tokenizer": tokenizer, "extra_body": extra_body, "name": name, "prompt_mode": prompt_mode}
+    def __init__(
+        self,
+        url: str,
+        model: str | None = None,
+        api_key_env: str | None = None,
+        timeout_s: float = 60.0,
+        tokenizer: str | None = None,
+        extra_body: dict | None = None,
+        name: str | None = None,
+        prompt_mode: str | None = None,
+        mode: str | None = None,
+    ):
+        spec = {
+            "url": url,
+            "model": model,
+            "api_key_env": api_key_env,
+            "timeout_s": timeout_s,
+            "tokenizer": tokenizer,
+            "extra_body": extra_body,
+            "name": name,
+            "prompt_mode": prompt_mode,
+        }
         ep = LLMEndpoint.parse({k: v for k, v in spec.items() if v is not None}, mode)
         if prompt_mode is None and mode is None:
             ep.mode = "continue"  # an SLM / a plain backend: vLLM-style continuation, no probe
@@ -84,8 +101,10 @@ class OpenAICompatBackend:
         self.mode = ep.mode  # as configured; `wire.mode` is the one in use once resolved
         self.wire: Wire | None = None if ep.mode == "auto" else Wire(ep.mode)
         if self.wire is not None and self.wire.mode == "completion" and not self.local_tokenizer_dir():
-            raise ValueError("mode completion renders the chat template locally: give tokenizer: DIR in the LLM "
-                             "spec (the model's tokenizer directory)")
+            raise ValueError(
+                "mode completion renders the chat template locally: give tokenizer: DIR in the LLM "
+                "spec (the model's tokenizer directory)"
+            )
         self.report = None  # the probe's ProbeReport once resolve() ran
         self.provider: str | None = None  # the provider's shape when the probe found it ("anthropic"), else None
         self.last_headers: httpx.Headers | None = None  # of the last generation response (the probe reads them)
@@ -114,8 +133,9 @@ class OpenAICompatBackend:
             anthropic = self.wire.mode == "anthropic"
         else:
             host = (urlparse(self.base).hostname or "").lower()
-            anthropic = self.mode == "anthropic" or (self.mode == "auto" and (host.endswith("anthropic.com") or
-                                                                             self.provider == "anthropic"))
+            anthropic = self.mode == "anthropic" or (
+                self.mode == "auto" and (host.endswith("anthropic.com") or self.provider == "anthropic")
+            )
         if anthropic:
             h = {"anthropic-version": ANTHROPIC_VERSION}
             return {**h, "x-api-key": self.api_key} if self.api_key else h
@@ -173,8 +193,9 @@ class OpenAICompatBackend:
                 r.raise_for_status()
                 self._model = r.json()["data"][0]["id"]
             except (httpx.HTTPError, KeyError, IndexError, ValueError, TypeError) as e:
-                raise ValueError(self.redact(f"{self.base}/models did not name a model ({e}); add '#MODEL' to the "
-                                             "URL")) from e
+                raise ValueError(
+                    self.redact(f"{self.base}/models did not name a model ({e}); add '#MODEL' to the URL")
+                ) from e
         return self._model
 
     def local_tokenizer_dir(self) -> str | None:
@@ -221,8 +242,10 @@ class OpenAICompatBackend:
             except httpx.HTTPError as e:
                 raise ValueError(f"cannot reach {self.root}/tokenize ({type(e).__name__}); is the server up?") from e
             if r.status_code != 200:
-                raise ValueError(f"{self.root}/tokenize answered {r.status_code}: give the model's tokenizer "
-                                 "directory in the backend spec (tokenizer: DIR)")
+                raise ValueError(
+                    f"{self.root}/tokenize answered {r.status_code}: give the model's tokenizer "
+                    "directory in the backend spec (tokenizer: DIR)"
+                )
             toks = r.json().get("tokens", [])
             tid = int(toks[0]) if len(toks) == 1 else None
         self._ids[token] = tid
@@ -257,8 +280,10 @@ class OpenAICompatBackend:
     def _build(self, req: GenRequest, wire: Wire | None = None) -> tuple[str, dict]:
         wire = wire or self.wire or Wire("continue")
         # special-token text a client sent (marked by the server) must not become the remote model's real token
-        msgs = [{**m, "content": literal.defang(m["content"])} if isinstance(m.get("content"), str) else m
-                for m in req.messages]
+        msgs = [
+            {**m, "content": literal.defang(m["content"])} if isinstance(m.get("content"), str) else m
+            for m in req.messages
+        ]
         req = dataclasses.replace(req, messages=msgs)
         path, body = build_request(wire, req, self.model, self._render if wire.mode == "completion" else None)
         body.update(self.extra_body)
@@ -311,7 +336,7 @@ class OpenAICompatBackend:
                         if st.error is not None:
                             raise BackendError(self.redact(f"error event from {self.base}: {st.error}"))
                         if text and trimmed and not texts:
-                            text = text[len(text) - len(text.lstrip()):] if text[:1].isspace() else text
+                            text = text[len(text) - len(text.lstrip()) :] if text[:1].isspace() else text
                         if text or lps:
                             texts.append(text)
                             n_chunks += 1
@@ -342,8 +367,14 @@ class OpenAICompatBackend:
             counted, est = self._count("".join(texts))
             completion = max(counted, n_chunks) if est else counted
             estimated = True
-        yield GenChunk(finish_reason=st.finish, stop_token_id=_stop_id(st.stop_reason), prompt_tokens=prompt,
-                       completion_tokens=completion, cached_tokens=st.cached_tokens, usage_estimated=estimated)
+        yield GenChunk(
+            finish_reason=st.finish,
+            stop_token_id=_stop_id(st.stop_reason),
+            prompt_tokens=prompt,
+            completion_tokens=completion,
+            cached_tokens=st.cached_tokens,
+            usage_estimated=estimated,
+        )
 
     @contextlib.asynccontextmanager
     async def _post(self, path: str, body: dict):
@@ -365,8 +396,9 @@ class OpenAICompatBackend:
                 headers = httpx.Headers(client.headers)
                 headers["content-type"] = "application/json"
                 self._req_headers = {id(client): headers}
-            req = httpx.Request("POST", url, headers=headers, content=content,
-                                extensions={"timeout": self._timeout_ext})  # fmt: skip
+            req = httpx.Request(
+                "POST", url, headers=headers, content=content, extensions={"timeout": self._timeout_ext}
+            )
             resp = await client.send(req, stream=True)
         try:
             yield resp
@@ -558,7 +590,7 @@ class _LeanResponse:
                     raise httpx.RemoteProtocolError("malformed chunked body")
                 break
             line = bytes(buf[:i])
-            del buf[:i + 2]
+            del buf[: i + 2]
             if self.left == -3:  # trailers, up to an empty line
                 if not line:
                     self.done = True
@@ -621,10 +653,14 @@ class _LeanPool:
             host = f"[{u.hostname}]" + (f":{u.port}" if u.port else "")
         self.host_header = host
         self.prefix = u.path.rstrip("/")
-        self.headers = {"accept": "*/*", "accept-encoding": "identity", "connection": "keep-alive",
-                        "user-agent": "pyrodash",
-                        **{k.lower(): v for k, v in headers.items()},
-                        "content-type": "application/json"}  # fmt: skip
+        self.headers = {
+            "accept": "*/*",
+            "accept-encoding": "identity",
+            "connection": "keep-alive",
+            "user-agent": "pyrodash",
+            **{k.lower(): v for k, v in headers.items()},
+            "content-type": "application/json",
+        }
         self.read_s, self.connect_s, self.max_idle = timeout_s, connect_s, max_idle
         self.idle: list[_H1] = []
         self.loop = asyncio.get_running_loop()
@@ -635,15 +671,19 @@ class _LeanPool:
         """The request's bytes up to the Content-Length value (for `path` relative to the base URL)."""
         h = self._heads.get(path)
         if h is None:
-            lines = [f"POST {self.prefix}{path} HTTP/1.1", f"host: {self.host_header}",
-                     *(f"{k}: {v}" for k, v in self.headers.items())]
+            lines = [
+                f"POST {self.prefix}{path} HTTP/1.1",
+                f"host: {self.host_header}",
+                *(f"{k}: {v}" for k, v in self.headers.items()),
+            ]
             h = self._heads[path] = ("\r\n".join(lines) + "\r\ncontent-length: ").encode("latin-1")
         return h
 
     async def _connect(self) -> _H1:
         try:
-            _, conn = await asyncio.wait_for(self.loop.create_connection(lambda: _H1(self.loop), self.host, self.port),
-                                             self.connect_s)  # fmt: skip
+            _, conn = await asyncio.wait_for(
+                self.loop.create_connection(lambda: _H1(self.loop), self.host, self.port), self.connect_s
+            )
         except (asyncio.TimeoutError, TimeoutError):
             raise httpx.ConnectTimeout(f"no connection within {self.connect_s}s") from None
         except OSError as e:
@@ -704,7 +744,7 @@ class _LeanPool:
                 await conn.more(self.read_s)
             conn.got = True
             head = bytes(conn.buf[:end])
-            del conn.buf[:end + 4]
+            del conn.buf[: end + 4]
             status_line, *lines = head.split(b"\r\n")
             parts = status_line.split(b" ", 2)
             if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
@@ -729,6 +769,7 @@ class _LeanPool:
 async def _drain(chunks: AsyncIterator[bytes]) -> None:
     """Read what is left of a response body after `data: [DONE]`, for at most DRAIN_S (a server that keeps the
     stream open after [DONE] only costs its connection, which closing the response then drops)."""
+
     async def rest() -> None:
         async for _ in chunks:
             pass

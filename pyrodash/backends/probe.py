@@ -42,10 +42,15 @@ from pyrodash.backends.continuation import Wire
 PROBE_MSGS = [{"role": "user", "content": "Count on: 1, 2, 3"}]
 PROBE_PREFIX = "1, 2, 3, 4"
 ADAPTABLE = ("temperature", "top_p", "seed", "stream_options")
-_FIELD_PATTERNS = (r"Unrecognized request argument supplied: (\w+)", r"Unsupported parameter: '(\w+)'",
-                   r"'(\w+)' is not supported", r"Unexpected fields in the request: \{([^}]*)\}",
-                   r"(\w+): Extra inputs are not permitted", r"unknown field[: ]+'?(\w+)",
-                   r"temperature`? and `?(top_p)`? cannot both be specified")  # Anthropic: drop top_p
+_FIELD_PATTERNS = (
+    r"Unrecognized request argument supplied: (\w+)",
+    r"Unsupported parameter: '(\w+)'",
+    r"'(\w+)' is not supported",
+    r"Unexpected fields in the request: \{([^}]*)\}",
+    r"(\w+): Extra inputs are not permitted",
+    r"unknown field[: ]+'?(\w+)",
+    r"temperature`? and `?(top_p)`? cannot both be specified",
+)  # Anthropic: drop top_p
 # what names an Anthropic-shaped provider in an error text (also wrapped by a proxy: LiteLLM's "AnthropicException")
 _ANTHROPIC_ERROR_SIGNS = (
     (r"AnthropicException", "an AnthropicException (LiteLLM's wrapper of an Anthropic error)"),
@@ -107,19 +112,28 @@ class ProbeReport:
 
     def lines(self) -> list[str]:
         served = {True: "yes", False: "no", None: "unknown"}[self.model_served]
-        listed = "" if self.models_listed is None else (
-            f" (the server lists: {', '.join(self.models_listed[:8])})" if self.models_listed else
-            " (the server lists none)")
-        usage = {True: "yes", False: "no (counted locally or estimated, marked usage_estimated)",
-                 None: "unknown"}[self.usage_reported]
-        out = [f"LLM endpoint      {self.url}",
-               f"  reachable       {'yes' if self.reachable else 'no'}",
-               f"  model           {self.model or '?'}: served {served}{listed}",
-               f"  API key         {self.key}",
-               f"  mode            {self.mode or '-'}"
-               + (f"  [{self.mode_reason}]" if self.mode_reason else "")
-               + ("" if self.configured_mode == "auto" else f" (configured: {self.configured_mode})"),
-               f"  usage reported  {usage}"]
+        listed = (
+            ""
+            if self.models_listed is None
+            else (
+                f" (the server lists: {', '.join(self.models_listed[:8])})"
+                if self.models_listed
+                else " (the server lists none)"
+            )
+        )
+        usage = {True: "yes", False: "no (counted locally or estimated, marked usage_estimated)", None: "unknown"}[
+            self.usage_reported
+        ]
+        out = [
+            f"LLM endpoint      {self.url}",
+            f"  reachable       {'yes' if self.reachable else 'no'}",
+            f"  model           {self.model or '?'}: served {served}{listed}",
+            f"  API key         {self.key}",
+            f"  mode            {self.mode or '-'}"
+            + (f"  [{self.mode_reason}]" if self.mode_reason else "")
+            + ("" if self.configured_mode == "auto" else f" (configured: {self.configured_mode})"),
+            f"  usage reported  {usage}",
+        ]
         out += [f"  tried           {t}" for t in self.tried]
         if self.provider:
             out.append(f"  provider shape  {self.provider} (saw: {'; '.join(self.seen)})")
@@ -163,8 +177,9 @@ def _look(backend, rep: ProbeReport, text: str = "") -> None:
 def _anthropic_listing(obj: object) -> bool:
     """A `GET /models` answer in the Messages API's shape (items `{"type": "model", "display_name": ...}`)."""
     data = obj.get("data") if isinstance(obj, dict) else None
-    return isinstance(data, list) and any(isinstance(m, dict) and m.get("type") == "model" and "display_name" in m
-                                          for m in data)
+    return isinstance(data, list) and any(
+        isinstance(m, dict) and m.get("type") == "model" and "display_name" in m for m in data
+    )
 
 
 async def _get_models(backend, rep: ProbeReport) -> httpx.Response | None:
@@ -172,11 +187,14 @@ async def _get_models(backend, rep: ProbeReport) -> httpx.Response | None:
     try:
         r = await backend.client().get(f"{base}/models", timeout=min(backend.timeout_s, 10))
     except httpx.HTTPError as e:
-        rep.error = (f"cannot reach the LLM at {base} ({type(e).__name__}): start the server or fix the URL "
-                     "in --llm")
+        rep.error = f"cannot reach the LLM at {base} ({type(e).__name__}): start the server or fix the URL in --llm"
         return None
-    if r.status_code in (401, 403) and backend.endpoint.mode == "auto" and backend.provider is None and re.search(
-            _ANTHROPIC_ERROR_SIGNS[1][0], r.text):  # an Anthropic-shaped API refusing a Bearer key: its own headers
+    if (
+        r.status_code in (401, 403)
+        and backend.endpoint.mode == "auto"
+        and backend.provider is None
+        and re.search(_ANTHROPIC_ERROR_SIGNS[1][0], r.text)
+    ):  # an Anthropic-shaped API refusing a Bearer key: its own headers
         _saw(rep, f"GET /models answered {r.status_code} with an Anthropic error object")
         backend.provider = "anthropic"
         await backend.aclose()
@@ -235,8 +253,10 @@ async def _probe(backend, rep: ProbeReport) -> None:
         if unsure and rep.provider == "anthropic":  # Anthropic continues a final assistant message
             rep.warning = _by_shape(rep, unsure, f"{mode} (configured)")
             return _settle(backend, rep, unsure[0][1], unsure[0][2])
-        rep.error = (f"--llm-mode {mode}: the LLM at {base} refused it ({rep.tried[-1].split(': ', 1)[1]}); "
-                     "use --llm-mode auto to detect a mode it takes")
+        rep.error = (
+            f"--llm-mode {mode}: the LLM at {base} refused it ({rep.tried[-1].split(': ', 1)[1]}); "
+            "use --llm-mode auto to detect a mode it takes"
+        )
         return
     if rep.provider == "anthropic" and "anthropic" not in cands:  # e.g. LiteLLM in front of Anthropic
         backend.provider = "anthropic"  # the Messages API's headers for this request and after
@@ -252,8 +272,9 @@ async def _probe(backend, rep: ProbeReport) -> None:
         await backend.aclose()
         if unsure:
             cand, wire, why = unsure[0]
-            rep.warning = _by_shape(rep, unsure, f"{cand} (no Messages API here; Anthropic continues a final "
-                                                 "assistant message)")
+            rep.warning = _by_shape(
+                rep, unsure, f"{cand} (no Messages API here; Anthropic continues a final assistant message)"
+            )
             return _settle(backend, rep, wire, why)
     if "anthropic" not in cands:
         wire, why, _ = await _try_mode(backend, "instruct", rep)
@@ -263,17 +284,24 @@ async def _probe(backend, rep: ProbeReport) -> None:
         if wire is not None:
             if unsure:
                 names = " / ".join(c for c, _, _ in unsure)
-                rep.warning = (f"cannot tell whether {names} continued the trace ({unsure[0][2]}) and nothing named "
-                               "the provider (no Anthropic sign): picked instruct, as OpenAI treats a final assistant "
-                               f"message (a closed turn); if this server continues one, set --llm-mode {unsure[0][0]}")
+                rep.warning = (
+                    f"cannot tell whether {names} continued the trace ({unsure[0][2]}) and nothing named "
+                    "the provider (no Anthropic sign): picked instruct, as OpenAI treats a final assistant "
+                    f"message (a closed turn); if this server continues one, set --llm-mode {unsure[0][0]}"
+                )
             return _settle(backend, rep, wire, why)
-    rep.error = (f"the LLM at {base} took none of the continuation modes ({'; '.join(rep.tried)}): "
-                 "check the URL and model, or choose a mode with --llm-mode")
+    rep.error = (
+        f"the LLM at {base} took none of the continuation modes ({'; '.join(rep.tried)}): "
+        "check the URL and model, or choose a mode with --llm-mode"
+    )
 
 
 def _by_shape(rep: ProbeReport, unsure: list[tuple[str, Wire, str]], picked: str) -> str:
-    lead = (f"cannot tell whether {' / '.join(c for c, _, _ in unsure)} continued the trace ({unsure[0][2]})"
-            if unsure else "no OpenAI-style continuation mode was shown to continue the trace")
+    lead = (
+        f"cannot tell whether {' / '.join(c for c, _, _ in unsure)} continued the trace ({unsure[0][2]})"
+        if unsure
+        else "no OpenAI-style continuation mode was shown to continue the trace"
+    )
     return f"{lead}; picked by the provider's shape, Anthropic (saw: {'; '.join(rep.seen)}): {picked}"
 
 
@@ -289,14 +317,17 @@ def _settle(backend, rep: ProbeReport, wire: Wire, why: str) -> None:
 
 def _key_fix(rep: ProbeReport, status: int) -> str:
     if rep.key_sent:
-        return (f"the LLM at {rep.url} rejected the API key from ${rep.key_env} (HTTP {status}): export the "
-                "right key, or name its variable with api_key_env in the LLM spec")
-    return (f"the LLM at {rep.url} needs an API key (HTTP {status}): export {rep.key_env}, or name the key's "
-            "variable with api_key_env in the LLM spec")
+        return (
+            f"the LLM at {rep.url} rejected the API key from ${rep.key_env} (HTTP {status}): export the "
+            "right key, or name its variable with api_key_env in the LLM spec"
+        )
+    return (
+        f"the LLM at {rep.url} needs an API key (HTTP {status}): export {rep.key_env}, or name the key's "
+        "variable with api_key_env in the LLM spec"
+    )
 
 
-async def _try_mode(backend, mode: str, rep: ProbeReport, optional: bool = False
-                    ) -> tuple[Wire | None, str, bool]:
+async def _try_mode(backend, mode: str, rep: ProbeReport, optional: bool = False) -> tuple[Wire | None, str, bool]:
     """(wire, why, shown): `wire` when the endpoint took the mode; `shown` False when it took it but the token
     counts could not show that the prefix was continued (see the module docstring). `optional`: a route the
     server may not have (the Messages API behind a proxy): any 4xx is a refusal, not a misconfiguration."""
@@ -328,23 +359,34 @@ async def _try_mode(backend, mode: str, rep: ProbeReport, optional: bool = False
             if (mode == "completion" or optional) and st is not None and st < 500:  # e.g. no such route here
                 return None, f"HTTP {st}: {msg}", False
             if st == 404 and "model" not in low:
-                rep.error = (f"the LLM URL {backend.base} answered 404 ({msg}): check that it ends in /v1 (or the "
-                             "API's base path)")
+                rep.error = (
+                    f"the LLM URL {backend.base} answered 404 ({msg}): check that it ends in /v1 (or the "
+                    "API's base path)"
+                )
                 return None, msg, False
             named = str(backend.model).lower() in low or "pinned" in low
             if "model" in low and (st == 404 or (st == 400 and named)) and not fields - {"model"}:
                 served = f"; it serves: {', '.join(rep.models_listed)}" if rep.models_listed else ""
                 rep.model_served = False
                 fix = f"use {backend.base}#{rep.models_listed[0]}" if rep.models_listed else "fix '#MODEL' in --llm"
-                rep.error = (f"the LLM at {backend.base} does not serve model {backend.model!r} (HTTP {st}{served}): "
-                             f"{fix}")
+                rep.error = (
+                    f"the LLM at {backend.base} does not serve model {backend.model!r} (HTTP {st}{served}): {fix}"
+                )
                 return None, msg, False
-            if "max_tokens" in fields and wire.max_tokens_field == "max_tokens" and mode not in (
-                    "completion", "anthropic"):
+            if (
+                "max_tokens" in fields
+                and wire.max_tokens_field == "max_tokens"
+                and mode not in ("completion", "anthropic")
+            ):
                 wire.max_tokens_field = "max_completion_tokens"
                 continue
-            if st is not None and 400 <= st < 500 and fields and fields <= set(ADAPTABLE) and not (
-                    fields & wire.dropped):
+            if (
+                st is not None
+                and 400 <= st < 500
+                and fields
+                and fields <= set(ADAPTABLE)
+                and not (fields & wire.dropped)
+            ):
                 wire.dropped |= fields
                 continue
             return None, (f"HTTP {st}: {msg}" if st else msg), False
@@ -358,8 +400,7 @@ async def _try_mode(backend, mode: str, rep: ProbeReport, optional: bool = False
             return wire, "accepted (not verified: no usage reported)", True
         if mode == "anthropic":
             return wire, "prefill accepted", True
-        closed = GenRequest(messages=list(PROBE_MSGS) + [{"role": "assistant", "content": PROBE_PREFIX}],
-                            max_tokens=2)
+        closed = GenRequest(messages=list(PROBE_MSGS) + [{"role": "assistant", "content": PROBE_PREFIX}], max_tokens=2)
         try:
             _, fin2 = await _generate(backend, closed, Wire("instruct", wire.max_tokens_field, set(wire.dropped)))
         except BackendError:
@@ -369,8 +410,14 @@ async def _try_mode(backend, mode: str, rep: ProbeReport, optional: bool = False
             return wire, "accepted (not verified: no usage reported)", True
         if fin.prompt_tokens < fin2.prompt_tokens:
             return wire, f"prefix continued ({fin.prompt_tokens} < {fin2.prompt_tokens} prompt tokens closed)", True
-        return wire, (f"accepted, but {fin.prompt_tokens} prompt tokens, as many as the same text sent as a closed "
-                      f"turn ({fin2.prompt_tokens}): continued both times or the field ignored"), False
+        return (
+            wire,
+            (
+                f"accepted, but {fin.prompt_tokens} prompt tokens, as many as the same text sent as a closed "
+                f"turn ({fin2.prompt_tokens}): continued both times or the field ignored"
+            ),
+            False,
+        )
     return None, "refused after adapting the request", False
 
 
@@ -378,8 +425,13 @@ def probe_llm(backend) -> ProbeReport:
     """Probe an `OpenAICompatBackend` (sets `backend.wire` when a mode is found); never raises for the endpoint's
     answers: what is wrong is in `.error`."""
     ep = backend.endpoint
-    rep = ProbeReport(url=backend.base, model=ep.model, configured_mode=ep.mode, key_env=ep.api_key_env,
-                      key_sent=bool(backend.api_key))
+    rep = ProbeReport(
+        url=backend.base,
+        model=ep.model,
+        configured_mode=ep.mode,
+        key_env=ep.api_key_env,
+        key_sent=bool(backend.api_key),
+    )
 
     async def main() -> None:
         try:
@@ -407,10 +459,12 @@ class SLMReport:
 
     def lines(self) -> list[str]:
         yn = {True: "yes", False: "NO", None: "unknown"}
-        out = [f"SLM               {self.name}",
-               f"  <offload> id    {self.offload_id if self.offload_id is not None else 'none'}",
-               f"  stop_token_ids honoured   {yn[self.stop_honoured]}",
-               f"  stop_reason reported      {yn[self.stop_reason_reported]}"]
+        out = [
+            f"SLM               {self.name}",
+            f"  <offload> id    {self.offload_id if self.offload_id is not None else 'none'}",
+            f"  stop_token_ids honoured   {yn[self.stop_honoured]}",
+            f"  stop_reason reported      {yn[self.stop_reason_reported]}",
+        ]
         if self.plain_stop:
             out.append(f"  a plain answer ended by   {self.plain_stop}")
         if self.error:
@@ -428,27 +482,46 @@ def probe_slm(backend, offload_token: str = "<offload>") -> SLMReport:
         rep.error = str(e)
         return rep
     if rep.offload_id is None:
-        rep.error = (f"the SLM has no {offload_token} token in its vocabulary: run Stage 1 (pyrodash train stage1) "
-                     "or pyrodash.tokens.add_offload_token first")
+        rep.error = (
+            f"the SLM has no {offload_token} token in its vocabulary: run Stage 1 (pyrodash train stage1) "
+            "or pyrodash.tokens.add_offload_token first"
+        )
         return rep
     oid = rep.offload_id
 
     async def main() -> None:
         try:
-            forced = GenRequest(messages=list(PROBE_MSGS), max_tokens=3, stop_token_ids=[oid],
-                                logit_bias={oid: 100.0})
-            text, fin = await _generate(backend, forced, Wire("continue")) if hasattr(backend, "wire") else \
-                await _generate_any(backend, forced)
-            rep.stop_honoured = fin.finish_reason == "stop" and offload_token not in text and not text.strip() and (
-                fin.completion_tokens in (None, 1))
+            forced = GenRequest(messages=list(PROBE_MSGS), max_tokens=3, stop_token_ids=[oid], logit_bias={oid: 100.0})
+            text, fin = (
+                await _generate(backend, forced, Wire("continue"))
+                if hasattr(backend, "wire")
+                else await _generate_any(backend, forced)
+            )
+            rep.stop_honoured = (
+                fin.finish_reason == "stop"
+                and offload_token not in text
+                and not text.strip()
+                and (fin.completion_tokens in (None, 1))
+            )
             rep.stop_reason_reported = fin.stop_token_id == oid
             plain = GenRequest(messages=list(PROBE_MSGS), max_tokens=8, stop_token_ids=[oid])
-            _, pf = await _generate(backend, plain, Wire("continue")) if hasattr(backend, "wire") else \
-                await _generate_any(backend, plain)
-            which = ("<offload>" if pf.stop_token_id == oid else f"token id {pf.stop_token_id}"
-                     if pf.stop_token_id is not None else "EOS / stop string (no stop token id)")
-            rep.plain_stop = f"finish_reason={pf.finish_reason}, {which}" if pf.finish_reason == "stop" else \
-                f"finish_reason={pf.finish_reason}"
+            _, pf = (
+                await _generate(backend, plain, Wire("continue"))
+                if hasattr(backend, "wire")
+                else await _generate_any(backend, plain)
+            )
+            which = (
+                "<offload>"
+                if pf.stop_token_id == oid
+                else f"token id {pf.stop_token_id}"
+                if pf.stop_token_id is not None
+                else "EOS / stop string (no stop token id)"
+            )
+            rep.plain_stop = (
+                f"finish_reason={pf.finish_reason}, {which}"
+                if pf.finish_reason == "stop"
+                else f"finish_reason={pf.finish_reason}"
+            )
         except BackendError as e:
             rep.error = f"the SLM failed its check request: {e}"
         finally:
@@ -456,11 +529,15 @@ def probe_slm(backend, offload_token: str = "<offload>") -> SLMReport:
 
     run_sync(main())
     if rep.error is None and not rep.stop_honoured:
-        rep.error = (f"the SLM server does not stop at {offload_token} (stop_token_ids / logit_bias ignored): "
-                     "serve the SLM with vLLM, SGLang or `pyrodash serve-model`, or load it in process")
+        rep.error = (
+            f"the SLM server does not stop at {offload_token} (stop_token_ids / logit_bias ignored): "
+            "serve the SLM with vLLM, SGLang or `pyrodash serve-model`, or load it in process"
+        )
     elif rep.error is None and not rep.stop_reason_reported:
-        rep.error = ("the SLM server stops but reports no stop_reason, so a handoff cannot be told from an "
-                     "answer: serve the SLM with vLLM or `pyrodash serve-model` (they report stop_reason)")
+        rep.error = (
+            "the SLM server stops but reports no stop_reason, so a handoff cannot be told from an "
+            "answer: serve the SLM with vLLM or `pyrodash serve-model` (they report stop_reason)"
+        )
     return rep
 
 

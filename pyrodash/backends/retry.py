@@ -38,8 +38,9 @@ async def _once(backend, req: GenRequest) -> tuple[str, list[int], GenChunk]:
     return "".join(parts), ids, last
 
 
-async def call_with_retry(backend, req: GenRequest, policy: RetryPolicy
-                          ) -> tuple[tuple[str, list[int], GenChunk] | None, str | None]:
+async def call_with_retry(
+    backend, req: GenRequest, policy: RetryPolicy
+) -> tuple[tuple[str, list[int], GenChunk] | None, str | None]:
     """((text, token ids, last chunk), None) on success; (None, "the last error") when every attempt failed."""
     error = None
     for attempt in range(policy.retries + 1):

@@ -36,9 +36,7 @@ def _list(args: argparse.Namespace) -> int:
         if f is not None:
             rows.append({"name": name, "rows": len(load_benchmark(name, path=f)), "source": str(f), "fallback": hub})
         else:
-            rows.append(
-                {"name": name, "rows": None, "source": hub + " (no local file; loads if the hub is reachable)"}
-            )
+            rows.append({"name": name, "rows": None, "source": hub + " (no local file; loads if the hub is reachable)"})
     if args.json:
         for r in rows:
             print(json.dumps(r))

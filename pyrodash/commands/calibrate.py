@@ -16,10 +16,10 @@ from pathlib import Path
 
 from pyrodash.backends import load_llm, load_slm
 from pyrodash.backends.endpoint import add_llm_mode_argument
-from pyrodash.calibrate import calibrate_offload_bias
 from pyrodash.cost import Prices
 from pyrodash.data.benchmarks import load_benchmark
 from pyrodash.engine import CollaborateEngine
+from pyrodash.engine.calibrate import calibrate_offload_bias
 from pyrodash.prompts import get_prompts
 
 
@@ -75,10 +75,19 @@ def run(args: argparse.Namespace) -> int:
     hf_logging.disable_progress_bar()  # no "Loading weights" bars around the answer
     slm = load_slm(args.slm)
     llm = slm if args.llm == args.slm and args.llm_mode is None else load_llm(args.llm, args.llm_mode)
-    engine = CollaborateEngine(slm, llm, get_prompts(args.prompts), Prices.from_yaml(args.prices),
-                               max_tokens=args.max_tokens)
-    cal = calibrate_offload_bias(engine, questions, target_rate=args.target_rate, budget_usd=args.budget_usd,
-                                 lo=args.lo, hi=args.hi, iters=args.iters, concurrency=args.concurrency)
+    engine = CollaborateEngine(
+        slm, llm, get_prompts(args.prompts), Prices.from_yaml(args.prices), max_tokens=args.max_tokens
+    )
+    cal = calibrate_offload_bias(
+        engine,
+        questions,
+        target_rate=args.target_rate,
+        budget_usd=args.budget_usd,
+        lo=args.lo,
+        hi=args.hi,
+        iters=args.iters,
+        concurrency=args.concurrency,
+    )
     if args.json:
         print(json.dumps({**cal.to_dict(), "questions": len(questions)}))
         return 0

@@ -27,8 +27,12 @@ def _spec(text: str):
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--llm", required=True, type=_spec, help="LLM endpoint: http(s)://host:port/v1#model or a JSON "
-                   "spec {url, model, mode, api_key_env, tokenizer}")  # fmt: skip
+    p.add_argument(
+        "--llm",
+        required=True,
+        type=_spec,
+        help="LLM endpoint: http(s)://host:port/v1#model or a JSON spec {url, model, mode, api_key_env, tokenizer}",
+    )
     add_llm_mode_argument(p)
     p.add_argument("--slm", type=_spec, default=None, help="SLM: http(s)://host:port/v1#model or a local model dir")
 

@@ -1,8 +1,8 @@
 """`pyrodash curate`: EasyHard curation (Corpus A / Corpus B) into DIR/curated/.
 
-    pyrodash curate --config configs/world/quick.yaml --output-dir runs/quick
-    pyrodash curate --config configs/paper/qwen3.5-4b-glm5.2.yaml --output-dir runs/paper --dry-run
-    pyrodash curate --config configs/world/quick.yaml --output-dir runs/mine --chats my_chats.jsonl
+pyrodash curate --config configs/world/quick.yaml --output-dir runs/quick
+pyrodash curate --config configs/paper/qwen3.5-4b-glm5.2.yaml --output-dir runs/paper --dry-run
+pyrodash curate --config configs/world/quick.yaml --output-dir runs/mine --chats my_chats.jsonl
 """
 
 from __future__ import annotations
@@ -12,22 +12,26 @@ import json
 from pathlib import Path
 
 from pyrodash.backends.endpoint import add_llm_mode_argument, with_mode
-from pyrodash.commands.world import build_recipe_world
-from pyrodash.library_log import library_log
+from pyrodash.jobs.library_log import library_log
 from pyrodash.train import distributed as dist
 from pyrodash.train.chat_logs import is_chat_log
 from pyrodash.train.config import load_recipe
 from pyrodash.train.curate import run_curation
 from pyrodash.train.plan import print_plan
+from pyrodash.world.build import build_named_world
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", required=True, help="YAML recipe (configs/world/*.yaml, configs/paper/*.yaml)")
     p.add_argument("--output-dir", required=True, help="run directory; curation writes DIR/curated/")
     p.add_argument("--limit", type=int, default=None, help="curate only the first N examples of the source")
-    p.add_argument("--chats", default=None, metavar="FILE",
-                   help="your own chat logs (.jsonl, one OpenAI `messages` conversation per line): curated turn by "
-                        "turn in place of the recipe's curate.conversations")
+    p.add_argument(
+        "--chats",
+        default=None,
+        metavar="FILE",
+        help="your own chat logs (.jsonl, one OpenAI `messages` conversation per line): curated turn by "
+        "turn in place of the recipe's curate.conversations",
+    )
     add_llm_mode_argument(p)
     p.add_argument("--dry-run", action="store_true", help="validate the config and print the plan; load nothing")
 
@@ -40,8 +44,9 @@ def run(args: argparse.Namespace) -> int:
         if not Path(args.chats).is_file():
             raise ValueError(f"--chats {args.chats}: no such file")
         if not args.chats.endswith(".jsonl") or not is_chat_log(args.chats):
-            raise ValueError(f"--chats {args.chats}: expected a .jsonl file with one {{\"messages\": [...]}} "
-                             "conversation per line")
+            raise ValueError(
+                f'--chats {args.chats}: expected a .jsonl file with one {{"messages": [...]}} conversation per line'
+            )
         overrides["curate.conversations"] = args.chats
     recipe = load_recipe(args.config, overrides)
     if args.llm_mode:
@@ -54,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     log = Path(args.output_dir) / "curate.log"
     with library_log(log, lazy=True):
-        build_recipe_world(recipe)  # a missing world is built here: curation only resolves it
+        build_named_world(recipe.world_dir(), recipe.world)  # a missing world is built here: curation only resolves it
         out = run_curation(recipe, args.output_dir)
     dist.barrier()
     logged = {"library_log": str(log)} if log.exists() else {}

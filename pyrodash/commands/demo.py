@@ -8,7 +8,8 @@ base models ship with PyroDash and are copied, `--from-scratch` pretrains them) 
 EasyHard curation → Stage 1 → Stage 2 → Stage 3 per λ and the evaluation of every method (SLM, SLM+SFT, LLM,
 RouteLLM-MF, GlimpRouter, PyroDash per λ and across offload_bias) on the five world test tiers and the multi-turn
 splits (conversations, reported per turn) → `DIR/report.md`, `DIR/pareto.png`, `DIR/summary.json`, `DIR/records/`.
-Prints where the report is and the headline table. Everything after the world build is a step of `pyrodash.jobs`:
+Prints where the report is and the headline table. Everything after the world build is a step of
+`pyrodash.jobs.scheduler`:
 the steps run side by side in `--workers` processes on one thread each, each after the steps it needs (training's
 chain; the evaluation of a trained model after its training; the models alone, the oracle and the routers beside
 training), their logs in `DIR/jobs/`; Stage 2 also takes a core the others leave idle (an elastic step).
@@ -22,12 +23,12 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from pyrodash.commands.report import print_table2, print_turns
-from pyrodash.evaluate import EvalConfig, evaluate
-from pyrodash.jobs import Job, default_workers, run_jobs
-from pyrodash.library_log import library_log
-from pyrodash.methods_build import SWEEPS, method_specs, sweep_lambda
-from pyrodash.report import all_metrics, load_run, run_prices, single_turn, verdict_sentence, write_report
+from pyrodash.eval.build import SWEEPS, method_specs, sweep_lambda
+from pyrodash.eval.harness import EvalConfig, evaluate
+from pyrodash.jobs.library_log import library_log
+from pyrodash.jobs.scheduler import Job, default_workers, run_jobs
+from pyrodash.report.console import print_table2, print_turns
+from pyrodash.report.core import all_metrics, load_run, run_prices, single_turn, verdict_sentence, write_report
 from pyrodash.train.config import load_recipe
 from pyrodash.train.curate import run_curation
 from pyrodash.train.paths import curated_dir, stage_dir
@@ -57,20 +58,28 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="world seed")
     p.add_argument("--lambdas", default=None, help="comma-separated λ values (default: the preset's)")
     p.add_argument("--world", default=None, help="a built world directory to use (default: build or reuse the cache)")
-    p.add_argument("--from-scratch", action="store_true",
-                   help="pretrain the world's two models here (~3 minutes on 2 cores) instead of starting from the "
-                        "base models that ship with PyroDash (seed 0) or a cached world's")
-    p.add_argument("--workers", type=int, default=None,
-                   help="processes for Stage 3 per λ and the evaluation, side by side on one thread each (default: "
-                        "the cores, at most 4; 1: one after the other on every thread)")
+    p.add_argument(
+        "--from-scratch",
+        action="store_true",
+        help="pretrain the world's two models here (~3 minutes on 2 cores) instead of starting from the "
+        "base models that ship with PyroDash (seed 0) or a cached world's",
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="processes for Stage 3 per λ and the evaluation, side by side on one thread each (default: "
+        "the cores, at most 4; 1: one after the other on every thread)",
+    )
 
 
 def _done(path: Path) -> bool:
     return (path / "config.resolved.json").exists()
 
 
-def eval_jobs(cfg: EvalConfig, stage3_job: dict[float, str], pending: set[str],
-              stage2_job: str = "stage2") -> list[Job]:
+def eval_jobs(
+    cfg: EvalConfig, stage3_job: dict[float, str], pending: set[str], stage2_job: str = "stage2"
+) -> list[Job]:
     """`cfg`'s evaluation as steps that can run side by side, each writing its own methods' records: the models
     alone and the oracle; the routers (neither needs the run's training); the Stage 2 model (after `stage2_job` when
     it is in `pending`, still to run); per λ its PyroDash policy, and apart from it the sweeps at that λ (two steps
@@ -92,26 +101,43 @@ def eval_jobs(cfg: EvalConfig, stage3_job: dict[float, str], pending: set[str],
             groups["slm+sft" if kind == "slm+sft" else "models alone, oracle"].append(entry)
     sft_after = (stage2_job,) if stage2_job in pending else ()
     untrained = {k: v for k, v in base_models.items() if k != "sft"}  # what runs beside training may not need it
-    jobs = [Job(f"eval {label}", evaluate,
-                (replace(cfg, methods=ms, models=base_models if label == "slm+sft" else untrained),), {"quiet": True},
-                after=sft_after if label == "slm+sft" else ())
-            for label, ms in groups.items() if ms]
+    jobs = [
+        Job(
+            f"eval {label}",
+            evaluate,
+            (replace(cfg, methods=ms, models=base_models if label == "slm+sft" else untrained),),
+            {"quiet": True},
+            after=sft_after if label == "slm+sft" else (),
+        )
+        for label, ms in groups.items()
+        if ms
+    ]
     for (what, lam), ms in per_lam.items():
         if ms:
             models = base_models | {"pyrodash": {lam: lam_specs[lam]}} if lam in lam_specs else cfg.models
             after = (stage3_job[lam],) if stage3_job.get(lam) in pending else ()
-            jobs.append(Job(f"eval {what} λ={lam:g}", evaluate, (replace(cfg, methods=ms, models=models),),
-                            {"quiet": True}, after=after))
+            jobs.append(
+                Job(
+                    f"eval {what} λ={lam:g}",
+                    evaluate,
+                    (replace(cfg, methods=ms, models=models),),
+                    {"quiet": True},
+                    after=after,
+                )
+            )
     return jobs
 
 
 def training_jobs(recipe, out: Path, lambdas: list[float], console) -> list[Job]:
     """Curation -> Stage 1 -> Stage 2 -> Stage 3 per λ as steps, each after the one before it; a step whose output
-    is in `out` already is reused (not a step). Stage 2 is elastic (`pyrodash.jobs`): it takes the core the
+    is in `out` already is reused (not a step). Stage 2 is elastic (`pyrodash.jobs.scheduler`): it takes the core the
     evaluation beside it leaves idle. Its weights do not depend on its threads: measured, quick world seed 0, the
     same bytes on 1 and on 2 threads (and its offload rates), 98 s on 1 thread beside the evaluation, 72 s on 2."""
-    chain = [("curation", run_curation, curated_dir(out), {}), ("stage1", run_stage1, stage_dir(out, "stage1"), {}),
-             ("stage2", run_stage2, stage_dir(out, "stage2"), {})]
+    chain = [
+        ("curation", run_curation, curated_dir(out), {}),
+        ("stage1", run_stage1, stage_dir(out, "stage1"), {}),
+        ("stage2", run_stage2, stage_dir(out, "stage2"), {}),
+    ]
     chain += [(f"stage3 λ={lam:g}", run_stage3, stage_dir(out, "stage3", lam), {"lam": lam}) for lam in lambdas]
     jobs: list[Job] = []
     needs = {"curation": (), "stage1": ("curation",), "stage2": ("stage1",)}
@@ -123,16 +149,32 @@ def training_jobs(recipe, out: Path, lambdas: list[float], console) -> list[Job]
             # Cost_base (the LLM alone on Stage 3's prompts) once, beside Stages 1-2, not in each λ's run
             jobs.append(Job("cost base", fill_cost_base, (recipe, out)))
         before = needs.get(name, ("stage2", "cost base"))
-        jobs.append(Job(name, fn, (recipe, out), kw, after=tuple(b for b in before if b in {j.name for j in jobs}),
-                        elastic=name == "stage2"))
+        jobs.append(
+            Job(
+                name,
+                fn,
+                (recipe, out),
+                kw,
+                after=tuple(b for b in before if b in {j.name for j in jobs}),
+                elastic=name == "stage2",
+            )
+        )
     return jobs
 
 
-def run_demo(out: str | Path, quick: bool = True, seed: int = 0, lambdas: list[float] | None = None,
-             console=None, world_dir: str | Path | None = None, workers: int | None = None,
-             from_scratch: bool = False) -> Path:
+def run_demo(
+    out: str | Path,
+    quick: bool = True,
+    seed: int = 0,
+    lambdas: list[float] | None = None,
+    console=None,
+    world_dir: str | Path | None = None,
+    workers: int | None = None,
+    from_scratch: bool = False,
+) -> Path:
     """Build, curate, train and evaluate into `out`; returns the report path. `workers`: processes for the steps
-    that run side by side (Stage 3 per λ, the evaluation's methods; default `pyrodash.jobs.default_workers()`)."""
+    that run side by side (Stage 3 per λ, the evaluation's methods; default
+    `pyrodash.jobs.scheduler.default_workers()`)."""
     from rich.console import Console
 
     console = console or Console()
@@ -155,8 +197,11 @@ def run_demo(out: str | Path, quick: bool = True, seed: int = 0, lambdas: list[f
 
     if world_dir is not None and not (Path(world_dir) / "world.json").exists():
         raise ValueError(f"--world {world_dir}: no world.json there; build one with `pyrodash world build --out DIR`")
-    world = Path(world_dir) if world_dir else step(
-        "world", lambda: build_world(None, quick=quick, seed=seed, from_scratch=from_scratch))
+    world = (
+        Path(world_dir)
+        if world_dir
+        else step("world", lambda: build_world(None, quick=quick, seed=seed, from_scratch=from_scratch))
+    )
     info = read_world_info(world)
     if info.get("models_from") and "world" not in times:  # (a build that ran said so itself)
         console.print(f"[dim]world {world}: models: {models_source(info)}; `--from-scratch` trains them here[/]")
@@ -164,11 +209,19 @@ def run_demo(out: str | Path, quick: bool = True, seed: int = 0, lambdas: list[f
         console.print(f"[bold yellow]warning: world {world}:[/] {w}")
     recipe = load_recipe(ROOT / "configs" / "world" / f"{preset}.yaml", {"world": {"dir": str(world)}})
     cfg = EvalConfig.from_yaml(
-        ROOT / "configs" / "eval" / f"world-{preset}.yaml", run_dir=str(out), world_dir=str(world),
+        ROOT / "configs" / "eval" / f"world-{preset}.yaml",
+        run_dir=str(out),
+        world_dir=str(world),
         benchmarks=[f"world:{s}" for s in TIER_SPLITS] + ["world:multiturn", "world:multiturn-self"],
-        models={"slm": str(world / "slm"), "llm": str(world / "llm"), "sft": str(stage_dir(out, "stage2")),
-                "pyrodash": {lam: str(stage_dir(out, "stage3", lam)) for lam in lambdas}})
-    # Training and the evaluation's methods: steps side by side on one thread each (pyrodash.jobs), each after what
+        models={
+            "slm": str(world / "slm"),
+            "llm": str(world / "llm"),
+            "sft": str(stage_dir(out, "stage2")),
+            "pyrodash": {lam: str(stage_dir(out, "stage3", lam)) for lam in lambdas},
+        },
+    )
+    # Training and the evaluation's methods: steps side by side on one thread each
+    # (pyrodash.jobs.scheduler), each after what
     # it needs; the models alone, the oracle and the routers need no training, so they run beside it. Training's
     # chain comes first in the list: a free worker takes its next step before any evaluation.
     jobs = training_jobs(recipe, out, lambdas, console)
@@ -190,20 +243,32 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out or ("runs/demo-quick" if args.quick else "runs/demo"))
     lambdas = [float(x) for x in args.lambdas.split(",")] if args.lambdas else None
     if args.from_scratch and args.world:
-        raise ValueError("--from-scratch builds the world's models; it cannot be combined with --world DIR (a world "
-                         "already built): drop one of the two")
+        raise ValueError(
+            "--from-scratch builds the world's models; it cannot be combined with --world DIR (a world "
+            "already built): drop one of the two"
+        )
     if args.workers is not None and args.workers < 1:
         raise ValueError(f"--workers {args.workers}: give 1 or more processes (1 runs the steps one after the other)")
     t0 = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
     with library_log(out / LOG_NAME):
-        path = run_demo(out, quick=args.quick, seed=args.seed, lambdas=lambdas, console=console,
-                        world_dir=args.world, workers=args.workers, from_scratch=args.from_scratch)
+        path = run_demo(
+            out,
+            quick=args.quick,
+            seed=args.seed,
+            lambdas=lambdas,
+            console=console,
+            world_dir=args.world,
+            workers=args.workers,
+            from_scratch=args.from_scratch,
+        )
     print_table2(out, console)
     print_turns(out, console)
 
     verdict = verdict_sentence(all_metrics(single_turn(load_run(out)), run_prices(out)))
     console.print(f"[bold]Verdict:[/] {verdict}")
-    console.print(f"report: [bold]{path}[/] (pareto.png, summary.json, records/ beside it; library logs in "
-                  f"{out / LOG_NAME}) in {time.perf_counter() - t0:.0f}s")
+    console.print(
+        f"report: [bold]{path}[/] (pareto.png, summary.json, records/ beside it; library logs in "
+        f"{out / LOG_NAME}) in {time.perf_counter() - t0:.0f}s"
+    )
     return 0

@@ -10,10 +10,10 @@ import argparse
 from pathlib import Path
 
 from pyrodash.backends.endpoint import add_llm_mode_argument
-from pyrodash.commands.report import print_table2
-from pyrodash.evaluate import EvalConfig, evaluate
-from pyrodash.library_log import library_log
-from pyrodash.report import write_report
+from pyrodash.eval.harness import EvalConfig, evaluate
+from pyrodash.jobs.library_log import library_log
+from pyrodash.report.console import print_table2
+from pyrodash.report.core import write_report
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -41,12 +41,18 @@ def warn_llm_failures(run_dir, console) -> int:
         bad += len(failed)
         if failed or fallbacks:
             first = next((r.get("llm_errors") or [r.get("llm_error", "")] for r in failed), [""])[-1]
-            console.print(f"[bold red]WARNING: {path.stem}: {len(failed)} of {len(recs)} records had a failed LLM "
-                          f"call, {fallbacks} fell back to the SLM; accuracy and cost do not measure the LLM you "
-                          f"configured. First error: {escape(str(first))}[/]", markup=True, highlight=False)
+            console.print(
+                f"[bold red]WARNING: {path.stem}: {len(failed)} of {len(recs)} records had a failed LLM "
+                f"call, {fallbacks} fell back to the SLM; accuracy and cost do not measure the LLM you "
+                f"configured. First error: {escape(str(first))}[/]",
+                markup=True,
+                highlight=False,
+            )
         if est:
-            console.print(f"[yellow]{path.stem}: {est} records have token counts the server did not report "
-                          "(counted locally or estimated: usage_estimated)[/]")
+            console.print(
+                f"[yellow]{path.stem}: {est} records have token counts the server did not report "
+                "(counted locally or estimated: usage_estimated)[/]"
+            )
     return bad
 
 

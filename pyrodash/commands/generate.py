@@ -32,21 +32,38 @@ from pyrodash.prompts import get_prompts
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("question", help="the question ('-' reads it from stdin)")
     p.add_argument("--slm", required=True, help="SLM backend: model path / hub id or http(s)://host:port/v1#model")
-    p.add_argument("--llm", required=True, action="append",
-                   help="LLM backend: model path / hub id or http(s)://host:port/v1#model; repeat it for an LLM mesh")
+    p.add_argument(
+        "--llm",
+        required=True,
+        action="append",
+        help="LLM backend: model path / hub id or http(s)://host:port/v1#model; repeat it for an LLM mesh",
+    )
     p.add_argument("--llm-policy", choices=("fallback", "cheapest"), help="mesh policy (default: fallback, in order)")
-    p.add_argument("--llm-prices", action="append", metavar="SHEET",
-                   help="price sheet of the i-th --llm (repeatable; YAML, name, or LiteLLM FILE.json#MODEL)")
+    p.add_argument(
+        "--llm-prices",
+        action="append",
+        metavar="SHEET",
+        help="price sheet of the i-th --llm (repeatable; YAML, name, or LiteLLM FILE.json#MODEL)",
+    )
     p.add_argument("--llm-cooldown", type=float, metavar="S", help="seconds a failed mesh endpoint sits out (30)")
     p.add_argument("--llm-timeout", type=float, metavar="S", help="mesh: longest wait for an endpoint's next chunk")
     p.add_argument("--history", metavar="FILE.json", help="earlier messages of the conversation (OpenAI format)")
-    p.add_argument("--turn", action="append", default=[], metavar="TEXT",
-                   help="a follow-up user turn after the question (repeatable, asked in order)")
+    p.add_argument(
+        "--turn",
+        action="append",
+        default=[],
+        metavar="TEXT",
+        help="a follow-up user turn after the question (repeatable, asked in order)",
+    )
     p.add_argument("--save-history", metavar="FILE.json", help="write the whole conversation here afterwards")
     add_llm_mode_argument(p)
     p.add_argument("--offload-bias", type=float, default=0.0, help="added to the <offload> logit (+ hands off sooner)")
-    p.add_argument("--handoff-share", type=float, default=1.0,
-                   help="share of requests that may hand off, by a fixed hash of each request (others: the SLM alone)")
+    p.add_argument(
+        "--handoff-share",
+        type=float,
+        default=1.0,
+        help="share of requests that may hand off, by a fixed hash of each request (others: the SLM alone)",
+    )
     p.add_argument("--handoff-style", choices=("continue", "instruct"), default="continue")
     p.add_argument("--prompts", default="qwen-math-v1", help="prompt set (pyrodash.prompts), e.g. world-v1")
     p.add_argument("--prices", default="paper", help="price sheet: a YAML path or a name in configs/prices/")
@@ -78,9 +95,17 @@ def run(args: argparse.Namespace) -> int:
     slm = load_slm(args.slm)
     spec = spec_from_flags(args.llm, args.llm_prices, args.llm_policy, args.llm_cooldown, args.llm_timeout)
     llm = slm if spec == args.slm and args.llm_mode is None else load_llm(spec, args.llm_mode)
-    engine = CollaborateEngine(slm, llm, prompts, prices, handoff_style=args.handoff_style,
-                               offload_bias=args.offload_bias, max_tokens=args.max_tokens, failure=failure,
-                               handoff_share=args.handoff_share)
+    engine = CollaborateEngine(
+        slm,
+        llm,
+        prompts,
+        prices,
+        handoff_style=args.handoff_style,
+        offload_bias=args.offload_bias,
+        max_tokens=args.max_tokens,
+        failure=failure,
+        handoff_share=args.handoff_share,
+    )
     kw = {"temperature": args.temperature, "top_p": args.top_p, "seed": args.seed}
 
     conversation = bool(history or args.turn)
@@ -132,22 +157,38 @@ def run(args: argparse.Namespace) -> int:
         elif done.errors:
             out.print(f"[LLM retried after: {'; '.join(done.errors)}]", style="yellow", markup=False)
         if done.usage_estimated:
-            out.print("[some token counts were not reported by a server: counted locally or estimated]",
-                      style="yellow", markup=False)
+            out.print(
+                "[some token counts were not reported by a server: counted locally or estimated]",
+                style="yellow",
+                markup=False,
+            )
         if not done.handoff_admitted:
-            out.print(f"[outside --handoff-share {args.handoff_share:g}: <offload> was banned, the SLM answered "
-                      "alone]", style="yellow", markup=False)
+            out.print(
+                f"[outside --handoff-share {args.handoff_share:g}: <offload> was banned, the SLM answered alone]",
+                style="yellow",
+                markup=False,
+            )
         handoff = "no handoff" if done.handoff is None else f"handoff after {done.handoff} SLM tokens"
-        out.print(f"{handoff} · SLM in/out {u.slm_in}/{u.slm_out} · LLM in/out {u.llm_in}/{u.llm_out} "
-                  f"(cached {u.llm_cached_in}, calls {u.llm_calls}) · ${done.cost_usd:.6f} · {done.finish_reason}",
-                  style="dim", markup=False)
+        out.print(
+            f"{handoff} · SLM in/out {u.slm_in}/{u.slm_out} · LLM in/out {u.llm_in}/{u.llm_out} "
+            f"(cached {u.llm_cached_in}, calls {u.llm_calls}) · ${done.cost_usd:.6f} · {done.finish_reason}",
+            style="dim",
+            markup=False,
+        )
         if len(done.llm_endpoints) > 1 or any(e["errors"] for e in done.llm_endpoints):
             for e in done.llm_endpoints:
-                out.print(f"  {e['endpoint']}: calls {e['calls']} (failed {e['errors']}) · in/out {e['llm_in']}/"
-                          f"{e['llm_out']} · {e['chars']} chars · ${e['cost_usd']:.6f}", style="dim", markup=False)
+                out.print(
+                    f"  {e['endpoint']}: calls {e['calls']} (failed {e['errors']}) · in/out {e['llm_in']}/"
+                    f"{e['llm_out']} · {e['chars']} chars · ${e['cost_usd']:.6f}",
+                    style="dim",
+                    markup=False,
+                )
         if any(done.trimmed.values()):
-            out.print(f"  history trimmed to fit the context windows: {done.trimmed} messages dropped", style="yellow",
-                      markup=False)
+            out.print(
+                f"  history trimmed to fit the context windows: {done.trimmed} messages dropped",
+                style="yellow",
+                markup=False,
+            )
         return done
 
     try:
@@ -174,7 +215,8 @@ def read_history(path: str) -> list[dict]:
         raise ValueError(f"--history {path} is not JSON ({e}): give a list of {{role, content}} messages") from e
     ok = isinstance(msgs, list) and all(
         isinstance(m, dict) and m.get("role") in ("system", "user", "assistant") and isinstance(m.get("content"), str)
-        for m in msgs)  # fmt: skip
+        for m in msgs
+    )
     if not ok:
         raise ValueError(f"--history {path}: expected a JSON list of {{role: system|user|assistant, content: str}}")
     return msgs

@@ -27,7 +27,7 @@ import argparse
 
 from pyrodash.backends.endpoint import add_llm_mode_argument
 from pyrodash.backends.mesh import spec_from_flags
-from pyrodash.conversation import ContextLimits
+from pyrodash.engine.conversation import ContextLimits
 from pyrodash.server import tracing as T
 from pyrodash.server.app import WORKER_CONFIG_ENV, build_app, build_base_engine, build_engine
 from pyrodash.server.config import Limits, ServeConfig
@@ -37,13 +37,24 @@ from pyrodash.server.metrics import MULTIPROC_ENV
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="YAML recipe (configs/serve/*.yaml); flags override it")
     p.add_argument("--slm", help="SLM backend: a model dir / hub id (in-process) or http(s)://host:port/v1#model")
-    p.add_argument("--llm", action="append", help="LLM backend: same forms as --slm; repeat it for an LLM mesh "
-                   "(the next endpoint takes over mid-stream when one fails)")
-    p.add_argument("--base-slm", help="the base SLM (before offloading training): answers mode 'slm' requests and the "
-                   "playground's 'SLM only' alone, to the end (default: the served SLM with <offload> banned)")
+    p.add_argument(
+        "--llm",
+        action="append",
+        help="LLM backend: same forms as --slm; repeat it for an LLM mesh "
+        "(the next endpoint takes over mid-stream when one fails)",
+    )
+    p.add_argument(
+        "--base-slm",
+        help="the base SLM (before offloading training): answers mode 'slm' requests and the "
+        "playground's 'SLM only' alone, to the end (default: the served SLM with <offload> banned)",
+    )
     p.add_argument("--llm-policy", choices=("fallback", "cheapest"), help="mesh policy (default: fallback, in order)")
-    p.add_argument("--llm-prices", action="append", metavar="SHEET",
-                   help="price sheet of the i-th --llm (repeatable, in order; YAML, name, or LiteLLM FILE.json#MODEL)")
+    p.add_argument(
+        "--llm-prices",
+        action="append",
+        metavar="SHEET",
+        help="price sheet of the i-th --llm (repeatable, in order; YAML, name, or LiteLLM FILE.json#MODEL)",
+    )
     p.add_argument("--llm-cooldown", type=float, metavar="S", help="seconds a failed mesh endpoint sits out (30)")
     p.add_argument("--llm-timeout", type=float, metavar="S", help="mesh: longest wait for an endpoint's next chunk")
     add_llm_mode_argument(p)
@@ -53,25 +64,46 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", help="bind address (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="port (default 8000)")
     p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' (default: $PYRODASH_API_KEY if set)")
-    p.add_argument("--metrics-public", action="store_true", default=None,
-                   help="serve GET /metrics without the API key (for a scraper that cannot send one)")
-    p.add_argument("--allow-unknown-fields", action="store_true", default=None,
-                   help="ignore request fields OpenAI's API does not have (default: a 400 naming them)")
-    p.add_argument("--cors-origin", action="append", dest="cors_origins", metavar="ORIGIN",
-                   help="allow browser requests from ORIGIN (repeatable); CORS is off otherwise")  # fmt: skip
+    p.add_argument(
+        "--metrics-public",
+        action="store_true",
+        default=None,
+        help="serve GET /metrics without the API key (for a scraper that cannot send one)",
+    )
+    p.add_argument(
+        "--allow-unknown-fields",
+        action="store_true",
+        default=None,
+        help="ignore request fields OpenAI's API does not have (default: a 400 naming them)",
+    )
+    p.add_argument(
+        "--cors-origin",
+        action="append",
+        dest="cors_origins",
+        metavar="ORIGIN",
+        help="allow browser requests from ORIGIN (repeatable); CORS is off otherwise",
+    )
     p.add_argument("--max-tokens", type=int, help="largest max_tokens a request may ask for")
     p.add_argument("--context-slm", type=int, metavar="N", help="SLM context window, tokens (trims long chats)")
     p.add_argument("--context-llm", type=int, metavar="N", help="LLM context window, tokens (trims long chats)")
     p.add_argument("--graceful-timeout", type=float, default=30.0, help="seconds to let requests finish on stop")
     p.add_argument("--log-level", choices=["critical", "error", "warning", "info", "debug"], help="uvicorn log level")
-    p.add_argument("--workers", type=int, default=1, metavar="N",
-                   help="server processes sharing the port (uvicorn workers, one engine each); /metrics sums them all "
-                        "(prometheus_client multiprocess mode in $PROMETHEUS_MULTIPROC_DIR, a temporary directory "
-                        "unless set; its *.db files are removed at start)")  # fmt: skip
-    p.add_argument("--otlp-endpoint", metavar="URL",
-                   help="export OpenTelemetry traces (a span per request, children for the SLM, the handoff and each "
-                        "LLM call) to this OTLP/HTTP collector, e.g. http://127.0.0.1:4318; needs "
-                        "pip install 'pyrodash[otel]'")  # fmt: skip
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        metavar="N",
+        help="server processes sharing the port (uvicorn workers, one engine each); /metrics sums them all "
+        "(prometheus_client multiprocess mode in $PROMETHEUS_MULTIPROC_DIR, a temporary directory "
+        "unless set; its *.db files are removed at start)",
+    )
+    p.add_argument(
+        "--otlp-endpoint",
+        metavar="URL",
+        help="export OpenTelemetry traces (a span per request, children for the SLM, the handoff and each "
+        "LLM call) to this OTLP/HTTP collector, e.g. http://127.0.0.1:4318; needs "
+        "pip install 'pyrodash[otel]'",
+    )
 
 
 def config_from_args(args: argparse.Namespace):
@@ -79,24 +111,46 @@ def config_from_args(args: argparse.Namespace):
     from dataclasses import replace
 
     llm = spec_from_flags(args.llm, args.llm_prices, args.llm_policy, args.llm_cooldown, args.llm_timeout)
-    flags = {k: getattr(args, k, None) for k in ("slm", "prices", "prompts", "host", "port", "api_key",
-                                                 "cors_origins", "log_level", "llm_mode", "base_slm",
-                                                 "metrics_public", "allow_unknown_fields")}  # fmt: skip
+    flags = {
+        k: getattr(args, k, None)
+        for k in (
+            "slm",
+            "prices",
+            "prompts",
+            "host",
+            "port",
+            "api_key",
+            "cors_origins",
+            "log_level",
+            "llm_mode",
+            "base_slm",
+            "metrics_public",
+            "allow_unknown_fields",
+        )
+    }
     flags["llm"] = llm
-    config = ServeConfig.from_yaml(args.config, **flags) if args.config else ServeConfig(
-        **{k: v for k, v in flags.items() if v is not None})  # fmt: skip
+    config = (
+        ServeConfig.from_yaml(args.config, **flags)
+        if args.config
+        else ServeConfig(**{k: v for k, v in flags.items() if v is not None})
+    )
     if args.offload_bias is not None:
         point = config.operating_points[config.default_model]
         config.operating_points[config.default_model] = replace(point, offload_bias=float(args.offload_bias))
     if args.context_slm is not None or args.context_llm is not None:
         ctx = config.context
-        config.context = ContextLimits(slm=args.context_slm if args.context_slm is not None else ctx.slm,
-                                       llm=args.context_llm if args.context_llm is not None else ctx.llm)
+        config.context = ContextLimits(
+            slm=args.context_slm if args.context_slm is not None else ctx.slm,
+            llm=args.context_llm if args.context_llm is not None else ctx.llm,
+        )
     if args.max_tokens is not None:
         lim = config.limits
-        config.limits = Limits(max_body_bytes=lim.max_body_bytes, max_tokens=args.max_tokens,
-                               default_max_tokens=min(lim.default_max_tokens, args.max_tokens),
-                               max_concurrency=lim.max_concurrency)  # fmt: skip
+        config.limits = Limits(
+            max_body_bytes=lim.max_body_bytes,
+            max_tokens=args.max_tokens,
+            default_max_tokens=min(lim.default_max_tokens, args.max_tokens),
+            max_concurrency=lim.max_concurrency,
+        )
     return config
 
 
@@ -128,9 +182,12 @@ def run(args: argparse.Namespace) -> int:
     if app.state.base_engine is not None:
         print(f"pyrodash serve: base SLM {app.state.base_engine.slm.name} answers mode 'slm'", flush=True)
     auth = "on" if app.state.api_key else "off"
-    print(f"pyrodash serve: http://{config.host}:{config.port}/v1  models={list(config.operating_points)}  "
-          f"auth={auth}  cors={config.cors_origins or 'off'}  workers={args.workers}"
-          + (f"  traces={args.otlp_endpoint}" if tracing else ""), flush=True)  # fmt: skip
+    print(
+        f"pyrodash serve: http://{config.host}:{config.port}/v1  models={list(config.operating_points)}  "
+        f"auth={auth}  cors={config.cors_origins or 'off'}  workers={args.workers}"
+        + (f"  traces={args.otlp_endpoint}" if tracing else ""),
+        flush=True,
+    )
     if args.workers > 1:  # the checks above passed: each worker builds its own engine (and tracing)
         import asyncio
 
@@ -138,6 +195,7 @@ def run(args: argparse.Namespace) -> int:
         if tracing is not None:
             tracing.shutdown()
         return _run_workers(args, config)
+
     class Server(uvicorn.Server):
         """uvicorn re-raises SIGINT/SIGTERM once its graceful shutdown is done; a server stopped on purpose
         exits 0 instead (service managers read anything else as a crash)."""
@@ -146,10 +204,16 @@ def run(args: argparse.Namespace) -> int:
             super().handle_exit(sig, frame)
             getattr(self, "_captured_signals", []).clear()
 
-    server = Server(uvicorn.Config(
-        app, host=config.host, port=config.port, log_level=config.log_level,
-        timeout_graceful_shutdown=args.graceful_timeout, lifespan="on",
-    ))  # fmt: skip
+    server = Server(
+        uvicorn.Config(
+            app,
+            host=config.host,
+            port=config.port,
+            log_level=config.log_level,
+            timeout_graceful_shutdown=args.graceful_timeout,
+            lifespan="on",
+        )
+    )
     try:
         server.run()
     finally:
@@ -177,7 +241,6 @@ def _run_workers(args: argparse.Namespace, config) -> int:
 
     import uvicorn
 
-
     made = None
     if os.environ.get(MULTIPROC_ENV):
         metrics_dir = Path(os.environ[MULTIPROC_ENV])
@@ -192,9 +255,16 @@ def _run_workers(args: argparse.Namespace, config) -> int:
         pickle.dump({"config": config, "otlp_endpoint": args.otlp_endpoint}, f)
     os.environ[WORKER_CONFIG_ENV] = spec
     try:
-        uvicorn.run("pyrodash.server.app:worker_app", factory=True, workers=args.workers, host=config.host,
-                    port=config.port, log_level=config.log_level, timeout_graceful_shutdown=args.graceful_timeout,
-                    lifespan="on")  # fmt: skip
+        uvicorn.run(
+            "pyrodash.server.app:worker_app",
+            factory=True,
+            workers=args.workers,
+            host=config.host,
+            port=config.port,
+            log_level=config.log_level,
+            timeout_graceful_shutdown=args.graceful_timeout,
+            lifespan="on",
+        )
     finally:
         os.unlink(spec)
         if made is not None:

@@ -1,7 +1,7 @@
 """`pyrodash serve-model PATH`: one local transformers model behind an OpenAI-compatible API (vLLM-style extras).
 
-    pyrodash serve-model worlds/w/llm --host 127.0.0.1 --port 8001
-    curl http://127.0.0.1:8001/v1/models
+pyrodash serve-model worlds/w/llm --host 127.0.0.1 --port 8001
+curl http://127.0.0.1:8001/v1/models
 """
 
 from __future__ import annotations

@@ -16,14 +16,14 @@ import json
 from pathlib import Path
 
 from pyrodash.backends.endpoint import add_llm_mode_argument, with_mode
-from pyrodash.commands.world import build_recipe_world
-from pyrodash.library_log import library_log
+from pyrodash.jobs.library_log import library_log
 from pyrodash.train import distributed as dist
 from pyrodash.train.config import load_recipe
 from pyrodash.train.plan import print_plan
 from pyrodash.train.stage1 import run_stage1
 from pyrodash.train.stage2 import run_stage2
 from pyrodash.train.stage3 import run_stage3, run_sweep
+from pyrodash.world.build import build_named_world
 
 
 def _lambdas(text: str) -> list[float]:
@@ -40,8 +40,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("stage", choices=["stage1", "stage2", "stage3"])
     p.add_argument("--config", required=True, help="YAML recipe (configs/world/*.yaml, configs/paper/*.yaml)")
     p.add_argument("--output-dir", required=True, help="run directory (DIR/curated, DIR/stage1, ...)")
-    p.add_argument("--from", dest="source", default=None,
-                   help="checkpoint to start from instead of DIR's previous stage (stage1: the base SLM)")
+    p.add_argument(
+        "--from",
+        dest="source",
+        default=None,
+        help="checkpoint to start from instead of DIR's previous stage (stage1: the base SLM)",
+    )
     p.add_argument("--lambda", dest="lam", type=float, default=None, help="stage3: λ (default: the recipe's)")
     p.add_argument("--lambdas", type=_lambdas, default=None, help="stage3: a sweep, e.g. 0.05,0.1,0.3,0.6")
     p.add_argument("--resume", action="store_true", help="stage3: resume from the last checkpoint in DIR")
@@ -66,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     log = Path(args.output_dir) / "train.log"
     with library_log(log, lazy=True):
         with dist.main_first():  # one rank builds a missing world (training only resolves it); the others then find it
-            build_recipe_world(recipe)
+            build_named_world(recipe.world_dir(), recipe.world)
         show = dist.is_main()
         if args.stage == "stage1":
             out = run_stage1(recipe, args.output_dir, base=args.source)

@@ -12,29 +12,35 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pyrodash.world.build import build_world, read_world_info, world_warnings
 from pyrodash.world.shipped import models_source
 
 if TYPE_CHECKING:  # the recipe's module imports TRL: not at `pyrodash world`'s start
-    from pyrodash.train.config import Recipe
+    pass
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="world_command", metavar="ACTION", required=True)
     b = sub.add_parser("build", help="build (or reuse a cached build of) the world")
-    b.add_argument("--out", default=None, help="output directory (default: $PYRODASH_CACHE/worlds/<preset>-seed<N>-"
-                                               "<hash>)")
-    b.add_argument("--quick", action="store_true",
-                   help="the small CI preset (smaller splits, the same models: seconds for seed 0, whose models ship "
-                        "with PyroDash; about 3 minutes from scratch)")
+    b.add_argument(
+        "--out", default=None, help="output directory (default: $PYRODASH_CACHE/worlds/<preset>-seed<N>-<hash>)"
+    )
+    b.add_argument(
+        "--quick",
+        action="store_true",
+        help="the small CI preset (smaller splits, the same models: seconds for seed 0, whose models ship "
+        "with PyroDash; about 3 minutes from scratch)",
+    )
     b.add_argument("--seed", type=int, default=0, help="world seed: table, splits, training order")
     b.add_argument("--force", action="store_true", help="rebuild even if OUT already holds this world")
-    b.add_argument("--from-scratch", action="store_true",
-                   help="pretrain the two models here (~3 minutes on 2 cores) instead of copying the base models that "
-                        "ship with PyroDash or those of a cached world with the same models")
+    b.add_argument(
+        "--from-scratch",
+        action="store_true",
+        help="pretrain the two models here (~3 minutes on 2 cores) instead of copying the base models that "
+        "ship with PyroDash or those of a cached world with the same models",
+    )
     i = sub.add_parser("info", help="print a built world's accuracies")
     i.add_argument("dir", help="a world directory made by `pyrodash world build`")
     i.add_argument("--json", action="store_true", help="print world.json as it is")
@@ -46,8 +52,9 @@ def print_info(info: dict, world_dir: str) -> None:
 
     acc = info["accuracy"]
     splits = [s for s in acc["slm"] if s != "mean"]
-    table = Table(title=f"world {world_dir}  (preset {info['config']['preset']}, seed {info['seed']}, "
-                        f"hash {info['config_hash']})")
+    table = Table(
+        title=f"world {world_dir}  (preset {info['config']['preset']}, seed {info['seed']}, hash {info['config_hash']})"
+    )
     table.add_column("model")
     for s in [*splits, "mean"]:
         table.add_column(f"{s}\n({info['tiers'].get(s, 'mix')})" if s in info["tiers"] else s, justify="right")
@@ -57,12 +64,16 @@ def print_info(info: dict, world_dir: str) -> None:
     console = Console()
     console.print(table)
     d = info["slm_accuracy_by_difficulty"]
-    console.print(f"SLM on problems without / with an untaught lookup: {d['no_hard_step']:.1%} "
-                  f"(n={d['n_no_hard_step']}) / {d['has_hard_step']:.1%} (n={d['n_has_hard_step']})")
+    console.print(
+        f"SLM on problems without / with an untaught lookup: {d['no_hard_step']:.1%} "
+        f"(n={d['n_no_hard_step']}) / {d['has_hard_step']:.1%} (n={d['n_has_hard_step']})"
+    )
     console.print(f"LLM continuing a gold prefix cut at a random step boundary (with P_l): {info['llm_continue']:.1%}")
     fw = info["first_wrong_step"]
-    console.print(f"SLM's first wrong step on failed hard problems (n={fw['n']}): by index {fw['step_index']}, "
-                  f"relative to the first untaught lookup {fw['relative_to_first_hard']}")
+    console.print(
+        f"SLM's first wrong step on failed hard problems (n={fw['n']}): by index {fw['step_index']}, "
+        f"relative to the first untaught lookup {fw['relative_to_first_hard']}"
+    )
     console.print(f"build: {info['build_seconds']:.0f} s {info['timings']}")
     if info.get("models_from"):
         console.print(f"models: {models_source(info)}; `pyrodash world build --from-scratch` trains them here")
@@ -70,25 +81,14 @@ def print_info(info: dict, world_dir: str) -> None:
         console.print(f"[bold yellow]warning:[/] {w}")
 
 
-def build_recipe_world(recipe: Recipe) -> Path | None:
-    """The recipe's world directory, built when missing (cached: a built world is reused); None for a recipe
-    without `world:`."""
-    wdir = recipe.world_dir()
-    if wdir is None:
-        return None
-    w = recipe.world or {}
-    if (wdir / "world.json").exists() and w.get("dir"):
-        return wdir  # a named, built world is used as it is (whatever preset built it)
-    return build_world(wdir, quick=bool(w.get("quick", False)), seed=int(w.get("seed", 0)))
-
-
 def run(args: argparse.Namespace) -> int:
     if args.world_command == "build":
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()  # no "Writing model shards" bars between ours
-        world_dir = build_world(args.out, quick=args.quick, seed=args.seed, force=args.force,
-                                from_scratch=args.from_scratch)
+        world_dir = build_world(
+            args.out, quick=args.quick, seed=args.seed, force=args.force, from_scratch=args.from_scratch
+        )
         print_info(read_world_info(world_dir), str(world_dir))
         print(world_dir)
         return 0

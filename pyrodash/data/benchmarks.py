@@ -22,7 +22,7 @@ A conversation benchmark (examples with `meta["conversation"]`, one per turn, e.
 by whole conversations (`subsample_examples`): at most `limit` turns, never a conversation cut short.
 
 Own-history conversations: `<name>-self` (e.g. `world:multiturn-self`) loads `<name>` and renames its benchmark,
-ids kept; `pyrodash.evaluate` then answers each turn after the method's OWN earlier answers instead of the gold
+ids kept; `pyrodash.eval.harness` then answers each turn after the method's OWN earlier answers instead of the gold
 history (`meta["history"]`). Only conversation benchmarks (`meta.conversation` and `meta.turn`) take the suffix.
 Questions are stored bare; evaluation puts them to models with `pyrodash.prompts.get_prompts(...).question()`.
 """
@@ -241,7 +241,7 @@ SELF_SUFFIX = "-self"
 
 
 def own_history_benchmark(name: str) -> bool:
-    """Whether `name` is an own-history conversation benchmark (`<conversations>-self`): `pyrodash.evaluate` answers
+    """Whether `name` is an own-history conversation benchmark (`<conversations>-self`): `pyrodash.eval.harness` answers
     its turns after the method's own earlier answers."""
     return name.endswith(SELF_SUFFIX) and len(name) > len(SELF_SUFFIX)
 
@@ -250,9 +250,11 @@ def _load_self(name: str, path: str | Path | None, limit: int | None, seed: int 
     base = name[: -len(SELF_SUFFIX)]
     exs = load_benchmark(base, path=path, limit=limit, seed=seed)
     if not all("conversation" in (ex.meta or {}) and "turn" in (ex.meta or {}) for ex in exs):
-        raise ValueError(f"benchmark {name!r}: {base!r} is not a conversation benchmark (every example needs "
-                         "meta.conversation and meta.turn, as world:multiturn has); '-self' answers each turn after "
-                         "the method's own earlier turns")
+        raise ValueError(
+            f"benchmark {name!r}: {base!r} is not a conversation benchmark (every example needs "
+            "meta.conversation and meta.turn, as world:multiturn has); '-self' answers each turn after "
+            "the method's own earlier turns"
+        )
     return [replace(ex, benchmark=name, meta=dict(ex.meta)) for ex in exs]
 
 
@@ -272,8 +274,9 @@ def load_world_split(world_dir: str | Path, split: str) -> list[Example]:
     path = data / f"{split}.jsonl"
     if not path.is_file():
         if not data.is_dir():
-            raise FileNotFoundError(f"{world_dir} is not a built world (no data/); run `pyrodash world build --out "
-                                    f"{world_dir}`")
+            raise FileNotFoundError(
+                f"{world_dir} is not a built world (no data/); run `pyrodash world build --out {world_dir}`"
+            )
         splits = sorted(p.stem for p in data.glob("*.jsonl"))
         raise ValueError(f"unknown world split {split!r}; choose one of {splits}")
     with path.open() as f:

@@ -5,5 +5,14 @@ from pyrodash.engine.core import CollaborateEngine, EngineError
 from pyrodash.engine.requests import FailurePolicy, check_share, handoff_admitted, handoff_request, slm_chat
 from pyrodash.engine.turn import MODES, Turn
 
-__all__ = ["MODES", "CollaborateEngine", "EngineError", "FailurePolicy", "Turn", "check_share", "handoff_admitted",
-           "handoff_request", "slm_chat"]
+__all__ = [
+    "MODES",
+    "CollaborateEngine",
+    "EngineError",
+    "FailurePolicy",
+    "Turn",
+    "check_share",
+    "handoff_admitted",
+    "handoff_request",
+    "slm_chat",
+]

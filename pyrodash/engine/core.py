@@ -27,7 +27,7 @@ everything already streamed (O_s plus any LLM text that arrived), so no text is 
 `on_error="raise"`: the stream raises `EngineError`, whose `.done` is the final record (finish_reason "error",
 usage of every attempt, the error messages). `Usage.llm_calls` counts the LLM attempts that reached the server.
 
-Conversations (`pyrodash.conversation`): a list of messages is one user turn with its history; `<offload>` is
+Conversations (`pyrodash.engine.conversation`): a list of messages is one user turn with its history; `<offload>` is
 stripped from every earlier message, each model's request is trimmed to its context window (oldest earlier turns first,
 `Done.trimmed`), and `Done.turn` / `Done.segments` say which turn this is and who wrote what in it. An LLM that is
 several endpoints (`pyrodash.backends.mesh`) reports one entry per upstream call on its last chunk; each is billed
@@ -56,10 +56,10 @@ from collections.abc import AsyncIterator, Awaitable
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from pyrodash import conversation as conv
 from pyrodash.backends.base import Backend, GenChunk, GenRequest, GenResult, Tokenized
 from pyrodash.backends.deadline import LazyDeadline
 from pyrodash.cost import Prices, Usage
+from pyrodash.engine import conversation as conv
 from pyrodash.engine.requests import (
     BAN,
     FailurePolicy,
@@ -148,9 +148,14 @@ _UNCANCEL = hasattr(asyncio, "timeout")  # Python >= 3.11 (Task.uncancel, cancel
 
 def _final_chunk(r: GenResult) -> GenChunk:
     """A finished generation's last chunk (what a stream ends with)."""
-    return GenChunk(finish_reason=r.finish_reason, stop_token_id=r.stop_token_id, prompt_tokens=r.prompt_tokens,
-                    completion_tokens=r.completion_tokens, cached_tokens=getattr(r, "cached_tokens", None) or None,
-                    usage_estimated=getattr(r, "usage_estimated", False))
+    return GenChunk(
+        finish_reason=r.finish_reason,
+        stop_token_id=r.stop_token_id,
+        prompt_tokens=r.prompt_tokens,
+        completion_tokens=r.completion_tokens,
+        cached_tokens=getattr(r, "cached_tokens", None) or None,
+        usage_estimated=getattr(r, "usage_estimated", False),
+    )
 
 
 @contextlib.contextmanager
@@ -227,15 +232,22 @@ class CollaborateEngine:
         return conv.clean_history(question)
 
     def _fit(self, side: str, req: GenRequest, seen: list[Fitted] | None = None) -> Fitted:
-        """Trim `req.messages` (in place) to `side`'s context window by the rule of pyrodash.conversation; returns
+        """Trim `req.messages` (in place) to `side`'s context window by the rule of
+        pyrodash.engine.conversation; returns
         what it found (`Fitted`: messages dropped, the prompt's size, and for an in-process model the rendered
         prompt and, when it had to be counted, its token ids, so neither the server's context check nor the backend
         renders or tokenizes it again). `seen`: the prompts this request rendered already (`Turn.seen`): a request
         fitted before (the same model, messages and prefix) shares its candidates (`Fitted.candidates`: each message
         list rendered and tokenized once per request), and this one is added."""
         backend, limit = (self.slm if side == "slm" else self.llm), getattr(self.context, side)
-        fit = Fitted(budget=req.max_tokens, limit=limit, backend=backend, prefix=req.prefix, asked=req.messages,
-                     raw=callable(getattr(type(backend), "render", None)))
+        fit = Fitted(
+            budget=req.max_tokens,
+            limit=limit,
+            backend=backend,
+            prefix=req.prefix,
+            asked=req.messages,
+            raw=callable(getattr(type(backend), "render", None)),
+        )
         if limit is None:  # nothing to fit to (the server's check may have rendered this prompt: sent as it is)
             known = next((f for f in seen or () if f.same_prompt(backend, req)), None)
             if known is not None:
@@ -305,8 +317,9 @@ class CollaborateEngine:
         """The single handoff request (Line 6) in the style in use (`llm_style`), trimmed to the LLM's window."""
         return self.llm_request_fitted(messages, partial, max_tokens, sampling)[0]
 
-    def llm_request_fitted(self, messages: list[dict], partial: str, max_tokens: int, sampling: dict,
-                           seen: list[Fitted] | None = None) -> tuple[GenRequest, Fitted]:
+    def llm_request_fitted(
+        self, messages: list[dict], partial: str, max_tokens: int, sampling: dict, seen: list[Fitted] | None = None
+    ) -> tuple[GenRequest, Fitted]:
         """(`llm_request`, how it was fitted to the LLM's context window: messages dropped, the prompt's size).
         `seen`: the prompts the request rendered already (`Turn.seen`), see `_fit`."""
         req = handoff_request(self.prompts, self.llm_style, messages, partial, max_tokens, sampling)
@@ -316,18 +329,44 @@ class CollaborateEngine:
         """A request's handoff share: the one asked for (checked), else the engine's."""
         return self.handoff_share if handoff_share is None else check_share(handoff_share)
 
-    def slm_request(self, question: str | list[dict], offload_bias: float | None = None, max_tokens: int | None = None,
-                    temperature: float | None = None, top_p: float | None = None, seed: int | None = None,
-                    stop: list[str] | None = None, handoff_share: float | None = None) -> GenRequest:
+    def slm_request(
+        self,
+        question: str | list[dict],
+        offload_bias: float | None = None,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        seed: int | None = None,
+        stop: list[str] | None = None,
+        handoff_share: float | None = None,
+    ) -> GenRequest:
         """The SLM's request (Lines 1-2): P_s + the query, `<offload>` as a stop id with `offload_bias` on it
         (banned when the request is outside `handoff_share`, default the engine's)."""
-        return self.turn(question, offload_bias=offload_bias, max_tokens=max_tokens, temperature=temperature,
-                         top_p=top_p, seed=seed, stop=stop, handoff_share=handoff_share).req
+        return self.turn(
+            question,
+            offload_bias=offload_bias,
+            max_tokens=max_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            seed=seed,
+            stop=stop,
+            handoff_share=handoff_share,
+        ).req
 
-    def turn(self, question: str | list[dict], mode: str = "collab", offload_bias: float | None = None,
-             max_tokens: int | None = None, temperature: float | None = None, top_p: float | None = None,
-             seed: int | None = None, stop: list[str] | None = None, max_total_tokens: int | None = None,
-             handoff_share: float | None = None, fitted: Turn | None = None) -> Turn:
+    def turn(
+        self,
+        question: str | list[dict],
+        mode: str = "collab",
+        offload_bias: float | None = None,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        seed: int | None = None,
+        stop: list[str] | None = None,
+        max_total_tokens: int | None = None,
+        handoff_share: float | None = None,
+        fitted: Turn | None = None,
+    ) -> Turn:
         """A request's `Turn`: its messages, the first model's request, budgets and knobs. Mode "collab" runs
         Algorithm 1; "slm" / "llm" is one model answering alone (the conversation as given, no system prompt added,
         `<offload>` banned where the SLM has it, as the `slm` / `llm` baselines of `pyrodash eval` do).
@@ -351,29 +390,50 @@ class CollaborateEngine:
             b = bias if admitted else BAN
             msgs = slm_chat(self.prompts, messages)
             oid = [] if self.offload_id is None else [self.offload_id]
-            req = GenRequest(messages=msgs, max_tokens=first, stop_token_ids=oid,
-                             logit_bias={self.offload_id: b} if b and oid else {}, **sampling)
+            req = GenRequest(
+                messages=msgs,
+                max_tokens=first,
+                stop_token_ids=oid,
+                logit_bias={self.offload_id: b} if b and oid else {},
+                **sampling,
+            )
             side = "slm"
         else:
             admitted, msgs = True, list(messages)
-            req = GenRequest(messages=msgs, max_tokens=first, logit_bias=dict(ban) if mode == "slm" else {},
-                             **sampling)
+            req = GenRequest(messages=msgs, max_tokens=first, logit_bias=dict(ban) if mode == "slm" else {}, **sampling)
             side = mode
         prev = fitted.fit if fitted is not None else None
-        if (prev is not None and fitted.mode == mode and prev.budget == req.max_tokens and prev.limit == getattr(
-                self.context, "slm" if side == "slm" else "llm") and prev.backend is (self.slm if side == "slm" else
-                self.llm) and fitted.req.prefix == req.prefix and fitted.messages == messages):
+        if (
+            prev is not None
+            and fitted.mode == mode
+            and prev.budget == req.max_tokens
+            and prev.limit == getattr(self.context, "slm" if side == "slm" else "llm")
+            and prev.backend is (self.slm if side == "slm" else self.llm)
+            and fitted.req.prefix == req.prefix
+            and fitted.messages == messages
+        ):
             req.messages, fit = fitted.req.messages, prev  # the same request fitted the same way: no second render
         else:
             fit = self._fit(side, req, fitted.seen if fitted is not None else None)
         llm_max = per_model if self.llm_max_tokens is None or max_tokens is not None else self.llm_max_tokens
         if mode == "llm":
             req.max_tokens = llm_max if total is None else min(llm_max, total)
-        return Turn(mode=mode, messages=messages, req=req, per_model=per_model, llm_max=llm_max, total=total,
-                    bias=bias, share=share, admitted=admitted, number=conv.turn_number(messages),
-                    sampling={k: getattr(req, k) for k in ("seed", "stop", "temperature", "top_p")},
-                    trimmed={"slm": 0, "llm": 0} | {side: len(msgs) - len(req.messages)}, fit=fit,
-                    seen=fitted.seen if fitted is not None else [fit])
+        return Turn(
+            mode=mode,
+            messages=messages,
+            req=req,
+            per_model=per_model,
+            llm_max=llm_max,
+            total=total,
+            bias=bias,
+            share=share,
+            admitted=admitted,
+            number=conv.turn_number(messages),
+            sampling={k: getattr(req, k) for k in ("seed", "stop", "temperature", "top_p")},
+            trimmed={"slm": 0, "llm": 0} | {side: len(msgs) - len(req.messages)},
+            fit=fit,
+            seen=fitted.seen if fitted is not None else [fit],
+        )
 
     # ---- the steps of Algorithm 1, shared by both drivers ---------------------------------------------------
     def _slm_finished(self, t: Turn, text: str, final: GenChunk, seen: int) -> bool:
@@ -386,7 +446,8 @@ class CollaborateEngine:
         t.estimated = t.estimated or final.usage_estimated
         t.usage += Usage(slm_in=final.prompt_tokens or 0, slm_out=slm_out)
         offload = final.finish_reason == "offload" or (
-            self.offload_id is not None and final.stop_token_id == self.offload_id)
+            self.offload_id is not None and final.stop_token_id == self.offload_id
+        )
         if t.mode == "slm" or not offload:
             t.slm_text, t.finish = text, final.finish_reason or "length"  # Line 11: the SLM answered alone
             return False
@@ -407,9 +468,18 @@ class CollaborateEngine:
         entry for this backend, billed at the engine's price sheet."""
         if got.endpoints:
             return [dict(e) for e in got.endpoints]
-        return [{"endpoint": getattr(self.llm, "name", "llm"), "calls": reached, "llm_in": got.prompt_tokens or 0,
-                 "llm_out": got.completion_tokens or 0, "llm_cached_in": got.cached_tokens or 0, "text": text,
-                 "prices": None, "error": error}]  # fmt: skip
+        return [
+            {
+                "endpoint": getattr(self.llm, "name", "llm"),
+                "calls": reached,
+                "llm_in": got.prompt_tokens or 0,
+                "llm_out": got.completion_tokens or 0,
+                "llm_cached_in": got.cached_tokens or 0,
+                "text": text,
+                "prices": None,
+                "error": error,
+            }
+        ]
 
     async def _llm_phase(self, t: Turn, early: _EarlyCall | None = None) -> AsyncIterator[LLMDelta]:
         """Lines 6-7: the one LLM call, under the failure policy (retries continue from what already arrived, so no
@@ -455,11 +525,17 @@ class CollaborateEngine:
                     got = rep
                 if got.completion_tokens is None and streamed:
                     t.estimated = True  # the stream broke before the server reported usage: chunks counted
-                    got = GenChunk(prompt_tokens=got.prompt_tokens or self._prompt_tokens(self.llm, lreq),
-                                   completion_tokens=streamed, cached_tokens=got.cached_tokens,
-                                   endpoints=got.endpoints)
-                msg = (f"attempt {attempt + 1}: {type(e).__name__}: {e}" if str(e)
-                       else f"attempt {attempt + 1}: {type(e).__name__} (no chunk within {pol.timeout_s}s)")
+                    got = GenChunk(
+                        prompt_tokens=got.prompt_tokens or self._prompt_tokens(self.llm, lreq),
+                        completion_tokens=streamed,
+                        cached_tokens=got.cached_tokens,
+                        endpoints=got.endpoints,
+                    )
+                msg = (
+                    f"attempt {attempt + 1}: {type(e).__name__}: {e}"
+                    if str(e)
+                    else f"attempt {attempt + 1}: {type(e).__name__} (no chunk within {pol.timeout_s}s)"
+                )
                 t.errors.append(msg)
                 t.bill_llm(got, self._calls(got, attempt_text, reached, msg), reached)
                 if not getattr(e, "retryable", True):  # a client error: the same request fails the same way
@@ -484,8 +560,13 @@ class CollaborateEngine:
         if left <= 0:  # nothing left of the joint budget to finish with
             t.finish = "length"
             return
-        freq = GenRequest(messages=t.req.messages, prefix=t.slm_text + t.llm_text, max_tokens=left,
-                          logit_bias={self.offload_id: BAN}, **t.sampling)
+        freq = GenRequest(
+            messages=t.req.messages,
+            prefix=t.slm_text + t.llm_text,
+            max_tokens=left,
+            logit_bias={self.offload_id: BAN},
+            **t.sampling,
+        )
         fin = GenChunk()
         async with contextlib.aclosing(self.slm.stream(freq)) as it:
             async for ch in it:
@@ -508,8 +589,9 @@ class CollaborateEngine:
         return None
 
     # ---- driver 1: one request, events as they come (the server, `pyrodash generate`) ------------------------
-    async def stream(self, question: str | list[dict], mode: str = "collab", turn: Turn | None = None,
-                     **options) -> AsyncIterator[Event]:
+    async def stream(
+        self, question: str | list[dict], mode: str = "collab", turn: Turn | None = None, **options
+    ) -> AsyncIterator[Event]:
         """Algorithm 1 for one request as typed events: SLMDelta* [Handoff LLMDelta* SLMDelta*] Done. `options`:
         offload_bias, max_tokens, temperature, top_p, seed, stop, max_total_tokens, handoff_share (see `turn`).
         `turn`: the request's Turn as `turn(question, mode, **options)` built it already (the server builds one for
@@ -564,8 +646,13 @@ class CollaborateEngine:
                     # (`seen` counts every streamed id, the <offload> stop's own chunk included, as slm_out does)
                     b, total = t.llm_max, t.total
                     left_now = b if total is None else min(b, total - seen) if counted else 0
-                    if (early_call and not early and t.mode == "collab" and ch.stop_token_id == self.offload_id
-                            and left_now > 0):
+                    if (
+                        early_call
+                        and not early
+                        and t.mode == "collab"
+                        and ch.stop_token_id == self.offload_id
+                        and left_now > 0
+                    ):
                         ereq, fit = self.llm_request_fitted(t.messages, pack(text), left_now, t.sampling, t.seen)
                         t.trimmed["llm"] = max(t.trimmed["llm"], fit.dropped)
                         early = True
@@ -574,9 +661,17 @@ class CollaborateEngine:
         self._slm_finished(t, text, final, seen)
 
     # ---- driver 2: many requests, batched generation where the backend can (eval, training, calibration) ----
-    async def abatch(self, questions: list, mode: str = "collab", options: list[dict] | None = None,
-                     slm_results: list[GenResult | None] | None = None, batch_size: int = 16,
-                     concurrency: int = 8, stop_at_handoff: bool = False, desc: str | None = None) -> list[Done]:
+    async def abatch(
+        self,
+        questions: list,
+        mode: str = "collab",
+        options: list[dict] | None = None,
+        slm_results: list[GenResult | None] | None = None,
+        batch_size: int = 16,
+        concurrency: int = 8,
+        stop_at_handoff: bool = False,
+        desc: str | None = None,
+    ) -> list[Done]:
         """Algorithm 1 for many requests, one `Done` each (in order), equal to what `stream` gives for each. The SLM
         and the LLM decode in left-padded batches when the backend runs in process (`generate_batch`), else as
         `concurrency` streams at a time. `options[i]`: request i's options (see `turn`). `slm_results[i]`: an SLM
@@ -603,7 +698,7 @@ class CollaborateEngine:
                 given = list(given)
                 with _progress(desc, "SLM", len(todo)) as step:
                     for k in range(0, len(todo), batch_size):
-                        part = todo[k:k + batch_size]
+                        part = todo[k : k + batch_size]
                         reqs = [turns[i].fit.wire(turns[i].req) for i in part]
                         for i, r in zip(part, self.slm.generate_batch(reqs), strict=True):
                             given[i] = r
@@ -621,8 +716,8 @@ class CollaborateEngine:
         if hasattr(self.llm, "generate_batch"):
             with _progress(desc, "LLM", len(need)) as step:
                 for k in range(0, len(need), batch_size):
-                    await self._llm_batch(need[k:k + batch_size], batch_size)
-                    step(len(need[k:k + batch_size]))
+                    await self._llm_batch(need[k : k + batch_size], batch_size)
+                    step(len(need[k : k + batch_size]))
         else:
             await asyncio.gather(*(limited(_drain(self._llm_phase(t))) for t in need))
         for t in need:

@@ -9,8 +9,8 @@ import hashlib
 import json
 from dataclasses import dataclass
 
-from pyrodash import conversation as conv
 from pyrodash.backends.base import GenRequest
+from pyrodash.engine import conversation as conv
 from pyrodash.prompts import Prompts
 
 BAN = float("-inf")
@@ -65,8 +65,7 @@ def slm_chat(prompts: Prompts, messages: list[dict]) -> list[dict]:
     return with_system(prompts.offload_system, conv.clean_history(messages))
 
 
-def sampling_fields(temperature: float | None, top_p: float | None, seed: int | None,
-                    stop: list[str] | None) -> dict:
+def sampling_fields(temperature: float | None, top_p: float | None, seed: int | None, stop: list[str] | None) -> dict:
     """The sampling fields of a `GenRequest` from a caller's options (unset temperature/top_p: the backend default)."""
     sampling: dict = {"seed": seed, "stop": list(stop or [])}
     if temperature is not None:

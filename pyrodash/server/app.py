@@ -47,12 +47,12 @@ from pyrodash.backends.probe import reachability as _probe
 from pyrodash.engine import CollaborateEngine, FailurePolicy
 from pyrodash.events import Done, Handoff, LLMDelta, SLMDelta
 from pyrodash.prompts import get_prompts
-from pyrodash.server import budget as B
 from pyrodash.server import errors as E
 from pyrodash.server import metrics as M
 from pyrodash.server import modes, playground, tracing
 from pyrodash.server import protocol as P
 from pyrodash.server import validation as V
+from pyrodash.server.budget import budgets as B
 from pyrodash.server.config import ServeConfig
 from pyrodash.server.metrics import Metrics
 from pyrodash.server.runs import ChunkWriter, EngineRun, RequestClock
@@ -68,11 +68,16 @@ def build_engine(config: ServeConfig):
     # one endpoint (probed: its continuation mode detected / verified), or several behind one handoff (a mesh)
     llm = load_llm(config.llm, config.llm_mode)
     return CollaborateEngine(
-        slm, llm, get_prompts(config.prompts), config.load_prices(), handoff_style=config.handoff_style,
+        slm,
+        llm,
+        get_prompts(config.prompts),
+        config.load_prices(),
+        handoff_style=config.handoff_style,
         offload_bias=config.operating_points[config.default_model].offload_bias,
         max_tokens=config.limits.default_max_tokens,
-        failure=FailurePolicy(**asdict(config.failure)), context=config.context,
-    )  # fmt: skip
+        failure=FailurePolicy(**asdict(config.failure)),
+        context=config.context,
+    )
 
 
 def build_base_engine(config: ServeConfig, engine) -> CollaborateEngine | None:
@@ -81,10 +86,16 @@ def build_base_engine(config: ServeConfig, engine) -> CollaborateEngine | None:
     if config.base_slm is None:
         return None
     return CollaborateEngine(
-        load_backend(config.base_slm), engine.llm, engine.prompts, engine.prices, handoff_style=engine.handoff_style,
-        max_tokens=config.limits.default_max_tokens, failure=engine.failure, context=config.context,
+        load_backend(config.base_slm),
+        engine.llm,
+        engine.prompts,
+        engine.prices,
+        handoff_style=engine.handoff_style,
+        max_tokens=config.limits.default_max_tokens,
+        failure=engine.failure,
+        context=config.context,
         require_offload=False,
-    )  # fmt: skip
+    )
 
 
 class SSEResponse(StreamingResponse):
@@ -174,8 +185,12 @@ SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 def _openapi_body(model: type[BaseModel]) -> dict:
-    return {"requestBody": {"required": True, "content": {"application/json": {
-        "schema": {"$ref": f"#/components/schemas/{model.__name__}"}}}}}  # fmt: skip
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{model.__name__}"}}},
+        }
+    }
 
 
 def build_app(config: ServeConfig, engine=None, base_engine=None) -> FastAPI:
@@ -210,8 +225,12 @@ def build_app(config: ServeConfig, engine=None, base_engine=None) -> FastAPI:
                 await asyncio.to_thread(app.state.tracing.flush)  # the spans not exported yet
             M.mark_process_dead()  # --workers: this worker's in-flight gauge leaves the sum
 
-    app = FastAPI(title="PyroDash", version="0.1.0", lifespan=lifespan,
-                  description="OpenAI-compatible Collaborate Engine (SLM -> LLM token-level collaboration)")
+    app = FastAPI(
+        title="PyroDash",
+        version="0.1.0",
+        lifespan=lifespan,
+        description="OpenAI-compatible Collaborate Engine (SLM -> LLM token-level collaboration)",
+    )
     app.state.config = config
     app.state.engine = engine
     app.state.base_engine = base_engine
@@ -223,8 +242,12 @@ def build_app(config: ServeConfig, engine=None, base_engine=None) -> FastAPI:
     if config.cors_origins:
         from fastapi.middleware.cors import CORSMiddleware
 
-        app.add_middleware(CORSMiddleware, allow_origins=config.cors_origins, allow_methods=["GET", "POST"],
-                           allow_headers=["Authorization", "Content-Type"])
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=config.cors_origins,
+            allow_methods=["GET", "POST"],
+            allow_headers=["Authorization", "Content-Type"],
+        )
     E.install(app)
     _install_routes(app)
     playground.install(app, dependencies=[Depends(_check_auth)])
@@ -256,8 +279,9 @@ def worker_app() -> FastAPI:
 # ---------------------------------------------------------------- errors
 
 
-def _error(status: int, message: str, type: str = "invalid_request_error", param: str | None = None,
-           code: str | None = None) -> JSONResponse:  # fmt: skip
+def _error(
+    status: int, message: str, type: str = "invalid_request_error", param: str | None = None, code: str | None = None
+) -> JSONResponse:
     return E.ErrorResponse(P.APIError(status, message, type, param, code).body(), status_code=status)
 
 
@@ -278,8 +302,12 @@ async def _check_auth(request: Request) -> None:  # async: FastAPI runs a plain 
     header = request.headers.get("authorization", "")
     scheme, _, token = header.partition(" ")
     if not header:
-        raise P.APIError(401, "Missing API key: send the header 'Authorization: Bearer <key>'.",
-                         type="authentication_error", code="missing_api_key")  # fmt: skip
+        raise P.APIError(
+            401,
+            "Missing API key: send the header 'Authorization: Bearer <key>'.",
+            type="authentication_error",
+            code="missing_api_key",
+        )
     if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
         if B.key_ok(request):  # a budget's key (budgets.keys) is an API key too
             return
@@ -330,8 +358,10 @@ async def _first_batch(request: Request, run: EngineRun) -> tuple[asyncio.Future
 def _context_counted(engine) -> bool:
     """Whether a model of `engine` counts prompt tokens against a context window (in-process models): only then has
     the context-length check (`V.check_context`, off the event loop) anything to do."""
-    return any(callable(getattr(b, "context_window", None)) and callable(getattr(b, "prompt_ids", None))
-               for b in (getattr(engine, "slm", None), getattr(engine, "llm", None)))  # fmt: skip
+    return any(
+        callable(getattr(b, "context_window", None)) and callable(getattr(b, "prompt_ids", None))
+        for b in (getattr(engine, "slm", None), getattr(engine, "llm", None))
+    )
 
 
 def _llm_only_prompt(engine, prompt, turn, solo: Done | None = None) -> tuple[int, str] | None:
@@ -346,9 +376,16 @@ def _llm_only_prompt(engine, prompt, turn, solo: Done | None = None) -> tuple[in
       tokenizer) it is counted here."""
     llm, slm = getattr(engine, "llm", None), getattr(engine, "slm", None)
     ids = getattr(llm, "prompt_ids", None)
-    if (solo is not None and not callable(ids) and solo.mode == "slm" and not solo.trimmed.get("slm")
-            and not solo.usage_estimated and solo.usage.slm_in > 0 and callable(getattr(slm, "prompt_ids", None))
-            and callable(getattr(type(slm), "render", None))):  # (its usage is its own tokenizer's count)
+    if (
+        solo is not None
+        and not callable(ids)
+        and solo.mode == "slm"
+        and not solo.trimmed.get("slm")
+        and not solo.usage_estimated
+        and solo.usage.slm_in > 0
+        and callable(getattr(slm, "prompt_ids", None))
+        and callable(getattr(type(slm), "render", None))
+    ):  # (its usage is its own tokenizer's count)
         return solo.usage.slm_in, "slm"
     if turn is not None and callable(ids):
         want = GenRequest(messages=engine.messages(prompt))
@@ -375,8 +412,11 @@ def _install_routes(app: FastAPI) -> None:
 
     async def complete(request: Request, kind: str):
         model_cls = P.ChatCompletionRequest if kind == "chat" else P.CompletionRequest
-        req = V.parse(model_cls, await V.read_json(request, config.limits.max_body_bytes),
-                      allow_unknown=config.allow_unknown_fields)  # fmt: skip
+        req = V.parse(
+            model_cls,
+            await V.read_json(request, config.limits.max_body_bytes),
+            allow_unknown=config.allow_unknown_fields,
+        )
         model, prompt, kwargs = V.engine_call(app, req, kind)
         request.state.model = model  # a validated name: the metrics' model label stays bounded
         request.state.counted = True  # from here the route (or the error handler) counts the response itself
@@ -401,11 +441,16 @@ def _install_routes(app: FastAPI) -> None:
                 return P.PyroDashInfo.from_done(done, opts.mode, answered_by=answered_by, request_id=rid)
             solo = done if answered_by == "slm" else None  # (the engine's own SLM answered alone)
             llm_only = _llm_only_prompt(engine, prompt, turn, solo) if opts.mode != "llm" else None
-            return P.PyroDashInfo.from_done(done, opts.mode, modes.cost_by_component(done.usage, prices),
-                                            modes.llm_only_estimate(done, prices, llm_only, opts.mode),
-                                            answered_by=answered_by, request_id=rid)  # fmt: skip
+            return P.PyroDashInfo.from_done(
+                done,
+                opts.mode,
+                modes.cost_by_component(done.usage, prices),
+                modes.llm_only_estimate(done, prices, llm_only, opts.mode),
+                answered_by=answered_by,
+                request_id=rid,
+            )
 
-        try:  # the request's budget sets its operating point (pyrodash.server.budget); 429 at a hard cap
+        try:  # the request's budget sets its operating point (pyrodash.server.budget.budgets); 429 at a hard cap
             kwargs, grant = await B.pace(app, request, prompt, kwargs, opts.mode)
         except B.Refused as e:
             return E.error_response(request, e, e.headers)
@@ -418,14 +463,29 @@ def _install_routes(app: FastAPI) -> None:
         trace = None
         if app.state.tracing is not None:
             trace = request.state.trace = app.state.tracing.request(
-                f"POST {route}", request.scope["headers"], clock.t0 if clock else time.perf_counter(),
+                f"POST {route}",
+                request.scope["headers"],
+                clock.t0 if clock else time.perf_counter(),
                 getattr(runner, "prices", None),
-                {"http.request.method": "POST", "http.route": route, "gen_ai.request.model": model,
-                 "gen_ai.operation.name": "chat" if kind == "chat" else "text_completion", "pyrodash.mode": opts.mode,
-                 "pyrodash.stream": bool(req.stream)})
-        run = EngineRun(B.metered(app, runner, grant), prompt, kwargs, app.state.runs, app.state.sem,
-                        on_exit=metrics.in_flight.dec, clock=clock,
-                        observe=trace.observe if trace is not None else None)  # fmt: skip
+                {
+                    "http.request.method": "POST",
+                    "http.route": route,
+                    "gen_ai.request.model": model,
+                    "gen_ai.operation.name": "chat" if kind == "chat" else "text_completion",
+                    "pyrodash.mode": opts.mode,
+                    "pyrodash.stream": bool(req.stream),
+                },
+            )
+        run = EngineRun(
+            B.metered(app, runner, grant),
+            prompt,
+            kwargs,
+            app.state.runs,
+            app.state.sem,
+            on_exit=metrics.in_flight.dec,
+            clock=clock,
+            observe=trace.observe if trace is not None else None,
+        )
         if req.stream:
             # the status line waits for the engine's first events: an error before any output is a real 4xx/5xx
             watcher, first = await _first_batch(request, run)
@@ -434,31 +494,46 @@ def _install_routes(app: FastAPI) -> None:
                 metrics.requests.inc(route=route, model=model, status="499")
                 return _error(499, "client closed request", code="client_closed")
             include = bool(req.stream_options and req.stream_options.include_usage)
-            return SSEResponse(_sse(app, run, first, kind, model, route, include, info, opts.sources), run, watcher,
-                               headers=SSE_HEADERS)
+            return SSEResponse(
+                _sse(app, run, first, kind, model, route, include, info, opts.sources),
+                run,
+                watcher,
+                headers=SSE_HEADERS,
+            )
         return await _unary(app, request, run, kind, model, route, info)
 
-    @app.post("/v1/chat/completions", dependencies=auth, response_model=P.ChatCompletion,
-              openapi_extra=_openapi_body(P.ChatCompletionRequest))
+    @app.post(
+        "/v1/chat/completions",
+        dependencies=auth,
+        response_model=P.ChatCompletion,
+        openapi_extra=_openapi_body(P.ChatCompletionRequest),
+    )
     async def chat_completions(request: Request):
         return await complete(request, "chat")
 
-    @app.post("/v1/completions", dependencies=auth, response_model=P.Completion,
-              openapi_extra=_openapi_body(P.CompletionRequest))
+    @app.post(
+        "/v1/completions",
+        dependencies=auth,
+        response_model=P.Completion,
+        openapi_extra=_openapi_body(P.CompletionRequest),
+    )
     async def completions(request: Request):
         return await complete(request, "text")
 
     @app.get("/v1/models", dependencies=auth, response_model=P.ModelList)
     async def models():
-        cards = [P.ModelCard(id=name, created=app.state.created, **asdict(point))
-                 for name, point in config.operating_points.items()]  # fmt: skip
+        cards = [
+            P.ModelCard(id=name, created=app.state.created, **asdict(point))
+            for name, point in config.operating_points.items()
+        ]
         return P.ModelList(data=cards)
 
     @app.get("/v1/models/{model_id}", dependencies=auth, response_model=P.ModelCard)
     async def model_card(model_id: str):
         if model_id not in config.operating_points:
-            raise P.APIError(404, f"The model `{model_id[:100]}` does not exist.", param="model",
-                             code="model_not_found")
+            raise P.APIError(
+                404, f"The model `{model_id[:100]}` does not exist.", param="model", code="model_not_found"
+            )
         return P.ModelCard(id=model_id, created=app.state.created, **asdict(config.operating_points[model_id]))
 
     @app.get("/health")
@@ -486,8 +561,15 @@ def _install_routes(app: FastAPI) -> None:
     app.state.created = P.now()
 
 
-async def _unary(app: FastAPI, request: Request, run: EngineRun, kind: str, model: str, route: str,
-                 info_of: Callable[[Done], P.PyroDashInfo]):
+async def _unary(
+    app: FastAPI,
+    request: Request,
+    run: EngineRun,
+    kind: str,
+    model: str,
+    route: str,
+    info_of: Callable[[Done], P.PyroDashInfo],
+):
     metrics: Metrics = app.state.metrics
     watcher = _watch(request, run)  # the client going away cancels the run: no Done then
     done: Done | None = None
@@ -507,12 +589,14 @@ async def _unary(app: FastAPI, request: Request, run: EngineRun, kind: str, mode
     info, usage = info_of(done), P.UsageInfo.from_done(done)
     if kind == "chat":
         choice = P.Choice(message=P.ResponseMessage(content=done.output), finish_reason=done.finish_reason)
-        body = P.ChatCompletion(id=P.new_id(), created=P.now(), model=model, choices=[choice], usage=usage,
-                                pyrodash=info)  # fmt: skip
+        body = P.ChatCompletion(
+            id=P.new_id(), created=P.now(), model=model, choices=[choice], usage=usage, pyrodash=info
+        )
     else:
         choice = P.CompletionChoice(text=done.output, finish_reason=done.finish_reason)
-        body = P.Completion(id=P.new_id("cmpl"), created=P.now(), model=model, choices=[choice], usage=usage,
-                            pyrodash=info)  # fmt: skip
+        body = P.Completion(
+            id=P.new_id("cmpl"), created=P.now(), model=model, choices=[choice], usage=usage, pyrodash=info
+        )
     out = body.model_dump()
     overhead = run.clock.overhead_s()
     out["pyrodash"]["overhead_ms"] = round(overhead * 1e3, 3)
@@ -520,8 +604,17 @@ async def _unary(app: FastAPI, request: Request, run: EngineRun, kind: str, mode
     return JSONResponse(out)
 
 
-async def _sse(app: FastAPI, run: EngineRun, first: list | None, kind: str, model: str, route: str,
-               include_usage: bool, info_of: Callable[[Done], P.PyroDashInfo], sources: bool = False):  # fmt: skip
+async def _sse(
+    app: FastAPI,
+    run: EngineRun,
+    first: list | None,
+    kind: str,
+    model: str,
+    route: str,
+    include_usage: bool,
+    info_of: Callable[[Done], P.PyroDashInfo],
+    sources: bool = False,
+):
     metrics: Metrics = app.state.metrics
     rid = P.new_id("chatcmpl" if kind == "chat" else "cmpl")
     w = ChunkWriter(rid, P.now(), model, kind, include_usage)
@@ -571,13 +664,13 @@ async def _sse(app: FastAPI, run: EngineRun, first: list | None, kind: str, mode
 
 _ERRORS = {
     400: "Invalid request: malformed JSON, a wrong type or value, an unsupported or unknown parameter, a message "
-         "without content, lone surrogates, or prompt + max_tokens over the context length (code "
-         "context_length_exceeded)",
+    "without content, lone surrogates, or prompt + max_tokens over the context length (code "
+    "context_length_exceeded)",
     401: "Missing or wrong API key (when the server has one)",
     404: "Unknown model",
     413: "Request body over limits.max_body_bytes",
     429: "A budget reached its hard cap (budgets: at_cap refuse, or the LLM alone asked for); Retry-After says when "
-         "its period ends",
+    "its period ends",
     499: "The client closed the request",
     502: "A model backend failed (the body names no backend address; the server log has the details)",
 }
@@ -623,8 +716,11 @@ def _install_openapi(app: FastAPI) -> None:
                         if code == 401 and not auth:
                             continue
                         responses[str(code)] = {"description": _ERRORS[code], **err}
-                    responses["405"] = {"description": "Method not allowed (the Allow header lists the methods)",
-                                        "headers": {"Allow": {"schema": {"type": "string"}}}, **err}
+                    responses["405"] = {
+                        "description": "Method not allowed (the Allow header lists the methods)",
+                        "headers": {"Allow": {"schema": {"type": "string"}}},
+                        **err,
+                    }
             for path in ("/v1/chat/completions", "/v1/completions"):
                 ok = schema["paths"][path]["post"]["responses"]["200"]
                 ok["description"] = "The completion (JSON), or with stream: true server-sent events of chunks"
@@ -633,8 +729,10 @@ def _install_openapi(app: FastAPI) -> None:
             metrics_ok = schema["paths"]["/metrics"]["get"]["responses"]["200"]
             metrics_ok["content"] = {"text/plain": {"schema": {"type": "string"}}}
             health = schema["paths"]["/health"]["get"]["responses"]
-            health["503"] = {"description": "A backend is unreachable (status: degraded)",
-                             "content": {"application/json": {"schema": {"type": "object"}}}}
+            health["503"] = {
+                "description": "A backend is unreachable (status: degraded)",
+                "content": {"application/json": {"schema": {"type": "object"}}},
+            }
             app.openapi_schema = schema
         return app.openapi_schema
 

@@ -17,7 +17,7 @@
     failure: {retries: 2, backoff_s: 0.2, timeout_s: 60, on_error: fallback}
     limits: {max_body_bytes: 1048576, max_tokens: 4096, default_max_tokens: 512, max_concurrency: 256}
     context: {slm: 32768, llm: 131072}         # context windows for trimming long chats (default: what the model
-                                               # says, in-process only; see pyrodash.conversation)
+                                               # says, in-process only; see pyrodash.engine.conversation)
     host: 127.0.0.1
     port: 8000
     api_key_env: PYRODASH_API_KEY               # bearer-token auth is on when this variable (or --api-key) is set
@@ -26,7 +26,7 @@
     cors_origins: []                            # CORS is off unless origins are listed
     budgets: {default: {usd_per_hour: 2.0, dollars: llm, cap_usd: 2.5}, redis_url: redis://127.0.0.1:6379/0}
                                                # dollar budgets held by moving the operating point (optional;
-                                               # pyrodash.server.budget_config, README "Hold a budget")
+                                               # pyrodash.server.budget.config, README "Hold a budget")
 
 A backend spec may carry `name:` (what responses and /health call it); without one the name is public by default
 (the model's name, never its URL or directory: `pyrodash.backends.loader`). With auth on, `/health` without the key
@@ -45,11 +45,11 @@ from urllib.parse import urlparse
 
 import yaml
 
-from pyrodash.conversation import ContextLimits
 from pyrodash.cost import Prices
 from pyrodash.engine import check_share
+from pyrodash.engine.conversation import ContextLimits
 from pyrodash.prompts import get_prompts
-from pyrodash.server.budget_config import BudgetsConfig
+from pyrodash.server.budget.config import BudgetsConfig
 
 ON_ERROR = ("fallback", "raise")
 
@@ -70,8 +70,9 @@ class OperatingPoint:
         if isinstance(value, dict):
             unknown = set(value) - {"offload_bias", "handoff_share"}
             if unknown:
-                raise ValueError(f"operating_points.{name}: unknown keys {sorted(unknown)}; use offload_bias and "
-                                 "handoff_share")
+                raise ValueError(
+                    f"operating_points.{name}: unknown keys {sorted(unknown)}; use offload_bias and handoff_share"
+                )
             bias, share = value.get("offload_bias", 0.0), value.get("handoff_share", 1.0)
         else:
             bias, share = value, 1.0
@@ -140,7 +141,7 @@ class ServeConfig:
     log_level: str = "info"
     metrics_public: bool = False  # GET /metrics without the key (auth on): for a scraper that cannot send one
     allow_unknown_fields: bool = False  # top-level request fields outside OpenAI's API: ignored, not a 400
-    budgets: BudgetsConfig | None = None  # dollar budgets (pyrodash.server.budget_config); YAML: a mapping
+    budgets: BudgetsConfig | None = None  # dollar budgets (pyrodash.server.budget.config); YAML: a mapping
 
     def __post_init__(self) -> None:
         if isinstance(self.failure, dict):
@@ -153,8 +154,10 @@ class ServeConfig:
                 raise ValueError(f"context: unknown keys {sorted(unknown)}; use slm and llm (tokens)")
             self.context = ContextLimits(**self.context)
         if not isinstance(self.operating_points, dict) or not self.operating_points:
-            raise ValueError("operating_points must map at least one model name to an offload_bias, e.g. "
-                             "{pyrodash: 0.0, pyrodash-half: {offload_bias: 0.0, handoff_share: 0.5}}")
+            raise ValueError(
+                "operating_points must map at least one model name to an offload_bias, e.g. "
+                "{pyrodash: 0.0, pyrodash-half: {offload_bias: 0.0, handoff_share: 0.5}}"
+            )
         self.operating_points = {str(k): OperatingPoint.parse(str(k), v) for k, v in self.operating_points.items()}
         get_prompts(self.prompts)  # raises a ValueError naming the known sets
         if not 0 < int(self.port) < 65536:
@@ -187,8 +190,10 @@ class ServeConfig:
                 continue
             if path.count("/") == 1 and not path.startswith((".", "/")):
                 continue  # a hub id such as Qwen/Qwen3.5-4B
-            raise ValueError(f"{side} model directory {path} does not exist: build or train it first, or pass "
-                             f"--{side} with a model directory, hub id or http(s)://host:port/v1#model URL")
+            raise ValueError(
+                f"{side} model directory {path} does not exist: build or train it first, or pass "
+                f"--{side} with a model directory, hub id or http(s)://host:port/v1#model URL"
+            )
 
     def private_strings(self) -> list[str]:
         """What a client must never see: the model specs' local paths (as given and resolved), endpoint URLs and

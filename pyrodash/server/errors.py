@@ -100,8 +100,12 @@ def failure(exc: BaseException) -> P.APIError:
         return P.APIError(400, P.scrub(str(exc)), code="invalid_value")
     rid = uuid.uuid4().hex[:16]
     log.error("request %s: the model backend failed: %s: %s", rid, type(exc).__name__, exc)
-    return P.APIError(502, f"The model backend failed ({type(exc).__name__}); the server log has the details under "
-                      f"request id {rid}.", type="upstream_error", code="backend_error")  # fmt: skip
+    return P.APIError(
+        502,
+        f"The model backend failed ({type(exc).__name__}); the server log has the details under request id {rid}.",
+        type="upstream_error",
+        code="backend_error",
+    )
 
 
 def install(app: FastAPI) -> None:
@@ -132,8 +136,10 @@ def install(app: FastAPI) -> None:
                 msg = f"Unknown path for {request.method}: see /docs for this API's routes."
         elif exc.status_code == 405:
             allow = (exc.headers or {}).get("Allow", "")
-            msg, code = f"Method {request.method} is not allowed here; use {allow or 'another method'}.", \
-                "method_not_allowed"
+            msg, code = (
+                f"Method {request.method} is not allowed here; use {allow or 'another method'}.",
+                "method_not_allowed",
+            )
         else:
             msg, code = str(exc.detail), None
         return error_response(request, P.APIError(exc.status_code, msg, code=code), headers=exc.headers)
@@ -142,6 +148,9 @@ def install(app: FastAPI) -> None:
     async def server_error(request: Request, exc: Exception):
         rid = uuid.uuid4().hex[:16]
         log.exception("request %s: unhandled error on %s", rid, route_label(request))
-        err = P.APIError(500, f"Internal server error ({type(exc).__name__}); the server log has the details under "
-                         f"request id {rid}.", type="server_error")  # fmt: skip
+        err = P.APIError(
+            500,
+            f"Internal server error ({type(exc).__name__}); the server log has the details under request id {rid}.",
+            type="server_error",
+        )
         return error_response(request, err)

@@ -15,7 +15,7 @@ One process (`pyrodash serve`, the default): each `Metrics` has its own `Collect
 one process count apart), and `render()` exports it followed by prometheus_client's default registry: metrics
 another module registers there (`prometheus_client.Gauge("pyrodash_budget_...", ...)`, with no `registry=`) and the
 process / GC collectors come out of the same /metrics; a module may as well register on `app.state.metrics.registry`
-(one app's registry: what `pyrodash.server.budget` does).
+(one app's registry: what `pyrodash.server.budget.budgets` does).
 
 Several processes (`pyrodash serve --workers N`): `PROMETHEUS_MULTIPROC_DIR` names a directory (set before
 prometheus_client is imported; `pyrodash serve` does it for its workers) where every metric of every worker writes its
@@ -96,8 +96,9 @@ class Gauge(_Metric):
 
 
 class Histogram(_Metric):
-    def __init__(self, name: str, help: str, labels: tuple[str, ...], registry,
-                 buckets: tuple[float, ...] = LATENCY_BUCKETS) -> None:  # fmt: skip
+    def __init__(
+        self, name: str, help: str, labels: tuple[str, ...], registry, buckets: tuple[float, ...] = LATENCY_BUCKETS
+    ) -> None:
         super().__init__(pc.Histogram, name, help, labels, registry, buckets=buckets)
 
     def observe(self, value: float, **labels: str) -> None:
@@ -113,50 +114,80 @@ class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = r = registry if registry is not None else CollectorRegistry(auto_describe=True)
         model, endpoint = ("model",), ("endpoint",)
-        self.requests = Counter("pyrodash_requests_total", "HTTP requests by route, model and status code.",
-                                ("route", "model", "status"), r)
+        self.requests = Counter(
+            "pyrodash_requests_total", "HTTP requests by route, model and status code.", ("route", "model", "status"), r
+        )
         self.in_flight = Gauge("pyrodash_requests_in_flight", "Engine requests running now.", (), r)
-        self.handoffs = Counter("pyrodash_handoffs_total", "Requests in which the SLM handed off to the LLM.",
-                                model, r)
-        self.fallbacks = Counter("pyrodash_fallbacks_total", "Requests finished by the SLM after the LLM failed.",
-                                 model, r)
-        self.llm_errors = Counter("pyrodash_llm_errors_total", "Failed LLM attempts (retried, or then a fallback).",
-                                  model, r)
-        self.outside_share = Counter("pyrodash_outside_handoff_share_total",
-                                     "Requests outside their operating point's handoff_share (the SLM answered "
-                                     "alone).", model, r)  # fmt: skip
-        self.usage_estimated = Counter("pyrodash_usage_estimated_total",
-                                       "Requests with token counts a server did not report (counted or estimated).",
-                                       model, r)  # fmt: skip
-        self.errors = Counter("pyrodash_errors_total", "Failed requests by kind (client, upstream, disconnect).",
-                              ("kind",), r)
-        self.tokens = Counter("pyrodash_tokens_total", "Tokens billed, by component (slm_in ... llm_cached_in).",
-                              ("component",), r)
+        self.handoffs = Counter("pyrodash_handoffs_total", "Requests in which the SLM handed off to the LLM.", model, r)
+        self.fallbacks = Counter(
+            "pyrodash_fallbacks_total", "Requests finished by the SLM after the LLM failed.", model, r
+        )
+        self.llm_errors = Counter(
+            "pyrodash_llm_errors_total", "Failed LLM attempts (retried, or then a fallback).", model, r
+        )
+        self.outside_share = Counter(
+            "pyrodash_outside_handoff_share_total",
+            "Requests outside their operating point's handoff_share (the SLM answered alone).",
+            model,
+            r,
+        )
+        self.usage_estimated = Counter(
+            "pyrodash_usage_estimated_total",
+            "Requests with token counts a server did not report (counted or estimated).",
+            model,
+            r,
+        )
+        self.errors = Counter(
+            "pyrodash_errors_total", "Failed requests by kind (client, upstream, disconnect).", ("kind",), r
+        )
+        self.tokens = Counter(
+            "pyrodash_tokens_total", "Tokens billed, by component (slm_in ... llm_cached_in).", ("component",), r
+        )
         self.llm_calls = Counter("pyrodash_llm_calls_total", "LLM requests made (retries included).", model, r)
-        self.cost = Counter("pyrodash_cost_usd_total", "Dollars spent, priced with the server's price sheet.",
-                            model, r)
+        self.cost = Counter("pyrodash_cost_usd_total", "Dollars spent, priced with the server's price sheet.", model, r)
         self.latency = Histogram("pyrodash_request_duration_seconds", "Time from request to last byte.", model, r)
-        self.ttft = Histogram("pyrodash_time_to_first_token_seconds", "Time from request to first content token.",
-                              model, r)
-        self.overhead = Histogram("pyrodash_overhead_seconds", "Time a request spent in PyroDash itself: its wall "
-                                  "time less the time the engine waited for the models (x-pyrodash-overhead-ms).",
-                                  model, r, buckets=OVERHEAD_BUCKETS)  # fmt: skip
-        self.trimmed = Counter("pyrodash_history_trimmed_messages_total",
-                               "Earlier conversation messages dropped to fit a model's context window, by side.",
-                               ("side",), r)  # fmt: skip
-        self.trimmed_requests = Counter("pyrodash_history_trimmed_requests_total",
-                                        "Requests whose history was trimmed for a model, by side.", ("side",), r)
-        self.ep_tokens = Counter("pyrodash_llm_endpoint_tokens_total", "LLM tokens billed per endpoint and component.",
-                                 ("endpoint", "component"), r)
-        self.ep_calls = Counter("pyrodash_llm_endpoint_calls_total", "LLM calls that reached each endpoint.",
-                                endpoint, r)
-        self.ep_errors = Counter("pyrodash_llm_endpoint_errors_total", "LLM calls that failed, per endpoint.",
-                                 endpoint, r)
-        self.ep_cost = Counter("pyrodash_llm_endpoint_cost_usd_total", "Dollars per LLM endpoint, at its own prices.",
-                               endpoint, r)
+        self.ttft = Histogram(
+            "pyrodash_time_to_first_token_seconds", "Time from request to first content token.", model, r
+        )
+        self.overhead = Histogram(
+            "pyrodash_overhead_seconds",
+            "Time a request spent in PyroDash itself: its wall "
+            "time less the time the engine waited for the models (x-pyrodash-overhead-ms).",
+            model,
+            r,
+            buckets=OVERHEAD_BUCKETS,
+        )
+        self.trimmed = Counter(
+            "pyrodash_history_trimmed_messages_total",
+            "Earlier conversation messages dropped to fit a model's context window, by side.",
+            ("side",),
+            r,
+        )
+        self.trimmed_requests = Counter(
+            "pyrodash_history_trimmed_requests_total",
+            "Requests whose history was trimmed for a model, by side.",
+            ("side",),
+            r,
+        )
+        self.ep_tokens = Counter(
+            "pyrodash_llm_endpoint_tokens_total",
+            "LLM tokens billed per endpoint and component.",
+            ("endpoint", "component"),
+            r,
+        )
+        self.ep_calls = Counter(
+            "pyrodash_llm_endpoint_calls_total", "LLM calls that reached each endpoint.", endpoint, r
+        )
+        self.ep_errors = Counter(
+            "pyrodash_llm_endpoint_errors_total", "LLM calls that failed, per endpoint.", endpoint, r
+        )
+        self.ep_cost = Counter(
+            "pyrodash_llm_endpoint_cost_usd_total", "Dollars per LLM endpoint, at its own prices.", endpoint, r
+        )
 
-    def observe_done(self, done: Done, model: str, latency_s: float, ttft_s: float | None,
-                     overhead_s: float | None = None) -> None:  # fmt: skip
+    def observe_done(
+        self, done: Done, model: str, latency_s: float, ttft_s: float | None, overhead_s: float | None = None
+    ) -> None:
         u = done.usage
         for comp in ("slm_in", "slm_out", "llm_in", "llm_out", "llm_cached_in"):
             self.tokens.inc(getattr(u, comp), component=comp)

@@ -35,9 +35,11 @@ def cost_by_component(usage: Usage, prices: Prices) -> dict[str, float]:
     cached = prices.llm_in if prices.llm_cached_in is None else prices.llm_cached_in
     llm_in = (usage.llm_in - usage.llm_cached_in) * prices.llm_in + usage.llm_cached_in * cached
     return {
-        "slm_in": usage.slm_in * prices.slm_in / MILLION, "slm_out": usage.slm_out * prices.slm_out / MILLION,
-        "llm_in": llm_in / MILLION, "llm_out": usage.llm_out * prices.llm_out / MILLION,
-    }  # fmt: skip
+        "slm_in": usage.slm_in * prices.slm_in / MILLION,
+        "slm_out": usage.slm_out * prices.slm_out / MILLION,
+        "llm_in": llm_in / MILLION,
+        "llm_out": usage.llm_out * prices.llm_out / MILLION,
+    }
 
 
 def llm_only_prompt(engine, question: str | list[dict]) -> tuple[int, str] | None:
@@ -55,8 +57,13 @@ def llm_only_estimate(done: Done, prices: Prices, prompt: tuple[int, str] | None
     """What the LLM alone would have billed for `done`'s answer (see the module docstring)."""
     u = done.usage
     if mode == "llm":
-        return LLMOnlyEstimate(prompt_tokens=u.llm_in, completion_tokens=u.llm_out, cost_usd=done.cost_usd,
-                               estimated=False, method="measured: the LLM answered alone")  # fmt: skip
+        return LLMOnlyEstimate(
+            prompt_tokens=u.llm_in,
+            completion_tokens=u.llm_out,
+            cost_usd=done.cost_usd,
+            estimated=False,
+            method="measured: the LLM answered alone",
+        )
     completion = u.slm_out + u.llm_out - (done.handoff is not None)
     if prompt is not None:
         n_in, how = prompt[0], f"the LLM-only request counted with the {prompt[1].upper()}'s tokenizer"
@@ -64,5 +71,6 @@ def llm_only_estimate(done: Done, prices: Prices, prompt: tuple[int, str] | None
         n_in, how = u.slm_in, "the SLM's billed input (P_s included)"
     cost = (n_in * prices.llm_in + completion * prices.llm_out) / MILLION
     method = f"estimate: prompt = {how}; completion = this answer's SLM + LLM output tokens"
-    return LLMOnlyEstimate(prompt_tokens=n_in, completion_tokens=completion, cost_usd=cost, estimated=True,
-                           method=method)  # fmt: skip
+    return LLMOnlyEstimate(
+        prompt_tokens=n_in, completion_tokens=completion, cost_usd=cost, estimated=True, method=method
+    )

@@ -53,11 +53,15 @@ def _int(ge: int, le: int | None = None):
 
 
 PositiveInt, ZeroInt, SeedInt = _int(1), _int(0, 0), _int(-(2**63), 2**64 - 1)
-_STOP_SCHEMA = {"anyOf": [
-    {"type": "string", "minLength": 1},
-    {"type": "array", "items": {"type": "string", "minLength": 1}, "maxItems": 4},
-    {"type": "null"},
-], "default": None, "title": "Stop"}  # fmt: skip
+_STOP_SCHEMA = {
+    "anyOf": [
+        {"type": "string", "minLength": 1},
+        {"type": "array", "items": {"type": "string", "minLength": 1}, "maxItems": 4},
+        {"type": "null"},
+    ],
+    "default": None,
+    "title": "Stop",
+}
 
 
 class _Strict(BaseModel):
@@ -82,10 +86,16 @@ def _message_schema(schema: dict) -> None:
     props, content = schema["properties"], schema["properties"]["content"]
     given = {**content, "anyOf": [b for b in content.get("anyOf", [content]) if b.get("type") != "null"]}
     given.pop("default", None)
-    asking = {"type": "object", "properties": {**props, "role": {"enum": ["system", "developer", "user"],
-              "type": "string"}, "content": given}, "required": ["role", "content"]}  # fmt: skip
-    answering = {"type": "object", "properties": {**props, "role": {"const": "assistant", "type": "string"}},
-                 "required": ["role"]}  # fmt: skip
+    asking = {
+        "type": "object",
+        "properties": {**props, "role": {"enum": ["system", "developer", "user"], "type": "string"}, "content": given},
+        "required": ["role", "content"],
+    }
+    answering = {
+        "type": "object",
+        "properties": {**props, "role": {"const": "assistant", "type": "string"}},
+        "required": ["role"],
+    }
     title = schema.get("title", "ChatMessage")
     schema.clear()
     schema.update(title=title, anyOf=[asking, answering])
@@ -136,23 +146,33 @@ class _Sampling(_Strict):
     """Fields shared by both request kinds (`model` first, as in OpenAI's reference)."""
 
     model: str | None = None  # an operating point listed by /v1/models; None = the server's default
-    max_tokens: PositiveInt | None = Field(None, description="The TOTAL output budget of the joint answer (SLM + "
-                                       "LLM tokens); omitted: the server's default_max_tokens, shrunk to fit the "
-                                       "context.")
+    max_tokens: PositiveInt | None = Field(
+        None,
+        description="The TOTAL output budget of the joint answer (SLM + "
+        "LLM tokens); omitted: the server's default_max_tokens, shrunk to fit the "
+        "context.",
+    )
     n: Literal[1] | None = Field(None, description="Only 1 is supported.")
     seed: SeedInt | None = None
     stop: Annotated[str | list[str] | None, WithJsonSchema(_STOP_SCHEMA)] = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
-    temperature: float | None = Field(DEFAULT_TEMPERATURE, ge=0.0, le=2.0, allow_inf_nan=False,
-                                      description="Omitted or null: 0 (greedy), unlike OpenAI's 1.")
+    temperature: float | None = Field(
+        DEFAULT_TEMPERATURE,
+        ge=0.0,
+        le=2.0,
+        allow_inf_nan=False,
+        description="Omitted or null: 0 (greedy), unlike OpenAI's 1.",
+    )
     top_p: float | None = Field(None, gt=0.0, le=1.0, allow_inf_nan=False)
     user: str | None = None
     # PyroDash extra: added to the SLM's <offload> logit (higher = hand off to the LLM more often)
     offload_bias: float | None = Field(None, ge=-100.0, le=100.0, allow_inf_nan=False)
     # PyroDash extra: the most tokens either model may decode (the total is max_tokens)
-    max_tokens_per_model: PositiveInt | None = Field(None, description="PyroDash: at most this many output tokens "
-                                             "from each model (SLM, LLM); the total is max_tokens.")
+    max_tokens_per_model: PositiveInt | None = Field(
+        None,
+        description="PyroDash: at most this many output tokens from each model (SLM, LLM); the total is max_tokens.",
+    )
     # OpenAI parameters accepted with their neutral value only (anything else is a 400 unsupported_parameter)
     echo: Literal[False] | None = None
     best_of: Literal[1] | None = None
@@ -259,13 +279,19 @@ class PyroDashInfo(_Out):
     request_id: str | None = None
     # the dollar budget this request drew on and the operating point it got from its pacer: name, state (paced,
     # policy, capped, ...), spend_fraction, handoff_share / offload_bias, target and measured $/hour, the period's
-    # spend and cap, store (pyrodash.server.budget); None when the server holds no budget for it
+    # spend and cap, store (pyrodash.server.budget.budgets); None when the server holds no budget for it
     budget: dict | None = None
 
     @classmethod
-    def from_done(cls, done: Done, mode: str = "collab", cost_usd_by_component: dict[str, float] | None = None,
-                  llm_only_estimate: object = None, answered_by: str | None = None,
-                  request_id: str | None = None) -> PyroDashInfo:  # fmt: skip
+    def from_done(
+        cls,
+        done: Done,
+        mode: str = "collab",
+        cost_usd_by_component: dict[str, float] | None = None,
+        llm_only_estimate: object = None,
+        answered_by: str | None = None,
+        request_id: str | None = None,
+    ) -> PyroDashInfo:
         """The record's numbers, the LLM's errors as a client may see them (a reason code each: `reason`; the
         server logs the full text under `request_id`), endpoint names `scrub`bed, and what the serving layer
         computed from the prices: the cost split and the LLM-only estimate (any object or dict with
@@ -275,8 +301,12 @@ class PyroDashInfo(_Out):
         for part in (*rec["segments"], *rec["llm_endpoints"]):
             if isinstance(part.get("endpoint"), str):
                 part["endpoint"] = scrub(part["endpoint"])
-        rec.update(llm_errors=[reason(e) for e in done.errors], mode=mode, answered_by=answered_by or mode,
-                   request_id=request_id if done.errors else None)  # fmt: skip
+        rec.update(
+            llm_errors=[reason(e) for e in done.errors],
+            mode=mode,
+            answered_by=answered_by or mode,
+            request_id=request_id if done.errors else None,
+        )
         info = cls(**rec, cost_usd_by_component=cost_usd_by_component)
         if llm_only_estimate is not None:
             est = LLMOnlyEstimate.model_validate(llm_only_estimate, from_attributes=True)
@@ -343,9 +373,11 @@ class UsageInfo(_Out):
         u = done.usage
         prompt, completion = u.slm_in + u.llm_in, u.slm_out + u.llm_out
         return cls(
-            prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion,
+            prompt_tokens=prompt,
+            completion_tokens=completion,
+            total_tokens=prompt + completion,
             prompt_tokens_details=PromptTokensDetails(cached_tokens=u.llm_cached_in),
-        )  # fmt: skip
+        )
 
 
 class ResponseMessage(_Out):
@@ -441,9 +473,13 @@ class APIError(Exception):
     """A request the server refuses: rendered as OpenAI's error body with `status`."""
 
     def __init__(
-        self, status: int, message: str, type: str = "invalid_request_error", param: str | None = None,
+        self,
+        status: int,
+        message: str,
+        type: str = "invalid_request_error",
+        param: str | None = None,
         code: str | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         super().__init__(message)
         self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
 

@@ -44,9 +44,17 @@ class EngineRun:
     `clock` (optional) accumulates the time spent waiting for the engine's events; `observe(event, t)` (optional,
     tracing) sees each event as it comes out of the engine, and `None` when the engine starts."""
 
-    def __init__(self, engine, prompt: str | list[dict], kwargs: dict, registry: set, sem: asyncio.Semaphore,
-                 on_exit: Callable[[], None] | None = None, clock: RequestClock | None = None,
-                 observe: Callable[[object, float], None] | None = None):  # fmt: skip
+    def __init__(
+        self,
+        engine,
+        prompt: str | list[dict],
+        kwargs: dict,
+        registry: set,
+        sem: asyncio.Semaphore,
+        on_exit: Callable[[], None] | None = None,
+        clock: RequestClock | None = None,
+        observe: Callable[[object, float], None] | None = None,
+    ):
         # the engine's events, then _END (after the engine's error, if any); the reader waits on `_waiter` when empty
         # (a deque and one future: asyncio.Queue's per-item bookkeeping is per streamed token here)
         self.items: deque = deque()
@@ -166,8 +174,10 @@ class ChunkWriter:
 
     def role(self) -> str:
         tail = ',"usage":null' if self.include_usage else ""
-        return self.head + '"choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,' \
+        return (
+            self.head + '"choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,'
             '"finish_reason":null}]' + tail + "}\n\n"
+        )
 
     def delta(self, text: str) -> str:
         return self.delta_pre + encode_basestring(text) + self.delta_post

@@ -41,8 +41,10 @@ def traces_url(endpoint: str) -> str:
     """The OTLP/HTTP traces URL of a collector address: `/v1/traces` is appended to a URL without a path."""
     u = urlsplit(endpoint)
     if u.scheme not in ("http", "https") or not u.netloc:
-        raise ValueError(f"--otlp-endpoint {endpoint!r}: give the collector's OTLP/HTTP URL, e.g. "
-                         "http://127.0.0.1:4318 (or .../v1/traces)")  # fmt: skip
+        raise ValueError(
+            f"--otlp-endpoint {endpoint!r}: give the collector's OTLP/HTTP URL, e.g. "
+            "http://127.0.0.1:4318 (or .../v1/traces)"
+        )
     return endpoint.rstrip("/") + "/v1/traces" if u.path in ("", "/") else endpoint
 
 
@@ -55,8 +57,9 @@ def setup(endpoint: str, service_name: str = SERVICE_NAME) -> Tracing:
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
     except ImportError as e:
-        raise ValueError("--otlp-endpoint needs OpenTelemetry's SDK and OTLP exporter: pip install 'pyrodash[otel]' "
-                         f"({e})") from None  # fmt: skip
+        raise ValueError(
+            f"--otlp-endpoint needs OpenTelemetry's SDK and OTLP exporter: pip install 'pyrodash[otel]' ({e})"
+        ) from None
     provider = TracerProvider(resource=Resource.create({"service.name": service_name}))
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=url)))
     return Tracing(provider)
@@ -72,12 +75,12 @@ class Tracing:
         self.tracer = provider.get_tracer("pyrodash.server")
         self._propagator = TraceContextTextMapPropagator()
 
-    def request(self, name: str, headers: list[tuple[bytes, bytes]], t0: float, prices=None,
-                attributes: dict | None = None) -> RequestTrace:  # fmt: skip
+    def request(
+        self, name: str, headers: list[tuple[bytes, bytes]], t0: float, prices=None, attributes: dict | None = None
+    ) -> RequestTrace:
         """The trace of one request that arrived at `t0` (`time.perf_counter()`), child of the caller's
         `traceparent` when it sent one."""
-        carrier = {k.decode("latin-1"): v.decode("latin-1") for k, v in headers
-                   if k in (b"traceparent", b"tracestate")}  # fmt: skip
+        carrier = {k.decode("latin-1"): v.decode("latin-1") for k, v in headers if k in (b"traceparent", b"tracestate")}
         parent = self._propagator.extract(carrier) if carrier else None
         return RequestTrace(self.tracer, name, t0, parent, prices, attributes or {})
 
@@ -141,8 +144,9 @@ class RequestTrace:
         attrs = {**self.attributes, "http.response.status_code": status}
         if overhead_ms is not None:
             attrs["pyrodash.overhead_ms"] = round(overhead_ms, 3)
-        root = self.tracer.start_span(self.name, context=self.parent, kind=SpanKind.SERVER,
-                                      start_time=self.ns(self.t0), attributes=attrs)  # fmt: skip
+        root = self.tracer.start_span(
+            self.name, context=self.parent, kind=SpanKind.SERVER, start_time=self.ns(self.t0), attributes=attrs
+        )
         ctx = trace.set_span_in_context(root)
         done = self.done
         if done is not None:
@@ -172,14 +176,24 @@ class RequestTrace:
             end = self.t_handoff if self.t_handoff is not None else last
             attrs = {}
             if u is not None:
-                attrs = {"gen_ai.usage.input_tokens": u.slm_in, "gen_ai.usage.output_tokens": u.slm_out,
-                         "pyrodash.cost_usd": costs.get("slm_in", 0.0) + costs.get("slm_out", 0.0)}  # fmt: skip
+                attrs = {
+                    "gen_ai.usage.input_tokens": u.slm_in,
+                    "gen_ai.usage.output_tokens": u.slm_out,
+                    "pyrodash.cost_usd": costs.get("slm_in", 0.0) + costs.get("slm_out", 0.0),
+                }
             self._span(ctx, "slm.decode", start, end, attrs)
         if self.handoff is not None:
             first_llm = self.llm[0][0] if self.llm else (self.t_fallback or last)
-            self._span(ctx, "handoff", self.t_handoff, first_llm,
-                       {"pyrodash.handoff.slm_tokens": self.handoff.slm_tokens,
-                        "pyrodash.handoff.packed_chars": len(self.handoff.packed)})  # fmt: skip
+            self._span(
+                ctx,
+                "handoff",
+                self.t_handoff,
+                first_llm,
+                {
+                    "pyrodash.handoff.slm_tokens": self.handoff.slm_tokens,
+                    "pyrodash.handoff.packed_chars": len(self.handoff.packed),
+                },
+            )
         if mode != "slm":
             self._llm_calls(ctx, done, self.t_handoff if self.t_handoff is not None else start, last)
         if self.t_fallback is not None:
@@ -204,21 +218,38 @@ class RequestTrace:
             seen.add(ep)
         for ep, e in entries.items():
             if ep not in seen:  # reached, but wrote nothing (failed before its first token)
-                self._span(ctx, "llm.call", t_start, t_start, self._endpoint_attrs(e, ep),
-                           error="no text" if e.get("errors") else None)
+                self._span(
+                    ctx,
+                    "llm.call",
+                    t_start,
+                    t_start,
+                    self._endpoint_attrs(e, ep),
+                    error="no text" if e.get("errors") else None,
+                )
         if done is not None and not segs and not entries and done.usage.llm_calls:
-            self._span(ctx, "llm.call", t_start, last, {"pyrodash.llm.calls": done.usage.llm_calls},
-                       error="failed" if done.errors else None)
+            self._span(
+                ctx,
+                "llm.call",
+                t_start,
+                last,
+                {"pyrodash.llm.calls": done.usage.llm_calls},
+                error="failed" if done.errors else None,
+            )
 
     @staticmethod
     def _endpoint_attrs(e: dict | None, name: str | None) -> dict:
         attrs = {"pyrodash.llm.endpoint": name} if name else {}
         if e:
-            attrs.update({"pyrodash.llm.calls": e.get("calls", 0), "gen_ai.usage.input_tokens": e.get("llm_in", 0),
-                          "gen_ai.usage.output_tokens": e.get("llm_out", 0),
-                          "pyrodash.tokens.llm_cached_in": e.get("llm_cached_in", 0),
-                          "pyrodash.cost_usd": float(e.get("cost_usd", 0.0)),
-                          "pyrodash.llm.errors": e.get("errors", 0)})  # fmt: skip
+            attrs.update(
+                {
+                    "pyrodash.llm.calls": e.get("calls", 0),
+                    "gen_ai.usage.input_tokens": e.get("llm_in", 0),
+                    "gen_ai.usage.output_tokens": e.get("llm_out", 0),
+                    "pyrodash.tokens.llm_cached_in": e.get("llm_cached_in", 0),
+                    "pyrodash.cost_usd": float(e.get("cost_usd", 0.0)),
+                    "pyrodash.llm.errors": e.get("errors", 0),
+                }
+            )
         return attrs
 
     def _costs(self, done: Done | None) -> dict[str, float]:
@@ -228,13 +259,21 @@ class RequestTrace:
 
     def _totals(self, done: Done) -> dict:
         u = done.usage
-        out = {f"pyrodash.tokens.{c}": getattr(u, c) for c in ("slm_in", "slm_out", "llm_in", "llm_out",
-                                                                "llm_cached_in")}  # fmt: skip
-        out.update({"pyrodash.cost_usd": float(done.cost_usd), "pyrodash.llm_calls": u.llm_calls,
-                    "pyrodash.handoff": done.handoff if done.handoff is not None else -1,
-                    "pyrodash.fallback": done.fallback, "pyrodash.finish_reason": done.finish_reason,
-                    "pyrodash.mode": done.mode, "gen_ai.usage.input_tokens": u.slm_in + u.llm_in,
-                    "gen_ai.usage.output_tokens": u.slm_out + u.llm_out})  # fmt: skip
+        out = {
+            f"pyrodash.tokens.{c}": getattr(u, c) for c in ("slm_in", "slm_out", "llm_in", "llm_out", "llm_cached_in")
+        }
+        out.update(
+            {
+                "pyrodash.cost_usd": float(done.cost_usd),
+                "pyrodash.llm_calls": u.llm_calls,
+                "pyrodash.handoff": done.handoff if done.handoff is not None else -1,
+                "pyrodash.fallback": done.fallback,
+                "pyrodash.finish_reason": done.finish_reason,
+                "pyrodash.mode": done.mode,
+                "gen_ai.usage.input_tokens": u.slm_in + u.llm_in,
+                "gen_ai.usage.output_tokens": u.slm_out + u.llm_out,
+            }
+        )
         for comp, usd in self._costs(done).items():
             out[f"pyrodash.cost_usd.{comp}"] = float(usd)
         return out

@@ -40,7 +40,7 @@ from starlette.requests import ClientDisconnect
 
 from pyrodash.backends import literal
 from pyrodash.backends.base import GenRequest
-from pyrodash.conversation import ContextLengthError
+from pyrodash.engine.conversation import ContextLengthError
 from pyrodash.prompts import OFFLOAD_TOKEN
 from pyrodash.server import errors as E
 from pyrodash.server import protocol as P
@@ -73,17 +73,66 @@ UNSUPPORTED: dict[str, tuple[tuple, str]] = {
 }
 # the top-level fields OpenAI's API documents for each route; accepted here (used, refused by name in UNSUPPORTED
 # unless neutral, or metadata without effect), with the request model's own fields (PyroDash's extras)
-OPENAI_CHAT_FIELDS = frozenset({
-    "messages", "model", "audio", "frequency_penalty", "function_call", "functions", "logit_bias", "logprobs",
-    "max_completion_tokens", "max_tokens", "metadata", "modalities", "n", "parallel_tool_calls", "prediction",
-    "presence_penalty", "prompt_cache_key", "reasoning_effort", "response_format", "safety_identifier", "seed",
-    "service_tier", "stop", "store", "stream", "stream_options", "temperature", "tool_choice", "tools",
-    "top_logprobs", "top_p", "user", "verbosity", "web_search_options",
-})  # fmt: skip
-OPENAI_TEXT_FIELDS = frozenset({
-    "model", "prompt", "best_of", "echo", "frequency_penalty", "logit_bias", "logprobs", "max_tokens", "n",
-    "presence_penalty", "seed", "stop", "stream", "stream_options", "suffix", "temperature", "top_p", "user",
-})  # fmt: skip
+OPENAI_CHAT_FIELDS = frozenset(
+    {
+        "messages",
+        "model",
+        "audio",
+        "frequency_penalty",
+        "function_call",
+        "functions",
+        "logit_bias",
+        "logprobs",
+        "max_completion_tokens",
+        "max_tokens",
+        "metadata",
+        "modalities",
+        "n",
+        "parallel_tool_calls",
+        "prediction",
+        "presence_penalty",
+        "prompt_cache_key",
+        "reasoning_effort",
+        "response_format",
+        "safety_identifier",
+        "seed",
+        "service_tier",
+        "stop",
+        "store",
+        "stream",
+        "stream_options",
+        "temperature",
+        "tool_choice",
+        "tools",
+        "top_logprobs",
+        "top_p",
+        "user",
+        "verbosity",
+        "web_search_options",
+    }
+)
+OPENAI_TEXT_FIELDS = frozenset(
+    {
+        "model",
+        "prompt",
+        "best_of",
+        "echo",
+        "frequency_penalty",
+        "logit_bias",
+        "logprobs",
+        "max_tokens",
+        "n",
+        "presence_penalty",
+        "seed",
+        "stop",
+        "stream",
+        "stream_options",
+        "suffix",
+        "temperature",
+        "top_p",
+        "user",
+    }
+)
 
 
 # ---------------------------------------------------------------- the body
@@ -93,8 +142,9 @@ async def read_json(request: Request, limit: int) -> object:
     """The request body as JSON: 413 above `limit` bytes (checked while reading), 400 when it does not parse."""
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
-        raise P.APIError(413, f"Request body of {declared} bytes exceeds the limit of {limit} bytes.",
-                         code="request_too_large")  # fmt: skip
+        raise P.APIError(
+            413, f"Request body of {declared} bytes exceeds the limit of {limit} bytes.", code="request_too_large"
+        )
     parts, size = [], 0
     try:
         async for part in request.stream():
@@ -156,11 +206,13 @@ def _unknown(model: type[BaseModel], obj: dict) -> None:
     known = known_fields(model)
     unknown = sorted(str(k) for k in obj if k not in known)
     if unknown:
-        shown = ", ".join(k[:100] for k in unknown[:10]) + (f" (and {len(unknown) - 10} more)" if len(unknown) > 10
-                                                             else "")  # fmt: skip
+        shown = ", ".join(k[:100] for k in unknown[:10]) + (
+            f" (and {len(unknown) - 10} more)" if len(unknown) > 10 else ""
+        )
         noun = "argument" if len(unknown) == 1 else "arguments"
-        raise P.APIError(400, f"Unrecognized request {noun} supplied: {shown}", param=unknown[0][:100],
-                         code="unknown_parameter")
+        raise P.APIError(
+            400, f"Unrecognized request {noun} supplied: {shown}", param=unknown[0][:100], code="unknown_parameter"
+        )
 
 
 def _missing_content(req: BaseModel) -> None:
@@ -168,8 +220,9 @@ def _missing_content(req: BaseModel) -> None:
     for i, m in enumerate(getattr(req, "messages", None) or []):
         if m.content is None and m.role != "assistant":
             param = f"messages.{i}.content"
-            raise P.APIError(400, f"Missing required parameter: '{param}'.", param=param,
-                             code="missing_required_parameter")
+            raise P.APIError(
+                400, f"Missing required parameter: '{param}'.", param=param, code="missing_required_parameter"
+            )
 
 
 def parse(model: type[BaseModel], obj: object, allow_unknown: bool = False) -> BaseModel:
@@ -177,16 +230,25 @@ def parse(model: type[BaseModel], obj: object, allow_unknown: bool = False) -> B
     API and PyroDash's extras are ignored instead of refused (serve config `allow_unknown_fields`)."""
     where = _bad_unicode(obj)
     if where is not None:
-        raise P.APIError(400, f"{where}: the text holds a lone UTF-16 surrogate (e.g. \\ud800), which is not valid "
-                         "Unicode; send well-formed UTF-8.", param=where, code="invalid_unicode")  # fmt: skip
+        raise P.APIError(
+            400,
+            f"{where}: the text holds a lone UTF-16 surrogate (e.g. \\ud800), which is not valid "
+            "Unicode; send well-formed UTF-8.",
+            param=where,
+            code="invalid_unicode",
+        )
     if isinstance(obj, dict):
         for name, (neutral, why) in UNSUPPORTED.items():
             if name == "logprobs":  # chat: a boolean; legacy completions: a count
                 neutral = (None, False) if model is P.ChatCompletionRequest else (None, 0)
             if name in obj and not any(_same(obj[name], v) for v in neutral):
                 code = "unsupported_value" if name in ("n", "logprobs") else "unsupported_parameter"
-                raise P.APIError(400, f"Unsupported parameter: '{name}': {why}; remove it or send "
-                                 f"{_neutral(neutral)}.", param=name, code=code)  # fmt: skip
+                raise P.APIError(
+                    400,
+                    f"Unsupported parameter: '{name}': {why}; remove it or send {_neutral(neutral)}.",
+                    param=name,
+                    code=code,
+                )
         if not allow_unknown:
             _unknown(model, obj)
     try:
@@ -245,18 +307,27 @@ def engine_call(app: FastAPI, req: P._Sampling, kind: str) -> tuple[str, object,
     model = req.model if req.model is not None else config.default_model
     if model not in config.operating_points:
         known = ", ".join(config.operating_points)
-        raise P.APIError(404, f"The model `{model[:100]}` does not exist; this server offers: {known}.", param="model",
-                         code="model_not_found")  # fmt: skip
+        raise P.APIError(
+            404,
+            f"The model `{model[:100]}` does not exist; this server offers: {known}.",
+            param="model",
+            code="model_not_found",
+        )
     limit = config.limits.max_tokens
     total = req.requested_max_tokens()
     param = "max_completion_tokens" if getattr(req, "max_completion_tokens", None) is not None else "max_tokens"
     if total is not None and total > limit:
-        raise P.APIError(400, f"{param}={total} exceeds this server's limit of {limit}.", param=param,
-                         code="invalid_value")  # fmt: skip
+        raise P.APIError(
+            400, f"{param}={total} exceeds this server's limit of {limit}.", param=param, code="invalid_value"
+        )
     per_model = req.max_tokens_per_model
     if per_model is not None and per_model > limit:
-        raise P.APIError(400, f"max_tokens_per_model={per_model} exceeds this server's limit of {limit}.",
-                         param="max_tokens_per_model", code="invalid_value")  # fmt: skip
+        raise P.APIError(
+            400,
+            f"max_tokens_per_model={per_model} exceeds this server's limit of {limit}.",
+            param="max_tokens_per_model",
+            code="invalid_value",
+        )
     point = config.operating_points[model]
     bias = req.offload_bias if req.offload_bias is not None else point.offload_bias
     temperature = req.temperature if req.temperature is not None else P.DEFAULT_TEMPERATURE
@@ -269,10 +340,15 @@ def engine_call(app: FastAPI, req: P._Sampling, kind: str) -> tuple[str, object,
     explicit = total is not None
     total = total or config.limits.default_max_tokens
     kwargs = {
-        "offload_bias": bias, "handoff_share": point.handoff_share, "max_tokens": per_model or total,
+        "offload_bias": bias,
+        "handoff_share": point.handoff_share,
+        "max_tokens": per_model or total,
         "max_total_tokens": total,
-        "temperature": temperature, "top_p": req.top_p, "seed": req.seed, "stop": req.stop_list(),
-    }  # fmt: skip
+        "temperature": temperature,
+        "top_p": req.top_p,
+        "seed": req.seed,
+        "stop": req.stop_list(),
+    }
     return model, question, {**kwargs, "_explicit_budget": explicit, "_param": param}
 
 
@@ -291,7 +367,7 @@ def _context_need(engine, question, kwargs: dict, mode: str = "collab") -> tuple
     build_llm = getattr(engine, "llm_request_fitted", None)
     messages = getattr(engine, "messages", lambda q: q)(question)
     # each request as the engine builds it for this budget: a long conversation is trimmed first (oldest turns,
-    # pyrodash.conversation), so only what is still too long after trimming is refused
+    # pyrodash.engine.conversation), so only what is still too long after trimming is refused
     budget = kwargs.get("max_tokens") or 1
     turn = None
     if callable(turn_of) and mode == "collab":  # the SLM's request itself (its budget: min(per model, total))
@@ -352,8 +428,12 @@ async def check_context(app: FastAPI, question, kwargs: dict, mode: str = "colla
     try:
         needs, turn = await asyncio.to_thread(_context_need, app.state.engine, question, kwargs, mode)
     except ContextLengthError as e:  # the current message alone is too long, even with no history left
-        raise P.APIError(400, f"This model's maximum context length is {e.window} tokens; {e}.", param="messages",
-                         code="context_length_exceeded") from None
+        raise P.APIError(
+            400,
+            f"This model's maximum context length is {e.window} tokens; {e}.",
+            param="messages",
+            code="context_length_exceeded",
+        ) from None
     except ValueError as e:  # the prompt cannot be rendered for this model (e.g. a role its template refuses)
         raise E.failure(e) from None
     total = kwargs["max_total_tokens"]
@@ -362,9 +442,13 @@ async def check_context(app: FastAPI, question, kwargs: dict, mode: str = "colla
         own = min(kwargs["max_tokens"], total)  # what this model may decode: its own share of the joint budget
         if room < 1 or (explicit and prompt + own > window):
             asked = f"{own} requested tokens" if explicit else "no room for any output"
-            raise P.APIError(400, f"This model's maximum context length is {window} tokens ({side}); the messages "
-                             f"take {prompt} tokens and {asked}. Shorten the messages or lower {param}.",
-                             param="messages" if room < 1 else param, code="context_length_exceeded")  # fmt: skip
+            raise P.APIError(
+                400,
+                f"This model's maximum context length is {window} tokens ({side}); the messages "
+                f"take {prompt} tokens and {asked}. Shorten the messages or lower {param}.",
+                param="messages" if room < 1 else param,
+                code="context_length_exceeded",
+            )
         if not explicit and total > room:
             total = room
     if total != kwargs["max_total_tokens"]:  # (the engine fits its request to the smaller budget itself)

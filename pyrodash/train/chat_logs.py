@@ -22,8 +22,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pyrodash.conversation import example_messages
 from pyrodash.data.example import Example
+from pyrodash.engine.conversation import example_messages
 from pyrodash.grading import extract_answer
 from pyrodash.prompts import Prompts
 
@@ -54,14 +54,20 @@ def load_chat_turns(path: str | Path, limit: int | None = None) -> tuple[list[Ex
         try:
             row = json.loads(line)
         except json.JSONDecodeError as e:
-            raise ValueError(f"{path}:{n} is not JSON ({e.msg}); one conversation per line: "
-                             '{"messages": [{"role": "user", "content": ...}, ...]}') from None
+            raise ValueError(
+                f"{path}:{n} is not JSON ({e.msg}); one conversation per line: "
+                '{"messages": [{"role": "user", "content": ...}, ...]}'
+            ) from None
         msgs = row.get("messages") if isinstance(row, dict) else row
-        if not isinstance(msgs, list) or not all(isinstance(m, dict) and isinstance(m.get("content"), str)
-                                                 and m.get("role") in ("system", "developer", "user", "assistant")
-                                                 for m in msgs):
-            raise ValueError(f"{path}:{n}: `messages` must be a list of {{role: system|user|assistant, content: "
-                             "<text>}} objects")
+        if not isinstance(msgs, list) or not all(
+            isinstance(m, dict)
+            and isinstance(m.get("content"), str)
+            and m.get("role") in ("system", "developer", "user", "assistant")
+            for m in msgs
+        ):
+            raise ValueError(
+                f"{path}:{n}: `messages` must be a list of {{role: system|user|assistant, content: <text>}}}} objects"
+            )
         cid = str(row.get("id", f"{path.stem}-{n}")) if isinstance(row, dict) else f"{path.stem}-{n}"
         counts["conversations"] += 1
         turn = 0
@@ -74,9 +80,15 @@ def load_chat_turns(path: str | Path, limit: int | None = None) -> tuple[list[Ex
                 counts["turns_without_answer"] += 1
                 continue
             history = [{"role": x["role"], "content": x["content"]} for x in msgs[: i - 1]]
-            out.append(Example(id=f"{cid}-t{turn}", benchmark=f"chat:{path.stem}", question=msgs[i - 1]["content"],
-                               gold=str(gold), meta={"turn": turn, "conversation": cid, "history": history,
-                                                     "verbatim": True}))
+            out.append(
+                Example(
+                    id=f"{cid}-t{turn}",
+                    benchmark=f"chat:{path.stem}",
+                    question=msgs[i - 1]["content"],
+                    gold=str(gold),
+                    meta={"turn": turn, "conversation": cid, "history": history, "verbatim": True},
+                )
+            )
             counts["turns"] += 1
     return out, counts
 

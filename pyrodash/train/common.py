@@ -8,7 +8,7 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
-from pyrodash.jobs import granted_threads
+from pyrodash.jobs.scheduler import granted_threads
 
 
 class JsonlLogCallback(TrainerCallback):
@@ -38,8 +38,9 @@ class ProgressBarCallback(TrainerCallback):
             return
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                 TimeElapsedColumn())
+        self.progress = Progress(
+            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()
+        )
         self.progress.start()
         self.task = self.progress.add_task("train", total=state.max_steps)
 
@@ -60,7 +61,8 @@ class ProgressBarCallback(TrainerCallback):
 
 
 class GrantedThreads(TrainerCallback):
-    """At each training step, takes the torch threads the demo's scheduler grants this step (`pyrodash.jobs`: idle
+    """At each training step, takes the torch threads the demo's scheduler grants this step
+    (`pyrodash.jobs.scheduler`: idle
     cores go to an elastic step; outside such a step there is no grant and nothing changes)."""
 
     def on_step_begin(self, args, state, control, **kwargs):

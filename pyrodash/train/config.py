@@ -100,8 +100,14 @@ class LoraFields:
 
         if self.lora_r < 1:
             raise ValueError(f"lora_r={self.lora_r} must be >= 1")
-        return LoraConfig(r=self.lora_r, lora_alpha=self.lora_alpha, lora_dropout=self.lora_dropout,
-                          target_modules=list(self.lora_target_modules), task_type="CAUSAL_LM", bias="none")
+        return LoraConfig(
+            r=self.lora_r,
+            lora_alpha=self.lora_alpha,
+            lora_dropout=self.lora_dropout,
+            target_modules=list(self.lora_target_modules),
+            task_type="CAUSAL_LM",
+            bias="none",
+        )
 
 
 @dataclass
@@ -153,15 +159,19 @@ class Stage3Config(LoraFields, GRPOConfig):
         if self.lam < 0:
             raise ValueError(f"stage3.lam={self.lam} must be >= 0")
         if not 0 <= self.explore_no_handoff < self.num_generations:
-            raise ValueError(f"stage3.explore_no_handoff={self.explore_no_handoff} must be in [0, num_generations) "
-                             f"(num_generations={self.num_generations})")
+            raise ValueError(
+                f"stage3.explore_no_handoff={self.explore_no_handoff} must be in [0, num_generations) "
+                f"(num_generations={self.num_generations})"
+            )
         local = self.per_device_train_batch_size * (self.steps_per_generation or self.gradient_accumulation_steps)
         if self.explore_no_handoff and local % self.num_generations:
             # ExploreNoHandoff finds a prompt's rollouts by row index within each process's generation batch (TRL
             # checks only the batch of all processes together)
-            raise ValueError(f"stage3.explore_no_handoff needs each process's generation batch ({local}: "
-                             f"per_device_train_batch_size x steps_per_generation) to be a multiple of "
-                             f"num_generations ({self.num_generations})")
+            raise ValueError(
+                f"stage3.explore_no_handoff needs each process's generation batch ({local}: "
+                f"per_device_train_batch_size x steps_per_generation) to be a multiple of "
+                f"num_generations ({self.num_generations})"
+            )
         if not 0.0 <= self.conversation_share < 1.0:
             raise ValueError(f"stage3.conversation_share={self.conversation_share} must be in [0, 1)")
         if self.conversation_share and not self.conversations:
@@ -216,8 +226,10 @@ class Recipe:
                     raw[new] = value
         unknown = sorted(set(raw) - known)
         if unknown:
-            raise ValueError(f"{self.path or self.name}: {stage} has unknown keys {unknown}; they must be fields of "
-                             f"{cls.__name__} (PyroDash fields or TRL's {cls.__mro__[2].__name__})")
+            raise ValueError(
+                f"{self.path or self.name}: {stage} has unknown keys {unknown}; they must be fields of "
+                f"{cls.__name__} (PyroDash fields or TRL's {cls.__mro__[2].__name__})"
+            )
         cfg = cls(**raw)
         if hasattr(cfg, "validate"):
             cfg.validate()
@@ -243,8 +255,10 @@ class Recipe:
 # TrainingArguments keys transformers renamed (it warns on the old name where the new exists, and TRL's configs set
 # the old one by default): a recipe's `gradient_checkpointing`, or TRL's default for it, goes in under
 # `activation_checkpointing` on a transformers that has it.
-_RENAMED = (("gradient_checkpointing", "activation_checkpointing"),
-            ("gradient_checkpointing_kwargs", "activation_checkpointing_kwargs"))
+_RENAMED = (
+    ("gradient_checkpointing", "activation_checkpointing"),
+    ("gradient_checkpointing_kwargs", "activation_checkpointing_kwargs"),
+)
 
 
 def _default(cls, name: str):
@@ -264,7 +278,8 @@ class _Loader(yaml.SafeLoader):
 _Loader.add_implicit_resolver(
     "tag:yaml.org,2002:float",
     re.compile(r"^[-+]?(?:[0-9][0-9_]*)\.?[0-9_]*(?:[eE][-+]?[0-9]+)$|^[-+]?(?:[0-9][0-9_]*)?\.[0-9_]+$"),
-    list("-+0123456789."))
+    list("-+0123456789."),
+)
 
 
 def load_yaml(text: str):

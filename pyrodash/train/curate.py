@@ -54,9 +54,15 @@ BOX = "\\boxed"
 # --- sources -------------------------------------------------------------------------------------------------------
 
 
-def load_examples(source: str, world_dir: str | Path | None = None, split: str = "train",
-                  question_field: str = "question", answer_field: str = "gold", limit: int | None = None,
-                  offset: int = 0) -> list[Example]:
+def load_examples(
+    source: str,
+    world_dir: str | Path | None = None,
+    split: str = "train",
+    question_field: str = "question",
+    answer_field: str = "gold",
+    limit: int | None = None,
+    offset: int = 0,
+) -> list[Example]:
     """(question, gold) examples from "world:<split>", a local .jsonl, or "hf:<dataset id>[:<config>]"."""
     if source.startswith("world:"):
         if world_dir is None:
@@ -71,16 +77,18 @@ def load_examples(source: str, world_dir: str | Path | None = None, split: str =
         examples = []
         for i, line in enumerate(path.read_text().splitlines()):
             if line.strip():
-                examples.append(_row_to_example(json.loads(line), f"{path.stem}-{i}", path.stem, question_field,
-                                                answer_field))
+                examples.append(
+                    _row_to_example(json.loads(line), f"{path.stem}-{i}", path.stem, question_field, answer_field)
+                )
     else:
         raise ValueError(f"source {source!r}: use 'world:<split>', a path ending in .jsonl, or 'hf:<dataset id>'")
     examples = examples[offset:]
     return examples[:limit] if limit else examples
 
 
-def load_conversations(source: str, world_dir: str | Path | None = None,
-                       limit: int | None = None) -> tuple[list[Example], dict]:
+def load_conversations(
+    source: str, world_dir: str | Path | None = None, limit: int | None = None
+) -> tuple[list[Example], dict]:
     """(one Example per turn of the first `limit` conversations, counts) from a world conversation split
     ("world:multiturn_train") or a chat-log JSONL (`pyrodash.train.chat_logs`)."""
     if source.startswith("world:"):
@@ -93,16 +101,17 @@ def load_conversations(source: str, world_dir: str | Path | None = None,
         return turns, {"conversations": len(keep), "turns": len(turns)}
     if source.endswith(".jsonl") and Path(source).is_file() and is_chat_log(source):
         return load_chat_turns(source, limit)
-    raise ValueError(f"conversations source {source!r}: use 'world:<conversation split>' or a chat-log .jsonl "
-                     '(one {"messages": [...]} per line)')
+    raise ValueError(
+        f"conversations source {source!r}: use 'world:<conversation split>' or a chat-log .jsonl "
+        '(one {"messages": [...]} per line)'
+    )
 
 
 def _row_to_example(row: dict, default_id: str, bench: str, qf: str, af: str) -> Example:
     if {"id", "benchmark", "question", "gold"} <= set(row):
         return Example.from_dict(row)
     if qf not in row or af not in row:
-        raise ValueError(f"row {default_id} lacks {qf!r}/{af!r}; set question_field/answer_field "
-                         f"(keys: {sorted(row)})")
+        raise ValueError(f"row {default_id} lacks {qf!r}/{af!r}; set question_field/answer_field (keys: {sorted(row)})")
     q = row[qf]
     if isinstance(q, list):  # a chat prompt: take the last user message
         q = [m["content"] for m in q if m.get("role") == "user"][-1]
@@ -119,8 +128,10 @@ def _load_hf(spec: str, split: str, qf: str, af: str, n: int | None) -> list[Exa
     try:
         ds = datasets.load_dataset(name, config or None, split=split)
     except Exception as e:  # offline, unknown id, ...
-        raise ValueError(f"could not load HF dataset {name!r} (split {split!r}): {e}. Offline? Export it to a "
-                         "local .jsonl with question/gold fields and use that path as source.") from e
+        raise ValueError(
+            f"could not load HF dataset {name!r} (split {split!r}): {e}. Offline? Export it to a "
+            "local .jsonl with question/gold fields and use that path as source."
+        ) from e
     rows = ds.select(range(min(n, len(ds)))) if n else ds
     return [_row_to_example(dict(r), f"{name}-{i}", name.split("/")[-1], qf, af) for i, r in enumerate(rows)]
 
@@ -135,8 +146,14 @@ def boundary_candidates(steps: list[str]) -> list[int]:
     return [] if answer is None else list(range(0, answer + 1))
 
 
-def insert_offloads(text: str, step_sep: str, count: int, rng: random.Random, placement: str = "random",
-                    hard_steps: list[int] | None = None) -> tuple[str, int]:
+def insert_offloads(
+    text: str,
+    step_sep: str,
+    count: int,
+    rng: random.Random,
+    placement: str = "random",
+    hard_steps: list[int] | None = None,
+) -> tuple[str, int]:
     """Insert up to `count` `<offload>` tokens at step boundaries of `text`; return (new text, number inserted).
 
     random: distinct boundaries drawn uniformly. before_hard: the first one right before the first hard step
@@ -167,8 +184,9 @@ def insert_offloads(text: str, step_sep: str, count: int, rng: random.Random, pl
 # --- corpora -----------------------------------------------------------------------------------------------------
 
 
-def build_corpora(examples: list[Example], solutions: dict[str, str], difficulty: dict[str, str], prompts: Prompts,
-                  cfg) -> tuple[list[dict], list[dict], Counter]:
+def build_corpora(
+    examples: list[Example], solutions: dict[str, str], difficulty: dict[str, str], prompts: Prompts, cfg
+) -> tuple[list[dict], list[dict], Counter]:
     """Corpus A and Corpus B rows (with a `messages` column) from each kept example's solution and label."""
     rng = random.Random(cfg.seed)
     rows_a, rows_b, inserted = [], [], Counter()
@@ -178,18 +196,34 @@ def build_corpora(examples: list[Example], solutions: dict[str, str], difficulty
         target, diff = solutions[ex.id].strip(), difficulty[ex.id]
         if OFFLOAD_TOKEN in target:
             target = target.replace(OFFLOAD_TOKEN, "")
-        base = {"id": ex.id, "benchmark": ex.benchmark, "question": ex.question, "gold": ex.gold, "difficulty": diff,
-                "turn": ex.meta.get("turn", 0)}
+        base = {
+            "id": ex.id,
+            "benchmark": ex.benchmark,
+            "question": ex.question,
+            "gold": ex.gold,
+            "difficulty": diff,
+            "turn": ex.meta.get("turn", 0),
+        }
         chat = turn_messages(prompts, ex)
         cut = diff == "hard" and cfg.hard_target == "to_first_offload"
         if not cut:  # a hard target cut at its handoff has nothing to teach without P_s
-            rows_a.append({**base, "corpus": "A", "n_offload": 0, "prompt": chat,
-                           "completion": [{"role": "assistant", "content": target}]})
+            rows_a.append(
+                {
+                    **base,
+                    "corpus": "A",
+                    "n_offload": 0,
+                    "prompt": chat,
+                    "completion": [{"role": "assistant", "content": target}],
+                }
+            )
         n = 0
         if diff == "hard":
             count = cfg.offload_max if cfg.placement == "at_hard" else rng.randint(cfg.offload_min, cfg.offload_max)
-            hard_steps = _locate_hard_steps(target.split(cfg.step_sep), ex.meta) \
-                if cfg.placement in ("before_hard", "at_hard") else None
+            hard_steps = (
+                _locate_hard_steps(target.split(cfg.step_sep), ex.meta)
+                if cfg.placement in ("before_hard", "at_hard")
+                else None
+            )
             target, n = insert_offloads(target, cfg.step_sep, count, rng, cfg.placement, hard_steps)
             if cut and n:  # the SLM never writes past its first <offload> (the CE hands the rest to the LLM)
                 target, n = target[: target.index(OFFLOAD_TOKEN) + len(OFFLOAD_TOKEN)], 1
@@ -197,8 +231,15 @@ def build_corpora(examples: list[Example], solutions: dict[str, str], difficulty
             if n == 0:
                 inserted["no_boundary"] += 1
                 continue  # no step boundary before the answer: this hard example cannot teach a handoff position
-        rows_b.append({**base, "corpus": "B", "n_offload": n, "prompt": slm_chat(prompts, chat),
-                       "completion": [{"role": "assistant", "content": target}]})
+        rows_b.append(
+            {
+                **base,
+                "corpus": "B",
+                "n_offload": n,
+                "prompt": slm_chat(prompts, chat),
+                "completion": [{"role": "assistant", "content": target}],
+            }
+        )
     return rows_a, rows_b, inserted
 
 
@@ -215,9 +256,16 @@ def _locate_hard_steps(steps: list[str], meta: dict) -> list[int] | None:
     return found or None
 
 
-def label_and_reconstruct(examples: list[Example], slm, llm, prompts: Prompts, cfg, reconstruct: bool = True,
-                          tag: str = "", cache: str | Path | None = None) -> tuple[dict[str, str], dict[str, str],
-                                                                                  dict]:
+def label_and_reconstruct(
+    examples: list[Example],
+    slm,
+    llm,
+    prompts: Prompts,
+    cfg,
+    reconstruct: bool = True,
+    tag: str = "",
+    cache: str | Path | None = None,
+) -> tuple[dict[str, str], dict[str, str], dict]:
     """Run the base SLM (a backend; greedy, no P_s) -> easy/hard, then the LLM (`FrozenLLM`) on the hard ones.
     Returns (solutions of the kept examples, difficulty, counts)."""
     reqs = [GenRequest(messages=turn_messages(prompts, ex), max_tokens=cfg.slm_max_new_tokens) for ex in examples]
@@ -225,14 +273,25 @@ def label_and_reconstruct(examples: list[Example], slm, llm, prompts: Prompts, c
     ok = grade_batch([g.text for g in gens], [ex.gold for ex in examples])
     difficulty = {ex.id: "easy" if c else "hard" for ex, c in zip(examples, ok, strict=True)}
     solutions = {ex.id: g.text for ex, g, c in zip(examples, gens, ok, strict=True) if c}
-    counts = {"examples": len(examples), "easy": sum(ok), "hard": len(examples) - sum(ok), "hard_kept": 0,
-              "hard_dropped": 0, "slm_truncated": sum(g.finish_reason == "length" for g in gens)}
+    counts = {
+        "examples": len(examples),
+        "easy": sum(ok),
+        "hard": len(examples) - sum(ok),
+        "hard_kept": 0,
+        "hard_dropped": 0,
+        "slm_truncated": sum(g.finish_reason == "length" for g in gens),
+    }
     hard = [ex for ex, c in zip(examples, ok, strict=True) if not c]
     if reconstruct and hard:
         journal = {"cache": cache} if cache else {}  # results appended as they arrive: a re-run resumes
-        recs = llm.generate([GenRequest(messages=_reconstruct_messages(ex, prompts, cfg),
-                                        max_tokens=cfg.llm_max_new_tokens) for ex in hard],
-                            desc="LLM reconstructions", **journal)
+        recs = llm.generate(
+            [
+                GenRequest(messages=_reconstruct_messages(ex, prompts, cfg), max_tokens=cfg.llm_max_new_tokens)
+                for ex in hard
+            ],
+            desc="LLM reconstructions",
+            **journal,
+        )
         counts["llm_failures"] = sum(r.finish_reason == "error" for r in recs)  # not cached: retried by a re-run
         good = grade_batch([r.text for r in recs], [ex.gold for ex in hard])
         for ex, r, g in zip(hard, recs, good, strict=True):
@@ -248,8 +307,10 @@ def _reconstruct_messages(ex: Example, prompts: Prompts, cfg) -> list[dict]:
     reconstruction continues that turn only."""
     msgs = turn_messages(prompts, ex)
     if cfg.reconstruct_with_gold:
-        msgs[-1]["content"] += (f"\n\nThe correct final answer is {ex.gold}. Write a concise step-by-step solution "
-                                "that reaches it, with a blank line between steps.")
+        msgs[-1]["content"] += (
+            f"\n\nThe correct final answer is {ex.gold}. Write a concise step-by-step solution "
+            "that reaches it, with a blank line between steps."
+        )
     return msgs
 
 
@@ -260,53 +321,73 @@ def run_curation(recipe, out_dir: str | Path) -> Path:
     cfg = recipe.curate
     prompts = get_prompts(recipe.prompts)
     world = resolve_world(recipe)
-    examples = load_examples(cfg.source, world, cfg.split, cfg.question_field, cfg.answer_field, cfg.limit) \
-        if cfg.source else []
+    examples = (
+        load_examples(cfg.source, world, cfg.split, cfg.question_field, cfg.answer_field, cfg.limit)
+        if cfg.source
+        else []
+    )
     conv_counts = {}
     if cfg.conversations:  # conversation turns: the same path, each turn after its history
         turns, conv_counts = load_conversations(cfg.conversations, world, cfg.conversation_limit)
         examples += turns
     if not examples:
-        raise ValueError(f"curate.source {cfg.source!r} and curate.conversations {cfg.conversations!r} gave no "
-                         "examples")
+        raise ValueError(
+            f"curate.source {cfg.source!r} and curate.conversations {cfg.conversations!r} gave no examples"
+        )
     slm = HFBackend(*load_local(slm_spec(recipe)))
     llm = FrozenLLM.from_spec(llm_spec(recipe), batch_size=cfg.batch_size, concurrency=cfg.llm_concurrency)
-    solutions, difficulty, counts = label_and_reconstruct(examples, slm, llm, prompts, cfg,
-                                                          cache=curated_dir(out_dir) / "llm_calls.jsonl")
+    solutions, difficulty, counts = label_and_reconstruct(
+        examples, slm, llm, prompts, cfg, cache=curated_dir(out_dir) / "llm_calls.jsonl"
+    )
     if counts.get("llm_failures"):
-        print(f"pyrodash curate: WARNING: {counts['llm_failures']} LLM reconstruction call(s) failed after retries "
-              "and were dropped; re-run the same command to retry them (the others are journaled)", flush=True)
+        print(
+            f"pyrodash curate: WARNING: {counts['llm_failures']} LLM reconstruction call(s) failed after retries "
+            "and were dropped; re-run the same command to retry them (the others are journaled)",
+            flush=True,
+        )
     rows_a, rows_b, inserted = build_corpora(examples, solutions, difficulty, prompts, cfg)
     heldout = []
     if cfg.heldout_source:
-        held = load_examples(cfg.heldout_source, world, cfg.split, cfg.question_field, cfg.answer_field,
-                             cfg.heldout_limit)
+        held = load_examples(
+            cfg.heldout_source, world, cfg.split, cfg.question_field, cfg.answer_field, cfg.heldout_limit
+        )
         if cfg.heldout_conversations:
             held += load_conversations(cfg.heldout_conversations, world, cfg.heldout_conversation_limit)[0]
-        _, hdiff, hcounts = label_and_reconstruct(held, slm, llm, prompts, cfg, reconstruct=False,
-                                                  tag="(held-out)")
+        _, hdiff, hcounts = label_and_reconstruct(held, slm, llm, prompts, cfg, reconstruct=False, tag="(held-out)")
         heldout = [{**ex.to_dict(), "difficulty": hdiff[ex.id]} for ex in held]
         counts["heldout"] = {k: hcounts[k] for k in ("examples", "easy", "hard")}
     out = curated_dir(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     for name, rows in (("corpus_a", rows_a), ("corpus_b", rows_b), ("heldout", heldout)):
         (out / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    datasets.DatasetDict({"corpus_a": datasets.Dataset.from_list(rows_a),
-                          "corpus_b": datasets.Dataset.from_list(rows_b)}).save_to_disk(str(out / "dataset"))
+    datasets.DatasetDict(
+        {"corpus_a": datasets.Dataset.from_list(rows_a), "corpus_b": datasets.Dataset.from_list(rows_b)}
+    ).save_to_disk(str(out / "dataset"))
     hard_b = [r for r in rows_b if r["difficulty"] == "hard"]
     turn_rows = [r for r in rows_a + rows_b if r["turn"]]
-    by_turn = {str(t): {c: sum(1 for r in turn_rows if r["turn"] == t and r["corpus"] == c) for c in "AB"}
-               for t in sorted({r["turn"] for r in turn_rows})}
+    by_turn = {
+        str(t): {c: sum(1 for r in turn_rows if r["turn"] == t and r["corpus"] == c) for c in "AB"}
+        for t in sorted({r["turn"] for r in turn_rows})
+    }
     turn_diff = Counter((ex.meta["turn"], difficulty[ex.id]) for ex in examples if ex.meta.get("turn"))
-    conv_counts |= {"rows_by_turn": by_turn,
-                    "hard_share_by_turn": {str(t): turn_diff[(t, "hard")] / (turn_diff[(t, "hard")]
-                                                                             + turn_diff[(t, "easy")])
-                                           for t in sorted({t for t, _ in turn_diff})}}
-    stats = {**counts, "conversations": conv_counts if cfg.conversations else None,
-             "corpus_a": len(rows_a), "corpus_b": len(rows_b), "corpus_b_hard": len(hard_b),
-             "hard_no_boundary": inserted.pop("no_boundary", 0),
-             "insertions_per_hard_example": {str(k): v for k, v in sorted(inserted.items())},
-             "mean_insertions": sum(r["n_offload"] for r in hard_b) / max(1, len(hard_b)), "llm_calls": llm.calls}
+    conv_counts |= {
+        "rows_by_turn": by_turn,
+        "hard_share_by_turn": {
+            str(t): turn_diff[(t, "hard")] / (turn_diff[(t, "hard")] + turn_diff[(t, "easy")])
+            for t in sorted({t for t, _ in turn_diff})
+        },
+    }
+    stats = {
+        **counts,
+        "conversations": conv_counts if cfg.conversations else None,
+        "corpus_a": len(rows_a),
+        "corpus_b": len(rows_b),
+        "corpus_b_hard": len(hard_b),
+        "hard_no_boundary": inserted.pop("no_boundary", 0),
+        "insertions_per_hard_example": {str(k): v for k, v in sorted(inserted.items())},
+        "mean_insertions": sum(r["n_offload"] for r in hard_b) / max(1, len(hard_b)),
+        "llm_calls": llm.calls,
+    }
     (out / "stats.json").write_text(json.dumps(stats, indent=2))
     save_resolved(out, recipe, cfg, {"world_dir": str(world) if world else None})
     return out

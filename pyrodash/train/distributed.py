@@ -55,10 +55,12 @@ def setup():
     if n > 1 and not torch.cuda.is_available():
         os.environ.setdefault("ACCELERATE_USE_CPU", "true")  # transformers' TrainingArguments read it too
     if n == 1 and _flag("ACCELERATE_USE_CPU") and os.environ.get("MASTER_ADDR") and "RANK" not in os.environ:
-        raise ValueError("`accelerate launch --cpu --num_processes N` started a single process (accelerate needs MPI "
-                         "for that: --mpirun_hostfile). On a CPU machine use `accelerate launch --multi_gpu "
-                         "--num_processes N -m pyrodash ...` (PyroDash picks gloo when there is no GPU), or "
-                         "--num_processes 1")
+        raise ValueError(
+            "`accelerate launch --cpu --num_processes N` started a single process (accelerate needs MPI "
+            "for that: --mpirun_hostfile). On a CPU machine use `accelerate launch --multi_gpu "
+            "--num_processes N -m pyrodash ...` (PyroDash picks gloo when there is no GPU), or "
+            "--num_processes 1"
+        )
     state = PartialState(cpu=_flag("ACCELERATE_USE_CPU"), timeout=WAIT_TIMEOUT)
     if n > 1 and state.num_processes != n and not _group_ready():
         # a TRL config built before this call set up a non-distributed state (CPU machine): start it again
@@ -67,9 +69,11 @@ def setup():
         AcceleratorState._reset_state(reset_partial_state=True)
         state = PartialState(cpu=_flag("ACCELERATE_USE_CPU"), timeout=WAIT_TIMEOUT)
     if n > 1 and state.num_processes != n:
-        raise ValueError(f"the launcher started {n} processes but they did not form one group "
-                         f"({state.distributed_type}); launch with `accelerate launch --num_processes {n} -m pyrodash "
-                         "...` (CPU: add --multi_gpu)")
+        raise ValueError(
+            f"the launcher started {n} processes but they did not form one group "
+            f"({state.distributed_type}); launch with `accelerate launch --num_processes {n} -m pyrodash "
+            "...` (CPU: add --multi_gpu)"
+        )
     return state
 
 

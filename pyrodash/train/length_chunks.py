@@ -54,12 +54,20 @@ class LengthChunkedSFTTrainer(SFTTrainer):
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         parts = int(getattr(self.args, "length_chunks", 1) or 1)
         mask = inputs.get("attention_mask")
-        plain = (parts <= 1 or return_outputs or num_items_in_batch is None or not model.training or mask is None
-                 or mask.dim() != 2 or not right_padded(mask)
-                 or any(torch.is_tensor(v) and v.shape[:2] != mask.shape for v in inputs.values()))
+        plain = (
+            parts <= 1
+            or return_outputs
+            or num_items_in_batch is None
+            or not model.training
+            or mask is None
+            or mask.dim() != 2
+            or not right_padded(mask)
+            or any(torch.is_tensor(v) and v.shape[:2] != mask.shape for v in inputs.values())
+        )
         if plain:  # the batch's loss needs its own token count, and the rows must end in their padding
-            return super().compute_loss(model, inputs, return_outputs=return_outputs,
-                                        num_items_in_batch=num_items_in_batch)
+            return super().compute_loss(
+                model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch
+            )
         lengths = mask.sum(dim=1).tolist()
         loss = None
         for group in split_by_length(lengths, parts):

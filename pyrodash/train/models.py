@@ -42,8 +42,10 @@ def load_local(path: str | Path, device: str | None = None):
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     if not getattr(tok, "chat_template", None):
-        raise ValueError(f"{path}: the tokenizer has no chat template; training needs one (with {{% generation %}} "
-                         "markers for the assistant-only loss)")
+        raise ValueError(
+            f"{path}: the tokenizer has no chat template; training needs one (with {{% generation %}} "
+            "markers for the assistant-only loss)"
+        )
     return model, tok
 
 
@@ -98,8 +100,15 @@ class FrozenLLM:
             if journal is not None and g.finish_reason != "error":
                 journal.append(reqs[todo[j]], g)
 
-        gens = generate(self.backend, [reqs[i] for i in todo], batch_size=self.batch_size,
-                        concurrency=self.concurrency, desc=desc, policy=self.policy, on_result=arrived)
+        gens = generate(
+            self.backend,
+            [reqs[i] for i in todo],
+            batch_size=self.batch_size,
+            concurrency=self.concurrency,
+            desc=desc,
+            policy=self.policy,
+            on_result=arrived,
+        )
         for i, g in zip(todo, gens, strict=True):
             out[i] = g
         self.calls += len(todo)
@@ -124,8 +133,9 @@ class CallJournal:
         self.path.parent.mkdir(parents=True, exist_ok=True)
 
     def key(self, req: GenRequest) -> str:
-        return hashlib.sha256(json.dumps([self.llm_key, asdict(req)], sort_keys=True, default=str).encode()
-                              ).hexdigest()[:24]
+        return hashlib.sha256(
+            json.dumps([self.llm_key, asdict(req)], sort_keys=True, default=str).encode()
+        ).hexdigest()[:24]
 
     def get(self, req: GenRequest) -> Gen | None:
         g = self.entries.get(self.key(req))

@@ -4,7 +4,7 @@
 
 A world recipe names the world directory (or quick/full + seed: the world's cache directory). Training only resolves
 it: a missing world is a one-line error naming `pyrodash world build`; the commands (`pyrodash curate`, `pyrodash
-train`) build it first (`pyrodash.commands.world.build_recipe_world`).
+train`) build it first (`pyrodash.world.build.build_named_world`).
 """
 
 from __future__ import annotations
@@ -41,8 +41,9 @@ def resolve_world(recipe: Recipe) -> Path | None:
     if wdir is None:
         return None
     if not (wdir / "world.json").exists():
-        raise ValueError(f"the recipe's world is not built ({wdir} has no world.json); build it with "
-                         f"`{world_build_command(recipe)}`")
+        raise ValueError(
+            f"the recipe's world is not built ({wdir} has no world.json); build it with `{world_build_command(recipe)}`"
+        )
     return wdir
 
 

@@ -11,12 +11,35 @@ from pyrodash.train.config import Recipe
 from pyrodash.train.paths import curated_dir, stage_dir
 
 STAGES = ("curate", "stage1", "stage2", "stage3")
-TRAIN_KEYS = ("learning_rate", "num_train_epochs", "max_steps", "per_device_train_batch_size",
-              "gradient_accumulation_steps", "lora_r", "lora_alpha", "lora_target_modules", "bf16")
-STAGE_KEYS = {"stage1": ("sigma", "assistant_only_loss", "weight_decay"),
-              "stage2": ("assistant_only_loss", "measure_max_new_tokens"),
-              "stage3": ("lam", "cost_penalty", "num_generations", "max_completion_length", "loss_type", "beta",
-                         "temperature", "use_vllm", "vllm_mode", "source", "train_limit", "llm_max_new_tokens")}
+TRAIN_KEYS = (
+    "learning_rate",
+    "num_train_epochs",
+    "max_steps",
+    "per_device_train_batch_size",
+    "gradient_accumulation_steps",
+    "lora_r",
+    "lora_alpha",
+    "lora_target_modules",
+    "bf16",
+)
+STAGE_KEYS = {
+    "stage1": ("sigma", "assistant_only_loss", "weight_decay"),
+    "stage2": ("assistant_only_loss", "measure_max_new_tokens"),
+    "stage3": (
+        "lam",
+        "cost_penalty",
+        "num_generations",
+        "max_completion_length",
+        "loss_type",
+        "beta",
+        "temperature",
+        "use_vllm",
+        "vllm_mode",
+        "source",
+        "train_limit",
+        "llm_max_new_tokens",
+    ),
+}
 
 
 def plan(recipe: Recipe, out_dir: str | Path, stages: list[str], lambdas: list[float] | None = None) -> list[dict]:
@@ -27,30 +50,56 @@ def plan(recipe: Recipe, out_dir: str | Path, stages: list[str], lambdas: list[f
     llm = recipe.llm or (f"{world}/llm" if world else None)
     steps = []
     if world is not None:
-        steps.append({"step": "world", "dir": str(world), "action": "reuse" if built else "build (cached)",
-                      "settings": dict(recipe.world or {})})
+        steps.append(
+            {
+                "step": "world",
+                "dir": str(world),
+                "action": "reuse" if built else "build (cached)",
+                "settings": dict(recipe.world or {}),
+            }
+        )
     for stage in stages:
         if stage == "curate":
             c = recipe.curate
-            steps.append({"step": "curate", "reads": f"{c.source} (+ held-out {c.heldout_source})",
-                          "writes": str(curated_dir(out_dir)),
-                          "settings": {"slm": slm, "llm": llm, "offload_count": f"{c.offload_min}-{c.offload_max}",
-                                       "placement": c.placement, "step_sep": repr(c.step_sep), "limit": c.limit,
-                                       "reconstruct_with_gold": c.reconstruct_with_gold}})
+            steps.append(
+                {
+                    "step": "curate",
+                    "reads": f"{c.source} (+ held-out {c.heldout_source})",
+                    "writes": str(curated_dir(out_dir)),
+                    "settings": {
+                        "slm": slm,
+                        "llm": llm,
+                        "offload_count": f"{c.offload_min}-{c.offload_max}",
+                        "placement": c.placement,
+                        "step_sep": repr(c.step_sep),
+                        "limit": c.limit,
+                        "reconstruct_with_gold": c.reconstruct_with_gold,
+                    },
+                }
+            )
             continue
-        prev = {"stage1": f"{slm} + {curated_dir(out_dir)}/corpus_b.jsonl",
-                "stage2": f"{stage_dir(out_dir, 'stage1')} + {curated_dir(out_dir)}/corpus_{{a,b}}.jsonl",
-                "stage3": f"{stage_dir(out_dir, 'stage2')} + LLM {llm}"}[stage]
+        prev = {
+            "stage1": f"{slm} + {curated_dir(out_dir)}/corpus_b.jsonl",
+            "stage2": f"{stage_dir(out_dir, 'stage1')} + {curated_dir(out_dir)}/corpus_{{a,b}}.jsonl",
+            "stage3": f"{stage_dir(out_dir, 'stage2')} + LLM {llm}",
+        }[stage]
         lams = (lambdas or [float(recipe.stage3.get("lam", 0.1))]) if stage == "stage3" else [None]
         for lam in lams:
             dest = stage_dir(out_dir, stage, lam)
-            cfg = recipe.stage_config(stage, output_dir=dest / "trainer", validate_only=True,
-                                      **({"lam": lam} if lam is not None else {}))
+            cfg = recipe.stage_config(
+                stage, output_dir=dest / "trainer", validate_only=True, **({"lam": lam} if lam is not None else {})
+            )
             settings = {k: getattr(cfg, k) for k in TRAIN_KEYS + STAGE_KEYS[stage] if hasattr(cfg, k)}
             if stage == "stage3":
                 settings["bf16"] = recipe.stage3.get("bf16", settings.get("bf16"))
-            steps.append({"step": stage if lam is None else f"stage3 λ={lam:g}", "reads": prev, "writes": str(dest),
-                          "settings": settings})
+            steps.append(
+                {
+                    "step": stage if lam is None else f"stage3 λ={lam:g}",
+                    "reads": prev,
+                    "writes": str(dest),
+                    "settings": settings,
+                }
+            )
     return steps
 
 

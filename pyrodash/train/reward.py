@@ -62,14 +62,19 @@ class BaselineCache:
         gens = llm.generate(reqs, desc="LLM-only baseline (Cost_base)", cache=self.path.with_suffix(".calls.jsonl"))
         failed = [g.error for g in gens if g.finish_reason == "error"]
         if failed:
-            raise ValueError(f"{len(failed)} of {len(gens)} LLM-only baseline calls (Cost_base) failed after retries "
-                             f"(first: {failed[0]}); the {len(gens) - len(failed)} that succeeded are saved: fix the "
-                             "LLM endpoint and run the same command again to resume")
+            raise ValueError(
+                f"{len(failed)} of {len(gens)} LLM-only baseline calls (Cost_base) failed after retries "
+                f"(first: {failed[0]}); the {len(gens) - len(failed)} that succeeded are saved: fix the "
+                "LLM endpoint and run the same command again to resume"
+            )
         ok = grade_batch([g.text for g in gens], [g for _, g in items])
         for (q, _), gen, c in zip(items, gens, ok, strict=True):
-            self.entries[self.key(q)] = {"t_in": gen.prompt_tokens, "t_llm_dec": gen.completion_tokens,
-                                         "cost_base": grpo_cost_base(gen.prompt_tokens, gen.completion_tokens,
-                                                                     self.prices), "llm_correct": bool(c)}
+            self.entries[self.key(q)] = {
+                "t_in": gen.prompt_tokens,
+                "t_llm_dec": gen.completion_tokens,
+                "cost_base": grpo_cost_base(gen.prompt_tokens, gen.completion_tokens, self.prices),
+                "llm_correct": bool(c),
+            }
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text(json.dumps(self.entries))
@@ -89,9 +94,16 @@ class CollaborativeReward:
 
     __name__ = "collab"  # TRL names the reward's metrics after this
 
-    def __init__(self, engine: CollaborateEngine, baselines: BaselineCache, lam: float,
-                 cost_penalty: str = "normalized", slm_price: float | None = None, batch_size: int = 64,
-                 concurrency: int = 16):
+    def __init__(
+        self,
+        engine: CollaborateEngine,
+        baselines: BaselineCache,
+        lam: float,
+        cost_penalty: str = "normalized",
+        slm_price: float | None = None,
+        batch_size: int = 64,
+        concurrency: int = 16,
+    ):
         if cost_penalty not in ("normalized", "direct"):
             raise ValueError(f"cost_penalty={cost_penalty!r}: choose 'normalized' or 'direct'")
         if lam < 0:
@@ -108,11 +120,20 @@ class CollaborativeReward:
         # what the engine is asked, as `pyrodash serve` is asked it: its handoff carries the same history
         queries = [json.loads(c) if c else q for q, c in zip(question, chat or [""] * len(question), strict=True)]
         texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
-        rollouts = [GenResult(text=t, token_ids=list(ids), prompt_ids=[], finish_reason="stop",
-                              stop_token_id=ids[-1] if ids and ids[-1] == self.offload_id else None,
-                              completion_tokens=len(ids)) for t, ids in zip(texts, completion_ids, strict=True)]
-        dones = self.engine.batch(queries, slm_results=rollouts, batch_size=self.batch_size,
-                                  concurrency=self.concurrency)
+        rollouts = [
+            GenResult(
+                text=t,
+                token_ids=list(ids),
+                prompt_ids=[],
+                finish_reason="stop",
+                stop_token_id=ids[-1] if ids and ids[-1] == self.offload_id else None,
+                completion_tokens=len(ids),
+            )
+            for t, ids in zip(texts, completion_ids, strict=True)
+        ]
+        dones = self.engine.batch(
+            queries, slm_results=rollouts, batch_size=self.batch_size, concurrency=self.concurrency
+        )
         acc = grade_batch([d.output for d in dones], list(gold))
         rewards, self.last = [], []
         for i, d in enumerate(dones):
@@ -125,12 +146,27 @@ class CollaborativeReward:
                 r_eff = cost_act
             r_acc = 1.0 if acc[i] else 0.0
             rewards.append(grpo_total_reward(r_acc, r_eff, self.lam))
-            self.last.append({"offload": off, "t_slm": t_slm, "t_llm_dec": d.usage.llm_out, "cost_act": cost_act,
-                              "r_acc": r_acc, "r_eff": r_eff, "reward": rewards[-1], "joint": d.output,
-                              "llm_failed": d.finish_reason == "error"})
+            self.last.append(
+                {
+                    "offload": off,
+                    "t_slm": t_slm,
+                    "t_llm_dec": d.usage.llm_out,
+                    "cost_act": cost_act,
+                    "r_acc": r_acc,
+                    "r_eff": r_eff,
+                    "reward": rewards[-1],
+                    "joint": d.output,
+                    "llm_failed": d.finish_reason == "error",
+                }
+            )
         self._skip_failed(rewards, [json.dumps(q) for q in queries])
-        self._record([d["offload"] for d in self.last], acc, [d["r_eff"] for d in self.last],
-                     [d["t_slm"] for d in self.last if d["offload"]], sum(d.usage.llm_calls for d in dones))
+        self._record(
+            [d["offload"] for d in self.last],
+            acc,
+            [d["r_eff"] for d in self.last],
+            [d["t_slm"] for d in self.last if d["offload"]],
+            sum(d.usage.llm_calls for d in dones),
+        )
         return rewards
 
     def _skip_failed(self, rewards: list[float], questions: list[str]) -> None:
@@ -139,8 +175,9 @@ class CollaborativeReward:
         when none succeeded; it is counted in `totals["llm_failures"]` and the step's stats."""
         failed = [i for i, d in enumerate(self.last) if d["llm_failed"]]
         for i in failed:
-            peers = [rewards[j] for j, q in enumerate(questions)
-                     if q == questions[i] and not self.last[j]["llm_failed"]]
+            peers = [
+                rewards[j] for j, q in enumerate(questions) if q == questions[i] and not self.last[j]["llm_failed"]
+            ]
             rewards[i] = sum(peers) / len(peers) if peers else 0.0
             self.last[i]["reward"] = rewards[i]
         self.totals["llm_failures"] += len(failed)
@@ -166,14 +203,17 @@ class CollaborativeReward:
             return sum(xs) / len(xs) if xs else 0.0
 
         n = len(a.get("offload", []))
-        out = {"pyrodash/accuracy": mean(a.get("acc", [])), "pyrodash/offload_rate": mean(a.get("offload", [])),
-                "pyrodash/r_eff": mean(a.get("r_eff", [])),
-                "pyrodash/handoff_position": mean(a.get("handoff_pos", [])),
-                "pyrodash/llm_calls": sum(a.get("llm_calls", [])),
-                "pyrodash/llm_calls_per_rollout": sum(a.get("llm_calls", [])) / n if n else 0.0,
-                "pyrodash/llm_calls_total": float(self.totals["llm_calls"]),
-                "pyrodash/llm_failures": sum(a.get("llm_failures", [])),
-                "pyrodash/llm_failures_total": float(self.totals["llm_failures"])}
+        out = {
+            "pyrodash/accuracy": mean(a.get("acc", [])),
+            "pyrodash/offload_rate": mean(a.get("offload", [])),
+            "pyrodash/r_eff": mean(a.get("r_eff", [])),
+            "pyrodash/handoff_position": mean(a.get("handoff_pos", [])),
+            "pyrodash/llm_calls": sum(a.get("llm_calls", [])),
+            "pyrodash/llm_calls_per_rollout": sum(a.get("llm_calls", [])) / n if n else 0.0,
+            "pyrodash/llm_calls_total": float(self.totals["llm_calls"]),
+            "pyrodash/llm_failures": sum(a.get("llm_failures", [])),
+            "pyrodash/llm_failures_total": float(self.totals["llm_failures"]),
+        }
         if not a.get("handoff_pos"):
             del out["pyrodash/handoff_position"]  # no handoff since the last log: no position to average
         return out

@@ -50,13 +50,28 @@ def unsupported_sampling(cfg) -> list[str]:
     return bad
 
 
-def decode_rollouts(backend, prompt_ids: list[list[int]], temperature: float, top_p: float, max_tokens: int,
-                    stop_ids: list[int], explore: ExploreNoHandoff | None = None) -> list[list[int]]:
+def decode_rollouts(
+    backend,
+    prompt_ids: list[list[int]],
+    temperature: float,
+    top_p: float,
+    max_tokens: int,
+    stop_ids: list[int],
+    explore: ExploreNoHandoff | None = None,
+) -> list[list[int]]:
     """The completion ids of every prompt (sampled; each ends at its first stop id, included, or at `max_tokens`),
     one batch through `backend.generate_ids`. Rows `explore` bans get `<offload>` at -inf."""
     banned = set(explore.banned_rows(len(prompt_ids))) if explore is not None else set()
-    reqs = [GenRequest(messages=[], max_tokens=max_tokens, temperature=temperature, top_p=top_p,
-                       seed=int(torch.randint(0, 2**62, (1,))), stop_token_ids=list(stop_ids),
-                       logit_bias={explore.token_id: float("-inf")} if i in banned else {})
-            for i in range(len(prompt_ids))]
+    reqs = [
+        GenRequest(
+            messages=[],
+            max_tokens=max_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            seed=int(torch.randint(0, 2**62, (1,))),
+            stop_token_ids=list(stop_ids),
+            logit_bias={explore.token_id: float("-inf")} if i in banned else {},
+        )
+        for i in range(len(prompt_ids))
+    ]
     return [r.token_ids for r in backend.generate_ids([list(p) for p in prompt_ids], reqs)]

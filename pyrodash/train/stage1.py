@@ -93,8 +93,10 @@ def train_stage1(base_path: str | Path, rows: list[dict], cfg, out_dir: str | Pa
     """Train the `<offload>` rows on Corpus B `rows`; save the base + rows checkpoint to `out_dir`.
     Returns (checkpoint dir, stats dict); under `accelerate launch` the other ranks get (dir, None)."""
     if cfg.weight_decay != 0:
-        raise ValueError(f"stage1.weight_decay={cfg.weight_decay}: must be 0, or AdamW would move the frozen "
-                         "embedding rows during training")
+        raise ValueError(
+            f"stage1.weight_decay={cfg.weight_decay}: must be 0, or AdamW would move the frozen "
+            "embedding rows during training"
+        )
     model, tok = load_local(base_path)
     tid = add_offload_token(model, tok, sigma=cfg.sigma, seed=cfg.init_seed)
     init = offload_rows(model, tid)
@@ -113,12 +115,19 @@ def train_stage1(base_path: str | Path, rows: list[dict], cfg, out_dir: str | Pa
     if out_emb is not None and out_emb.weight.data_ptr() != base.get_input_embeddings().weight.data_ptr():
         mask_rows_to(out_emb.weight, tid)
     before = {k: w.detach().clone() for k, w in _row_weights(base).items()}
-    trainer = LengthChunkedSFTTrainer(model=peft_model, args=cfg, train_dataset=messages_dataset(rows),
-                                      processing_class=tok, callbacks=callbacks(cfg, log_path))
+    trainer = LengthChunkedSFTTrainer(
+        model=peft_model,
+        args=cfg,
+        train_dataset=messages_dataset(rows),
+        processing_class=tok,
+        callbacks=callbacks(cfg, log_path),
+    )
     quiet(trainer)
     if dist.uses_zero3(trainer):
-        raise ValueError("Stage 1 trains two embedding rows: run it with DDP or ZeRO-2, not ZeRO-3 (the rows would be "
-                         "sharded across ranks)")
+        raise ValueError(
+            "Stage 1 trains two embedding rows: run it with DDP or ZeRO-2, not ZeRO-3 (the rows would be "
+            "sharded across ranks)"
+        )
     result = trainer.train()
     if not dist.is_main():  # the checkpoint and its stats: the main process only
         return Path(out_dir), None
@@ -139,10 +148,21 @@ def train_stage1(base_path: str | Path, rows: list[dict], cfg, out_dir: str | Pa
     bad = changed_params(base_sd, fresh, tid)
     assert not bad, f"Stage 1 would change parameters other than the <offload> rows: {bad}"
     out = save_checkpoint(fresh, fresh_tok, out_dir)
-    stats = {"offload_token_id": tid, "train_loss": result.training_loss, "steps": result.global_step,
-             "rows": {k: {"init_norm": float(init[k].norm()), "trained_norm": float(trained[k].norm()),
-                          "moved": float((trained[k] - init[k]).norm())} for k in trained},
-             "tied_embeddings": "output" not in trained, "other_rows_max_change_in_training": drift}
+    stats = {
+        "offload_token_id": tid,
+        "train_loss": result.training_loss,
+        "steps": result.global_step,
+        "rows": {
+            k: {
+                "init_norm": float(init[k].norm()),
+                "trained_norm": float(trained[k].norm()),
+                "moved": float((trained[k] - init[k]).norm()),
+            }
+            for k in trained
+        },
+        "tied_embeddings": "output" not in trained,
+        "other_rows_max_change_in_training": drift,
+    }
     (Path(out) / "stage1_stats.json").write_text(json.dumps(stats, indent=2))
     return out, stats
 
@@ -150,8 +170,9 @@ def train_stage1(base_path: str | Path, rows: list[dict], cfg, out_dir: str | Pa
 def run_stage1(recipe, out_dir: str | Path, base: str | Path | None = None) -> Path:
     """Stage 1 of `recipe`: reads DIR/curated/corpus_b.jsonl, writes DIR/stage1/. Returns the checkpoint dir."""
     dist.setup()
-    corpus_b = require(curated_dir(out_dir) / "corpus_b.jsonl", "Corpus B",
-                       "run `pyrodash curate --config CFG --output-dir DIR` first")
+    corpus_b = require(
+        curated_dir(out_dir) / "corpus_b.jsonl", "Corpus B", "run `pyrodash curate --config CFG --output-dir DIR` first"
+    )
     dest = stage_dir(out_dir, "stage1")
     cfg = recipe.stage_config("stage1", output_dir=dest / "trainer")
     with dist.main_first():  # one rank builds a missing world; the others then find it

@@ -33,8 +33,15 @@ from pyrodash.train.models import load_local
 from pyrodash.train.paths import curated_dir, require, stage_dir
 
 
-def measure_offload_rates(model, tokenizer, rows: list[dict], prompts: Prompts, max_new_tokens: int,
-                          batch_size: int = 64, desc: str | None = "offload rates") -> dict:
+def measure_offload_rates(
+    model,
+    tokenizer,
+    rows: list[dict],
+    prompts: Prompts,
+    max_new_tokens: int,
+    batch_size: int = 64,
+    desc: str | None = "offload rates",
+) -> dict:
     """`<offload>` rates with and without P_s on `rows` (dicts with question, gold, difficulty easy|hard; a
     conversation turn's meta.history first), and the accuracy of the answers completed without P_s (the SLM+SFT
     baseline)."""
@@ -46,10 +53,19 @@ def measure_offload_rates(model, tokenizer, rows: list[dict], prompts: Prompts, 
     result["n_easy"] = result["n"] - result["n_hard"]
     for cond, with_ps in (("with_ps", True), ("without_ps", False)):
         # the engine's SLM step (Lines 1-5, greedy, `<offload>` a stop id), with or without P_s as system message
-        engine = CollaborateEngine(backend, backend, prompts if with_ps else replace(prompts, offload_system=""),
-                                   Prices(0, 0, 0, 0), max_tokens=max_new_tokens)
-        dones = engine.batch([row_messages(prompts, r) for r in rows], batch_size=batch_size, stop_at_handoff=True,
-                             desc=f"{desc} ({cond})" if desc else None)
+        engine = CollaborateEngine(
+            backend,
+            backend,
+            prompts if with_ps else replace(prompts, offload_system=""),
+            Prices(0, 0, 0, 0),
+            max_tokens=max_new_tokens,
+        )
+        dones = engine.batch(
+            [row_messages(prompts, r) for r in rows],
+            batch_size=batch_size,
+            stop_at_handoff=True,
+            desc=f"{desc} ({cond})" if desc else None,
+        )
         off = [d.handoff is not None for d in dones]
         for diff in ("hard", "easy"):
             sel = [o for o, r in zip(off, rows, strict=True) if r["difficulty"] == diff]
@@ -71,9 +87,14 @@ def train_stage2(stage1_path: str | Path, rows: list[dict], cfg, out_dir: str | 
     model, tok = load_local(stage1_path)
     rows = list(rows)
     random.Random(cfg.seed).shuffle(rows)
-    trainer = LengthChunkedSFTTrainer(model=model, args=cfg, train_dataset=messages_dataset(rows),
-                                      processing_class=tok,
-                                      peft_config=cfg.lora_config(), callbacks=callbacks(cfg, log_path))
+    trainer = LengthChunkedSFTTrainer(
+        model=model,
+        args=cfg,
+        train_dataset=messages_dataset(rows),
+        processing_class=tok,
+        peft_config=cfg.lora_config(),
+        callbacks=callbacks(cfg, log_path),
+    )
     quiet(trainer)
     result = trainer.train()
     merged = dist.merged_model(trainer, stage1_path, Path(out_dir) / "trainer" / "final-adapter")

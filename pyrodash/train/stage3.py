@@ -53,8 +53,9 @@ class CostAwareGRPOTrainer(GRPOTrainer):
         self._rollout_backend = None
         bad = [] if self.use_vllm else unsupported_sampling(self.args)
         if bad:
-            raise ValueError(f"stage3: {', '.join(bad)}: in-process rollouts sample with temperature and top_p only; "
-                             "unset these")
+            raise ValueError(
+                f"stage3: {', '.join(bad)}: in-process rollouts sample with temperature and top_p only; unset these"
+            )
 
     def _generate_single_turn(self, prompt_ids, images, *args, **kwargs):
         if self.use_vllm or self.use_transformers_continuous_batching or images is not None:
@@ -63,17 +64,28 @@ class CostAwareGRPOTrainer(GRPOTrainer):
         from trl.models.utils import unwrap_model_for_generation
 
         # the same contexts as TRL's own generation: ZeRO-3 parameters gathered, FSDP's summoned, no gradients
-        with unwrap_model_for_generation(self.model_wrapped, self.accelerator,
-                                         gather_deepspeed3_params=self.args.ds3_gather_for_generation) as model, \
-                torch.no_grad(), self._dist.summon_full_params(self.model_wrapped, recurse=False):
+        with (
+            unwrap_model_for_generation(
+                self.model_wrapped, self.accelerator, gather_deepspeed3_params=self.args.ds3_gather_for_generation
+            ) as model,
+            torch.no_grad(),
+            self._dist.summon_full_params(self.model_wrapped, recurse=False),
+        ):
             base = model.get_base_model() if hasattr(model, "get_base_model") else model  # LoRA layers sit in it
             was_training = base.training
             if self._rollout_backend is None or self._rollout_backend.model is not base:
                 self._rollout_backend = HFBackend(base, self.processing_class)  # (puts the model in eval mode)
             base.eval()
             try:
-                completions = decode_rollouts(self._rollout_backend, prompt_ids, self.temperature, self.top_p,
-                                              self.max_completion_length, self.eos_token_ids, self.explore)
+                completions = decode_rollouts(
+                    self._rollout_backend,
+                    prompt_ids,
+                    self.temperature,
+                    self.top_p,
+                    self.max_completion_length,
+                    self.eos_token_ids,
+                    self.explore,
+                )
             finally:
                 base.train(was_training)
         return completions, None
@@ -84,50 +96,85 @@ class CostAwareGRPOTrainer(GRPOTrainer):
         super().log(logs, start_time)
 
 
-def collaboration_engine(slm, llm, prompts: Prompts, prices, max_new_tokens: int, llm_max_tokens: int,
-                         failure: FailurePolicy | None = None) -> CollaborateEngine:
+def collaboration_engine(
+    slm, llm, prompts: Prompts, prices, max_new_tokens: int, llm_max_tokens: int, failure: FailurePolicy | None = None
+) -> CollaborateEngine:
     """The Collaborate Engine of Stage 3 over the SLM backend and the frozen LLM (`FrozenLLM`). The default failure
     policy is the rollouts': the LLM's batch call policy, and a failed handoff is recorded (finish_reason "error"),
     never fatal and never finished by the SLM (the reward skips it)."""
     pol = llm.policy
-    failure = failure or FailurePolicy(retries=pol.retries, backoff_s=pol.backoff_s, timeout_s=pol.timeout_s,
-                                       on_error="raise")
-    return CollaborateEngine(slm, llm.backend, prompts, prices, max_tokens=max_new_tokens,
-                             llm_max_tokens=llm_max_tokens, failure=failure)
+    failure = failure or FailurePolicy(
+        retries=pol.retries, backoff_s=pol.backoff_s, timeout_s=pol.timeout_s, on_error="raise"
+    )
+    return CollaborateEngine(
+        slm, llm.backend, prompts, prices, max_tokens=max_new_tokens, llm_max_tokens=llm_max_tokens, failure=failure
+    )
 
 
-def collaborate(model, tokenizer, llm, questions: list, prompts: Prompts, prices, max_new_tokens: int,
-                llm_max_tokens: int, batch_size: int = 64) -> list[Done]:
+def collaborate(
+    model,
+    tokenizer,
+    llm,
+    questions: list,
+    prompts: Prompts,
+    prices,
+    max_new_tokens: int,
+    llm_max_tokens: int,
+    batch_size: int = 64,
+) -> list[Done]:
     """The engine on held-out questions (greedy SLM under P_s, one handoff per offloaded question), exactly as
     `pyrodash eval` and `pyrodash serve` run it (their default failure policy: an LLM that fails every attempt is
     a fallback)."""
     was_training = model.training
-    engine = collaboration_engine(HFBackend(model, tokenizer), llm, prompts, prices, max_new_tokens, llm_max_tokens,
-                                  failure=FailurePolicy())
+    engine = collaboration_engine(
+        HFBackend(model, tokenizer), llm, prompts, prices, max_new_tokens, llm_max_tokens, failure=FailurePolicy()
+    )
     dones = engine.batch(questions, batch_size=batch_size, concurrency=llm.concurrency, desc="collaborative eval")
     model.train(was_training)
     return dones
 
 
-def evaluate_collaboration(model, tokenizer, llm, rows: list[dict], prompts: Prompts, prices, max_new_tokens: int,
-                           llm_max_tokens: int, batch_size: int = 64) -> dict:
+def evaluate_collaboration(
+    model,
+    tokenizer,
+    llm,
+    rows: list[dict],
+    prompts: Prompts,
+    prices,
+    max_new_tokens: int,
+    llm_max_tokens: int,
+    batch_size: int = 64,
+) -> dict:
     """`collaborate` on held-out rows, graded: accuracy, offload rate, LLM calls per example and mean dollar cost
     per example (and accuracy / offload rate by difficulty)."""
-    dones = collaborate(model, tokenizer, llm, [row_messages(prompts, r) for r in rows], prompts, prices,
-                        max_new_tokens, llm_max_tokens, batch_size)
+    dones = collaborate(
+        model,
+        tokenizer,
+        llm,
+        [row_messages(prompts, r) for r in rows],
+        prompts,
+        prices,
+        max_new_tokens,
+        llm_max_tokens,
+        batch_size,
+    )
     ok = grade_batch([d.output for d in dones], [r["gold"] for r in rows])
     n = max(1, len(rows))
     off = [d.handoff is not None for d in dones]
     by = {d: [c for c, r in zip(ok, rows, strict=True) if r.get("difficulty") == d] for d in ("easy", "hard")}
-    return {"n": len(rows), "accuracy": sum(ok) / n, "offload_rate": sum(off) / n,
-            "llm_calls_per_example": sum(d.usage.llm_calls for d in dones) / n,
-            "cost_usd_per_example": sum(d.cost_usd for d in dones) / n,
-            "fallbacks": sum(d.fallback for d in dones),
-            **{f"accuracy_{d}": (sum(v) / len(v) if v else None) for d, v in by.items()},
-            "accuracy_turns": _rate([c for c, r in zip(ok, rows) if (r.get("meta") or {}).get("turn", 1) > 1]),
-            "n_turns": sum(1 for r in rows if (r.get("meta") or {}).get("turn", 1) > 1),
-            "offload_rate_hard": _rate([o for o, r in zip(off, rows) if r.get("difficulty") == "hard"]),
-            "offload_rate_easy": _rate([o for o, r in zip(off, rows) if r.get("difficulty") == "easy"])}
+    return {
+        "n": len(rows),
+        "accuracy": sum(ok) / n,
+        "offload_rate": sum(off) / n,
+        "llm_calls_per_example": sum(d.usage.llm_calls for d in dones) / n,
+        "cost_usd_per_example": sum(d.cost_usd for d in dones) / n,
+        "fallbacks": sum(d.fallback for d in dones),
+        **{f"accuracy_{d}": (sum(v) / len(v) if v else None) for d, v in by.items()},
+        "accuracy_turns": _rate([c for c, r in zip(ok, rows) if (r.get("meta") or {}).get("turn", 1) > 1]),
+        "n_turns": sum(1 for r in rows if (r.get("meta") or {}).get("turn", 1) > 1),
+        "offload_rate_hard": _rate([o for o, r in zip(off, rows) if r.get("difficulty") == "hard"]),
+        "offload_rate_easy": _rate([o for o, r in zip(off, rows) if r.get("difficulty") == "easy"]),
+    }
 
 
 def _rate(xs: list[bool]) -> float | None:
@@ -138,8 +185,9 @@ def training_prompts(cfg, world) -> list:
     """Stage 3's training prompts: the single questions of `cfg.source` (`train_limit` of them) and conversation
     turns of `cfg.conversations`, as many as make them `conversation_share` of all prompts (follow-up turns first:
     a turn 1 is a single question); in a fixed order (TRL's sampler shuffles)."""
-    singles = load_examples(cfg.source, world, cfg.source_split, cfg.question_field, cfg.answer_field,
-                            cfg.train_limit, cfg.train_offset)
+    singles = load_examples(
+        cfg.source, world, cfg.source_split, cfg.question_field, cfg.answer_field, cfg.train_limit, cfg.train_offset
+    )
     if not cfg.conversation_share:
         return singles
     n_turns = round(cfg.conversation_share / (1 - cfg.conversation_share) * len(singles))
@@ -148,20 +196,27 @@ def training_prompts(cfg, world) -> list:
     return singles + pool[:n_turns]
 
 
-def run_stage3(recipe, out_dir: str | Path, lam: float | None = None, stage2: str | Path | None = None,
-               resume: bool = False) -> Path:
+def run_stage3(
+    recipe, out_dir: str | Path, lam: float | None = None, stage2: str | Path | None = None, resume: bool = False
+) -> Path:
     """Stage 3 of `recipe` at λ (default: the recipe's): reads DIR/stage2/, writes DIR/stage3-lambda<λ>/."""
     import torch
     from transformers.trainer_utils import get_last_checkpoint
-
 
     dist.setup()
     overrides = {} if lam is None else {"lam": float(lam)}
     lam = float(lam if lam is not None else recipe.stage3.get("lam", 0.1))
     dest = stage_dir(out_dir, "stage3", lam)
     cfg = recipe.stage_config("stage3", output_dir=dest / "trainer", **overrides)
-    src = Path(stage2) if stage2 else require(stage_dir(out_dir, "stage2"), "the Stage 2 checkpoint",
-                                               "run `pyrodash train stage2` with the same --output-dir first")
+    src = (
+        Path(stage2)
+        if stage2
+        else require(
+            stage_dir(out_dir, "stage2"),
+            "the Stage 2 checkpoint",
+            "run `pyrodash train stage2` with the same --output-dir first",
+        )
+    )
     prompts, prices = get_prompts(recipe.prompts), Prices.from_yaml(recipe.prices)
     examples, chats, llm, cache, computed = _baseline(recipe, cfg, out_dir)
     model, tok = load_local(src)
@@ -176,27 +231,44 @@ def run_stage3(recipe, out_dir: str | Path, lam: float | None = None, stage2: st
         cfg.generation_kwargs = {**(cfg.generation_kwargs or {}), "stop_token_ids": [tid]}
 
     llm.calls = 0  # count only the handoffs of training from here on
-    engine = collaboration_engine(HFBackend(model, tok), llm, prompts, prices, cfg.max_completion_length,
-                                  cfg.llm_max_new_tokens)  # the policy's handoffs: the rollouts come from TRL
-    reward = CollaborativeReward(engine, cache, lam, cfg.cost_penalty, cfg.slm_price, cfg.llm_batch_size,
-                                 cfg.llm_concurrency)
+    engine = collaboration_engine(
+        HFBackend(model, tok), llm, prompts, prices, cfg.max_completion_length, cfg.llm_max_new_tokens
+    )  # the policy's handoffs: the rollouts come from TRL
+    reward = CollaborativeReward(
+        engine, cache, lam, cfg.cost_penalty, cfg.slm_price, cfg.llm_batch_size, cfg.llm_concurrency
+    )
     import datasets
 
     # `prompt`: the engine's SLM chat (P_s + history + question); `chat`: a turn's chat for the engine (JSON), ""
     # for a single question
-    ds = datasets.Dataset.from_list([{"prompt": slm_chat(prompts, turn_messages(prompts, ex)),
-                                      "question": ex.question, "gold": ex.gold,
-                                      "chat": json.dumps(c) if isinstance(c, list) else ""}
-                                     for ex, c in zip(examples, chats, strict=True)])
+    ds = datasets.Dataset.from_list(
+        [
+            {
+                "prompt": slm_chat(prompts, turn_messages(prompts, ex)),
+                "question": ex.question,
+                "gold": ex.gold,
+                "chat": json.dumps(c) if isinstance(c, list) else "",
+            }
+            for ex, c in zip(examples, chats, strict=True)
+        ]
+    )
     torch.manual_seed(cfg.seed)
     explore = None
     if cfg.explore_no_handoff:
         if cfg.use_vllm:
             raise ValueError("stage3.explore_no_handoff works with in-process rollouts only; set it to 0 with vLLM")
         explore = ExploreNoHandoff(tid, cfg.num_generations, cfg.explore_no_handoff)
-    trainer = CostAwareGRPOTrainer(model=model, reward_funcs=[reward], args=cfg, train_dataset=ds,
-                                   processing_class=tok, peft_config=cfg.lora_config(),
-                                   callbacks=callbacks(cfg, dest / "log.jsonl"), collab=reward, explore=explore)
+    trainer = CostAwareGRPOTrainer(
+        model=model,
+        reward_funcs=[reward],
+        args=cfg,
+        train_dataset=ds,
+        processing_class=tok,
+        peft_config=cfg.lora_config(),
+        callbacks=callbacks(cfg, dest / "log.jsonl"),
+        collab=reward,
+        explore=explore,
+    )
     quiet(trainer)
     last = get_last_checkpoint(str(cfg.output_dir)) if resume and Path(cfg.output_dir).exists() else None
     result = trainer.train(resume_from_checkpoint=last)
@@ -208,20 +280,30 @@ def run_stage3(recipe, out_dir: str | Path, lam: float | None = None, stage2: st
         return dest
     merged.generation_config.eos_token_id = original_eos
     out = save_checkpoint(merged, tok, dest)
-    stats = {"lambda": lam, "cost_penalty": cfg.cost_penalty, "train_loss": result.training_loss,
-             "steps": result.global_step, "prompts": len(examples),
-             "conversation_turns": sum(1 for c in chats if isinstance(c, list)),
-             "rollouts": sum(r["rollouts"] for r in by_rank),
-             "llm_handoff_calls": sum(r["llm_calls"] for r in by_rank),
-             "llm_failures": sum(r.get("llm_failures", 0) for r in by_rank), "cost_base_computed": computed,
-             "cost_base_cached": len(examples) - computed, "resumed_from": last, "processes": len(by_rank),
-             "llm_handoff_calls_by_rank": [r["llm_calls"] for r in by_rank],
-             "rollouts_by_rank": [r["rollouts"] for r in by_rank], "cost_base_computed_by_rank": computed_by_rank}
+    stats = {
+        "lambda": lam,
+        "cost_penalty": cfg.cost_penalty,
+        "train_loss": result.training_loss,
+        "steps": result.global_step,
+        "prompts": len(examples),
+        "conversation_turns": sum(1 for c in chats if isinstance(c, list)),
+        "rollouts": sum(r["rollouts"] for r in by_rank),
+        "llm_handoff_calls": sum(r["llm_calls"] for r in by_rank),
+        "llm_failures": sum(r.get("llm_failures", 0) for r in by_rank),
+        "cost_base_computed": computed,
+        "cost_base_cached": len(examples) - computed,
+        "resumed_from": last,
+        "processes": len(by_rank),
+        "llm_handoff_calls_by_rank": [r["llm_calls"] for r in by_rank],
+        "rollouts_by_rank": [r["rollouts"] for r in by_rank],
+        "cost_base_computed_by_rank": computed_by_rank,
+    }
     heldout_path = curated_dir(out_dir) / "heldout.jsonl"
     if heldout_path.exists():
         rows = read_jsonl(heldout_path)
-        stats["heldout"] = evaluate_collaboration(merged, tok, llm, rows, prompts, prices, cfg.max_completion_length,
-                                                  cfg.llm_max_new_tokens)
+        stats["heldout"] = evaluate_collaboration(
+            merged, tok, llm, rows, prompts, prices, cfg.max_completion_length, cfg.llm_max_new_tokens
+        )
     (dest / "stage3_stats.json").write_text(json.dumps(stats, indent=2))
     save_resolved(out, recipe, cfg, {"stage2": str(src), "stats": stats})
     dist.barrier()
@@ -241,8 +323,13 @@ def _baseline(recipe, cfg, out_dir: str | Path) -> tuple[list, list, FrozenLLM, 
     spec = llm_spec(recipe)
     llm = FrozenLLM.from_spec(spec, batch_size=cfg.llm_batch_size, concurrency=cfg.llm_concurrency)
     with dist.main_first():  # the main process computes Cost_base; the other ranks read its file (no LLM calls)
-        cache = BaselineCache(Path(out_dir) / "cost_base.json", json.dumps(spec, sort_keys=True, default=str),
-                              prompts, prices, cfg.llm_max_new_tokens)
+        cache = BaselineCache(
+            Path(out_dir) / "cost_base.json",
+            json.dumps(spec, sort_keys=True, default=str),
+            prompts,
+            prices,
+            cfg.llm_max_new_tokens,
+        )
         computed = cache.fill(llm, chats, [ex.gold for ex in examples])
     return examples, chats, llm, cache, computed
 
@@ -267,11 +354,17 @@ def run_sweep(recipe, out_dir: str | Path, lambdas: list[float], resume: bool = 
         stats = json.loads((out / "stage3_stats.json").read_text())
         summary["runs"][f"{lam:g}"] = stats
         held = stats.get("heldout") or {}
-        table.append({"lambda": lam, "accuracy": held.get("accuracy"), "offload_rate": held.get("offload_rate"),
-                      "llm_calls_per_example": held.get("llm_calls_per_example"),
-                      "cost_usd_per_example": held.get("cost_usd_per_example"),
-                      "train_llm_calls_per_rollout": stats["llm_handoff_calls"] / max(1, stats["rollouts"]),
-                      "beats_slm_sft": None if sft_acc is None or not held else held["accuracy"] > sft_acc})
+        table.append(
+            {
+                "lambda": lam,
+                "accuracy": held.get("accuracy"),
+                "offload_rate": held.get("offload_rate"),
+                "llm_calls_per_example": held.get("llm_calls_per_example"),
+                "cost_usd_per_example": held.get("cost_usd_per_example"),
+                "train_llm_calls_per_rollout": stats["llm_handoff_calls"] / max(1, stats["rollouts"]),
+                "beats_slm_sft": None if sft_acc is None or not held else held["accuracy"] > sft_acc,
+            }
+        )
     summary["table"] = table
     summary["slm_sft_accuracy"] = sft_acc
     path = Path(out_dir) / "stage3-sweep.json"

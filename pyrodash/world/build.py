@@ -34,8 +34,11 @@ from pyrodash.world.pretrain import pretrain, save_model
 from pyrodash.world.shipped import SHIPPED, is_shipped, models_source
 from pyrodash.world.task import STEP_SEP, make_known, make_split, make_table, sample_problem
 
-MULTITURN_SPLITS = {"multiturn": "n_multiturn", "multiturn_val": "n_multiturn_val",
-                    "multiturn_train": "n_multiturn_train"}
+MULTITURN_SPLITS = {
+    "multiturn": "n_multiturn",
+    "multiturn_val": "n_multiturn_val",
+    "multiturn_train": "n_multiturn_train",
+}
 SPLITS = ("train", "val", *TIER_SPLITS, *MULTITURN_SPLITS)
 
 
@@ -46,17 +49,26 @@ def make_splits(cfg: WorldConfig, seed: int) -> dict[str, list[Example]]:
     seen: set[str] = set()
     out = {}
     for name, tier in zip(TIER_SPLITS, cfg.tiers):
-        out[name] = make_split(seed, name, cfg.n_test, [tier], table, known, seen, cfg.max_addend,
-                               cfg.lead_runs)
+        out[name] = make_split(seed, name, cfg.n_test, [tier], table, known, seen, cfg.max_addend, cfg.lead_runs)
     out["val"] = make_split(seed, "val", cfg.n_val, list(cfg.tiers), table, known, seen, cfg.max_addend, cfg.lead_runs)
-    out["train"] = make_split(seed, "train", cfg.n_train, list(cfg.tiers), table, known, seen, cfg.max_addend,
-                              cfg.lead_runs)
+    out["train"] = make_split(
+        seed, "train", cfg.n_train, list(cfg.tiers), table, known, seen, cfg.max_addend, cfg.lead_runs
+    )
     # conversations (one example per turn, gold history in meta): openers of tiers 1-2, follow-ups of followup_tiers;
     # test first, then validation and training conversations, each from its own RNG, no opener shared with any split
     for name, size in MULTITURN_SPLITS.items():
-        out[name] = make_multiturn_split(seed, getattr(cfg, size), cfg.multiturn_turns, list(cfg.tiers[:2]),
-                                         list(cfg.followup_tiers), table, known, seen, split=name,
-                                         sample=lambda r, t: sample_problem(r, t, cfg.max_addend, cfg.lead_runs))
+        out[name] = make_multiturn_split(
+            seed,
+            getattr(cfg, size),
+            cfg.multiturn_turns,
+            list(cfg.tiers[:2]),
+            list(cfg.followup_tiers),
+            table,
+            known,
+            seen,
+            split=name,
+            sample=lambda r, t: sample_problem(r, t, cfg.max_addend, cfg.lead_runs),
+        )
     return {name: out[name] for name in SPLITS}
 
 
@@ -85,17 +97,23 @@ def world_warnings(info: dict) -> list[str]:
     acc, out = info["accuracy"], []
     slm, llm = acc["slm"]["mean"], acc["llm"]["mean"]
     if llm < 0.75:
-        out.append(f"the LLM solves only {llm:.0%} of test problems (want >= 75%): it did not learn the task in this "
-                   "build; try another --seed, or the full preset (more training steps)")
+        out.append(
+            f"the LLM solves only {llm:.0%} of test problems (want >= 75%): it did not learn the task in this "
+            "build; try another --seed, or the full preset (more training steps)"
+        )
     if llm - slm < 0.3:
         out.append(f"the SLM/LLM gap is {llm - slm:+.0%} (want >= 30 points): little for a handoff to win")
     if info.get("llm_continue", 1.0) < 0.75:
-        out.append(f"the LLM continues a gold prefix correctly on only {info['llm_continue']:.0%} (want >= 75%): "
-                   "handoffs will often fail")
+        out.append(
+            f"the LLM continues a gold prefix correctly on only {info['llm_continue']:.0%} (want >= 75%): "
+            "handoffs will often fail"
+        )
     follow = {int(t): a for t, a in (info.get("multiturn_accuracy") or {}).get("llm", {}).items() if int(t) > 1}
     if follow and min(follow.values()) < 0.75:
-        out.append(f"the LLM solves follow-up turns at {min(follow.values()):.0%} (want >= 75%): the multi-turn "
-                   "split will not separate the methods")
+        out.append(
+            f"the LLM solves follow-up turns at {min(follow.values()):.0%} (want >= 75%): the multi-turn "
+            "split will not separate the methods"
+        )
     return out
 
 
@@ -122,9 +140,17 @@ def first_hard_distribution(examples: list[Example]) -> dict:
     hist = [0] * 10
     for f in fr:
         hist[min(int(f * 10), 9)] += 1
-    return {"n": len(fr), "share_of_problems": round(len(fr) / len(examples), 4), "median": round(med, 4),
-            "q1": round(q1, 4), "q3": round(q3, 4), "mean": round(statistics.mean(fr), 4),
-            "min": round(fr[0], 4), "max": round(fr[-1], 4), "histogram_tenths": hist}
+    return {
+        "n": len(fr),
+        "share_of_problems": round(len(fr) / len(examples), 4),
+        "median": round(med, 4),
+        "q1": round(q1, 4),
+        "q3": round(q3, 4),
+        "mean": round(statistics.mean(fr), 4),
+        "min": round(fr[0], 4),
+        "max": round(fr[-1], 4),
+        "histogram_tenths": hist,
+    }
 
 
 def has_models(world_dir: Path) -> bool:
@@ -136,15 +162,22 @@ def find_models(cfg: WorldConfig, seed: int, exclude: Path | None = None, shippe
     """A built world whose models are the ones `cfg` and `seed` would train (same seed, build recipe and models hash,
     `WorldConfig.models_hash`): in the cache (`$PYRODASH_CACHE/worlds/`), then, with `shipped`, among the base models
     that ship with PyroDash (`SHIPPED`); None when there is none."""
-    dirs = [d for root in (cache_root() / "worlds", SHIPPED if shipped else None)
-            if root is not None and root.is_dir() for d in sorted(root.iterdir())]
+    dirs = [
+        d
+        for root in (cache_root() / "worlds", SHIPPED if shipped else None)
+        if root is not None and root.is_dir()
+        for d in sorted(root.iterdir())
+    ]
     for d in dirs:
         if exclude is not None and d.resolve() == Path(exclude).resolve():
             continue
         try:
             info = read_world_info(d)
-            same = (info.get("seed") == seed and info.get("build_recipe") == BUILD_RECIPE
-                    and WorldConfig.from_dict(info["config"]).models_hash() == cfg.models_hash())
+            same = (
+                info.get("seed") == seed
+                and info.get("build_recipe") == BUILD_RECIPE
+                and WorldConfig.from_dict(info["config"]).models_hash() == cfg.models_hash()
+            )
         except (FileNotFoundError, OSError, ValueError, KeyError, TypeError):
             continue  # not a world, or one written by another version
         if same and has_models(d):
@@ -160,27 +193,40 @@ def is_built(world_dir: Path, cfg: WorldConfig, seed: int) -> bool:
     return info.get("config_hash") == cfg.config_hash() and info.get("seed") == seed and has_models(world_dir)
 
 
-def build_world(out_dir: str | Path | None = None, quick: bool = False, seed: int = 0, force: bool = False,
-                cfg: WorldConfig | None = None, verbose: bool = True, from_scratch: bool = False) -> Path:
+def build_world(
+    out_dir: str | Path | None = None,
+    quick: bool = False,
+    seed: int = 0,
+    force: bool = False,
+    cfg: WorldConfig | None = None,
+    verbose: bool = True,
+    from_scratch: bool = False,
+) -> Path:
     """Build the world into `out_dir` (default: the cache) unless an identical build is there; return its path.
     `from_scratch`: pretrain the models here, never copy them (from the cache or the shipped base models); a built
     world there whose models were copied is built again."""
     cfg = cfg or WorldConfig.from_preset("quick" if quick else "full")
     world_dir = Path(out_dir) if out_dir is not None else default_world_dir(cfg, seed)
-    if not force and is_built(world_dir, cfg, seed) and not (
-            from_scratch and read_world_info(world_dir).get("models_from")):
+    if (
+        not force
+        and is_built(world_dir, cfg, seed)
+        and not (from_scratch and read_world_info(world_dir).get("models_from"))
+    ):
         return world_dir
     if (world_dir / "world.json").exists() and not force:
         info = read_world_info(world_dir)
         if info.get("config_hash") != cfg.config_hash() or info.get("seed") != seed:
-            raise ValueError(f"{world_dir} holds a different world (hash {info.get('config_hash')}, seed "
-                             f"{info.get('seed')}); pass --force to rebuild it or choose another --out")
+            raise ValueError(
+                f"{world_dir} holds a different world (hash {info.get('config_hash')}, seed "
+                f"{info.get('seed')}); pass --force to rebuild it or choose another --out"
+            )
     run_build(world_dir, cfg, seed, verbose=verbose, reuse_models=not from_scratch)
     return world_dir
 
 
-def train_models(world_dir: Path, cfg: WorldConfig, seed: int, progress,
-                 side_by_side: bool = True) -> tuple[dict, dict, dict]:
+def train_models(
+    world_dir: Path, cfg: WorldConfig, seed: int, progress, side_by_side: bool = True
+) -> tuple[dict, dict, dict]:
     """Pretrain the SLM and the LLM, save them, return (losses, seconds, threads) per model; `seconds` has wall time
     and CPU time (`cpu_slm`, `cpu_llm`), `threads` the schedule run: the SLM's threads, and the LLM's before and from
     its step `cfg.llm_beside_slm_steps`.
@@ -218,8 +264,9 @@ def train_models(world_dir: Path, cfg: WorldConfig, seed: int, progress,
         torch.set_num_threads(n - 1)
         try:
             t, cpu = time.time(), time.process_time()
-            model, llm_losses = pretrain("llm", cfg, seed, progress, on_step=show_slm,
-                                         threads_from=(cfg.llm_beside_slm_steps, n))
+            model, llm_losses = pretrain(
+                "llm", cfg, seed, progress, on_step=show_slm, threads_from=(cfg.llm_beside_slm_steps, n)
+            )
             save_model(model, world_dir / "llm")
             seconds = {"llm": round(time.time() - t, 1), "cpu_llm": round(time.process_time() - cpu, 1)}
         finally:
@@ -245,8 +292,9 @@ def _init_slm_process(counter) -> None:
     hf_logging.disable_progress_bar()
 
 
-def _pretrain_and_save(which: str, world_dir: Path, cfg: WorldConfig, seed: int, progress=None,
-                       threads: int | None = None) -> tuple[list[float], dict]:
+def _pretrain_and_save(
+    which: str, world_dir: Path, cfg: WorldConfig, seed: int, progress=None, threads: int | None = None
+) -> tuple[list[float], dict]:
     """Pretrain one model (on `threads` threads if given) and save it; (losses, {which: s, cpu_<which>: s})."""
     import torch
 
@@ -307,10 +355,19 @@ def _run_build(world_dir: Path, cfg: WorldConfig, seed: int, verbose: bool, reus
             losses, pretrain_threads = old["losses"], old.get("pretrain_threads")
             timings.update({k: v for k, v in old["timings"].items() if k.startswith("pretrain")})
             if verbose:
-                source = models_source({"models_from": str(donor), "models_shipped": is_shipped(donor),
-                                        "seed": seed, "timings": old["timings"]})
-                print(f"world: models: {source} (same models hash {cfg.models_hash()}); `--from-scratch` trains "
-                      "them here", flush=True)
+                source = models_source(
+                    {
+                        "models_from": str(donor),
+                        "models_shipped": is_shipped(donor),
+                        "seed": seed,
+                        "timings": old["timings"],
+                    }
+                )
+                print(
+                    f"world: models: {source} (same models hash {cfg.models_hash()}); `--from-scratch` trains "
+                    "them here",
+                    flush=True,
+                )
         else:
             losses, seconds, pretrain_threads = train_models(world_dir, cfg, seed, progress)
             timings.update({f"pretrain_{w}": s for w, s in seconds.items()}, pretrain_wall=round(time.time() - t, 1))
@@ -319,21 +376,25 @@ def _run_build(world_dir: Path, cfg: WorldConfig, seed: int, verbose: bool, reus
         t = time.time()
         for which in ("slm", "llm"):
             for name in TIER_SPLITS:
-                outs, ok = evaluate_split(models[which], splits[name], cfg.eval_batch_size, progress,
-                                          f"eval {which} {name}")
+                outs, ok = evaluate_split(
+                    models[which], splits[name], cfg.eval_batch_size, progress, f"eval {which} {name}"
+                )
                 acc[which][name] = sum(ok) / len(ok) if ok else float("nan")
                 if which == "slm":
                     slm_out[name] = (outs, ok)
             acc[which]["mean"] = sum(acc[which][n] for n in TIER_SPLITS) / len(TIER_SPLITS)
         per_tier = -(-cfg.n_continue // len(TIER_SPLITS))
         cont_set = [ex for name in TIER_SPLITS for ex in splits[name][:per_tier]][: cfg.n_continue]
-        llm_continue = evaluate_continue(models["llm"], cont_set, get_prompts("world-v1").completion_system, seed,
-                                         cfg.eval_batch_size, progress)
+        llm_continue = evaluate_continue(
+            models["llm"], cont_set, get_prompts("world-v1").completion_system, seed, cfg.eval_batch_size, progress
+        )
         # the build's check that pretraining taught follow-ups: on the validation conversations (the test ones are
         # the eval's; measuring the two models on all 3 x n_multiturn test turns took 25 s of a quick build)
         turn_split = "multiturn_val" if splits.get("multiturn_val") else "multiturn"
-        turns = {w: evaluate_turns(models[w], splits[turn_split], cfg.eval_batch_size, progress, f"eval {w} turns")
-                 for w in ("slm", "llm")}  # fmt: skip
+        turns = {
+            w: evaluate_turns(models[w], splits[turn_split], cfg.eval_batch_size, progress, f"eval {w} turns")
+            for w in ("slm", "llm")
+        }
         timings["evaluate"], timings["cpu_evaluate"] = round(time.time() - t, 1), round(time.process_time() - cpu, 1)
     tests = [ex for name in TIER_SPLITS for ex in splits[name]]
     outs = [o for name in TIER_SPLITS for o in slm_out[name][0]]
@@ -341,17 +402,24 @@ def _run_build(world_dir: Path, cfg: WorldConfig, seed: int, verbose: bool, reus
     easy = [c for ex, c in zip(tests, oks) if not ex.meta["hard_steps"]]
     hard = [c for ex, c in zip(tests, oks) if ex.meta["hard_steps"]]
     info = {
-        "config": cfg.to_dict(), "config_hash": cfg.config_hash(), "models_hash": cfg.models_hash(),
+        "config": cfg.to_dict(),
+        "config_hash": cfg.config_hash(),
+        "models_hash": cfg.models_hash(),
         "models_from": str(donor) if donor is not None else None,
-        "models_shipped": donor is not None and is_shipped(donor), "build_recipe": BUILD_RECIPE, "seed": seed,
+        "models_shipped": donor is not None and is_shipped(donor),
+        "build_recipe": BUILD_RECIPE,
+        "seed": seed,
         "tiers": dict(TIER_SPLITS),
         "prompts": "world-v1",
         "splits": {name: len(exs) for name, exs in splits.items()},
         "params": {w: sum(p.numel() for p in models[w].parameters()) for w in ("slm", "llm")},
         "accuracy": acc,
-        "slm_accuracy_by_difficulty": {"no_hard_step": sum(easy) / len(easy) if easy else float("nan"),
-                                       "has_hard_step": sum(hard) / len(hard) if hard else float("nan"),
-                                       "n_no_hard_step": len(easy), "n_has_hard_step": len(hard)},
+        "slm_accuracy_by_difficulty": {
+            "no_hard_step": sum(easy) / len(easy) if easy else float("nan"),
+            "has_hard_step": sum(hard) / len(hard) if hard else float("nan"),
+            "n_no_hard_step": len(easy),
+            "n_has_hard_step": len(hard),
+        },
         "llm_continue": llm_continue,
         "multiturn_accuracy": turns,  # {model: {turn: accuracy}} after the gold earlier turns, on `multiturn_split`
         "multiturn_split": turn_split,
@@ -367,3 +435,14 @@ def _run_build(world_dir: Path, cfg: WorldConfig, seed: int, verbose: bool, reus
     tmp.write_text(json.dumps(info, indent=1))
     tmp.replace(world_dir / "world.json")
     return info
+
+
+def build_named_world(wdir: Path | None, spec: dict | None) -> Path | None:
+    """A training recipe's world directory (`Recipe.world_dir()`, its `world:` section as `spec`), built when missing
+    (cached: a built world is reused); None for a recipe without `world:`."""
+    if wdir is None:
+        return None
+    spec = spec or {}
+    if (wdir / "world.json").exists() and spec.get("dir"):
+        return wdir  # a named, built world is used as it is (whatever preset built it)
+    return build_world(wdir, quick=bool(spec.get("quick", False)), seed=int(spec.get("seed", 0)))

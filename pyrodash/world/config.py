@@ -43,8 +43,19 @@ class ModelSpec:
 
 # Fields that size the data splits or the build's evaluation only: pretraining never reads them (`pretrain.py` draws
 # its own examples from its own RNG), so changing them keeps the models (`WorldConfig.models_hash`).
-DATA_FIELDS = frozenset({"n_test", "n_train", "n_val", "n_continue", "n_multiturn", "n_multiturn_train",
-                         "n_multiturn_val", "eval_batch_size", "preset"})
+DATA_FIELDS = frozenset(
+    {
+        "n_test",
+        "n_train",
+        "n_val",
+        "n_continue",
+        "n_multiturn",
+        "n_multiturn_train",
+        "n_multiturn_val",
+        "eval_batch_size",
+        "preset",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -108,8 +119,10 @@ class WorldConfig:
         if not 0.0 <= self.multiturn_frac < 1.0:
             raise ValueError(f"multiturn_frac must be in [0, 1), got {self.multiturn_frac}")
         if self.multiturn_turns < 2 or not self.followup_tiers or any(t < 1 for t in self.followup_tiers):
-            raise ValueError(f"multiturn_turns must be >= 2 and followup_tiers list lookup counts >= 1, got "
-                             f"{self.multiturn_turns} and {self.followup_tiers}")
+            raise ValueError(
+                f"multiturn_turns must be >= 2 and followup_tiers list lookup counts >= 1, got "
+                f"{self.multiturn_turns} and {self.followup_tiers}"
+            )
         for name, (lo, hi) in (("lead_runs", self.lead_runs), ("pretrain_lead_runs", self.pretrain_lead_runs)):
             if not 1 <= lo <= hi <= 9:
                 raise ValueError(f"{name} must be (lo, hi) with 1 <= lo <= hi <= 9, got {(lo, hi)}")
@@ -126,8 +139,17 @@ class WorldConfig:
         if name == "quick":
             base = cls()
             # the same models (same seed: the same weights), smaller splits
-            return replace(base, n_test=30, n_train=300, n_val=50, n_continue=60, n_multiturn=60,
-                           n_multiturn_train=100, n_multiturn_val=20, preset="quick")
+            return replace(
+                base,
+                n_test=30,
+                n_train=300,
+                n_val=50,
+                n_continue=60,
+                n_multiturn=60,
+                n_multiturn_train=100,
+                n_multiturn_val=20,
+                preset="quick",
+            )
         raise ValueError(f"unknown world preset {name!r}; choose 'full' or 'quick'")
 
     def to_dict(self) -> dict:

@@ -41,8 +41,9 @@ def max_new_tokens_for(ex: Example) -> int:
     return len(ex.meta.get("solution", "")) + 24 if ex.meta.get("solution") else 160
 
 
-def greedy_generate(model, prompts: list[list[int]], max_new_tokens: int, batch_size: int = 200,
-                    progress=None, label: str = "generate") -> list[str]:
+def greedy_generate(
+    model, prompts: list[list[int]], max_new_tokens: int, batch_size: int = 200, progress=None, label: str = "generate"
+) -> list[str]:
     """Greedy completions (text up to `<|im_end|>`) of `prompts`, longest first, in batches through the decode loop
     that serves and evaluates every model (`HFBackend.generate_ids`: finished rows leave the batch, tokens after the
     prompt go through `lean_step`). Before, transformers' `generate`: the same texts on the quick world of seed 0
@@ -69,8 +70,9 @@ def grade(outputs: list[str], golds: list[str]) -> list[bool]:
     return grade_batch(outputs, golds, workers=0)
 
 
-def evaluate_split(model, examples: list[Example], batch_size: int = 200, progress=None,
-                   label: str = "eval") -> tuple[list[str], list[bool]]:
+def evaluate_split(
+    model, examples: list[Example], batch_size: int = 200, progress=None, label: str = "eval"
+) -> tuple[list[str], list[bool]]:
     """(greedy outputs, correctness) of `model` answering `examples` alone (no system prompt)."""
     if not examples:
         return [], []
@@ -86,8 +88,9 @@ def cut_at_random_boundary(ex: Example, rng: random.Random) -> str:
     return "".join(s + STEP_SEP for s in steps[:k])
 
 
-def evaluate_continue(model, examples: list[Example], system: str | None, seed: int, batch_size: int = 200,
-                      progress=None) -> float:
+def evaluate_continue(
+    model, examples: list[Example], system: str | None, seed: int, batch_size: int = 200, progress=None
+) -> float:
     """Accuracy of `model` continuing the gold solution cut at a random step boundary, as its own assistant
     prefix, with `system` as system message (the engine's handoff: P_l + question + partial solution)."""
     if not examples:

@@ -38,9 +38,14 @@ def followup_question(problem: Problem) -> str:
     return FOLLOWUP + problem.program()
 
 
-def sample_conversation(rng: random.Random, turns: int, first_tier: int, followup_tiers: list[int],
-                        table: list[int], sample: Callable[[random.Random, int], Problem] | None = None,
-                        ) -> list[tuple[str, Problem, Solution]]:  # fmt: skip
+def sample_conversation(
+    rng: random.Random,
+    turns: int,
+    first_tier: int,
+    followup_tiers: list[int],
+    table: list[int],
+    sample: Callable[[random.Random, int], Problem] | None = None,
+) -> list[tuple[str, Problem, Solution]]:
     """`turns` (question text, problem, gold solution) triples: a problem of `first_tier`, then follow-ups (tiers
     drawn from `followup_tiers`) each starting from the previous answer. `sample(rng, tier)` draws a problem
     (default: `task.sample_problem`)."""
@@ -79,14 +84,23 @@ def assistant_starts(messages: list[dict], encode_chat) -> list[int]:
     return starts
 
 
-def pretrain_example(rng: random.Random, which: str, turns_max: int, tiers: list[int], followup_tiers: list[int],
-                     table: list[int], known: frozenset[int], encode_chat, system: str | None = None,
-                     sample: Callable[[random.Random, int], Problem] | None = None,
-                     ) -> tuple[list[int], list[int]]:  # fmt: skip
+def pretrain_example(
+    rng: random.Random,
+    which: str,
+    turns_max: int,
+    tiers: list[int],
+    followup_tiers: list[int],
+    table: list[int],
+    known: frozenset[int],
+    encode_chat,
+    system: str | None = None,
+    sample: Callable[[random.Random, int], Problem] | None = None,
+) -> tuple[list[int], list[int]]:
     """(input ids, labels) of one pretraining conversation of 2..`turns_max` turns; every assistant turn is
     trained, and for the SLM (`which == "slm"`) the results of lookups outside `known` are masked in each."""
-    convo = sample_conversation(rng, rng.randint(2, max(turns_max, 2)), rng.choice(tiers), followup_tiers, table,
-                                sample)
+    convo = sample_conversation(
+        rng, rng.randint(2, max(turns_max, 2)), rng.choice(tiers), followup_tiers, table, sample
+    )
     msgs = chat_messages(convo, system)
     ids, mask = encode_chat(msgs)
     if which == "slm":
@@ -96,10 +110,18 @@ def pretrain_example(rng: random.Random, which: str, turns_max: int, tiers: list
     return ids, [t if m else -100 for t, m in zip(ids, mask)]
 
 
-def make_multiturn_split(seed: int, n: int, turns: int, tiers: list[int], followup_tiers: list[int],
-                         table: list[int], known: frozenset[int], exclude: set[str] | None = None,
-                         split: str = "multiturn",
-                         sample: Callable[[random.Random, int], Problem] | None = None) -> list[Example]:  # fmt: skip
+def make_multiturn_split(
+    seed: int,
+    n: int,
+    turns: int,
+    tiers: list[int],
+    followup_tiers: list[int],
+    table: list[int],
+    known: frozenset[int],
+    exclude: set[str] | None = None,
+    split: str = "multiturn",
+    sample: Callable[[random.Random, int], Problem] | None = None,
+) -> list[Example]:
     """`n` conversations of `turns` turns as `n * turns` examples (one per turn, gold history in meta); the first
     turns' questions are kept out of `exclude` (and added to it), so no split shares a question."""
     if n < 0:
@@ -115,12 +137,23 @@ def make_multiturn_split(seed: int, n: int, turns: int, tiers: list[int], follow
         seen.add(convo[0][0])
         for k, (q, _, sol) in enumerate(convo):
             hard = [i for i, x in sol.lookups if x not in known]
-            out.append(Example(
-                id=f"world-{split}-{c:05d}-t{k + 1}", benchmark=f"world:{split}", question=q, gold=str(sol.answer),
-                meta={"turn": k + 1, "conversation": f"world-{split}-{c:05d}", "history": chat_messages(convo[:k]),
-                      "steps": list(sol.steps), "hard_steps": hard, "solution": sol.text(),
-                      "tier": len(sol.lookups)},
-            ))  # fmt: skip
+            out.append(
+                Example(
+                    id=f"world-{split}-{c:05d}-t{k + 1}",
+                    benchmark=f"world:{split}",
+                    question=q,
+                    gold=str(sol.answer),
+                    meta={
+                        "turn": k + 1,
+                        "conversation": f"world-{split}-{c:05d}",
+                        "history": chat_messages(convo[:k]),
+                        "steps": list(sol.steps),
+                        "hard_steps": hard,
+                        "solution": sol.text(),
+                        "tier": len(sol.lookups),
+                    },
+                )
+            )
         c += 1
     return out
 
@@ -133,15 +166,17 @@ def turn_prompt_ids(ex: Example, encode_chat) -> list[int]:
     return ids
 
 
-def evaluate_turns(model, examples: list[Example], batch_size: int = 200, progress=None,
-                   label: str = "turns") -> dict[int, float]:
+def evaluate_turns(
+    model, examples: list[Example], batch_size: int = 200, progress=None, label: str = "turns"
+) -> dict[int, float]:
     """{turn: greedy accuracy} of a world model answering each conversation turn after its gold history (the
     build's check that pretraining taught follow-ups)."""
     if not examples:
         return {}
     cap = max(max_new_tokens_for(ex) for ex in examples)
-    outs = greedy_generate(model, [turn_prompt_ids(ex, encode_chat) for ex in examples], cap, batch_size, progress,
-                           label)
+    outs = greedy_generate(
+        model, [turn_prompt_ids(ex, encode_chat) for ex in examples], cap, batch_size, progress, label
+    )
     ok = grade(outs, [ex.gold for ex in examples])
     by: dict[int, list[bool]] = {}
     for ex, c in zip(examples, ok):

@@ -34,10 +34,18 @@ def model_config(spec: ModelSpec):
     if spec.hidden_size % spec.num_heads:
         raise ValueError(f"hidden_size {spec.hidden_size} must be divisible by num_heads {spec.num_heads}")
     return Qwen3Config(
-        vocab_size=len(VOCAB), hidden_size=spec.hidden_size, intermediate_size=spec.intermediate_size,
-        num_hidden_layers=spec.num_layers, num_attention_heads=spec.num_heads, num_key_value_heads=spec.num_heads,
-        head_dim=spec.hidden_size // spec.num_heads, max_position_embeddings=1024,
-        tie_word_embeddings=spec.tie_embeddings, bos_token_id=None, eos_token_id=IM_END_ID, pad_token_id=PAD_ID,
+        vocab_size=len(VOCAB),
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_layers,
+        num_attention_heads=spec.num_heads,
+        num_key_value_heads=spec.num_heads,
+        head_dim=spec.hidden_size // spec.num_heads,
+        max_position_embeddings=1024,
+        tie_word_embeddings=spec.tie_embeddings,
+        bos_token_id=None,
+        eos_token_id=IM_END_ID,
+        pad_token_id=PAD_ID,
         use_cache=True,
     )
 
@@ -60,10 +68,18 @@ def example_stream(which: str, cfg: WorldConfig, seed: int) -> Iterator[tuple[li
     while True:
         if cfg.multiturn_frac and mt_rng.random() < cfg.multiturn_frac:
             system = mt_rng.choice(systems) if mt_rng.random() < cfg.system_frac else None
-            ids, labels = pretrain_example(mt_rng, which, cfg.multiturn_turns, list(cfg.pretrain_tiers),
-                                           list(cfg.followup_tiers), table, known, encode_chat, system,
-                                           sample=lambda r, t: sample_problem(r, t, cfg.max_addend,
-                                                                                   cfg.pretrain_lead_runs))
+            ids, labels = pretrain_example(
+                mt_rng,
+                which,
+                cfg.multiturn_turns,
+                list(cfg.pretrain_tiers),
+                list(cfg.followup_tiers),
+                table,
+                known,
+                encode_chat,
+                system,
+                sample=lambda r, t: sample_problem(r, t, cfg.max_addend, cfg.pretrain_lead_runs),
+            )
             yield ids[:-1], labels[:-1]  # as below: the trailing "\n" after the last <|im_end|> is never trained
             continue
         tier = rng.choice(cfg.pretrain_tiers)
@@ -117,9 +133,14 @@ def train_step(model, opt, x: torch.Tensor, y: torch.Tensor) -> float:
     return loss.item()
 
 
-def pretrain(which: str, cfg: WorldConfig, seed: int, progress=None,
-             on_step: Callable[[int, float], None] | None = None,
-             threads_from: tuple[int, int] | None = None) -> tuple[object, list[float]]:
+def pretrain(
+    which: str,
+    cfg: WorldConfig,
+    seed: int,
+    progress=None,
+    on_step: Callable[[int, float], None] | None = None,
+    threads_from: tuple[int, int] | None = None,
+) -> tuple[object, list[float]]:
     """Train `which` from scratch on the threads torch has; returns (model in eval mode, mean loss of every 50
     steps). `progress` is a rich Progress to draw a bar on; `on_step(step, loss)` is called after every step;
     `threads_from=(step, n)` moves training to n threads from that step on (at a fixed step, so deterministic)."""
@@ -133,9 +154,12 @@ def pretrain(which: str, cfg: WorldConfig, seed: int, progress=None,
     model.train()
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": spec.weight_decay},
-                             {"params": no_decay, "weight_decay": 0.0}], lr=spec.lr, betas=(0.9, 0.98),
-                            fused=True)
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": spec.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=spec.lr,
+        betas=(0.9, 0.98),
+        fused=True,
+    )
     task = progress.add_task(f"pretrain {which}", total=spec.train_steps) if progress is not None else None
     losses: list[float] = []
     running = 0.0

@@ -33,8 +33,10 @@ def models_source(info: dict) -> str:
     (the build, `pyrodash world info`, the demo, the report) says it this way."""
     wall = (info.get("timings") or {}).get("pretrain_wall", "?")
     if info.get("models_shipped"):
-        return (f"the base models that ship with PyroDash, copied from {info['models_from']} (what a from-scratch "
-                f"build of seed {info.get('seed')} trains: {wall} s of pretraining there)")
+        return (
+            f"the base models that ship with PyroDash, copied from {info['models_from']} (what a from-scratch "
+            f"build of seed {info.get('seed')} trains: {wall} s of pretraining there)"
+        )
     if info.get("models_from"):
         return f"copied from the world at {info['models_from']} (pretrained there in {wall} s)"
     return f"pretrained by its build ({wall} s)"
@@ -50,8 +52,10 @@ def platform() -> dict:
     cpu = host.processor()
     info = Path("/proc/cpuinfo")
     if info.is_file():  # Linux: platform.processor() is often empty there
-        fields = {k.strip(): v.strip() for k, v in (line.split(":", 1) for line in info.read_text().splitlines()
-                                                     if ":" in line)}
+        fields = {
+            k.strip(): v.strip()
+            for k, v in (line.split(":", 1) for line in info.read_text().splitlines() if ":" in line)
+        }
         cpu = " ".join(fields.get(k, "") for k in ("vendor_id", "model name")).strip() or cpu
     return {"torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability(), "cpu": cpu}
 
@@ -61,8 +65,10 @@ def ship(world_dir: str | Path) -> Path:
     world_dir = Path(world_dir)
     info = json.loads((world_dir / "world.json").read_text())
     if info.get("models_from"):
-        raise ValueError(f"{world_dir}: its models were copied from {info['models_from']}; ship a world built with "
-                         "`pyrodash world build --from-scratch`")
+        raise ValueError(
+            f"{world_dir}: its models were copied from {info['models_from']}; ship a world built with "
+            "`pyrodash world build --from-scratch`"
+        )
     dest = SHIPPED / f"seed{info['seed']}"
     shutil.rmtree(dest, ignore_errors=True)
     for m in ("slm", "llm"):

@@ -164,21 +164,30 @@ def untaught_spans(solution: Solution, known: frozenset[int]) -> list[tuple[int,
     return spans
 
 
-def to_example(problem: Problem, table: list[int], known: frozenset[int], split: str, index: int,
-               tier: int) -> Example:
+def to_example(problem: Problem, table: list[int], known: frozenset[int], split: str, index: int, tier: int) -> Example:
     """The evaluation record of a problem: gold answer, gold steps, and which steps the SLM was not taught."""
     sol = solve(problem, table)
     hard = [i for i, x in sol.lookups if x not in known]
     return Example(
-        id=f"world-{split}-{index:05d}", benchmark=f"world:{split}", question=problem.question(),
+        id=f"world-{split}-{index:05d}",
+        benchmark=f"world:{split}",
+        question=problem.question(),
         gold=str(sol.answer),
         meta={"tier": tier, "steps": list(sol.steps), "hard_steps": hard, "solution": sol.text()},
     )
 
 
-def make_split(seed: int, split: str, n: int, tiers: list[int], table: list[int], known: frozenset[int],
-               exclude: set[str] | None = None, max_addend: int = 9, runs: tuple[int, int] = (7, 9)
-               ) -> list[Example]:  # fmt: skip
+def make_split(
+    seed: int,
+    split: str,
+    n: int,
+    tiers: list[int],
+    table: list[int],
+    known: frozenset[int],
+    exclude: set[str] | None = None,
+    max_addend: int = 9,
+    runs: tuple[int, int] = (7, 9),
+) -> list[Example]:
     """`n` distinct problems for `split`, tiers cycling through `tiers`; questions in `exclude` are skipped (and
     the new ones added to it), so splits never share a question."""
     if n < 0:

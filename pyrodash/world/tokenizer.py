@@ -51,8 +51,14 @@ def build_tokenizer():
     tok.add_special_tokens(list(SPECIAL_TOKENS))
     tok.add_tokens([AddedToken(r, normalized=False) for r in ROLES])
     fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token=None, eos_token=IM_END, pad_token=PAD, unk_token=UNK,
-        additional_special_tokens=[IM_START], model_max_length=1024, padding_side="left",
+        tokenizer_object=tok,
+        bos_token=None,
+        eos_token=IM_END,
+        pad_token=PAD,
+        unk_token=UNK,
+        additional_special_tokens=[IM_START],
+        model_max_length=1024,
+        padding_side="left",
         clean_up_tokenization_spaces=False,
     )
     fast.chat_template = CHAT_TEMPLATE

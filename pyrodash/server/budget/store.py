@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-from pyrodash.server.pacer import PacerSpec, PacerState, advance
+from pyrodash.server.budget.pacer import PacerSpec, PacerState, advance
 
 log = logging.getLogger("pyrodash.serve")
 HEARTBEAT_S = 5.0  # a replica refreshes its heartbeat this often ...
@@ -106,8 +106,15 @@ class RedisStore:
 
     kind = "redis"
 
-    def __init__(self, url: str, prefix: str = "pyrodash:budget:", replicas: int | None = None,
-                 timeout_s: float = 0.25, retry_s: float = 2.0, clock: Callable[[], float] = time.time):
+    def __init__(
+        self,
+        url: str,
+        prefix: str = "pyrodash:budget:",
+        replicas: int | None = None,
+        timeout_s: float = 0.25,
+        retry_s: float = 2.0,
+        clock: Callable[[], float] = time.time,
+    ):
         import redis.asyncio as aioredis
         from redis.asyncio.retry import Retry
         from redis.backoff import NoBackoff
@@ -117,9 +124,13 @@ class RedisStore:
         self.timeout_s, self.retry_s, self.clock = timeout_s, retry_s, clock
         # a pooled connection that died with a Redis restart is retried once on a fresh one (a timeout is not: the
         # request would wait twice before the fallback)
-        self.client = aioredis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
-                                        retry=Retry(NoBackoff(), 1, supported_errors=(RConn,)),
-                                        retry_on_error=[RConn])  # fmt: skip
+        self.client = aioredis.from_url(
+            url,
+            socket_timeout=timeout_s,
+            socket_connect_timeout=timeout_s,
+            retry=Retry(NoBackoff(), 1, supported_errors=(RConn,)),
+            retry_on_error=[RConn],
+        )
         self.id = uuid.uuid4().hex[:12]
         self.replicas = replicas or 1  # replicas seen alive (heartbeats), at least 1
         self._beat_at = 0.0
@@ -168,8 +179,13 @@ class RedisStore:
 
     def view(self) -> dict:
         down = self.down_since is not None
-        out = {"store": "redis", "shared": not down, "fallback": down,
-               "replica_share": self.share if down else 1.0, "replicas_seen": self.replicas}
+        out = {
+            "store": "redis",
+            "shared": not down,
+            "fallback": down,
+            "replica_share": self.share if down else 1.0,
+            "replicas_seen": self.replicas,
+        }
         if down:
             out["redis_error"] = self.error
             out["down_for_s"] = round(time.monotonic() - self.down_since, 1)
@@ -226,8 +242,11 @@ class RedisStore:
         if self.down_since is None:
             self.down_since = time.monotonic()
             self.fallbacks += 1
-            log.warning("budgets: Redis unreachable (%s): this replica holds 1/%d of each budget until it is back",
-                        type(e).__name__, self.replicas)
+            log.warning(
+                "budgets: Redis unreachable (%s): this replica holds 1/%d of each budget until it is back",
+                type(e).__name__,
+                self.replicas,
+            )
         self.error = type(e).__name__
         self._retry_at = time.monotonic() + self.retry_s
 
@@ -277,8 +296,10 @@ class RedisStore:
                 raise
             self.error = type(e).__name__
             return
-        log.warning("budgets: Redis is back after %.1f s: this replica shares the budgets again",
-                    time.monotonic() - (self.down_since or time.monotonic()))
+        log.warning(
+            "budgets: Redis is back after %.1f s: this replica shares the budgets again",
+            time.monotonic() - (self.down_since or time.monotonic()),
+        )
         self.down_since, self.error = None, None
         self.local.clear()
 

@@ -26,7 +26,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pyrodash.server.pacer import BIAS, SHARE, Curve
+from pyrodash.server.budget.pacer import BIAS, SHARE, Curve
 
 DOLLARS = ("llm", "all")
 AT_CAP = ("slm", "refuse")
@@ -34,8 +34,18 @@ KNOBS = (SHARE, BIAS)
 PERIODS = {"usd_per_hour": ("hour", 3600.0), "usd_per_day": ("day", 86400.0)}
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 _BUDGET_KEYS = {"usd_per_hour", "usd_per_day", "dollars", "cap_usd", "at_cap", "key_env"}
-_TOP_KEYS = {"default", "keys", "redis_url", "redis_prefix", "replicas", "curve", "knob", "time_compression",
-             "period_origin", "controller"}
+_TOP_KEYS = {
+    "default",
+    "keys",
+    "redis_url",
+    "redis_prefix",
+    "replicas",
+    "curve",
+    "knob",
+    "time_compression",
+    "period_origin",
+    "controller",
+}
 _CONTROLLER_KEYS = {"integral_s", "rate_window_s", "bank_s", "debt_s", "cost_window", "head_start_s"}
 
 
@@ -68,9 +78,10 @@ class Budget:
             raise ValueError(f"{where} must be a mapping, e.g. {{usd_per_hour: 2.0, dollars: llm}}")
         unknown = set(raw) - _BUDGET_KEYS
         if unknown:
-            raise ValueError(f"{where}: unknown key {sorted(unknown)[0]!r}; use usd_per_hour or usd_per_day (the "
-                             "target), dollars (llm|all), cap_usd, at_cap (slm|refuse)"
-                             + (", key_env" if keyed else ""))
+            raise ValueError(
+                f"{where}: unknown key {sorted(unknown)[0]!r}; use usd_per_hour or usd_per_day (the "
+                "target), dollars (llm|all), cap_usd, at_cap (slm|refuse)" + (", key_env" if keyed else "")
+            )
         rates = [k for k in PERIODS if k in raw]
         if not rates:
             raise ValueError(f"{where}: no target rate: set usd_per_hour (e.g. 2.0) or usd_per_day")
@@ -85,12 +96,15 @@ class Budget:
         if cap is not None:
             cap = _number(f"{where}.cap_usd", cap)
             if cap < target:
-                raise ValueError(f"{where}.cap_usd={cap:g} is below the target for one {period} ({target:g}): raise "
-                                 f"cap_usd or lower {rates[0]} (the cap is a hard limit above the target)")
+                raise ValueError(
+                    f"{where}.cap_usd={cap:g} is below the target for one {period} ({target:g}): raise "
+                    f"cap_usd or lower {rates[0]} (the cap is a hard limit above the target)"
+                )
         at_cap = raw.get("at_cap", "slm")
         if at_cap not in AT_CAP:
-            raise ValueError(f"{where}.at_cap={at_cap!r}: use slm (the SLM alone until the {period} ends) or refuse "
-                             "(429)")
+            raise ValueError(
+                f"{where}.at_cap={at_cap!r}: use slm (the SLM alone until the {period} ends) or refuse (429)"
+            )
         if "at_cap" in raw and cap is None:
             raise ValueError(f"{where}.at_cap needs cap_usd (the hard cap per {period}): set cap_usd or remove at_cap")
         digest = None
@@ -100,8 +114,10 @@ class Budget:
                 raise ValueError(f"{where}: set key_env to the environment variable holding this budget's API key")
             key = os.environ.get(env)
             if not key:
-                raise ValueError(f"{where}: the environment variable {env} is not set: export it (the API key the "
-                                 "clients of this budget send as 'Authorization: Bearer <key>')")
+                raise ValueError(
+                    f"{where}: the environment variable {env} is not set: export it (the API key the "
+                    "clients of this budget send as 'Authorization: Bearer <key>')"
+                )
             digest = hashlib.sha256(key.encode()).digest()
         elif "key_env" in raw:
             raise ValueError(f"{where}.key_env: the default budget has no key; put keyed budgets under budgets.keys")
@@ -110,7 +126,8 @@ class Budget:
 
 @dataclass(frozen=True)
 class Controller:
-    """Pacer settings in the budget's seconds; None: the period's defaults (`pyrodash.server.pacer.PacerSpec`)."""
+    """Pacer settings in the budget's seconds; None: the period's defaults
+    (`pyrodash.server.budget.pacer.PacerSpec`)."""
 
     integral_s: float | None = None
     rate_window_s: float = 600.0
@@ -155,24 +172,31 @@ class BudgetsConfig:
             default = Budget.parse("budgets.default", "default", raw["default"], keyed=False)
         keys_raw = raw.get("keys") or {}
         if not isinstance(keys_raw, dict):
-            raise ValueError("budgets.keys must map budget names to budgets: {team-a: {key_env: TEAM_A_KEY, "
-                             "usd_per_day: 20}}")
+            raise ValueError(
+                "budgets.keys must map budget names to budgets: {team-a: {key_env: TEAM_A_KEY, usd_per_day: 20}}"
+            )
         keys = []
         for name, spec in keys_raw.items():
             name = str(name)
             if not _NAME.fullmatch(name) or name == "default":
-                raise ValueError(f"budgets.keys.{name}: a budget name is 1-64 letters, digits, '.', '_' or '-' (not "
-                                 "'default'); it names the budget in responses, metrics and logs")
+                raise ValueError(
+                    f"budgets.keys.{name}: a budget name is 1-64 letters, digits, '.', '_' or '-' (not "
+                    "'default'); it names the budget in responses, metrics and logs"
+                )
             keys.append(Budget.parse(f"budgets.keys.{name}", name, spec, keyed=True))
         if default is None and not keys:
-            raise ValueError("budgets: no budget: add default: {usd_per_hour: 2.0} or keys: {NAME: {key_env: VAR, "
-                             "usd_per_hour: 2.0}}")
+            raise ValueError(
+                "budgets: no budget: add default: {usd_per_hour: 2.0} or keys: {NAME: {key_env: VAR, "
+                "usd_per_hour: 2.0}}"
+            )
         digests = [b.key_digest for b in keys]
         if len(set(digests)) < len(digests):
             raise ValueError("budgets.keys: two budgets share one API key: give each budget its own key")
         if api_key and hashlib.sha256(api_key.encode()).digest() in digests:
-            raise ValueError("budgets.keys: a budget's key is the server's api_key: give the budget a key of its own "
-                             "(requests with the server's key draw on budgets.default)")
+            raise ValueError(
+                "budgets.keys: a budget's key is the server's api_key: give the budget a key of its own "
+                "(requests with the server's key draw on budgets.default)"
+            )
         redis_url = raw.get("redis_url")
         if redis_url is not None:
             _check_redis_url(redis_url)
@@ -181,18 +205,24 @@ class BudgetsConfig:
             raise ValueError("budgets.redis_prefix must be a non-empty string (the Redis key prefix)")
         replicas = raw.get("replicas")
         if replicas is not None and (isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1):
-            raise ValueError(f"budgets.replicas={replicas!r} must be a positive integer (how many replicas share the "
-                             "budget when Redis is unreachable)")
+            raise ValueError(
+                f"budgets.replicas={replicas!r} must be a positive integer (how many replicas share the "
+                "budget when Redis is unreachable)"
+            )
         knob = raw.get("knob", SHARE)
         if knob not in KNOBS:
-            raise ValueError(f"budgets.knob={knob!r}: use handoff_share (the share of requests that may hand off) or "
-                             "offload_bias (along the calibration curve)")
+            raise ValueError(
+                f"budgets.knob={knob!r}: use handoff_share (the share of requests that may hand off) or "
+                "offload_bias (along the calibration curve)"
+            )
         curve, curve_path = None, raw.get("curve")
         if curve_path is not None:
             curve = load_curve(curve_path)
         if knob == BIAS and curve is None:
-            raise ValueError("budgets.knob=offload_bias needs a curve: run `pyrodash calibrate ... --budget-usd X "
-                             "--json > curve.json` on a traffic sample and set budgets.curve: curve.json")
+            raise ValueError(
+                "budgets.knob=offload_bias needs a curve: run `pyrodash calibrate ... --budget-usd X "
+                "--json > curve.json` on a traffic sample and set budgets.curve: curve.json"
+            )
         compression = _number("budgets.time_compression", raw.get("time_compression", 1.0))
         origin = _number("budgets.period_origin", raw.get("period_origin", 0.0), positive=False)
         ctl = raw.get("controller") or {}
@@ -205,8 +235,19 @@ class BudgetsConfig:
             if vals["cost_window"] != int(vals["cost_window"]):
                 raise ValueError("budgets.controller.cost_window must be a whole number of requests")
             vals["cost_window"] = int(vals["cost_window"])
-        return cls(default, tuple(keys), redis_url, prefix, replicas, curve, curve_path and str(curve_path), knob,
-                   compression, origin, Controller(**vals))
+        return cls(
+            default,
+            tuple(keys),
+            redis_url,
+            prefix,
+            replicas,
+            curve,
+            curve_path and str(curve_path),
+            knob,
+            compression,
+            origin,
+            Controller(**vals),
+        )
 
 
 def _check_redis_url(url: object) -> None:
@@ -223,17 +264,22 @@ def load_curve(path: object) -> Curve:
     {bias, cost_usd} points."""
     p = Path(str(path))
     if not p.is_file():
-        raise ValueError(f"budgets.curve={path}: no such file: run `pyrodash calibrate ... --budget-usd X --json > "
-                         f"{path}` on a sample of your traffic")
+        raise ValueError(
+            f"budgets.curve={path}: no such file: run `pyrodash calibrate ... --budget-usd X --json > "
+            f"{path}` on a sample of your traffic"
+        )
     try:
         data = json.loads(p.read_text())
     except ValueError as e:
-        raise ValueError(f"budgets.curve={path} is not JSON ({e}): use the output of `pyrodash calibrate --json`") \
-            from None
+        raise ValueError(
+            f"budgets.curve={path} is not JSON ({e}): use the output of `pyrodash calibrate --json`"
+        ) from None
     trace = data.get("trace") if isinstance(data, dict) else data
     if not isinstance(trace, list) or not all(isinstance(t, dict) and "bias" in t for t in trace):
-        raise ValueError(f"budgets.curve={path}: expected `pyrodash calibrate --json` output (a `trace` of {{bias, "
-                         "rate, cost_usd}} points)")
+        raise ValueError(
+            f"budgets.curve={path}: expected `pyrodash calibrate --json` output (a `trace` of {{bias, "
+            "rate, cost_usd}} points)"
+        )
     try:
         return Curve.from_trace(trace)
     except ValueError as e:

@@ -4,14 +4,15 @@ re-pricing, `summary.json` and the Pareto figure.
     pyrodash report RUN_DIR [--prices SHEET]
 
 Everything here reads `RUN_DIR/records/<method>.jsonl` (one line per (method, example, sample), written by
-`pyrodash.evaluate`) and recomputes every number from the stored token counts, so a run can be re-priced and
+`pyrodash.eval.harness`) and recomputes every number from the stored token counts, so a run can be re-priced and
 re-drawn without running a model again. Method names follow one scheme: `slm`, `slm+sft`, `llm`, `routellm@<α>`,
 `glimprouter@<τ>`, `pyrodash@<λ>`, `pyrodash@<λ>+bias<b>` (an offload_bias sweep), `pyrodash@<λ>+share<s>`
 (a handoff_share sweep).
 
 Conversations (records with `meta.turn`) are reported apart from the single questions of Tables 1-4, one section per
 conversation benchmark: gold history (`world:multiturn`, every turn after the gold earlier turns) and own history
-(`world:multiturn-self`, every turn after the method's own earlier answers, `pyrodash.evaluate`). Per turn: accuracy,
+(`world:multiturn-self`, every turn after the method's own earlier answers,
+`pyrodash.eval.harness`). Per turn: accuracy,
 LLM calls, handoff share, $ and $ over method `llm`'s on the same turn (`per_turn_by_benchmark`), and the Pareto
 verdict (`turn_pareto`: the frontier, each PyroDash point's dominators, its distance to the oracle). summary.json:
 `per_turn` (gold-history turns, as before), `per_turn_by_benchmark` and `turn_pareto` ({benchmark: {...}}).
@@ -25,9 +26,9 @@ from pathlib import Path
 
 from pyrodash.cost import PRICES_DIR, Prices, Usage, llm_token_ratio, total_usage
 from pyrodash.data.benchmarks import own_history_benchmark
-from pyrodash.method_names import lambda_points, parse_method, sort_key
+from pyrodash.eval.names import lambda_points, parse_method, sort_key
 from pyrodash.record import read_record, usage_of
-from pyrodash.report_plots import pareto_png
+from pyrodash.report.plots import pareto_png
 from pyrodash.world.shipped import models_source
 
 STEP_BOUNDARY = "\n\n"
@@ -123,8 +124,13 @@ def record_cost(r: dict, prices: Prices, endpoint_prices: dict[str, Prices] | No
             sheet = prices
         if sheet is None:
             pr = e.get("price") or {}
-            sheet = Prices(slm_in=0, slm_out=0, llm_in=pr.get("llm_in", prices.llm_in),
-                           llm_out=pr.get("llm_out", prices.llm_out), llm_cached_in=pr.get("llm_cached_in"))
+            sheet = Prices(
+                slm_in=0,
+                slm_out=0,
+                llm_in=pr.get("llm_in", prices.llm_in),
+                llm_out=pr.get("llm_out", prices.llm_out),
+                llm_cached_in=pr.get("llm_cached_in"),
+            )
         total += Usage(llm_in=e["llm_in"], llm_out=e["llm_out"], llm_cached_in=e["llm_cached_in"]).cost(sheet)
     return total
 
@@ -138,14 +144,26 @@ def mesh_table(runs: dict[str, list[dict]], prices: Prices) -> list[str]:
             for e in r.get("llm_endpoints") or []:
                 if not e.get("own_price", True):  # one LLM at the run's prices: not a mesh
                     continue
-                a = agg.setdefault(e["endpoint"], {"calls": 0, "errors": 0, "llm_in": 0, "llm_out": 0, "cost": 0.0,
-                                                   "price": e.get("price") or {}})
+                a = agg.setdefault(
+                    e["endpoint"],
+                    {"calls": 0, "errors": 0, "llm_in": 0, "llm_out": 0, "cost": 0.0, "price": e.get("price") or {}},
+                )
                 for k in ("calls", "errors", "llm_in", "llm_out"):
                     a[k] += e.get(k, 0)
                 a["cost"] += record_cost({"llm_endpoints": [e]}, prices)
-        rows += [[name, ep, a["calls"], a["errors"], a["llm_in"], a["llm_out"],
-                  f"{a['price'].get('llm_in')}/{a['price'].get('llm_out')}", f"{a['cost']:.6f}"]
-                 for ep, a in agg.items()]
+        rows += [
+            [
+                name,
+                ep,
+                a["calls"],
+                a["errors"],
+                a["llm_in"],
+                a["llm_out"],
+                f"{a['price'].get('llm_in')}/{a['price'].get('llm_out')}",
+                f"{a['cost']:.6f}",
+            ]
+            for ep, a in agg.items()
+        ]
     if not rows:
         return ["(no LLM mesh in this run: every LLM call went to the one configured LLM)"]
     return _table(["Method", "LLM endpoint", "calls", "failed", "LLM in", "LLM out", "$/M in/out", "$"], rows)
@@ -154,8 +172,9 @@ def mesh_table(runs: dict[str, list[dict]], prices: Prices) -> list[str]:
 def conversation_benchmarks(runs: dict[str, list[dict]]) -> list[str]:
     """The benchmarks with conversation turns (`meta.turn`), each gold-history one before its `-self` twin."""
     names = {r["benchmark"] for rs in runs.values() for r in rs if (r.get("meta") or {}).get("turn") is not None}
-    return sorted(names, key=lambda b: (b.removesuffix("-self") if own_history_benchmark(b) else b,
-                                        own_history_benchmark(b)))
+    return sorted(
+        names, key=lambda b: (b.removesuffix("-self") if own_history_benchmark(b) else b, own_history_benchmark(b))
+    )
 
 
 def per_turn(runs: dict[str, list[dict]], prices: Prices, benchmarks=None) -> dict[str, dict[int, dict]]:
@@ -170,11 +189,16 @@ def per_turn(runs: dict[str, list[dict]], prices: Prices, benchmarks=None) -> di
             if turn is not None and (benchmarks is None or r.get("benchmark") in benchmarks):
                 by.setdefault(int(turn), []).append(r)
         if by:
-            out[name] = {t: {"n": len(rs), "accuracy": sum(bool(r["correct"]) for r in rs) / len(rs),
-                             "llm_calls": sum(r.get("llm_calls", 0) for r in rs) / len(rs),
-                             "handoff_share": sum(r.get("handoff") is not None for r in rs) / len(rs),
-                             "cost_usd": sum(record_cost(r, prices) for r in rs) / len(rs)}
-                         for t, rs in sorted(by.items())}  # fmt: skip
+            out[name] = {
+                t: {
+                    "n": len(rs),
+                    "accuracy": sum(bool(r["correct"]) for r in rs) / len(rs),
+                    "llm_calls": sum(r.get("llm_calls", 0) for r in rs) / len(rs),
+                    "handoff_share": sum(r.get("handoff") is not None for r in rs) / len(rs),
+                    "cost_usd": sum(record_cost(r, prices) for r in rs) / len(rs),
+                }
+                for t, rs in sorted(by.items())
+            }
     return out
 
 
@@ -204,8 +228,11 @@ def _normalized(pt: dict[str, dict[int, dict]]) -> dict[str, dict[int, dict]]:
 def dominates(a: dict, b: dict) -> bool:
     """Whether point `a` dominates `b` on a turn: accuracy >= and cost <= with one strict. Costs are compared in
     dollars per example, the same order as normalized cost (one LLM cost divides every method's on a turn)."""
-    return (a["accuracy"] >= b["accuracy"] and a["cost_usd"] <= b["cost_usd"]
-            and (a["accuracy"] > b["accuracy"] or a["cost_usd"] < b["cost_usd"]))
+    return (
+        a["accuracy"] >= b["accuracy"]
+        and a["cost_usd"] <= b["cost_usd"]
+        and (a["accuracy"] > b["accuracy"] or a["cost_usd"] < b["cost_usd"])
+    )
 
 
 def turn_pareto(pt: dict[str, dict[int, dict]]) -> dict[int, dict]:
@@ -224,9 +251,14 @@ def turn_pareto(pt: dict[str, dict[int, dict]]) -> dict[int, dict]:
                 continue
             by = [m for m, w in at.items() if m != n and dominates(w, v)]
             nc, oc = v.get("cost_normalized"), None if o is None else o.get("cost_normalized")
-            points[n] = {"accuracy": v["accuracy"], "cost_normalized": nc, "dominated_by": by, "on_frontier": not by,
-                         "oracle_acc_gap": None if o is None else v["accuracy"] - o["accuracy"],
-                         "oracle_cost_gap": None if nc is None or oc is None else nc - oc}
+            points[n] = {
+                "accuracy": v["accuracy"],
+                "cost_normalized": nc,
+                "dominated_by": by,
+                "on_frontier": not by,
+                "oracle_acc_gap": None if o is None else v["accuracy"] - o["accuracy"],
+                "oracle_cost_gap": None if nc is None or oc is None else nc - oc,
+            }
         out[t] = {"frontier": frontier, "points": points}
     return out
 
@@ -249,11 +281,23 @@ def turn_table(runs: dict[str, list[dict]], prices: Prices, benchmark: str | Non
     pt = _normalized(gold_history_turns(runs, prices) if benchmark is None else per_turn(runs, prices, {benchmark}))
     if not pt:
         return ["(no conversation turns in this run: add the world's `world:multiturn` split to the benchmarks)"]
-    rows = [[name, t, v["n"], _pct(v["accuracy"]), f"{v['llm_calls']:.2f}", _pct(v["handoff_share"]),
-             f"{v['cost_usd']:.8f}", _norm(v.get("cost_normalized"))]
-            for name, turns in pt.items() for t, v in turns.items()]  # fmt: skip
-    return _table(["Method", "turn", "n", "accuracy", "LLM calls / ex.", "handoffs", "$ / ex.", "Cost / LLM-only"],
-                  rows)
+    rows = [
+        [
+            name,
+            t,
+            v["n"],
+            _pct(v["accuracy"]),
+            f"{v['llm_calls']:.2f}",
+            _pct(v["handoff_share"]),
+            f"{v['cost_usd']:.8f}",
+            _norm(v.get("cost_normalized")),
+        ]
+        for name, turns in pt.items()
+        for t, v in turns.items()
+    ]
+    return _table(
+        ["Method", "turn", "n", "accuracy", "LLM calls / ex.", "handoffs", "$ / ex.", "Cost / LLM-only"], rows
+    )
 
 
 def turn_verdict(pareto: dict[int, dict]) -> list[str]:
@@ -261,15 +305,21 @@ def turn_verdict(pareto: dict[int, dict]) -> list[str]:
     to the oracle."""
     lines = []
     for t, v in pareto.items():
-        lines.append(f"- turn {t}: Pareto frontier (methods no other one dominates with higher-or-equal accuracy "
-                     f"at lower-or-equal cost, one strictly): {', '.join(v['frontier']) or '--'}")
+        lines.append(
+            f"- turn {t}: Pareto frontier (methods no other one dominates with higher-or-equal accuracy "
+            f"at lower-or-equal cost, one strictly): {', '.join(v['frontier']) or '--'}"
+        )
         for n, p in v["points"].items():
             where = "on the frontier" if p["on_frontier"] else f"dominated by {', '.join(p['dominated_by'])}"
-            gap = ("no oracle records" if p["oracle_acc_gap"] is None else
-                   f"vs oracle {100 * p['oracle_acc_gap']:+.2f} points, "
-                   + ("cost --" if p["oracle_cost_gap"] is None else f"{p['oracle_cost_gap']:+.4f} of LLM-only cost"))
-            lines.append(f"  - {n} (acc {_pct(p['accuracy'])}%, {_norm(p['cost_normalized'])} of LLM-only): "
-                         f"{where}; {gap}")
+            gap = (
+                "no oracle records"
+                if p["oracle_acc_gap"] is None
+                else f"vs oracle {100 * p['oracle_acc_gap']:+.2f} points, "
+                + ("cost --" if p["oracle_cost_gap"] is None else f"{p['oracle_cost_gap']:+.4f} of LLM-only cost")
+            )
+            lines.append(
+                f"  - {n} (acc {_pct(p['accuracy'])}%, {_norm(p['cost_normalized'])} of LLM-only): {where}; {gap}"
+            )
     return lines or ["(no PyroDash points on these turns)"]
 
 
@@ -278,22 +328,41 @@ def conversation_sections(runs: dict[str, list[dict]], prices: Prices) -> list[s
     and the per-turn Pareto verdict with the oracle distance."""
     benches = conversation_benchmarks(runs)
     if not benches:
-        return ["(no conversation turns in this run: add the world's `world:multiturn` split to the benchmarks, and "
-                "`world:multiturn-self` to answer each turn after the method's own earlier answers)"]
+        return [
+            "(no conversation turns in this run: add the world's `world:multiturn` split to the benchmarks, and "
+            "`world:multiturn-self` to answer each turn after the method's own earlier answers)"
+        ]
     by_bench = per_turn_by_benchmark(runs, prices)
     out = []
     for b in benches:
         if own_history_benchmark(b):
-            out += [f"### Conversations, own history: `{b}`", "", "Each turn is answered after the method's OWN "
-                    "earlier answers (turn 1 alone), as a user lives the conversation; it is graded against the "
-                    "conversation's gold, so a wrong earlier answer carries into later turns.", ""]
+            out += [
+                f"### Conversations, own history: `{b}`",
+                "",
+                "Each turn is answered after the method's OWN "
+                "earlier answers (turn 1 alone), as a user lives the conversation; it is graded against the "
+                "conversation's gold, so a wrong earlier answer carries into later turns.",
+                "",
+            ]
         else:
-            out += [f"### Conversations, gold history: `{b}`", "", "Each turn is graded with the gold earlier turns "
-                    "as history (the same context for every method); a follow-up continues from the previous "
-                    "answer.", ""]
+            out += [
+                f"### Conversations, gold history: `{b}`",
+                "",
+                "Each turn is graded with the gold earlier turns "
+                "as history (the same context for every method); a follow-up continues from the previous "
+                "answer.",
+                "",
+            ]
         out += turn_table(runs, prices, b)
-        out += ["", "Pareto verdict per turn (cost / LLM-only: the method's $ on the turn over `llm`'s on the same "
-                "turn):", ""] + turn_verdict(turn_pareto(by_bench[b])) + [""]
+        out += (
+            [
+                "",
+                "Pareto verdict per turn (cost / LLM-only: the method's $ on the turn over `llm`'s on the same turn):",
+                "",
+            ]
+            + turn_verdict(turn_pareto(by_bench[b]))
+            + [""]
+        )
     return out[:-1]
 
 
@@ -305,9 +374,7 @@ def compute_metrics(name: str, records: list[dict], prices: Prices) -> Metrics:
     for r in records:
         by_bench.setdefault(r["benchmark"], {}).setdefault(str(r["id"]), []).append(bool(r["correct"]))
         usage_by_bench.setdefault(r["benchmark"], []).append(usage_of(r))
-    per_bench = {
-        b: sum(sum(v) / len(v) for v in ex.values()) / len(ex) for b, ex in sorted(by_bench.items())
-    }
+    per_bench = {b: sum(sum(v) / len(v) for v in ex.values()) / len(ex) for b, ex in sorted(by_bench.items())}
     usages = [u for us in usage_by_bench.values() for u in us]
     total = total_usage(usages)
     return Metrics(
@@ -416,25 +483,57 @@ def _table(header: list[str], rows: list[list]) -> list[str]:
 
 def table1(ms: dict[str, Metrics]) -> list[str]:
     benches = sorted({b for m in ms.values() for b in m.per_benchmark})
-    rows = [[n] + [_pct(m.per_benchmark.get(b)) for b in benches]
-            + [_pct(m.accuracy), _pct(m.llm_token_ratio), f"{m.llm_calls:.3f}"] for n, m in ms.items()]
-    return _table(["Method"] + [f"{b} Acc. (%)" for b in benches]
-                  + ["Avg. Acc. (%)", "LLM Token Ratio (%)", "Avg. LLM Calls"], rows)
+    rows = [
+        [n]
+        + [_pct(m.per_benchmark.get(b)) for b in benches]
+        + [_pct(m.accuracy), _pct(m.llm_token_ratio), f"{m.llm_calls:.3f}"]
+        for n, m in ms.items()
+    ]
+    return _table(
+        ["Method"] + [f"{b} Acc. (%)" for b in benches] + ["Avg. Acc. (%)", "LLM Token Ratio (%)", "Avg. LLM Calls"],
+        rows,
+    )
 
 
 def table2(ms: dict[str, Metrics]) -> list[str]:
-    rows = [[n, _pct(m.accuracy), _pct(m.llm_token_ratio), f"{m.llm_calls:.3f}", f"{m.cost_usd:.6f}",
-             "--" if m.cost_normalized is None else f"{m.cost_normalized:.4f}", m.n,
-             f"{m.llm_failures} / {m.fallbacks}"] for n, m in ms.items()]
-    return _table(["Method", "Avg. Acc. (%)", "LLM Token Ratio (%)", "Avg. LLM Calls", "Cost ($)",
-                   "Cost / LLM-only", "Records", "LLM failures / fallbacks"], rows)
+    rows = [
+        [
+            n,
+            _pct(m.accuracy),
+            _pct(m.llm_token_ratio),
+            f"{m.llm_calls:.3f}",
+            f"{m.cost_usd:.6f}",
+            "--" if m.cost_normalized is None else f"{m.cost_normalized:.4f}",
+            m.n,
+            f"{m.llm_failures} / {m.fallbacks}",
+        ]
+        for n, m in ms.items()
+    ]
+    return _table(
+        [
+            "Method",
+            "Avg. Acc. (%)",
+            "LLM Token Ratio (%)",
+            "Avg. LLM Calls",
+            "Cost ($)",
+            "Cost / LLM-only",
+            "Records",
+            "LLM failures / fallbacks",
+        ],
+        rows,
+    )
 
 
 def table3(ms: dict[str, Metrics]) -> list[str]:
-    lam = [(parse_method(n)[1], m) for n, m in ms.items() if parse_method(n)[0] == "pyrodash" and parse_method(n)[2]
-           is None]
-    rows = [[f"λ={k:g}", _pct(m.accuracy), _pct(m.llm_token_ratio), f"{m.llm_calls:.3f}", f"{m.cost_usd:.6f}"]
-            for k, m in sorted(lam, key=lambda x: x[0])]
+    lam = [
+        (parse_method(n)[1], m)
+        for n, m in ms.items()
+        if parse_method(n)[0] == "pyrodash" and parse_method(n)[2] is None
+    ]
+    rows = [
+        [f"λ={k:g}", _pct(m.accuracy), _pct(m.llm_token_ratio), f"{m.llm_calls:.3f}", f"{m.cost_usd:.6f}"]
+        for k, m in sorted(lam, key=lambda x: x[0])
+    ]
     return _table(["Configuration", "Avg. Acc. (%)", "LLM Token Ratio (%)", "Avg. LLM Calls", "Cost ($)"], rows)
 
 
@@ -466,14 +565,21 @@ def pareto_verdict(ms: dict[str, Metrics]) -> list[str]:
             lines.append(f"- {n} (acc {_pct(m.accuracy)}%, ${m.cost_usd:.6f}): no PyroDash point costs as little.")
         else:
             verdict = "matched or beaten" if best.accuracy >= m.accuracy else "NOT matched"
-            lines.append(f"- {n} (acc {_pct(m.accuracy)}%, ${m.cost_usd:.6f}): {verdict} by PyroDash at no higher "
-                         f"cost — best there is {best.name} (acc {_pct(best.accuracy)}%, ${best.cost_usd:.6f}).")
+            lines.append(
+                f"- {n} (acc {_pct(m.accuracy)}%, ${m.cost_usd:.6f}): {verdict} by PyroDash at no higher "
+                f"cost — best there is {best.name} (acc {_pct(best.accuracy)}%, ${best.cost_usd:.6f})."
+            )
     if "llm" in ms:
         llm = ms["llm"]
-        hits = [o.name for o in ours if o.cost_normalized is not None and o.cost_normalized <= 0.10
-                and o.accuracy >= 0.9 * llm.accuracy]
-        lines.append(f"- ≤10% of LLM-only cost with ≥90% of its accuracy ({_pct(0.9 * llm.accuracy)}%): "
-                     + (", ".join(hits) if hits else "no PyroDash point"))
+        hits = [
+            o.name
+            for o in ours
+            if o.cost_normalized is not None and o.cost_normalized <= 0.10 and o.accuracy >= 0.9 * llm.accuracy
+        ]
+        lines.append(
+            f"- ≤10% of LLM-only cost with ≥90% of its accuracy ({_pct(0.9 * llm.accuracy)}%): "
+            + (", ".join(hits) if hits else "no PyroDash point")
+        )
     return lines
 
 
@@ -487,21 +593,32 @@ def verdict_sentence(ms: dict[str, Metrics]) -> str:
     routed = [m for n, m in ms.items() if parse_method(n)[0] in ("routellm", "glimprouter") and m.cost_usd >= floor]
     beaten = [m for m in routed if any(o.cost_usd <= m.cost_usd and o.accuracy >= m.accuracy for o in ours)]
     lost = [m.name for m in routed if m not in beaten]
-    text = (f"PyroDash matches or beats {len(beaten)} of {len(routed)} RouteLLM-MF/GlimpRouter points at no higher "
-            f"cost (those at or above its cheapest point's cost)" + (f"; not {', '.join(lost)}" if lost else ""))
+    text = (
+        f"PyroDash matches or beats {len(beaten)} of {len(routed)} RouteLLM-MF/GlimpRouter points at no higher "
+        f"cost (those at or above its cheapest point's cost)" + (f"; not {', '.join(lost)}" if lost else "")
+    )
     o = ms.get("oracle")
     if o is not None and o.cost_normalized is not None:
-        best = max((m for m in ours if m.cost_normalized is not None and m.cost_normalized <= o.cost_normalized
-                    + 0.10), key=lambda m: m.accuracy, default=None)
-        text += (f"; the oracle single handoff reaches {_pct(o.accuracy)}% at {o.cost_normalized:.3f} of LLM-only "
-                 "cost, and " + (f"the best PyroDash point within +0.10 of its cost is {best.name} at "
-                                 f"{_pct(best.accuracy)}% ({best.cost_normalized:.3f})" if best else
-                                 "no PyroDash point comes within +0.10 of its cost"))
+        best = max(
+            (m for m in ours if m.cost_normalized is not None and m.cost_normalized <= o.cost_normalized + 0.10),
+            key=lambda m: m.accuracy,
+            default=None,
+        )
+        text += (
+            f"; the oracle single handoff reaches {_pct(o.accuracy)}% at {o.cost_normalized:.3f} of LLM-only "
+            "cost, and "
+            + (
+                f"the best PyroDash point within +0.10 of its cost is {best.name} at "
+                f"{_pct(best.accuracy)}% ({best.cost_normalized:.3f})"
+                if best
+                else "no PyroDash point comes within +0.10 of its cost"
+            )
+        )
     return text + "."
 
 
 def oracle_distance(ms: dict[str, Metrics]) -> list[str]:
-    """Each PyroDash point against the oracle single handoff (`pyrodash.methods_oracle`): accuracy gap (points) and
+    """Each PyroDash point against the oracle single handoff (`pyrodash.eval.oracle`): accuracy gap (points) and
     cost gap (fraction of LLM-only), so a world limit (the oracle itself is far from LLM-only) reads apart from a
     training gap (the policy is far from the oracle)."""
     if "oracle" not in ms:
@@ -512,13 +629,36 @@ def oracle_distance(ms: dict[str, Metrics]) -> list[str]:
         if parse_method(n)[0] != "pyrodash":
             continue
         dc = None if m.cost_normalized is None or o.cost_normalized is None else m.cost_normalized - o.cost_normalized
-        rows.append([n, _pct(m.accuracy), "--" if m.cost_normalized is None else f"{m.cost_normalized:.4f}",
-                     f"{100 * (m.accuracy - o.accuracy):+.2f}", "--" if dc is None else f"{dc:+.4f}",
-                     "yes" if dc is not None and m.accuracy >= o.accuracy - 0.05 and dc <= 0.10 else "no"])
-    head = [f"Oracle: {_pct(o.accuracy)}% at {o.cost_normalized:.4f} of LLM-only cost, {o.llm_calls:.3f} LLM calls "
-            "per problem.", ""] if o.cost_normalized is not None else []
-    return head + _table(["Method", "Avg. Acc. (%)", "Cost / LLM-only", "Δ acc. vs oracle (points)",
-                          "Δ cost vs oracle", "within 5 points at ≤ oracle cost + 0.10"], rows)
+        rows.append(
+            [
+                n,
+                _pct(m.accuracy),
+                "--" if m.cost_normalized is None else f"{m.cost_normalized:.4f}",
+                f"{100 * (m.accuracy - o.accuracy):+.2f}",
+                "--" if dc is None else f"{dc:+.4f}",
+                "yes" if dc is not None and m.accuracy >= o.accuracy - 0.05 and dc <= 0.10 else "no",
+            ]
+        )
+    head = (
+        [
+            f"Oracle: {_pct(o.accuracy)}% at {o.cost_normalized:.4f} of LLM-only cost, {o.llm_calls:.3f} LLM calls "
+            "per problem.",
+            "",
+        ]
+        if o.cost_normalized is not None
+        else []
+    )
+    return head + _table(
+        [
+            "Method",
+            "Avg. Acc. (%)",
+            "Cost / LLM-only",
+            "Δ acc. vs oracle (points)",
+            "Δ cost vs oracle",
+            "within 5 points at ≤ oracle cost + 0.10",
+        ],
+        rows,
+    )
 
 
 def world_line(run_dir: Path) -> list[str]:
@@ -531,8 +671,11 @@ def world_line(run_dir: Path) -> list[str]:
         return []
     if not info:
         return []
-    return [f"World: `{world}` (seed {info.get('seed')}, config hash {info.get('config_hash')}); models: "
-            f"{models_source(info)}.", ""]
+    return [
+        f"World: `{world}` (seed {info.get('seed')}, config hash {info.get('config_hash')}); models: "
+        f"{models_source(info)}.",
+        "",
+    ]
 
 
 def baseline_notes(run_dir: Path, runs: dict[str, list[dict]]) -> list[str]:
@@ -546,14 +689,18 @@ def baseline_notes(run_dir: Path, runs: dict[str, list[dict]]) -> list[str]:
     aj = run_dir / "routellm" / "alphas.json"
     if aj.exists():
         a = json.loads(aj.read_text())
-        lines.append(f"- RouteLLM-MF α: {a.get('alphas')} (calibrated to target LLM shares {a.get('shares')} on the "
-                     "training pool)")
+        lines.append(
+            f"- RouteLLM-MF α: {a.get('alphas')} (calibrated to target LLM shares {a.get('shares')} on the "
+            "training pool)"
+        )
     gj = run_dir / "glimprouter" / "taus.json"
     if gj.exists():
         g = json.loads(gj.read_text())
-        lines.append(f"- GlimpRouter τ calibrated to step shares {g['spec']['step_shares']}: {g['taus']} (SLM "
-                     f"first-token entropy quantiles over {g['n_steps']} training-pool steps: "
-                     f"{g['entropy_quantiles']})")
+        lines.append(
+            f"- GlimpRouter τ calibrated to step shares {g['spec']['step_shares']}: {g['taus']} (SLM "
+            f"first-token entropy quantiles over {g['n_steps']} training-pool steps: "
+            f"{g['entropy_quantiles']})"
+        )
     for n, rs in runs.items():
         fam = parse_method(n)[0]
         if fam == "routellm":
@@ -561,8 +708,10 @@ def baseline_notes(run_dir: Path, runs: dict[str, list[dict]]) -> list[str]:
             lines.append(f"- {n}: {100 * share:.1f}% of queries routed to the LLM")
         elif fam == "glimprouter":
             steps = sum(len(r.get("entropies") or []) for r in rs)
-            lines.append(f"- {n}: {sum(r['llm_calls'] for r in rs)} LLM-written steps of {steps} steps "
-                         f"({sum(1 for r in rs if r['llm_calls'])}/{len(rs)} queries used the LLM)")
+            lines.append(
+                f"- {n}: {sum(r['llm_calls'] for r in rs)} LLM-written steps of {steps} steps "
+                f"({sum(1 for r in rs if r['llm_calls'])}/{len(rs)} queries used the LLM)"
+            )
     return lines or ["(no routing baselines in this run)"]
 
 
@@ -579,12 +728,20 @@ def render(run_dir: str | Path, prices: Prices | None = None) -> tuple[str, dict
     prices = prices or own
     ms = all_metrics(runs, prices)
     lam_names = lambda_points(ms)
-    out = [f"# PyroDash evaluation report: `{Path(run_dir).name}`", "",
-           f"Prices (USD per million tokens): {prices.to_dict()}. Every number below is recomputed from "
-           f"`records/*.jsonl`.", ""] + world_line(Path(run_dir))
+    out = [
+        f"# PyroDash evaluation report: `{Path(run_dir).name}`",
+        "",
+        f"Prices (USD per million tokens): {prices.to_dict()}. Every number below is recomputed from "
+        f"`records/*.jsonl`.",
+        "",
+    ] + world_line(Path(run_dir))
     if duplicates:
-        out += ["Duplicate records ignored (the last line per (benchmark, id, sample) is kept): "
-                + ", ".join(f"{n}: {k}" for n, k in duplicates.items()) + ".", ""]
+        out += [
+            "Duplicate records ignored (the last line per (benchmark, id, sample) is kept): "
+            + ", ".join(f"{n}: {k}" for n, k in duplicates.items())
+            + ".",
+            "",
+        ]
     out += ["## Table 1: per-benchmark accuracy", ""] + table1(ms)
     out += ["", "## Table 2: averages and dollars", ""] + table2(ms)
     out += ["", "## Table 3: sensitivity to λ", ""] + (table3(ms) if lam_names else ["(no pyrodash@<λ> records)"])
@@ -595,13 +752,27 @@ def render(run_dir: str | Path, prices: Prices | None = None) -> tuple[str, dict
     out += ["", "## Distance to the oracle single handoff", ""] + oracle_distance(ms)
     out += ["", "## Baselines as run", ""] + baseline_notes(Path(run_dir), runs)
     out += ["", "## Conversations: per turn", ""] + conversation_sections(all_runs, prices)
-    out += ["", "## LLM endpoints (mesh)", "", "Each endpoint's tokens at its own price sheet (`llm_endpoints` of the "
-            "records); the totals above use these prices for mesh records.", ""] + mesh_table(all_runs, prices)
-    out += ["", "## Trigger positions", "",
-            "Where the LLM first takes over, in steps (boundary `\\n\\n`), relative to the first step the SLM was not "
-            "taught (`meta.hard_steps`).", ""]
-    rows = [[n] + list(trigger_positions(runs[n]).values()) for n in ms
-            if parse_method(n)[0] in ("pyrodash", "glimprouter", "oracle")]
+    out += [
+        "",
+        "## LLM endpoints (mesh)",
+        "",
+        "Each endpoint's tokens at its own price sheet (`llm_endpoints` of the "
+        "records); the totals above use these prices for mesh records.",
+        "",
+    ] + mesh_table(all_runs, prices)
+    out += [
+        "",
+        "## Trigger positions",
+        "",
+        "Where the LLM first takes over, in steps (boundary `\\n\\n`), relative to the first step the SLM was not "
+        "taught (`meta.hard_steps`).",
+        "",
+    ]
+    rows = [
+        [n] + list(trigger_positions(runs[n]).values())
+        for n in ms
+        if parse_method(n)[0] in ("pyrodash", "glimprouter", "oracle")
+    ]
     out += _table(["Method", "before", "at", "after", "no hard step", "hard, no handoff", "handoffs"], rows)
     out += ["", "## Case studies", ""]
     for n, r in case_studies(runs):
@@ -618,8 +789,9 @@ def render(run_dir: str | Path, prices: Prices | None = None) -> tuple[str, dict
     sheets = {"run": own, "report": prices}
     sheets.update({p.stem: Prices.from_yaml(p) for p in sorted(PRICES_DIR.glob("*.yaml"))})
     out += ["", "## Re-pricing (total $ under each sheet)", ""]
-    out += _table(["Method"] + list(sheets),
-                  [[n] + [f"{m.usage.cost(s):.6f}" for s in sheets.values()] for n, m in ms.items()])
+    out += _table(
+        ["Method"] + list(sheets), [[n] + [f"{m.usage.cost(s):.6f}" for s in sheets.values()] for n, m in ms.items()]
+    )
     summary = summary_dict(ms, prices)
     turns = gold_history_turns(all_runs, prices)
     if turns:  # the gold-history turns, as before own-history benchmarks (tests/test_demo.py reads it)

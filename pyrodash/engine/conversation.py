@@ -106,8 +106,9 @@ def earlier_turns(messages: list[dict]) -> list[list[int]]:
     return turns
 
 
-def fit_context(messages: list[dict], count: Callable[[list[dict]], int], limit: int | None,
-                budget: int = 0) -> tuple[list[dict], int]:
+def fit_context(
+    messages: list[dict], count: Callable[[list[dict]], int], limit: int | None, budget: int = 0
+) -> tuple[list[dict], int]:
     """(messages, dropped): `messages` with the oldest earlier turns removed until `count(messages) + budget <=
     limit` (see the module docstring for the rule). `count` gives the prompt tokens of a message list."""
     if limit is None:
@@ -127,7 +128,9 @@ def fit_context(messages: list[dict], count: Callable[[list[dict]], int], limit:
         return kept, len(drop)
     raise ContextLengthError(
         f"the prompt needs {need - budget} tokens even with every earlier turn dropped, but the context window is "
-        f"{limit}: shorten the current message or the system prompt", need - budget, limit,
+        f"{limit}: shorten the current message or the system prompt",
+        need - budget,
+        limit,
     )
 
 

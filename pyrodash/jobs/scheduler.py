@@ -33,7 +33,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pyrodash.library_log import library_log
+from pyrodash.jobs.library_log import library_log
 
 
 @dataclass
@@ -144,8 +144,10 @@ def run_jobs(jobs: list[Job], workers: int, log_dir: str | Path, console=None) -
     waiting = list(jobs)
     running: dict[Future, Job] = {}
     failed: list[str] = []
-    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console) as bar, \
-            ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker, initargs=(1, grants)) as pool:
+    with (
+        Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console) as bar,
+        ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker, initargs=(1, grants)) as pool,
+    ):
         rows = {j.name: bar.add_task(f"{j.name} [dim](waiting)[/]", total=1, start=False) for j in jobs}
         while waiting or running:
             for j in list(waiting):
@@ -154,8 +156,9 @@ def run_jobs(jobs: list[Job], workers: int, log_dir: str | Path, console=None) -
                 if all(a in seconds for a in j.after):
                     waiting.remove(j)
                     grants[index[j.name]] = 1
-                    running[pool.submit(_run_logged, j.fn, j.args, j.kwargs, str(log_dir / log_name(j.name)),
-                                        index[j.name])] = j
+                    running[
+                        pool.submit(_run_logged, j.fn, j.args, j.kwargs, str(log_dir / log_name(j.name)), index[j.name])
+                    ] = j
                     bar.start_task(rows[j.name])
             _grant(running, grants, index, workers)
             for j in running.values():

@@ -1,14 +1,14 @@
 """The evaluated methods. Each is a callable over a batch of (Example, sampling) items that returns one record per item
-(`pyrodash.record`: the engine's `Done` as a JSON object, plus method extras); `pyrodash.evaluate` grades and stores
-them. `pyrodash.methods_build.build_methods` makes the methods of an eval config.
+(`pyrodash.record`: the engine's `Done` as a JSON object, plus method extras); `pyrodash.eval.harness` grades and stores
+them. `pyrodash.eval.build.build_methods` makes the methods of an eval config.
 
 - `slm`, `slm+sft`, `llm`: one model answers alone (`Solo`); the question template, no system prompt, `<offload>`
   banned where the vocabulary has it (SLM+SFT is the Stage-2 model without P_s, as in the paper).
 - `pyrodash@<λ>` / `pyrodash@<λ>+bias<b>`: the Collaborate Engine with the Stage-3 model for λ (`PyroDash`).
-- `oracle`: one handoff exactly before the first step the SLM was not taught (`pyrodash.methods_oracle`), the
+- `oracle`: one handoff exactly before the first step the SLM was not taught (`pyrodash.eval.oracle`), the
   ceiling of any single-handoff policy on the world.
-- `routellm@<α>`: RouteLLM-MF (`pyrodash.routing.routellm_mf`), `glimprouter@<τ>`: GlimpRouter
-  (`pyrodash.routing.glimprouter`).
+- `routellm@<α>`: RouteLLM-MF (`pyrodash.eval.routing.routellm_mf`), `glimprouter@<τ>`: GlimpRouter
+  (`pyrodash.eval.routing.glimprouter`).
 
 Every method but GlimpRouter (a router that calls a model per step, not a handoff) runs on the Collaborate Engine's
 batch driver (`CollaborateEngine.batch`): the SLM/LLM alone are its modes "slm"/"llm", PyroDash its mode "collab",
@@ -26,14 +26,14 @@ from dataclasses import dataclass, field
 
 from pyrodash.backends.base import GenChunk, GenRequest
 from pyrodash.backends.retry import RetryPolicy
-from pyrodash.conversation import example_messages
 from pyrodash.cost import Prices
 from pyrodash.data.example import Example
 from pyrodash.engine import CollaborateEngine
+from pyrodash.engine.conversation import example_messages
+from pyrodash.eval.routing.glimprouter import run_glimprouter
 from pyrodash.events import Done
 from pyrodash.prompts import OFFLOAD_TOKEN, Prompts
 from pyrodash.record import Record, read_record
-from pyrodash.routing.glimprouter import run_glimprouter
 
 Item = tuple[Example, dict]  # (example, sampling: temperature / top_p / seed)
 
@@ -62,8 +62,17 @@ async def _collect_once(backend, req: GenRequest) -> Gen:
             tops += ch.top_logprobs or []
             if ch.finish_reason is not None:
                 last = ch
-    return Gen(text, last.finish_reason or "length", last.prompt_tokens or 0, last.completion_tokens or 0,
-               last.cached_tokens or 0, last.stop_token_id, tops or None, None, usage_estimated=last.usage_estimated)
+    return Gen(
+        text,
+        last.finish_reason or "length",
+        last.prompt_tokens or 0,
+        last.completion_tokens or 0,
+        last.cached_tokens or 0,
+        last.stop_token_id,
+        tops or None,
+        None,
+        usage_estimated=last.usage_estimated,
+    )
 
 
 async def _collect(backend, req: GenRequest) -> Gen:
@@ -89,10 +98,24 @@ def generate(backend, reqs: list[GenRequest], batch_size: int = 16, concurrency:
         eos_ids = getattr(backend, "eos_ids", set())
         out = []
         for r in backend.generate_batch(reqs, batch_size=batch_size):
-            eos = r.finish_reason == "stop" and r.stop_token_id is None and bool(r.token_ids) \
+            eos = (
+                r.finish_reason == "stop"
+                and r.stop_token_id is None
+                and bool(r.token_ids)
                 and r.token_ids[-1] in eos_ids
-            out.append(Gen(r.text, r.finish_reason, r.prompt_tokens, r.completion_tokens, 0, r.stop_token_id,
-                           r.top_logprobs, eos))
+            )
+            out.append(
+                Gen(
+                    r.text,
+                    r.finish_reason,
+                    r.prompt_tokens,
+                    r.completion_tokens,
+                    0,
+                    r.stop_token_id,
+                    r.top_logprobs,
+                    eos,
+                )
+            )
         return out
 
     async def main() -> list[Gen]:
@@ -143,8 +166,14 @@ class Env:
 
     def run(self, engine: CollaborateEngine, items: list[Item], mode: str = "collab", **kw) -> list[Done]:
         """`engine.batch` over the items' questions with their sampling."""
-        return engine.batch([self.chat(ex) for ex, _ in items], mode=mode, options=[dict(s) for _, s in items],
-                            batch_size=self.batch_size, concurrency=self.concurrency, **kw)
+        return engine.batch(
+            [self.chat(ex) for ex, _ in items],
+            mode=mode,
+            options=[dict(s) for _, s in items],
+            batch_size=self.batch_size,
+            concurrency=self.concurrency,
+            **kw,
+        )
 
 
 def record(done: Done) -> dict:
@@ -204,8 +233,10 @@ class RouteLLM(Method):
         wins = self.router.win_rate(self.embed([ex.question for ex, _ in items]))
         to_llm = [w >= self.alpha for w in wins]
         parts = {True: [it for it, b in zip(items, to_llm) if b], False: [it for it, b in zip(items, to_llm) if not b]}
-        res = {True: iter(self.llm(parts[True]) if parts[True] else []),
-               False: iter(self.slm(parts[False]) if parts[False] else [])}
+        res = {
+            True: iter(self.llm(parts[True]) if parts[True] else []),
+            False: iter(self.slm(parts[False]) if parts[False] else []),
+        }
         out = []
         for b, w in zip(to_llm, wins):
             r = next(res[b])
@@ -223,8 +254,9 @@ class GlimpRouter(Method):
             return generate(self.slm if role == "slm" else self.llm, reqs, self.env.batch_size, self.env.concurrency)
 
         its = [(self.env.chat(ex), s) for ex, s in items]
-        out = run_glimprouter(its, self.tau, gen, self.env.max_tokens, top_k=self.top_k,
-                              slm_logit_bias=_ban_offload(self.slm))
+        out = run_glimprouter(
+            its, self.tau, gen, self.env.max_tokens, top_k=self.top_k, slm_logit_bias=_ban_offload(self.slm)
+        )
         return [read_record(r) | {"tau": self.tau, "mode": "router"} for r in out]
 
 

@@ -1,6 +1,6 @@
 """Library noise to a file: transformers/datasets/TRL log records and warnings go to a log file, their progress
 bars are off, so the console keeps our own headers, rich bars and tables. Used by `pyrodash demo` (DIR/demo.log),
-by each side-by-side step (`pyrodash.jobs`: DIR/jobs/<step>.log) and by `pyrodash curate`, `train` and `eval`
+by each side-by-side step (`pyrodash.jobs.scheduler`: DIR/jobs/<step>.log) and by `pyrodash curate`, `train` and `eval`
 (DIR/curate.log, DIR/train.log, DIR/eval.log in their output or run directory)."""
 
 from __future__ import annotations
@@ -32,8 +32,9 @@ def library_log(path: Path, lazy: bool = False):
 
     handler = _LazyFileHandler(Path(path)) if lazy else logging.FileHandler(path)
     handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
-    loggers = [logging.getLogger(n) for n in ("py.warnings", "transformers", "datasets", "trl", "accelerate", "peft",
-                                              "torch")]
+    loggers = [
+        logging.getLogger(n) for n in ("py.warnings", "transformers", "datasets", "trl", "accelerate", "peft", "torch")
+    ]
     saved = [(lg, lg.handlers[:], lg.propagate) for lg in loggers]
     try:
         from transformers.utils import logging as hf_logging

@@ -1,4 +1,5 @@
-"""Dollar budgets in `pyrodash serve`: each request draws on a budget, whose pacer (`pyrodash.server.pacer`) sets the
+"""Dollar budgets in `pyrodash serve`: each request draws on a budget, whose pacer
+(`pyrodash.server.budget.pacer`) sets the
 operating point it gets, so that the spend tracks the budget's target rate as traffic rises and falls.
 
 The server's two hooks and what the client sees:
@@ -40,10 +41,10 @@ from fastapi import FastAPI, Request
 from pyrodash.engine import handoff_admitted
 from pyrodash.events import Done
 from pyrodash.server import protocol as P
-from pyrodash.server.budget_config import Budget, BudgetsConfig
-from pyrodash.server.budget_store import FileStore, MemoryStore, RedisStore
+from pyrodash.server.budget.config import Budget, BudgetsConfig
+from pyrodash.server.budget.pacer import BIAS, Decision, PacerSpec, arrive, finish, spend_rate
+from pyrodash.server.budget.store import FileStore, MemoryStore, RedisStore
 from pyrodash.server.metrics import MULTIPROC_ENV
-from pyrodash.server.pacer import BIAS, Decision, PacerSpec, arrive, finish, spend_rate
 
 log = logging.getLogger("pyrodash.serve")
 
@@ -64,29 +65,67 @@ class BudgetMetrics:
 
         b = ["budget"]
         last = {"multiprocess_mode": "mostrecent"}  # `--workers N`: the newest value of any worker (one state)
-        self.target = Gauge("pyrodash_budget_target_usd_per_hour", "The budget's target spend rate (this replica's "
-                            "share of it while Redis is unreachable).", b, registry=registry, **last)
-        self.spend = Counter("pyrodash_budget_spend_usd", "Dollars billed on the budget by this replica's requests "
-                             "(sum over replicas).", b, registry=registry)
-        self.rate = Gauge("pyrodash_budget_spend_rate_usd_per_hour", "The budget's measured spend rate (the "
-                          "controller's average).", b, registry=registry, **last)
-        self.period_spend = Gauge("pyrodash_budget_period_spend_usd", "Dollars spent in the budget's current period "
-                                  "(hour or day), answers in flight at their expected dollars.", b, registry=registry,
-                                  **last)  # fmt: skip
+        self.target = Gauge(
+            "pyrodash_budget_target_usd_per_hour",
+            "The budget's target spend rate (this replica's share of it while Redis is unreachable).",
+            b,
+            registry=registry,
+            **last,
+        )
+        self.spend = Counter(
+            "pyrodash_budget_spend_usd",
+            "Dollars billed on the budget by this replica's requests (sum over replicas).",
+            b,
+            registry=registry,
+        )
+        self.rate = Gauge(
+            "pyrodash_budget_spend_rate_usd_per_hour",
+            "The budget's measured spend rate (the controller's average).",
+            b,
+            registry=registry,
+            **last,
+        )
+        self.period_spend = Gauge(
+            "pyrodash_budget_period_spend_usd",
+            "Dollars spent in the budget's current period (hour or day), answers in flight at their expected dollars.",
+            b,
+            registry=registry,
+            **last,
+        )
         self.cap = Gauge("pyrodash_budget_cap_usd", "The budget's hard cap per period.", b, registry=registry, **last)
-        self.knob = Gauge("pyrodash_budget_knob", "The controller's output: the handoff_share or offload_bias the "
-                          "last paced request got, and the spend fraction (0..1) behind it.", b + ["knob"],
-                          registry=registry, **last)  # fmt: skip
-        self.cap_hits = Counter("pyrodash_budget_cap_hits", "Requests at the hard cap (answered by the SLM alone or "
-                                "refused).", b, registry=registry)
-        self.requests = Counter("pyrodash_budget_requests", "Requests drawn on the budget, by the state they got "
-                                "(paced, policy, capped, refused, learning, solo).", b + ["state"],
-                                registry=registry)
-        self.fallback = Gauge("pyrodash_budget_fallback", "1 while Redis is unreachable and this replica holds only "
-                              "its own share of each budget.", registry=registry, multiprocess_mode="max")
-        self.replica_share = Gauge("pyrodash_budget_replica_share", "The share of each budget this replica holds "
-                                   "(1 when the budget is shared through Redis, a file or in process).",
-                                   registry=registry, multiprocess_mode="min")  # fmt: skip
+        self.knob = Gauge(
+            "pyrodash_budget_knob",
+            "The controller's output: the handoff_share or offload_bias the "
+            "last paced request got, and the spend fraction (0..1) behind it.",
+            b + ["knob"],
+            registry=registry,
+            **last,
+        )
+        self.cap_hits = Counter(
+            "pyrodash_budget_cap_hits",
+            "Requests at the hard cap (answered by the SLM alone or refused).",
+            b,
+            registry=registry,
+        )
+        self.requests = Counter(
+            "pyrodash_budget_requests",
+            "Requests drawn on the budget, by the state they got (paced, policy, capped, refused, learning, solo).",
+            b + ["state"],
+            registry=registry,
+        )
+        self.fallback = Gauge(
+            "pyrodash_budget_fallback",
+            "1 while Redis is unreachable and this replica holds only its own share of each budget.",
+            registry=registry,
+            multiprocess_mode="max",
+        )
+        self.replica_share = Gauge(
+            "pyrodash_budget_replica_share",
+            "The share of each budget this replica holds "
+            "(1 when the budget is shared through Redis, a file or in process).",
+            registry=registry,
+            multiprocess_mode="min",
+        )
         self.fallback.set(0)
         self.replica_share.set(1)
 
@@ -103,8 +142,9 @@ class Grant:
 class Budgets:
     """The server's budgets: which one a request draws on, its pacer steps, its state for /v1/budget."""
 
-    def __init__(self, cfg: BudgetsConfig, default_bias: float = 0.0, registry=None,
-                 clock: Callable[[], float] = time.time):
+    def __init__(
+        self, cfg: BudgetsConfig, default_bias: float = 0.0, registry=None, clock: Callable[[], float] = time.time
+    ):
         self.cfg, self.clock = cfg, clock
         self.by_name = {b.name: b for b in cfg.budgets}
         self.specs = {b.name: self._spec(b, default_bias) for b in cfg.budgets}
@@ -131,12 +171,22 @@ class Budgets:
             # the curve counts all dollars; LLM dollars: what the policy adds over the SLM alone
             prior_c1, prior_c0 = (top, floor) if b.dollars == "all" else (max(0.0, top - floor), 0.0)
         return PacerSpec(
-            rate=b.usd_per_period / period, period_s=period, cap=b.cap_usd, at_cap=b.at_cap, knob=self.cfg.knob,
-            integral_s=c.integral_s or min(period, 3600.0), rate_window_s=c.rate_window_s,
-            bank_s=c.bank_s or min(period, 3600.0), debt_s=c.debt_s or min(period, 3600.0),
-            cost_window=c.cost_window, head_start_s=head, prior_c1=prior_c1, prior_c0=prior_c0,
-            curve=self.cfg.curve, curve_top_bias=default_bias,
-        )  # fmt: skip
+            rate=b.usd_per_period / period,
+            period_s=period,
+            cap=b.cap_usd,
+            at_cap=b.at_cap,
+            knob=self.cfg.knob,
+            integral_s=c.integral_s or min(period, 3600.0),
+            rate_window_s=c.rate_window_s,
+            bank_s=c.bank_s or min(period, 3600.0),
+            debt_s=c.debt_s or min(period, 3600.0),
+            cost_window=c.cost_window,
+            head_start_s=head,
+            prior_c1=prior_c1,
+            prior_c0=prior_c0,
+            curve=self.cfg.curve,
+            curve_top_bias=default_bias,
+        )
 
     def now(self) -> float:
         """The budgets' clock: seconds since `period_origin`, times `time_compression`."""
@@ -186,8 +236,11 @@ class Budgets:
                 self.metrics.cap_hits.labels(budget.name).inc()
         left = self._left_s(st, spec)
         if d.state == "refused" or (solo and mode == "llm" and d.state == "capped"):
-            raise Refused(f"The budget '{budget.name}' reached its hard cap of ${budget.cap_usd:g} for this "
-                          f"{budget.period}; it resets in {left} s.", left)
+            raise Refused(
+                f"The budget '{budget.name}' reached its hard cap of ${budget.cap_usd:g} for this "
+                f"{budget.period}; it resets in {left} s.",
+                left,
+            )
         if d.handoff_share is not None:
             kwargs = {**kwargs, "handoff_share": d.handoff_share}
         if d.offload_bias is not None:
@@ -199,22 +252,29 @@ class Budgets:
             if d.offload_bias is not None:
                 self.metrics.knob.labels(budget.name, "offload_bias").set(d.offload_bias)
         info = {
-            "name": budget.name, "dollars": budget.dollars, "state": d.state,
+            "name": budget.name,
+            "dollars": budget.dollars,
+            "state": d.state,
             "spend_fraction": round(d.level, 4) if d.paced else None,
             "handoff_share": kwargs.get("handoff_share") if d.paced else None,
             "offload_bias": kwargs.get("offload_bias") if d.paced else None,
             "admitted": d.admitted,
             "target_usd_per_hour": spec.rate * 3600.0,
             "spend_usd_per_hour": spend_rate(st, spec) * 3600.0,
-            "period": budget.period, "period_spend_usd": st.period_spend, "cap_usd": spec.cap,
-            "period_ends_in_s": left, "store": view["store"], "fallback": view["fallback"],
-        }  # fmt: skip
+            "period": budget.period,
+            "period_spend_usd": st.period_spend,
+            "cap_usd": spec.cap,
+            "period_ends_in_s": left,
+            "store": view["store"],
+            "fallback": view["fallback"],
+        }
         return kwargs, Grant(budget, d, info)
 
     async def record(self, grant: Grant, done: Done) -> None:
         """The Done's dollars, on the budget (replacing the expected dollars charged at admission)."""
-        usd = done.cost_usd if grant.budget.dollars == "all" else sum(e.get("cost_usd", 0.0)
-                                                                         for e in done.llm_endpoints)
+        usd = (
+            done.cost_usd if grant.budget.dollars == "all" else sum(e.get("cost_usd", 0.0) for e in done.llm_endpoints)
+        )
         t = self.now()
 
         def step(st, spec):
@@ -252,15 +312,23 @@ class Budgets:
             st, spec, view = await self._seen(b)
             level = st.level
             row = {
-                "name": b.name, "dollars": b.dollars, "period": b.period,
-                "target_usd_per_hour": spec.rate * 3600.0, "target_usd_per_period": spec.rate * spec.period_s,
-                "cap_usd": spec.cap, "at_cap": b.at_cap if b.cap_usd is not None else None,
-                "period_spend_usd": st.period_spend, "period_ends_in_s": self._left_s(st, spec),
-                "spend_usd_total": st.spend, "spend_usd_per_hour": spend_rate(st, spec) * 3600.0,
-                "knob": self.cfg.knob, "spend_fraction": level,
-                "requests": int(st.requests), "cap_hits": int(st.cap_hits),
+                "name": b.name,
+                "dollars": b.dollars,
+                "period": b.period,
+                "target_usd_per_hour": spec.rate * 3600.0,
+                "target_usd_per_period": spec.rate * spec.period_s,
+                "cap_usd": spec.cap,
+                "at_cap": b.at_cap if b.cap_usd is not None else None,
+                "period_spend_usd": st.period_spend,
+                "period_ends_in_s": self._left_s(st, spec),
+                "spend_usd_total": st.spend,
+                "spend_usd_per_hour": spend_rate(st, spec) * 3600.0,
+                "knob": self.cfg.knob,
+                "spend_fraction": level,
+                "requests": int(st.requests),
+                "cap_hits": int(st.cap_hits),
                 "capped": spec.cap is not None and st.period_spend >= spec.cap,
-            }  # fmt: skip
+            }
             if self.cfg.knob == BIAS:
                 row["offload_bias"] = self.cfg.curve.bias_for(level, spec.curve_top_bias) if self.cfg.curve else None
             else:

@@ -1,13 +1,13 @@
 """The spend pacer: a feedback controller that holds one budget's dollar rate by moving the operating point.
 
-    spec = PacerSpec(rate=2.0 / 3600)             # dollars per (budget) second; see pyrodash.server.budget_config
+    spec = PacerSpec(rate=2.0 / 3600)             # dollars per (budget) second; see pyrodash.server.budget.config
     st = PacerState()
     d = arrive(st, spec, t, admitted=lambda share: engine.handoff_admitted(messages, share), base_share=1.0)
     ...                                           # the engine answers at d.handoff_share / d.offload_bias
     finish(st, spec, t2, d, actual_usd)           # the Done's dollars
 
 Everything here is pure arithmetic on a `PacerState` (a flat record of floats, so replicas can keep it in one Redis
-hash, `pyrodash.server.budget_store`). Time is the budget's clock in seconds (`budget_config.Clock`).
+hash, `pyrodash.server.budget.store`). Time is the budget's clock in seconds (`budget_config.Clock`).
 
 The controller, per request of a paced budget:
 - **feedforward** from the measured traffic: the arrival rate n (an exponentially weighted rate over
@@ -54,8 +54,10 @@ class Curve:
     def from_trace(cls, trace: list[dict]) -> Curve:
         pts = sorted((float(p["bias"]), float(p["cost_usd"])) for p in trace if p.get("cost_usd") is not None)
         if len(pts) < 2:
-            raise ValueError("a budget curve needs at least two points with cost_usd: run `pyrodash calibrate "
-                             "--budget-usd X --json` (the --target-rate mode measures no dollars)")
+            raise ValueError(
+                "a budget curve needs at least two points with cost_usd: run `pyrodash calibrate "
+                "--budget-usd X --json` (the --target-rate mode measures no dollars)"
+            )
         bias, cost, top = [], [], -math.inf
         for b, c in pts:
             top = max(top, c)
@@ -246,8 +248,15 @@ def wanted_level(st: PacerState, spec: PacerSpec) -> float:
     return min(1.0, max(0.0, (want - n * c0) / span))
 
 
-def arrive(st: PacerState, spec: PacerSpec, t: float, admitted: Callable[[float], bool], base_share: float = 1.0,
-           base_bias: float = 0.0, solo: bool = False) -> Decision:
+def arrive(
+    st: PacerState,
+    spec: PacerSpec,
+    t: float,
+    admitted: Callable[[float], bool],
+    base_share: float = 1.0,
+    base_bias: float = 0.0,
+    solo: bool = False,
+) -> Decision:
     """A request starts: decide its operating point, charge its expected dollars. `admitted(share)` says whether
     the request falls inside a handoff share (the engine's fixed hash of its messages)."""
     advance(st, spec, t)

@@ -1,6 +1,6 @@
 """The Pareto figure of a run: total dollars (x) vs average accuracy (y), one marker per method, each knob sweep
 (RouteLLM α, GlimpRouter τ, PyroDash λ, one PyroDash policy across offload_bias or handoff_share) drawn as connected
-points. The report (`pyrodash.report.write_report`) draws it from its metrics.
+points. The report (`pyrodash.report.core.write_report`) draws it from its metrics.
 """
 
 from __future__ import annotations
@@ -8,19 +8,26 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Protocol
 
-from pyrodash.method_names import parse_method, sweep_kind
+from pyrodash.eval.names import parse_method, sweep_kind
 
 
 class Metrics(Protocol):
-    """What the figure reads of a method's metrics (`pyrodash.report.Metrics`)."""
+    """What the figure reads of a method's metrics (`pyrodash.report.core.Metrics`)."""
 
     accuracy: float  # in [0, 1]
     cost_usd: float
 
+
 STYLE = {
-    "slm": ("tab:gray", "s"), "slm+sft": ("tab:brown", "s"), "llm": ("black", "*"), "oracle": ("tab:purple", "P"),
-    "routellm": ("tab:blue", "o"), "glimprouter": ("tab:green", "^"), "pyrodash": ("tab:red", "D"),
-    "pyrodash-bias": ("tab:orange", "v"), "pyrodash-share": ("tab:pink", "<"),
+    "slm": ("tab:gray", "s"),
+    "slm+sft": ("tab:brown", "s"),
+    "llm": ("black", "*"),
+    "oracle": ("tab:purple", "P"),
+    "routellm": ("tab:blue", "o"),
+    "glimprouter": ("tab:green", "^"),
+    "pyrodash": ("tab:red", "D"),
+    "pyrodash-bias": ("tab:orange", "v"),
+    "pyrodash-share": ("tab:pink", "<"),
 }
 
 
@@ -32,8 +39,9 @@ def series(ms: dict[str, Metrics]) -> dict[str, list[tuple[float, Metrics]]]:
         if value is not None:
             out.setdefault(f"pyrodash@{knob:g} {sweep_kind(name)} sweep", []).append((value, m))
         elif knob is not None:
-            out.setdefault({"routellm": "RouteLLM-MF (α)", "glimprouter": "GlimpRouter (τ)",
-                            "pyrodash": "PyroDash (λ)"}[fam], []).append((knob, m))
+            out.setdefault(
+                {"routellm": "RouteLLM-MF (α)", "glimprouter": "GlimpRouter (τ)", "pyrodash": "PyroDash (λ)"}[fam], []
+            ).append((knob, m))
         else:
             out[name] = [(0.0, m)]
     for name, m in ms.items():  # a bias sweep starts from its policy at bias 0, a share sweep ends at share 1
@@ -69,8 +77,14 @@ def pareto_png(ms: dict[str, Metrics], path: str | Path) -> Path:
         ax.plot(xs, ys, marker=marker, color=color, label=label, linestyle="-" if len(pts) > 1 else "none")
         if len(pts) > 1:
             for knob, m in pts:
-                ax.annotate(f"{knob:g}", (m.cost_usd, 100 * m.accuracy), fontsize=7, xytext=(3, 3),
-                            textcoords="offset points", color=color)
+                ax.annotate(
+                    f"{knob:g}",
+                    (m.cost_usd, 100 * m.accuracy),
+                    fontsize=7,
+                    xytext=(3, 3),
+                    textcoords="offset points",
+                    color=color,
+                )
     if costs and max(costs) / min(costs) > 20:
         ax.set_xscale("log")
     ax.set_xlabel("total cost ($)")

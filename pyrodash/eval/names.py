@@ -5,7 +5,7 @@
 
     parse_method("pyrodash@0.1+bias2")   # -> ("pyrodash", 0.1, 2.0)
 
-Read by the report (`pyrodash.report`) and its figure (`pyrodash.report_plots`).
+Read by the report (`pyrodash.report.core`) and its figure (`pyrodash.report.plots`).
 """
 
 from __future__ import annotations
@@ -13,11 +13,22 @@ from __future__ import annotations
 import re
 
 BASE_ORDER = ("slm", "slm+sft", "oracle", "llm")
-FAMILY_ORDER = ("slm", "slm+sft", "routellm", "glimprouter", "pyrodash", "pyrodash-bias", "pyrodash-share", "oracle",
-                "llm")
+FAMILY_ORDER = (
+    "slm",
+    "slm+sft",
+    "routellm",
+    "glimprouter",
+    "pyrodash",
+    "pyrodash-bias",
+    "pyrodash-share",
+    "oracle",
+    "llm",
+)
 _NAME_RE = re.compile(r"^(routellm|glimprouter|pyrodash)@([0-9.eE+-]+?)(?:\+(bias|share)([0-9.eE+-]+))?$")
-_SCHEME = ("slm | slm+sft | oracle | llm | routellm@<alpha> | glimprouter@<tau> | pyrodash@<lambda> | "
-           "pyrodash@<lambda>+bias<b> | pyrodash@<lambda>+share<s>")
+_SCHEME = (
+    "slm | slm+sft | oracle | llm | routellm@<alpha> | glimprouter@<tau> | pyrodash@<lambda> | "
+    "pyrodash@<lambda>+bias<b> | pyrodash@<lambda>+share<s>"
+)
 
 
 def _match(name: str) -> re.Match:
@@ -39,7 +50,7 @@ def parse_method(name: str) -> tuple[str, float | None, float | None]:
 
 
 def sweep_kind(name: str) -> str | None:
-    """"bias" (an offload_bias sweep point), "share" (a handoff_share sweep point) or None."""
+    """ "bias" (an offload_bias sweep point), "share" (a handoff_share sweep point) or None."""
     return None if name in BASE_ORDER else _match(name).group(3)
 
 

@@ -33,14 +33,27 @@ class Calibration:
 async def handoff_positions(engine, questions: list, bias: float, concurrency: int = 8, **kw) -> list[int | None]:
     """For each question: SLM tokens before `<offload>` at this bias, or None when the SLM answers alone
     (only the SLM runs: `engine.abatch(..., stop_at_handoff=True)`, batched when the SLM runs in process)."""
-    dones = await engine.abatch(questions, options=[{"offload_bias": bias, **kw}] * len(questions),
-                                batch_size=concurrency * 4, concurrency=concurrency, stop_at_handoff=True)
+    dones = await engine.abatch(
+        questions,
+        options=[{"offload_bias": bias, **kw}] * len(questions),
+        batch_size=concurrency * 4,
+        concurrency=concurrency,
+        stop_at_handoff=True,
+    )
     return [d.handoff for d in dones]
 
 
-async def acalibrate_offload_bias(engine, questions: list, target_rate: float | None = None,
-                                  budget_usd: float | None = None, lo: float = -20.0, hi: float = 20.0,
-                                  iters: int = 12, concurrency: int = 8, **kw) -> Calibration:
+async def acalibrate_offload_bias(
+    engine,
+    questions: list,
+    target_rate: float | None = None,
+    budget_usd: float | None = None,
+    lo: float = -20.0,
+    hi: float = 20.0,
+    iters: int = 12,
+    concurrency: int = 8,
+    **kw,
+) -> Calibration:
     if (target_rate is None) == (budget_usd is None):
         raise ValueError("give exactly one of target_rate (LLM calls per question, 0..1) or budget_usd")
     if target_rate is not None and not 0.0 <= target_rate <= 1.0:
@@ -60,10 +73,17 @@ async def acalibrate_offload_bias(engine, questions: list, target_rate: float | 
                 pos = await handoff_positions(engine, questions, b, concurrency, **kw)
                 seen[b] = {"bias": b, "rate": sum(p is not None for p in pos) / n, "cost_usd": None}
             else:
-                dones = await engine.abatch(questions, options=[{"offload_bias": b, **kw}] * n,
-                                            batch_size=concurrency * 4, concurrency=concurrency)
-                seen[b] = {"bias": b, "rate": sum(d.handoff is not None for d in dones) / n,
-                           "cost_usd": sum(d.cost_usd for d in dones) / n}
+                dones = await engine.abatch(
+                    questions,
+                    options=[{"offload_bias": b, **kw}] * n,
+                    batch_size=concurrency * 4,
+                    concurrency=concurrency,
+                )
+                seen[b] = {
+                    "bias": b,
+                    "rate": sum(d.handoff is not None for d in dones) / n,
+                    "cost_usd": sum(d.cost_usd for d in dones) / n,
+                }
         return seen[b]
 
     def too_high(pt: dict) -> bool:  # the bias hands off more than wanted
@@ -87,8 +107,9 @@ async def acalibrate_offload_bias(engine, questions: list, target_rate: float | 
         met = bool(ok)
         label = f"budget_usd={budget_usd}"
     trace = sorted(seen.values(), key=lambda p: p["bias"])
-    return Calibration(bias=best["bias"], rate=best["rate"], cost_usd=best["cost_usd"], target=label, met=met,
-                       trace=trace)
+    return Calibration(
+        bias=best["bias"], rate=best["rate"], cost_usd=best["cost_usd"], target=label, met=met, trace=trace
+    )
 
 
 def calibrate_offload_bias(engine, questions: list, **kw) -> Calibration:

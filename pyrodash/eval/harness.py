@@ -9,7 +9,7 @@ with an earlier method, with that answer's latency) and the example's meta (worl
 `hard_steps` for the trigger-position analysis). Lines are appended and fsync'ed one by one; a restarted run skips
 (benchmark, id, sample) keys already present and first cuts a torn last line, so a run killed at any point (kill -9)
 loses and duplicates nothing. The resolved config is saved as `RUN_DIR/config.resolved.json`. Metrics and tables
-come from the records (`pyrodash.report`).
+come from the records (`pyrodash.report.core`).
 
 Accuracy is pass@1 with greedy decoding, or avg@k for benchmarks listed under `samples` (k samples at
 `sample_temperature` / `sample_top_p`, seeds 0..k-1).
@@ -42,9 +42,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from pyrodash.cost import Prices
 from pyrodash.data.benchmarks import SELF_SUFFIX, load_benchmark, own_history_benchmark
 from pyrodash.data.example import Example
+from pyrodash.eval.build import build_methods
+from pyrodash.eval.methods import Env, timed
 from pyrodash.grading import grade_batch
-from pyrodash.methods import Env, timed
-from pyrodash.methods_build import build_methods
 from pyrodash.prompts import get_prompts
 
 
@@ -87,14 +87,17 @@ class EvalConfig:
             _expect(name, getattr(self, name), dict, "a mapping (key: value lines)")
         for b, pats in self.benchmark_methods.items():
             if not isinstance(pats, list) or not all(isinstance(x, str) and x for x in pats):
-                raise ValueError(f"eval config: benchmark_methods.{b}={pats!r} must be a list of method names or "
-                                 "regular expressions, e.g. [slm, llm, 'pyrodash@[0-9.]+']")
+                raise ValueError(
+                    f"eval config: benchmark_methods.{b}={pats!r} must be a list of method names or "
+                    "regular expressions, e.g. [slm, llm, 'pyrodash@[0-9.]+']"
+                )
             for x in pats:
                 try:
                     re.compile(x)
                 except re.error as e:
-                    raise ValueError(f"eval config: benchmark_methods.{b}: {x!r} is not a regular expression "
-                                     f"({e})") from None
+                    raise ValueError(
+                        f"eval config: benchmark_methods.{b}: {x!r} is not a regular expression ({e})"
+                    ) from None
         _expect("world_dir", self.world_dir, (str, type(None)), "a directory path")
         _expect("prices", self.prices, (str, dict), "a price sheet name, a YAML path or a mapping")
         _expect("prompts", self.prompts, str, "a prompt set name such as qwen-math-v1")
@@ -102,8 +105,9 @@ class EvalConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 raise ValueError(f"eval config: {name}={v!r} must be a positive integer, e.g. {name}: 256")
-        if self.limit is not None and (not isinstance(self.limit, int) or isinstance(self.limit, bool)
-                                       or self.limit < 1):
+        if self.limit is not None and (
+            not isinstance(self.limit, int) or isinstance(self.limit, bool) or self.limit < 1
+        ):
             raise ValueError(f"eval config: limit={self.limit!r} must be a positive integer or null (every example)")
         for name in ("sample_temperature", "sample_top_p"):
             v = getattr(self, name)
@@ -121,8 +125,9 @@ class EvalConfig:
         if not p.exists():
             raise ValueError(f"eval config {path} not found; see configs/eval/ for examples")
         if not p.is_file():
-            raise ValueError(f"eval config {path} is a directory: pass the YAML file, e.g. "
-                             "configs/eval/world-quick.yaml")
+            raise ValueError(
+                f"eval config {path} is a directory: pass the YAML file, e.g. configs/eval/world-quick.yaml"
+            )
         try:
             data = yaml.safe_load(p.read_text(encoding="utf-8"))
         except (yaml.YAMLError, UnicodeDecodeError) as e:
@@ -133,17 +138,21 @@ class EvalConfig:
         if data is None:
             data = {}
         if not isinstance(data, dict):
-            raise ValueError(f"eval config {p}: the top level must be a mapping (run_dir: ..., benchmarks: [...]), "
-                             f"not a {type(data).__name__}")
+            raise ValueError(
+                f"eval config {p}: the top level must be a mapping (run_dir: ..., benchmarks: [...]), "
+                f"not a {type(data).__name__}"
+            )
         data = data | {k: v for k, v in overrides.items() if v is not None}
         known = {f.name for f in fields(cls)}
         if set(data) - known:
-            raise ValueError(f"eval config {p}: unknown keys {sorted(set(data) - known, key=str)}; "
-                             f"expected {sorted(known)}")
+            raise ValueError(
+                f"eval config {p}: unknown keys {sorted(set(data) - known, key=str)}; expected {sorted(known)}"
+            )
         missing = [f.name for f in fields(cls) if f.name in ("run_dir", "benchmarks") and f.name not in data]
         if missing:
-            raise ValueError(f"eval config {p}: missing {', '.join(missing)}; e.g. run_dir: runs/x, "
-                             "benchmarks: [gsm8k]")
+            raise ValueError(
+                f"eval config {p}: missing {', '.join(missing)}; e.g. run_dir: runs/x, benchmarks: [gsm8k]"
+            )
         try:
             return cls(**data)
         except ValueError as e:
@@ -168,8 +177,10 @@ class EvalConfig:
                 continue
             if path.count("/") == 1 and not path.startswith((".", "/", "~")):
                 continue  # a hub id
-            raise ValueError(f"eval config: {key}={path} does not exist; build or train that model first or fix the "
-                             "path (nothing was written)")
+            raise ValueError(
+                f"eval config: {key}={path} does not exist; build or train that model first or fix the "
+                "path (nothing was written)"
+            )
 
     def runs_on(self, method: str, benchmark: str) -> bool:
         """Whether `method` runs on `benchmark` (`benchmark_methods`)."""
@@ -239,8 +250,10 @@ def check_compatible(run_dir: Path, cfg: EvalConfig) -> None:
     try:
         old = json.loads(old_path.read_text())
     except (ValueError, UnicodeDecodeError) as e:
-        raise ValueError(f"{old_path} is not valid JSON ({e}); restore it, or delete it to accept the current "
-                         "config for the records already in this run_dir") from None
+        raise ValueError(
+            f"{old_path} is not valid JSON ({e}); restore it, or delete it to accept the current "
+            "config for the records already in this run_dir"
+        ) from None
     if not isinstance(old, dict):
         raise ValueError(f"{old_path} must hold a JSON object; restore it or delete it")
     new = json.loads(json.dumps(asdict(cfg), default=str))
@@ -250,8 +263,10 @@ def check_compatible(run_dir: Path, cfg: EvalConfig) -> None:
     op, np_ = om.get("pyrodash") or {}, nm.get("pyrodash") or {}
     diff += [f"models.pyrodash.{k}" for k in op if k in np_ and op[k] != np_[k]]
     if diff:
-        raise ValueError(f"{run_dir} holds records made with different settings ({', '.join(diff)}); use a new "
-                         "run_dir or delete its records/ to start over")
+        raise ValueError(
+            f"{run_dir} holds records made with different settings ({', '.join(diff)}); use a new "
+            "run_dir or delete its records/ to start over"
+        )
 
 
 def load_examples(cfg: EvalConfig, name: str, limit: int | None = None) -> list[Example]:
@@ -277,20 +292,26 @@ def own_history_plan(examples: list[Example]) -> dict[tuple[str, str], tuple[str
         try:
             conv, turn = str(meta["conversation"]), int(meta["turn"])
         except (KeyError, TypeError, ValueError):
-            raise ValueError(f"{ex.benchmark} example {ex.id}: an own-history benchmark ('-self') needs "
-                             "meta.conversation and an integer meta.turn (1, 2, ...) on every example") from None
+            raise ValueError(
+                f"{ex.benchmark} example {ex.id}: an own-history benchmark ('-self') needs "
+                "meta.conversation and an integer meta.turn (1, 2, ...) on every example"
+            ) from None
         if turn < 1:
             raise ValueError(f"{ex.benchmark} example {ex.id}: meta.turn={turn} (turns count from 1)")
         if (ex.benchmark, conv, turn) in at:
-            raise ValueError(f"{ex.benchmark}: conversation {conv} has two examples of turn {turn} "
-                             f"({at[(ex.benchmark, conv, turn)].id}, {ex.id})")
+            raise ValueError(
+                f"{ex.benchmark}: conversation {conv} has two examples of turn {turn} "
+                f"({at[(ex.benchmark, conv, turn)].id}, {ex.id})"
+            )
         at[(ex.benchmark, conv, turn)] = ex
     for (b, conv, turn), ex in at.items():
         prev = None if turn == 1 else at.get((b, conv, turn - 1))
         if turn > 1 and prev is None:
-            raise ValueError(f"{b} example {ex.id}: turn {turn} of conversation {conv} is answered after this "
-                             f"method's own turn {turn - 1}, which is not among the examples; evaluate whole "
-                             "conversations (a `limit` keeps them whole) or drop the later turns")
+            raise ValueError(
+                f"{b} example {ex.id}: turn {turn} of conversation {conv} is answered after this "
+                f"method's own turn {turn - 1}, which is not among the examples; evaluate whole "
+                "conversations (a `limit` keeps them whole) or drop the later turns"
+            )
         plan[(b, str(ex.id))] = None if prev is None else (b, str(prev.id))
     return plan
 
@@ -311,12 +332,30 @@ def _answer(cfg: EvalConfig, name: str, method, chunk: list[tuple[str, str, int]
     items = [(ex, _sampling(cfg, cfg.samples.get(b, 1), s)) for (b, _, s), ex in zip(chunk, exs)]
     outs = timed(method, items)
     ok = grade_batch([o["output"] for o in outs], [ex.gold for ex, _ in items], workers=0)
-    return [{"id": id_, "benchmark": b, "sample": s, "method": name, "question": ex.question, "gold": ex.gold,
-             "correct": bool(c), **o, "meta": ex.meta} for (b, id_, s), (ex, _), o, c in zip(chunk, items, outs, ok)]
+    return [
+        {
+            "id": id_,
+            "benchmark": b,
+            "sample": s,
+            "method": name,
+            "question": ex.question,
+            "gold": ex.gold,
+            "correct": bool(c),
+            **o,
+            "meta": ex.meta,
+        }
+        for (b, id_, s), (ex, _), o, c in zip(chunk, items, outs, ok)
+    ]
 
 
-def _batches(todo: list[tuple[str, str, int]], plan: dict, by_key: dict[tuple[str, str], Example],
-             stored: dict[tuple, dict], batch_size: int, where: str):
+def _batches(
+    todo: list[tuple[str, str, int]],
+    plan: dict,
+    by_key: dict[tuple[str, str], Example],
+    stored: dict[tuple, dict],
+    batch_size: int,
+    where: str,
+):
     """(keys, examples) batches of a method's keys to answer: plain examples first, then own-history turns, turn 1
     of every conversation before turn 2, ... Lazy: a turn's examples are made (their own history read from `stored`)
     only once the caller has stored every batch before it."""
@@ -332,18 +371,21 @@ def _batches(todo: list[tuple[str, str, int]], plan: dict, by_key: dict[tuple[st
                 prev = plan[(b, id_)]
                 prev_rec = None if prev is None else stored.get((*prev, s))
                 if prev is not None and prev_rec is None:
-                    raise RuntimeError(f"{where}: no record of {prev[1]} (sample {s}) to answer {id_} after; was "
-                                       "the records file edited during the run?")
+                    raise RuntimeError(
+                        f"{where}: no record of {prev[1]} (sample {s}) to answer {id_} after; was "
+                        "the records file edited during the run?"
+                    )
                 ex = by_key[(b, id_)]
                 hist = own_history(None if prev is None else by_key[prev], prev_rec)
                 exs.append(replace(ex, meta={**ex.meta, "history": hist, "history_source": "self"}))
             yield at[i : i + batch_size], exs
 
 
-def evaluate(cfg: EvalConfig, methods: dict | None = None, examples: list[Example] | None = None,
-             quiet: bool = False) -> Path:
+def evaluate(
+    cfg: EvalConfig, methods: dict | None = None, examples: list[Example] | None = None, quiet: bool = False
+) -> Path:
     """Run every method over every benchmark into RUN_DIR/records; returns RUN_DIR. `methods` defaults to
-    `pyrodash.methods_build.build_methods(cfg, ...)`, `examples` to the config's benchmarks. Own-history
+    `pyrodash.eval.build.build_methods(cfg, ...)`, `examples` to the config's benchmarks. Own-history
     conversation benchmarks (`<name>-self`) run turn by turn after each method's own earlier answers (module
     docstring)."""
     run_dir = Path(cfg.run_dir)
@@ -368,8 +410,9 @@ def evaluate(cfg: EvalConfig, methods: dict | None = None, examples: list[Exampl
     env = Env(get_prompts(cfg.prompts), prices, cfg.max_tokens, cfg.batch_size, cfg.concurrency)
     if methods is None:
         methods = build_methods(cfg, env, load_examples=lambda name, limit: load_examples(cfg, name, limit))
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  disable=quiet) as bar:
+    with Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), disable=quiet
+    ) as bar:
         for name, method in methods.items():
             path = run_dir / "records" / f"{name}.jsonl"
             done, stored = _resume(path, own_benchmarks)

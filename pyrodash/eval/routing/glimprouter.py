@@ -64,9 +64,16 @@ def _step_end(g, st: _State, text: str, boundary: str) -> bool:
     return bool(eos)
 
 
-def run_glimprouter(items: list[tuple[list[dict], dict]], tau: float, gen: Callable[[str, list[GenRequest]], list],
-                    max_tokens: int, boundary: str = BOUNDARY, top_k: int = 20, max_steps: int = 64,
-                    slm_logit_bias: dict[int, float] | None = None) -> list[dict]:
+def run_glimprouter(
+    items: list[tuple[list[dict], dict]],
+    tau: float,
+    gen: Callable[[str, list[GenRequest]], list],
+    max_tokens: int,
+    boundary: str = BOUNDARY,
+    top_k: int = 20,
+    max_steps: int = 64,
+    slm_logit_bias: dict[int, float] | None = None,
+) -> list[dict]:
     """Answer each (messages, sampling) item; returns one partial record per item (output, usage, segments...).
     `gen(role, reqs)` ("slm" | "llm") returns objects with text, finish_reason, prompt_tokens, completion_tokens,
     cached_tokens, top_logprobs and eos (True: ended by EOS, False: by a stop string, None: unknown).
@@ -78,8 +85,18 @@ def run_glimprouter(items: list[tuple[list[dict], dict]], tau: float, gen: Calla
         live = [st for st in states if not st.done]
         if not live:
             break
-        reqs = [GenRequest(messages=st.messages, prefix=st.text, max_tokens=max_tokens - st.kept, stop=[boundary],
-                           top_logprobs=top_k, logit_bias=dict(slm_logit_bias or {}), **st.sampling) for st in live]
+        reqs = [
+            GenRequest(
+                messages=st.messages,
+                prefix=st.text,
+                max_tokens=max_tokens - st.kept,
+                stop=[boundary],
+                top_logprobs=top_k,
+                logit_bias=dict(slm_logit_bias or {}),
+                **st.sampling,
+            )
+            for st in live
+        ]
         to_llm = []
         for st, g in zip(live, gen("slm", reqs)):
             h = first_token_entropy(g.top_logprobs[0]) if g.top_logprobs else 0.0
@@ -97,13 +114,22 @@ def run_glimprouter(items: list[tuple[list[dict], dict]], tau: float, gen: Calla
             st.done = _step_end(g, st, g.text, boundary) or st.kept >= max_tokens
             st.segments.append({"by": "slm", "text": st.text[before:]})
         if to_llm:
-            lreqs = [GenRequest(messages=st.messages, prefix=st.text, max_tokens=max_tokens - st.kept,
-                                stop=[boundary], **st.sampling) for st in to_llm]
+            lreqs = [
+                GenRequest(
+                    messages=st.messages,
+                    prefix=st.text,
+                    max_tokens=max_tokens - st.kept,
+                    stop=[boundary],
+                    **st.sampling,
+                )
+                for st in to_llm
+            ]
             for st, g in zip(to_llm, gen("llm", lreqs)):
                 if st.handoff is None:
                     st.handoff = st.kept  # only SLM tokens were kept before the first LLM step
-                st.usage += Usage(llm_in=g.prompt_tokens, llm_out=g.completion_tokens,
-                                  llm_cached_in=g.cached_tokens or 0, llm_calls=1)
+                st.usage += Usage(
+                    llm_in=g.prompt_tokens, llm_out=g.completion_tokens, llm_cached_in=g.cached_tokens or 0, llm_calls=1
+                )
                 st.kept += g.completion_tokens
                 before = len(st.text)
                 st.done = _step_end(g, st, g.text, boundary) or st.kept >= max_tokens
@@ -112,9 +138,17 @@ def run_glimprouter(items: list[tuple[list[dict], dict]], tau: float, gen: Calla
     for st in states:
         if not st.done:
             st.finish = "length"
-        out.append({"output": st.text, "segments": _merge(st.segments), "usage": st.usage.to_dict(),
-                    "llm_calls": st.usage.llm_calls, "handoff": st.handoff, "finish_reason": st.finish,
-                    "entropies": list(st.entropies)})
+        out.append(
+            {
+                "output": st.text,
+                "segments": _merge(st.segments),
+                "usage": st.usage.to_dict(),
+                "llm_calls": st.usage.llm_calls,
+                "handoff": st.handoff,
+                "finish_reason": st.finish,
+                "entropies": list(st.entropies),
+            }
+        )
     return out
 
 

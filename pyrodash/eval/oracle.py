@@ -21,7 +21,7 @@ SLM's first wrong step is the first untaught lookup in 99% of its failures, so t
 from __future__ import annotations
 
 from pyrodash.backends.base import GenResult
-from pyrodash.methods import Env, Item, Method, record
+from pyrodash.eval.methods import Env, Item, Method, record
 
 STEP_SEP = "\n\n"
 
@@ -39,25 +39,40 @@ class Oracle(Method):
 
     def __init__(self, name: str, slm, llm, env: Env):
         if not hasattr(slm, "count_tokens"):
-            raise ValueError("the oracle bills the SLM's prefix in tokens: the SLM backend needs count_tokens (use "
-                             "an in-process model path for models.slm)")
+            raise ValueError(
+                "the oracle bills the SLM's prefix in tokens: the SLM backend needs count_tokens (use "
+                "an in-process model path for models.slm)"
+            )
         self.name, self.slm, self.llm, self.env = name, slm, llm, env
         self.engine = env.engine(slm, llm, require_offload=False)
 
     def __call__(self, items: list[Item]) -> list[dict]:
         for ex, _ in items:
             if "hard_steps" not in (ex.meta or {}):
-                raise ValueError(f"the oracle needs meta.hard_steps (where the SLM's untaught steps are) on every "
-                                 f"example; {ex.id} ({ex.benchmark}) has none: run it on world:<tier> benchmarks")
+                raise ValueError(
+                    f"the oracle needs meta.hard_steps (where the SLM's untaught steps are) on every "
+                    f"example; {ex.id} ({ex.benchmark}) has none: run it on world:<tier> benchmarks"
+                )
         alone = self.env.run(self.engine, items)  # the SLM's own answers under P_s (it cannot hand off)
         order = [i for i, (ex, _) in enumerate(items) if ex.meta.get("hard_steps")]
         cut = {}
         for i in order:
             prefix = cut_before_step(alone[i].output, int(items[i][0].meta["hard_steps"][0]))
             n = self.slm.count_tokens(prefix) if prefix else 0
-            cut[i] = GenResult(text=prefix, token_ids=[], prompt_ids=[], finish_reason="offload",
-                               prompt_tokens=alone[i].usage.slm_in, completion_tokens=n + 1)
-        handed = dict(zip(order, self.env.run(self.engine, [items[i] for i in order],
-                                              slm_results=[cut[i] for i in order]))) if order else {}
-        return [record(handed.get(i, d)) | {"oracle_step": int(items[i][0].meta["hard_steps"][0]) if i in handed
-                                            else None} for i, d in enumerate(alone)]
+            cut[i] = GenResult(
+                text=prefix,
+                token_ids=[],
+                prompt_ids=[],
+                finish_reason="offload",
+                prompt_tokens=alone[i].usage.slm_in,
+                completion_tokens=n + 1,
+            )
+        handed = (
+            dict(zip(order, self.env.run(self.engine, [items[i] for i in order], slm_results=[cut[i] for i in order])))
+            if order
+            else {}
+        )
+        return [
+            record(handed.get(i, d)) | {"oracle_step": int(items[i][0].meta["hard_steps"][0]) if i in handed else None}
+            for i, d in enumerate(alone)
+        ]

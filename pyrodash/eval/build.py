@@ -10,10 +10,10 @@ import json
 from pathlib import Path
 
 from pyrodash.backends import load_backend, load_llm, load_slm
+from pyrodash.eval.methods import Env, GlimpRouter, Method, PyroDash, RouteLLM, Solo, knob
+from pyrodash.eval.oracle import Oracle
+from pyrodash.eval.routing.routellm_mf import MFRouter, calibrate_alpha, embed_texts, make_labels, train_mf
 from pyrodash.grading import grade_batch
-from pyrodash.methods import Env, GlimpRouter, Method, PyroDash, RouteLLM, Solo, knob
-from pyrodash.methods_oracle import Oracle
-from pyrodash.routing.routellm_mf import MFRouter, calibrate_alpha, embed_texts, make_labels, train_mf
 
 
 class Backends:
@@ -37,11 +37,13 @@ def method_specs(methods: list) -> list[tuple[str, dict]]:
         if isinstance(m, str):
             out.append((m, {}))
         elif isinstance(m, dict) and len(m) == 1:
-            (k, v), = m.items()
+            ((k, v),) = m.items()
             out.append((k, dict(v or {})))
         else:
-            raise ValueError(f"method entry {m!r}: use a name (slm, slm+sft, llm, pyrodash) or a one-key mapping "
-                             "like {glimprouter: {taus: [0.9]}}")
+            raise ValueError(
+                f"method entry {m!r}: use a name (slm, slm+sft, llm, pyrodash) or a one-key mapping "
+                "like {glimprouter: {taus: [0.9]}}"
+            )
     return out
 
 
@@ -86,8 +88,9 @@ def build_methods(cfg, env: Env, backends: Backends | None = None, load_examples
             key, suffix, field_ = SWEEPS[kind]
             for v in opt.get(key, []):
                 name = f"pyrodash@{knob(lam)}+{suffix}{knob(v)}"
-                out[name] = PyroDash(name, be.get(lam_specs[lam], offload=True), model("llm"), env,
-                                     **{field_: float(v)})
+                out[name] = PyroDash(
+                    name, be.get(lam_specs[lam], offload=True), model("llm"), env, **{field_: float(v)}
+                )
         elif kind == "oracle":
             out[kind] = Oracle(kind, model("slm"), model("llm"), env)
         elif kind == "glimprouter":
@@ -100,8 +103,10 @@ def build_methods(cfg, env: Env, backends: Backends | None = None, load_examples
         elif kind == "routellm":
             out.update(build_routellm(opt, env, model("slm"), model("llm"), be, Path(cfg.run_dir), load_examples))
         else:
-            raise ValueError(f"unknown method {kind!r}: use slm, slm+sft, llm, oracle, pyrodash, pyrodash_bias, "
-                             "pyrodash_share, routellm, glimprouter")
+            raise ValueError(
+                f"unknown method {kind!r}: use slm, slm+sft, llm, oracle, pyrodash, pyrodash_bias, "
+                "pyrodash_share, routellm, glimprouter"
+            )
     return out
 
 
@@ -123,9 +128,18 @@ def calibrate_glimprouter(opt: dict, env: Env, slm, run_dir: Path, load_examples
     taus = [calibrate_alpha(ents, float(s)) for s in opt["step_shares"]]
     ordered = sorted(ents)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"spec": spec, "taus": taus, "n_steps": len(ents),
-                                "entropy_quantiles": {str(q): ordered[int(q * (len(ents) - 1))]
-                                                      for q in (0.1, 0.5, 0.9, 0.99)}}, indent=2) + "\n")
+    path.write_text(
+        json.dumps(
+            {
+                "spec": spec,
+                "taus": taus,
+                "n_steps": len(ents),
+                "entropy_quantiles": {str(q): ordered[int(q * (len(ents) - 1))] for q in (0.1, 0.5, 0.9, 0.99)},
+            },
+            indent=2,
+        )
+        + "\n"
+    )
     return taus
 
 
@@ -133,8 +147,10 @@ def _encoder(spec, slm, be: Backends):
     """(model, tokenizer) of the query encoder: `spec` if given, else the SLM itself."""
     src = be.get(spec) if spec else slm
     if not (hasattr(src, "model") and hasattr(src, "tokenizer")):
-        raise ValueError("RouteLLM-MF needs a local encoder: set routellm.encoder to a local model path (the SLM's "
-                         "mean-pooled hidden states are the default when the SLM runs in-process)")
+        raise ValueError(
+            "RouteLLM-MF needs a local encoder: set routellm.encoder to a local model path (the SLM's "
+            "mean-pooled hidden states are the default when the SLM runs in-process)"
+        )
     return src.model, src.tokenizer
 
 
@@ -163,9 +179,13 @@ def build_routellm(opt: dict, env: Env, slm, llm, be: Backends, run_dir: Path, l
         l_ok = grade_batch([r["output"] for r in Solo("llm", llm, "llm", env)(items)], golds, workers=0)
         idx, labels = make_labels(s_ok, l_ok, opt.get("ties", "drop"))
         emb = embed([pool[i].question for i in idx])
-        router = train_mf(emb, labels, dim=int(opt.get("dim", 16)), epochs=int(opt.get("epochs", 300)),
-                          meta={"spec": spec, "pool": len(pool), "slm_acc": sum(s_ok) / len(pool),
-                                "llm_acc": sum(l_ok) / len(pool)})
+        router = train_mf(
+            emb,
+            labels,
+            dim=int(opt.get("dim", 16)),
+            epochs=int(opt.get("epochs", 300)),
+            meta={"spec": spec, "pool": len(pool), "slm_acc": sum(s_ok) / len(pool), "llm_acc": sum(l_ok) / len(pool)},
+        )
         router.meta["pool_win_rates"] = router.win_rate(embed([ex.question for ex in pool]))
         router.save(out_dir)
     wins = router.meta["pool_win_rates"]

@@ -85,15 +85,25 @@ def make_labels(slm_correct: list[bool], llm_correct: list[bool], ties: str = "d
     return idx, lab
 
 
-def train_mf(emb: torch.Tensor, labels: list[int], dim: int = 16, epochs: int = 300, lr: float = 1e-2,
-             weight_decay: float = 1e-4, seed: int = 0, meta: dict | None = None) -> MFRouter:
+def train_mf(
+    emb: torch.Tensor,
+    labels: list[int],
+    dim: int = 16,
+    epochs: int = 300,
+    lr: float = 1e-2,
+    weight_decay: float = 1e-4,
+    seed: int = 0,
+    meta: dict | None = None,
+) -> MFRouter:
     """Fit the MF router by full-batch Adam on binary cross-entropy; both label classes must be present."""
     n_llm = sum(labels)
     if len(labels) != emb.shape[0]:
         raise ValueError("one label per embedding row is required")
     if n_llm == 0 or n_llm == len(labels):
-        raise ValueError(f"RouteLLM-MF needs both LLM wins and SLM wins in the training pool (got {n_llm} LLM wins "
-                         f"of {len(labels)} decided pairs); use a larger train pool or ties='prefer_slm'")
+        raise ValueError(
+            f"RouteLLM-MF needs both LLM wins and SLM wins in the training pool (got {n_llm} LLM wins "
+            f"of {len(labels)} decided pairs); use a larger train pool or ties='prefer_slm'"
+        )
     torch.manual_seed(seed)
     x = emb.float()
     mean, std = x.mean(0), x.std(0).clamp(min=1e-6)
@@ -109,8 +119,14 @@ def train_mf(emb: torch.Tensor, labels: list[int], dim: int = 16, epochs: int = 
         opt.step()
     with torch.no_grad():
         pred = (model.logit_llm_wins(x) > 0).float()
-    info = {"text_dim": int(x.shape[1]), "dim": dim, "n_labels": len(labels), "n_llm_wins": int(n_llm),
-            "train_loss": float(loss.detach()), "train_acc": float((pred == y).float().mean())}
+    info = {
+        "text_dim": int(x.shape[1]),
+        "dim": dim,
+        "n_labels": len(labels),
+        "n_llm_wins": int(n_llm),
+        "train_loss": float(loss.detach()),
+        "train_acc": float((pred == y).float().mean()),
+    }
     return MFRouter(model.eval(), mean, std, {**(meta or {}), **info})
 
 

@@ -1,0 +1,1 @@
+"""The demo's job scheduler and the routing of library logs to files."""

@@ -1,0 +1,1 @@
+"""Reports: metrics, tables and plots computed from stored evaluation records only."""
