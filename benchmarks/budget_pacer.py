@@ -113,12 +113,13 @@ def load_run(run: Path, lam: str) -> dict:
 
 def load_questions(run: dict) -> list[dict]:
     from pyrodash.cost import Prices, Usage
+    from pyrodash.record import usage_of
 
     prices = Prices(**{k: v for k, v in run["prices"].items() if v is not None})
     llm_only = {}
     for line in run["llm_records"].read_text().splitlines():
         r = json.loads(line)
-        u = Usage.from_dict(r["usage"])
+        u = usage_of(r)  # the record's flat token fields (`pyrodash.record`)
         llm_only[r["question"]] = Usage(llm_in=u.llm_in, llm_out=u.llm_out, llm_cached_in=u.llm_cached_in).cost(prices)
     out = []
     for tier in range(1, 6):

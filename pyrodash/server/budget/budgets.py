@@ -194,7 +194,8 @@ class Budgets:
 
     # ------------------------------------------------------------ which budget
 
-    def _key_budget(self, request: Request) -> Budget | None:
+    def key_budget(self, request: Request) -> Budget | None:
+        """The budget whose key the request's bearer token is (None: no budget key)."""
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
             return None
@@ -207,10 +208,10 @@ class Budgets:
 
     def key_ok(self, request: Request) -> bool:
         """Whether the request's bearer key is a budget's key (such a key is a valid API key of this server)."""
-        return self._key_budget(request) is not None
+        return self.key_budget(request) is not None
 
     def which(self, request: Request) -> Budget | None:
-        return self._key_budget(request) or self.cfg.default
+        return self.key_budget(request) or self.cfg.default
 
     # ------------------------------------------------------------ the two steps of a request
 
@@ -380,7 +381,7 @@ def install(app: FastAPI, dependencies: list) -> None:
         budgets: Budgets | None = app.state.budgets
         if budgets is None:
             return {"object": "budgets", "store": None, "data": []}
-        return await budgets.state(budgets._key_budget(request))
+        return await budgets.state(budgets.key_budget(request))
 
 
 async def pace(app: FastAPI, request: Request, prompt, kwargs: dict, mode: str) -> tuple[dict, Grant | None]:
