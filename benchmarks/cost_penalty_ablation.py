@@ -32,7 +32,9 @@ sys.path.insert(0, str(ROOT))
 from pyrodash.eval.harness import EvalConfig, evaluate  # noqa: E402
 from pyrodash.eval.names import lambda_points, parse_method  # noqa: E402
 from pyrodash.jobs.library_log import library_log  # noqa: E402
-from pyrodash.report.core import all_metrics, load_run, per_turn_by_benchmark, run_prices, single_turn  # noqa: E402
+from pyrodash.report.load import load_run, run_prices, single_turn  # noqa: E402
+from pyrodash.report.metrics import all_metrics  # noqa: E402
+from pyrodash.report.turns import per_turn_by_benchmark  # noqa: E402
 from pyrodash.train.config import load_recipe  # noqa: E402
 from pyrodash.train.paths import stage_dir  # noqa: E402
 from pyrodash.train.stage3 import run_stage3  # noqa: E402

@@ -32,7 +32,7 @@ from pyrodash.engine.conversation import example_messages  # noqa: E402
 from pyrodash.eval.harness import EvalConfig, evaluate  # noqa: E402
 from pyrodash.prompts import get_prompts  # noqa: E402
 from pyrodash.record import Record  # noqa: E402
-from pyrodash.report.core import read_records  # noqa: E402
+from pyrodash.report.load import read_records  # noqa: E402
 from pyrodash.train.models import FrozenLLM, load_local  # noqa: E402
 from pyrodash.train.stage3 import collaborate  # noqa: E402
 

@@ -405,7 +405,8 @@ def test_first_llm_killed_mid_handoff_the_second_finishes(tmp_path):
 
 
 def test_report_prices_mesh_records_per_endpoint():
-    from pyrodash.report.core import compute_metrics, mesh_table, record_cost
+    from pyrodash.report.metrics import compute_metrics, record_cost
+    from pyrodash.report.tables import mesh_table
 
     a = {
         "endpoint": "a",

@@ -103,7 +103,9 @@ def test_oracle_needs_hard_steps(backends):
 
 
 def test_report_places_oracle_and_measures_distance():
-    from pyrodash.report.core import Metrics, oracle_distance, parse_method, sort_key, verdict_sentence
+    from pyrodash.eval.names import parse_method, sort_key
+    from pyrodash.report.metrics import Metrics
+    from pyrodash.report.tables import oracle_distance, verdict_sentence
 
     assert parse_method("oracle") == ("oracle", None, None)
     assert sorted(["llm", "oracle", "pyrodash@0.6", "slm"], key=sort_key) == ["slm", "pyrodash@0.6", "oracle", "llm"]

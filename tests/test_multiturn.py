@@ -96,7 +96,8 @@ def backends(tmp_path_factory):
 
 def test_multiturn_split_is_evaluated_and_reported_per_turn(tmp_path, backends):
     from pyrodash.eval.methods import Env, PyroDash, Solo
-    from pyrodash.report.core import per_turn, render
+    from pyrodash.report.render import render
+    from pyrodash.report.turns import per_turn
 
     slm, llm = backends
     prompts, prices = get_prompts("world-v1"), Prices.from_yaml("paper")

@@ -284,7 +284,8 @@ def run(tmp_path):
 
 
 def test_per_turn_normalized_cost_and_pareto_verdict(run):
-    from pyrodash.report.core import load_run, per_turn_by_benchmark, turn_pareto
+    from pyrodash.report.load import load_run
+    from pyrodash.report.turns import per_turn_by_benchmark, turn_pareto
 
     pt = per_turn_by_benchmark(load_run(run), PRICES)
     assert list(pt) == ["world:multiturn", SELF]
@@ -317,7 +318,7 @@ def test_report_sections_summary_and_console_per_benchmark(run):
     from rich.console import Console
 
     from pyrodash.report.console import print_turns
-    from pyrodash.report.core import render, write_report
+    from pyrodash.report.render import render, write_report
 
     md, summary, ms = render(run)
     assert "### Conversations, gold history: `world:multiturn`" in md

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pyrodash.cost import Prices, Usage
 from pyrodash.events import Done
 from pyrodash.record import USAGE_FIELDS, Record, read_record, usage_of
-from pyrodash.report.core import compute_metrics
+from pyrodash.report.metrics import compute_metrics
 
 PRICES = Prices(slm_in=1.0, slm_out=2.0, llm_in=10.0, llm_out=40.0)
 

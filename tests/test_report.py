@@ -11,16 +11,10 @@ from pyrodash.cli import main
 from pyrodash.cost import Prices, Usage
 from pyrodash.eval.names import parse_method, sort_key, sweep_kind
 from pyrodash.record import read_record, usage_of
-from pyrodash.report.core import (
-    Metrics,
-    compute_metrics,
-    first_llm_step,
-    load_run,
-    render,
-    trigger_positions,
-    write_report,
-)
+from pyrodash.report.load import load_run
+from pyrodash.report.metrics import Metrics, compute_metrics, first_llm_step, trigger_positions
 from pyrodash.report.plots import series
+from pyrodash.report.render import render, write_report
 
 
 def _simulate(method: str, ex: dict, rng: random.Random) -> dict:

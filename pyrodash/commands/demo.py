@@ -28,7 +28,10 @@ from pyrodash.eval.harness import EvalConfig, evaluate
 from pyrodash.jobs.library_log import library_log
 from pyrodash.jobs.scheduler import Job, default_workers, run_jobs
 from pyrodash.report.console import print_table2, print_turns
-from pyrodash.report.core import all_metrics, load_run, run_prices, single_turn, verdict_sentence, write_report
+from pyrodash.report.load import load_run, run_prices, single_turn
+from pyrodash.report.metrics import all_metrics
+from pyrodash.report.render import write_report
+from pyrodash.report.tables import verdict_sentence
 from pyrodash.train.config import load_recipe
 from pyrodash.train.curate import run_curation
 from pyrodash.train.paths import curated_dir, stage_dir

@@ -13,7 +13,7 @@ from pyrodash.backends.endpoint import add_llm_mode_argument
 from pyrodash.eval.harness import EvalConfig, evaluate
 from pyrodash.jobs.library_log import library_log
 from pyrodash.report.console import print_table2
-from pyrodash.report.core import write_report
+from pyrodash.report.render import write_report
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 from pyrodash.cost import Prices
-from pyrodash.report.core import write_report
+from pyrodash.report.render import write_report
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

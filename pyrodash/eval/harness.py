@@ -9,7 +9,7 @@ with an earlier method, with that answer's latency) and the example's meta (worl
 `hard_steps` for the trigger-position analysis). Lines are appended and fsync'ed one by one; a restarted run skips
 (benchmark, id, sample) keys already present and first cuts a torn last line, so a run killed at any point (kill -9)
 loses and duplicates nothing. The resolved config is saved as `RUN_DIR/config.resolved.json`. Metrics and tables
-come from the records (`pyrodash.report.core`).
+come from the records (`pyrodash.report`).
 
 Accuracy is pass@1 with greedy decoding, or avg@k for benchmarks listed under `samples` (k samples at
 `sample_temperature` / `sample_top_p`, seeds 0..k-1).

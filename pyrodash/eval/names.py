@@ -3,9 +3,10 @@
     slm | slm+sft | oracle | llm | routellm@<α> | glimprouter@<τ> | pyrodash@<λ>
     pyrodash@<λ>+bias<b> (an offload_bias sweep) | pyrodash@<λ>+share<s> (a handoff_share sweep)
 
-    parse_method("pyrodash@0.1+bias2")   # -> ("pyrodash", 0.1, 2.0)
+    method_name("pyrodash", 0.1, "bias", 2)   # -> "pyrodash@0.1+bias2"
+    parse_method("pyrodash@0.1+bias2")        # -> ("pyrodash", 0.1, 2.0)
 
-Read by the report (`pyrodash.report.core`) and its figure (`pyrodash.report.plots`).
+Read by the report (`pyrodash.report`) and its figure (`pyrodash.report.plots`).
 """
 
 from __future__ import annotations
@@ -38,6 +39,25 @@ def _match(name: str) -> re.Match:
     if m.group(3) is not None and m.group(1) != "pyrodash":
         raise ValueError(f"method name {name!r}: only pyrodash takes a +bias<b> or +share<s> suffix")
     return m
+
+
+def knob_text(x: float) -> str:
+    """How a knob value appears in a method name: 4 significant digits (`pyrodash@0.1`, `routellm@0.4213`)."""
+    return f"{float(x):.4g}"
+
+
+def method_name(family: str, knob: float | None = None, sweep: str | None = None, value: float | None = None) -> str:
+    """The name of a method, the one `parse_method` reads: `slm` (a base method, no knob), `glimprouter@0.9`,
+    `pyrodash@0.1+share0.5` (family `pyrodash`, λ 0.1, sweep "share" at 0.5)."""
+    if family in BASE_ORDER and knob is None and sweep is None:
+        return family
+    if knob is None or (sweep is None) != (value is None):
+        raise ValueError(
+            f"method_name({family!r}, {knob!r}, {sweep!r}, {value!r}): a family with a knob, a sweep with a value"
+        )
+    name = f"{family}@{knob_text(knob)}" + ("" if sweep is None else f"+{sweep}{knob_text(value)}")
+    _match(name)
+    return name
 
 
 def parse_method(name: str) -> tuple[str, float | None, float | None]:

@@ -1,6 +1,6 @@
 """The Pareto figure of a run: total dollars (x) vs average accuracy (y), one marker per method, each knob sweep
 (RouteLLM α, GlimpRouter τ, PyroDash λ, one PyroDash policy across offload_bias or handoff_share) drawn as connected
-points. The report (`pyrodash.report.core.write_report`) draws it from its metrics.
+points. The report (`pyrodash.report.render.write_report`) draws it from its metrics.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pyrodash.eval.names import parse_method, sweep_kind
 
 
 class Metrics(Protocol):
-    """What the figure reads of a method's metrics (`pyrodash.report.core.Metrics`)."""
+    """What the figure reads of a method's metrics (`pyrodash.report.metrics.Metrics`)."""
 
     accuracy: float  # in [0, 1]
     cost_usd: float
