@@ -298,6 +298,8 @@ def load_recipe(path: str | Path, overrides: dict | None = None) -> Recipe:
     if not p.exists():
         raise ValueError(f"config {path} not found; try configs/world/quick.yaml or configs/paper/*.yaml")
     data = load_yaml(p.read_text()) or {}
+    if isinstance(data, dict) and "recipe_path" in data and isinstance(data.get("recipe"), dict):
+        data = data["recipe"]  # a checkpoint's config.resolved.json (`save_resolved`): the recipe it ran
     if not isinstance(data, dict):
         raise ValueError(f"{p}: a recipe is a YAML mapping with keys {sorted(TOP_KEYS)}")
     for key, value in (overrides or {}).items():
