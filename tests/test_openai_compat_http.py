@@ -1,9 +1,9 @@
-"""The lean HTTP/1.1 client of `OpenAICompatBackend` (plain-http endpoints, `openai_compat._LeanPool`), against a raw
-TCP TEST DOUBLE that answers each request with scripted bytes: connections are reused once a stream ended with
-`data: [DONE]`, a stream closed early closes its connection, every framing (chunked with odd chunk boundaries,
-extensions and trailers; Content-Length; read to close; gzip) reads the same, and failures are the BackendErrors
-httpx's path raised (refused connection, timeout, HTTP error status, a server gone mid-stream). A kept-alive
-connection the server closed meanwhile is not used again."""
+"""The upstream HTTP client of `OpenAICompatBackend` (httpx, through `backends/http_client.py`), against a raw TCP
+TEST DOUBLE that answers each request with scripted bytes: connections are reused once a stream ended with
+`data: [DONE]` (the body is read to its end), a stream closed early closes its connection, every framing (chunked
+with odd chunk boundaries, extensions and trailers; Content-Length; read to close; gzip) reads the same, and failures
+are BackendErrors (refused connection, timeout, HTTP error status, a server gone mid-stream). A kept-alive connection
+the server closed meanwhile is not used again; one it closed as the request went out is retried once."""
 
 from __future__ import annotations
 
@@ -13,9 +13,8 @@ import json
 
 import pytest
 
-from pyrodash.backends import openai_compat as oc
 from pyrodash.backends.base import BackendError, GenRequest
-from pyrodash.backends.openai_compat import OpenAICompatBackend, lean_ok
+from pyrodash.backends.openai_compat import OpenAICompatBackend
 
 REQ = GenRequest(messages=[{"role": "user", "content": "q"}], max_tokens=8)
 
@@ -102,19 +101,6 @@ async def collect(backend: OpenAICompatBackend, req: GenRequest = REQ) -> tuple[
     return text, chunks
 
 
-def test_lean_is_used_for_plain_http_without_a_proxy(monkeypatch):
-    for var in ("HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy", "NO_PROXY", "no_proxy", oc.LEAN_ENV):
-        monkeypatch.delenv(var, raising=False)
-    assert lean_ok("http://127.0.0.1:8000/v1")
-    assert not lean_ok("https://api.openai.com/v1")
-    monkeypatch.setenv("HTTP_PROXY", "http://proxy:3128")
-    assert not lean_ok("http://10.0.0.1:8000/v1")
-    monkeypatch.setenv("NO_PROXY", "10.0.0.1")
-    assert lean_ok("http://10.0.0.1:8000/v1")
-    monkeypatch.setenv(oc.LEAN_ENV, "httpx")
-    assert not lean_ok("http://10.0.0.1:8000/v1")
-
-
 @pytest.mark.parametrize(
     "framing,kw",
     [
@@ -176,7 +162,6 @@ def test_closing_a_stream_early_closes_its_connection():
             assert (await anext(it)).text == "x"
             await it.aclose()
             await asyncio.wait_for(srv.closed.wait(), 5)  # the server saw the client go: it stops generating
-            assert not b._lean.idle
             await b.aclose()
 
     asyncio.run(main())
@@ -202,7 +187,7 @@ def test_a_kept_alive_connection_the_server_closed_is_not_reused():
 
     async def race(first_closes: bool):
         # the server closes a connection on a request without answering it (a keep-alive race seen from the client)
-        async with RawServer(lambda n: None if n == 2 or (first_closes and n == 1) else response(body)) as srv:
+        async with RawServer(lambda n: None if n == (1 if first_closes else 2) else response(body)) as srv:
             b = OpenAICompatBackend(srv.url, model="m")
             out = [(await collect(b))[0] for _ in range(2)]
             await b.aclose()
@@ -265,13 +250,18 @@ def test_the_request_bytes_are_one_json_body_with_the_key():
     async def main():
         async with RawServer(lambda n: response(sse(["z"]))) as srv:
             b = OpenAICompatBackend(srv.url, model="m")
-            b.api_key = "sk-test"  # headers are read when the pool is made
+            b.api_key = "sk-test"  # headers are read at each request
+            await collect(b)
+            b.api_key = "sk-other"
             await collect(b)
             await b.aclose()
             return srv.bodies, srv.heads
 
     bodies, heads = asyncio.run(main())
-    assert b"authorization: Bearer sk-test\r\n" in heads[0] and heads[0].startswith(b"POST /v1/chat/completions ")
+    assert b"authorization: bearer sk-other\r\n" in heads[1].lower()
+    assert b"authorization: bearer sk-test\r\n" in heads[0].lower() and heads[0].startswith(
+        b"POST /v1/chat/completions "
+    )
     assert bodies[0]["model"] == "m" and bodies[0]["stream"] is True
     assert bodies[0]["messages"][-1]["content"] == "q"
 
