@@ -1,7 +1,18 @@
+"""The CLI: every command listed with help, lazy imports, and each command taking back the resolved config it wrote."""
+
+from __future__ import annotations
+
+import json
 import subprocess
 import sys
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
 
 from pyrodash.cli import COMMANDS, build_parser, main
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_help_lists_every_existing_command(capsys):
@@ -39,3 +50,51 @@ def test_only_the_command_run_is_imported():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == "['pyrodash.commands.cost'] False False"
+
+
+def _gsm8k_file(tmp_path):
+    rows = [{"question": f"q{i}", "answer": f"s\n#### {i}"} for i in range(3)]
+    f = tmp_path / "gsm.jsonl"
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return f
+
+
+def test_eval_takes_back_its_resolved_config(tmp_path, capsys):
+    """`pyrodash eval --config RUN/config.resolved.json` is accepted: the config comes back with the resolved prices,
+    the dry run checks it against the run's records, and a second run resolves to the same file."""
+    from pyrodash.eval.harness import EvalConfig, evaluate
+
+    run = tmp_path / "run"
+    cfg = EvalConfig(run_dir=str(run), benchmarks=["gsm8k"], benchmark_paths={"gsm8k": str(_gsm8k_file(tmp_path))})
+    evaluate(cfg, methods={}, quiet=True)
+    resolved = run / "config.resolved.json"
+    first = json.loads(resolved.read_text())
+    assert first["prices_sheet"] == "paper" and isinstance(first["prices"], dict)
+    again = EvalConfig.from_yaml(resolved)
+    assert {**asdict(again), "prices": "paper"} == asdict(cfg) and again.prices == first["prices"]
+    assert main(["eval", "--config", str(resolved), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "gsm8k: 3 examples" in out and "config OK" in out
+    evaluate(again, methods={}, quiet=True)
+    assert {k: v for k, v in json.loads(resolved.read_text()).items() if k != "prices_sheet"} == {
+        k: v for k, v in first.items() if k != "prices_sheet"
+    }
+
+
+def test_eval_prices_sheet_without_resolved_prices_is_a_clear_error(tmp_path, capsys):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"run_dir: {tmp_path / 'r'}\nbenchmarks: [gsm8k]\nprices_sheet: paper\n")
+    assert main(["eval", "--config", str(cfg), "--dry-run"]) != 0
+    err = capsys.readouterr().err
+    assert "prices_sheet" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(("command", "stage"), [("train", "stage1"), ("train", "stage3"), ("curate", None)])
+def test_train_and_curate_take_back_a_checkpoints_resolved_config(tmp_path, command, stage):
+    from pyrodash.train.config import load_recipe, save_resolved
+
+    recipe = load_recipe(ROOT / "configs" / "world" / "quick.yaml")
+    path = save_resolved(tmp_path / "ckpt", recipe, None, {"stats": {"examples": 1}})
+    assert load_recipe(path).to_dict() == recipe.to_dict()
+    args = [command, *([stage] if stage else []), "--config", str(path), "--output-dir", str(tmp_path / "o")]
+    assert main([*args, "--dry-run"]) == 0

@@ -2,6 +2,7 @@
 (resumable: re-run the same command after an interruption), then the summary table from the stored records.
 
     pyrodash eval --config configs/eval/world-quick.yaml
+    pyrodash eval --config RUN/config.resolved.json --dry-run    # a run's own resolved config, checked
 """
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--limit", type=int, default=None, help="override limit (examples per benchmark)")
     add_llm_mode_argument(p)
     p.add_argument("--no-report", action="store_true", help="do not write report.md / summary.json afterwards")
+    p.add_argument(
+        "--dry-run", action="store_true", help="check the config, models, prices and benchmarks; print the plan"
+    )
 
 
 def warn_llm_failures(run_dir, console) -> int:
@@ -56,10 +60,32 @@ def warn_llm_failures(run_dir, console) -> int:
     return bad
 
 
+def dry_run(cfg: EvalConfig, console) -> int:
+    """What `evaluate(cfg)` checks before it answers anything (model paths, prices, the records already in run_dir,
+    every benchmark's examples), and the plan; loads no model and writes nothing."""
+    import json
+
+    from pyrodash.eval.harness import check_compatible, load_examples
+
+    cfg.check_models()
+    prices = cfg.price_sheet()
+    check_compatible(Path(cfg.run_dir), cfg)
+    console.print(f"run_dir: {cfg.run_dir}", highlight=False)
+    for b in cfg.benchmarks:
+        console.print(f"  {b}: {len(load_examples(cfg, b, cfg.limit))} examples", highlight=False)
+    methods = [m if isinstance(m, str) else json.dumps(m) for m in cfg.methods]
+    console.print(f"methods: {', '.join(methods)}", highlight=False, markup=False)
+    console.print(f"prices: {prices}", highlight=False)
+    console.print("config OK (dry run: no model loaded, nothing written)")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     cfg = EvalConfig.from_yaml(args.config, run_dir=args.run_dir, limit=args.limit, llm_mode=args.llm_mode)
+    if args.dry_run:
+        return dry_run(cfg, Console())
     log = Path(cfg.run_dir) / "eval.log"
     with library_log(log, lazy=True):
         run_dir = evaluate(cfg)

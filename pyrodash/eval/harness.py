@@ -142,7 +142,7 @@ class EvalConfig:
                 f"eval config {p}: the top level must be a mapping (run_dir: ..., benchmarks: [...]), "
                 f"not a {type(data).__name__}"
             )
-        data = data | {k: v for k, v in overrides.items() if v is not None}
+        data = _from_resolved(data, p) | {k: v for k, v in overrides.items() if v is not None}
         known = {f.name for f in fields(cls)}
         if set(data) - known:
             raise ValueError(
@@ -189,6 +189,19 @@ class EvalConfig:
 
     def price_sheet(self):
         return Prices(**self.prices) if isinstance(self.prices, dict) else Prices.from_yaml(self.prices)
+
+
+def _from_resolved(data: dict, path: Path) -> dict:
+    """A run's `config.resolved.json` as a config: its `prices` hold the numbers the run used (what it is evaluated
+    with again); `prices_sheet`, the sheet as first configured, only says where they came from."""
+    if "prices_sheet" not in data:
+        return data
+    if not isinstance(data.get("prices"), dict):
+        raise ValueError(
+            f"eval config {path}: prices_sheet is written by `pyrodash eval` into config.resolved.json beside the "
+            "resolved prices (a mapping: slm_in, slm_out, llm_in, llm_out); give prices instead"
+        )
+    return {k: v for k, v in data.items() if k != "prices_sheet"}
 
 
 def _expect(name: str, value: object, types: type | tuple, what: str) -> None:
