@@ -22,6 +22,7 @@ from pyrodash.server.budget.pacer import (
     arrive,
     finish,
 )
+from pyrodash.server.budget.reserve import MemoryLedger, Ticket, period_of
 
 PERIOD = 600.0
 
@@ -34,9 +35,11 @@ def simulate(
     latency=(0.5, 3.0),
     state: PacerState | None = None,
     base_share: float = 1.0,
+    worst: float = 1.8,
 ):
     """Run `segments` ((start, end, arrivals per second)) through the pacer. `cost(rnd, t)` is the dollars of a
-    request inside the share (outside: 0, as LLM dollars are). Returns (state, rows: (t, level, admitted, usd))."""
+    request inside the share (outside: 0, as LLM dollars are), at most `worst` (what each request reserves on a
+    hard cap, as `pyrodash.server.budget.reserve` does). Returns (state, rows: (t, level, admitted, usd))."""
     rnd = random.Random(seed)
     cost = cost or (lambda rnd, t: rnd.uniform(0.2, 1.8))  # mean 1 $ per request inside the share
     st = state or PacerState()
@@ -51,16 +54,25 @@ def simulate(
             heapq.heappush(events, (t, n, "arrive", None))
             n += 1
     rows = []
+    now = [0.0]
+    ledger = MemoryLedger(clock=lambda: now[0])  # the hard cap's reservations, as the server makes them
     while events:
         t, i, kind, payload = heapq.heappop(events)
+        now[0] = t
         if kind == "arrive":
             h = rnd.random()
-            d = arrive(st, spec, t, lambda share, h=h: h < share, base_share=base_share)
+            ticket = Ticket("b", period_of(t, spec.period_s), str(i), worst)
+            fits = spec.cap is None or ledger.reserve_now(ticket, spec.cap, 1e9)[0]
+            verdict = "" if fits else spec.at_cap
+            d = arrive(st, spec, t, lambda share, h=h: h < share, base_share=base_share, cap=verdict)
             usd = cost(rnd, t) if d.admitted else 0.0
             rows.append((t, d.level, d.admitted, usd, d.state))
-            heapq.heappush(events, (t + rnd.uniform(*latency), i, "finish", (d, usd)))
+            heapq.heappush(events, (t + rnd.uniform(*latency), i, "finish", (d, usd, ticket if fits else None)))
         else:
-            finish(st, spec, t, *payload)
+            d, usd, ticket = payload
+            if ticket is not None:
+                ledger.settle_now(ticket, usd)
+            finish(st, spec, t, d, usd)
     return st, rows
 
 
@@ -145,8 +157,9 @@ def test_the_share_never_exceeds_the_operating_point_own():
 
 def test_the_hard_cap_holds_and_lifts_when_the_period_ends():
     # a cap just above the target, 5x the traffic, answers whose dollars vary 9x and arrive up to 60 s later (many
-    # in flight at the period's end): each period's dollars, counted by when their requests came, stay under the
-    # cap; and a pacer whose dollars-per-request is wrong (a stale curve, never relearnt) is stopped by the cap
+    # in flight at the period's end), each reserving its worst case: each period's dollars, counted by when their
+    # requests came, stay under the cap; and a pacer whose dollars-per-request is wrong (a stale curve, never
+    # relearnt) is stopped by the cap
     for sp, seed in ((spec(cap=630.0), 0), (spec(cap=630.0, prior_c1=0.25, cost_window=10**9), 1)):
         st, rows = simulate(sp, [(0, 1800, 5.0)], seed=seed, latency=(5.0, 60.0))
         spent = per_period(rows, 3)
@@ -162,9 +175,10 @@ def test_refuse_at_cap_and_solo_requests_are_charged_but_not_paced():
     sp = spec(cap=2.0, at_cap="refuse")
     st = PacerState()
     d = arrive(st, sp, 1.0, lambda s: True)
-    finish(st, sp, 2.0, d, 2.5)  # one expensive answer: the cap is passed
-    assert arrive(st, sp, 3.0, lambda s: True).state == "refused"
-    solo = arrive(st, sp, 4.0, lambda s: True, solo=True)
+    finish(st, sp, 2.0, d, 1.5)
+    assert arrive(st, sp, 3.0, lambda s: True, cap="refuse").state == "refused"  # the next worst case did not fit
+    assert st.cap_hits == 1
+    solo = arrive(st, sp, 4.0, lambda s: True, solo=True, cap="refuse")
     assert solo.state == "capped" and not solo.paced  # the server refuses the LLM alone at the cap
     st2 = PacerState()
     s = arrive(st2, spec(), 1.0, lambda s: True, solo=True)

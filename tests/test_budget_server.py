@@ -40,17 +40,20 @@ def ask(c: httpx.Client, i: int, headers: dict | None = None, model: str = "alwa
     )
 
 
-def one_request_usd(models) -> float:
-    """The LLM dollars of one always-offload answer (a server without budgets)."""
+def one_request_usd(models) -> tuple[float, float]:
+    """(the LLM dollars of one always-offload answer, the worst case it reserves on a hard cap), from a server
+    whose cap is far away."""
     slm, llm = models
-    config = serve_config(api_key=None)
+    config = serve_config(api_key=None, budgets={"default": {"usd_per_hour": 1e6, "cap_usd": 1e6}})
     with (
         UvicornThread(build_app(config, engine=make_engine(slm, llm, config))) as srv,
         httpx.Client(base_url=srv.url, timeout=60) as c,
     ):
-        usd = [sum(e["cost_usd"] for e in ask(c, i).json()["pyrodash"]["llm_endpoints"]) for i in range(3)]
-    assert min(usd) > 0
-    return max(usd)
+        answers = [ask(c, i).json()["pyrodash"] for i in range(3)]
+    usd = [sum(e["cost_usd"] for e in p["llm_endpoints"]) for p in answers]
+    worst = [p["budget"]["reserved_usd"] for p in answers]
+    assert min(usd) > 0 and max(usd) <= min(worst)  # the reservation bounds what was billed
+    return max(usd), max(worst)
 
 
 def wait_next_period() -> None:
@@ -65,8 +68,8 @@ PERMISSIVE = {"controller": {"head_start_s": 3600.0}}
 
 
 def test_the_hard_cap_answers_with_the_slm_alone_until_the_period_ends(models):
-    c1 = one_request_usd(models)
-    cap = 4 * c1
+    c1, worst = one_request_usd(models)
+    cap = worst + 4 * c1  # room for a few answers' dollars and one reservation
     budgets = {"default": {"usd_per_hour": cap, "cap_usd": cap, "at_cap": "slm"}, **PERMISSIVE}
     with serve(models, budgets, api_key=None) as srv, httpx.Client(base_url=srv.url, timeout=60) as c:
         wait_next_period()
@@ -104,8 +107,8 @@ def test_the_hard_cap_answers_with_the_slm_alone_until_the_period_ends(models):
 
 
 def test_at_cap_refuse_is_a_429_with_retry_after(models):
-    c1 = one_request_usd(models)
-    cap = 2 * c1
+    c1, worst = one_request_usd(models)
+    cap = worst + 2 * c1
     budgets = {"default": {"usd_per_hour": cap, "cap_usd": cap, "at_cap": "refuse"}, **PERMISSIVE}
     with serve(models, budgets, api_key=None) as srv, httpx.Client(base_url=srv.url, timeout=60) as c:
         wait_next_period()

@@ -26,12 +26,14 @@ curve), `solo` (one model answering alone: charged, not paced).
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import logging
 import math
 import os
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +45,7 @@ from pyrodash.events import Done
 from pyrodash.server import protocol as P
 from pyrodash.server.budget.config import Budget, BudgetsConfig
 from pyrodash.server.budget.pacer import BIAS, Decision, PacerSpec, arrive, finish, spend_rate
+from pyrodash.server.budget.reserve import Ticket, Worst, period_of, worst_case
 from pyrodash.server.budget.store import FileStore, MemoryStore, RedisStore
 from pyrodash.server.metrics import MULTIPROC_ENV
 
@@ -113,6 +116,25 @@ class BudgetMetrics:
             b + ["state"],
             registry=registry,
         )
+        self.reserved = Gauge(
+            "pyrodash_budget_reserved_usd",
+            "Dollars reserved against the hard cap by requests in flight (their worst case), as last seen.",
+            b,
+            registry=registry,
+            **last,
+        )
+        self.turned = Counter(
+            "pyrodash_budget_reservation_denied",
+            "Requests whose worst-case dollars did not fit the hard cap, by outcome (slm: the SLM alone; refused).",
+            b + ["outcome"],
+            registry=registry,
+        )
+        self.expired = Counter(
+            "pyrodash_budget_reservation_expired",
+            "Requests that outlived their reservation (reservation_ttl_s): their dollars counted when done.",
+            b,
+            registry=registry,
+        )
         self.fallback = Gauge(
             "pyrodash_budget_fallback",
             "1 while Redis is unreachable and this replica holds only its own share of each budget.",
@@ -137,6 +159,7 @@ class Grant:
     budget: Budget
     decision: Decision
     info: dict
+    ticket: Ticket | None = None  # its reservation on the hard cap (None: no cap, or nothing to reserve)
 
 
 class Budgets:
@@ -224,35 +247,89 @@ class Budgets:
         base_share = float(kwargs.get("handoff_share", 1.0))
         base_bias = float(kwargs.get("offload_bias", 0.0))
         t = self.now()
+        spec = self.specs[budget.name]
+        ticket, cap, reason = await self._reserve(
+            budget, spec, t, worst_case(engine, prompt, kwargs, budget.dollars), mode
+        )
 
         def step(st, spec):
-            d = arrive(st, spec, t, lambda share: handoff_admitted(messages, share), base_share, base_bias, solo)
+            d = arrive(st, spec, t, lambda share: handoff_admitted(messages, share), base_share, base_bias, solo, cap)
             return d, st.copy(), spec
 
-        (d, st, spec), view = await self.store.run(budget.name, self.specs[budget.name], step)
-        if self.metrics is not None:
-            self._gauges(budget, st, spec, view)
-            self.metrics.requests.labels(budget.name, d.state).inc()
-            if d.state in ("capped", "refused"):
-                self.metrics.cap_hits.labels(budget.name).inc()
+        (d, st, spec), view = await self.store.run(budget.name, spec, step)
+        if ticket is not None and not cap and not solo and not d.admitted and budget.dollars == "llm":
+            await self.store.ledger.settle(ticket, 0.0)  # outside the handoff share: no LLM call, nothing held
+            ticket = None
+        self._count(budget, d, st, spec, view, cap)
         left = self._left_s(st, spec)
-        if d.state == "refused" or (solo and mode == "llm" and d.state == "capped"):
+        if d.state == "refused" or (solo and d.state == "capped"):
             raise Refused(
                 f"The budget '{budget.name}' reached its hard cap of ${budget.cap_usd:g} for this "
-                f"{budget.period}; it resets in {left} s.",
+                f"{budget.period} ({reason}); it resets in {left} s.",
                 left,
             )
         if d.handoff_share is not None:
             kwargs = {**kwargs, "handoff_share": d.handoff_share}
         if d.offload_bias is not None:
             kwargs = {**kwargs, "offload_bias": d.offload_bias}
-        if self.metrics is not None and d.paced:
+        info = self._info(budget, d, st, spec, view, kwargs, left)
+        info["reserved_usd"] = ticket.usd if ticket is not None else 0.0
+        info["reason"] = reason
+        return kwargs, Grant(budget, d, info, ticket)
+
+    async def _reserve(
+        self, budget: Budget, spec: PacerSpec, t: float, worst: Worst | None, mode: str
+    ) -> tuple[Ticket | None, str, str | None]:
+        """The request's reservation on the hard cap: (ticket, the cap's verdict for the pacer, why it was turned).
+        The worst case of the way it asks to be answered must fit (spent + held + worst <= cap), else the SLM alone
+        (its own worst case reserved when it bills the budget's dollars) or 429 per `at_cap`."""
+        if spec.cap is None or worst is None:
+            return None, "", None
+        period = period_of(t, spec.period_s)
+        want = {"collab": worst.collab, "llm": worst.llm}.get(mode, worst.slm)
+        ttl = self.cfg.reservation_ttl_s
+        ledger = self.store.ledger
+        ticket = Ticket(budget.name, period, uuid.uuid4().hex, want)
+        ok, spent, held = await ledger.reserve(ticket, spec.cap, ttl) if want > 0 else (True, 0.0, 0.0)
+        self._reserved(budget, held)
+        if ok:
+            return (ticket if want > 0 else None), "", None
+        reason = (
+            f"worst case ${want:.6g} does not fit: ${spent:.6g} spent and ${held:.6g} reserved of the cap "
+            f"${spec.cap:.6g}"
+        )
+        if mode != "collab" or budget.at_cap == "refuse":
+            return None, "refuse", reason
+        if worst.slm <= 0:
+            return None, "slm", reason
+        ticket = Ticket(budget.name, period, uuid.uuid4().hex, worst.slm)
+        ok, _, held = await ledger.reserve(ticket, spec.cap, ttl)
+        self._reserved(budget, held)
+        return (ticket, "slm", reason) if ok else (None, "refuse", reason + "; nor the SLM's alone")
+
+    def _reserved(self, budget: Budget, held: float) -> None:
+        if self.metrics is not None:
+            self.metrics.reserved.labels(budget.name).set(held)
+
+    def _count(self, budget: Budget, d: Decision, st, spec: PacerSpec, view: dict, cap: str) -> None:
+        if self.metrics is None:
+            return
+        self._gauges(budget, st, spec, view)
+        self.metrics.requests.labels(budget.name, d.state).inc()
+        if d.state in ("capped", "refused"):
+            self.metrics.cap_hits.labels(budget.name).inc()
+        if cap:
+            self.metrics.turned.labels(budget.name, "refused" if d.state == "refused" else "slm").inc()
+        if d.paced and d.state != "refused":
             self.metrics.knob.labels(budget.name, "spend_fraction").set(d.level)
             if d.handoff_share is not None:
                 self.metrics.knob.labels(budget.name, "handoff_share").set(d.handoff_share)
             if d.offload_bias is not None:
                 self.metrics.knob.labels(budget.name, "offload_bias").set(d.offload_bias)
-        info = {
+
+    def _info(self, budget: Budget, d: Decision, st, spec: PacerSpec, view: dict, kwargs: dict, left: int) -> dict:
+        """The response's `pyrodash.budget`."""
+        return {
             "name": budget.name,
             "dollars": budget.dollars,
             "state": d.state,
@@ -269,22 +346,38 @@ class Budgets:
             "store": view["store"],
             "fallback": view["fallback"],
         }
-        return kwargs, Grant(budget, d, info)
 
-    async def record(self, grant: Grant, done: Done) -> None:
-        """The Done's dollars, on the budget (replacing the expected dollars charged at admission)."""
-        usd = (
-            done.cost_usd if grant.budget.dollars == "all" else sum(e.get("cost_usd", 0.0) for e in done.llm_endpoints)
-        )
+    async def record(self, grant: Grant, done: Done | None) -> None:
+        """The Done's dollars, on the budget (replacing the expected dollars charged at admission), and the
+        reservation settled to them. Without a Done (the client went, the engine failed) the billed dollars are
+        unknown: the reservation is settled at its worst case and the pacer keeps the expected dollars."""
+        name = grant.budget.name
+        if done is None:
+            usd = None
+        elif grant.budget.dollars == "all":
+            usd = done.cost_usd
+        else:
+            usd = sum(e.get("cost_usd", 0.0) for e in done.llm_endpoints)
+        ticket, grant.ticket = grant.ticket, None
+        if ticket is not None:
+            live = await self.store.ledger.settle(ticket, ticket.usd if usd is None else usd)
+            if not live:
+                log.warning("budget %s: a request outlived its reservation (reservation_ttl_s)", name)
+                if self.metrics is not None:
+                    self.metrics.expired.labels(name).inc()
+        elif usd and self.specs[name].cap is not None:  # billed without a reservation (nothing was expected)
+            await self.store.ledger.settle(Ticket(name, int(grant.decision.period), "", 0.0), usd)
+        if usd is None:
+            return
         t = self.now()
 
         def step(st, spec):
             finish(st, spec, t, grant.decision, usd)
             return st.copy(), spec
 
-        (st, spec), view = await self.store.run(grant.budget.name, self.specs[grant.budget.name], step)
+        (st, spec), view = await self.store.run(name, self.specs[name], step)
         if self.metrics is not None:
-            self.metrics.spend.labels(grant.budget.name).inc(max(0.0, usd))
+            self.metrics.spend.labels(name).inc(max(0.0, usd))
             self._gauges(grant.budget, st, spec, view)
 
     # ------------------------------------------------------------ what is shown
@@ -401,23 +494,36 @@ class _Metered:
     def __getattr__(self, name: str):
         return getattr(self.engine, name)
 
+    async def _record(self, done: Done | None) -> None:
+        try:
+            await self.budgets.record(self.grant, done)
+        except Exception:  # noqa: BLE001 - the answer goes out whatever happens to its accounting
+            log.exception("budget %s: recording a request's dollars failed", self.grant.budget.name)
+
     async def stream(self, prompt, **kwargs):
         inner = self.engine.stream(prompt, **kwargs)
+        done = False
         try:
             async for ev in inner:
                 if isinstance(ev, Done):
-                    try:
-                        await self.budgets.record(self.grant, ev)
-                    except Exception:  # noqa: BLE001 - the answer goes out whatever happens to its accounting
-                        log.exception("budget %s: recording a request's dollars failed", self.grant.budget.name)
+                    done = True
+                    await self._record(ev)
                 yield ev
+        except Exception as e:
+            if not done and isinstance(getattr(e, "done", None), Done):  # EngineError: the failed request's record
+                done = True
+                await self._record(e.done)
+            raise
         finally:
             await inner.aclose()  # the engine's own cleanup (upstream streams) runs now, not at garbage collection
+            if not done:  # the client went or the engine failed: the reservation is settled at its worst case
+                await asyncio.shield(self._record(None))
 
 
 def metered(app: FastAPI, engine, grant: Grant | None):
     """Hook 2: the engine to run, recording the request's dollars on its budget (the engine itself without one).
-    A request that ends without a Done (client gone) keeps the expected dollars it was charged."""
+    A request that ends without a Done (client gone) keeps the expected dollars it was charged, and its reservation
+    on the cap is settled at its worst case (what it billed is unknown)."""
     if grant is None:
         return engine
     return _Metered(engine, app.state.budgets, grant)

@@ -11,6 +11,7 @@
       redis_url: redis://127.0.0.1:6379/0   # optional: replicas share one spend counter and controller state
       curve: runs/curve.json        # optional: `pyrodash calibrate --budget-usd X --json` on a traffic sample
       knob: handoff_share           # or offload_bias (moves along the curve; needs `curve`)
+      reservation_ttl_s: 600        # a reservation on the hard cap expires this long after admission (wall s)
 
 Every mistake is a one-line ValueError that names the key and the fix. Keys are read from the environment
 (`key_env`) and never stored in the config, logs or responses: budgets are named by their names.
@@ -45,6 +46,7 @@ _TOP_KEYS = {
     "time_compression",
     "period_origin",
     "controller",
+    "reservation_ttl_s",
 }
 _CONTROLLER_KEYS = {"integral_s", "rate_window_s", "bank_s", "debt_s", "cost_window", "head_start_s"}
 
@@ -150,6 +152,7 @@ class BudgetsConfig:
     time_compression: float = 1.0  # budget seconds per wall-clock second (benchmarks and tests: 60 = an hour a minute)
     period_origin: float = 0.0  # unix time at which periods start (0: calendar hours and UTC days)
     controller: Controller = field(default_factory=Controller)
+    reservation_ttl_s: float = 600.0  # wall seconds: a dead replica's reservations are released after this long
 
     @property
     def budgets(self) -> list[Budget]:
@@ -235,6 +238,7 @@ class BudgetsConfig:
             if vals["cost_window"] != int(vals["cost_window"]):
                 raise ValueError("budgets.controller.cost_window must be a whole number of requests")
             vals["cost_window"] = int(vals["cost_window"])
+        ttl = _number("budgets.reservation_ttl_s", raw.get("reservation_ttl_s", 600.0))
         return cls(
             default,
             tuple(keys),
@@ -247,6 +251,7 @@ class BudgetsConfig:
             compression,
             origin,
             Controller(**vals),
+            ttl,
         )
 
 

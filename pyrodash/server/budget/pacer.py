@@ -23,8 +23,8 @@ The controller, per request of a paced budget:
   within [-debt_s, +bank_s] seconds of target spend.
 - **no delay**: each request is charged its expected dollars when it is admitted (c1 inside the share, c0 outside),
   and corrected by the difference when its Done arrives, so answers in flight count at once.
-- **hard cap** per period (optional): when the period's dollars (in flight included) plus one more request inside
-  the share would pass the cap, the request is answered by the SLM alone (`at_cap: slm`) or refused (`refuse`).
+- **hard cap** per period (optional): not the pacer's: a request whose worst-case dollars do not fit the cap's
+  reservations (`pyrodash.server.budget.reserve`) arrives with `cap="slm"` (the SLM alone) or `cap="refuse"`.
 The share never exceeds the operating point's own (`base_share`): the budget can only take handoffs away.
 
 The `offload_bias` knob (`knob: offload_bias`, needs a calibration curve) moves the bias instead, along the curve's
@@ -130,8 +130,6 @@ class PacerState:
     arrivals_fast: float = 0.0  # ... over a quarter of it
     rate: float = 0.0  # dollars per second (exponentially weighted)
     c1: float = 0.0  # dollars per request inside the share
-    c_hi: float = 0.0  # the most one request has cost lately (slowly forgotten): the cap's reservation
-    reserve: float = 0.0  # for the cap: c_hi - expected, summed over this period's answers in flight
     n1: float = 0.0  # requests behind c1 (capped at cost_window)
     c0: float = 0.0  # dollars per request outside the share
     n0: float = 0.0
@@ -169,7 +167,6 @@ class Decision:
     # | "solo" (mode slm/llm: not paced, charged when done) | "learning" (no dollars measured yet)
     paced: bool = True
     period: float = 0.0
-    reserve: float = 0.0  # held against the cap until the answer's dollars are known
 
 
 def _ewma_decay(x: float, dt: float, window: float) -> float:
@@ -193,7 +190,7 @@ def advance(st: PacerState, spec: PacerSpec, t: float) -> None:
         st.t = t
     st.bank = min(max(st.bank, -spec.rate * spec.debt_s), spec.rate * spec.bank_s)
     if period != st.period:  # a new period starts afresh: nothing spent, nothing banked or owed
-        st.period, st.period_spend, st.bank, st.reserve = float(period), 0.0, 0.0, 0.0
+        st.period, st.period_spend, st.bank = float(period), 0.0, 0.0
 
 
 def charge(st: PacerState, spec: PacerSpec, usd: float) -> None:
@@ -237,7 +234,7 @@ def wanted_level(st: PacerState, spec: PacerSpec) -> float:
     if c1 is None:
         return 1.0  # nothing measured and no curve: let one request through and learn its dollars
     elapsed = st.t - st.period * spec.period_s
-    if elapsed < spec.head_start_s and st.period_spend + st.reserve + c1 <= spec.rate * (elapsed + spec.head_start_s):
+    if elapsed < spec.head_start_s and st.period_spend + c1 <= spec.rate * (elapsed + spec.head_start_s):
         return 1.0  # a period's head start: the traffic estimate may still be the last period's
     n = arrival_rate(st, spec)
     left = (st.period + 1) * spec.period_s - st.t  # the bank is settled by the period's end at the latest
@@ -256,14 +253,16 @@ def arrive(
     base_share: float = 1.0,
     base_bias: float = 0.0,
     solo: bool = False,
+    cap: str = "",
 ) -> Decision:
     """A request starts: decide its operating point, charge its expected dollars. `admitted(share)` says whether
-    the request falls inside a handoff share (the engine's fixed hash of its messages)."""
+    the request falls inside a handoff share (the engine's fixed hash of its messages). `cap`: the hard cap's verdict
+    ("": the request's worst case fits; "slm": the SLM alone; "refuse")."""
     advance(st, spec, t)
     st.requests += 1
     period = st.period
     if solo:  # one model answering alone (the playground's compare modes): charged when done, never paced
-        if spec.cap is not None and st.period_spend >= spec.cap:
+        if cap:
             st.cap_hits += 1
             return Decision(st.level, None, None, False, 0.0, "capped", paced=False, period=period)
         return Decision(st.level, None, None, True, 0.0, "solo", paced=False, period=period)
@@ -272,13 +271,10 @@ def arrive(
     st.arrivals += 1.0 / spec.rate_window_s
     st.arrivals_fast += FAST / spec.rate_window_s
     st.level = level
-    # the cap counts each answer in flight at the most a request has cost lately, not at its mean: it holds even when
-    # the dollars of a period's last answers arrive after the period
-    hi = max(st.c_hi, c1 or 0.0, c0)
-    capped = spec.cap is not None and st.period_spend + st.reserve + hi > spec.cap
+    capped = bool(cap)
     if capped:
         st.cap_hits += 1
-        if spec.at_cap == "refuse":
+        if cap == "refuse":
             return Decision(level, None, None, False, 0.0, "refused", period=period)
         level_used = 0.0
     else:
@@ -297,8 +293,6 @@ def arrive(
         bias = None
         expected = (c1 if c1 is not None else 0.0) if inside else c0
     charge(st, spec, expected)
-    reserve = max(0.0, hi - expected) if inside else 0.0
-    st.reserve += reserve
     if capped:
         state = "capped"
     elif c1 is None:
@@ -307,7 +301,7 @@ def arrive(
         state = "policy"
     else:
         state = "paced"
-    return Decision(level, share, bias, inside, expected, state, period=period, reserve=reserve)
+    return Decision(level, share, bias, inside, expected, state, period=period)
 
 
 def finish(st: PacerState, spec: PacerSpec, t: float, d: Decision, actual: float) -> None:
@@ -315,13 +309,10 @@ def finish(st: PacerState, spec: PacerSpec, t: float, d: Decision, actual: float
     advance(st, spec, t)
     if d.period == st.period:
         charge(st, spec, actual - d.expected)
-        st.reserve = max(0.0, st.reserve - d.reserve)
     else:  # charged in a period that has ended: its accounting is closed, only the running total moves
         st.spend += actual - d.expected
     if not d.paced or d.state == "refused":
         return
-    if d.admitted:
-        st.c_hi = max(actual, st.c_hi * (1.0 - 1.0 / spec.cost_window))
     if spec.knob == BIAS and spec.curve is not None:
         if d.admitted and d.level >= 0.2 and d.state != "capped":
             # the curve's shape is trusted, its scale learnt: this request implies c1 = c0 + (actual - c0) / level

@@ -29,6 +29,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from pyrodash.server.budget.pacer import PacerSpec, PacerState, advance
+from pyrodash.server.budget.reserve import FileLedger, MemoryLedger
 
 log = logging.getLogger("pyrodash.serve")
 HEARTBEAT_S = 5.0  # a replica refreshes its heartbeat this often ...
@@ -42,6 +43,7 @@ class MemoryStore:
 
     def __init__(self) -> None:
         self.states: dict[str, PacerState] = {}
+        self.ledger = MemoryLedger()  # the hard cap's reservations (pyrodash.server.budget.reserve)
 
     async def run(self, name: str, spec: PacerSpec, fn: Callable[[PacerState, PacerSpec], object]):
         st = self.states.setdefault(name, PacerState())
@@ -69,6 +71,7 @@ class FileStore:
         self.db = sqlite3.connect(self.path, timeout=10, isolation_level=None, check_same_thread=False)
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("CREATE TABLE IF NOT EXISTS budgets (name TEXT PRIMARY KEY, state TEXT NOT NULL)")
+        self.ledger = FileLedger(self.db)  # the hard cap's reservations, in the same file
 
     def _load(self, name: str) -> PacerState:
         row = self.db.execute("SELECT state FROM budgets WHERE name = ?", (name,)).fetchone()
@@ -142,13 +145,15 @@ class RedisStore:
         self.pending: dict[str, dict[float, float]] = {}  # dollars charged while down: budget -> period -> usd
         self.specs: dict[str, PacerSpec] = {}  # each budget's spec, as last used (to merge its pending dollars)
         self.fallbacks = 0  # times this replica lost Redis
+        from pyrodash.server.budget.reserve_redis import RedisLedger
+
+        self.ledger = RedisLedger(self)  # the hard cap's reservations: Lua scripts on the same client
 
     # ------------------------------------------------------------ the public surface
 
     async def run(self, name: str, spec: PacerSpec, fn: Callable[[PacerState, PacerSpec], object]):
         self.specs[name] = spec
-        if self.down_since is not None and time.monotonic() >= self._retry_at:
-            await self._try_reconnect()
+        await self.reconnect_when_due()
         if self.down_since is None:
             try:
                 return await self._shared(name, spec, fn), self.view()
@@ -172,6 +177,11 @@ class RedisStore:
                 self._go_down(e)
         st = self._local_state(name)
         return st.copy(), scaled(spec, self.share), self.view()
+
+    async def reconnect_when_due(self) -> None:
+        """While Redis is down: try it again every `retry_s`."""
+        if self.down_since is not None and time.monotonic() >= self._retry_at:
+            await self._try_reconnect()
 
     @property
     def share(self) -> float:
@@ -275,6 +285,7 @@ class RedisStore:
     async def _try_reconnect(self) -> None:
         """Redis again? Then add what was charged meanwhile to the shared counters and drop the fallback state."""
         self._retry_at = time.monotonic() + self.retry_s
+        since = self.down_since
         try:
             await self.client.ping()
             for name, by_period in list(self.pending.items()):
@@ -291,6 +302,10 @@ class RedisStore:
 
                 await self._shared(name, self.specs[name], merge)
                 del self.pending[name]
+            self.down_since = None  # (the ledger's scripts run only while Redis is up)
+            await self.ledger.flush()
+            if self.down_since is not None:
+                return
         except Exception as e:  # noqa: BLE001
             if not _redis_failure(e):
                 raise
@@ -298,7 +313,7 @@ class RedisStore:
             return
         log.warning(
             "budgets: Redis is back after %.1f s: this replica shares the budgets again",
-            time.monotonic() - (self.down_since or time.monotonic()),
+            time.monotonic() - (since or time.monotonic()),
         )
         self.down_since, self.error = None, None
         self.local.clear()
