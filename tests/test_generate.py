@@ -13,10 +13,11 @@ from tiny_models import HANDOFF_SLM_SEED, tiny_model_dir
 
 from pyrodash.backends.hf import HFBackend
 from pyrodash.cli import main
-from pyrodash.cost import Prices, Usage
+from pyrodash.cost import Prices
 from pyrodash.engine import CollaborateEngine
 from pyrodash.engine.calibrate import calibrate_offload_bias
 from pyrodash.prompts import get_prompts
+from pyrodash.record import Record, usage_of
 
 PROMPTS = get_prompts("world-v1")
 QUESTIONS = ["x", "abc", "2+3=?", "What is 7*8?", "hello", "q: 9-4", "zz top", "12*12"]
@@ -38,22 +39,25 @@ def gen(dirs, *extra) -> list[str]:
     return ["generate", "--slm", dirs[0], "--llm", dirs[1], "--prompts", "world-v1", "--max-tokens", "12", *extra]
 
 
-def test_generate_json_matches_the_engine(dirs, engine, capsys):
+def test_generate_json_prints_the_engines_record(dirs, engine, capsys):
+    """`generate --json` prints the one record shape (`pyrodash.record`, as eval records and the server's `pyrodash`
+    object): the engine's answer, field for field (all but the wall time)."""
     for bias, handoff in ((1e4, 0), (-1e4, None)):
         assert main(gen(dirs, "--json", "--offload-bias", str(bias), "abc")) == 0
         out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-        ref = engine.run("abc", offload_bias=bias)
-        assert out["handoff"] == handoff == ref.handoff and out["output"] == ref.output
-        assert Usage.from_dict(out["usage"]) == ref.usage
-        assert set(out["usage"]) == {"slm_in", "slm_out", "llm_in", "llm_out", "llm_cached_in", "llm_calls"}
+        ref = Record.from_done(engine.run("abc", offload_bias=bias))
+        assert set(out) == set(ref.to_json()) and "usage" not in out
+        assert {k: v for k, v in out.items() if k != "latency_s"} == {
+            k: v for k, v in ref.to_json().items() if k != "latency_s"
+        }
+        assert out["handoff"] == handoff and usage_of(out) == ref.usage and out["llm_calls"] == (handoff is not None)
         assert out["cost_usd"] == pytest.approx(ref.usage.cost(Prices.from_yaml("paper")))
-        assert out["usage"]["llm_calls"] == (handoff is not None)
 
 
 def test_generate_handoff_share_zero_bans_the_handoff_and_says_so(dirs, capsys):
     assert main(gen(dirs, "--json", "--offload-bias", "1e4", "--handoff-share", "0", "abc")) == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert out["handoff_admitted"] is False and out["handoff"] is None and out["usage"]["llm_calls"] == 0
+    assert out["handoff_admitted"] is False and out["handoff"] is None and out["llm_calls"] == 0
     assert main(gen(dirs, "--offload-bias", "1e4", "--handoff-share", "0", "abc")) == 0
     assert "outside --handoff-share 0" in capsys.readouterr().out
     assert main(gen(dirs, "--handoff-share", "2", "abc")) == 2

@@ -49,8 +49,8 @@ def test_cut_before_step():
 
 def test_oracle_hands_off_before_the_first_hard_step_and_bills_like_the_engine(backends):
     from pyrodash.backends.base import GenRequest
+    from pyrodash.backends.retry import run_requests
     from pyrodash.engine.requests import handoff_request, with_system
-    from pyrodash.eval.methods import generate
     from pyrodash.eval.oracle import Oracle, cut_before_step
 
     slm, llm = backends
@@ -61,7 +61,7 @@ def test_oracle_hands_off_before_the_first_hard_step_and_bills_like_the_engine(b
     assert [r["oracle_step"] for r in recs] == [None, 0, 1]
     # The SLM's own answer under P_s (what the engine's SLM request would produce), independently generated.
     p = env.prompts
-    own = generate(
+    own = run_requests(
         slm,
         [
             GenRequest(
@@ -79,7 +79,7 @@ def test_oracle_hands_off_before_the_first_hard_step_and_bills_like_the_engine(b
         assert r["output"] == prefix + r["segments"][-1]["text"]
         # the LLM request is the engine's handoff request (P_l + question, the prefix continued as its own answer)
         req = handoff_request(p, "continue", p.plain_messages(ex.question), prefix, env.max_tokens, dict(s))
-        lg = generate(llm, [req])[0]
+        lg = run_requests(llm, [req])[0]
         assert r["segments"][-1]["text"] == lg.text
         u = usage_of(r)
         n_prefix = slm.count_tokens(prefix) if prefix else 0

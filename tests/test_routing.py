@@ -48,12 +48,13 @@ def test_entropy():
 
 
 def _glimp(models, items, tau, boundary):
-    from pyrodash.eval.methods import _ban_offload, generate
+    from pyrodash.backends.retry import run_requests
+    from pyrodash.eval.methods import _ban_offload
 
     slm, llm = models
 
     def gen(role, reqs):
-        return generate(slm if role == "slm" else llm, reqs, 8)
+        return run_requests(slm if role == "slm" else llm, reqs, 8)
 
     return run_glimprouter(items, tau, gen, 24, boundary=boundary, slm_logit_bias=_ban_offload(slm))
 

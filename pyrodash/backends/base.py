@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Protocol, runtime_checkable
 
 CHARS_PER_TOKEN_ESTIMATE = 3  # a conservative estimate for backends that cannot count tokens locally
@@ -80,16 +80,34 @@ class GenChunk:
 
 @dataclass
 class GenResult:
-    """One finished (non-streamed) generation, e.g. from `HFBackend.generate_batch` (evaluation, GRPO rollouts)."""
+    """One finished generation, whatever the backend or the caller: `HFBackend.generate_batch`, a stream collected
+    by `pyrodash.backends.retry` (evaluation, curation, Stage 3), the engine's batch driver. A call that failed after
+    its retries is one too: finish_reason "error" and its `error`, never an exception."""
 
     text: str  # decoded output; never contains the stop token or a matched stop string
-    token_ids: list[int]  # every generated id, the final stop token / EOS included (len == completion_tokens)
-    prompt_ids: list[int]
-    finish_reason: str  # "stop" | "length"
+    token_ids: list[int] = field(default_factory=list)  # every generated id, the final stop token / EOS included
+    prompt_ids: list[int] = field(default_factory=list)  # the prompt's ids where the backend tokenized it locally
+    finish_reason: str = "stop"  # "stop" | "length" | "error" (the call failed: see `error`)
     stop_token_id: int | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
     top_logprobs: list[dict[str, float]] | None = None
+    cached_tokens: int = 0
+    usage_estimated: bool = False  # the server reported no usage: counted locally or estimated
+    eos: bool | None = None  # True: ended by EOS; False: by a stop string/id or length; None: unknown
+    error: str | None = None  # why the call failed after its retries (finish_reason "error")
+
+    def to_json(self) -> dict:
+        """A JSON object of the result (a call journal's entry), without the prompt's ids (the request has them)."""
+        d = asdict(self)
+        del d["prompt_ids"]
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict) -> GenResult:
+        """`to_json`'s object back; keys this version does not know (an older journal's) are left out."""
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in known})
 
 
 class BackendError(RuntimeError):

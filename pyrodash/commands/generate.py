@@ -1,13 +1,14 @@
 """`pyrodash generate`: answer one question with the Collaborate Engine (Algorithm 1), streaming.
 
     pyrodash generate --slm worlds/w/slm --llm http://127.0.0.1:8001/v1#llm --offload-bias 2 "What is 17*23?"
-    pyrodash generate --slm SLM --llm LLM --json "question"     # one JSON object: output, usage, cost_usd, handoff
+    pyrodash generate --slm SLM --llm LLM --json "question"     # the answer's record (pyrodash.record), one line
 
 Conversations: `--history FILE.json` (earlier messages, OpenAI chat format) comes before the question, and each
 `--turn TEXT` is a follow-up user turn asked after it, with everything so far as history (one engine request per
-turn; `--json` prints one line per turn); `--save-history FILE.json` writes the whole conversation for a later
-`--history`. An LLM mesh: repeat `--llm` (the next endpoint continues mid-stream when one fails), with
-`--llm-policy cheapest` and `--llm-prices SHEET` per endpoint (see pyrodash.backends.mesh).
+turn; `--json` prints one record per turn: the fields of an eval record and of the server's `pyrodash` object);
+`--save-history FILE.json` writes the whole conversation for a later `--history`. An LLM mesh: repeat `--llm` (the
+next endpoint continues mid-stream when one fails), with `--llm-policy cheapest` and `--llm-prices SHEET` per
+endpoint (see pyrodash.backends.mesh).
 
 SLM text is shown in cyan, LLM text in magenta, then token usage and dollars. A backend is a model path / hub id
 (in-process transformers) or an OpenAI-compatible URL `http(s)://host:port/v1#model`.
@@ -20,6 +21,8 @@ import json
 import sys
 from pathlib import Path
 
+from rich.console import Console
+
 from pyrodash.backends import load_llm, load_slm
 from pyrodash.backends.endpoint import add_llm_mode_argument
 from pyrodash.backends.mesh import spec_from_flags
@@ -27,6 +30,7 @@ from pyrodash.cost import Prices
 from pyrodash.engine import CollaborateEngine, EngineError, FailurePolicy
 from pyrodash.events import Done, Handoff, LLMDelta, SLMDelta
 from pyrodash.prompts import get_prompts
+from pyrodash.record import Record
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -74,22 +78,42 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--on-error", choices=("fallback", "raise"), default="fallback", help="after LLM retries fail")
     p.add_argument("--retries", type=int, default=2, help="LLM retries after a failed call")
     p.add_argument("--timeout-s", type=float, default=60.0, help="longest wait for the LLM's next chunk")
-    p.add_argument("--json", action="store_true", help="print one JSON object instead of the coloured stream")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print each answer's record (pyrodash.record) instead of the coloured stream",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     import asyncio
 
-    from transformers.utils import logging as hf_logging
-
     question = sys.stdin.read() if args.question == "-" else args.question
     if not question.strip():
         raise ValueError("the question is empty")
-    history = read_history(args.history) if args.history else []
+    messages = read_history(args.history) if args.history else []
     if any(not t.strip() for t in args.turn):
         raise ValueError("a --turn is empty: give the follow-up text")
-    prices = Prices.load(args.prices)
     prompts = get_prompts(args.prompts)
+    engine, llm = build_engine(args, prompts)
+    try:
+        asyncio.run(converse(args, engine, llm, prompts, [question, *args.turn], messages))
+    except EngineError as e:
+        if args.json:
+            print(json.dumps({**Record.from_done(e.done).to_json(), "error": str(e)}))
+        print(f"pyrodash generate: error: {e}", file=sys.stderr)
+        return 1
+    finally:
+        if args.save_history:
+            Path(args.save_history).write_text(json.dumps(messages, indent=1, ensure_ascii=False) + "\n")
+    return 0
+
+
+def build_engine(args: argparse.Namespace, prompts) -> tuple[CollaborateEngine, object]:
+    """The Collaborate Engine of the flags, and its LLM backend (the SLM itself when both flags name one model)."""
+    from transformers.utils import logging as hf_logging
+
+    prices = Prices.load(args.prices)
     failure = FailurePolicy(retries=args.retries, timeout_s=args.timeout_s, on_error=args.on_error)
     hf_logging.disable_progress_bar()  # no "Loading weights" bars around the answer
     slm = load_slm(args.slm)
@@ -106,102 +130,84 @@ def run(args: argparse.Namespace) -> int:
         failure=failure,
         handoff_share=args.handoff_share,
     )
+    return engine, llm
+
+
+async def converse(args: argparse.Namespace, engine, llm, prompts, turns: list[str], messages: list[dict]) -> None:
+    """Ask each turn in order (after `messages`, which grows by each question and answer); `--json` prints each
+    answer's record, otherwise its coloured stream and summary."""
     kw = {"temperature": args.temperature, "top_p": args.top_p, "seed": args.seed}
-
-    conversation = bool(history or args.turn)
-    turns = [question] + list(args.turn)
-    messages = list(history)
-
-    async def main() -> Done:
-        try:
-            done = None
-            for i, text in enumerate(turns):
-                prompt = text
-                if conversation:
-                    messages.append({"role": "user", "content": prompts.question(text)})
-                    prompt = list(messages)
-                done = await (one_json(prompt) if args.json else one_stream(prompt, i))
-                messages.append({"role": "assistant", "content": done.output})
-                if args.json:
-                    print(json.dumps(done.to_dict()), flush=True)
-            return done
-        finally:
-            await engine.aclose()
-
-    async def one_json(prompt) -> Done:
-        return await engine.arun(prompt, **kw)
-
-    async def one_stream(prompt, i: int) -> Done:
-        from rich.console import Console
-
-        out = Console(highlight=False, soft_wrap=True)
-        rep = getattr(llm, "report", None)
-        if rep is not None and rep.mode and i == 0:
-            out.print(f"[LLM {llm.name}: continuation mode {rep.mode}]", style="dim", markup=False)
-        if conversation:
-            out.print(f"[turn {sum(m['role'] == 'user' for m in prompt)}] {turns[i]}", style="bold", markup=False)
-        done = None
-        async for ev in engine.stream(prompt, **kw):
-            if isinstance(ev, SLMDelta):
-                out.print(ev.text, style="cyan", end="", markup=False)
-            elif isinstance(ev, Handoff):
-                out.print(f" ⟶ LLM (after {ev.slm_tokens} SLM tokens) ", style="bold yellow", end="")
-            elif isinstance(ev, LLMDelta):
-                out.print(ev.text, style="magenta", end="", markup=False)
-            elif isinstance(ev, Done):
-                done = ev
-        u = done.usage
-        out.print()
-        if done.fallback:
-            out.print(f"[LLM failed, the SLM finished the answer: {done.errors[-1]}]", style="red", markup=False)
-        elif done.errors:
-            out.print(f"[LLM retried after: {'; '.join(done.errors)}]", style="yellow", markup=False)
-        if done.usage_estimated:
-            out.print(
-                "[some token counts were not reported by a server: counted locally or estimated]",
-                style="yellow",
-                markup=False,
-            )
-        if not done.handoff_admitted:
-            out.print(
-                f"[outside --handoff-share {args.handoff_share:g}: <offload> was banned, the SLM answered alone]",
-                style="yellow",
-                markup=False,
-            )
-        handoff = "no handoff" if done.handoff is None else f"handoff after {done.handoff} SLM tokens"
-        out.print(
-            f"{handoff} · SLM in/out {u.slm_in}/{u.slm_out} · LLM in/out {u.llm_in}/{u.llm_out} "
-            f"(cached {u.llm_cached_in}, calls {u.llm_calls}) · ${done.cost_usd:.6f} · {done.finish_reason}",
-            style="dim",
-            markup=False,
-        )
-        if len(done.llm_endpoints) > 1 or any(e["errors"] for e in done.llm_endpoints):
-            for e in done.llm_endpoints:
-                out.print(
-                    f"  {e['endpoint']}: calls {e['calls']} (failed {e['errors']}) · in/out {e['llm_in']}/"
-                    f"{e['llm_out']} · {e['chars']} chars · ${e['cost_usd']:.6f}",
-                    style="dim",
-                    markup=False,
-                )
-        if any(done.trimmed.values()):
-            out.print(
-                f"  history trimmed to fit the context windows: {done.trimmed} messages dropped",
-                style="yellow",
-                markup=False,
-            )
-        return done
-
+    conversation = bool(messages or len(turns) > 1)
     try:
-        asyncio.run(main())
-    except EngineError as e:
-        if args.json:
-            print(json.dumps({**e.done.to_dict(), "error": str(e)}))
-        print(f"pyrodash generate: error: {e}", file=sys.stderr)
-        return 1
+        for i, text in enumerate(turns):
+            prompt = text
+            if conversation:
+                messages.append({"role": "user", "content": prompts.question(text)})
+                prompt = list(messages)
+            if args.json:
+                done = await engine.arun(prompt, **kw)
+                print(json.dumps(Record.from_done(done).to_json()), flush=True)
+            else:
+                out = Console(highlight=False, soft_wrap=True)
+                rep = getattr(llm, "report", None)
+                if rep is not None and rep.mode and i == 0:
+                    out.print(f"[LLM {llm.name}: continuation mode {rep.mode}]", style="dim", markup=False)
+                if conversation:
+                    out.print(f"[turn {sum(m['role'] == 'user' for m in prompt)}] {text}", style="bold", markup=False)
+                done = await stream_answer(out, engine, prompt, kw)
+                print_summary(out, done, args.handoff_share)
+            messages.append({"role": "assistant", "content": done.output})
     finally:
-        if args.save_history:
-            Path(args.save_history).write_text(json.dumps(messages, indent=1, ensure_ascii=False) + "\n")
-    return 0
+        await engine.aclose()
+
+
+async def stream_answer(out: Console, engine, prompt, kw: dict) -> Done:
+    """The engine's answer, printed as it streams: SLM text in cyan, the handoff, LLM text in magenta."""
+    done = None
+    async for ev in engine.stream(prompt, **kw):
+        if isinstance(ev, SLMDelta):
+            out.print(ev.text, style="cyan", end="", markup=False)
+        elif isinstance(ev, Handoff):
+            out.print(f" ⟶ LLM (after {ev.slm_tokens} SLM tokens) ", style="bold yellow", end="")
+        elif isinstance(ev, LLMDelta):
+            out.print(ev.text, style="magenta", end="", markup=False)
+        elif isinstance(ev, Done):
+            done = ev
+    out.print()
+    return done
+
+
+def print_summary(out: Console, done: Done, handoff_share: float) -> None:
+    """What happened to an answer: failures and estimates, the handoff, tokens and dollars, per endpoint."""
+    u = done.usage
+    if done.fallback:
+        out.print(f"[LLM failed, the SLM finished the answer: {done.errors[-1]}]", style="red", markup=False)
+    elif done.errors:
+        out.print(f"[LLM retried after: {'; '.join(done.errors)}]", style="yellow", markup=False)
+    if done.usage_estimated:
+        note = "[some token counts were not reported by a server: counted locally or estimated]"
+        out.print(note, style="yellow", markup=False)
+    if not done.handoff_admitted:
+        note = f"[outside --handoff-share {handoff_share:g}: <offload> was banned, the SLM answered alone]"
+        out.print(note, style="yellow", markup=False)
+    handoff = "no handoff" if done.handoff is None else f"handoff after {done.handoff} SLM tokens"
+    out.print(
+        f"{handoff} · SLM in/out {u.slm_in}/{u.slm_out} · LLM in/out {u.llm_in}/{u.llm_out} "
+        f"(cached {u.llm_cached_in}, calls {u.llm_calls}) · ${done.cost_usd:.6f} · {done.finish_reason}",
+        style="dim",
+        markup=False,
+    )
+    if len(done.llm_endpoints) > 1 or any(e["errors"] for e in done.llm_endpoints):
+        for e in done.llm_endpoints:
+            out.print(
+                f"  {e['endpoint']}: calls {e['calls']} (failed {e['errors']}) · in/out {e['llm_in']}/"
+                f"{e['llm_out']} · {e['chars']} chars · ${e['cost_usd']:.6f}",
+                style="dim",
+                markup=False,
+            )
+    if any(done.trimmed.values()):
+        note = f"  history trimmed to fit the context windows: {done.trimmed} messages dropped"
+        out.print(note, style="yellow", markup=False)
 
 
 def read_history(path: str) -> list[dict]:

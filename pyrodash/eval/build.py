@@ -10,7 +10,8 @@ import json
 from pathlib import Path
 
 from pyrodash.backends import load_backend, load_llm, load_slm
-from pyrodash.eval.methods import Env, GlimpRouter, Method, PyroDash, RouteLLM, Solo, knob
+from pyrodash.eval.methods import Env, GlimpRouter, Method, PyroDash, RouteLLM, Solo
+from pyrodash.eval.names import method_name
 from pyrodash.eval.oracle import Oracle
 from pyrodash.eval.routing.routellm_mf import MFRouter, calibrate_alpha, embed_texts, make_labels, train_mf
 from pyrodash.grading import grade_batch
@@ -79,7 +80,7 @@ def build_methods(cfg, env: Env, backends: Backends | None = None, load_examples
             for lam in lams:
                 if float(lam) not in lam_specs:
                     raise ValueError(f"pyrodash λ={lam} has no checkpoint: add it under models.pyrodash")
-                name = f"pyrodash@{knob(lam)}"
+                name = method_name("pyrodash", lam)
                 out[name] = PyroDash(name, be.get(lam_specs[float(lam)], offload=True), model("llm"), env)
         elif kind in SWEEPS:  # one λ policy across offload_bias or handoff_share values
             lam = sweep_lambda(opt, lam_specs)
@@ -87,7 +88,7 @@ def build_methods(cfg, env: Env, backends: Backends | None = None, load_examples
                 raise ValueError(f"{kind} lambda={lam} has no checkpoint under models.pyrodash")
             key, suffix, field_ = SWEEPS[kind]
             for v in opt.get(key, []):
-                name = f"pyrodash@{knob(lam)}+{suffix}{knob(v)}"
+                name = method_name("pyrodash", lam, suffix, v)
                 out[name] = PyroDash(
                     name, be.get(lam_specs[lam], offload=True), model("llm"), env, **{field_: float(v)}
                 )
@@ -98,7 +99,7 @@ def build_methods(cfg, env: Env, backends: Backends | None = None, load_examples
             if opt.get("step_shares"):
                 taus += calibrate_glimprouter(opt, env, model("slm"), Path(cfg.run_dir), load_examples)
             for tau in taus:
-                name = f"glimprouter@{knob(tau)}"
+                name = method_name("glimprouter", tau)
                 out[name] = GlimpRouter(name, model("slm"), model("llm"), env, float(tau), int(opt.get("top_k", 20)))
         elif kind == "routellm":
             out.update(build_routellm(opt, env, model("slm"), model("llm"), be, Path(cfg.run_dir), load_examples))
@@ -195,4 +196,5 @@ def build_routellm(opt: dict, env: Env, slm, llm, be: Backends, run_dir: Path, l
         raise ValueError("routellm needs alphas: [...] or shares: [...] (target LLM shares to calibrate α to)")
     (out_dir / "alphas.json").write_text(json.dumps({"alphas": alphas, "shares": opt.get("shares", [])}) + "\n")
     sl, ll = Solo("slm", slm, "slm", env), Solo("llm", llm, "llm", env)
-    return {f"routellm@{knob(a)}": RouteLLM(f"routellm@{knob(a)}", router, a, embed, sl, ll) for a in alphas}
+    names = [method_name("routellm", a) for a in alphas]
+    return {n: RouteLLM(n, router, a, embed, sl, ll) for n, a in zip(names, alphas, strict=True)}

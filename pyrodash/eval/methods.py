@@ -19,13 +19,11 @@ the oracle a handoff told from outside. In-process backends decode in left-padde
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import time
 from dataclasses import dataclass, field
 
-from pyrodash.backends.base import GenChunk, GenRequest
-from pyrodash.backends.retry import RetryPolicy
+from pyrodash.backends.base import GenRequest, GenResult
+from pyrodash.backends.retry import run_requests
 from pyrodash.cost import Prices
 from pyrodash.data.example import Example
 from pyrodash.engine import CollaborateEngine
@@ -36,98 +34,6 @@ from pyrodash.prompts import OFFLOAD_TOKEN, Prompts
 from pyrodash.record import Record, read_record
 
 Item = tuple[Example, dict]  # (example, sampling: temperature / top_p / seed)
-
-
-@dataclass
-class Gen:
-    """One finished generation, whatever the backend."""
-
-    text: str
-    finish_reason: str
-    prompt_tokens: int
-    completion_tokens: int
-    cached_tokens: int = 0
-    stop_token_id: int | None = None
-    top_logprobs: list[dict[str, float]] | None = None
-    eos: bool | None = None  # True: ended by EOS; False: by a stop string/id or length; None: unknown
-    error: str | None = None  # the call failed after its retries (`pyrodash.backends.retry`); finish_reason "error"
-    usage_estimated: bool = False
-
-
-async def _collect_once(backend, req: GenRequest) -> Gen:
-    text, tops, last = "", [], GenChunk()
-    async with contextlib.aclosing(backend.stream(req)) as it:
-        async for ch in it:
-            text += ch.text
-            tops += ch.top_logprobs or []
-            if ch.finish_reason is not None:
-                last = ch
-    return Gen(
-        text,
-        last.finish_reason or "length",
-        last.prompt_tokens or 0,
-        last.completion_tokens or 0,
-        last.cached_tokens or 0,
-        last.stop_token_id,
-        tops or None,
-        None,
-        usage_estimated=last.usage_estimated,
-    )
-
-
-async def _collect(backend, req: GenRequest) -> Gen:
-    """One HTTP call under the batch call policy: retried when it may pass, a failed `Gen` when it never does."""
-    pol, error = RetryPolicy(), None
-    for attempt in range(pol.retries + 1):
-        if attempt:
-            await asyncio.sleep(pol.backoff_s * 2 ** (attempt - 1))
-        try:
-            return await _collect_once(backend, req)
-        except Exception as e:  # noqa: BLE001 - judged by the policy, recorded, never fatal
-            error = f"attempt {attempt + 1}: {type(e).__name__}: {e}"
-            if not getattr(e, "retryable", True):
-                break
-    return Gen("", "error", 0, 0, error=error)
-
-
-def generate(backend, reqs: list[GenRequest], batch_size: int = 16, concurrency: int = 8) -> list[Gen]:
-    """Run requests on a backend: batched when it has `generate_batch`, else `concurrency` streams at a time."""
-    if not reqs:
-        return []
-    if hasattr(backend, "generate_batch"):
-        eos_ids = getattr(backend, "eos_ids", set())
-        out = []
-        for r in backend.generate_batch(reqs, batch_size=batch_size):
-            eos = (
-                r.finish_reason == "stop"
-                and r.stop_token_id is None
-                and bool(r.token_ids)
-                and r.token_ids[-1] in eos_ids
-            )
-            out.append(
-                Gen(
-                    r.text,
-                    r.finish_reason,
-                    r.prompt_tokens,
-                    r.completion_tokens,
-                    0,
-                    r.stop_token_id,
-                    r.top_logprobs,
-                    eos,
-                )
-            )
-        return out
-
-    async def main() -> list[Gen]:
-        sem = asyncio.Semaphore(concurrency)
-
-        async def one(r):
-            async with sem:
-                return await _collect(backend, r)
-
-        return list(await asyncio.gather(*(one(r) for r in reqs)))
-
-    return asyncio.run(main())
 
 
 def _ban_offload(backend) -> dict[int, float]:
@@ -250,8 +156,9 @@ class GlimpRouter(Method):
         self.name, self.slm, self.llm, self.env, self.tau, self.top_k = name, slm, llm, env, tau, top_k
 
     def __call__(self, items: list[Item]) -> list[dict]:
-        def gen(role: str, reqs: list[GenRequest]) -> list[Gen]:
-            return generate(self.slm if role == "slm" else self.llm, reqs, self.env.batch_size, self.env.concurrency)
+        def gen(role: str, reqs: list[GenRequest]) -> list[GenResult]:
+            backend = self.slm if role == "slm" else self.llm
+            return run_requests(backend, reqs, self.env.batch_size, self.env.concurrency)
 
         its = [(self.env.chat(ex), s) for ex, s in items]
         out = run_glimprouter(
@@ -271,8 +178,3 @@ def timed(method: Method, items: list[Item]) -> list[dict]:
         r.setdefault("latency_s", dt)
         r["batch"] = len(items)
     return out
-
-
-def knob(x: float) -> str:
-    """How a knob value appears in a method name (`pyrodash@0.1`, `routellm@0.4213`)."""
-    return f"{float(x):.4g}"

@@ -9,9 +9,9 @@
 The LLM is loaded by the one LLM loader, `pyrodash.backends.load_llm` (an HTTP endpoint's continuation mode is probed
 at start-up, as for every command), with `load_frozen` for in-process models. Over HTTP every call goes through the
 batch call policy (`pyrodash.backends.retry.RetryPolicy`: retries for what may pass, none for client errors,
-`concurrency` calls at a time); a call that still fails comes back as a `Gen` with finish_reason "error" (counted in
-`failures`), never as an exception. With `cache=PATH` each result is appended to a
-JSONL journal the moment it arrives, and a later run (after a kill) reuses every journaled result.
+`concurrency` calls at a time); a call that still fails comes back as a `GenResult` with finish_reason "error"
+(counted in `failures`), never as an exception. With `cache=PATH` each result is appended to a JSONL journal the
+moment it arrives, and a later run (after a kill) reuses every journaled result.
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ from typing import Any
 import torch
 
 from pyrodash.backends import load_llm
-from pyrodash.backends.base import GenRequest
+from pyrodash.backends.base import GenRequest, GenResult
 from pyrodash.backends.hf import HFBackend
 from pyrodash.backends.retry import RetryPolicy
-from pyrodash.train.generate import Gen, generate
+from pyrodash.train.generate import generate
 
 
 def load_local(path: str | Path, device: str | None = None):
@@ -88,15 +88,17 @@ class FrozenLLM:
             key = json.dumps(spec, sort_keys=True, default=str)
         return cls(backend, batch_size=batch_size, concurrency=concurrency, key=key)
 
-    def generate(self, reqs: list[GenRequest], desc: str | None = None, cache: str | Path | None = None) -> list[Gen]:
+    def generate(
+        self, reqs: list[GenRequest], desc: str | None = None, cache: str | Path | None = None
+    ) -> list[GenResult]:
         """One LLM call per request, all issued together (batched in-process, concurrent over HTTP); with `cache`,
         journaled results are reused and new ones appended as they arrive."""
         journal = CallJournal(cache, self.key) if cache else None
-        out: list[Gen | None] = [journal.get(r) if journal else None for r in reqs]
+        out: list[GenResult | None] = [journal.get(r) if journal else None for r in reqs]
         todo = [i for i, g in enumerate(out) if g is None]
         self.reused += len(reqs) - len(todo)
 
-        def arrived(j: int, g: Gen) -> None:
+        def arrived(j: int, g: GenResult) -> None:
             if journal is not None and g.finish_reason != "error":
                 journal.append(reqs[todo[j]], g)
 
@@ -137,13 +139,13 @@ class CallJournal:
             json.dumps([self.llm_key, asdict(req)], sort_keys=True, default=str).encode()
         ).hexdigest()[:24]
 
-    def get(self, req: GenRequest) -> Gen | None:
+    def get(self, req: GenRequest) -> GenResult | None:
         g = self.entries.get(self.key(req))
-        return Gen(**g) if g is not None else None
+        return GenResult.from_json(g) if g is not None else None
 
-    def append(self, req: GenRequest, gen: Gen) -> None:
+    def append(self, req: GenRequest, gen: GenResult) -> None:
         k = self.key(req)
-        self.entries[k] = asdict(gen)
+        self.entries[k] = gen.to_json()
         with self.path.open("a") as f:
-            f.write(json.dumps({"key": k, "gen": asdict(gen)}) + "\n")
+            f.write(json.dumps({"key": k, "gen": self.entries[k]}) + "\n")
             f.flush()

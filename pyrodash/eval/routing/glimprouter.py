@@ -21,7 +21,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from pyrodash.backends.base import GenRequest
+from pyrodash.backends.base import GenRequest, GenResult
 from pyrodash.cost import Usage
 from pyrodash.grading import extract_answer
 
@@ -53,7 +53,7 @@ class _State:
     finish: str = "stop"
 
 
-def _step_end(g, st: _State, text: str, boundary: str) -> bool:
+def _step_end(g: GenResult, st: _State, text: str, boundary: str) -> bool:
     """Append a finished step; True when the answer is complete."""
     if g.finish_reason == "length":
         st.text += text
@@ -67,7 +67,7 @@ def _step_end(g, st: _State, text: str, boundary: str) -> bool:
 def run_glimprouter(
     items: list[tuple[list[dict], dict]],
     tau: float,
-    gen: Callable[[str, list[GenRequest]], list],
+    gen: Callable[[str, list[GenRequest]], list[GenResult]],
     max_tokens: int,
     boundary: str = BOUNDARY,
     top_k: int = 20,
@@ -75,8 +75,8 @@ def run_glimprouter(
     slm_logit_bias: dict[int, float] | None = None,
 ) -> list[dict]:
     """Answer each (messages, sampling) item; returns one partial record per item (output, usage, segments...).
-    `gen(role, reqs)` ("slm" | "llm") returns objects with text, finish_reason, prompt_tokens, completion_tokens,
-    cached_tokens, top_logprobs and eos (True: ended by EOS, False: by a stop string, None: unknown).
+    `gen(role, reqs)` ("slm" | "llm") returns one `GenResult` per request (`pyrodash.backends.retry.run_requests`;
+    its `eos`: True ended by EOS, False by a stop string, None unknown).
     `slm_logit_bias` is added to the SLM's logits (e.g. to ban `<offload>` in a base SLM)."""
     if tau < 0:
         raise ValueError(f"GlimpRouter threshold tau={tau} must be >= 0")
