@@ -47,8 +47,8 @@ README_SLM, README_LLM, README_QUESTION = "runs/q/stage1", "http://127.0.0.1:800
 
 
 def readme_python_example() -> str:
-    """The code of README's "From Python" example."""
-    text = (ROOT / "README.md").read_text()
+    """The code of the "From Python" example (docs/providers.md)."""
+    text = (ROOT / "docs" / "providers.md").read_text()
     code = text.split("\nFrom Python:\n", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
     for literal in (README_SLM, README_LLM, README_QUESTION):
         assert literal in code, f"README's From Python example no longer has {literal}: update this test"

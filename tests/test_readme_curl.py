@@ -1,9 +1,10 @@
-"""Every `curl` line of the README runs as written against a real `pyrodash serve` started as the README starts it.
+"""Every `curl` line of the docs' blocks marked `<!-- runs in: tests/test_readme_curl.py -->` (README.md and docs/*.md,
+tests/doc_blocks.py) runs as written against a real `pyrodash serve` started as those blocks start it.
 
-For each README section with `curl` examples, the section's `pyrodash serve` line runs as a process (its flags as
-written: a server started with flags names its one operating point `pyrodash`), with the README's paths and ports
-swapped for test ones: the SLM directory for a tiny SLM with `<offload>`, each `http://127.0.0.1:PORT/v1#NAME` LLM
-for a tiny model behind `pyrodash serve-model`'s app on a free port, `--port 8000` for a free port. Each `curl`
+For each section (a file's heading) with marked `curl` examples, the section's `pyrodash serve` line runs as a process
+(its flags as written: a server started with flags names its one operating point `pyrodash`), with the docs' paths and
+ports swapped for test ones: the SLM directory for a tiny SLM with `<offload>`, each `http://127.0.0.1:PORT/v1#NAME`
+LLM for a tiny model behind `pyrodash serve-model`'s app on a free port, `--port 8000` for a free port. Each `curl`
 command then runs in bash with only `localhost:8000` changed to that server, and must exit 0 with an answer: a JSON
 completion, or a stream that ends with `data: [DONE]`, and no error body.
 """
@@ -17,55 +18,34 @@ import shlex
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from doc_blocks import ROOT, blocks_run_by, commands
 from servers import free_port, stop, wait_healthy
 from test_server import UvicornThread, tiny_llm
 from tiny_models import tiny_model_dir
 
-ROOT = Path(__file__).resolve().parent.parent
 LLM_URL = re.compile(r"http://127\.0\.0\.1:(\d+)/v1#([\w.-]+)")
 
 
-def _commands(block: str, start: str) -> list[str]:
-    """The commands of a bash block that begin with `start`, continuation lines and multi-line quotes joined."""
-    out, cur = [], None
-    for line in block.splitlines():
-        if cur is None and not line.startswith(start):
-            continue
-        cur = line if cur is None else cur + "\n" + line
-        try:
-            shlex.split(cur)
-        except ValueError:  # a quote still open
-            continue
-        if cur.endswith("\\"):
-            continue
-        out.append(cur)
-        cur = None
-    return out
-
-
 def readme_sections() -> dict[str, tuple[list[str], list[str]]]:
-    """{section title: (its `pyrodash serve` commands, its `curl` commands)} for sections with curl examples."""
-    text = (ROOT / "README.md").read_text()
-    out = {}
-    for part in re.split(r"\n#{2,3} ", text)[1:]:
-        title = part.split("\n", 1)[0]
-        blocks = re.findall(r"```bash\n(.*?)```", part, re.S)
-        curls = [c for b in blocks for c in _commands(b, "curl ")]
-        if curls:
-            serves = [c for b in blocks for c in _commands(b, "pyrodash serve ")]
-            out[title] = (serves, curls)
+    """{"file: section": (its `pyrodash serve` commands, its `curl` commands)} of the blocks marked for this test."""
+    out: dict[str, tuple[list[str], list[str]]] = {}
+    for block in blocks_run_by("tests/test_readme_curl.py"):
+        key = f"{block.path.relative_to(ROOT)}: {block.section}"
+        serves, curls = out.setdefault(key, ([], []))
+        serves += commands(block.text, "pyrodash serve ")
+        curls += commands(block.text, "curl ")
     return out
 
 
 SECTIONS = readme_sections()
 
 
-def test_the_readme_has_curl_examples():
-    assert sum(len(c) for _, c in SECTIONS.values()) >= 3, SECTIONS
-    assert all(len(s) == 1 for s, _ in SECTIONS.values()), "each section with curl starts one server"
+def test_the_docs_have_curl_examples():
+    assert sum(len(c) for _, c in SECTIONS.values()) >= 4, SECTIONS
+    assert any(k.startswith("README.md") for k in SECTIONS), "the README's tour serves and asks with curl"
+    assert all(len(s) == 1 for s, c in SECTIONS.values() if c), "each section with curl starts one server"
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,6 @@
-"""Every `pyrodash generate` example of README's "Point it at your LLM", run as written (through the CLI, in process)
-with the provider's URL swapped for a server on 127.0.0.1 that stands in for it:
+"""Every `pyrodash generate` example of the docs' blocks marked `<!-- runs in: tests/test_readme_endpoints.py -->`
+(README.md's tour and docs/providers.md, tests/doc_blocks.py), run as written (through the CLI, in process) with the
+provider's URL swapped for a server on 127.0.0.1 that stands in for it:
 vLLM -> `pyrodash serve-model` (vLLM's request extras, a real model); OpenAI, DeepSeek, Anthropic -> the provider TEST
 DOUBLES of tests/provider_doubles.py; LiteLLM -> a real LiteLLM proxy (its own venv, .venv-litellm, or $LITELLM_BIN)
 in front of `pyrodash serve-model`; transformers serve -> the real `transformers serve` of the installed transformers.
@@ -20,6 +21,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from doc_blocks import blocks_run_by, commands
 from provider_doubles import anthropic_double, deepseek_double, openai_double
 from servers import free_port
 from tiny_models import CLEAN_LLM_SEEDS, HANDOFF_SLM_SEED, mid_trace_bias, tiny_model_dir
@@ -33,15 +35,13 @@ ROOT = Path(__file__).resolve().parent.parent
 KEY = "sk-readme-double-0123456789abcdef"
 
 
-def readme_examples() -> dict[str, list[str]]:
-    """{--llm value: argv} of every `pyrodash generate` line in the README section."""
-    text = (ROOT / "README.md").read_text()
-    section = text.split("### Point it at your LLM", 1)[1].split("\n### ", 1)[0]
-    out = {}
-    for line in section.splitlines():
-        if line.startswith("pyrodash generate"):
-            argv = shlex.split(line)[1:]
-            out[argv[argv.index("--llm") + 1]] = argv
+def readme_examples() -> dict[str, list[list[str]]]:
+    """{--llm value: [argv, ...]} of every `pyrodash generate` command in the blocks marked for this test."""
+    out: dict[str, list[list[str]]] = {}
+    for block in blocks_run_by("tests/test_readme_endpoints.py"):
+        for cmd in commands(block.text, "pyrodash generate"):
+            argv = shlex.split(cmd.replace("\\\n", " "))[1:]
+            out.setdefault(argv[argv.index("--llm") + 1], []).append(argv)
     return out
 
 
@@ -50,7 +50,7 @@ EXAMPLES = readme_examples()
 
 def _by_host(part: str) -> str:
     hits = [k for k in EXAMPLES if part in k]
-    assert len(hits) == 1, f"README 'Point it at your LLM' has no single example with {part!r}: {list(EXAMPLES)}"
+    assert len(hits) == 1, f"the marked docs blocks have no single --llm with {part!r}: {list(EXAMPLES)}"
     return hits[0]
 
 
@@ -63,9 +63,14 @@ def tiny(tmp_path_factory):
 
 
 def run_example(readme_llm: str, local_llm: str, tiny, capsys) -> dict:
+    """Every docs example with this --llm value, against `local_llm`; the last one's JSON answer."""
+    return [_run_one(argv, local_llm, tiny, capsys) for argv in EXAMPLES[readme_llm]][-1]
+
+
+def _run_one(example: list[str], local_llm: str, tiny, capsys) -> dict:
     from pyrodash.cli import main
 
-    argv = list(EXAMPLES[readme_llm])
+    argv = list(example)
     argv[argv.index("--llm") + 1] = local_llm
     argv[argv.index("--slm") + 1] = str(tiny[0])
     argv[1:1] = ["--json", "--max-tokens", "24", "--offload-bias", str(tiny[3])]
