@@ -155,18 +155,22 @@ def test_the_demo_training_is_a_chain_of_steps_with_cost_base_beside_it(tmp_path
     assert [(j.name, j.after) for j in jobs] == [("cost base", ()), ("stage3 λ=0.6", ("cost base",))]
 
 
-def watch_grant(path: str, timeout: float = 30.0, until: str = "1,2") -> None:
-    """A step: records the torch threads it runs on, taking its grant as training steps do (`GrantedThreads`, every
-    50 ms), until it has seen the thread counts `until` (or `timeout`)."""
+def watch_grant(path: str, timeout: float = 30.0, until: str = "1,2", thread_grant=None) -> None:
+    """A step: records the torch threads it runs on, taking the grant the scheduler passes it (`thread_grant`) as
+    training steps do (`GrantedThreads`, every 50 ms), until it has seen the thread counts `until` (or `timeout`).
+    A step given no grant records ";no grant" after its thread count."""
     import torch
 
     from pyrodash.train.common import GrantedThreads
 
+    if thread_grant is None:
+        Path(path).write_text(f"{torch.get_num_threads()};no grant")
+        return
     seen = [torch.get_num_threads()]
     end = time.time() + timeout
     while ",".join(map(str, seen)) != until and time.time() < end:
         time.sleep(0.05)
-        GrantedThreads().on_step_begin(None, None, None)
+        GrantedThreads(thread_grant).on_step_begin(None, None, None)
         if torch.get_num_threads() != seen[-1]:
             seen.append(torch.get_num_threads())
     Path(path).write_text(",".join(map(str, seen)))
@@ -190,14 +194,24 @@ def test_an_elastic_step_gets_the_core_another_step_leaves_and_gives_it_back(tmp
     assert granted_threads() is None
 
 
-def test_a_step_that_is_not_elastic_keeps_one_thread(tmp_path):
+def test_a_step_that_is_not_elastic_keeps_one_thread_and_gets_no_grant(tmp_path):
     grants = tmp_path / "grants"
     run_jobs(
         [Job("plain", watch_grant, (str(grants), 2.0)), Job("short", note, (str(tmp_path / "x"), "s", 0.2))],
         2,
         tmp_path / "logs",
     )
-    assert grants.read_text() == "1"
+    assert grants.read_text() == "1;no grant"
+
+
+def test_an_elastic_step_run_here_gets_a_grant_that_changes_nothing(tmp_path):
+    """With one worker the steps run in this process: the elastic step is handed the grant, which is None here, so
+    its threads stay the caller's."""
+    import torch
+
+    grants = tmp_path / "grants"
+    run_jobs([Job("elastic", watch_grant, (str(grants), 0.3), elastic=True)], 1, tmp_path / "logs")
+    assert grants.read_text() == str(torch.get_num_threads())
 
 
 def test_a_step_that_becomes_ready_takes_its_core_back(tmp_path):

@@ -1,25 +1,12 @@
 """Independent steps side by side: worker processes on one torch thread each, a step starting once those it needs are
-done. The demo runs Stage 3 for each λ and the evaluation's methods this way.
+done (the demo's Stage 3 per λ and evaluation methods). Results do not depend on it (measured: same weights and
+records on 1 and 2 threads). An elastic step (`Job(elastic=True)`) is called with `thread_grant=granted_threads` and
+takes the cores no other step is ready for at each training step (`pyrodash.train.common.GrantedThreads`). Each
+step's output goes to `log_dir/<step>.log`; a failed step stops the run with its name and log.
 
     jobs = [Job("stage3 λ=0.6", run_stage3, (recipe, out), {"lam": 0.6}),
             Job("eval pyrodash@0.6", evaluate, (cfg_06,), after=("stage3 λ=0.6",))]
     seconds = run_jobs(jobs, workers=2, log_dir=out / "jobs")
-
-Why processes on one thread: the world's models are too small for two threads to pay (measured, quick world: the
-evaluation's methods on 1 thread take 1.39x their time on 2, Stage 3 about 1.2x), so two steps on one thread each
-finish sooner than the same steps one after the other on two. Results do not depend on it: measured, quick world seed
-0, Stage 3 λ 0.6 on 1 thread wrote the same weights, byte for byte, as on 2, and 3060 evaluation records (SLM, LLM,
-oracle, PyroDash per λ) were identical. With `workers=1` the steps run here, in order, on the caller's threads.
-
-An elastic step (`Job(elastic=True)`: one whose results do not depend on its thread count, checked for each) takes the
-cores no other step is ready for: while fewer steps than workers run, the scheduler grants it the idle ones, and the
-step reads its grant at each training step (`granted_threads`, `pyrodash.train.common.GrantedThreads`); a step that
-becomes ready takes its core back at the elastic step's next training step. The demo's Stage 2 is one: it is the
-longest step of its chain, and the evaluation beside it ends first.
-
-A step's console output and library logs go to `log_dir/<step>.log`; the caller's console shows one row per step
-(running, done, seconds). A step that fails stops the run with its name and its log's path once the steps already
-running have finished; what finished is kept (every step of the demo is reused when its output exists).
 """
 
 from __future__ import annotations
@@ -43,7 +30,8 @@ class Job:
     args: tuple = ()
     kwargs: dict = field(default_factory=dict)
     after: tuple[str, ...] = ()  # names of the jobs this one needs
-    elastic: bool = False  # takes idle cores as torch threads (its results must not depend on its thread count)
+    # takes idle cores as torch threads (its results must not depend on its thread count); fn takes `thread_grant`
+    elastic: bool = False
 
 
 def default_workers() -> int:
@@ -120,19 +108,53 @@ def _check(jobs: list[Job]) -> list[Job]:
     return _ordered(jobs)  # no job waits, through others, for itself
 
 
+def _call_kwargs(j: Job) -> dict:
+    """The keyword arguments `j.fn` is called with: an elastic step also gets `thread_grant` (`granted_threads`),
+    the function its training steps ask for the threads granted now."""
+    return {**j.kwargs, "thread_grant": granted_threads} if j.elastic else j.kwargs
+
+
+def _run_here(order: list[Job]) -> dict[str, float]:
+    """`order` one after the other in this process, on the caller's threads; {name: seconds}."""
+    seconds = {}
+    for j in order:
+        t = time.perf_counter()
+        j.fn(*j.args, **_call_kwargs(j))
+        seconds[j.name] = round(time.perf_counter() - t, 1)
+    return seconds
+
+
+def _start_ready(waiting: list[Job], running: dict, seconds: dict, submit: Callable, workers: int) -> None:
+    """Move the waiting jobs whose needs are done to `running` (via `submit`) while workers are free."""
+    for j in list(waiting):
+        if len(running) >= workers:
+            break
+        if all(a in seconds for a in j.after):
+            waiting.remove(j)
+            running[submit(j)] = j
+
+
+def _collect(done, running: dict, seconds: dict, failed: list[str], bar, rows: dict, log_dir: Path) -> None:
+    """Record each finished step's seconds, or its failure with its name and log."""
+    for fut in done:
+        j = running.pop(fut)
+        try:
+            seconds[j.name] = fut.result()
+            bar.update(rows[j.name], completed=1, description=f"{j.name} [green]done[/]")
+        except Exception as e:  # noqa: BLE001 - reported by run_jobs with the job's name and log
+            failed.append(f"{j.name}: {type(e).__name__}: {e} (log: {log_dir / log_name(j.name)})")
+            bar.update(rows[j.name], description=f"{j.name} [red]failed[/]")
+        bar.stop_task(rows[j.name])
+
+
 def run_jobs(jobs: list[Job], workers: int, log_dir: str | Path, console=None) -> dict[str, float]:
     """Run `jobs` (each after the ones it names) on `workers` processes of one thread each; {name: seconds}.
     Jobs start in list order as workers free up; put the long ones first."""
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     order = _check(jobs)
-    if workers <= 1:  # here, one after the other
-        seconds = {}
-        for j in order:
-            t = time.perf_counter()
-            j.fn(*j.args, **j.kwargs)
-            seconds[j.name] = round(time.perf_counter() - t, 1)
-        return seconds
+    if workers <= 1:
+        return _run_here(order)
     import multiprocessing as mp
 
     log_dir = Path(log_dir)
@@ -141,25 +163,22 @@ def run_jobs(jobs: list[Job], workers: int, log_dir: str | Path, console=None) -
     index = {j.name: i for i, j in enumerate(jobs)}
     grants = ctx.RawArray("i", [1] * len(jobs))  # written here, read by the step's worker at its training steps
     seconds: dict[str, float] = {}
-    waiting = list(jobs)
-    running: dict[Future, Job] = {}
-    failed: list[str] = []
+    waiting, running, failed = list(jobs), {}, []
     with (
         Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console) as bar,
         ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker, initargs=(1, grants)) as pool,
     ):
         rows = {j.name: bar.add_task(f"{j.name} [dim](waiting)[/]", total=1, start=False) for j in jobs}
+
+        def submit(j: Job) -> Future:
+            grants[index[j.name]] = 1
+            bar.start_task(rows[j.name])
+            log = str(log_dir / log_name(j.name))
+            return pool.submit(_run_logged, j.fn, j.args, _call_kwargs(j), log, index[j.name])
+
         while waiting or running:
-            for j in list(waiting):
-                if failed or len(running) >= workers:
-                    break
-                if all(a in seconds for a in j.after):
-                    waiting.remove(j)
-                    grants[index[j.name]] = 1
-                    running[
-                        pool.submit(_run_logged, j.fn, j.args, j.kwargs, str(log_dir / log_name(j.name)), index[j.name])
-                    ] = j
-                    bar.start_task(rows[j.name])
+            if not failed:
+                _start_ready(waiting, running, seconds, submit, workers)
             _grant(running, grants, index, workers)
             for j in running.values():
                 n = grants[index[j.name]]
@@ -169,16 +188,7 @@ def run_jobs(jobs: list[Job], workers: int, log_dir: str | Path, console=None) -
             if not running:  # pragma: no cover - _check and list order rule this out
                 raise ValueError(f"jobs {[j.name for j in waiting]} wait for jobs that never run")
             done, _ = wait(running, return_when=FIRST_COMPLETED)
-            for fut in done:
-                j = running.pop(fut)
-                try:
-                    seconds[j.name] = fut.result()
-                    bar.update(rows[j.name], completed=1, description=f"{j.name} [green]done[/]")
-                    bar.stop_task(rows[j.name])
-                except Exception as e:  # noqa: BLE001 - reported below with the job's name and log
-                    failed.append(f"{j.name}: {type(e).__name__}: {e} (log: {log_dir / log_name(j.name)})")
-                    bar.update(rows[j.name], description=f"{j.name} [red]failed[/]")
-                    bar.stop_task(rows[j.name])
+            _collect(done, running, seconds, failed, bar, rows, log_dir)
     if failed:
         raise RuntimeError("a step failed: " + "; ".join(failed))
     return seconds

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from transformers import TrainerCallback
-
-from pyrodash.jobs.scheduler import granted_threads
 
 
 class JsonlLogCallback(TrainerCallback):
@@ -61,12 +60,14 @@ class ProgressBarCallback(TrainerCallback):
 
 
 class GrantedThreads(TrainerCallback):
-    """At each training step, takes the torch threads the demo's scheduler grants this step
-    (`pyrodash.jobs.scheduler`: idle
-    cores go to an elastic step; outside such a step there is no grant and nothing changes)."""
+    """At each training step, takes the torch threads `grant()` says the step may use now. The demo's scheduler
+    hands an elastic step its grant (`pyrodash.jobs.scheduler`: idle cores go to that step); None: nothing changes."""
+
+    def __init__(self, grant: Callable[[], int | None]):
+        self.grant = grant
 
     def on_step_begin(self, args, state, control, **kwargs):
-        n = granted_threads()
+        n = self.grant()
         if n:
             import torch
 
@@ -74,11 +75,13 @@ class GrantedThreads(TrainerCallback):
                 torch.set_num_threads(n)
 
 
-def callbacks(args, log_path: str | Path) -> list:
+def callbacks(args, log_path: str | Path, thread_grant: Callable[[], int | None] | None = None) -> list:
     """A rich progress bar in place of tqdm, plus the JSONL log (every metric of every logging step), plus the
-    scheduler's thread grant (`GrantedThreads`)."""
+    thread grant when one is given (`GrantedThreads`)."""
     args.disable_tqdm = True
-    return [ProgressBarCallback(), JsonlLogCallback(log_path), GrantedThreads()]
+    return [ProgressBarCallback(), JsonlLogCallback(log_path)] + (
+        [GrantedThreads(thread_grant)] if thread_grant else []
+    )
 
 
 def quiet(trainer) -> None:

@@ -10,7 +10,6 @@ from rich.console import Console
 from pyrodash.train.config import Recipe
 from pyrodash.train.paths import curated_dir, stage_dir
 
-STAGES = ("curate", "stage1", "stage2", "stage3")
 TRAIN_KEYS = (
     "learning_rate",
     "num_train_epochs",

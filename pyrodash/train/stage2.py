@@ -81,9 +81,11 @@ def measure_offload_rates(
     return result
 
 
-def train_stage2(stage1_path: str | Path, rows: list[dict], cfg, out_dir: str | Path, log_path: str | Path):
+def train_stage2(
+    stage1_path: str | Path, rows: list[dict], cfg, out_dir: str | Path, log_path: str | Path, thread_grant=None
+):
     """SFT with LoRA on A u B `rows`; merge and save to `out_dir`. Returns (checkpoint dir, merged model, tokenizer,
-    train stats)."""
+    train stats). `thread_grant`: a callable giving the torch threads granted now (`common.GrantedThreads`)."""
     model, tok = load_local(stage1_path)
     rows = list(rows)
     random.Random(cfg.seed).shuffle(rows)
@@ -93,7 +95,7 @@ def train_stage2(stage1_path: str | Path, rows: list[dict], cfg, out_dir: str | 
         train_dataset=messages_dataset(rows),
         processing_class=tok,
         peft_config=cfg.lora_config(),
-        callbacks=callbacks(cfg, log_path),
+        callbacks=callbacks(cfg, log_path, thread_grant),
     )
     quiet(trainer)
     result = trainer.train()
@@ -102,8 +104,9 @@ def train_stage2(stage1_path: str | Path, rows: list[dict], cfg, out_dir: str | 
     return out, merged, tok, {"train_loss": result.training_loss, "steps": result.global_step, "rows": len(rows)}
 
 
-def run_stage2(recipe, out_dir: str | Path, stage1: str | Path | None = None) -> Path:
-    """Stage 2 of `recipe`: reads DIR/stage1/ and DIR/curated/, writes DIR/stage2/ (+ offload_rates.json)."""
+def run_stage2(recipe, out_dir: str | Path, stage1: str | Path | None = None, thread_grant=None) -> Path:
+    """Stage 2 of `recipe`: reads DIR/stage1/ and DIR/curated/, writes DIR/stage2/ (+ offload_rates.json).
+    `thread_grant`: what the demo's scheduler passes an elastic step (`common.GrantedThreads`)."""
     dist.setup()
     cur = curated_dir(out_dir)
     hint = "run `pyrodash curate` and `pyrodash train stage1` with the same --output-dir first"
@@ -111,7 +114,7 @@ def run_stage2(recipe, out_dir: str | Path, stage1: str | Path | None = None) ->
     src = Path(stage1) if stage1 else require(stage_dir(out_dir, "stage1"), "the Stage 1 checkpoint", hint)
     dest = stage_dir(out_dir, "stage2")
     cfg = recipe.stage_config("stage2", output_dir=dest / "trainer")
-    out, model, tok, stats = train_stage2(src, rows, cfg, dest, dest / "log.jsonl")
+    out, model, tok, stats = train_stage2(src, rows, cfg, dest, dest / "log.jsonl", thread_grant)
     if not dist.is_main():  # the measurement and the files: the main process only
         dist.barrier()
         return out
