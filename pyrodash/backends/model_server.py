@@ -172,39 +172,48 @@ def _usage(final: GenChunk) -> dict:
     }
 
 
-def build_model_app(backend, model_name: str | None = None, default_max_tokens: int = 512):
-    """FastAPI app serving `backend` (anything speaking the Backend protocol, e.g. an HFBackend)."""
-    from fastapi import FastAPI
-    from fastapi.exceptions import RequestValidationError
-    from fastapi.responses import JSONResponse, StreamingResponse
+def _error(status: int, message: str, param: str | None = None, kind: str = "invalid_request_error"):
+    """OpenAI's error shape: {"error": {message, type, param, code}} with HTTP `status`."""
+    from fastapi.responses import JSONResponse
 
-    name = model_name or getattr(backend, "name", "model")
-    app = FastAPI(title="pyrodash model server")
-    app.state.backend = backend
-    app.state.model_name = name
+    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": status}}, status)
 
-    def error(status: int, message: str, param: str | None = None, kind: str = "invalid_request_error"):
-        return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": status}}, status)
 
-    @app.exception_handler(RequestValidationError)
-    async def invalid(_request, exc: RequestValidationError):
-        first = exc.errors()[0] if exc.errors() else {}
-        loc = ".".join(str(x) for x in first.get("loc", ())[1:]) or None
-        return error(400, f"invalid request: {first.get('msg', exc)} ({loc})", loc)
+async def _invalid(_request, exc):
+    """A request the pydantic models refuse: 400 naming the first bad field."""
+    first = exc.errors()[0] if exc.errors() else {}
+    loc = ".".join(str(x) for x in first.get("loc", ())[1:]) or None
+    return _error(400, f"invalid request: {first.get('msg', exc)} ({loc})", loc)
 
-    @app.get("/health")
-    async def health():
+
+def _sse(payload: dict) -> str:
+    return "data: " + json.dumps(payload) + "\n\n"
+
+
+def _completion_logprobs(req: GenRequest, chunks: list[GenChunk]) -> dict | None:
+    """/v1/completions' logprobs block of `chunks` (None unless the request asked for logprobs)."""
+    if not req.top_logprobs:
+        return None
+    tops = [d for c in chunks for d in (c.top_logprobs or [])]
+    return {"tokens": [c.text for c in chunks], "top_logprobs": tops}
+
+
+class ModelRoutes:
+    """The routes of one served model: `backend` under the name `name`."""
+
+    def __init__(self, backend, name: str, default_max_tokens: int):
+        self.backend, self.name, self.default_max_tokens = backend, name, default_max_tokens
+
+    async def health(self):
         return {"status": "ok"}
 
-    @app.get("/v1/models")
-    async def models():
-        return {"object": "list", "data": [{"id": name, "object": "model", "created": 0, "owned_by": "pyrodash"}]}
+    async def models(self):
+        return {"object": "list", "data": [{"id": self.name, "object": "model", "created": 0, "owned_by": "pyrodash"}]}
 
-    @app.post("/tokenize")
-    async def tokenize(r: TokenizeRequest):
-        tok = getattr(backend, "tokenizer", None)
+    async def tokenize(self, r: TokenizeRequest):
+        tok = getattr(self.backend, "tokenizer", None)
         if tok is None:
-            return error(404, "this backend has no local tokenizer")
+            return _error(404, "this backend has no local tokenizer")
         if r.messages is not None:
             text = tok.apply_chat_template(r.messages, tokenize=False, add_generation_prompt=True)
             ids = tok.encode(text, add_special_tokens=False)
@@ -212,141 +221,138 @@ def build_model_app(backend, model_name: str | None = None, default_max_tokens: 
             ids = tok.encode(r.prompt or "", add_special_tokens=r.add_special_tokens)
         return {"tokens": list(ids), "count": len(ids), "max_model_len": getattr(tok, "model_max_length", None)}
 
-    @app.post("/v1/chat/completions")
-    async def chat(r: ChatRequest):
-        if r.model not in (None, name):
-            return error(
-                404, f"model {r.model!r} is not served here; this server serves {name!r}", "model", "not_found_error"
-            )
-        try:
-            req = to_gen_request(r, default_max_tokens)
-        except RequestError as e:
-            return error(400, str(e), e.param)
-        rid, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
-        head = {"id": rid, "created": created, "model": name}
+    def _wrong_model(self, model: str | None):
+        """A 404 when the request names a model other than this one; None when it is served here."""
+        if model in (None, self.name):
+            return None
+        msg = f"model {model!r} is not served here; this server serves {self.name!r}"
+        return _error(404, msg, "model", "not_found_error")
 
+    async def chat(self, r: ChatRequest):
+        """POST /v1/chat/completions: unary, or SSE chunks (usage last with `stream_options.include_usage`)."""
+        if (wrong := self._wrong_model(r.model)) is not None:
+            return wrong
+        try:
+            req = to_gen_request(r, self.default_max_tokens)
+        except RequestError as e:
+            return _error(400, str(e), e.param)
+        head = {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "created": int(time.time()), "model": self.name}
         if not r.stream:
-            text, lps, final = "", [], GenChunk()
-            async with contextlib.aclosing(backend.stream(req)) as it:
-                async for ch in it:
-                    text += ch.text
-                    lp = _logprobs(ch)
-                    lps += lp["content"] if lp else []
-                    if ch.finish_reason is not None:
-                        final = ch
-            choice = {
-                "index": 0,
-                "message": {"role": "assistant", "content": text},
-                "logprobs": {"content": lps} if req.top_logprobs else None,
-                "finish_reason": final.finish_reason,
-                "stop_reason": final.stop_token_id,
-            }
-            return {**head, "object": "chat.completion", "choices": [choice], "usage": _usage(final)}
+            return await self._chat_unary(req, head)
+        from fastapi.responses import StreamingResponse
 
         include_usage = bool((r.stream_options or {}).get("include_usage"))
+        return StreamingResponse(self._chat_events(req, head, include_usage), media_type="text/event-stream")
 
-        async def events():
-            def sse(choices: list, **extra) -> str:
-                return (
-                    "data: "
-                    + json.dumps({**head, "object": "chat.completion.chunk", "choices": choices, **extra})
-                    + "\n\n"
-                )
+    async def _chat_unary(self, req: GenRequest, head: dict) -> dict:
+        text, lps, final = "", [], GenChunk()
+        async with contextlib.aclosing(self.backend.stream(req)) as it:
+            async for ch in it:
+                text += ch.text
+                lp = _logprobs(ch)
+                lps += lp["content"] if lp else []
+                if ch.finish_reason is not None:
+                    final = ch
+        choice = {
+            "index": 0,
+            "message": {"role": "assistant", "content": text},
+            "logprobs": {"content": lps} if req.top_logprobs else None,
+            "finish_reason": final.finish_reason,
+            "stop_reason": final.stop_token_id,
+        }
+        return {**head, "object": "chat.completion", "choices": [choice], "usage": _usage(final)}
 
-            yield sse([{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])
-            final = GenChunk()
-            async with contextlib.aclosing(backend.stream(req)) as it:
-                async for ch in it:
-                    if ch.finish_reason is not None:
-                        final = ch
-                    if ch.text or ch.top_logprobs:
-                        yield sse(
-                            [
-                                {
-                                    "index": 0,
-                                    "delta": {"content": ch.text},
-                                    "logprobs": _logprobs(ch),
-                                    "finish_reason": None,
-                                }
-                            ]
-                        )
-            yield sse(
-                [
-                    {
+    async def _chat_events(self, req: GenRequest, head: dict, include_usage: bool):
+        def sse(choices: list, **extra) -> str:
+            return _sse({**head, "object": "chat.completion.chunk", "choices": choices, **extra})
+
+        yield sse([{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])
+        final = GenChunk()
+        async with contextlib.aclosing(self.backend.stream(req)) as it:
+            async for ch in it:
+                if ch.finish_reason is not None:
+                    final = ch
+                if ch.text or ch.top_logprobs:
+                    delta = {
                         "index": 0,
-                        "delta": {},
-                        "finish_reason": final.finish_reason or "length",
-                        "stop_reason": final.stop_token_id,
+                        "delta": {"content": ch.text},
+                        "logprobs": _logprobs(ch),
+                        "finish_reason": None,
                     }
-                ]
-            )
-            if include_usage:
-                yield sse([], usage=_usage(final))
-            yield "data: [DONE]\n\n"
+                    yield sse([delta])
+        reason = final.finish_reason or "length"
+        yield sse([{"index": 0, "delta": {}, "finish_reason": reason, "stop_reason": final.stop_token_id}])
+        if include_usage:
+            yield sse([], usage=_usage(final))
+        yield "data: [DONE]\n\n"
 
-        return StreamingResponse(events(), media_type="text/event-stream")
-
-    @app.post("/v1/completions")
-    async def completions(r: CompletionRequest):
-        if r.model not in (None, name):
-            return error(
-                404, f"model {r.model!r} is not served here; this server serves {name!r}", "model", "not_found_error"
-            )
+    async def completions(self, r: CompletionRequest):
+        """POST /v1/completions: a raw prompt, unary or SSE, with the same extras as chat."""
+        if (wrong := self._wrong_model(r.model)) is not None:
+            return wrong
         try:
             req = completion_to_gen_request(r)
         except RequestError as e:
-            return error(400, str(e), e.param)
+            return _error(400, str(e), e.param)
         head = {
             "id": f"cmpl-{uuid.uuid4().hex[:24]}",
             "object": "text_completion",
             "created": int(time.time()),
-            "model": name,
+            "model": self.name,
         }
-
-        def lp_block(chunks: list[GenChunk]) -> dict | None:
-            if not req.top_logprobs:
-                return None
-            tops = [d for c in chunks for d in (c.top_logprobs or [])]
-            return {"tokens": [c.text for c in chunks], "top_logprobs": tops}
-
         if not r.stream:
-            chunks = []
-            async with contextlib.aclosing(backend.stream(req)) as it:
-                chunks = [ch async for ch in it]
-            final = chunks[-1] if chunks else GenChunk()
-            choice = {
-                "index": 0,
-                "text": "".join(c.text for c in chunks),
-                "logprobs": lp_block(chunks[:-1]),
-                "finish_reason": final.finish_reason,
-                "stop_reason": final.stop_token_id,
-            }
-            return {**head, "choices": [choice], "usage": _usage(final)}
+            return await self._completion_unary(req, head)
+        from fastapi.responses import StreamingResponse
 
         include_usage = bool((r.stream_options or {}).get("include_usage"))
+        return StreamingResponse(self._completion_events(req, head, include_usage), media_type="text/event-stream")
 
-        async def events():
-            final = GenChunk()
-            async with contextlib.aclosing(backend.stream(req)) as it:
-                async for ch in it:
-                    if ch.finish_reason is not None:
-                        final = ch
-                    if ch.text or ch.top_logprobs:
-                        choice = {"index": 0, "text": ch.text, "logprobs": lp_block([ch]), "finish_reason": None}
-                        yield "data: " + json.dumps({**head, "choices": [choice]}) + "\n\n"
-            fin = {
-                "index": 0,
-                "text": "",
-                "finish_reason": final.finish_reason or "length",
-                "stop_reason": final.stop_token_id,
-            }
-            yield "data: " + json.dumps({**head, "choices": [fin]}) + "\n\n"
-            if include_usage:
-                yield "data: " + json.dumps({**head, "choices": [], "usage": _usage(final)}) + "\n\n"
-            yield "data: [DONE]\n\n"
+    async def _completion_unary(self, req: GenRequest, head: dict) -> dict:
+        async with contextlib.aclosing(self.backend.stream(req)) as it:
+            chunks = [ch async for ch in it]
+        final = chunks[-1] if chunks else GenChunk()
+        choice = {
+            "index": 0,
+            "text": "".join(c.text for c in chunks),
+            "logprobs": _completion_logprobs(req, chunks[:-1]),
+            "finish_reason": final.finish_reason,
+            "stop_reason": final.stop_token_id,
+        }
+        return {**head, "choices": [choice], "usage": _usage(final)}
 
-        return StreamingResponse(events(), media_type="text/event-stream")
+    async def _completion_events(self, req: GenRequest, head: dict, include_usage: bool):
+        final = GenChunk()
+        async with contextlib.aclosing(self.backend.stream(req)) as it:
+            async for ch in it:
+                if ch.finish_reason is not None:
+                    final = ch
+                if ch.text or ch.top_logprobs:
+                    choice = {"index": 0, "text": ch.text, "logprobs": _completion_logprobs(req, [ch])}
+                    yield _sse({**head, "choices": [{**choice, "finish_reason": None}]})
+        reason = final.finish_reason or "length"
+        fin = {"index": 0, "text": "", "finish_reason": reason, "stop_reason": final.stop_token_id}
+        yield _sse({**head, "choices": [fin]})
+        if include_usage:
+            yield _sse({**head, "choices": [], "usage": _usage(final)})
+        yield "data: [DONE]\n\n"
 
+
+def build_model_app(backend, model_name: str | None = None, default_max_tokens: int = 512):
+    """FastAPI app serving `backend` (anything speaking the Backend protocol, e.g. an HFBackend)."""
+    from fastapi import FastAPI
+    from fastapi.exceptions import RequestValidationError
+
+    name = model_name or getattr(backend, "name", "model")
+    app = FastAPI(title="pyrodash model server")
+    app.state.backend = backend
+    app.state.model_name = name
+    routes = ModelRoutes(backend, name, default_max_tokens)
+    app.add_exception_handler(RequestValidationError, _invalid)
+    app.get("/health")(routes.health)
+    app.get("/v1/models")(routes.models)
+    app.post("/tokenize")(routes.tokenize)
+    app.post("/v1/chat/completions")(routes.chat)
+    app.post("/v1/completions")(routes.completions)
     return app
 
 

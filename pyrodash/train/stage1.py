@@ -89,6 +89,41 @@ def _row_weights(model) -> dict[str, torch.Tensor]:
     return {"input": emb, "output": out.weight}
 
 
+def _rows_trainable_only(model, cfg, tid: int):
+    """(the model with transient LoRA adapters, its base) where the embedding gradients reach row `tid` only."""
+    model.requires_grad_(False)
+    from peft import get_peft_model
+    from transformers import set_seed
+
+    # PEFT draws the adapters' initial weights from the global RNG, which the trainer only seeds after this: seeded
+    # here, Stage 1 gives the same rows whatever ran earlier in the process (a world build, curation). Unseeded, a
+    # demo that built its world and one that found it cached trained different rows from the same data.
+    set_seed(cfg.seed)
+    peft_model = get_peft_model(model, cfg.lora_config())
+    base = peft_model.get_base_model()
+    mask_rows_to(base.get_input_embeddings().weight, tid)
+    out_emb = base.get_output_embeddings()
+    if out_emb is not None and out_emb.weight.data_ptr() != base.get_input_embeddings().weight.data_ptr():
+        mask_rows_to(out_emb.weight, tid)
+    return peft_model, base
+
+
+def _save_rows_only(base_path, cfg, tid: int, trained: dict[str, torch.Tensor], out_dir: str | Path) -> Path:
+    """Discard the adapters: save the base afresh + the trained `<offload>` rows only (checked: no other parameter
+    changes). Returns the checkpoint dir."""
+    fresh, fresh_tok = load_local(base_path)
+    base_sd = {k: v.detach().clone() for k, v in fresh.state_dict().items()}
+    tid2 = add_offload_token(fresh, fresh_tok, sigma=cfg.sigma, seed=cfg.init_seed)
+    assert tid2 == tid
+    with torch.no_grad():
+        fresh.get_input_embeddings().weight[tid] = trained["input"]
+        if "output" in trained:
+            fresh.get_output_embeddings().weight[tid] = trained["output"]
+    bad = changed_params(base_sd, fresh, tid)
+    assert not bad, f"Stage 1 would change parameters other than the <offload> rows: {bad}"
+    return save_checkpoint(fresh, fresh_tok, out_dir)
+
+
 def train_stage1(base_path: str | Path, rows: list[dict], cfg, out_dir: str | Path, log_path: str | Path):
     """Train the `<offload>` rows on Corpus B `rows`; save the base + rows checkpoint to `out_dir`.
     Returns (checkpoint dir, stats dict); under `accelerate launch` the other ranks get (dir, None)."""
@@ -100,20 +135,7 @@ def train_stage1(base_path: str | Path, rows: list[dict], cfg, out_dir: str | Pa
     model, tok = load_local(base_path)
     tid = add_offload_token(model, tok, sigma=cfg.sigma, seed=cfg.init_seed)
     init = offload_rows(model, tid)
-    model.requires_grad_(False)
-    from peft import get_peft_model
-    from transformers import set_seed
-
-    # PEFT draws the adapters' initial weights from the global RNG, which the trainer only seeds after this: seeded
-    # here, Stage 1 gives the same rows whatever ran earlier in the process (a world build, curation). Unseeded, a
-    # demo that built its world and one that found it cached trained different rows from the same data.
-    set_seed(cfg.seed)
-    peft_model = get_peft_model(model, cfg.lora_config())  # transient adapters
-    base = peft_model.get_base_model()
-    mask_rows_to(base.get_input_embeddings().weight, tid)
-    out_emb = base.get_output_embeddings()
-    if out_emb is not None and out_emb.weight.data_ptr() != base.get_input_embeddings().weight.data_ptr():
-        mask_rows_to(out_emb.weight, tid)
+    peft_model, base = _rows_trainable_only(model, cfg, tid)
     before = {k: w.detach().clone() for k, w in _row_weights(base).items()}
     trainer = LengthChunkedSFTTrainer(
         model=peft_model,
@@ -135,19 +157,7 @@ def train_stage1(base_path: str | Path, rows: list[dict], cfg, out_dir: str | Pa
     others = torch.ones(next(iter(before.values())).shape[0], dtype=torch.bool)
     others[tid] = False
     drift = max(float((w.detach() - before[k])[others].abs().max()) for k, w in _row_weights(base).items())
-
-    # Discard the adapters: the base afresh + the trained <offload> rows only.
-    fresh, fresh_tok = load_local(base_path)
-    base_sd = {k: v.detach().clone() for k, v in fresh.state_dict().items()}
-    tid2 = add_offload_token(fresh, fresh_tok, sigma=cfg.sigma, seed=cfg.init_seed)
-    assert tid2 == tid
-    with torch.no_grad():
-        fresh.get_input_embeddings().weight[tid] = trained["input"]
-        if "output" in trained:
-            fresh.get_output_embeddings().weight[tid] = trained["output"]
-    bad = changed_params(base_sd, fresh, tid)
-    assert not bad, f"Stage 1 would change parameters other than the <offload> rows: {bad}"
-    out = save_checkpoint(fresh, fresh_tok, out_dir)
+    out = _save_rows_only(base_path, cfg, tid, trained, out_dir)
     stats = {
         "offload_token_id": tid,
         "train_loss": result.training_loss,
