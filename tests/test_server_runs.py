@@ -1,19 +1,18 @@
-"""`pyrodash.server.runs`: an engine run's events handed to the HTTP side in ready batches, and the SSE chunks they
-become (no models: a scripted engine)."""
+"""`pyrodash.server.engine_run` and `pyrodash.server.sse`: an engine run's events handed to the HTTP side in ready
+batches, and the SSE chunks they become (no models: a scripted engine)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-from types import SimpleNamespace
 
 import pytest
 
 from pyrodash.cost import Usage
 from pyrodash.events import Done, LLMDelta, SLMDelta
-from pyrodash.server.app import _sse
+from pyrodash.server.engine_run import EngineRun
 from pyrodash.server.metrics import Metrics
-from pyrodash.server.runs import ChunkWriter, EngineRun
+from pyrodash.server.sse import ChunkWriter, sse_body
 
 
 class Scripted:
@@ -33,7 +32,7 @@ class Scripted:
 
 
 async def _batches(engine) -> list:
-    run = EngineRun(engine, "q", {}, set(), asyncio.Semaphore(1))
+    run = EngineRun(engine, "q", set(), asyncio.Semaphore(1))
     out = []
     while True:
         try:
@@ -80,12 +79,12 @@ def test_the_last_chunks_and_done_are_one_write():
         finish_reason="stop",
         handoff=None,
     )
-    app = SimpleNamespace(state=SimpleNamespace(metrics=Metrics()))
+    metrics = Metrics()
 
     async def writes() -> list[str]:
-        run = EngineRun(Scripted([SLMDelta("a"), None, SLMDelta("b"), done]), "q", {}, set(), asyncio.Semaphore(1))
+        run = EngineRun(Scripted([SLMDelta("a"), None, SLMDelta("b"), done]), "q", set(), asyncio.Semaphore(1))
         first = await run.next_batch()
-        return [w async for w in _sse(app, run, first, "chat", "m", "/v1/chat/completions", False, None)]
+        return [w async for w in sse_body(metrics, run, first, "chat", "m", "/v1/chat/completions", False, None)]
 
     out = asyncio.run(writes())
     assert len(out) == 2 and out[0].count("data: ") == 2 and '"content":"a"' in out[0]  # the role chunk, then "a"

@@ -28,7 +28,7 @@ import argparse
 from pyrodash.backends.endpoint import add_llm_mode_argument
 from pyrodash.backends.mesh import spec_from_flags
 from pyrodash.engine.conversation import ContextLimits
-from pyrodash.server import tracing as T
+from pyrodash.server import tracing
 from pyrodash.server.app import WORKER_CONFIG_ENV, build_app, build_base_engine, build_engine
 from pyrodash.server.config import Limits, ServeConfig
 from pyrodash.server.metrics import MULTIPROC_ENV
@@ -164,11 +164,11 @@ def run(args: argparse.Namespace) -> int:
     config.load_prices()
     if args.workers < 1:
         raise ValueError(f"--workers {args.workers}: give at least 1")
-    tracing = None
+    tracer = None
     if args.otlp_endpoint:
-        tracing = T.setup(args.otlp_endpoint)  # a missing extra or a bad URL is one line here
+        tracer = tracing.setup(args.otlp_endpoint)  # a missing extra or a bad URL is one line here
     app = build_app(config)
-    app.state.tracing = tracing
+    app.state.tracing = tracer
     # the engine is built (and the LLM endpoint probed) before the server starts, so a misconfiguration is one line
     # here, not a traceback from the lifespan; the app still closes it at shutdown
     app.state.engine = build_engine(config)
@@ -185,15 +185,15 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"pyrodash serve: http://{config.host}:{config.port}/v1  models={list(config.operating_points)}  "
         f"auth={auth}  cors={config.cors_origins or 'off'}  workers={args.workers}"
-        + (f"  traces={args.otlp_endpoint}" if tracing else ""),
+        + (f"  traces={args.otlp_endpoint}" if tracer else ""),
         flush=True,
     )
     if args.workers > 1:  # the checks above passed: each worker builds its own engine (and tracing)
         import asyncio
 
         asyncio.run(_close(app))
-        if tracing is not None:
-            tracing.shutdown()
+        if tracer is not None:
+            tracer.shutdown()
         return _run_workers(args, config)
 
     class Server(uvicorn.Server):
@@ -217,8 +217,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         server.run()
     finally:
-        if tracing is not None:
-            tracing.shutdown()
+        if tracer is not None:
+            tracer.shutdown()
     return 0 if server.started else 1
 
 

@@ -56,12 +56,15 @@ from collections.abc import AsyncIterator, Awaitable
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from pyrodash.backends.base import Backend, GenChunk, GenRequest, GenResult, Tokenized
+from pyrodash.backends.base import Backend, GenChunk, GenRequest, GenResult
 from pyrodash.backends.deadline import LazyDeadline
 from pyrodash.cost import Prices, Usage
 from pyrodash.engine import conversation as conv
+from pyrodash.engine import fitting
+from pyrodash.engine.fitting import Prepared, PromptSize
 from pyrodash.engine.requests import (
     BAN,
+    EngineRequest,
     FailurePolicy,
     check_share,
     handoff_admitted,
@@ -70,7 +73,7 @@ from pyrodash.engine.requests import (
     slm_chat,
     total_budget,
 )
-from pyrodash.engine.turn import MODES, Candidate, Fitted, Turn
+from pyrodash.engine.turn import Fitted, Turn
 from pyrodash.events import Done, Event, Handoff, LLMDelta, SLMDelta
 from pyrodash.prompts import OFFLOAD_TOKEN, Prompts, pack
 
@@ -232,81 +235,8 @@ class CollaborateEngine:
         return conv.clean_history(question)
 
     def _fit(self, side: str, req: GenRequest, seen: list[Fitted] | None = None) -> Fitted:
-        """Trim `req.messages` (in place) to `side`'s context window by the rule of
-        pyrodash.engine.conversation; returns
-        what it found (`Fitted`: messages dropped, the prompt's size, and for an in-process model the rendered
-        prompt and, when it had to be counted, its token ids, so neither the server's context check nor the backend
-        renders or tokenizes it again). `seen`: the prompts this request rendered already (`Turn.seen`): a request
-        fitted before (the same model, messages and prefix) shares its candidates (`Fitted.candidates`: each message
-        list rendered and tokenized once per request), and this one is added."""
-        backend, limit = (self.slm if side == "slm" else self.llm), getattr(self.context, side)
-        fit = Fitted(
-            budget=req.max_tokens,
-            limit=limit,
-            backend=backend,
-            prefix=req.prefix,
-            asked=req.messages,
-            raw=callable(getattr(type(backend), "render", None)),
-        )
-        if limit is None:  # nothing to fit to (the server's check may have rendered this prompt: sent as it is)
-            known = next((f for f in seen or () if f.same_prompt(backend, req)), None)
-            if known is not None:
-                fit.text, fit.messages, fit.tokenized = known.text, req.messages, known.tokenized
-            return fit
-        render = getattr(backend, "render", None)  # in-process: a prompt never has more tokens than UTF-8 bytes,
-        ids = getattr(backend, "prompt_ids", None)  # so no tokenizing when it fits
-        full, prefix = req.messages, req.prefix
-        if callable(render):
-            known = next((f for f in seen or () if f.same_request(backend, req)), None)
-            cands: dict[int, Candidate] = known.candidates if known is not None else {}
-            fit.candidates = cands
-            if known is None:
-                same = next((f for f in seen or () if f.same_prompt(backend, req)), None)  # (its text is this one)
-                if same is not None:
-                    tok = same.tokenized if same.tokenized is not None and same.tokenized.text is same.text else None
-                    cands[len(full)] = Candidate(full, same.text, tok, None if tok is None else len(tok.ids))
-                if seen is not None:
-                    seen.append(fit)
-
-            def candidate(msgs: list[dict], text: bool) -> Candidate:
-                """`msgs`'s candidate, rendered (`text`) or counted (else) now if it was not before."""
-                c = cands.get(len(msgs))
-                if c is None or (c.messages is not msgs and c.messages != msgs):
-                    c = cands[len(msgs)] = Candidate(msgs)
-                if c.text is None and (text or c.n is None):
-                    c.text = render(req if msgs is full else GenRequest(messages=msgs, prefix=prefix))
-                if not text and c.n is None:  # tokenized as the rendered raw prompt: the ids the backend would make
-                    c.tokenized = Tokenized(c.text, tuple(ids(GenRequest(messages=[], prefix=c.text))), backend)
-                    c.n = len(c.tokenized.ids)
-                return c
-
-            whole = candidate(full, True)
-            fit.text, fit.messages, fit.tokenized = whole.text, full, whole.tokenized
-            fit.prompt = len(whole.text.encode())
-            if fit.prompt + req.max_tokens <= limit:
-                return fit
-        if not callable(render) or not callable(ids):  # the backend's own count (`prompt_ids`), else an estimate
-            count = conv.token_counter(backend, prefix)[0]
-            fit.text = fit.tokenized = None
-
-            def counting(msgs: list[dict]) -> int:  # fit_context counts the message list it returns last
-                fit.prompt = count(msgs)
-                return fit.prompt
-
-            req.messages, fit.dropped = conv.fit_context(full, counting, limit, req.max_tokens)
-            fit.counted = True
-            return fit
-        req.messages, fit.dropped = conv.fit_context(full, lambda m: candidate(m, False).n, limit, req.max_tokens)
-        kept = candidate(req.messages, True)  # (fit_context counted it last)
-        if kept.tokenized is None or kept.tokenized.text is not kept.text:  # (its ids were let go: counted again)
-            kept.n = None
-            kept = candidate(req.messages, False)
-        fit.prompt, fit.text, fit.messages, fit.tokenized = kept.n, kept.text, req.messages, kept.tokenized
-        fit.counted = True
-        for c in cands.values():  # the request's own list and the one kept keep their text and ids, the rest a count
-            if c is not kept and c is not whole:
-                c.text = c.tokenized = None
-        return fit
+        """Trim `req.messages` (in place) to `side`'s context window (`pyrodash.engine.fitting.fit`)."""
+        return fitting.fit(self.slm if side == "slm" else self.llm, getattr(self.context, side), req, seen)
 
     @property
     def llm_style(self) -> str:
@@ -329,97 +259,40 @@ class CollaborateEngine:
         """A request's handoff share: the one asked for (checked), else the engine's."""
         return self.handoff_share if handoff_share is None else check_share(handoff_share)
 
-    def slm_request(
-        self,
-        question: str | list[dict],
-        offload_bias: float | None = None,
-        max_tokens: int | None = None,
-        temperature: float | None = None,
-        top_p: float | None = None,
-        seed: int | None = None,
-        stop: list[str] | None = None,
-        handoff_share: float | None = None,
-    ) -> GenRequest:
+    def slm_request(self, question: str | list[dict], **options) -> GenRequest:
         """The SLM's request (Lines 1-2): P_s + the query, `<offload>` as a stop id with `offload_bias` on it
-        (banned when the request is outside `handoff_share`, default the engine's)."""
-        return self.turn(
-            question,
-            offload_bias=offload_bias,
-            max_tokens=max_tokens,
-            temperature=temperature,
-            top_p=top_p,
-            seed=seed,
-            stop=stop,
-            handoff_share=handoff_share,
-        ).req
+        (banned when the request is outside `handoff_share`, default the engine's). `options`: see `EngineRequest`."""
+        return self.turn(question, **options).req
 
-    def turn(
-        self,
-        question: str | list[dict],
-        mode: str = "collab",
-        offload_bias: float | None = None,
-        max_tokens: int | None = None,
-        temperature: float | None = None,
-        top_p: float | None = None,
-        seed: int | None = None,
-        stop: list[str] | None = None,
-        max_total_tokens: int | None = None,
-        handoff_share: float | None = None,
-        fitted: Turn | None = None,
-    ) -> Turn:
-        """A request's `Turn`: its messages, the first model's request, budgets and knobs. Mode "collab" runs
-        Algorithm 1; "slm" / "llm" is one model answering alone (the conversation as given, no system prompt added,
-        `<offload>` banned where the SLM has it, as the `slm` / `llm` baselines of `pyrodash eval` do).
-        `fitted`: a Turn built earlier for this request (the server's, for its context check); its fitted first
-        request (trimmed messages, rendered prompt) is reused when it is the same one (mode, messages, model,
-        window, decode budget), so the prompt is not rendered or counted again; anything else is built anew."""
-        if mode not in MODES:
-            raise ValueError(f"mode={mode!r}: use one of {', '.join(MODES)}")
-        messages = self.messages(question)
-        total = total_budget(max_total_tokens)
-        per_model = self.max_tokens if max_tokens is None else int(max_tokens)
+    def turn(self, question: str | list[dict] | EngineRequest, mode: str = "collab", **options) -> Turn:
+        """A request's `Turn`: its messages, the first model's request, budgets and knobs (`options`: the fields of
+        `EngineRequest`). Mode "collab" runs Algorithm 1; "slm" / "llm" is one model answering alone (the
+        conversation as given, no system prompt added, `<offload>` banned where the SLM has it, as the `slm` / `llm`
+        baselines of `pyrodash eval` do). A request that carries the Turn `prepare` built for it runs that one's
+        fitted, rendered first request as it is."""
+        r = question if isinstance(question, EngineRequest) else EngineRequest.of(question, mode=mode, **options)
+        messages = self.messages(r.question)
+        total = total_budget(r.max_total_tokens)
+        per_model = self.max_tokens if r.max_tokens is None else int(r.max_tokens)
         if per_model <= 0:
             raise ValueError(f"max_tokens={per_model} must be positive")
         first = per_model if total is None else min(per_model, total)
-        bias = self.offload_bias if offload_bias is None else float(offload_bias)
-        share = self._share(handoff_share)
-        sampling = sampling_fields(temperature, top_p, seed, stop)
-        ban = {} if self.offload_id is None else {self.offload_id: BAN}
-        if mode == "collab":  # (an SLM without <offload>, require_offload=False, hands off only when told to: abatch)
-            admitted = handoff_admitted(messages, share)
-            b = bias if admitted else BAN
-            msgs = slm_chat(self.prompts, messages)
-            oid = [] if self.offload_id is None else [self.offload_id]
-            req = GenRequest(
-                messages=msgs,
-                max_tokens=first,
-                stop_token_ids=oid,
-                logit_bias={self.offload_id: b} if b and oid else {},
-                **sampling,
-            )
-            side = "slm"
+        bias = self.offload_bias if r.offload_bias is None else float(r.offload_bias)
+        share = self._share(r.handoff_share)
+        sampling = sampling_fields(r.temperature, r.top_p, r.seed, r.stop)
+        admitted = r.mode != "collab" or handoff_admitted(messages, share)
+        req, side = self._first_request(r.mode, messages, first, bias if admitted else BAN, sampling)
+        asked = len(req.messages)
+        prep = r.prepared
+        if self._fitted_alike(prep, r.mode, side, messages, req):
+            req.messages, fit = prep.req.messages, prep.fit  # the same request fitted the same way: no second render
         else:
-            admitted, msgs = True, list(messages)
-            req = GenRequest(messages=msgs, max_tokens=first, logit_bias=dict(ban) if mode == "slm" else {}, **sampling)
-            side = mode
-        prev = fitted.fit if fitted is not None else None
-        if (
-            prev is not None
-            and fitted.mode == mode
-            and prev.budget == req.max_tokens
-            and prev.limit == getattr(self.context, "slm" if side == "slm" else "llm")
-            and prev.backend is (self.slm if side == "slm" else self.llm)
-            and fitted.req.prefix == req.prefix
-            and fitted.messages == messages
-        ):
-            req.messages, fit = fitted.req.messages, prev  # the same request fitted the same way: no second render
-        else:
-            fit = self._fit(side, req, fitted.seen if fitted is not None else None)
-        llm_max = per_model if self.llm_max_tokens is None or max_tokens is not None else self.llm_max_tokens
-        if mode == "llm":
+            fit = self._fit(side, req, prep.seen if prep is not None else None)
+        llm_max = per_model if self.llm_max_tokens is None or r.max_tokens is not None else self.llm_max_tokens
+        if r.mode == "llm":
             req.max_tokens = llm_max if total is None else min(llm_max, total)
         return Turn(
-            mode=mode,
+            mode=r.mode,
             messages=messages,
             req=req,
             per_model=per_model,
@@ -430,9 +303,111 @@ class CollaborateEngine:
             admitted=admitted,
             number=conv.turn_number(messages),
             sampling={k: getattr(req, k) for k in ("seed", "stop", "temperature", "top_p")},
-            trimmed={"slm": 0, "llm": 0} | {side: len(msgs) - len(req.messages)},
+            trimmed={"slm": 0, "llm": 0} | {side: asked - len(req.messages)},
             fit=fit,
-            seen=fitted.seen if fitted is not None else [fit],
+            seen=prep.seen if prep is not None else [fit],
+        )
+
+    def _first_request(
+        self, mode: str, messages: list[dict], first: int, bias: float, sampling: dict
+    ) -> tuple[GenRequest, str]:
+        """(the first model's request, its side): in mode "collab" the SLM's under P_s with `<offload>` a stop id
+        carrying `bias` (an SLM without `<offload>`, require_offload=False, hands off only when told to: abatch);
+        else the conversation as given to the model answering alone (`<offload>` banned for the SLM)."""
+        if mode == "collab":
+            oid = [] if self.offload_id is None else [self.offload_id]
+            req = GenRequest(
+                messages=slm_chat(self.prompts, messages),
+                max_tokens=first,
+                stop_token_ids=oid,
+                logit_bias={self.offload_id: bias} if bias and oid else {},
+                **sampling,
+            )
+            return req, "slm"
+        ban = {self.offload_id: BAN} if mode == "slm" and self.offload_id is not None else {}
+        return GenRequest(messages=list(messages), max_tokens=first, logit_bias=ban, **sampling), mode
+
+    def _fitted_alike(self, prep: Turn | None, mode: str, side: str, messages: list[dict], req: GenRequest) -> bool:
+        """Whether `prep` (this request's Turn from `prepare`) fitted the same first request: the same model and
+        window, mode, messages and decode budget (a budget that moved knobs after `prepare` changes none of them)."""
+        return (
+            prep is not None
+            and prep.fit.backend is (self.slm if side == "slm" else self.llm)
+            and prep.fit.limit == getattr(self.context, side)
+            and (prep.mode, prep.fit.budget, prep.req.prefix) == (mode, req.max_tokens, req.prefix)
+            and prep.messages == messages
+        )
+
+    # ---- what the server asks before and after a request: its prompts' sizes, the LLM-only prompt ----------
+    def prepare(self, request: EngineRequest) -> Prepared:
+        """The request's prompts fitted to their models' windows and measured for a context-length check: each
+        in-process model that counts its prompt gets a `PromptSize` (its first request, and the LLM's handoff
+        request without a partial answer; a long conversation is trimmed first, so only what is still too long is
+        over its window). In mode "collab" the request's Turn comes back too: carried as `request.prepared`, it
+        is run as it is (each prompt rendered once per request). Raises `ContextLengthError` when the current
+        message alone is too long, ValueError when a prompt cannot be rendered for its model."""
+        messages = self.messages(request.question)
+        budget = request.max_tokens or 1
+        if request.mode == "collab":
+            turn = self.turn(request)
+            seen, first = turn.seen, (turn.req, turn.fit)
+        else:  # a model answering alone: the collaborative requests bound its prompt
+            turn, seen = None, None
+            solo = self.turn(messages, max_tokens=budget)
+            first = (solo.req, solo.fit)
+        total = min(budget, request.max_total_tokens or budget)  # the most one model decodes
+        sizes = []
+        for side, backend, build in (
+            ("SLM", self.slm, lambda: first),
+            ("LLM", self.llm, lambda: self.llm_request_fitted(messages, "", budget, {}, seen)),
+        ):
+            window = getattr(backend, "context_window", None)
+            if not fitting.counts_prompts(backend) or window() is None:
+                continue
+            req, fit = build()
+            sizes.append(PromptSize(side, fitting.prompt_size(backend, req, fit, total, window()), window()))
+            if seen is not None and fit.text is not None and all(f is not fit for f in seen):
+                seen.append(fit)
+        return Prepared(turn, sizes)
+
+    def counts_prompts(self) -> bool:
+        """Whether a model of this engine counts its prompts against a context window (in-process models): only
+        then has `prepare` anything to measure."""
+        return fitting.counts_prompts(self.slm) or fitting.counts_prompts(self.llm)
+
+    def llm_only_prompt(self, request: EngineRequest, solo: Done | None = None) -> tuple[int, str] | None:
+        """(input tokens of the LLM-only request: the conversation without P_s, whose tokenizer counted them), or
+        None when no backend can count; from what this request measured already when it can:
+        - an in-process LLM: the LLM's prompt without P_l, which the context check (or the handoff) rendered, and
+          maybe counted, when the prompt set has no LLM system prompt;
+        - an endpoint LLM, the SLM's tokenizer counts it: when this engine's in-process SLM answered alone (mode
+          "slm", `solo` its Done) and nothing was dropped to fit, its billed input is that count. Else it is counted
+          here (history dropped: the estimate counts the whole conversation)."""
+        ids = getattr(self.llm, "prompt_ids", None)
+        if solo is not None and not callable(ids) and self._billed_alone(solo):
+            return solo.usage.slm_in, "slm"
+        messages = self.messages(request.question)
+        if request.prepared is not None and callable(ids):
+            n = fitting.recount(request.prepared, self.llm, GenRequest(messages=messages))
+            if n is not None:
+                return n, "llm"
+        for side in ("llm", "slm"):
+            count = getattr(getattr(self, side), "prompt_ids", None)
+            if callable(count):
+                with contextlib.suppress(Exception):  # a tokenizer that cannot render this conversation
+                    return len(count(GenRequest(messages=messages))), side
+        return None
+
+    def _billed_alone(self, solo: Done) -> bool:
+        """Whether `solo`'s billed SLM input is its own tokenizer's count of the conversation as given."""
+        slm = self.slm
+        return (
+            solo.mode == "slm"
+            and not solo.trimmed.get("slm")
+            and not solo.usage_estimated
+            and solo.usage.slm_in > 0
+            and callable(getattr(slm, "prompt_ids", None))
+            and callable(getattr(type(slm), "render", None))
         )
 
     # ---- the steps of Algorithm 1, shared by both drivers ---------------------------------------------------
@@ -589,14 +564,13 @@ class CollaborateEngine:
         return None
 
     # ---- driver 1: one request, events as they come (the server, `pyrodash generate`) ------------------------
-    async def stream(
-        self, question: str | list[dict], mode: str = "collab", turn: Turn | None = None, **options
-    ) -> AsyncIterator[Event]:
-        """Algorithm 1 for one request as typed events: SLMDelta* [Handoff LLMDelta* SLMDelta*] Done. `options`:
-        offload_bias, max_tokens, temperature, top_p, seed, stop, max_total_tokens, handoff_share (see `turn`).
-        `turn`: the request's Turn as `turn(question, mode, **options)` built it already (the server builds one for
-        its context check): its fitted, rendered prompt is used as is (see `turn(fitted=)`)."""
-        t = self.turn(question, mode=mode, fitted=turn, **options)
+    async def stream(self, question: str | list[dict] | EngineRequest, **options) -> AsyncIterator[Event]:
+        """Algorithm 1 for one request as typed events: SLMDelta* [Handoff LLMDelta* SLMDelta*] Done. The request is
+        an `EngineRequest` (the server's, maybe carrying the Turn `prepare` built for it), or a question with the
+        request's fields as keyword arguments (mode, offload_bias, max_tokens, max_total_tokens, temperature, top_p,
+        seed, stop, handoff_share)."""
+        t = self.turn(EngineRequest.of(question, **options))
+        mode = t.mode
         if mode != "llm":
             early: _EarlyCall | None = None
             try:

@@ -5,12 +5,14 @@ their only caller outside tests."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from pyrodash.backends.base import GenRequest
 from pyrodash.engine import conversation as conv
+from pyrodash.engine.turn import MODES, Turn
 from pyrodash.prompts import Prompts
 
 BAN = float("-inf")
@@ -33,6 +35,45 @@ def handoff_admitted(messages: list[dict], share: float) -> bool:
         return False
     key = json.dumps([[m.get("role"), m.get("content")] for m in messages if m.get("role") != "system"])
     return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") / 2**64 < share
+
+
+@dataclass(frozen=True)
+class EngineRequest:
+    """One request as the engine runs it, typed once: the server builds it from the wire request and hands this
+    object to `CollaborateEngine.stream`; the kwargs form (`engine.stream(question, **options)`, eval and training)
+    becomes one in `EngineRequest.of`. Unset knobs (None) take the engine's defaults."""
+
+    question: str | list[dict]  # a question, or a conversation (chat messages) whose last user turn is answered
+    mode: str = "collab"  # one of MODES: the Collaborate Engine, or the SLM / the LLM alone
+    offload_bias: float | None = None  # added to `<offload>`'s logit (a budget may move it)
+    handoff_share: float | None = None  # the share of requests that may hand off (a budget may move it)
+    max_tokens: int | None = None  # each model's decode limit (the wire's max_tokens_per_model, else the total)
+    max_total_tokens: int | None = None  # the joint budget: SLM + LLM output tokens (the wire's max_tokens)
+    explicit_budget: bool = False  # the client asked for that joint budget: refused, never shrunk, when too long
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    stop: list[str] | None = None
+    # the Turn `CollaborateEngine.prepare` built for this request (fitted, its prompt rendered once), or None
+    prepared: Turn | None = None
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"mode={self.mode!r}: use one of {', '.join(MODES)}")
+
+    @classmethod
+    def of(cls, question: str | list[dict], **options) -> EngineRequest:
+        """The request of `engine.stream(question, **options)` (a TypeError names an unknown option)."""
+        if isinstance(question, cls):
+            return dataclasses.replace(question, **options) if options else question
+        unknown = sorted(set(options) - {f.name for f in fields(cls)})
+        if unknown:
+            raise TypeError(f"unexpected engine option(s): {', '.join(unknown)}")
+        return cls(question, **options)
+
+    def options(self) -> dict:
+        """The knobs as `engine.stream`'s keyword arguments (no question, no prepared Turn)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("question", "prepared")}
 
 
 @dataclass(frozen=True)

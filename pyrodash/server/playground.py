@@ -26,7 +26,7 @@ from fastapi import FastAPI
 from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
 
-from pyrodash.server.modes import MODES
+from pyrodash.engine import MODES
 from pyrodash.server.protocol import scrub
 
 STATIC = Path(__file__).resolve().parent / "static"

@@ -238,7 +238,7 @@ class LLMOnlyEstimate(_Out):
     completion_tokens: int
     cost_usd: float
     estimated: bool  # False only in mode "llm", where the LLM did answer alone
-    method: str  # how prompt_tokens / completion_tokens were obtained (see pyrodash.server.modes)
+    method: str  # how prompt_tokens / completion_tokens were obtained (see pyrodash.server.estimates)
 
 
 class PyroDashInfo(_Out):
@@ -268,7 +268,7 @@ class PyroDashInfo(_Out):
     mode: str = "collab"  # who answered: "collab" (the engine), "slm" or "llm" alone (request `pyrodash.mode`)
     cost_usd_by_component: dict[str, float] | None = None  # cost_usd split into slm_in, slm_out, llm_in, llm_out
     # what the LLM alone would have billed for this answer: an ESTIMATE except in mode "llm" (then it is cost_usd);
-    # how it is counted: `llm_only_estimate` below and pyrodash.server.modes.llm_only_estimate
+    # how it is counted: `llm_only_estimate` below and pyrodash.server.estimates.llm_only_estimate
     llm_only_cost_usd: float | None = None
     llm_only_estimate: LLMOnlyEstimate | None = None
     # which model wrote the answer: "collab" (the served SLM, handing off to the LLM), "slm" (the served SLM alone,
@@ -295,7 +295,7 @@ class PyroDashInfo(_Out):
         """The record's numbers, the LLM's errors as a client may see them (a reason code each: `reason`; the
         server logs the full text under `request_id`), endpoint names `scrub`bed, and what the serving layer
         computed from the prices: the cost split and the LLM-only estimate (any object or dict with
-        `LLMOnlyEstimate`'s fields; `pyrodash.server.modes`)."""
+        `LLMOnlyEstimate`'s fields; `pyrodash.server.estimates`)."""
         r = Record.from_done(done)  # (its lists and dicts are copies already: no deep `to_json` copy needed)
         rec = {f.name: getattr(r, f.name) for f in _RECORD_FIELDS if f.name != "output"}
         for part in (*rec["segments"], *rec["llm_endpoints"]):
@@ -400,28 +400,6 @@ class ChatCompletion(_Out):
     choices: list[Choice]
     usage: UsageInfo
     pyrodash: PyroDashInfo
-
-
-class Delta(_Out):
-    role: Literal["assistant"] | None = None
-    content: str | None = None
-
-
-class ChunkChoice(_Out):
-    index: int = 0
-    delta: Delta
-    logprobs: None = None
-    finish_reason: str | None = None
-
-
-class ChatCompletionChunk(_Out):
-    id: str
-    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    created: int
-    model: str
-    choices: list[ChunkChoice]
-    usage: UsageInfo | None = None
-    pyrodash: PyroDashInfo | None = None
 
 
 class CompletionChoice(_Out):

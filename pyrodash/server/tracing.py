@@ -32,7 +32,7 @@ import time
 from urllib.parse import urlsplit
 
 from pyrodash.events import Done, Handoff, LLMDelta, SLMDelta
-from pyrodash.server.modes import cost_by_component
+from pyrodash.server.estimates import cost_by_component
 
 SERVICE_NAME = "pyrodash"
 

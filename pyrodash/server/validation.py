@@ -2,7 +2,8 @@
 
     raw = await read_json(request, limit)                  # 413 / 400 invalid_json
     req = parse(P.ChatCompletionRequest, raw)              # 400: lone surrogates, unsupported parameters, types
-    call = await engine_call(app, req, kind)               # 404 model, 400 limits and context length
+    model, call = engine_request(app, req, kind)           # 404 model, 400 limits: the typed EngineRequest
+    call = await check_context(app, call, budget_param(req))  # 400 context length (in-process models)
 
 Checks, in order:
 1. The body: at most `limits.max_body_bytes` (413), non-empty, JSON.
@@ -25,13 +26,14 @@ Checks, in order:
    stay plain characters for every backend.
 7. Context length: prompt tokens + the token budget must fit each in-process model's positions (400
    `context_length_exceeded`); without an explicit `max_tokens` the default budget shrinks to what fits. The sizes
-   are what the engine's own fitting measured (`Fitted`), and in mode "collab" the request's Turn built for the
-   check is the one the engine runs (`engine.stream(turn=)`): each prompt is rendered once per request.
+   are what the engine's own fitting measured (`CollaborateEngine.prepare`), and in mode "collab" the request's
+   Turn prepared for the check is the one the engine runs (`EngineRequest.prepared`): each prompt is rendered once.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 
 from fastapi import FastAPI, Request
@@ -39,7 +41,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.requests import ClientDisconnect
 
 from pyrodash.backends import literal
-from pyrodash.backends.base import GenRequest
+from pyrodash.engine import EngineRequest
 from pyrodash.engine.conversation import ContextLengthError
 from pyrodash.prompts import OFFLOAD_TOKEN
 from pyrodash.server import errors as E
@@ -300,9 +302,9 @@ def _client_text(app: FastAPI, text: str) -> str:
     return literal.mark(literal.strip_markers(text), specials(app))
 
 
-def engine_call(app: FastAPI, req: P._Sampling, kind: str) -> tuple[str, object, dict]:
-    """(model name, the engine's question, engine.stream keyword arguments) for a validated request, or a 4xx.
-    The context-length check comes after (`check_context`), off the event loop."""
+def engine_request(app: FastAPI, req: P._Sampling, kind: str) -> tuple[str, EngineRequest]:
+    """(model name, the request the engine runs) for a validated wire request, or a 4xx. The context-length check
+    comes after (`check_context`), off the event loop."""
     config = app.state.config
     model = req.model if req.model is not None else config.default_model
     if model not in config.operating_points:
@@ -315,7 +317,7 @@ def engine_call(app: FastAPI, req: P._Sampling, kind: str) -> tuple[str, object,
         )
     limit = config.limits.max_tokens
     total = req.requested_max_tokens()
-    param = "max_completion_tokens" if getattr(req, "max_completion_tokens", None) is not None else "max_tokens"
+    param = budget_param(req)
     if total is not None and total > limit:
         raise P.APIError(
             400, f"{param}={total} exceeds this server's limit of {limit}.", param=param, code="invalid_value"
@@ -337,96 +339,35 @@ def engine_call(app: FastAPI, req: P._Sampling, kind: str) -> tuple[str, object,
         question: object = [{**m.to_engine(), "content": _client_text(app, m.text())} for m in req.messages]
     else:
         question = _client_text(app, req.prompt)
-    explicit = total is not None
-    total = total or config.limits.default_max_tokens
-    kwargs = {
-        "offload_bias": bias,
-        "handoff_share": point.handoff_share,
-        "max_tokens": per_model or total,
-        "max_total_tokens": total,
-        "temperature": temperature,
-        "top_p": req.top_p,
-        "seed": req.seed,
-        "stop": req.stop_list(),
-    }
-    return model, question, {**kwargs, "_explicit_budget": explicit, "_param": param}
+    opts = req.pyrodash or P.PyroDashOptions()
+    call = EngineRequest(
+        question,
+        mode=opts.mode,
+        offload_bias=bias,
+        handoff_share=point.handoff_share,
+        max_tokens=per_model or total or config.limits.default_max_tokens,
+        max_total_tokens=total or config.limits.default_max_tokens,
+        explicit_budget=total is not None,
+        temperature=temperature,
+        top_p=req.top_p,
+        seed=req.seed,
+        stop=req.stop_list(),
+    )
+    return model, call
 
 
-def _context_need(engine, question, kwargs: dict, mode: str = "collab") -> tuple[list[tuple[str, int, int]], object]:
-    """(needs, turn). needs: (side, prompt tokens, context window) for each in-process model that can count its
-    prompt; where the prompt surely fits with the whole budget, an upper bound on its tokens (its UTF-8 bytes)
-    instead of a count. Each prompt is rendered (and, only when it may not fit, tokenized) once: the sizes are what
-    the engine's own fitting found (`Fitted`). turn: in mode "collab", the request's `Turn` as the engine runs it
-    (`engine.turn(question, **kwargs)`), for `engine.stream(turn=)`, so the engine does not render the SLM's prompt
-    again; None otherwise."""
-    out = []
-    sides = []
-    slm, llm = getattr(engine, "slm", None), getattr(engine, "llm", None)
-    turn_of = getattr(engine, "turn", None)
-    build_slm = getattr(engine, "slm_request", None)
-    build_llm = getattr(engine, "llm_request_fitted", None)
-    messages = getattr(engine, "messages", lambda q: q)(question)
-    # each request as the engine builds it for this budget: a long conversation is trimmed first (oldest turns,
-    # pyrodash.engine.conversation), so only what is still too long after trimming is refused
-    budget = kwargs.get("max_tokens") or 1
-    turn = None
-    if callable(turn_of) and mode == "collab":  # the SLM's request itself (its budget: min(per model, total))
-        turn = turn_of(question, **kwargs)
-        sides.append(("SLM", slm, lambda: (turn.req, turn.fit)))
-    elif callable(turn_of):  # a model answering alone: the collaborative requests bound its prompt, as before
-        sides.append(("SLM", slm, lambda: (lambda t: (t.req, t.fit))(turn_of(messages, max_tokens=budget))))
-    elif build_slm is not None:
-        sides.append(("SLM", slm, lambda: (build_slm(messages, max_tokens=budget), None)))
-    seen = turn.seen if turn is not None else None  # the prompts this request rendered (the LLM's is reused by
-    if build_llm is not None:  # the handoff when it is the same, and by the LLM-only estimate)
-        sides.append(("LLM", llm, lambda: build_llm(messages, "", budget, {}, seen)))
-    elif getattr(engine, "llm_request", None) is not None:
-        sides.append(("LLM", llm, lambda: (engine.llm_request(messages, "", budget, {}), None)))
-    total = min(budget, kwargs.get("max_total_tokens") or budget)  # the most one model decodes
-    for name, backend, build in sides:
-        window = getattr(backend, "context_window", None)
-        count = getattr(backend, "prompt_ids", None)
-        if not callable(window) or not callable(count) or window() is None:
-            continue
-        req, fit = build()
-        out.append((name, _prompt_size(backend, req, fit, total, window()), window()))
-        if seen is not None and fit is not None and fit.text is not None and all(f is not fit for f in seen):
-            seen.append(fit)
-    return out, turn
+def budget_param(req: P._Sampling) -> str:
+    """The wire name of the request's joint token budget (what an error about it names)."""
+    return "max_completion_tokens" if getattr(req, "max_completion_tokens", None) is not None else "max_tokens"
 
 
-def _prompt_size(backend, req, fit, total: int, window: int) -> int:
-    """`req`'s prompt tokens against `window`, or its UTF-8 bytes when those fit with `total` (an in-process prompt
-    never has more tokens than bytes): from the engine's fitting (`fit`) when it measured this prompt, rendering or
-    tokenizing only what it did not."""
-    text = None
-    if fit is not None and fit.backend is backend and fit.prompt is not None:
-        if fit.counted:
-            return fit.prompt
-        if fit.prompt + total <= window:
-            return fit.prompt
-        if fit.text is not None and fit.messages is req.messages and fit.prefix == req.prefix:
-            text = fit.text
-    render = getattr(backend, "render", None)
-    if text is None and callable(render):
-        text = render(req)
-        if fit is not None and fit.backend is backend and fit.text is None:  # (the engine had no window to fit
-            fit.text, fit.messages, fit.prefix = text, req.messages, req.prefix  # to): it sends this text as is
-        if len(text.encode()) + total <= window:
-            return len(text.encode())
-    if text is not None:  # tokenized as the rendered raw prompt: the same ids, no second chat-template pass
-        return len(backend.prompt_ids(GenRequest(messages=[], prefix=text)))
-    return len(backend.prompt_ids(req))
-
-
-async def check_context(app: FastAPI, question, kwargs: dict, mode: str = "collab") -> dict:
-    """The engine kwargs once the prompt is known to fit: 400 `context_length_exceeded` when prompt tokens + the
-    requested budget exceed a model's positions; an implicit (default) budget shrinks to fit instead. In mode
-    "collab" they carry `turn`: the request's Turn, built here for the check and run by the engine as it is
-    (`CollaborateEngine.stream(turn=)`), unless the budget shrank."""
-    explicit, param = kwargs.pop("_explicit_budget"), kwargs.pop("_param")
+async def check_context(app: FastAPI, call: EngineRequest, param: str) -> EngineRequest:
+    """The request once its prompts are known to fit (`CollaborateEngine.prepare`, off the event loop): 400
+    `context_length_exceeded` when prompt tokens + the requested budget exceed a model's positions; an implicit
+    (default) budget shrinks to fit instead. `param`: the budget's wire name. In mode "collab" the request carries
+    the Turn the engine prepared for the check (`EngineRequest.prepared`), run as it is, unless the budget shrank."""
     try:
-        needs, turn = await asyncio.to_thread(_context_need, app.state.engine, question, kwargs, mode)
+        prepared = await asyncio.to_thread(app.state.engine.prepare, call)
     except ContextLengthError as e:  # the current message alone is too long, even with no history left
         raise P.APIError(
             400,
@@ -436,21 +377,21 @@ async def check_context(app: FastAPI, question, kwargs: dict, mode: str = "colla
         ) from None
     except ValueError as e:  # the prompt cannot be rendered for this model (e.g. a role its template refuses)
         raise E.failure(e) from None
-    total = kwargs["max_total_tokens"]
-    for side, prompt, window in needs:
-        room = window - prompt
-        own = min(kwargs["max_tokens"], total)  # what this model may decode: its own share of the joint budget
-        if room < 1 or (explicit and prompt + own > window):
-            asked = f"{own} requested tokens" if explicit else "no room for any output"
+    total = call.max_total_tokens
+    for size in prepared.sizes:
+        room = size.window - size.tokens
+        own = min(call.max_tokens, total)  # what this model may decode: its own share of the joint budget
+        if room < 1 or (call.explicit_budget and size.tokens + own > size.window):
+            asked = f"{own} requested tokens" if call.explicit_budget else "no room for any output"
             raise P.APIError(
                 400,
-                f"This model's maximum context length is {window} tokens ({side}); the messages "
-                f"take {prompt} tokens and {asked}. Shorten the messages or lower {param}.",
+                f"This model's maximum context length is {size.window} tokens ({size.side}); the messages "
+                f"take {size.tokens} tokens and {asked}. Shorten the messages or lower {param}.",
                 param="messages" if room < 1 else param,
                 code="context_length_exceeded",
             )
-        if not explicit and total > room:
+        if not call.explicit_budget and total > room:
             total = room
-    if total != kwargs["max_total_tokens"]:  # (the engine fits its request to the smaller budget itself)
-        return {**kwargs, "max_total_tokens": total, "max_tokens": min(kwargs["max_tokens"], total)}
-    return kwargs if turn is None else {**kwargs, "turn": turn}
+    if total != call.max_total_tokens:  # (the engine fits its request to the smaller budget itself)
+        return dataclasses.replace(call, max_total_tokens=total, max_tokens=min(call.max_tokens, total))
+    return call if prepared.turn is None else dataclasses.replace(call, prepared=prepared.turn)

@@ -1,54 +1,39 @@
-"""One engine request as an owned asyncio task, and its rendering as OpenAI SSE chunks.
+"""One engine request as an owned asyncio task (`EngineRun`), and the watcher that cancels it when the client goes
+away.
 
-The engine's stream runs in its own task (`EngineRun`) that feeds a queue; the HTTP side only reads the queue. When
-the client goes away, the HTTP side calls `cancel()`: the task gets exactly one CancelledError, so the engine's own
-cleanup (closing the SLM and LLM upstream streams, which stops their generation) runs to the end instead of being
-cut short by the web server's cancel scope. Every live `EngineRun` is kept in a set (`app.state.runs`) so shutdown can
-cancel what is left and tests can see that nothing keeps running.
-
-`RequestClock` is where a request's time goes: its arrival (the server's ASGI entry) and the time its engine run
-spent waiting for the engine's next event (the engine and the models behind it: the upstream HTTP requests and
-streams). Wall time less that wait is the time spent in PyroDash's server itself (`x-pyrodash-overhead-ms`).
+The engine's stream runs in its own task that feeds a queue; the HTTP side only reads the queue. When the client goes
+away, the HTTP side calls `cancel()`: the task gets exactly one CancelledError, so the engine's own cleanup (closing
+the SLM and LLM upstream streams, which stops their generation) runs to the end instead of being cut short by the web
+server's cancel scope. Every live `EngineRun` is kept in a set (`app.state.runs`) so shutdown can cancel what is left
+and tests can see that nothing keeps running.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
-from json.encoder import encode_basestring  # json.dumps(str, ensure_ascii=False) without an encoder per call
 
+from fastapi import Request
+
+from pyrodash.engine import EngineRequest
 from pyrodash.events import Done, Event
+from pyrodash.server import errors
+from pyrodash.server.clock import RequestClock
 
 _END = object()
 
 
-class RequestClock:
-    """One request's time: `t0` its arrival (perf_counter), `engine_s` the time its engine run waited for events."""
-
-    __slots__ = ("t0", "engine_s")
-
-    def __init__(self, t0: float | None = None) -> None:
-        self.t0 = time.perf_counter() if t0 is None else t0
-        self.engine_s = 0.0
-
-    def overhead_s(self, now: float | None = None) -> float:
-        """Seconds spent in the server itself so far: wall time less the engine's."""
-        return (time.perf_counter() if now is None else now) - self.t0 - self.engine_s
-
-
 class EngineRun:
-    """Runs `engine.stream(prompt, **kwargs)` in a task; `events()` yields its events, re-raising its error.
+    """Runs `engine.stream(request)` in a task; `events()` yields its events, re-raising its error.
     `clock` (optional) accumulates the time spent waiting for the engine's events; `observe(event, t)` (optional,
     tracing) sees each event as it comes out of the engine, and `None` when the engine starts."""
 
     def __init__(
         self,
         engine,
-        prompt: str | list[dict],
-        kwargs: dict,
+        request: EngineRequest,
         registry: set,
         sem: asyncio.Semaphore,
         on_exit: Callable[[], None] | None = None,
@@ -64,17 +49,17 @@ class EngineRun:
         self.clock = clock if clock is not None else RequestClock(self.t0)
         self.ttft: float | None = None
         self.cancelled = False
-        self.task = asyncio.create_task(self._pump(engine, prompt, kwargs, sem, observe))
+        self.task = asyncio.create_task(self._pump(engine, request, sem, observe))
         registry.add(self)
         self.task.add_done_callback(lambda _t: registry.discard(self))
         if on_exit is not None:
             self.task.add_done_callback(lambda _t: on_exit())
 
-    async def _pump(self, engine, prompt, kwargs: dict, sem: asyncio.Semaphore, observe) -> None:
+    async def _pump(self, engine, request: EngineRequest, sem: asyncio.Semaphore, observe) -> None:
         clock, put, now = self.clock, self._put, time.perf_counter
         try:
             async with sem:
-                stream = engine.stream(prompt, **kwargs)
+                stream = engine.stream(request)
                 try:
                     t = now()
                     if observe is not None:
@@ -157,50 +142,31 @@ class EngineRun:
         return time.perf_counter() - self.t0
 
 
-class ChunkWriter:
-    """Server-sent events for one stream; content deltas use a precomputed template (the hot path)."""
+async def _disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
-    def __init__(self, rid: str, created: int, model: str, kind: str = "chat", include_usage: bool = False):
-        self.kind, self.include_usage = kind, include_usage
-        obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
-        self.head = f'data: {{"id":{json.dumps(rid)},"object":"{obj}","created":{created},"model":{json.dumps(model)},'
-        tail = ',"usage":null' if include_usage else ""
-        if kind == "chat":
-            self.delta_pre = self.head + '"choices":[{"index":0,"delta":{"content":'
-            self.delta_post = '},"logprobs":null,"finish_reason":null}]' + tail + "}\n\n"
-        else:
-            self.delta_pre = self.head + '"choices":[{"index":0,"text":'
-            self.delta_post = ',"logprobs":null,"finish_reason":null}]' + tail + "}\n\n"
 
-    def role(self) -> str:
-        tail = ',"usage":null' if self.include_usage else ""
-        return (
-            self.head + '"choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,'
-            '"finish_reason":null}]' + tail + "}\n\n"
-        )
+def watch(request: Request, run: EngineRun) -> asyncio.Future:
+    """A task that waits for the client to go away and then cancels `run` (and with it both upstream requests)."""
+    watcher = asyncio.ensure_future(_disconnected(request))
+    watcher.add_done_callback(lambda w: w.cancelled() or run.cancel())
+    return watcher
 
-    def delta(self, text: str) -> str:
-        return self.delta_pre + encode_basestring(text) + self.delta_post
 
-    def tagged(self, text: str, pyrodash: dict) -> str:
-        """A content delta that also carries a `pyrodash` object (request `pyrodash.sources`: who wrote it)."""
-        post = self.delta_post[: -len("}\n\n")]
-        return f'{self.delta_pre}{encode_basestring(text)}{post},"pyrodash":{json.dumps(pyrodash)}}}\n\n'
+def gone(watcher: asyncio.Future) -> bool:
+    return watcher.done() and not watcher.cancelled()
 
-    def finish(self, reason: str) -> str:
-        tail = ',"usage":null' if self.include_usage else ""
-        if self.kind == "chat":
-            choice = f'{{"index":0,"delta":{{}},"logprobs":null,"finish_reason":{json.dumps(reason)}}}'
-        else:
-            choice = f'{{"index":0,"text":"","logprobs":null,"finish_reason":{json.dumps(reason)}}}'
-        return self.head + f'"choices":[{choice}]' + tail + "}\n\n"
 
-    def usage(self, usage: dict, pyrodash: dict) -> str:
-        return self.head + f'"choices":[],"usage":{json.dumps(usage)},"pyrodash":{json.dumps(pyrodash)}}}\n\n'
-
-    @staticmethod
-    def error(body: dict) -> str:
-        return f"data: {json.dumps(body)}\n\n"
-
-    DONE = "data: [DONE]\n\n"
-    DONE_BYTES = DONE.encode()
+async def first_batch(request: Request, run: EngineRun) -> tuple[asyncio.Future | None, list | None]:
+    """(the disconnect watcher, None when the client is gone; the run's first events). The stream's response keeps
+    the watcher. An engine error raised before any event becomes an APIError."""
+    watcher = watch(request, run)
+    try:
+        first = await run.next_batch()
+    except Exception as e:  # noqa: BLE001 - mapped to an OpenAI error
+        watcher.cancel()
+        raise errors.failure(e) from e
+    if gone(watcher):
+        return None, None
+    return watcher, first

@@ -1,33 +1,21 @@
-"""Who answers a server request, and what its answer cost against the LLM alone.
+"""What a server answer cost, by component, and against the LLM alone (the `pyrodash` object's `cost_usd` split and
+`llm_only_cost_usd`).
 
 A request's `pyrodash.mode` picks the answerer: "collab" is the Collaborate Engine; "slm" and "llm" are one of the
-engine's two models answering alone (the engine's modes of the same name, `CollaborateEngine.stream(..., mode=)`),
-exactly as the `slm` / `llm` baselines of `pyrodash eval` do (the conversation as given, no system prompt added,
-`<offload>` banned where the SLM has it). The playground's compare view sends the same question in all three modes.
-
-`llm_only_estimate` is the server's estimate of what the LLM alone would have billed for an answer (the `pyrodash`
-object's `llm_only_cost_usd`), at the LLM's prices from the server's price sheet:
-
-- prompt tokens: the LLM-only request (the conversation without P_s) counted with the LLM backend's tokenizer when
-  it runs in process, else with the SLM's (same conversation, the SLM's chat template), else the SLM's billed input
-  (which includes P_s: an over-estimate);
-- completion tokens: the answer's own length, SLM + LLM output tokens without the `<offload>` stop token, i.e. the
-  LLM is assumed to write an answer as long as the joint one.
-
+engine's two models answering alone (`EngineRequest.mode`), as the `slm` / `llm` baselines of `pyrodash eval` do.
+`llm_only_estimate` is what the LLM alone would have billed, at the LLM's prices from the server's price sheet:
+- prompt tokens: the LLM-only request (the conversation without P_s) as the engine counted it
+  (`CollaborateEngine.llm_only_prompt`: the LLM's tokenizer in process, else the SLM's), else the SLM's billed
+  input (which includes P_s: an over-estimate);
+- completion tokens: the answer's own length, SLM + LLM output tokens without the `<offload>` stop token.
 In mode "llm" it is not an estimate: the LLM did answer alone and `llm_only_cost_usd == cost_usd`.
 """
 
 from __future__ import annotations
 
-import contextlib
-
-from pyrodash.backends.base import GenRequest
 from pyrodash.cost import MILLION, Prices, Usage
-from pyrodash.engine import MODES  # noqa: F401 - the request modes, re-exported for the playground
 from pyrodash.events import Done
 from pyrodash.server.protocol import LLMOnlyEstimate
-
-BAN = float("-inf")
 
 
 def cost_by_component(usage: Usage, prices: Prices) -> dict[str, float]:
@@ -40,17 +28,6 @@ def cost_by_component(usage: Usage, prices: Prices) -> dict[str, float]:
         "llm_in": llm_in / MILLION,
         "llm_out": usage.llm_out * prices.llm_out / MILLION,
     }
-
-
-def llm_only_prompt(engine, question: str | list[dict]) -> tuple[int, str] | None:
-    """(input tokens of the LLM-only request, whose tokenizer counted them), or None when no backend can count."""
-    messages = engine.messages(question)
-    for side in ("llm", "slm"):
-        count = getattr(getattr(engine, side, None), "prompt_ids", None)
-        if callable(count):
-            with contextlib.suppress(Exception):  # a tokenizer that cannot render this conversation
-                return len(count(GenRequest(messages=messages))), side
-    return None
 
 
 def llm_only_estimate(done: Done, prices: Prices, prompt: tuple[int, str] | None, mode: str = "collab"):

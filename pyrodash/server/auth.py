@@ -1,0 +1,40 @@
+"""The server's API key: `check_auth` (a route dependency: 401 without the right bearer key, when the server has
+one; a budget's key is an API key too) and `authorized` (whether a request may see details, refusing nothing)."""
+
+from __future__ import annotations
+
+import hmac
+
+from fastapi import Request
+
+from pyrodash.server import protocol
+from pyrodash.server.budget import budgets
+
+
+def authorized(request: Request) -> bool:
+    """Whether the request may see details (auth off, or the right bearer key), without refusing it."""
+    key = request.app.state.api_key
+    if key is None:
+        return True
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    ok = scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), key.encode())
+    return ok or budgets.key_ok(request)  # a budget's key is an API key too (as in check_auth)
+
+
+async def check_auth(request: Request) -> None:  # async: FastAPI runs a plain def dependency in a thread
+    key = request.app.state.api_key
+    if key is None:
+        return
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    if not header:
+        raise protocol.APIError(
+            401,
+            "Missing API key: send the header 'Authorization: Bearer <key>'.",
+            type="authentication_error",
+            code="missing_api_key",
+        )
+    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
+        if budgets.key_ok(request):  # a budget's key (budgets.keys) is an API key too
+            return
+        raise protocol.APIError(401, "Incorrect API key provided.", type="authentication_error", code="invalid_api_key")
