@@ -19,6 +19,7 @@ to the shared counter and it uses the shared state again.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import sqlite3
@@ -145,6 +146,7 @@ class RedisStore:
         self.pending: dict[str, dict[float, float]] = {}  # dollars charged while down: budget -> period -> usd
         self.specs: dict[str, PacerSpec] = {}  # each budget's spec, as last used (to merge its pending dollars)
         self.fallbacks = 0  # times this replica lost Redis
+        self.locks: dict[str, asyncio.Lock] = {}
         from pyrodash.server.budget.reserve_redis import RedisLedger
 
         self.ledger = RedisLedger(self)  # the hard cap's reservations: Lua scripts on the same client
@@ -217,7 +219,9 @@ class RedisStore:
 
         await self._heartbeat()
         key = self.key(name)
-        async with self.client.pipeline(transaction=True) as pipe:
+        # one step at a time per budget on this replica: WATCH retries only when another replica wrote in between
+        lock = self.locks.setdefault(name, asyncio.Lock())
+        async with lock, self.client.pipeline(transaction=True) as pipe:
             for _ in range(50):
                 try:
                     await pipe.watch(key)

@@ -1,0 +1,254 @@
+"""The hard cap under bursts and faults (issue 41): two real `pyrodash serve` apps (uvicorn, tiny models in process)
+behind a real nginx, sharing a real Redis (Debian's `redis-server`). Each case sends 64 simultaneous forced-handoff
+requests (`offload_bias` 50) and checks that the LLM dollars the answers report stay within the cap: from a cold
+start, after three paid requests, with Redis stopped half-way, after a replica restart, and per key; and that a
+killed replica's reservations are released after `reservation_ttl_s`. Each case starts from an empty Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from servers import free_port
+from test_budget_redis import REDIS, RedisServer
+from test_scaling import parse_metrics
+from test_server import UvicornThread, make_engine, serve_config, tiny_llm, tiny_slm
+
+from pyrodash.server.app import build_app
+from pyrodash.server.budget import store as budget_store
+from pyrodash.server.budget.reserve import worst_case
+
+pytest.importorskip("redis", reason="the budgets' Redis store needs the redis package: pip install 'pyrodash[budget]'")
+NGINX = shutil.which("nginx") or next((p for p in ("/usr/sbin/nginx",) if os.access(p, os.X_OK)), None)
+pytestmark = pytest.mark.skipif(
+    REDIS is None or NGINX is None, reason="needs redis-server and nginx: `apt-get install -y redis-server nginx`"
+)
+ROOT = Path(__file__).resolve().parent.parent
+BURST = 64
+MAX_TOKENS = 12
+TTL_S = 3.0  # reservation_ttl_s here
+KEYS = {"team-a": "key-of-team-a", "team-b": "key-of-team-b"}
+
+
+def nginx_conf(upstreams: list[str], port: int, prefix: Path) -> str:
+    """deploy/nginx.conf pointed at `upstreams`, listening on 127.0.0.1:`port`, its files under `prefix`."""
+    conf = (ROOT / "deploy" / "nginx.conf").read_text()
+    servers = "".join(f"server {u} max_fails=3 fail_timeout=10s;\n        " for u in upstreams)
+    start = conf.index("server pyrodash:8000")
+    conf = conf[:start] + servers + conf[conf.index("\n", start) + 1 :]
+    conf = conf.replace("listen 8080;", f"listen 127.0.0.1:{port};")
+    conf = conf.replace("worker_processes auto;", f"worker_processes 1;\npid {prefix}/nginx.pid;")
+    temp = "".join(f"    {k}_temp_path {prefix}/{k};\n" for k in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
+    return conf.replace("http {\n", "http {\n" + temp, 1)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    return tiny_slm(tmp_path_factory), tiny_llm(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def worst(models) -> float:
+    """The worst case one request reserves (prompt bound x input price per attempt + budget x output price)."""
+    slm, llm = models
+    config = serve_config(api_key=None)
+    kwargs = {"max_tokens": MAX_TOKENS, "max_total_tokens": MAX_TOKENS}
+    return worst_case(make_engine(slm, llm, config), messages(0), kwargs, "llm").llm
+
+
+@pytest.fixture(scope="module")
+def redis_server(tmp_path_factory):
+    srv = RedisServer(tmp_path_factory.mktemp("redis")).start()
+    yield srv
+    srv.kill()
+
+
+def replica(models, redis_url: str, cap: float):
+    slm, llm = models
+    per_key = {name: {"key_env": f"TEST_CAP_{name.upper().replace('-', '_')}", "usd_per_hour": cap, "cap_usd": cap}
+               for name in KEYS}  # fmt: skip
+    budgets = {
+        "default": {"usd_per_hour": cap, "cap_usd": cap, "at_cap": "slm"},
+        "keys": per_key,
+        "redis_url": redis_url,
+        "reservation_ttl_s": TTL_S,
+    }
+    config = serve_config(api_key=None, budgets=budgets)
+    return UvicornThread(build_app(config, engine=make_engine(slm, llm, config)))
+
+
+@pytest.fixture(scope="module")
+def stack(models, redis_server, worst, tmp_path_factory):
+    """(nginx URL, replica a, replica b, cap): the cap fits three worst cases."""
+    mp = pytest.MonkeyPatch()
+    mp.setattr(budget_store, "HEARTBEAT_S", 0.1)
+    for name, key in KEYS.items():
+        mp.setenv(f"TEST_CAP_{name.upper().replace('-', '_')}", key)
+    cap = 3 * worst
+    tmp = tmp_path_factory.mktemp("nginx")
+    with replica(models, redis_server.url, cap) as a, replica(models, redis_server.url, cap) as b:
+        port = free_port()
+        (tmp / "nginx.conf").write_text(nginx_conf([f"127.0.0.1:{a.port}", f"127.0.0.1:{b.port}"], port, tmp))
+        cmd = [NGINX, "-p", str(tmp), "-c", str(tmp / "nginx.conf"), "-e", str(tmp / "error.log"), "-g", "daemon off;"]
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        url = f"http://127.0.0.1:{port}"
+        for _ in range(100):
+            try:
+                httpx.get(f"{url}/health", timeout=2)
+                break
+            except httpx.HTTPError:
+                time.sleep(0.05)
+        yield url, a, b, cap
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+    mp.undo()
+
+
+@pytest.fixture()
+def cold(stack, redis_server):
+    """Each case from an empty Redis (no spend, no pacer state: a cold start)."""
+    import redis
+
+    redis.Redis(port=redis_server.port).flushall()
+    return stack
+
+
+def messages(i: int) -> list[dict]:
+    return [{"role": "user", "content": f"{i}*7="}]
+
+
+async def _burst(url: str, n: int, key: str | None = None, start: int = 0) -> list[dict]:
+    headers = {"authorization": f"Bearer {key}"} if key else {}
+    body = {"model": "always-offload", "max_tokens": MAX_TOKENS, "offload_bias": 50}
+    async with httpx.AsyncClient(base_url=url, timeout=120, limits=httpx.Limits(max_connections=n)) as c:
+        rs = await asyncio.gather(
+            *(c.post("/v1/chat/completions", headers=headers, json={**body, "messages": messages(start + i)})
+              for i in range(n))
+        )  # fmt: skip
+    assert all(r.status_code == 200 for r in rs), [r.text for r in rs if r.status_code != 200][:2]
+    return [r.json()["pyrodash"] for r in rs]
+
+
+def burst(url: str, n: int = BURST, key: str | None = None, start: int = 0) -> list[dict]:
+    return asyncio.run(_burst(url, n, key, start))
+
+
+def llm_usd(answers: list[dict]) -> float:
+    return sum(e["cost_usd"] for p in answers for e in p["llm_endpoints"])
+
+
+def metric(url: str, name: str, **labels) -> float:
+    found = parse_metrics(httpx.get(f"{url}/metrics", timeout=30).text).get(name, {})
+    return sum(v for k, v in found.items() if set(labels.items()) <= set(k))
+
+
+def assert_turned_openly(answers: list[dict], stack) -> None:
+    """The requests turned to the SLM by their reservation say so: state, reason, and the replicas' /metrics."""
+    _, a, b, _ = stack
+    capped = [p for p in answers if p["budget"]["state"] == "capped"]
+    assert capped, "the cap turned no request away: the burst did not test it"
+    assert all(p["budget"]["reason"] and "does not fit" in p["budget"]["reason"] for p in capped)
+    assert all(not p["llm_endpoints"] and p["budget"]["handoff_share"] == 0.0 for p in capped)
+    denied = sum(metric(r.url, "pyrodash_budget_reservation_denied_total", budget="default") for r in (a, b))
+    assert denied >= len(capped)
+
+
+def test_a_cold_burst_spends_within_the_cap(cold, worst):
+    url, a, b, cap = cold
+    answers = burst(url)
+    spent = llm_usd(answers)
+    assert 0 < spent <= cap
+    assert_turned_openly(answers, cold)
+    admitted = [p for p in answers if p["llm_endpoints"]]
+    assert all(p["budget"]["reserved_usd"] == pytest.approx(worst) for p in admitted)
+    assert BURST * min(llm_usd([p]) for p in admitted) > cap  # admitted on hope, the burst would pass the cap
+    row = httpx.get(f"{a.url}/v1/budget", timeout=30).json()["data"][0]
+    assert row["period_spend_usd"] == pytest.approx(spent)
+
+
+def test_three_paid_requests_then_a_burst(cold):
+    url, _, _, cap = cold
+    first = [burst(url, 1, start=1000 + i)[0] for i in range(3)]
+    answers = burst(url)
+    assert llm_usd(first) > 0 and llm_usd(first + answers) <= cap
+    assert_turned_openly(answers, cold)
+
+
+def test_per_key_budgets_bursting_at_once(cold):
+    url, _, _, cap = cold
+
+    async def both():
+        return await asyncio.gather(*(_burst(url, BURST // 2, key, 100 * i) for i, key in enumerate(KEYS.values())))
+
+    for name, answers in zip(KEYS, asyncio.run(both())):
+        assert all(p["budget"]["name"] == name for p in answers)
+        assert 0 < llm_usd(answers) <= cap
+        assert any(p["budget"]["state"] == "capped" for p in answers)
+
+
+def test_spend_after_a_restart_continues_from_redis(cold, models, redis_server):
+    url, a, _, cap = cold
+    before = llm_usd(burst(url, 8))
+    with replica(models, redis_server.url, cap) as c:  # a new replica process state, the same Redis
+        row = httpx.get(f"{c.url}/v1/budget", timeout=30).json()["data"][0]
+        assert row["period_spend_usd"] == pytest.approx(before)
+        after = burst(c.url, 16, start=500)
+    assert before + llm_usd(after) <= cap
+
+
+def test_redis_stopped_half_way_through_the_burst(cold, redis_server):
+    url, a, b, cap = cold
+    try:
+        first = burst(url, BURST // 2)
+        redis_server.kill()
+        second = burst(url, BURST // 2, start=BURST)
+        assert any(p["budget"]["fallback"] for p in second)  # each replica on its own share, and says so
+        assert llm_usd(first + second) <= cap
+    finally:
+        redis_server.start()
+
+
+KILLED = """
+import asyncio, os, signal, sys
+from pyrodash.server.budget.reserve import Ticket
+from pyrodash.server.budget.store import RedisStore
+
+async def main():
+    store = RedisStore(sys.argv[1])
+    ok, _, _ = await store.ledger.reserve(Ticket("default", int(sys.argv[2]), "dead", float(sys.argv[3])), 1.0, 2.0)
+    print(ok, flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)  # killed in flight: its reservation is never settled
+
+asyncio.run(main())
+"""
+
+
+def test_a_killed_replica_releases_its_reservations_within_its_ttl(redis_server):
+    from pyrodash.server.budget.reserve import Ticket
+    from pyrodash.server.budget.store import RedisStore
+
+    period = 7
+    out = subprocess.run([sys.executable, "-c", KILLED, redis_server.url, str(period), "0.8"], capture_output=True)
+    assert out.returncode == -signal.SIGKILL and out.stdout.strip() == b"True", out.stderr[-500:]
+
+    async def other_replica():
+        store = RedisStore(redis_server.url)
+        try:
+            held = await store.ledger.read("default", period)
+            turned, _, _ = await store.ledger.reserve(Ticket("default", period, "x", 0.5), 1.0, 2.0)
+            await asyncio.sleep(2.2)  # the dead replica's reservation expires (ttl 2 s)
+            fits, _, _ = await store.ledger.reserve(Ticket("default", period, "y", 0.5), 1.0, 2.0)
+            return held, turned, fits
+        finally:
+            await store.aclose()
+
+    held, turned, fits = asyncio.run(other_replica())
+    assert held == (0.0, pytest.approx(0.8)) and not turned and fits
