@@ -108,6 +108,57 @@ def same_decode(prompt: list[int], req: GenRequest) -> tuple | None:
     return tuple(prompt), json.dumps(settings, sort_keys=True, default=repr)
 
 
+class _Batch:
+    """The rows still decoding: each row's request index (`active`), its last logits, attention mask, positions,
+    temperature, top-p and logit bias."""
+
+    def __init__(self, logits, mask, pos, temps, top_ps, bias, dev):
+        self.logits, self.mask, self.pos, self.temps, self.top_ps, self.bias = logits, mask, pos, temps, top_ps, bias
+        self.dev = dev
+        self.active = list(range(logits.shape[0]))
+
+    @classmethod
+    def of(cls, reqs: list[GenRequest], logits, mask, pos, dev) -> _Batch:
+        temps = torch.tensor([r.temperature if r.temperature > _GREEDY_BELOW else 1.0 for r in reqs], device=dev)
+        top_ps = torch.tensor([r.top_p for r in reqs], device=dev)[:, None]
+        bias = None
+        if any(r.logit_bias for r in reqs):
+            bias = torch.zeros_like(logits)
+            for i, r in enumerate(reqs):
+                for t, v in r.logit_bias.items():
+                    bias[i, t] = max(-_BIG, min(_BIG, v))
+        return cls(logits, mask, pos, temps[:, None], top_ps, bias, dev)
+
+    def drop_finished(self, seqs: list[_Seq], cache) -> None:
+        """Finished sequences leave the batch: their rows of every tensor and of the KV cache."""
+        keep = [j for j, i in enumerate(self.active) if not seqs[i].done]
+        if len(keep) == len(self.active):
+            return
+        rows = torch.tensor(keep, device=self.dev)
+        self.logits, self.mask, self.pos, self.temps, self.top_ps = (
+            t[rows] for t in (self.logits, self.mask, self.pos, self.temps, self.top_ps)
+        )
+        self.bias = None if self.bias is None else self.bias[rows]
+        cache.batch_select_indices(rows)
+        self.active = [self.active[j] for j in keep]
+
+    def pick(self, logits: torch.Tensor, gens: list[torch.Generator | None]) -> torch.Tensor:
+        """Each row's next token: the argmax, or for a sampled row the Gumbel-max of its temperature / top-p
+        distribution drawn with its own generator."""
+        pick = torch.argmax(logits, -1)
+        sampled = [j for j, i in enumerate(self.active) if gens[i] is not None]
+        if sampled:
+            rows = torch.tensor(sampled, device=self.dev)
+            z = logits[rows] / self.temps[rows]
+            if bool((self.top_ps[rows] < 1.0).any()):
+                sp, si = torch.sort(torch.softmax(z, -1), descending=True)
+                cut = (torch.cumsum(sp, -1) - sp) > self.top_ps[rows]
+                z = z.masked_fill(torch.zeros_like(cut).scatter_(1, si, cut), float("-inf"))
+            u = torch.stack([torch.rand(z.shape[1], generator=gens[self.active[j]], device=self.dev) for j in sampled])
+            pick[rows] = torch.argmax(z - torch.log(-torch.log(u.clamp(1e-20, 1.0 - 1e-7))), -1)
+        return pick
+
+
 class HFBackend:
     """A local transformers causal LM behind the `Backend` protocol, plus batched generation."""
 
@@ -211,6 +262,46 @@ class HFBackend:
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, **extra)
         return out.logits[:, -1, :].float()
 
+    def _left_padded(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(ids, attention mask, position ids) of `prompts` left-padded to one width, on the model's device."""
+        bsz, width = len(prompts), max(len(p) for p in prompts)
+        ids = torch.full((bsz, width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((bsz, width), dtype=torch.long)
+        for i, p in enumerate(prompts):
+            ids[i, width - len(p) :] = torch.tensor(p)
+            mask[i, width - len(p) :] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        return ids, mask, (mask.cumsum(-1) - 1).clamp(min=0)
+
+    def _generators(self, reqs: list[GenRequest]) -> list[torch.Generator | None]:
+        """One seeded generator per sampled request (None: greedy); an unseeded request draws its seed here."""
+        gens: list[torch.Generator | None] = []
+        for r in reqs:
+            g = None
+            if r.temperature > _GREEDY_BELOW:  # vanishing temperatures are greedy (as in vLLM), not inf/nan
+                g = torch.Generator(device=self.device)
+                g.manual_seed(r.seed if r.seed is not None else int(torch.randint(0, 2**62, (1,))))
+            gens.append(g)
+        return gens
+
+    def _record_step(self, seqs: list[_Seq], b: _Batch, raw: torch.Tensor, nxt: list[int], k_max: int, emit) -> None:
+        """Push each row's next token into its sequence, with its top-k logprobs of the raw distribution when the
+        request asked for them, and hand it to `emit` (streaming)."""
+        top_v = top_i = None
+        if k_max > 0:
+            top_v, top_i = torch.topk(torch.log_softmax(raw, -1), k_max, dim=-1)
+            top_v, top_i = top_v.tolist(), top_i.tolist()
+        for j, i in enumerate(b.active):
+            s = seqs[i]
+            lp = None
+            if s.req.top_logprobs > 0:
+                k = s.req.top_logprobs
+                lp = self._top(top_v[j][:k], top_i[j][:k])
+                s.logprobs.append(lp)
+            s.push(nxt[j])
+            if emit is not None:
+                emit(i, GenChunk(text=s.delta(), token_ids=[nxt[j]], top_logprobs=None if lp is None else [lp]))
+
     @torch.inference_mode()
     def _decode(
         self,
@@ -224,83 +315,27 @@ class HFBackend:
         request samples the same tokens alone or in any batch); top-k logprobs are of the raw distribution. A
         sequence that has finished leaves the batch (its rows of the KV cache too), so a long answer does not carry
         the finished short ones to its end; the cache grows in place (`kv_cache.growing_cache`)."""
-        dev, bsz, width = self.device, len(prompts), max(len(p) for p in prompts)
-        ids = torch.full((bsz, width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((bsz, width), dtype=torch.long)
-        for i, p in enumerate(prompts):
-            ids[i, width - len(p) :] = torch.tensor(p)
-            mask[i, width - len(p) :] = 1
-        ids, mask = ids.to(dev), mask.to(dev)
-        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        ids, mask, pos = self._left_padded(prompts)
         seqs = [_Seq(r, self.tokenizer, self.eos_ids, incremental=emit is not None) for r in reqs]
         for s in seqs:
             s.done = s.req.max_tokens <= 0
             s.finish = "length" if s.done else None
-        gens: list[torch.Generator | None] = []
-        for r in reqs:
-            g = None
-            if r.temperature > _GREEDY_BELOW:  # vanishing temperatures are greedy (as in vLLM), not inf/nan
-                g = torch.Generator(device=dev)
-                g.manual_seed(r.seed if r.seed is not None else int(torch.randint(0, 2**62, (1,))))
-            gens.append(g)
-        temps = torch.tensor([r.temperature if r.temperature > _GREEDY_BELOW else 1.0 for r in reqs], device=dev)[
-            :, None
-        ]
-        top_ps = torch.tensor([r.top_p for r in reqs], device=dev)[:, None]
-        k_max = max(r.top_logprobs for r in reqs)
+        gens = self._generators(reqs)
         cache = growing_cache(self.model.config)
         logits = self._forward(ids, mask, pos, cache)  # the prompt: the model's own forward
         step = (lean_step(self.model) if self.lean else None) or self._forward  # each token after it
-        bias = None
-        if any(r.logit_bias for r in reqs):
-            bias = torch.zeros_like(logits)
-            for i, r in enumerate(reqs):
-                for t, v in r.logit_bias.items():
-                    bias[i, t] = max(-_BIG, min(_BIG, v))
-        active = list(range(bsz))  # the request index of each row of the batch tensors
+        b = _Batch.of(reqs, logits, mask, pos, self.device)
+        k_max = max(r.top_logprobs for r in reqs)
         while not all(s.done for s in seqs) and not (cancel is not None and cancel.is_set()):
-            keep = [j for j, i in enumerate(active) if not seqs[i].done]
-            if len(keep) < len(active):  # finished sequences leave the batch
-                rows = torch.tensor(keep, device=dev)
-                logits, mask, pos, temps, top_ps = (t[rows] for t in (logits, mask, pos, temps, top_ps))
-                bias = None if bias is None else bias[rows]
-                cache.batch_select_indices(rows)
-                active = [active[j] for j in keep]
-            raw = logits
-            if bias is not None:
-                logits = logits + bias
-            pick = torch.argmax(logits, -1)
-            sampled = [j for j, i in enumerate(active) if gens[i] is not None]
-            if sampled:
-                rows = torch.tensor(sampled, device=dev)
-                z = logits[rows] / temps[rows]
-                if bool((top_ps[rows] < 1.0).any()):
-                    sp, si = torch.sort(torch.softmax(z, -1), descending=True)
-                    cut = (torch.cumsum(sp, -1) - sp) > top_ps[rows]
-                    z = z.masked_fill(torch.zeros_like(cut).scatter_(1, si, cut), float("-inf"))
-                u = torch.stack([torch.rand(z.shape[1], generator=gens[active[j]], device=dev) for j in sampled])
-                pick[rows] = torch.argmax(z - torch.log(-torch.log(u.clamp(1e-20, 1.0 - 1e-7))), -1)
-            top_v = top_i = None
-            if k_max > 0:
-                top_v, top_i = torch.topk(torch.log_softmax(raw, -1), k_max, dim=-1)
-                top_v, top_i = top_v.tolist(), top_i.tolist()
-            nxt = pick.tolist()
-            for j, i in enumerate(active):
-                s = seqs[i]
-                lp = None
-                if s.req.top_logprobs > 0:
-                    k = s.req.top_logprobs
-                    lp = self._top(top_v[j][:k], top_i[j][:k])
-                    s.logprobs.append(lp)
-                s.push(nxt[j])
-                if emit is not None:
-                    emit(i, GenChunk(text=s.delta(), token_ids=[nxt[j]], top_logprobs=None if lp is None else [lp]))
+            b.drop_finished(seqs, cache)
+            raw = b.logits
+            nxt = b.pick(raw if b.bias is None else raw + b.bias, gens).tolist()
+            self._record_step(seqs, b, raw, nxt, k_max, emit)
             if all(s.done for s in seqs):
                 break
-            mask = torch.cat([mask, mask.new_ones((len(active), 1))], dim=1)
-            pos = pos[:, -1:] + 1
-            inp = torch.tensor(nxt, dtype=torch.long, device=dev)[:, None]
-            logits = step(inp, mask, pos, cache)
+            b.mask = torch.cat([b.mask, b.mask.new_ones((len(b.active), 1))], dim=1)
+            b.pos = b.pos[:, -1:] + 1
+            b.logits = step(torch.tensor(nxt, dtype=torch.long, device=self.device)[:, None], b.mask, b.pos, cache)
         for s in seqs:
             s.finalize()
         return seqs
