@@ -76,11 +76,16 @@ def _run_one(example: list[str], local_llm: str, tiny, capsys) -> dict:
     argv[1:1] = ["--json", "--max-tokens", "24", "--offload-bias", str(tiny[3])]
     capsys.readouterr()
     assert main(argv) == 0
-    done = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert done["handoff"] is not None and done["usage"]["llm_calls"] == 1, done
-    assert not done["fallback"] and not done["errors"] and done["usage"]["llm_out"] > 0
-    assert done["output"] == done["slm_text"] + done["llm_text"]
+    done = json.loads(capsys.readouterr().out.strip().splitlines()[-1])  # the answer's Record
+    assert done["handoff"] is not None and done["llm_calls"] == 1, done
+    assert not done["fallback"] and not done["llm_errors"] and done["llm_out"] > 0
+    assert [s["by"] for s in done["segments"]] == ["slm", "llm"], done["segments"]
+    assert done["output"] == "".join(s["text"] for s in done["segments"])
     return done
+
+
+def _text(done: dict, by: str) -> str:
+    return "".join(s["text"] for s in done["segments"] if s["by"] == by)
 
 
 def test_vllm_openai_deepseek_anthropic_examples(tiny, capsys, monkeypatch):
@@ -144,11 +149,11 @@ def test_transformers_serve_example(tiny, capsys, tmp_path):
                 {"role": "system", "content": get_prompts("world-v1").completion_system},
                 {"role": "user", "content": "Start 47: +3, f."},
             ],
-            prefix=done["slm_text"],
+            prefix=_text(done, "slm"),
             max_tokens=24,
         )
     )
-    assert done["llm_text"] == ref.text  # the completion mode continues exactly as the in-process LLM
+    assert _text(done, "llm") == ref.text  # the completion mode continues exactly as the in-process LLM
 
 
 def litellm_bin() -> str | None:
