@@ -120,3 +120,12 @@ def test_the_yaml_route_and_the_serve_command_report_it(tmp_path):
     cfg.write_text("prompts: world-v1\nbudgets: {default: {usd_per_hour: 1, cap_usd: 0.5}}\n")
     with pytest.raises(ValueError, match="cap_usd=0.5 is below the target"):
         ServeConfig.from_yaml(cfg)
+
+
+def test_the_compose_deployment_holds_one_budget_through_its_redis():
+    services = yaml.safe_load((ROOT / "deploy" / "compose.yaml").read_text())["services"]
+    assert "redis" in services and "redis" in services["pyrodash"]["depends_on"]
+    assert "--appendonly" in services["redis"]["command"]  # a Redis restart keeps the period's spend
+    assert "deploy/serve.yaml" in services["pyrodash"]["command"]
+    b = ServeConfig.from_yaml(ROOT / "deploy" / "serve.yaml").budgets  # the loader of `pyrodash serve --config`
+    assert b is not None and b.redis_url == "redis://redis:6379/0" and b.default.cap_usd is not None
