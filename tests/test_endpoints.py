@@ -23,7 +23,7 @@ from pyrodash.backends.endpoint import LLMEndpoint, redact
 from pyrodash.backends.hf import HFBackend
 from pyrodash.backends.model_server import build_model_app, serve_in_thread
 from pyrodash.backends.openai_compat import OpenAICompatBackend
-from pyrodash.backends.probe import probe_slm
+from pyrodash.backends.slm_probe import probe_slm
 from pyrodash.cost import Prices
 from pyrodash.engine import CollaborateEngine, FailurePolicy
 from pyrodash.prompts import OFFLOAD_TOKEN, get_prompts

@@ -40,7 +40,7 @@ from pyrodash.backends.base import Backend
 from pyrodash.backends.endpoint import SPEC_KEYS, LLMEndpoint, is_http_spec
 from pyrodash.backends.mesh import OPTIONS, Member, MeshBackend, is_mesh_spec
 from pyrodash.backends.openai_compat import OpenAICompatBackend
-from pyrodash.backends.probe import probe_slm
+from pyrodash.backends.slm_probe import probe_slm
 from pyrodash.cost import Prices
 
 log = logging.getLogger("pyrodash.mesh")

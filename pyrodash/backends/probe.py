@@ -1,29 +1,15 @@
-"""Start-up probes: which continuation mode an LLM endpoint takes, whether an SLM server stops at `<offload>`, and
-whether a backend is reachable at all.
+"""Start-up probes of an LLM endpoint: which continuation mode it takes, whether it is reachable at all.
 
     rep = probe_llm(backend)      # ProbeReport: model served, key accepted, mode (detected / verified), usage
-    rep = probe_slm(backend)      # SLMReport: <offload> id, stop_token_ids honoured, stop_reason reported
     print("\\n".join(rep.lines()))   # what `pyrodash check` prints
     status = await reachability(backend)   # {name, reachable, error?, endpoints?}: /health, an LLM mesh's health
 
-The LLM probe sends a handful of 2-token requests. For mode auto it tries, in order: `continue` (vLLM/SGLang),
-`completion` (when a local tokenizer renders the chat template), `prefix` (DeepSeek), then `instruct` (any chat API);
-an anthropic.com URL, or a server whose `/models` (or whose 401) is in Anthropic's shape, gets `anthropic` first.
-A request the endpoint refuses for one field is adapted and sent again: `max_tokens` -> `max_completion_tokens`
-(OpenAI reasoning models), and temperature / top_p / seed / stream_options are left out when refused (Anthropic's
-"`temperature` and `top_p` cannot both be specified" drops top_p). A mode that continues a prefix must also show it:
-the continued request's prompt must be shorter than the same text sent as a closed assistant turn.
-
-Equal counts cannot be told apart by measurement: a server that silently ignores the extension field counts both
-alike, and so does an Anthropic model behind an OpenAI-style proxy (LiteLLM sends a final assistant message as a
-prefill, closed or not). The probe then picks by the provider's shape, read from what it saw (`ProbeReport.seen`:
-LiteLLM's `x-litellm-model-name` header, an `AnthropicException` or an Anthropic error object, Anthropic's
-temperature/top_p refusal): Anthropic-shaped -> `anthropic` (the proxy's `/messages` route,
-with an assistant prefill; where the proxy has none, the prefix mode it accepted, since Anthropic continues a final
-assistant message) and `top_p` is never sent; otherwise -> `instruct` (OpenAI's rule: a final assistant message is a
-closed turn). Either way `ProbeReport.warning` says so, naming what it saw, and `resolve()` logs it at start-up.
-401/403 (key), a model the server does not serve and a mode that nothing accepts are misconfigurations: `error` is one
-line that names the fix.
+Mode auto tries `continue` (vLLM/SGLang), `completion` (a local tokenizer renders the chat template), `prefix`
+(DeepSeek), then `instruct`; an Anthropic-shaped provider gets `anthropic` first. A field the endpoint refuses is
+adapted and the request sent again. A mode that continues a prefix must show it (fewer prompt tokens than the same
+text as a closed turn); when counts cannot tell, the provider's shape (`ProbeReport.seen`) picks, and
+`ProbeReport.warning` says so. A wrong key, model or mode is `error`: one line naming the fix. The SLM's check is
+`pyrodash.backends.slm_probe`.
 """
 
 from __future__ import annotations
@@ -144,7 +130,8 @@ class ProbeReport:
         return out
 
 
-async def _generate(backend, req: GenRequest, wire: Wire) -> tuple[str, GenChunk]:
+async def generate_with(backend, req: GenRequest, wire: Wire) -> tuple[str, GenChunk]:
+    """(text, last chunk) of one request sent with `wire`; the response's headers land in `backend.last_headers`."""
     text, last = "", GenChunk()
     if hasattr(backend, "last_headers"):
         backend.last_headers = None  # set again by this request's response
@@ -202,43 +189,113 @@ async def _get_models(backend, rep: ProbeReport) -> httpx.Response | None:
     return r
 
 
-async def _probe(backend, rep: ProbeReport) -> None:
-    base = backend.base
+async def _read_listing(backend, rep: ProbeReport, r: httpx.Response) -> None:
+    """What a 200 from GET /models says: the models listed, an Anthropic-shaped listing, the model to use."""
+    try:
+        listing = r.json()
+        rep.models_listed = [str(m["id"]) for m in listing.get("data", [])]
+    except (ValueError, KeyError, TypeError, AttributeError):
+        listing, rep.models_listed = None, None
+    if _anthropic_listing(listing) and backend.endpoint.mode == "auto":
+        _saw(rep, "GET /models answered in the Messages API's shape")
+        if backend.provider is None:
+            backend.provider = "anthropic"
+            await backend.aclose()  # the client was opened with OpenAI's headers
+    if backend._model is None and rep.models_listed:
+        backend._model = rep.models_listed[0]
+    if rep.models_listed is not None and backend._model is not None:
+        rep.model_served = backend._model in rep.models_listed
+
+
+async def _find_model(backend, rep: ProbeReport) -> bool:
+    """Reach the endpoint, check the key and settle the model (`rep.model`); False with `rep.error` when not."""
     r = await _get_models(backend, rep)
     if r is None:
-        return
+        return False
     rep.reachable = True
     if r.status_code in (401, 403):
         rep.key = f"rejected (HTTP {r.status_code})"
         rep.error = _key_fix(rep, r.status_code)
-        return
+        return False
     if r.status_code == 200:
-        try:
-            listing = r.json()
-            rep.models_listed = [str(m["id"]) for m in listing.get("data", [])]
-        except (ValueError, KeyError, TypeError, AttributeError):
-            listing, rep.models_listed = None, None
-        if _anthropic_listing(listing) and backend.endpoint.mode == "auto":
-            _saw(rep, "GET /models answered in the Messages API's shape")
-            if backend.provider is None:
-                backend.provider = "anthropic"
-                await backend.aclose()  # the client was opened with OpenAI's headers
-        if backend._model is None and rep.models_listed:
-            backend._model = rep.models_listed[0]
-        if rep.models_listed is not None and backend._model is not None:
-            rep.model_served = backend._model in rep.models_listed
+        await _read_listing(backend, rep, r)
     if backend._model is None:
-        rep.error = f"{base}/models names no model: add '#MODEL' to the --llm URL"
-        return
+        rep.error = f"{backend.base}/models names no model: add '#MODEL' to the --llm URL"
+        return False
     rep.model = backend._model
-    mode = backend.endpoint.mode
-    host = (urlparse(base).hostname or "").lower()
+    return True
+
+
+def _candidates(backend, mode: str) -> list[str]:
+    """The continuation modes to try, in order (the module docstring)."""
+    host = (urlparse(backend.base).hostname or "").lower()
     if mode != "auto":
-        cands = [mode]
-    elif host.endswith("anthropic.com") or backend.provider == "anthropic":
-        cands = ["anthropic"]  # the Messages API itself (OpenAI-style routes would 404)
-    else:
-        cands = ["continue"] + (["completion"] if backend.local_tokenizer_dir() else []) + ["prefix"]
+        return [mode]
+    if host.endswith("anthropic.com") or backend.provider == "anthropic":
+        return ["anthropic"]  # the Messages API itself (OpenAI-style routes would 404)
+    return ["continue"] + (["completion"] if backend.local_tokenizer_dir() else []) + ["prefix"]
+
+
+def _configured_mode_refused(backend, rep: ProbeReport, mode: str, unsure: list[tuple[str, Wire, str]]) -> None:
+    """A configured mode that was not shown to continue: kept for an Anthropic-shaped provider, else an error."""
+    if unsure and rep.provider == "anthropic":  # Anthropic continues a final assistant message
+        rep.warning = _by_shape(rep, unsure, f"{mode} (configured)")
+        return _settle(backend, rep, unsure[0][1], unsure[0][2])
+    rep.error = (
+        f"--llm-mode {mode}: the LLM at {backend.base} refused it ({rep.tried[-1].split(': ', 1)[1]}); "
+        "use --llm-mode auto to detect a mode it takes"
+    )
+
+
+async def _anthropic_behind_proxy(backend, rep: ProbeReport, unsure: list[tuple[str, Wire, str]]) -> bool:
+    """An Anthropic-shaped provider behind an OpenAI-style proxy (e.g. LiteLLM): the proxy's Messages API, else the
+    first mode it accepted. True when settled (or failed: `rep.error`); False to go on to `instruct`."""
+    backend.provider = "anthropic"  # the Messages API's headers for this request and after
+    await backend.aclose()
+    wire, why, _ = await _try_mode(backend, "anthropic", rep, optional=True)
+    if rep.error:
+        return True
+    rep.tried.append(f"anthropic: {why}")
+    if wire is not None:
+        rep.warning = _by_shape(rep, unsure, "anthropic, the Messages API (/messages) at the same base URL")
+        _settle(backend, rep, wire, why)
+        return True
+    backend.provider = None
+    await backend.aclose()
+    if unsure:
+        cand, wire, why = unsure[0]
+        rep.warning = _by_shape(
+            rep, unsure, f"{cand} (no Messages API here; Anthropic continues a final assistant message)"
+        )
+        _settle(backend, rep, wire, why)
+        return True
+    return False
+
+
+async def _instruct(backend, rep: ProbeReport, unsure: list[tuple[str, Wire, str]]) -> bool:
+    """The last resort, `instruct` (any chat API). True when settled (or failed: `rep.error`)."""
+    wire, why, _ = await _try_mode(backend, "instruct", rep)
+    if rep.error:
+        return True
+    rep.tried.append(f"instruct: {why}")
+    if wire is None:
+        return False
+    if unsure:
+        names = " / ".join(c for c, _, _ in unsure)
+        rep.warning = (
+            f"cannot tell whether {names} continued the trace ({unsure[0][2]}) and nothing named "
+            "the provider (no Anthropic sign): picked instruct, as OpenAI treats a final assistant "
+            f"message (a closed turn); if this server continues one, set --llm-mode {unsure[0][0]}"
+        )
+    _settle(backend, rep, wire, why)
+    return True
+
+
+async def _probe(backend, rep: ProbeReport) -> None:
+    if not await _find_model(backend, rep):
+        return
+    mode = backend.endpoint.mode
+    cands = _candidates(backend, mode)
     unsure: list[tuple[str, Wire, str]] = []  # accepted, but the counts could not show a continuation
     for cand in cands:
         wire, why, shown = await _try_mode(backend, cand, rep)
@@ -250,48 +307,13 @@ async def _probe(backend, rep: ProbeReport) -> None:
         if wire is not None:
             unsure.append((cand, wire, why))
     if mode != "auto":
-        if unsure and rep.provider == "anthropic":  # Anthropic continues a final assistant message
-            rep.warning = _by_shape(rep, unsure, f"{mode} (configured)")
-            return _settle(backend, rep, unsure[0][1], unsure[0][2])
-        rep.error = (
-            f"--llm-mode {mode}: the LLM at {base} refused it ({rep.tried[-1].split(': ', 1)[1]}); "
-            "use --llm-mode auto to detect a mode it takes"
-        )
+        return _configured_mode_refused(backend, rep, mode, unsure)
+    if rep.provider == "anthropic" and "anthropic" not in cands and await _anthropic_behind_proxy(backend, rep, unsure):
         return
-    if rep.provider == "anthropic" and "anthropic" not in cands:  # e.g. LiteLLM in front of Anthropic
-        backend.provider = "anthropic"  # the Messages API's headers for this request and after
-        await backend.aclose()
-        wire, why, _ = await _try_mode(backend, "anthropic", rep, optional=True)
-        if rep.error:
-            return
-        rep.tried.append(f"anthropic: {why}")
-        if wire is not None:
-            rep.warning = _by_shape(rep, unsure, "anthropic, the Messages API (/messages) at the same base URL")
-            return _settle(backend, rep, wire, why)
-        backend.provider = None
-        await backend.aclose()
-        if unsure:
-            cand, wire, why = unsure[0]
-            rep.warning = _by_shape(
-                rep, unsure, f"{cand} (no Messages API here; Anthropic continues a final assistant message)"
-            )
-            return _settle(backend, rep, wire, why)
-    if "anthropic" not in cands:
-        wire, why, _ = await _try_mode(backend, "instruct", rep)
-        if rep.error:
-            return
-        rep.tried.append(f"instruct: {why}")
-        if wire is not None:
-            if unsure:
-                names = " / ".join(c for c, _, _ in unsure)
-                rep.warning = (
-                    f"cannot tell whether {names} continued the trace ({unsure[0][2]}) and nothing named "
-                    "the provider (no Anthropic sign): picked instruct, as OpenAI treats a final assistant "
-                    f"message (a closed turn); if this server continues one, set --llm-mode {unsure[0][0]}"
-                )
-            return _settle(backend, rep, wire, why)
+    if "anthropic" not in cands and await _instruct(backend, rep, unsure):
+        return
     rep.error = (
-        f"the LLM at {base} took none of the continuation modes ({'; '.join(rep.tried)}): "
+        f"the LLM at {backend.base} took none of the continuation modes ({'; '.join(rep.tried)}): "
         "check the URL and model, or choose a mode with --llm-mode"
     )
 
@@ -327,97 +349,123 @@ def _key_fix(rep: ProbeReport, status: int) -> str:
     )
 
 
+def _unreachable_or_key(backend, rep: ProbeReport, e: BackendError) -> tuple[Wire | None, str, bool] | None:
+    """`_try_mode`'s answer when the key was refused or the server never reached; None otherwise."""
+    st = e.status
+    if st in (401, 403):
+        rep.key = f"rejected (HTTP {st})"
+        rep.error = _key_fix(rep, st)
+        return None, str(e), False
+    if st is None and not e.reached_server:
+        rep.error = f"cannot reach the LLM at {backend.base}: start the server or fix the URL in --llm"
+        return None, str(e), False
+    return None
+
+
+def _refused_or_misnamed(
+    backend, rep: ProbeReport, mode: str, optional: bool, st: int | None, msg: str, fields: set[str]
+) -> tuple[Wire | None, str, bool] | None:
+    """`_try_mode`'s answer for a route this server lacks, a wrong base URL or a model it does not serve; None
+    when the refusal is none of these."""
+    low = msg.lower()
+    if (mode == "completion" or optional) and st is not None and st < 500:  # e.g. no such route here
+        return None, f"HTTP {st}: {msg}", False
+    if st == 404 and "model" not in low:
+        rep.error = (
+            f"the LLM URL {backend.base} answered 404 ({msg}): check that it ends in /v1 (or the API's base path)"
+        )
+        return None, msg, False
+    named = str(backend.model).lower() in low or "pinned" in low
+    if "model" in low and (st == 404 or (st == 400 and named)) and not fields - {"model"}:
+        served = f"; it serves: {', '.join(rep.models_listed)}" if rep.models_listed else ""
+        rep.model_served = False
+        fix = f"use {backend.base}#{rep.models_listed[0]}" if rep.models_listed else "fix '#MODEL' in --llm"
+        rep.error = f"the LLM at {backend.base} does not serve model {backend.model!r} (HTTP {st}{served}): {fix}"
+        return None, msg, False
+    return None
+
+
+def _adapt_fields(wire: Wire, mode: str, st: int | None, fields: set[str]) -> bool:
+    """Adapt `wire` to a refused field (`max_tokens` -> `max_completion_tokens`, or leave out an ADAPTABLE one);
+    False when there is nothing left to adapt."""
+    if "max_tokens" in fields and wire.max_tokens_field == "max_tokens" and mode not in ("completion", "anthropic"):
+        wire.max_tokens_field = "max_completion_tokens"
+        return True
+    if st is not None and 400 <= st < 500 and fields and fields <= set(ADAPTABLE) and not (fields & wire.dropped):
+        wire.dropped |= fields
+        return True
+    return False
+
+
+def _after_refusal(
+    backend, rep: ProbeReport, wire: Wire, mode: str, optional: bool, e: BackendError
+) -> tuple[Wire | None, str, bool] | None:
+    """None when `wire` was adapted to the refusal (send again); else `_try_mode`'s answer."""
+    st = e.status
+    _look(backend, rep, str(e))
+    if (out := _unreachable_or_key(backend, rep, e)) is not None:
+        return out
+    msg = str(e).split(": ", 1)[-1][:160]
+    fields = rejected_fields(e)
+    if mode == "anthropic" and wire.prefill and "prefill" in msg.lower():
+        wire.prefill = False
+        return None
+    if "top_p" in fields and st is not None and 400 <= st < 500 and "top_p" not in wire.dropped:
+        wire.dropped.add("top_p")  # Anthropic's "temperature and top_p cannot both be specified"
+        return None
+    if (out := _refused_or_misnamed(backend, rep, mode, optional, st, msg, fields)) is not None:
+        return out
+    if _adapt_fields(wire, mode, st, fields):
+        return None
+    return None, (f"HTTP {st}: {msg}" if st else msg), False
+
+
+async def _verify(backend, rep: ProbeReport, wire: Wire, fin: GenChunk) -> tuple[Wire, str, bool]:
+    """An accepted mode: whether the prefix was shown continued (fewer prompt tokens than the same text sent as a
+    closed turn)."""
+    mode = wire.mode
+    if mode == "instruct" or (mode == "anthropic" and not wire.prefill):
+        return wire, "accepted", True
+    if mode == "completion":
+        return wire, "accepted (chat template rendered locally)", True
+    if fin.usage_estimated:
+        return wire, "accepted (not verified: no usage reported)", True
+    if mode == "anthropic":
+        return wire, "prefill accepted", True
+    closed = GenRequest(messages=list(PROBE_MSGS) + [{"role": "assistant", "content": PROBE_PREFIX}], max_tokens=2)
+    try:
+        _, fin2 = await generate_with(backend, closed, Wire("instruct", wire.max_tokens_field, set(wire.dropped)))
+    except BackendError:
+        return wire, "accepted (not verified)", True
+    _look(backend, rep)
+    if fin2.usage_estimated or fin.prompt_tokens is None or fin2.prompt_tokens is None:
+        return wire, "accepted (not verified: no usage reported)", True
+    if fin.prompt_tokens < fin2.prompt_tokens:
+        return wire, f"prefix continued ({fin.prompt_tokens} < {fin2.prompt_tokens} prompt tokens closed)", True
+    why = (
+        f"accepted, but {fin.prompt_tokens} prompt tokens, as many as the same text sent as a closed "
+        f"turn ({fin2.prompt_tokens}): continued both times or the field ignored"
+    )
+    return wire, why, False
+
+
 async def _try_mode(backend, mode: str, rep: ProbeReport, optional: bool = False) -> tuple[Wire | None, str, bool]:
     """(wire, why, shown): `wire` when the endpoint took the mode; `shown` False when it took it but the token
     counts could not show that the prefix was continued (see the module docstring). `optional`: a route the
     server may not have (the Messages API behind a proxy): any 4xx is a refusal, not a misconfiguration."""
     wire = Wire(mode)
-    cont = mode != "instruct"
-    req = GenRequest(messages=list(PROBE_MSGS), prefix=PROBE_PREFIX if cont else "", max_tokens=2)
+    req = GenRequest(messages=list(PROBE_MSGS), prefix=PROBE_PREFIX if mode != "instruct" else "", max_tokens=2)
     for _ in range(6):
         try:
-            _, fin = await _generate(backend, req, wire)
+            _, fin = await generate_with(backend, req, wire)
         except BackendError as e:
-            st = e.status
-            _look(backend, rep, str(e))
-            if st in (401, 403):
-                rep.key = f"rejected (HTTP {st})"
-                rep.error = _key_fix(rep, st)
-                return None, str(e), False
-            if st is None and not e.reached_server:
-                rep.error = f"cannot reach the LLM at {backend.base}: start the server or fix the URL in --llm"
-                return None, str(e), False
-            msg = str(e).split(": ", 1)[-1][:160]
-            low = msg.lower()
-            fields = rejected_fields(e)
-            if mode == "anthropic" and wire.prefill and "prefill" in low:
-                wire.prefill = False
+            out = _after_refusal(backend, rep, wire, mode, optional, e)
+            if out is None:
                 continue
-            if "top_p" in fields and st is not None and 400 <= st < 500 and "top_p" not in wire.dropped:
-                wire.dropped.add("top_p")  # Anthropic's "temperature and top_p cannot both be specified"
-                continue
-            if (mode == "completion" or optional) and st is not None and st < 500:  # e.g. no such route here
-                return None, f"HTTP {st}: {msg}", False
-            if st == 404 and "model" not in low:
-                rep.error = (
-                    f"the LLM URL {backend.base} answered 404 ({msg}): check that it ends in /v1 (or the "
-                    "API's base path)"
-                )
-                return None, msg, False
-            named = str(backend.model).lower() in low or "pinned" in low
-            if "model" in low and (st == 404 or (st == 400 and named)) and not fields - {"model"}:
-                served = f"; it serves: {', '.join(rep.models_listed)}" if rep.models_listed else ""
-                rep.model_served = False
-                fix = f"use {backend.base}#{rep.models_listed[0]}" if rep.models_listed else "fix '#MODEL' in --llm"
-                rep.error = (
-                    f"the LLM at {backend.base} does not serve model {backend.model!r} (HTTP {st}{served}): {fix}"
-                )
-                return None, msg, False
-            if (
-                "max_tokens" in fields
-                and wire.max_tokens_field == "max_tokens"
-                and mode not in ("completion", "anthropic")
-            ):
-                wire.max_tokens_field = "max_completion_tokens"
-                continue
-            if (
-                st is not None
-                and 400 <= st < 500
-                and fields
-                and fields <= set(ADAPTABLE)
-                and not (fields & wire.dropped)
-            ):
-                wire.dropped |= fields
-                continue
-            return None, (f"HTTP {st}: {msg}" if st else msg), False
+            return out
         _look(backend, rep)
         rep.usage_reported = not fin.usage_estimated
-        if not cont or (mode == "anthropic" and not wire.prefill):
-            return wire, "accepted", True
-        if mode == "completion":
-            return wire, "accepted (chat template rendered locally)", True
-        if fin.usage_estimated:
-            return wire, "accepted (not verified: no usage reported)", True
-        if mode == "anthropic":
-            return wire, "prefill accepted", True
-        closed = GenRequest(messages=list(PROBE_MSGS) + [{"role": "assistant", "content": PROBE_PREFIX}], max_tokens=2)
-        try:
-            _, fin2 = await _generate(backend, closed, Wire("instruct", wire.max_tokens_field, set(wire.dropped)))
-        except BackendError:
-            return wire, "accepted (not verified)", True
-        _look(backend, rep)
-        if fin2.usage_estimated or fin.prompt_tokens is None or fin2.prompt_tokens is None:
-            return wire, "accepted (not verified: no usage reported)", True
-        if fin.prompt_tokens < fin2.prompt_tokens:
-            return wire, f"prefix continued ({fin.prompt_tokens} < {fin2.prompt_tokens} prompt tokens closed)", True
-        return (
-            wire,
-            (
-                f"accepted, but {fin.prompt_tokens} prompt tokens, as many as the same text sent as a closed "
-                f"turn ({fin2.prompt_tokens}): continued both times or the field ignored"
-            ),
-            False,
-        )
+        return await _verify(backend, rep, wire, fin)
     return None, "refused after adapting the request", False
 
 
@@ -443,111 +491,6 @@ def probe_llm(backend) -> ProbeReport:
     rep.error = backend.redact(rep.error) if rep.error else None
     rep.tried = [backend.redact(t) for t in rep.tried]
     return rep
-
-
-# ---- the SLM side --------------------------------------------------------------------------------------------
-
-
-@dataclass
-class SLMReport:
-    name: str
-    offload_id: int | None = None
-    stop_honoured: bool | None = None
-    stop_reason_reported: bool | None = None
-    plain_stop: str = ""
-    error: str | None = None
-
-    def lines(self) -> list[str]:
-        yn = {True: "yes", False: "NO", None: "unknown"}
-        out = [
-            f"SLM               {self.name}",
-            f"  <offload> id    {self.offload_id if self.offload_id is not None else 'none'}",
-            f"  stop_token_ids honoured   {yn[self.stop_honoured]}",
-            f"  stop_reason reported      {yn[self.stop_reason_reported]}",
-        ]
-        if self.plain_stop:
-            out.append(f"  a plain answer ended by   {self.plain_stop}")
-        if self.error:
-            out.append(f"  ERROR           {self.error}")
-        return out
-
-
-def probe_slm(backend, offload_token: str = "<offload>") -> SLMReport:
-    """Check that the SLM stops at `<offload>` and says so: one request with `<offload>` pushed to the top
-    (stop_token_ids + logit_bias) must stop after one token with `stop_reason` = its id and no text."""
-    rep = SLMReport(name=getattr(backend, "name", str(backend)))
-    try:
-        rep.offload_id = backend.token_id(offload_token)
-    except ValueError as e:
-        rep.error = str(e)
-        return rep
-    if rep.offload_id is None:
-        rep.error = (
-            f"the SLM has no {offload_token} token in its vocabulary: run Stage 1 (pyrodash train stage1) "
-            "or pyrodash.tokens.add_offload_token first"
-        )
-        return rep
-    oid = rep.offload_id
-
-    async def main() -> None:
-        try:
-            forced = GenRequest(messages=list(PROBE_MSGS), max_tokens=3, stop_token_ids=[oid], logit_bias={oid: 100.0})
-            text, fin = (
-                await _generate(backend, forced, Wire("continue"))
-                if hasattr(backend, "wire")
-                else await _generate_any(backend, forced)
-            )
-            rep.stop_honoured = (
-                fin.finish_reason == "stop"
-                and offload_token not in text
-                and not text.strip()
-                and (fin.completion_tokens in (None, 1))
-            )
-            rep.stop_reason_reported = fin.stop_token_id == oid
-            plain = GenRequest(messages=list(PROBE_MSGS), max_tokens=8, stop_token_ids=[oid])
-            _, pf = (
-                await _generate(backend, plain, Wire("continue"))
-                if hasattr(backend, "wire")
-                else await _generate_any(backend, plain)
-            )
-            which = (
-                "<offload>"
-                if pf.stop_token_id == oid
-                else f"token id {pf.stop_token_id}"
-                if pf.stop_token_id is not None
-                else "EOS / stop string (no stop token id)"
-            )
-            rep.plain_stop = (
-                f"finish_reason={pf.finish_reason}, {which}"
-                if pf.finish_reason == "stop"
-                else f"finish_reason={pf.finish_reason}"
-            )
-        except BackendError as e:
-            rep.error = f"the SLM failed its check request: {e}"
-        finally:
-            await backend.aclose()
-
-    run_sync(main())
-    if rep.error is None and not rep.stop_honoured:
-        rep.error = (
-            f"the SLM server does not stop at {offload_token} (stop_token_ids / logit_bias ignored): "
-            "serve the SLM with vLLM, SGLang or `pyrodash serve-model`, or load it in process"
-        )
-    elif rep.error is None and not rep.stop_reason_reported:
-        rep.error = (
-            "the SLM server stops but reports no stop_reason, so a handoff cannot be told from an "
-            "answer: serve the SLM with vLLM or `pyrodash serve-model` (they report stop_reason)"
-        )
-    return rep
-
-
-async def _generate_any(backend, req: GenRequest) -> tuple[str, GenChunk]:
-    text, last = "", GenChunk()
-    async for ch in backend.stream(req):
-        text += ch.text
-        if ch.finish_reason is not None:
-            last = ch
-    return text, last
 
 
 # ---- reachability (/health) ----------------------------------------------------------------------------------

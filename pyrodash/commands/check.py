@@ -18,7 +18,8 @@ import json
 from pyrodash.backends import load_backend
 from pyrodash.backends.endpoint import LLMEndpoint, add_llm_mode_argument, is_http_spec, with_mode
 from pyrodash.backends.openai_compat import OpenAICompatBackend
-from pyrodash.backends.probe import probe_llm, probe_slm
+from pyrodash.backends.probe import probe_llm
+from pyrodash.backends.slm_probe import probe_slm
 
 
 def _spec(text: str):
