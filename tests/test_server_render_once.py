@@ -3,9 +3,9 @@ when the conversation had to be trimmed to a model's context window.
 
 Drift bug: with in-process models the server rendered the SLM's chat template three times per request (the context
 check's request, the check's own `render`, the engine's fitting of the same request) and once more in the backend,
-and the LLM's check prompt twice. Now the server builds the request's Turn once (`engine.turn`), reads the prompt's
-size from what the engine's fitting measured (`Fitted`), and hands the Turn to `engine.stream(turn=)`; the backend
-gets the rendered prompt (`Fitted.wire`).
+and the LLM's check prompt twice. Now the engine prepares the request's Turn once (`engine.prepare`: the prompts'
+sizes from its own fitting), the server hands it back in the request (`EngineRequest.prepared`) and the engine runs
+it; the backend gets the rendered prompt (`Fitted.wire`).
 
 Second drift bug: a prompt that had to be counted to fit its window (trimmed, or fitting by its tokens only) was
 tokenized by the fitting and again by the model (2 tokenizations of the kept prompt), and the LLM's handoff request,
@@ -244,7 +244,7 @@ def test_counted_ids_go_only_with_their_text_and_model(models):
 def test_the_slm_alone_beside_an_llm_endpoint(models, window):
     """Mode "slm" with an LLM behind HTTP: the LLM-only estimate counts the conversation with the SLM's tokenizer,
     which is the SLM's own prompt in this mode. Untrimmed, the SLM's billed input is that count: 1 render and 1
-    tokenization (before: 2 and 2, `modes.llm_only_prompt` rendered and tokenized it again). Trimmed, the estimate
+    tokenization (before: 2 and 2, the server's LLM-only count rendered and tokenized it again). Trimmed, the estimate
     counts the whole conversation while the SLM ran on its tail: the whole one is rendered and tokenized again for
     the estimate (its count from the engine's fitting stays in the engine's Turn, which the server does not see in
     the solo modes)."""
