@@ -2,6 +2,7 @@
 against the direct one (R_eff = Cost_act in dollars), at λ values giving matched LLM-call rates.
 
     .venv/bin/python benchmarks/cost_penalty_ablation.py --run runs/demo-quick [--scales 1]
+    .venv/bin/python benchmarks/cost_penalty_ablation.py --run RUN --points 1 --limit 2 --max-steps 2   # smoke run
 
 Needs a finished `pyrodash demo --quick` run (its Stage 2 checkpoint, its normalized Stage 3 policies and their eval
 records). For each normalized λ of the run, the direct λ is λ / mean(Cost_base) over the Stage 3 training prompts
@@ -67,40 +68,43 @@ def interpolate(direct: list[dict], calls: float) -> float | None:
     return None
 
 
-def main() -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--run", required=True, help="a finished `pyrodash demo --quick` run directory")
     ap.add_argument("--scales", default="1", help="factors on λ / mean(Cost_base) for the direct λ sweep")
     ap.add_argument("--recipe", default=str(ROOT / "configs" / "world" / "quick.yaml"))
     ap.add_argument("--eval-config", default=str(ROOT / "configs" / "eval" / "world-quick.yaml"))
-    args = ap.parse_args()
-    run = Path(args.run)
-    resolved = run / "config.resolved.json"
-    if not resolved.is_file() or not (run / "cost_base.json").is_file():
-        print(
-            f"{run}: not a finished demo run (no config.resolved.json / cost_base.json); run `pyrodash demo "
-            "--quick --out DIR` first",
-            file=sys.stderr,
-        )
-        return 2
-    evalcfg = json.loads(resolved.read_text())
-    world = evalcfg["world_dir"]
-    normalized = points(run)
-    if not normalized:
-        print(f"{run}: no pyrodash@λ records to compare with", file=sys.stderr)
-        return 2
+    ap.add_argument("--points", type=int, default=None, help="only the run's first N normalized λ (default: all)")
+    ap.add_argument("--limit", type=int, default=None, help="examples per benchmark (and Stage 3's held-out rows)")
+    ap.add_argument("--max-steps", type=int, default=None, help="Stage 3 steps of each direct policy (the recipe's)")
+    return ap.parse_args(argv)
+
+
+def direct_lambdas(run: Path, normalized: dict, scales: list[float]) -> tuple[float, list[float]]:
+    """(mean Cost_base over the Stage 3 prompts, the direct λ of every normalized point x every scale)."""
     base = [e["cost_base"] for e in json.loads((run / "cost_base.json").read_text()).values()]
     mean_base = sum(base) / len(base)
-    scales = [float(x) for x in args.scales.split(",")]
-    lambdas = sorted({round(p["lambda"] / mean_base * s, 1) for p in normalized.values() for s in scales})
+    return mean_base, sorted({round(p["lambda"] / mean_base * s, 1) for p in normalized.values() for s in scales})
+
+
+def train_and_eval_direct(args: argparse.Namespace, run: Path, lambdas: list[float]) -> Path:
+    """Each direct policy trained from the run's Stage 2 into RUN/ablation-direct/, then evaluated there."""
+    evalcfg = json.loads((run / "config.resolved.json").read_text())
+    world = evalcfg["world_dir"]
     abl = run / "ablation-direct"
     abl.mkdir(exist_ok=True)
     # what Stage 3 reads beside its checkpoint: the curated held-out set and the cached Cost_base (no LLM re-run)
     if not (abl / "curated").exists():
         shutil.copytree(run / "curated", abl / "curated")
+        if args.limit is not None:  # Stage 3's own held-out check, cut like the eval
+            held = abl / "curated" / "heldout.jsonl"
+            held.write_text("".join(held.read_text().splitlines(keepends=True)[: args.limit]))
     shutil.copy(run / "cost_base.json", abl / "cost_base.json")
+    overrides = {"world": {"dir": world}, "stage3.cost_penalty": "direct"}
+    if args.max_steps is not None:
+        overrides["stage3.max_steps"] = args.max_steps
     with library_log(abl / "libraries.log"):
-        recipe = load_recipe(args.recipe, {"world": {"dir": world}, "stage3.cost_penalty": "direct"})
+        recipe = load_recipe(args.recipe, overrides)
         for lam in lambdas:
             if not (stage_dir(abl, "stage3", lam) / "config.resolved.json").exists():
                 print(f"Stage 3, direct cost penalty, λ={lam:g}", flush=True)
@@ -113,33 +117,27 @@ def main() -> int:
             world_dir=world,
             benchmarks=evalcfg["benchmarks"],
             methods=["llm", "pyrodash"],
+            limit=args.limit,
             models={
                 **{k: evalcfg["models"][k] for k in ("slm", "llm")},
                 "pyrodash": {lam: str(stage_dir(abl, "stage3", lam)) for lam in lambdas},
             },
         )
         evaluate(cfg)
-    direct = points(abl)
+    return abl
+
+
+def matched(normalized: dict, direct: dict) -> list[dict]:
+    """Per normalized point: the direct point with the closest LLM-call rate, and the direct curve at that rate."""
     rows = []
     for name, p in sorted(normalized.items(), key=lambda kv: kv[1]["llm_calls"]):
         near = min(direct.values(), key=lambda d: abs(d["llm_calls"] - p["llm_calls"]))
-        rows.append(
-            {
-                "normalized": {"method": name, **p},
-                "direct_nearest": near,
-                "direct_accuracy_at_same_calls": interpolate(list(direct.values()), p["llm_calls"]),
-            }
-        )
-    out = {
-        "run": str(run),
-        "mean_cost_base_usd": mean_base,
-        "direct_lambdas": lambdas,
-        "normalized": normalized,
-        "direct": direct,
-        "matched": rows,
-    }
-    (run / "cost_penalty.json").write_text(json.dumps(out, indent=1))
-    print(f"mean Cost_base {mean_base:.3e} $; direct λ = normalized λ / mean Cost_base x {scales}")
+        at = interpolate(list(direct.values()), p["llm_calls"])
+        rows.append({"normalized": {"method": name, **p}, "direct_nearest": near, "direct_accuracy_at_same_calls": at})
+    return rows
+
+
+def print_points(normalized: dict, direct: dict, rows: list[dict]) -> None:
     print(f"{'point':<28}{'acc':>7}{'calls':>7}{'cost':>7}  turns 1/2/3 (own history)")
     for tag, pts in (("normalized", normalized), ("direct", direct)):
         for name, p in sorted(pts.items(), key=lambda kv: kv[1]["llm_calls"]):
@@ -154,6 +152,33 @@ def main() -> int:
             f"direct λ {d['lambda']:g} ({100 * d['accuracy']:.1f}% at {d['llm_calls']:.2f}); direct curve at the "
             f"same calls: {at_s}"
         )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    run = Path(args.run)
+    if not (run / "config.resolved.json").is_file() or not (run / "cost_base.json").is_file():
+        print(
+            f"{run}: not a finished demo run (no config.resolved.json / cost_base.json); run `pyrodash demo "
+            "--quick --out DIR` first",
+            file=sys.stderr,
+        )
+        return 2
+    normalized = points(run)
+    if not normalized:
+        print(f"{run}: no pyrodash@λ records to compare with", file=sys.stderr)
+        return 2
+    if args.points is not None:
+        normalized = dict(sorted(normalized.items(), key=lambda kv: kv[1]["lambda"])[: args.points])
+    scales = [float(x) for x in args.scales.split(",")]
+    mean_base, lambdas = direct_lambdas(run, normalized, scales)
+    direct = points(train_and_eval_direct(args, run, lambdas))
+    rows = matched(normalized, direct)
+    out = {"run": str(run), "mean_cost_base_usd": mean_base, "direct_lambdas": lambdas}
+    out |= {"normalized": normalized, "direct": direct, "matched": rows}
+    (run / "cost_penalty.json").write_text(json.dumps(out, indent=1))
+    print(f"mean Cost_base {mean_base:.3e} $; direct λ = normalized λ / mean Cost_base x {scales}")
+    print_points(normalized, direct, rows)
     return 0
 
 
