@@ -7,7 +7,8 @@ of the three non-blank lines above its opening fence, one HTML comment (invisibl
 - `<!-- runs in: .ci/run -->` (any file outside tests/): that file holds each of the block's commands verbatim;
 - `<!-- needs: ... -->`: what the block needs to run, hardware first (`a CPU machine (2 cores: ~4 min)`, `4 GPUs`).
 Also: README.md at most 200 lines, its two set-up commands first, its links to files that exist; every page in the
-mkdocs nav and every nav entry a page; every `benchmarks/*` and `scripts/*` file the docs name exists.
+mkdocs nav and every nav entry a page; every `benchmarks/*` and `scripts/*` file the docs name exists; the map in
+docs/architecture.md names every folder and top-level module of the package.
 `mkdocs build --strict` itself runs in the README's test command, not here.
 """
 
@@ -86,3 +87,12 @@ def test_every_docs_page_is_in_the_site_nav():
     nav = _nav_pages(yaml.safe_load((ROOT / "mkdocs.yml").read_text())["nav"])
     pages = sorted(p.name for p in (ROOT / "docs").glob("*.md"))
     assert sorted(nav) == pages
+
+
+def test_the_architecture_map_names_every_part_of_the_package():
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    package = ROOT / "pyrodash"
+    parts = [f"{p.name}/" for p in package.iterdir() if (p / "__init__.py").is_file()]
+    parts += [p.name for p in package.glob("*.py") if p.name not in ("__init__.py", "__main__.py")]
+    missing = sorted(p for p in parts if not re.search(rf"(?<![\w/]){re.escape(p)}", text))
+    assert not missing, f"docs/architecture.md does not name {missing}"
