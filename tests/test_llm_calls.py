@@ -123,3 +123,26 @@ def test_cost_base_and_rewards_with_failing_llm_calls(llm_model, tmp_path):
     ok = [r for r, f in zip(rewards, failed) if not f]
     assert all(r == pytest.approx(sum(ok) / len(ok)) for r, f in zip(rewards, failed) if f)
     assert reward.pop_stats()["pyrodash/llm_failures"] == 2
+
+
+def test_stage3_lambda_has_one_route_and_one_default(tmp_path):
+    """λ reaches Stage 3 one way: `Recipe.stage3_lambda` (a --lambda, else the recipe's, else Stage3Config's own
+    default) names the run's directory and goes into its config, whose `lam` the reward reads; the config checks it."""
+    import dataclasses
+
+    import yaml
+
+    from pyrodash.train.config import Stage3Config, load_recipe
+
+    recipe = load_recipe("configs/world/quick.yaml")
+    assert recipe.stage3_lambda() == recipe.stage3["lam"] and recipe.stage3_lambda(0.6) == 0.6
+    cfg = recipe.stage_config("stage3", tmp_path, validate_only=True, lam=recipe.stage3_lambda(2))
+    assert cfg.lam == 2.0
+    raw = yaml.safe_load(open("configs/world/quick.yaml"))
+    del raw["stage3"]["lam"]
+    path = tmp_path / "nolam.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    default = next(f.default for f in dataclasses.fields(Stage3Config) if f.name == "lam")
+    assert load_recipe(path).stage3_lambda() == default
+    with pytest.raises(ValueError, match="stage3.lam=-1.0 must be >= 0"):
+        recipe.stage_config("stage3", tmp_path, validate_only=True, lam=recipe.stage3_lambda(-1))

@@ -207,6 +207,11 @@ class Recipe:
         cfg = WorldConfig.from_preset("quick" if self.world.get("quick") else "full")
         return default_world_dir(cfg, int(self.world.get("seed", 0)))
 
+    def stage3_lambda(self, lam: float | None = None) -> float:
+        """The λ of a Stage 3 run, resolved in this one place: `lam` (a command's --lambda) when given, else the
+        recipe's `stage3.lam`, else Stage3Config's default. The run's directory, its config and its reward use it."""
+        return float(lam if lam is not None else self.stage3.get("lam", _default(Stage3Config, "lam")))
+
     def stage_config(self, stage: str, output_dir: str | Path, validate_only: bool = False, **overrides) -> Any:
         """Build the stage's TRL config (validated by TRL's own __post_init__) for `output_dir`.
 

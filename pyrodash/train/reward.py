@@ -90,7 +90,7 @@ class BaselineCache:
 
 class CollaborativeReward:
     """TRL reward function (`reward_funcs=[CollaborativeReward(...)]`); needs dataset columns `question`, `gold`
-    (and `chat` for conversation turns)."""
+    (and `chat` for conversation turns). `lam` is a Stage 3 config's (`Stage3Config.validate` checks it)."""
 
     __name__ = "collab"  # TRL names the reward's metrics after this
 
@@ -106,8 +106,6 @@ class CollaborativeReward:
     ):
         if cost_penalty not in ("normalized", "direct"):
             raise ValueError(f"cost_penalty={cost_penalty!r}: choose 'normalized' or 'direct'")
-        if lam < 0:
-            raise ValueError(f"lambda={lam} must be >= 0")
         self.engine, self.prices, self.baselines = engine, engine.prices, baselines
         self.offload_id, self.lam, self.cost_penalty = engine.offload_id, lam, cost_penalty
         self.slm_price, self.batch_size, self.concurrency = slm_price, batch_size, concurrency

@@ -199,75 +199,36 @@ def training_prompts(cfg, world) -> list:
 def run_stage3(
     recipe, out_dir: str | Path, lam: float | None = None, stage2: str | Path | None = None, resume: bool = False
 ) -> Path:
-    """Stage 3 of `recipe` at λ (default: the recipe's): reads DIR/stage2/, writes DIR/stage3-lambda<λ>/."""
+    """Stage 3 of `recipe` at λ (`recipe.stage3_lambda(lam)`): reads DIR/stage2/, writes DIR/stage3-lambda<λ>/."""
     import torch
     from transformers.trainer_utils import get_last_checkpoint
 
     dist.setup()
-    overrides = {} if lam is None else {"lam": float(lam)}
-    lam = float(lam if lam is not None else recipe.stage3.get("lam", 0.1))
+    lam = recipe.stage3_lambda(lam)
     dest = stage_dir(out_dir, "stage3", lam)
-    cfg = recipe.stage_config("stage3", output_dir=dest / "trainer", **overrides)
-    src = (
-        Path(stage2)
-        if stage2
-        else require(
-            stage_dir(out_dir, "stage2"),
-            "the Stage 2 checkpoint",
-            "run `pyrodash train stage2` with the same --output-dir first",
-        )
-    )
+    cfg = recipe.stage_config("stage3", output_dir=dest / "trainer", lam=lam)
+    src = Path(stage2) if stage2 else stage2_checkpoint(out_dir)
     prompts, prices = get_prompts(recipe.prompts), Prices.from_yaml(recipe.prices)
     examples, chats, llm, cache, computed = _baseline(recipe, cfg, out_dir)
-    model, tok = load_local(src)
-    tid = offload_token_id(tok)
-    if tid is None:
-        raise ValueError(f"{src} has no <offload> token: Stage 3 starts from a Stage 2 checkpoint")
-    eos = model.generation_config.eos_token_id
-    original_eos = eos
-    eos = [eos] if isinstance(eos, int) else list(eos or [])
-    model.generation_config.eos_token_id = sorted({*eos, tok.eos_token_id, tid})
-    if cfg.use_vllm:  # vLLM samples outside transformers: pass <offload> as a stop token there too
-        cfg.generation_kwargs = {**(cfg.generation_kwargs or {}), "stop_token_ids": [tid]}
-
+    model, tok, tid, original_eos = load_policy(src, cfg)
     llm.calls = 0  # count only the handoffs of training from here on
     engine = collaboration_engine(
         HFBackend(model, tok), llm, prompts, prices, cfg.max_completion_length, cfg.llm_max_new_tokens
     )  # the policy's handoffs: the rollouts come from TRL
     reward = CollaborativeReward(
-        engine, cache, lam, cfg.cost_penalty, cfg.slm_price, cfg.llm_batch_size, cfg.llm_concurrency
-    )
-    import datasets
-
-    # `prompt`: the engine's SLM chat (P_s + history + question); `chat`: a turn's chat for the engine (JSON), ""
-    # for a single question
-    ds = datasets.Dataset.from_list(
-        [
-            {
-                "prompt": slm_chat(prompts, turn_messages(prompts, ex)),
-                "question": ex.question,
-                "gold": ex.gold,
-                "chat": json.dumps(c) if isinstance(c, list) else "",
-            }
-            for ex, c in zip(examples, chats, strict=True)
-        ]
+        engine, cache, cfg.lam, cfg.cost_penalty, cfg.slm_price, cfg.llm_batch_size, cfg.llm_concurrency
     )
     torch.manual_seed(cfg.seed)
-    explore = None
-    if cfg.explore_no_handoff:
-        if cfg.use_vllm:
-            raise ValueError("stage3.explore_no_handoff works with in-process rollouts only; set it to 0 with vLLM")
-        explore = ExploreNoHandoff(tid, cfg.num_generations, cfg.explore_no_handoff)
     trainer = CostAwareGRPOTrainer(
         model=model,
         reward_funcs=[reward],
         args=cfg,
-        train_dataset=ds,
+        train_dataset=training_dataset(prompts, examples, chats),
         processing_class=tok,
         peft_config=cfg.lora_config(),
         callbacks=callbacks(cfg, dest / "log.jsonl"),
         collab=reward,
-        explore=explore,
+        explore=explore_no_handoff(cfg, tid),
     )
     quiet(trainer)
     last = get_last_checkpoint(str(cfg.output_dir)) if resume and Path(cfg.output_dir).exists() else None
@@ -280,8 +241,74 @@ def run_stage3(
         return dest
     merged.generation_config.eos_token_id = original_eos
     out = save_checkpoint(merged, tok, dest)
-    stats = {
-        "lambda": lam,
+    stats = run_stats(cfg, result, examples, chats, by_rank, computed, computed_by_rank, last)
+    heldout_path = curated_dir(out_dir) / "heldout.jsonl"
+    if heldout_path.exists():
+        rows = read_jsonl(heldout_path)
+        stats["heldout"] = evaluate_collaboration(
+            merged, tok, llm, rows, prompts, prices, cfg.max_completion_length, cfg.llm_max_new_tokens
+        )
+    (dest / "stage3_stats.json").write_text(json.dumps(stats, indent=2))
+    save_resolved(out, recipe, cfg, {"stage2": str(src), "stats": stats})
+    dist.barrier()
+    return out
+
+
+def stage2_checkpoint(out_dir: str | Path) -> Path:
+    """DIR/stage2/, where Stage 3 starts (an error naming the command to run when it is missing)."""
+    return require(
+        stage_dir(out_dir, "stage2"),
+        "the Stage 2 checkpoint",
+        "run `pyrodash train stage2` with the same --output-dir first",
+    )
+
+
+def load_policy(src: Path, cfg) -> tuple:
+    """The Stage 2 model to train, its tokenizer, its `<offload>` id and its own EOS ids (restored at save):
+    `<offload>` joins the generation EOS ids (and vLLM's stop ids), so every rollout ends there."""
+    model, tok = load_local(src)
+    tid = offload_token_id(tok)
+    if tid is None:
+        raise ValueError(f"{src} has no <offload> token: Stage 3 starts from a Stage 2 checkpoint")
+    original_eos = model.generation_config.eos_token_id
+    eos = [original_eos] if isinstance(original_eos, int) else list(original_eos or [])
+    model.generation_config.eos_token_id = sorted({*eos, tok.eos_token_id, tid})
+    if cfg.use_vllm:  # vLLM samples outside transformers: pass <offload> as a stop token there too
+        cfg.generation_kwargs = {**(cfg.generation_kwargs or {}), "stop_token_ids": [tid]}
+    return model, tok, tid, original_eos
+
+
+def training_dataset(prompts: Prompts, examples: list, chats: list):
+    """TRL's dataset of the training prompts. `prompt`: the engine's SLM chat (P_s + history + question); `chat`: a
+    turn's chat for the engine (JSON), "" for a single question."""
+    import datasets
+
+    return datasets.Dataset.from_list(
+        [
+            {
+                "prompt": slm_chat(prompts, turn_messages(prompts, ex)),
+                "question": ex.question,
+                "gold": ex.gold,
+                "chat": json.dumps(c) if isinstance(c, list) else "",
+            }
+            for ex, c in zip(examples, chats, strict=True)
+        ]
+    )
+
+
+def explore_no_handoff(cfg, offload_id: int) -> ExploreNoHandoff | None:
+    """The rollouts sampled with `<offload>` banned (`stage3.explore_no_handoff`), or None when there are none."""
+    if not cfg.explore_no_handoff:
+        return None
+    if cfg.use_vllm:
+        raise ValueError("stage3.explore_no_handoff works with in-process rollouts only; set it to 0 with vLLM")
+    return ExploreNoHandoff(offload_id, cfg.num_generations, cfg.explore_no_handoff)
+
+
+def run_stats(cfg, result, examples: list, chats: list, by_rank: list, computed: int, computed_by_rank, last) -> dict:
+    """DIR/stage3-lambda<λ>/stage3_stats.json (before the held-out evaluation): the training's counts, all ranks."""
+    return {
+        "lambda": cfg.lam,
         "cost_penalty": cfg.cost_penalty,
         "train_loss": result.training_loss,
         "steps": result.global_step,
@@ -298,16 +325,6 @@ def run_stage3(
         "rollouts_by_rank": [r["rollouts"] for r in by_rank],
         "cost_base_computed_by_rank": computed_by_rank,
     }
-    heldout_path = curated_dir(out_dir) / "heldout.jsonl"
-    if heldout_path.exists():
-        rows = read_jsonl(heldout_path)
-        stats["heldout"] = evaluate_collaboration(
-            merged, tok, llm, rows, prompts, prices, cfg.max_completion_length, cfg.llm_max_new_tokens
-        )
-    (dest / "stage3_stats.json").write_text(json.dumps(stats, indent=2))
-    save_resolved(out, recipe, cfg, {"stage2": str(src), "stats": stats})
-    dist.barrier()
-    return out
 
 
 def _baseline(recipe, cfg, out_dir: str | Path) -> tuple[list, list, FrozenLLM, BaselineCache, int]:

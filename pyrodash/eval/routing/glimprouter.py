@@ -85,71 +85,79 @@ def run_glimprouter(
         live = [st for st in states if not st.done]
         if not live:
             break
-        reqs = [
-            GenRequest(
-                messages=st.messages,
-                prefix=st.text,
-                max_tokens=max_tokens - st.kept,
-                stop=[boundary],
-                top_logprobs=top_k,
-                logit_bias=dict(slm_logit_bias or {}),
-                **st.sampling,
-            )
-            for st in live
-        ]
-        to_llm = []
-        for st, g in zip(live, gen("slm", reqs)):
-            h = first_token_entropy(g.top_logprobs[0]) if g.top_logprobs else 0.0
-            st.entropies.append(h)
-            new_in = max(g.prompt_tokens - st.slm_seen, 0)
-            if h >= tau:  # glimpse only: the prompt and one token; the LLM writes this step
-                st.usage += Usage(slm_in=new_in, slm_out=1)
-                st.slm_seen = g.prompt_tokens
-                to_llm.append(st)
-                continue
-            st.usage += Usage(slm_in=new_in, slm_out=g.completion_tokens)
-            st.slm_seen = g.prompt_tokens + g.completion_tokens
-            st.kept += g.completion_tokens
-            before = len(st.text)
-            st.done = _step_end(g, st, g.text, boundary) or st.kept >= max_tokens
-            st.segments.append({"by": "slm", "text": st.text[before:]})
+        to_llm = _slm_round(live, tau, gen, max_tokens, boundary, top_k, slm_logit_bias)
         if to_llm:
-            lreqs = [
-                GenRequest(
-                    messages=st.messages,
-                    prefix=st.text,
-                    max_tokens=max_tokens - st.kept,
-                    stop=[boundary],
-                    **st.sampling,
-                )
-                for st in to_llm
-            ]
-            for st, g in zip(to_llm, gen("llm", lreqs)):
-                if st.handoff is None:
-                    st.handoff = st.kept  # only SLM tokens were kept before the first LLM step
-                st.usage += Usage(
-                    llm_in=g.prompt_tokens, llm_out=g.completion_tokens, llm_cached_in=g.cached_tokens or 0, llm_calls=1
-                )
-                st.kept += g.completion_tokens
-                before = len(st.text)
-                st.done = _step_end(g, st, g.text, boundary) or st.kept >= max_tokens
-                st.segments.append({"by": "llm", "text": st.text[before:]})
-    out = []
-    for st in states:
-        if not st.done:
-            st.finish = "length"
-        out.append(
-            {
-                "output": st.text,
-                "segments": _merge(st.segments),
-                "usage": st.usage.to_dict(),
-                "llm_calls": st.usage.llm_calls,
-                "handoff": st.handoff,
-                "finish_reason": st.finish,
-                "entropies": list(st.entropies),
-            }
+            _llm_round(to_llm, gen, max_tokens, boundary)
+    return [_result(st) for st in states]
+
+
+def _slm_round(live: list[_State], tau: float, gen, max_tokens: int, boundary: str, top_k: int, bias) -> list[_State]:
+    """One SLM step for every live query: kept when its glimpse is sure (H < τ); the others, returned, go to the
+    LLM (billed the glimpse: the prompt and one token)."""
+    reqs = [
+        GenRequest(
+            messages=st.messages,
+            prefix=st.text,
+            max_tokens=max_tokens - st.kept,
+            stop=[boundary],
+            top_logprobs=top_k,
+            logit_bias=dict(bias or {}),
+            **st.sampling,
         )
-    return out
+        for st in live
+    ]
+    to_llm = []
+    for st, g in zip(live, gen("slm", reqs)):
+        h = first_token_entropy(g.top_logprobs[0]) if g.top_logprobs else 0.0
+        st.entropies.append(h)
+        new_in = max(g.prompt_tokens - st.slm_seen, 0)
+        if h >= tau:  # glimpse only: the prompt and one token; the LLM writes this step
+            st.usage += Usage(slm_in=new_in, slm_out=1)
+            st.slm_seen = g.prompt_tokens
+            to_llm.append(st)
+            continue
+        st.usage += Usage(slm_in=new_in, slm_out=g.completion_tokens)
+        st.slm_seen = g.prompt_tokens + g.completion_tokens
+        st.kept += g.completion_tokens
+        before = len(st.text)
+        st.done = _step_end(g, st, g.text, boundary) or st.kept >= max_tokens
+        st.segments.append({"by": "slm", "text": st.text[before:]})
+    return to_llm
+
+
+def _llm_round(to_llm: list[_State], gen, max_tokens: int, boundary: str) -> None:
+    """The LLM writes this step of each query handed to it, billed with its whole growing prompt."""
+    reqs = [
+        GenRequest(
+            messages=st.messages, prefix=st.text, max_tokens=max_tokens - st.kept, stop=[boundary], **st.sampling
+        )
+        for st in to_llm
+    ]
+    for st, g in zip(to_llm, gen("llm", reqs)):
+        if st.handoff is None:
+            st.handoff = st.kept  # only SLM tokens were kept before the first LLM step
+        st.usage += Usage(
+            llm_in=g.prompt_tokens, llm_out=g.completion_tokens, llm_cached_in=g.cached_tokens or 0, llm_calls=1
+        )
+        st.kept += g.completion_tokens
+        before = len(st.text)
+        st.done = _step_end(g, st, g.text, boundary) or st.kept >= max_tokens
+        st.segments.append({"by": "llm", "text": st.text[before:]})
+
+
+def _result(st: _State) -> dict:
+    """A query's partial record; one still unfinished after `max_steps` ends as "length"."""
+    if not st.done:
+        st.finish = "length"
+    return {
+        "output": st.text,
+        "segments": _merge(st.segments),
+        "usage": st.usage.to_dict(),
+        "llm_calls": st.usage.llm_calls,
+        "handoff": st.handoff,
+        "finish_reason": st.finish,
+        "entropies": list(st.entropies),
+    }
 
 
 def _merge(segments: list[dict]) -> list[dict]:
