@@ -61,6 +61,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prices", help="price sheet: a YAML path or a name in configs/prices/ (default: paper)")
     p.add_argument("--prompts", help="prompt set name (default: qwen-math-v1)")
     p.add_argument("--offload-bias", type=float, help="offload_bias of the default model (first operating point)")
+    _server_arguments(p)
+
+
+def _server_arguments(p: argparse.ArgumentParser) -> None:
+    """The HTTP server's flags: address, key, limits, context windows, workers, tracing."""
     p.add_argument("--host", help="bind address (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="port (default 8000)")
     p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' (default: $PYRODASH_API_KEY if set)")
@@ -173,21 +178,7 @@ def run(args: argparse.Namespace) -> int:
     # here, not a traceback from the lifespan; the app still closes it at shutdown
     app.state.engine = build_engine(config)
     app.state.base_engine = build_base_engine(config, app.state.engine)
-    llm = app.state.engine.llm
-    rep = getattr(llm, "report", None)
-    if rep is not None:
-        how = rep.mode or f"not detected yet ({rep.error})"
-        where = f" at {llm.base}" if isinstance(getattr(llm, "base", None), str) else ""  # the operator's log only
-        print(f"pyrodash serve: LLM {llm.name}{where}: continuation mode {how}", flush=True)
-    if app.state.base_engine is not None:
-        print(f"pyrodash serve: base SLM {app.state.base_engine.slm.name} answers mode 'slm'", flush=True)
-    auth = "on" if app.state.api_key else "off"
-    print(
-        f"pyrodash serve: http://{config.host}:{config.port}/v1  models={list(config.operating_points)}  "
-        f"auth={auth}  cors={config.cors_origins or 'off'}  workers={args.workers}"
-        + (f"  traces={args.otlp_endpoint}" if tracer else ""),
-        flush=True,
-    )
+    _announce(app, config, args, tracer)
     if args.workers > 1:  # the checks above passed: each worker builds its own engine (and tracing)
         import asyncio
 
@@ -220,6 +211,25 @@ def run(args: argparse.Namespace) -> int:
         if tracer is not None:
             tracer.shutdown()
     return 0 if server.started else 1
+
+
+def _announce(app, config, args: argparse.Namespace, tracer) -> None:
+    """The startup lines: the LLM's continuation mode, the base SLM, where the server listens and how."""
+    llm = app.state.engine.llm
+    rep = getattr(llm, "report", None)
+    if rep is not None:
+        how = rep.mode or f"not detected yet ({rep.error})"
+        where = f" at {llm.base}" if isinstance(getattr(llm, "base", None), str) else ""  # the operator's log only
+        print(f"pyrodash serve: LLM {llm.name}{where}: continuation mode {how}", flush=True)
+    if app.state.base_engine is not None:
+        print(f"pyrodash serve: base SLM {app.state.base_engine.slm.name} answers mode 'slm'", flush=True)
+    auth = "on" if app.state.api_key else "off"
+    print(
+        f"pyrodash serve: http://{config.host}:{config.port}/v1  models={list(config.operating_points)}  "
+        f"auth={auth}  cors={config.cors_origins or 'off'}  workers={args.workers}"
+        + (f"  traces={args.otlp_endpoint}" if tracer else ""),
+        flush=True,
+    )
 
 
 async def _close(app) -> None:

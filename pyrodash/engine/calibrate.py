@@ -43,6 +43,22 @@ async def handoff_positions(engine, questions: list, bias: float, concurrency: i
     return [d.handoff for d in dones]
 
 
+def _check_target(
+    questions: list, target_rate: float | None, budget_usd: float | None, lo: float, hi: float, iters: int
+) -> None:
+    """A ValueError naming what is wrong with a calibration's target, questions or search range."""
+    if (target_rate is None) == (budget_usd is None):
+        raise ValueError("give exactly one of target_rate (LLM calls per question, 0..1) or budget_usd")
+    if target_rate is not None and not 0.0 <= target_rate <= 1.0:
+        raise ValueError(f"target_rate={target_rate} must be between 0 and 1")
+    if budget_usd is not None and budget_usd < 0:
+        raise ValueError(f"budget_usd={budget_usd} must be non-negative")
+    if not questions:
+        raise ValueError("calibration needs at least one question")
+    if not lo < hi or iters < 1:
+        raise ValueError("calibration needs lo < hi and iters >= 1")
+
+
 async def acalibrate_offload_bias(
     engine,
     questions: list,
@@ -54,16 +70,7 @@ async def acalibrate_offload_bias(
     concurrency: int = 8,
     **kw,
 ) -> Calibration:
-    if (target_rate is None) == (budget_usd is None):
-        raise ValueError("give exactly one of target_rate (LLM calls per question, 0..1) or budget_usd")
-    if target_rate is not None and not 0.0 <= target_rate <= 1.0:
-        raise ValueError(f"target_rate={target_rate} must be between 0 and 1")
-    if budget_usd is not None and budget_usd < 0:
-        raise ValueError(f"budget_usd={budget_usd} must be non-negative")
-    if not questions:
-        raise ValueError("calibration needs at least one question")
-    if not lo < hi or iters < 1:
-        raise ValueError("calibration needs lo < hi and iters >= 1")
+    _check_target(questions, target_rate, budget_usd, lo, hi, iters)
     n = len(questions)
     seen: dict[float, dict] = {}
 

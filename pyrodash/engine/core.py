@@ -469,14 +469,7 @@ class CollaborateEngine:
                 return
             if attempt:
                 await asyncio.sleep(pol.backoff_s * 2 ** (attempt - 1))
-            if attempt == 0 and early is not None and early.req.max_tokens == left:
-                lreq, fit, stream = early.req, early.fit, early.stream()
-            else:
-                if early is not None and attempt == 0:  # (only if a token count was off) not the request we need
-                    await early.cancel()
-                lreq, fit = self._llm_req(t, left)
-                t.trimmed["llm"] = max(t.trimmed["llm"], fit.dropped)
-                stream = self.llm.stream(lreq)
+            lreq, fit, stream = await self._attempt(t, left, early if attempt == 0 else None)
             got, attempt_text = GenChunk(), ""
             streamed = 0  # tokens received in this attempt (billed if the stream breaks before reporting usage)
             within = _Within(pol.timeout_s)  # the timeout never spans a yield
@@ -494,39 +487,63 @@ class CollaborateEngine:
                         if ch.finish_reason is not None:
                             got = ch
             except Exception as e:  # noqa: BLE001 - every LLM failure (timeouts included) goes through the policy
-                reached = int(getattr(e, "reached_server", True))
-                rep = getattr(e, "usage", None)
-                if isinstance(rep, GenChunk):
-                    got = rep
-                if got.completion_tokens is None and streamed:
-                    t.estimated = True  # the stream broke before the server reported usage: chunks counted
-                    got = GenChunk(
-                        prompt_tokens=got.prompt_tokens or self._prompt_tokens(self.llm, lreq),
-                        completion_tokens=streamed,
-                        cached_tokens=got.cached_tokens,
-                        endpoints=got.endpoints,
-                    )
-                msg = (
-                    f"attempt {attempt + 1}: {type(e).__name__}: {e}"
-                    if str(e)
-                    else f"attempt {attempt + 1}: {type(e).__name__} (no chunk within {pol.timeout_s}s)"
-                )
-                t.errors.append(msg)
-                t.bill_llm(got, self._calls(got, attempt_text, reached, msg), reached)
-                if not getattr(e, "retryable", True):  # a client error: the same request fails the same way
-                    return
-                if t.mode == "llm" and t.llm_text:  # alone, the LLM cannot continue its own text: no retry
+                if not self._attempt_failed(t, e, got, streamed, attempt_text, lreq, attempt):
                     return
                 continue
             finally:
                 within.close()
-            t.bill_llm(got, self._calls(got, attempt_text, 1, None), 1)
-            if fit.text is not None and lreq.prefix is fit.text and not got.usage_estimated:
-                for f in t.seen:  # the rendered prompt's tokens, as the model counted them
-                    if f.text is fit.text:
-                        f.tokens = got.prompt_tokens
-            t.finish = got.finish_reason or "stop"
+            self._attempt_done(t, got, attempt_text, lreq, fit)
             return
+
+    async def _attempt(
+        self, t: Turn, left: int, early: _EarlyCall | None
+    ) -> tuple[GenRequest, Fitted, AsyncIterator[GenChunk]]:
+        """(request, fit, stream) of one LLM attempt: the early call when it asked for what is left, else a new one."""
+        if early is not None and early.req.max_tokens == left:
+            return early.req, early.fit, early.stream()
+        if early is not None:  # (only if a token count was off) not the request we need
+            await early.cancel()
+        lreq, fit = self._llm_req(t, left)
+        t.trimmed["llm"] = max(t.trimmed["llm"], fit.dropped)
+        return lreq, fit, self.llm.stream(lreq)
+
+    def _attempt_failed(
+        self, t: Turn, e: Exception, got: GenChunk, streamed: int, text: str, lreq: GenRequest, attempt: int
+    ) -> bool:
+        """Bill and record a failed LLM attempt; whether another may follow (not after a client error, nor once the
+        LLM answering alone wrote text it cannot continue)."""
+        reached = int(getattr(e, "reached_server", True))
+        rep = getattr(e, "usage", None)
+        if isinstance(rep, GenChunk):
+            got = rep
+        if got.completion_tokens is None and streamed:
+            t.estimated = True  # the stream broke before the server reported usage: chunks counted
+            got = GenChunk(
+                prompt_tokens=got.prompt_tokens or self._prompt_tokens(self.llm, lreq),
+                completion_tokens=streamed,
+                cached_tokens=got.cached_tokens,
+                endpoints=got.endpoints,
+            )
+        msg = (
+            f"attempt {attempt + 1}: {type(e).__name__}: {e}"
+            if str(e)
+            else f"attempt {attempt + 1}: {type(e).__name__} (no chunk within {self.failure.timeout_s}s)"
+        )
+        t.errors.append(msg)
+        t.bill_llm(got, self._calls(got, text, reached, msg), reached)
+        if not getattr(e, "retryable", True):  # a client error: the same request fails the same way
+            return False
+        return not (t.mode == "llm" and t.llm_text)  # alone, the LLM cannot continue its own text: no retry
+
+    def _attempt_done(self, t: Turn, got: GenChunk, text: str, lreq: GenRequest, fit: Fitted) -> None:
+        """Bill a finished LLM attempt and end the turn; the rendered prompt's tokens as the model counted them are
+        kept on every fitting of that prompt."""
+        t.bill_llm(got, self._calls(got, text, 1, None), 1)
+        if fit.text is not None and lreq.prefix is fit.text and not got.usage_estimated:
+            for f in t.seen:
+                if f.text is fit.text:
+                    f.tokens = got.prompt_tokens
+        t.finish = got.finish_reason or "stop"
 
     async def _fallback_phase(self, t: Turn) -> AsyncIterator[SLMDelta]:
         """After a failed handoff: the SLM resumes from everything so far with `<offload>` banned."""
@@ -666,22 +683,7 @@ class CollaborateEngine:
                 return await aw
 
         if mode != "llm":
-            given = slm_results or [None] * len(turns)
-            todo = [i for i, r in enumerate(given) if r is None]
-            if todo and hasattr(self.slm, "generate_batch"):
-                given = list(given)
-                with _progress(desc, "SLM", len(todo)) as step:
-                    for k in range(0, len(todo), batch_size):
-                        part = todo[k : k + batch_size]
-                        reqs = [turns[i].fit.wire(turns[i].req) for i in part]
-                        for i, r in zip(part, self.slm.generate_batch(reqs), strict=True):
-                            given[i] = r
-                        step(len(part))
-                todo = []
-            await asyncio.gather(*(limited(_drain(self._slm_stream(turns[i], early_call=False))) for i in todo))
-            for t, r in zip(turns, given):
-                if r is not None:
-                    self._slm_finished(t, r.text, _final_chunk(r), len(r.token_ids))
+            await self._slm_batch(turns, slm_results, batch_size, limited, desc)
         need = [t for t in turns if t.finish is None]  # handoffs (collab) or every request (mode "llm")
         if stop_at_handoff:
             for t in need:
@@ -700,6 +702,28 @@ class CollaborateEngine:
                 if t.finish is None:
                     await _drain(self._fallback_phase(t))
         return [t.done(self.prices) for t in turns]
+
+    async def _slm_batch(
+        self, turns: list[Turn], slm_results: list | None, batch_size: int, limited, desc: str | None
+    ) -> None:
+        """Lines 1-5 for many turns: the SLM generations given (`slm_results`), the rest decoded in batches when the
+        SLM runs in process, else as streams (`limited`: at most `concurrency` at a time)."""
+        given = slm_results or [None] * len(turns)
+        todo = [i for i, r in enumerate(given) if r is None]
+        if todo and hasattr(self.slm, "generate_batch"):
+            given = list(given)
+            with _progress(desc, "SLM", len(todo)) as step:
+                for k in range(0, len(todo), batch_size):
+                    part = todo[k : k + batch_size]
+                    reqs = [turns[i].fit.wire(turns[i].req) for i in part]
+                    for i, r in zip(part, self.slm.generate_batch(reqs), strict=True):
+                        given[i] = r
+                    step(len(part))
+            todo = []
+        await asyncio.gather(*(limited(_drain(self._slm_stream(turns[i], early_call=False))) for i in todo))
+        for t, r in zip(turns, given):
+            if r is not None:
+                self._slm_finished(t, r.text, _final_chunk(r), len(r.token_ids))
 
     async def _llm_batch(self, turns: list[Turn], batch_size: int) -> None:
         """The LLM calls of many turns as one batched in-process generation (an in-process model does not fail the

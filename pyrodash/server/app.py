@@ -80,42 +80,49 @@ def build_base_engine(config: ServeConfig, engine) -> CollaborateEngine | None:
     )
 
 
-def build_app(config: ServeConfig, engine=None, base_engine=None) -> FastAPI:
-    """The server app. With `engine=None` the engine is built from `config` at startup and closed at shutdown; so
-    is the base SLM's engine (`config.base_slm`) unless `base_engine` (an engine whose SLM answers mode "slm") is
-    given."""
-    owns_engine, owns_base = engine is None, base_engine is None
-    protocol.protect(*config.private_strings())  # never shown to a client, whatever message they end up in
+def _lifespan(owns_engine: bool, owns_base: bool):
+    """The app's lifespan: the engines it owns are built at startup (off the event loop) and closed at shutdown,
+    after the runs left are cancelled; then the budgets' Redis client, the spans not exported yet and this worker's
+    in-flight gauge."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
-        if app.state.engine is None:
-            app.state.engine = await asyncio.to_thread(build_engine, config)
-        if app.state.base_engine is None and config.base_slm is not None:
-            app.state.base_engine = await asyncio.to_thread(build_base_engine, config, app.state.engine)
+        state, config = app.state, app.state.config
+        if state.engine is None:
+            state.engine = await asyncio.to_thread(build_engine, config)
+        if state.base_engine is None and config.base_slm is not None:
+            state.base_engine = await asyncio.to_thread(build_base_engine, config, state.engine)
         try:
             yield
         finally:
-            runs = list(app.state.runs)
+            runs = list(state.runs)
             for run in runs:
                 run.cancel()
             if runs:
                 await asyncio.wait([r.task for r in runs], timeout=5)
-            if owns_engine and app.state.engine is not None:
-                await app.state.engine.aclose()
-                app.state.engine = None
-            if owns_base and app.state.base_engine is not None:
-                await app.state.base_engine.slm.aclose()  # its LLM is the engine's, closed above
-                app.state.base_engine = None
+            if owns_engine and state.engine is not None:
+                await state.engine.aclose()
+                state.engine = None
+            if owns_base and state.base_engine is not None:
+                await state.base_engine.slm.aclose()  # its LLM is the engine's, closed above
+                state.base_engine = None
             await budgets.aclose(app)  # the budgets' Redis client
-            if app.state.tracing is not None:
-                await asyncio.to_thread(app.state.tracing.flush)  # the spans not exported yet
+            if state.tracing is not None:
+                await asyncio.to_thread(state.tracing.flush)  # the spans not exported yet
             metrics.mark_process_dead()  # --workers: this worker's in-flight gauge leaves the sum
 
+    return lifespan
+
+
+def build_app(config: ServeConfig, engine=None, base_engine=None) -> FastAPI:
+    """The server app. With `engine=None` the engine is built from `config` at startup and closed at shutdown; so
+    is the base SLM's engine (`config.base_slm`) unless `base_engine` (an engine whose SLM answers mode "slm") is
+    given."""
+    protocol.protect(*config.private_strings())  # never shown to a client, whatever message they end up in
     app = FastAPI(
         title="PyroDash",
         version="0.1.0",
-        lifespan=lifespan,
+        lifespan=_lifespan(engine is None, base_engine is None),
         description="OpenAI-compatible Collaborate Engine (SLM -> LLM token-level collaboration)",
     )
     app.state.config = config

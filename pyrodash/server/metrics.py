@@ -140,6 +140,10 @@ class Metrics:
         self.errors = Counter(
             "pyrodash_errors_total", "Failed requests by kind (client, upstream, disconnect).", ("kind",), r
         )
+        self._declare_usage(r, model, endpoint)
+
+    def _declare_usage(self, r: CollectorRegistry, model: tuple[str, ...], endpoint: tuple[str, ...]) -> None:
+        """The tokens, dollars, timings and trimming of answered requests, in total and per LLM endpoint."""
         self.tokens = Counter(
             "pyrodash_tokens_total", "Tokens billed, by component (slm_in ... llm_cached_in).", ("component",), r
         )

@@ -39,58 +39,70 @@ def install(app: FastAPI) -> None:
     Prometheus text."""
     from fastapi.openapi.utils import get_openapi
 
-    config: ServeConfig = app.state.config
-
     def openapi() -> dict:
         if app.openapi_schema is None:
             schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
-            comps = schema.setdefault("components", {}).setdefault("schemas", {})
-            for model in (protocol.ChatCompletionRequest, protocol.CompletionRequest, protocol.ErrorResponse):
-                js = model.model_json_schema(ref_template="#/components/schemas/{model}")
-                comps.update(js.pop("$defs", {}))
-                comps[model.__name__] = js
-            for name in ("ChatCompletionRequest", "CompletionRequest"):
-                # unknown top-level fields are a 400 (validation.parse) unless the config lets them pass
-                comps[name]["additionalProperties"] = config.allow_unknown_fields
-                props = comps[name]["properties"]
-                for key in ("max_tokens", "max_completion_tokens", "max_tokens_per_model"):
-                    if key in props:
-                        for branch in props[key].get("anyOf", [props[key]]):
-                            if branch.get("type") == "integer":
-                                branch["maximum"] = config.limits.max_tokens
-            err = {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}}}
-            auth = app.state.api_key is not None
-            for path, item in schema.get("paths", {}).items():
-                for op in item.values():
-                    responses = op.setdefault("responses", {})
-                    responses.pop("422", None)  # FastAPI's default; this server answers 400 for invalid input
-                    codes = [400, 401, 404, 413, 499, 502] if path.endswith("completions") else [400, 404]
-                    if path.endswith("completions") and config.budgets is not None:
-                        codes.append(429)
-                    if path in ("/health", "/metrics"):
-                        codes = [401] if path == "/metrics" and not config.metrics_public else []
-                    for code in codes:
-                        if code == 401 and not auth:
-                            continue
-                        responses[str(code)] = {"description": _ERRORS[code], **err}
-                    responses["405"] = {
-                        "description": "Method not allowed (the Allow header lists the methods)",
-                        "headers": {"Allow": {"schema": {"type": "string"}}},
-                        **err,
-                    }
-            for path in ("/v1/chat/completions", "/v1/completions"):
-                ok = schema["paths"][path]["post"]["responses"]["200"]
-                ok["description"] = "The completion (JSON), or with stream: true server-sent events of chunks"
-                event = {"type": "object", "properties": {"event": {"type": "string"}, "data": {"type": "string"}}}
-                ok.setdefault("content", {})["text/event-stream"] = {"schema": event}
-            metrics_ok = schema["paths"]["/metrics"]["get"]["responses"]["200"]
-            metrics_ok["content"] = {"text/plain": {"schema": {"type": "string"}}}
-            health = schema["paths"]["/health"]["get"]["responses"]
-            health["503"] = {
-                "description": "A backend is unreachable (status: degraded)",
-                "content": {"application/json": {"schema": {"type": "object"}}},
-            }
+            _request_models(schema, app.state.config)
+            _errors(schema, app.state.config, auth=app.state.api_key is not None)
+            _bodies(schema)
             app.openapi_schema = schema
         return app.openapi_schema
 
     app.openapi = openapi
+
+
+def _request_models(schema: dict, config: ServeConfig) -> None:
+    """The request models in the components, with this server's token limits and unknown-field rule."""
+    comps = schema.setdefault("components", {}).setdefault("schemas", {})
+    for model in (protocol.ChatCompletionRequest, protocol.CompletionRequest, protocol.ErrorResponse):
+        js = model.model_json_schema(ref_template="#/components/schemas/{model}")
+        comps.update(js.pop("$defs", {}))
+        comps[model.__name__] = js
+    for name in ("ChatCompletionRequest", "CompletionRequest"):
+        # unknown top-level fields are a 400 (validation.parse) unless the config lets them pass
+        comps[name]["additionalProperties"] = config.allow_unknown_fields
+        props = comps[name]["properties"]
+        for key in ("max_tokens", "max_completion_tokens", "max_tokens_per_model"):
+            if key in props:
+                for branch in props[key].get("anyOf", [props[key]]):
+                    if branch.get("type") == "integer":
+                        branch["maximum"] = config.limits.max_tokens
+
+
+def _errors(schema: dict, config: ServeConfig, auth: bool) -> None:
+    """Every error each route can answer, as OpenAI's error body (no 401 without a key, no 422)."""
+    err = {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}}}
+    for path, item in schema.get("paths", {}).items():
+        for op in item.values():
+            responses = op.setdefault("responses", {})
+            responses.pop("422", None)  # FastAPI's default; this server answers 400 for invalid input
+            codes = [400, 401, 404, 413, 499, 502] if path.endswith("completions") else [400, 404]
+            if path.endswith("completions") and config.budgets is not None:
+                codes.append(429)
+            if path in ("/health", "/metrics"):
+                codes = [401] if path == "/metrics" and not config.metrics_public else []
+            for code in codes:
+                if code == 401 and not auth:
+                    continue
+                responses[str(code)] = {"description": _ERRORS[code], **err}
+            responses["405"] = {
+                "description": "Method not allowed (the Allow header lists the methods)",
+                "headers": {"Allow": {"schema": {"type": "string"}}},
+                **err,
+            }
+
+
+def _bodies(schema: dict) -> None:
+    """The completions' event stream, /metrics as text and /health's 503."""
+    for path in ("/v1/chat/completions", "/v1/completions"):
+        ok = schema["paths"][path]["post"]["responses"]["200"]
+        ok["description"] = "The completion (JSON), or with stream: true server-sent events of chunks"
+        event = {"type": "object", "properties": {"event": {"type": "string"}, "data": {"type": "string"}}}
+        ok.setdefault("content", {})["text/event-stream"] = {"schema": event}
+    metrics_ok = schema["paths"]["/metrics"]["get"]["responses"]["200"]
+    metrics_ok["content"] = {"text/plain": {"schema": {"type": "string"}}}
+    health = schema["paths"]["/health"]["get"]["responses"]
+    health["503"] = {
+        "description": "A backend is unreachable (status: degraded)",
+        "content": {"application/json": {"schema": {"type": "object"}}},
+    }
