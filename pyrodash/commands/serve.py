@@ -4,21 +4,9 @@
     pyrodash serve --slm worlds/demo/slm --llm http://127.0.0.1:8001/v1#llm --port 8000 --api-key secret
 
 Flags override the YAML. SIGINT/SIGTERM stop accepting connections, let running requests finish (up to
---graceful-timeout seconds, then they are cancelled) and close the SLM and LLM backends.
-`--workers N` runs N server processes on the port (one engine each; /metrics sums all of them); `--otlp-endpoint URL`
-exports OpenTelemetry traces (`pyrodash.server.tracing`, the `otel` extra).
-
-Any OpenAI client works unchanged; `model` picks an operating point (GET /v1/models), `offload_bias` overrides it:
-
-    curl -N localhost:8000/v1/chat/completions -H "Authorization: Bearer $PYRODASH_API_KEY" -d '{"model": "pyrodash",
-      "messages": [{"role": "user", "content": "2+2?"}], "stream": true, "stream_options": {"include_usage": true}}'
-    OpenAI(base_url="http://localhost:8000/v1").chat.completions.create(..., extra_body={"offload_bias": 1.5})
-
-The response's `pyrodash` object (with the usage chunk when streaming) has the tokens per model, llm_calls, the
-handoff position, cost_usd, the offload_bias used and whether the SLM had to finish after an LLM failure.
-GET /health answers anyone whether the server is live and ready (503 when a backend is down); its backend details
-need the key. GET /metrics (Prometheus) needs the key unless --metrics-public. `--base-slm DIR` adds the SLM before
-offloading training: it answers `pyrodash: {"mode": "slm"}` requests (the playground's "SLM only") to the end.
+--graceful-timeout seconds) and close the backends. `--workers N` runs N server processes on the port (one engine
+each; /metrics sums them); `--otlp-endpoint URL` exports OpenTelemetry traces; `--base-slm DIR` answers mode "slm"
+with the SLM before offloading training. Any OpenAI client works unchanged: docs/serving.md.
 """
 
 from __future__ import annotations

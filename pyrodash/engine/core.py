@@ -1,51 +1,14 @@
 """The Collaborate Engine: Algorithm 1 of the paper (`alg:ce-decode`) as an async stream of typed events.
 
     engine = CollaborateEngine(slm, llm, get_prompts("qwen-math-v1"), Prices.from_yaml("paper"))
-    async for ev in engine.stream("What is 17 * 23?"):   # SLMDelta | Handoff | LLMDelta | Done
+    async for ev in engine.stream("What is 17 * 23?"):   # or an EngineRequest; SLMDelta | Handoff | LLMDelta | Done
         ...
     done = engine.run("What is 17 * 23?")                  # blocking, returns events.Done
 
-Lines 1-2: the SLM decodes from (P_s, q), with `<offload>` registered as a stop token *id* (never matched in text)
-and `offload_bias` added to its logit. Lines 9-11: without `<offload>` the SLM's answer is returned and the LLM is
-never called. Lines 3-5: the `<offload>` stop ends SLM decoding; Pack(O_s) is the text before it. Lines 6-8: one LLM
-call with (P_l, q, Pack(O_s)); the joint output is O_s || O_l.
-
-Handoff styles: "continue" (default, as in the paper: the LLM continues the partial trace as its own assistant
-message: messages = [P_l] + query, assistant prefix = Pack(O_s)); "instruct" (the user message is
-`prompts.handoff_template` with the question and the partial solution as text).
-
-An LLM endpoint that cannot continue a prefix (`llm.continues_prefix` False: continuation mode instruct, or an
-Anthropic model without prefill) gets the "instruct" request whatever the configured style.
-
-Handoff latency: the LLM request is sent as soon as the SLM's `<offload>` stop arrives (before its usage chunk and
-the end of its stream), and `llm.warm()` keeps a pooled connection open from the start of each request.
-
-Failure policy (LLM errors and timeouts): `retries` more attempts with exponential backoff (client errors, 4xx other
-than 408/429, are not retried: they fail the same way again); a retry continues from
-everything already streamed (O_s plus any LLM text that arrived), so no text is duplicated or lost. Then
-`on_error="fallback"`: the SLM resumes from that text with `<offload>` banned and `Done.fallback` is True; or
-`on_error="raise"`: the stream raises `EngineError`, whose `.done` is the final record (finish_reason "error",
-usage of every attempt, the error messages). `Usage.llm_calls` counts the LLM attempts that reached the server.
-
-Conversations (`pyrodash.engine.conversation`): a list of messages is one user turn with its history; `<offload>` is
-stripped from every earlier message, each model's request is trimmed to its context window (oldest earlier turns first,
-`Done.trimmed`), and `Done.turn` / `Done.segments` say which turn this is and who wrote what in it. An LLM that is
-several endpoints (`pyrodash.backends.mesh`) reports one entry per upstream call on its last chunk; each is billed
-at its endpoint's prices (`Done.llm_endpoints`) and counted in `llm_calls`.
-
-Handoff share (`handoff_share` < 1, an operating-point knob beside `offload_bias`): only that share of requests may
-hand off, chosen by a fixed hash of the request's messages (`handoff_admitted`); the others run with `<offload>`
-banned from the first token and the SLM answers alone (`Done.handoff_admitted` False). It mixes the trained policy
-with the SLM alone per request, so a lower share costs less in proportion; a negative `offload_bias` instead delays
-handoffs, and on a hard problem a delayed handoff often comes after a wrong step and pays the LLM for a lost answer.
-Token budget: `max_tokens` bounds each model's decoding separately (the SLM, including a fallback resume; the LLM).
-`max_total_tokens` (optional, what `pyrodash serve` makes of a request's `max_tokens`) bounds the joint answer:
-SLM + LLM output tokens (the `<offload>` stop token included, as billed) never exceed it, each model decodes at most
-what is left of it, and a request that runs out gets `finish_reason: "length"` (a handoff with nothing left for the
-LLM makes no LLM call).
-Usage is what the backends report (the tokenizer's counts in process, the server's `usage` over HTTP); only for a
-server that reports none are counts estimated (`Done.usage_estimated`: SLM output as one token per streamed chunk;
-an HTTP backend counts what its server did not report with a local tokenizer or estimates it).
+The SLM decodes under P_s with `<offload>` a stop token id (`offload_bias` on its logit); without it the SLM's
+answer is returned, with it one LLM call continues Pack(O_s) ("continue", or "instruct" for an LLM that cannot
+continue a prefix), put on the wire as the stop arrives. LLM failures: retries that continue what streamed, then an
+SLM fallback or `EngineError`. Conversations, token budgets, handoff share, the batch driver: docs/architecture.md.
 """
 
 from __future__ import annotations

@@ -3,23 +3,10 @@
     app = build_app(ServeConfig(slm="worlds/demo/slm", llm="http://127.0.0.1:8001/v1"))
     uvicorn.run(app, host="127.0.0.1", port=8000)
 
-Routes: POST /v1/chat/completions and /v1/completions (streaming and not), GET /v1/models, /health, /metrics, and
-the browser playground (GET /, /static/*, /playground/config: `pyrodash.server.playground`).
-Every response carries `x-pyrodash-overhead-ms`: the time spent in PyroDash's server itself, from the request
-reaching the app to the response's status line, less the time its engine run waited for the engine and the models
-(`clock.RequestClock`). For a stream the status line goes out with the first token, so the header is the server's
-time before the first upstream request plus its time from the first upstream token to the first byte out; the full
-figure (up to the last event) is the usage chunk's `pyrodash.overhead_ms` (with `stream_options.include_usage`) and
-`pyrodash_overhead_seconds` in /metrics. A unary response's header is the full figure. The engine's own work and
-the upstream HTTP client's are not in it (`benchmarks/engine_overhead.py` measures them; `gateway_overhead.py`
-measures the whole hop from outside). /metrics is prometheus_client's exposition (`pyrodash.server.metrics`, several
-workers summed); `app.state.tracing` (`pyrodash.server.tracing`, `--otlp-endpoint`) traces each completion request.
-With an API key: `/health` without it says only whether the server is live and ready (backend details need the key);
-`/metrics` needs it unless the config says `metrics_public: true`. No response carries a configured model path, an
-endpoint URL or host:port, or an upstream's text (`protocol.protect` / `scrub`; LLM failures are reason codes, their
-text is logged under the response's `pyrodash.request_id`).
-Nothing happens at import time: backends are opened in the app's lifespan (or an engine is passed in, and then
-the caller owns it). Routes: `pyrodash.server.routes`; a completion request's way: `pyrodash.server.serving`.
+Routes: `pyrodash.server.routes` (completions, models, /health, /metrics) and the playground; a completion request's
+way: `pyrodash.server.serving`. Every response carries `x-pyrodash-overhead-ms` (`pyrodash.server.clock`). Nothing
+happens at import time: backends are opened in the app's lifespan (or an engine is passed in, and then the caller
+owns it). What the API says and guarantees: docs/serving.md.
 """
 
 from __future__ import annotations

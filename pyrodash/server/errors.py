@@ -3,15 +3,10 @@
     install(app)                 # exception handlers for APIError, validation errors, 404/405 and crashes
     raise failure(exc)           # an engine failure as the client may see it (details go to the server log only)
 
-Every error response
-- is `{"error": {message, type, param, code}}` rendered as ASCII JSON (a lone surrogate that reached a message or a
-  param can never crash the handler: it is written as the escape `\\ud800`);
-- is counted in `pyrodash_requests_total` with the route TEMPLATE as label (`/v1/models/{model_id}`, never the raw
-  path; `unmatched` for unknown paths) and in `pyrodash_errors_total` by kind, so label sets stay bounded;
-- keeps the headers the status needs: `WWW-Authenticate` on 401, `Allow` on 405.
-A failing model backend becomes a 502 whose body names no internal URL and carries no upstream text: the server log
-has those, under the `request_id` the body gives. A client that stops sending its body half-way (Starlette's
-`ClientDisconnect`) is a 499 counted as kind "disconnect", never a 500.
+An error body is ASCII JSON (a lone surrogate is written as its escape), counted by route template and kind (label
+sets stay bounded), with `WWW-Authenticate` on 401 and `Allow` on 405. A failing backend is a 502 naming no internal
+URL and carrying no upstream text (the log has it, under the body's `request_id`); a client that stops sending its
+body half-way is a 499 ("disconnect"), never a 500.
 """
 
 from __future__ import annotations

@@ -2,27 +2,13 @@
 
     m = Metrics()
     m.observe_done(done, model="pyrodash", latency_s=0.8, ttft_s=0.05)
-    m.requests.inc(route="/v1/models", model="", status="200")
     text = m.render()        # what GET /metrics returns (text exposition format 0.0.4)
 
-Counters: requests (by route, model, status), handoffs, fallbacks, errors (by kind), tokens per billed component,
-dollars, LLM calls and the per-endpoint series of an LLM mesh. Histograms: request latency, time to first token and
-the time spent in PyroDash itself (`pyrodash_overhead_seconds`, what the `x-pyrodash-overhead-ms` header says).
-Gauge: requests in flight. The names and labels are the ones the hand-written exporter had, so dashboards and
-alerts keep working; values are written as floats (`1.0`) and bucket bounds as prometheus_client writes them.
-
-One process (`pyrodash serve`, the default): each `Metrics` has its own `CollectorRegistry` (one per app, so apps in
-one process count apart), and `render()` exports it followed by prometheus_client's default registry: metrics
-another module registers there (`prometheus_client.Gauge("pyrodash_budget_...", ...)`, with no `registry=`) and the
-process / GC collectors come out of the same /metrics; a module may as well register on `app.state.metrics.registry`
-(one app's registry: what `pyrodash.server.budget.budgets` does).
-
-Several processes (`pyrodash serve --workers N`): `PROMETHEUS_MULTIPROC_DIR` names a directory (set before
-prometheus_client is imported; `pyrodash serve` does it for its workers) where every metric of every worker writes its
-values; `render()` then sums all workers' files with `MultiProcessCollector` (counters and histograms summed, the
-in-flight gauge summed over live workers), whichever worker answers the scrape, so /metrics totals are the server's
-totals. Metrics of other modules are in those files too (a gauge there needs a `multiprocess_mode`, e.g. "livesum"
-or "max"; see prometheus_client's docs). A worker calls `mark_process_dead()` as it stops.
+Counters (requests, handoffs, fallbacks, errors, tokens, dollars, LLM calls, per mesh endpoint), histograms (latency,
+time to first token, `pyrodash_overhead_seconds`) and the in-flight gauge. One process: each `Metrics` has its own
+registry, rendered with prometheus_client's default one. `--workers N`: every worker writes to
+$PROMETHEUS_MULTIPROC_DIR and `render()` sums them (`MultiProcessCollector`); a stopping worker calls
+`mark_process_dead()`. The series and what they mean: docs/serving.md, docs/scaling.md.
 """
 
 from __future__ import annotations

@@ -1,20 +1,10 @@
-"""Wire format of `pyrodash serve`: OpenAI chat-completions requests, responses, stream chunks and error bodies.
+"""Wire format of `pyrodash serve`: OpenAI chat-completions requests, responses and error bodies (pydantic models).
 
-Models keep OpenAI's field order. Top-level fields outside OpenAI's API and PyroDash's extras are refused by
-`pyrodash.server.validation` (or ignored under the serve config's `allow_unknown_fields`); nested objects allow
-extra fields.
-Requests are validated strictly (no "1" for 1, no true for 1, no NaN): a wrong type is a 400, never a silent guess.
-OpenAI parameters the engine cannot honour are declared with their neutral value only (`n: 1`, `echo: false`,
-`tools: []` ...), so the schema says what the server accepts; `pyrodash.server.validation` refuses anything else
-by name. PyroDash adds three request fields, `offload_bias`, `max_tokens_per_model` and `pyrodash`
-(`PyroDashOptions`: who answers, and whether stream chunks say which model wrote them), and one response object,
-`pyrodash` (`PyroDashInfo`).
-
-`max_tokens` (and `max_completion_tokens`) is the TOTAL budget of the joint answer, SLM + LLM output tokens, as
-OpenAI clients read it (`finish_reason: "length"` when it runs out); `max_tokens_per_model` caps each model's share.
-`temperature` defaults to 0 (greedy), not OpenAI's 1: the model names (operating points) promise an offload_bias
-whose handoff rate and cost were measured under greedy decoding, as in the paper's evaluation, and an identical
-request should get an identical answer. Send `temperature` to sample.
+Requests are validated strictly (no "1" for 1, no NaN): a wrong type is a 400, never a guess. Parameters the engine
+cannot honour are declared with their neutral value only (`n: 1`, `tools: []` ...); `pyrodash.server.validation`
+refuses the rest by name. PyroDash adds `offload_bias`, `max_tokens_per_model` and `pyrodash` (`PyroDashOptions`) to
+a request, and the `pyrodash` object (`PyroDashInfo`) to a response. `max_tokens` is the TOTAL budget of the joint
+SLM + LLM answer; `temperature` defaults to 0 (greedy: the operating points were measured so). docs/serving.md.
 """
 
 from __future__ import annotations

@@ -2,28 +2,12 @@
 
     pip install 'pyrodash[otel]'
     pyrodash serve ... --otlp-endpoint http://collector:4318          # OTLP over HTTP (/v1/traces is appended)
+    app.state.tracing = Tracing(provider)                               # any TracerProvider (what `setup(url)` makes)
 
-    tracing = Tracing(provider)          # any TracerProvider (tests: the SDK's InMemorySpanExporter)
-    app.state.tracing = tracing          # what --otlp-endpoint sets up (`setup(url)`)
-
-Per completion request, one span `POST /v1/chat/completions` (kind SERVER; it continues the client's trace when the
-request carries a W3C `traceparent` header) with children, timed from the engine's event stream as the server reads
-it (no clock inside the engine: `pyrodash.engine` does not import OpenTelemetry):
-- `slm.decode`: the engine's start to the `Handoff` event (the SLM's `<offload>` stop), or to `Done` when the SLM
-  answers alone; attributes: the SLM's input / output tokens and their dollars.
-- `handoff`: the `Handoff` event to the LLM's first token (Pack, the LLM request on the wire, the LLM's prefill);
-  attributes: the handoff position (SLM tokens) and the packed trace's length.
-- `llm.call`: one per LLM endpoint that wrote text (one per call without retries; a mesh that fails over mid-stream
-  has one per endpoint, each timed by the text it wrote), from the handoff (a later one: from where the one before
-  stopped) to its last token; attributes from `Done.llm_endpoints`: calls, input / output / cached tokens, dollars
-  at its prices, errors.
-  A call that failed before writing anything is a zero-length `llm.call` with status ERROR; each failed attempt is an
-  `llm.error` event (its reason) on the request span.
-- `slm.fallback`: after a failed handoff, the SLM finishing the answer.
-The request span carries the totals: tokens per component, `pyrodash.cost_usd` and its split by component, LLM
-calls, the handoff position, fallback, finish reason, HTTP status and `pyrodash.overhead_ms` (the time spent in
-PyroDash itself, as the `x-pyrodash-overhead-ms` header). Spans are built and ended after the response's last byte,
-so tracing adds nothing to a response's latency; without a `Tracing` the server does none of this.
+A request span `POST /v1/chat/completions` (continuing a W3C `traceparent`) has children `slm.decode`, `handoff`,
+one `llm.call` per endpoint that wrote text, and `slm.fallback`, timed from the engine's events as the server reads
+them (the engine imports no OpenTelemetry); it carries the tokens, dollars, handoff, status and overhead. Spans are
+built after the response's last byte, so tracing adds nothing to a response's latency. Span by span: docs/serving.md.
 """
 
 from __future__ import annotations

@@ -1,33 +1,14 @@
-"""The one request-validation layer of `pyrodash serve`: from raw bytes to the engine's arguments, or a 4xx.
+"""The one request-validation layer of `pyrodash serve`: from raw bytes to the engine's typed request, or a 4xx.
 
-    raw = await read_json(request, limit)                  # 413 / 400 invalid_json
-    req = parse(P.ChatCompletionRequest, raw)              # 400: lone surrogates, unsupported parameters, types
-    model, call = engine_request(app, req, kind)           # 404 model, 400 limits: the typed EngineRequest
-    call = await check_context(app, call, budget_param(req))  # 400 context length (in-process models)
+    raw = await read_json(request, limit)                     # 413 over limits.max_body_bytes / 400 invalid_json
+    req = parse(ChatCompletionRequest, raw)                   # 400: lone surrogates, unsupported/unknown fields, types
+    model, call = engine_request(app, req, kind)              # 404 model, 400 token limits: an EngineRequest
+    call = await check_context(app, call, budget_param(req))  # 400 context_length_exceeded (in-process models)
 
-Checks, in order:
-1. The body: at most `limits.max_body_bytes` (413), non-empty, JSON.
-2. Text: no lone UTF-16 surrogate (`"\\ud800"`) anywhere in the body, keys included (400 `invalid_unicode`, with
-   the JSON path of the first one as `param`): such a string cannot be encoded, so it must not reach a tokenizer,
-   a log line or an error message.
-3. OpenAI parameters the Collaborate Engine cannot honour are refused by name (400 `unsupported_parameter`) unless
-   they carry their neutral value (`n: 1`, `echo: false`, `tools: []`, `response_format: {type: text}` ...):
-   a client must not get an answer that silently ignored what it asked for. Fields OpenAI documents as metadata
-   (`user`, `metadata`, `store`, `service_tier`, `parallel_tool_calls`, `prompt_cache_key`, `safety_identifier`)
-   are accepted and have no effect. Any other top-level field is refused as OpenAI does (400 `unknown_parameter`,
-   "Unrecognized request argument supplied: NAME"), unless the serve config says `allow_unknown_fields: true`
-   (for clients that send extras). PyroDash's own fields (`offload_bias`, `max_tokens_per_model`, `pyrodash`) are
-   part of the request.
-4. Types and ranges (pydantic, strict); a system, developer or user message needs `content` (400
-   `missing_required_parameter`, as OpenAI).
-5. The model name (404), `max_tokens` / `max_completion_tokens` (the TOTAL budget of the joint SLM + LLM answer)
-   and `max_tokens_per_model` against `limits.max_tokens`.
-6. Client text is marked (`pyrodash.backends.literal`) so special-token strings (`<offload>`, `<|im_end|>` ...)
-   stay plain characters for every backend.
-7. Context length: prompt tokens + the token budget must fit each in-process model's positions (400
-   `context_length_exceeded`); without an explicit `max_tokens` the default budget shrinks to what fits. The sizes
-   are what the engine's own fitting measured (`CollaborateEngine.prepare`), and in mode "collab" the request's
-   Turn prepared for the check is the one the engine runs (`EngineRequest.prepared`): each prompt is rendered once.
+A parameter the engine cannot honour is refused by name unless neutral (`n: 1`, `tools: []` ...), OpenAI's metadata
+fields are accepted without effect, other unknown fields are refused unless `allow_unknown_fields`; client text is
+marked (`pyrodash.backends.literal`) so special-token strings stay plain characters. An implicit budget shrinks to fit
+the context; the prompts' sizes are the engine's (`CollaborateEngine.prepare`). The rules: docs/serving.md.
 """
 
 from __future__ import annotations
