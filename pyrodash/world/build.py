@@ -331,77 +331,61 @@ def build_threads() -> int:
     return max(1, min(4, os.cpu_count() or 1))
 
 
-def _run_build(world_dir: Path, cfg: WorldConfig, seed: int, verbose: bool, reuse_models: bool = True) -> dict:
-    import torch
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-    from transformers import AutoModelForCausalLM
+def _copy_models(donor: Path, world_dir: Path, cfg: WorldConfig, seed: int, verbose: bool, timings: dict):
+    """Copy a donor world's models (same models hash and seed: the same weights, already trained); its pretraining
+    timings go into `timings`. Returns (losses, pretrain threads) as the donor recorded them."""
+    for w in ("slm", "llm"):
+        shutil.copytree(donor / w, world_dir / w, dirs_exist_ok=True)
+    old = read_world_info(donor)
+    timings.update({k: v for k, v in old["timings"].items() if k.startswith("pretrain")})
+    if verbose:
+        source = models_source(
+            {"models_from": str(donor), "models_shipped": is_shipped(donor), "seed": seed, "timings": old["timings"]}
+        )
+        print(
+            f"world: models: {source} (same models hash {cfg.models_hash()}); `--from-scratch` trains them here",
+            flush=True,
+        )
+    return old["losses"], old.get("pretrain_threads")
 
-    t0 = time.time()
-    world_dir.mkdir(parents=True, exist_ok=True)
-    (world_dir / "world.json").unlink(missing_ok=True)  # a half-built world is never mistaken for a built one
-    splits = make_splits(cfg, seed)
-    write_splits(splits, world_dir / "data")
-    timings: dict[str, float] = {}
+
+def _measure(models: dict, splits: dict, cfg: WorldConfig, seed: int, progress) -> dict:
+    """Both models on the tier splits, the LLM continuing the SLM's prefixes, and both on conversation turns:
+    {acc, slm_out, llm_continue, turns, turn_split}."""
     acc: dict[str, dict[str, float]] = {"slm": {}, "llm": {}}
     slm_out: dict[str, tuple[list[str], list[bool]]] = {}
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    donor = find_models(cfg, seed, world_dir) if reuse_models else None
-    with Progress(*columns, disable=not verbose, transient=False) as progress:
-        t = time.time()
-        if donor is not None:  # same models hash and seed: the same weights, already trained
-            for w in ("slm", "llm"):
-                shutil.copytree(donor / w, world_dir / w, dirs_exist_ok=True)
-            old = read_world_info(donor)
-            losses, pretrain_threads = old["losses"], old.get("pretrain_threads")
-            timings.update({k: v for k, v in old["timings"].items() if k.startswith("pretrain")})
-            if verbose:
-                source = models_source(
-                    {
-                        "models_from": str(donor),
-                        "models_shipped": is_shipped(donor),
-                        "seed": seed,
-                        "timings": old["timings"],
-                    }
-                )
-                print(
-                    f"world: models: {source} (same models hash {cfg.models_hash()}); `--from-scratch` trains "
-                    "them here",
-                    flush=True,
-                )
-        else:
-            losses, seconds, pretrain_threads = train_models(world_dir, cfg, seed, progress)
-            timings.update({f"pretrain_{w}": s for w, s in seconds.items()}, pretrain_wall=round(time.time() - t, 1))
-        cpu = time.process_time()
-        models = {w: AutoModelForCausalLM.from_pretrained(str(world_dir / w)).eval() for w in ("slm", "llm")}
-        t = time.time()
-        for which in ("slm", "llm"):
-            for name in TIER_SPLITS:
-                outs, ok = evaluate_split(
-                    models[which], splits[name], cfg.eval_batch_size, progress, f"eval {which} {name}"
-                )
-                acc[which][name] = sum(ok) / len(ok) if ok else float("nan")
-                if which == "slm":
-                    slm_out[name] = (outs, ok)
-            acc[which]["mean"] = sum(acc[which][n] for n in TIER_SPLITS) / len(TIER_SPLITS)
-        per_tier = -(-cfg.n_continue // len(TIER_SPLITS))
-        cont_set = [ex for name in TIER_SPLITS for ex in splits[name][:per_tier]][: cfg.n_continue]
-        llm_continue = evaluate_continue(
-            models["llm"], cont_set, get_prompts("world-v1").completion_system, seed, cfg.eval_batch_size, progress
-        )
-        # the build's check that pretraining taught follow-ups: on the validation conversations (the test ones are
-        # the eval's; measuring the two models on all 3 x n_multiturn test turns took 25 s of a quick build)
-        turn_split = "multiturn_val" if splits.get("multiturn_val") else "multiturn"
-        turns = {
-            w: evaluate_turns(models[w], splits[turn_split], cfg.eval_batch_size, progress, f"eval {w} turns")
-            for w in ("slm", "llm")
-        }
-        timings["evaluate"], timings["cpu_evaluate"] = round(time.time() - t, 1), round(time.process_time() - cpu, 1)
+    for which in ("slm", "llm"):
+        for name in TIER_SPLITS:
+            outs, ok = evaluate_split(
+                models[which], splits[name], cfg.eval_batch_size, progress, f"eval {which} {name}"
+            )
+            acc[which][name] = sum(ok) / len(ok) if ok else float("nan")
+            if which == "slm":
+                slm_out[name] = (outs, ok)
+        acc[which]["mean"] = sum(acc[which][n] for n in TIER_SPLITS) / len(TIER_SPLITS)
+    per_tier = -(-cfg.n_continue // len(TIER_SPLITS))
+    cont_set = [ex for name in TIER_SPLITS for ex in splits[name][:per_tier]][: cfg.n_continue]
+    llm_continue = evaluate_continue(
+        models["llm"], cont_set, get_prompts("world-v1").completion_system, seed, cfg.eval_batch_size, progress
+    )
+    # the build's check that pretraining taught follow-ups: on the validation conversations (the test ones are
+    # the eval's; measuring the two models on all 3 x n_multiturn test turns took 25 s of a quick build)
+    turn_split = "multiturn_val" if splits.get("multiturn_val") else "multiturn"
+    turns = {
+        w: evaluate_turns(models[w], splits[turn_split], cfg.eval_batch_size, progress, f"eval {w} turns")
+        for w in ("slm", "llm")
+    }
+    return {"acc": acc, "slm_out": slm_out, "llm_continue": llm_continue, "turns": turns, "turn_split": turn_split}
+
+
+def _world_info(cfg: WorldConfig, seed: int, donor: Path | None, splits: dict, models: dict, m: dict) -> dict:
+    """world.json's content but losses, timings and threads: the config, the splits, the models' measurements."""
     tests = [ex for name in TIER_SPLITS for ex in splits[name]]
-    outs = [o for name in TIER_SPLITS for o in slm_out[name][0]]
-    oks = [c for name in TIER_SPLITS for c in slm_out[name][1]]
+    outs = [o for name in TIER_SPLITS for o in m["slm_out"][name][0]]
+    oks = [c for name in TIER_SPLITS for c in m["slm_out"][name][1]]
     easy = [c for ex, c in zip(tests, oks) if not ex.meta["hard_steps"]]
     hard = [c for ex, c in zip(tests, oks) if ex.meta["hard_steps"]]
-    info = {
+    return {
         "config": cfg.to_dict(),
         "config_hash": cfg.config_hash(),
         "models_hash": cfg.models_hash(),
@@ -413,24 +397,56 @@ def _run_build(world_dir: Path, cfg: WorldConfig, seed: int, verbose: bool, reus
         "prompts": "world-v1",
         "splits": {name: len(exs) for name, exs in splits.items()},
         "params": {w: sum(p.numel() for p in models[w].parameters()) for w in ("slm", "llm")},
-        "accuracy": acc,
+        "accuracy": m["acc"],
         "slm_accuracy_by_difficulty": {
             "no_hard_step": sum(easy) / len(easy) if easy else float("nan"),
             "has_hard_step": sum(hard) / len(hard) if hard else float("nan"),
             "n_no_hard_step": len(easy),
             "n_has_hard_step": len(hard),
         },
-        "llm_continue": llm_continue,
-        "multiturn_accuracy": turns,  # {model: {turn: accuracy}} after the gold earlier turns, on `multiturn_split`
-        "multiturn_split": turn_split,
+        "llm_continue": m["llm_continue"],
+        "multiturn_accuracy": m[
+            "turns"
+        ],  # {model: {turn: accuracy}} after the gold earlier turns, on `multiturn_split`
+        "multiturn_split": m["turn_split"],
         "first_wrong_step": first_wrong_distribution(tests, outs, oks),
         "first_hard_frac": first_hard_distribution(tests),
-        "losses": losses,
-        "timings": timings,
-        "build_seconds": round(time.time() - t0, 1),
-        "threads": torch.get_num_threads(),
-        "pretrain_threads": pretrain_threads,  # the SLM's; the LLM's before and from step llm_beside_slm_steps
     }
+
+
+def _run_build(world_dir: Path, cfg: WorldConfig, seed: int, verbose: bool, reuse_models: bool = True) -> dict:
+    import torch
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from transformers import AutoModelForCausalLM
+
+    t0 = time.time()
+    world_dir.mkdir(parents=True, exist_ok=True)
+    (world_dir / "world.json").unlink(missing_ok=True)  # a half-built world is never mistaken for a built one
+    splits = make_splits(cfg, seed)
+    write_splits(splits, world_dir / "data")
+    timings: dict[str, float] = {}
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    donor = find_models(cfg, seed, world_dir) if reuse_models else None
+    with Progress(*columns, disable=not verbose, transient=False) as progress:
+        t = time.time()
+        if donor is not None:
+            losses, pretrain_threads = _copy_models(donor, world_dir, cfg, seed, verbose, timings)
+        else:
+            losses, seconds, pretrain_threads = train_models(world_dir, cfg, seed, progress)
+            timings.update({f"pretrain_{w}": s for w, s in seconds.items()}, pretrain_wall=round(time.time() - t, 1))
+        cpu = time.process_time()
+        models = {w: AutoModelForCausalLM.from_pretrained(str(world_dir / w)).eval() for w in ("slm", "llm")}
+        t = time.time()
+        measured = _measure(models, splits, cfg, seed, progress)
+        timings["evaluate"], timings["cpu_evaluate"] = round(time.time() - t, 1), round(time.process_time() - cpu, 1)
+    info = _world_info(cfg, seed, donor, splits, models, measured)
+    info.update(
+        losses=losses,
+        timings=timings,
+        build_seconds=round(time.time() - t0, 1),
+        threads=torch.get_num_threads(),
+        pretrain_threads=pretrain_threads,  # the SLM's; the LLM's before and from step llm_beside_slm_steps
+    )
     tmp = world_dir / "world.json.tmp"
     tmp.write_text(json.dumps(info, indent=1))
     tmp.replace(world_dir / "world.json")
