@@ -3,16 +3,10 @@
     pyrodash demo --quick            # λ in {0.6, 2, 4}; README "Time" has the minutes on 2 cores
     pyrodash demo --out runs/demo    # the larger world, λ in {0.05, 0.6, 2, 4}
 
-Steps (each reused when its output is already in DIR, so an interrupted demo resumes): world build (cached; seed 0's
-base models ship with PyroDash and are copied, `--from-scratch` pretrains them) →
-EasyHard curation → Stage 1 → Stage 2 → Stage 3 per λ and the evaluation of every method (SLM, SLM+SFT, LLM,
-RouteLLM-MF, GlimpRouter, PyroDash per λ and across offload_bias) on the five world test tiers and the multi-turn
-splits (conversations, reported per turn) → `DIR/report.md`, `DIR/pareto.png`, `DIR/summary.json`, `DIR/records/`.
-Prints where the report is and the headline table. Everything after the world build is a step of
-`pyrodash.jobs.scheduler`:
-the steps run side by side in `--workers` processes on one thread each, each after the steps it needs (training's
-chain; the evaluation of a trained model after its training; the models alone, the oracle and the routers beside
-training), their logs in `DIR/jobs/`; Stage 2 also takes a core the others leave idle (an elastic step).
+World build (cached; seed 0's base models ship and are copied, `--from-scratch` pretrains them) → curation →
+Stages 1-3 (per λ) and the evaluation of every method, as steps of `pyrodash.jobs.scheduler` side by side in
+`--workers` processes (logs in `DIR/jobs/`) → `DIR/report.md`, `pareto.png`, `summary.json`, `records/`. A step whose
+output is in DIR is reused, so an interrupted demo resumes.
 """
 
 from __future__ import annotations
@@ -165,6 +159,54 @@ def training_jobs(recipe, out: Path, lambdas: list[float], console) -> list[Job]
     return jobs
 
 
+class _TimedSteps:
+    """The demo's steps outside the scheduler: each under a console rule, its seconds in `times`."""
+
+    def __init__(self, console):
+        self.console, self.times = console, {}
+
+    def __call__(self, name: str, fn):
+        t0 = time.perf_counter()
+        self.console.rule(f"[bold]{name}[/]")
+        res = fn()
+        self.times[name] = round(time.perf_counter() - t0, 1)
+        return res
+
+
+def _demo_world(world_dir, quick: bool, seed: int, from_scratch: bool, step: _TimedSteps) -> Path:
+    """The world the demo runs on: `world_dir` as built, or the preset's (built or cached); says where its models come
+    from and what is wrong with it."""
+    if world_dir is not None and not (Path(world_dir) / "world.json").exists():
+        raise ValueError(f"--world {world_dir}: no world.json there; build one with `pyrodash world build --out DIR`")
+    world = (
+        Path(world_dir)
+        if world_dir
+        else step("world", lambda: build_world(None, quick=quick, seed=seed, from_scratch=from_scratch))
+    )
+    info = read_world_info(world)
+    if info.get("models_from") and "world" not in step.times:  # (a build that ran said so itself)
+        step.console.print(f"[dim]world {world}: models: {models_source(info)}; `--from-scratch` trains them here[/]")
+    for w in world_warnings(info):
+        step.console.print(f"[bold yellow]warning: world {world}:[/] {w}")
+    return world
+
+
+def _demo_eval_config(preset: str, out: Path, world: Path, lambdas: list[float]) -> EvalConfig:
+    """The preset's eval config on the world's test tiers and conversations, with the models this run trains."""
+    return EvalConfig.from_yaml(
+        ROOT / "configs" / "eval" / f"world-{preset}.yaml",
+        run_dir=str(out),
+        world_dir=str(world),
+        benchmarks=[f"world:{s}" for s in TIER_SPLITS] + ["world:multiturn", "world:multiturn-self"],
+        models={
+            "slm": str(world / "slm"),
+            "llm": str(world / "llm"),
+            "sft": str(stage_dir(out, "stage2")),
+            "pyrodash": {lam: str(stage_dir(out, "stage3", lam)) for lam in lambdas},
+        },
+    )
+
+
 def run_demo(
     out: str | Path,
     quick: bool = True,
@@ -186,56 +228,22 @@ def run_demo(
     workers = workers or default_workers()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    times: dict[str, float] = {}
-
-    def step(name: str, fn, skip: bool = False):
-        t0 = time.perf_counter()
-        if skip:
-            console.print(f"[dim]{name}: reused[/]")
-            return None
-        console.rule(f"[bold]{name}[/]")
-        res = fn()
-        times[name] = round(time.perf_counter() - t0, 1)
-        return res
-
-    if world_dir is not None and not (Path(world_dir) / "world.json").exists():
-        raise ValueError(f"--world {world_dir}: no world.json there; build one with `pyrodash world build --out DIR`")
-    world = (
-        Path(world_dir)
-        if world_dir
-        else step("world", lambda: build_world(None, quick=quick, seed=seed, from_scratch=from_scratch))
-    )
-    info = read_world_info(world)
-    if info.get("models_from") and "world" not in times:  # (a build that ran said so itself)
-        console.print(f"[dim]world {world}: models: {models_source(info)}; `--from-scratch` trains them here[/]")
-    for w in world_warnings(info):
-        console.print(f"[bold yellow]warning: world {world}:[/] {w}")
+    step = _TimedSteps(console)
+    world = _demo_world(world_dir, quick, seed, from_scratch, step)
     recipe = load_recipe(ROOT / "configs" / "world" / f"{preset}.yaml", {"world": {"dir": str(world)}})
-    cfg = EvalConfig.from_yaml(
-        ROOT / "configs" / "eval" / f"world-{preset}.yaml",
-        run_dir=str(out),
-        world_dir=str(world),
-        benchmarks=[f"world:{s}" for s in TIER_SPLITS] + ["world:multiturn", "world:multiturn-self"],
-        models={
-            "slm": str(world / "slm"),
-            "llm": str(world / "llm"),
-            "sft": str(stage_dir(out, "stage2")),
-            "pyrodash": {lam: str(stage_dir(out, "stage3", lam)) for lam in lambdas},
-        },
-    )
-    # Training and the evaluation's methods: steps side by side on one thread each
-    # (pyrodash.jobs.scheduler), each after what
-    # it needs; the models alone, the oracle and the routers need no training, so they run beside it. Training's
-    # chain comes first in the list: a free worker takes its next step before any evaluation.
+    cfg = _demo_eval_config(preset, out, world, lambdas)
+    # Training and the evaluation's methods: steps side by side on one thread each (pyrodash.jobs.scheduler), each
+    # after what it needs; the models alone, the oracle and the routers need no training, so they run beside it.
+    # Training's chain comes first in the list: a free worker takes its next step before any evaluation.
     jobs = training_jobs(recipe, out, lambdas, console)
     jobs += eval_jobs(cfg, {lam: f"stage3 λ={lam:g}" for lam in lambdas}, {j.name for j in jobs})
     console.rule(f"[bold]training and evaluation[/] ({len(jobs)} steps, {min(workers, len(jobs))} side by side)")
     t0 = time.perf_counter()
-    times.update(run_jobs(jobs, workers, out / "jobs", console=console))
+    step.times.update(run_jobs(jobs, workers, out / "jobs", console=console))
     evaluate(cfg, quiet=True)  # every record is there: writes the run's whole eval config (config.resolved.json)
-    times["training + evaluation (wall)"] = round(time.perf_counter() - t0, 1)
+    step.times["training + evaluation (wall)"] = round(time.perf_counter() - t0, 1)
     path = step("report", lambda: write_report(out))
-    (out / "demo_times.json").write_text(json.dumps(times, indent=2) + "\n")
+    (out / "demo_times.json").write_text(json.dumps(step.times, indent=2) + "\n")
     return path
 
 
