@@ -1,27 +1,13 @@
-"""Dollar budgets in `pyrodash serve`: each request draws on a budget, whose pacer
-(`pyrodash.server.budget.pacer`) sets the
-operating point it gets, so that the spend tracks the budget's target rate as traffic rises and falls.
-
-The server's two hooks and what the client sees:
+"""Dollar budgets in `pyrodash serve` (docs/budgets.md): which budget a request draws on (its bearer key, else
+`budgets.default`), its reservation on the hard cap (`reserve.py`), the operating point its pacer gives it
+(`pacer.py`), and what the server shows (`pyrodash.budget`, GET /v1/budget, /health, `pyrodash_budget_*`).
 
     kwargs, grant = await pace(app, request, prompt, kwargs, mode)   # before the engine call: share / bias (or 429)
-    run = EngineRun(metered(engine, grant), ...)                      # the Done's dollars are recorded on the budget
+    run = EngineRun(metered(app, engine, grant), ...)                 # the Done's dollars settle the reservation
     info = with_budget(info, grant)                                   # the response's pyrodash.budget
 
-- Which budget: the request's bearer key, when it is a key of `budgets.keys` (compared by SHA-256 digest, never
-  logged), else `budgets.default` (absent: the request is not paced).
-- Dollars: the Done's `llm_endpoints` (LLM dollars, `dollars: llm`) or its `cost_usd` (`dollars: all`).
-- The operating point: `handoff_share` = min(the model's own share, the pacer's), or, with `knob: offload_bias`,
-  the bias along the calibration curve (never above the model's). The policy's own point is the ceiling.
-- At the hard cap: the SLM alone until the period ends (`handoff_share` 0), or 429 `budget_exceeded` with
-  Retry-After (`at_cap: refuse`); a request for the LLM alone (`pyrodash.mode: llm`) is refused at the cap.
-- Nothing silent: the response's `pyrodash.budget` (name, state, the knob it got, target, measured rate, the
-  period's spend and cap, the store), `GET /v1/budget` (a budget key sees its own budget only), `/health`'s
-  `budget` field (Redis reachable or this replica on its own share), and `/metrics`: `pyrodash_budget_*`.
-
-States: `paced` (the budget binds: fewer handoffs than the policy wants, down to none), `policy` (the budget
-allows more than the policy spends: its own point), `capped`, `refused`, `learning` (no request finished yet and no
-curve), `solo` (one model answering alone: charged, not paced).
+States: `paced`, `policy` (the policy's own point), `capped` (the worst case did not fit the cap: the SLM alone),
+`refused` (429), `learning` (nothing measured yet: handoffs only within reserved headroom), `solo`.
 """
 
 from __future__ import annotations
@@ -256,7 +242,12 @@ class Budgets:
             d = arrive(st, spec, t, lambda share: handoff_admitted(messages, share), base_share, base_bias, solo, cap)
             return d, st.copy(), spec
 
-        (d, st, spec), view = await self.store.run(budget.name, spec, step)
+        try:
+            (d, st, spec), view = await self.store.run(budget.name, spec, step)
+        except BaseException:
+            if ticket is not None:  # not admitted after all: nothing was spent
+                await self.store.ledger.settle(ticket, 0.0)
+            raise
         if ticket is not None and not cap and not solo and not d.admitted and budget.dollars == "llm":
             await self.store.ledger.settle(ticket, 0.0)  # outside the handoff share: no LLM call, nothing held
             ticket = None
@@ -405,6 +396,9 @@ class Budgets:
         for b in [only] if only is not None else self.cfg.budgets:
             st, spec, view = await self._seen(b)
             level = st.level
+            cap_spent, held = (None, None)
+            if spec.cap is not None:  # the cap's ledger: billed dollars of the period's requests, and reservations
+                cap_spent, held = await self.store.ledger.read(b.name, period_of(self.now(), spec.period_s))
             row = {
                 "name": b.name,
                 "dollars": b.dollars,
@@ -421,7 +415,9 @@ class Budgets:
                 "spend_fraction": level,
                 "requests": int(st.requests),
                 "cap_hits": int(st.cap_hits),
-                "capped": spec.cap is not None and st.period_spend >= spec.cap,
+                "capped": spec.cap is not None and cap_spent + held >= spec.cap,
+                "cap_spent_usd": cap_spent,
+                "reserved_usd": held,
             }
             if self.cfg.knob == BIAS:
                 row["offload_bias"] = self.cfg.curve.bias_for(level, spec.curve_top_bias) if self.cfg.curve else None

@@ -84,11 +84,8 @@ class RedisLedger:
         try:
             return await script(keys=keys, args=args)
         except Exception as e:  # noqa: BLE001 - any Redis failure: fall back
-            from pyrodash.server.budget.store import _redis_failure
-
-            if not _redis_failure(e):
+            if not self.store.lost(e):
                 raise
-            self.store._go_down(e)
             return None
 
     async def reserve(self, t: Ticket, cap: float, ttl_s: float) -> tuple[bool, float, float]:

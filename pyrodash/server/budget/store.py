@@ -252,6 +252,13 @@ class RedisStore:
 
     # ------------------------------------------------------------ fallback
 
+    def lost(self, e: BaseException) -> bool:
+        """Whether `e` is Redis being unreachable (then this replica falls back, and says so) rather than a bug."""
+        if not _redis_failure(e):
+            return False
+        self._go_down(e)
+        return True
+
     def _go_down(self, e: BaseException) -> None:
         if self.down_since is None:
             self.down_since = time.monotonic()

@@ -1,0 +1,142 @@
+"""The hard cap's ledger without servers (`pyrodash.server.budget.reserve`): reservations are atomic under threads
+and across two connections to one SQLite file, expire, settle into the period they were made in; the worst case
+bounds a request at the dearest prices; and `Budgets` holds the cap across a period boundary in a burst and a price
+change between periods."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from types import SimpleNamespace
+
+import pytest
+
+from pyrodash.cost import Prices
+from pyrodash.engine.requests import FailurePolicy
+from pyrodash.server.budget.budgets import Budgets
+from pyrodash.server.budget.config import BudgetsConfig
+from pyrodash.server.budget.reserve import MemoryLedger, Ticket, worst_case
+from pyrodash.server.budget.store import FileStore
+
+SHEET = Prices(slm_in=1.0, slm_out=2.0, llm_in=10.0, llm_out=40.0)
+
+
+def hammer(reserve, n: int = 200) -> int:
+    """`n` threads reserving $0.1 each at once; how many got in."""
+    wins, start = [], threading.Barrier(n)
+
+    def one(i: int) -> None:
+        start.wait()
+        wins.append(reserve(Ticket("b", 0, f"r{i}", 0.1)))
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return sum(wins)
+
+
+def test_memory_reservations_are_atomic_and_expire():
+    now = [0.0]
+    ledger = MemoryLedger(clock=lambda: now[0])
+    assert hammer(lambda t: ledger.reserve_now(t, 1.0, 10.0)[0]) == 10  # $1 holds ten $0.1 reservations, no more
+    assert ledger.read_now("b", 0) == (0.0, pytest.approx(1.0))
+    assert ledger.settle_now(Ticket("b", 0, "r0", 0.1), 0.04)  # settled to what it billed: room for $0.06 more
+    assert ledger.read_now("b", 0) == (pytest.approx(0.04), pytest.approx(0.9))
+    now[0] = 11.0  # the rest expire (their replica died)
+    assert ledger.read_now("b", 0) == (pytest.approx(0.04), 0.0)
+    assert not ledger.settle_now(Ticket("b", 0, "r1", 0.1), 0.05)  # too late: counted, and said so
+
+
+def test_workers_on_one_file_share_one_cap(tmp_path):
+    path = tmp_path / "b.sqlite"
+
+    def worker_reserves(t: Ticket) -> bool:  # each its own connection, as the worker processes have
+        store = FileStore(path)
+        try:
+            return asyncio.run(store.ledger.reserve(t, 1.0, 60.0))[0]
+        finally:
+            asyncio.run(store.aclose())
+
+    a = FileStore(path)
+    assert asyncio.run(a.ledger.reserve(Ticket("b", 0, "first", 0.1), 1.0, 60.0))[0]
+    assert hammer(worker_reserves, n=40) == 9  # $1 holds ten $0.1 reservations, no more
+    assert asyncio.run(a.ledger.settle(Ticket("b", 0, "first", 0.1), 0.03))  # settled to what it billed
+    assert asyncio.run(a.ledger.read("b", 0)) == (pytest.approx(0.03), pytest.approx(0.9))
+
+
+def engine(prices: Prices = SHEET, retries: int = 0, members=None):
+    return SimpleNamespace(
+        prices=prices,
+        failure=FailurePolicy(retries=retries),
+        prompts=None,
+        messages=lambda p: p,
+        llm=SimpleNamespace(members=members) if members else None,
+    )
+
+
+def test_the_worst_case_takes_every_attempt_and_the_dearest_endpoint():
+    q = [{"role": "user", "content": "x" * 84}]  # 84 bytes + 16 template tokens = 100 prompt tokens at most
+    kw = {"max_tokens": 50, "max_total_tokens": 50}
+    one = worst_case(engine(), q, kw, "llm")
+    assert one.llm == pytest.approx((100 + 50) * 10e-6 + 50 * 40e-6) and one.slm == 0.0
+    assert worst_case(engine(retries=2), q, kw, "llm").llm == pytest.approx(3 * 150 * 10e-6 + 50 * 40e-6)
+    dear = SimpleNamespace(prices=Prices(slm_in=0, slm_out=0, llm_in=30.0, llm_out=90.0))
+    mesh = worst_case(engine(members=[SimpleNamespace(prices=None), dear]), q, kw, "llm")
+    assert mesh.llm == pytest.approx(2 * 150 * 30e-6 + 50 * 90e-6)  # each endpoint may be tried, the dearest price
+    both = worst_case(engine(), q, kw, "all")
+    assert both.slm == pytest.approx(2 * 150 * 1e-6 + 50 * 2e-6) and both.collab == pytest.approx(one.llm + both.slm)
+    assert worst_case(SimpleNamespace(prices=None), q, kw, "llm") is None
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 10.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def budgets_with(cap: float, clock: Clock) -> Budgets:
+    cfg = BudgetsConfig.parse({"default": {"usd_per_hour": cap, "cap_usd": cap}, "controller": {"head_start_s": 3600}})
+    return Budgets(cfg, clock=clock)
+
+
+async def admit(budgets: Budgets, eng, i: int):
+    kwargs = {"max_tokens": 50, "max_total_tokens": 50, "handoff_share": 1.0}
+    _, grant = await budgets.pace(
+        SimpleNamespace(headers={}), eng, [{"role": "user", "content": f"q{i:03d}"}], kwargs, "collab"
+    )
+    return grant
+
+
+def done(usd: float):
+    return SimpleNamespace(cost_usd=usd, llm_endpoints=[{"cost_usd": usd}])
+
+
+def test_a_period_boundary_in_a_burst_and_a_price_change_keep_each_period_within_the_cap():
+    clock = Clock()
+    eng = engine()
+    worst = worst_case(
+        eng, [{"role": "user", "content": "q000"}], {"max_tokens": 50, "max_total_tokens": 50}, "llm"
+    ).llm
+    budgets = budgets_with(3 * worst, clock)
+
+    async def run():
+        burst = [await admit(budgets, eng, i) for i in range(5)]  # none finished yet
+        assert [g.info["state"] for g in burst].count("capped") == 2  # three worst cases fit, not a fourth
+        clock.t = 3600.0 + 10.0  # the hour ends with three answers in flight
+        fresh = [await admit(budgets, eng, 10 + i) for i in range(3)]
+        assert all(g.ticket is not None for g in fresh)  # a new period: room again
+        for g in burst[:3] + fresh:
+            await budgets.record(g, done(0.9 * worst))  # the old period's answers settle into the old period
+        rows = {p: await budgets.store.ledger.read("default", p) for p in (0, 1)}
+        assert rows[0] == (pytest.approx(2.7 * worst), 0.0) and rows[1] == (pytest.approx(2.7 * worst), 0.0)
+        clock.t = 7200.0 + 10.0  # the next hour the LLM's price doubles: worst cases double, half as many fit
+        eng.prices = Prices(slm_in=1.0, slm_out=2.0, llm_in=20.0, llm_out=80.0)
+        dear = [await admit(budgets, eng, 20 + i) for i in range(3)]
+        assert [g.ticket is not None for g in dear] == [True, False, False]
+        assert dear[1].info["reason"].startswith("worst case $")
+
+    asyncio.run(run())
