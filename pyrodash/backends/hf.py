@@ -4,21 +4,11 @@
     async for chunk in backend.stream(GenRequest(messages=[{"role": "user", "content": "2+2?"}])): ...
     results = backend.generate_batch([req1, req2])            # left-padded batch, for evaluation and rollouts
 
-The prompt is the tokenizer's chat template with `add_generation_prompt=True`, followed by `req.prefix` (the text
-the model continues as its own assistant message). Our own loop, rather than `model.generate`, gives exact stop-id
-handling (a stop id ends the sequence and is never decoded into text), per-request `logit_bias`, top-k logprobs of
-the raw distribution, stop strings, and cancellation between any two tokens. One lock per model serialises
-concurrent requests; `stream` runs the loop in a worker thread and hands chunks to the event loop.
-
-Worker threads are joined, never left running: `stream` joins its thread once the thread has handed over its last
-chunk, and `aclose()` cancels and joins any thread still decoding (a client that went away). They are not daemon
-threads either, so the interpreter waits for them at exit. A daemon thread still inside a torch op when the
-interpreter finalises is killed with `pthread_exit`, whose forced unwind through torch's C++ frames aborts the
-process ("terminate called without an active exception", exit 134) after the answer was already printed.
-
-Special-token text in message content that was marked as literal (`pyrodash.backends.literal.mark`, done by
-`pyrodash serve` for everything a client sends) is tokenized as plain characters, so a client cannot forge
-`<|im_end|>` or `<offload>`; the template's own markup and the system prompt keep their special tokens.
+The prompt is the chat template (generation prompt on) followed by `req.prefix`. Our own loop, not `model.generate`:
+exact stop ids, per-request `logit_bias`, raw top-k logprobs, stop strings, cancellation between tokens. One lock per
+model; `stream` decodes in a worker thread that is always joined (a daemon thread killed inside torch aborts the
+process at exit). Literal-marked content (`pyrodash.backends.literal`) is tokenized as plain characters, so a client
+cannot forge `<|im_end|>` or `<offload>`.
 """
 
 from __future__ import annotations

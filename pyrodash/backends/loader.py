@@ -1,33 +1,16 @@
-"""Backends from command-line or YAML specs: `load_llm`, the one LLM loader (every command, the server, evaluation and
-training load their LLM with it), `load_slm` and `load_backend`.
+"""Backends from command-line or YAML specs: `load_llm` (the one LLM loader), `load_slm` and `load_backend`.
 
     llm = load_llm("http://127.0.0.1:8001/v1#llm")            # an endpoint: probed at start-up (mode auto)
-    llm = load_llm({"url": ..., "model": ..., "mode": "completion", "tokenizer": "worlds/w/llm"}, mode=None)
     llm = load_llm("worlds/quick/llm")                         # a local model dir / hub id: in process
     llm = load_llm(["http://a:8001/v1#llm", "http://b:8002/v1#llm"])   # a mesh (`pyrodash.backends.mesh`)
-    llm = load_llm(spec, local=frozen_loader)                  # training: its own in-process loading (float32, frozen)
+    llm = load_llm(spec, local=frozen_loader)                  # training: its own in-process loading
     slm = load_slm("http://127.0.0.1:8000/v1#slm")            # an SLM server: checked to stop at <offload>
     b = load_backend("path/or/hub-id")                         # any backend, no check (SLMs, tools, tests)
 
-Spec forms:
-  - "path/to/model" or "org/hub-id"                   -> HFBackend (in-process transformers)
-  - "http://host:port/v1#model" (fragment optional)    -> OpenAICompatBackend (else the server's first model)
-  - {"path": ..., "device": ..., "dtype": ..., "name": ...}                        -> HFBackend
-  - {"url": ..., "model": ..., "api_key_env": ..., "timeout_s": ..., "tokenizer": ..., "mode": ..., ...}
-                                                       -> OpenAICompatBackend (`pyrodash.backends.endpoint`)
-  - LLM only: a list of specs, {"endpoints": [...], "policy", "cooldown_s", "timeout_s", "name"}, or an endpoint dict
-    with its own `prices`                              -> MeshBackend (`pyrodash.backends.mesh`)
-
-Names: a backend's `name` is what clients and records see (`segments[].endpoint`, `llm_endpoints`, /health). A
-spec's `name` wins; the default is public, never a URL, host:port or directory: an endpoint's model name (its last
-path part: `#worlds/quick/llm` -> "llm"), a local model's directory name, "endpoint" for a URL without a model; two
-mesh endpoints with the same default get their position ("llm-1", "llm-2").
-
-`load_llm` runs the start-up continuation-mode probe on every HTTP endpoint (`OpenAICompatBackend.resolve`: mode auto
-detected, a configured mode verified, the choice logged): a misconfiguration is a one-line ValueError naming the fix;
-an unreachable server is not an error yet (probed again at its first handoff, reported by /health). `load_backend`
-never probes: an HTTP backend it opens continues a prefix vLLM-style (what an SLM server does), which is why an LLM
-must be loaded with `load_llm`.
+Specs: a path or hub id (HFBackend), a URL with an optional `#model` (OpenAICompatBackend), their dict forms
+(`pyrodash.backends.endpoint`), or for the LLM a list / `{"endpoints": [...]}` (MeshBackend). A backend's `name` is
+public (a spec's `name`, else the model's name, never a URL or directory). A misconfigured endpoint is a one-line
+ValueError naming the fix; an unreachable one is probed again at its first handoff (docs/providers.md).
 """
 
 from __future__ import annotations

@@ -4,13 +4,10 @@
     with serve_in_thread(app) as url:                       # "http://127.0.0.1:<free port>/v1" (tests, benchmarks)
         ...
 
-Routes: `GET /v1/models`, `POST /v1/chat/completions` (streaming with `stream_options.include_usage`, or not),
-`POST /v1/completions` (a raw prompt, same extras),
-`POST /tokenize` (vLLM's shape: {"tokens": [...], "count": n}), `GET /health`. vLLM request extras:
-`stop_token_ids`, `logit_bias`, `continue_final_message` (+ `add_generation_prompt: false`), `logprobs` /
-`top_logprobs`, `seed`; the response's `stop_reason` is the stop token id (or stop string) that ended generation,
-as in vLLM. Usage counts are the model tokenizer's. Errors use OpenAI's {"error": {message, type, param, code}}.
-A client that disconnects stops generation (the backend stream is closed).
+Routes: `GET /v1/models`, `POST /v1/chat/completions` and `/v1/completions` (unary or SSE), `POST /tokenize` (vLLM's
+shape), `GET /health`. vLLM extras: `stop_token_ids`, `logit_bias`, `continue_final_message`, `logprobs`, `seed`;
+`stop_reason` is the stop token id (or string) that ended generation. Errors in OpenAI's shape; a client that
+disconnects stops generation.
 """
 
 from __future__ import annotations

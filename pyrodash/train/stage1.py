@@ -2,18 +2,9 @@
 
     pyrodash train stage1 --config configs/world/quick.yaml --output-dir runs/quick
 
-1. Add `<offload>` to the base SLM and initialise its input/output rows (`eq:offload-embed-init`, sigma 0.1; separate
-   rows when the embeddings are untied): `pyrodash.tokens.add_offload_token`.
-2. Train those rows plus transient LoRA adapters on the attention projections on Corpus B with TRL's SFTTrainer
-   (assistant-only loss).
-3. Discard the adapters: load the base model afresh, add the token, and copy in only the trained `<offload>` rows.
-   Every other parameter of the saved checkpoint is bit-identical to the base model (checked before saving).
-
-How only the `<offload>` rows train: the embedding (and, when untied, the LM head) weights are trainable and a
-gradient hook zeroes every row but `<offload>`'s; weight decay must be 0 so AdamW never moves the other rows. Not
-PEFT's `trainable_token_indices`: TRL 1.16's fused LM head multiplies by `lm_head.weight` directly (and reads
-`lm_head.bias`), so the trainable-tokens wrapper's delta for the output row would never be used or trained. The
-other rows are restored from the base anyway in step 3, so the saved model's identity does not rest on the hook.
+Add `<offload>` to the base SLM (`pyrodash.tokens.add_offload_token`, sigma 0.1), train its embedding rows (and
+transient LoRA adapters) on Corpus B with TRL's SFTTrainer, then save the base afresh plus the trained rows only:
+every other parameter is bit-identical to the base (checked before saving).
 """
 
 from __future__ import annotations
@@ -44,7 +35,9 @@ def offload_rows(model, tid: int) -> dict[str, torch.Tensor]:
 
 
 def mask_rows_to(param: torch.nn.Parameter, tid: int) -> None:
-    """Make `param` trainable but let only row `tid` receive gradient."""
+    """Make `param` trainable but let only row `tid` receive gradient (weight decay must be 0, or AdamW moves the
+    other rows). Not PEFT's `trainable_token_indices`: TRL's fused LM head multiplies by `lm_head.weight` directly,
+    so the wrapper's delta for the output row would never be used or trained."""
     mask = torch.zeros(param.shape[0], 1, dtype=param.dtype, device=param.device)
     mask[tid] = 1
     param.requires_grad_(True)

@@ -1,19 +1,12 @@
 """Build (or reuse) the built-in world: data splits, the two pretrained models, and their measured accuracies.
 
-    pyrodash world build --out worlds/demo --quick
+    pyrodash world build --out worlds/demo --quick      # or build_world(out_dir=None, quick=False, seed=0)
 
-    DIR/slm/, DIR/llm/        HF dirs (model + tokenizer + generation config, EOS <|im_end|>)
-    DIR/data/<split>.jsonl    Example.to_dict rows: train, val, tier1..tier5, and the conversations multiturn (test),
-                              multiturn_val, multiturn_train (one row per conversation turn)
-    DIR/world.json            config, config hash, seed, tier -> benchmark mapping, measured accuracies, timings
-
-`build_world(out_dir=None, quick=False, seed=0)` reuses a directory whose world.json has the same config hash and
-seed; the default directory is `$PYRODASH_CACHE/worlds/<quick|full>-seed<N>-<hash>` (cache: ~/.cache/pyrodash).
-A build whose config differs from a cached world's in its split sizes only (`WorldConfig.models_hash`) copies that
-world's models instead of pretraining them again (world.json `models_from`), then writes its splits and measures.
-
-The base models that ship with PyroDash (`pyrodash.world.shipped`: seed 0's) are found the same way, after the cache;
-`from_scratch=True` (`--from-scratch`) pretrains the models here instead of copying any.
+Writes DIR/slm/, DIR/llm/ (HF dirs), DIR/data/<split>.jsonl (train, val, tier1..tier5, multiturn, multiturn_val,
+multiturn_train) and DIR/world.json (config, hash, seed, measured accuracies, timings). A directory with the same
+config hash and seed is reused (default: `$PYRODASH_CACHE/worlds/<quick|full>-seed<N>-<hash>`); a world with the same
+models (`WorldConfig.models_hash`), cached or shipped (`pyrodash.world.shipped`), lends its models instead of
+pretraining them again; `from_scratch=True` pretrains here.
 """
 
 from __future__ import annotations

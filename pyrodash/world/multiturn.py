@@ -1,22 +1,12 @@
 """The built-in world's conversations: follow-up turns that continue from the previous answer.
 
-A conversation opens with an ordinary world problem; each follow-up applies more operations to the previous turn's
-answer, written "Then: " + the operations (the previous answer is not repeated: the model reads it from the last
-`\\boxed{}` of the history):
+    user:       47: +7x4 f1                     assistant: (3,1) 47+7=54 ... \boxed{81}
+    user:       Then: +3x6 f2                   assistant: (5,2) 81+3=84 ... \boxed{64}
 
-    user:       47: +7x4 f1                     assistant: (3,1) 47+7=54 ... \\boxed{81}
-    user:       Then: +3x6 f2                   assistant: (5,2) 81+3=84 ... \\boxed{64}
-
-A follow-up's gold solution is `solve(replace(problem, start=previous answer))`: the same steps and the same secret
-table, so its hard steps (lookups the SLM was not taught) are as in any problem and the SLM can hand off in any turn.
-
-- Pretraining (`chat_messages`, `pretrain_example`): a `WorldConfig.multiturn_frac` share of the pretraining
-  examples are conversations of 2..`multiturn_turns` turns; every assistant turn is trained, and for the SLM the
-  results of untaught lookups are masked in every turn (as in single-turn examples).
-- Evaluation (`make_multiturn_split`): `n` conversations of `turns` turns become one `Example` per turn, with the
-  gold earlier turns as `meta["history"]` (teacher-forced history: every turn is graded on the same context for
-  every method) and `meta["turn"]` / `meta["conversation"]`; the report breaks accuracy, LLM calls and cost down
-  by turn.
+A follow-up's gold is `solve(replace(problem, start=previous answer))`: same steps, same table, so the SLM can hand off
+in any turn. Pretraining (`chat_messages`, `pretrain_example`) mixes in conversations of 2..`multiturn_turns` turns
+(untaught lookups masked in every turn); evaluation (`make_multiturn_split`) makes one `Example` per turn with the
+gold earlier turns as `meta["history"]` and `meta["turn"]` / `meta["conversation"]`.
 """
 
 from __future__ import annotations

@@ -1,16 +1,11 @@
 """The base models that ship with PyroDash: the world's two pretrained models of seed 0, in `checkpoints/seed0/`.
 
-The paper's pipeline starts from downloaded base models (Qwen3.5-4B, GLM-5.2); the built-in world trains its own, and
-that pretraining is ~195 s of the quick demo's ~400 s on 2 cores. So PyroDash ships the ones seed 0 trains (2.8 MB,
-float32 safetensors): a build finds them as it finds a cached world with the same models (`build.find_models`: same
-seed, build recipe and models hash) and copies them, saying so (world.json `models_from`, `models_shipped`); `pyrodash
-world build --from-scratch` and `pyrodash demo --from-scratch` train them instead.
-
     python scripts/ship_world.py           # build seed 0's world from scratch and ship its models
 
-`tests/test_world.py` checks that the shipped models are current (their models hash is the quick preset's) and that a
-from-scratch build reproduces them byte for byte where the platform is the one that trained them (`platform()`: the
-torch version, its CPU capability and the CPU; PyTorch promises bitwise reproducibility only there).
+A build finds them as it finds a cached world with the same models (`build.find_models`) and copies them, saying so
+(world.json `models_from`, `models_shipped`); `--from-scratch` trains them instead (~195 s of the quick demo on 2
+cores). `tests/test_world.py` checks they are current and, on the platform that trained them (`platform()`), that a
+from-scratch build reproduces them byte for byte.
 """
 
 from __future__ import annotations

@@ -1,58 +1,14 @@
 """The built-in world's task: runs of additions mod 100 and lookups in a secret table, worked out line by line.
 
-A problem gives a start, an addend, a run length and a number of lookups. The solution adds the addend `run`
-times, then does `lookups` rounds of: look the value up in a fixed random permutation `f: 0..99 -> 0..99` (seeded),
-and add the addend `ADDS_PER_LOOKUP` times. The question and its gold solution:
+    47: +7x4 f2        ->   (3,2) 47+7=54 / (2,2) 54+7=61 / ... / f(75)=19 / (0,1) 19+7=26 / ... / \boxed{71}
 
-    47: +7x4 f2
-
-    (3,2) 47+7=54
-    (2,2) 54+7=61
-    (1,2) 61+7=68
-    (0,2) 68+7=75
-
-    f(75)=19
-
-    (0,1) 19+7=26
-
-    f(26)=64
-
-    (0,0) 64+7=71
-
-    \\boxed{71}
-
-Every addition line starts with two counters: the additions left in its run and the lookups left. So each line
-follows from the line before it (and the table), and no step needs to find its place in the question: a small model
-never counts a run or looks far back. The value a lookup needs ends the line before it, right before the step
-boundary where the SLM decides whether to hand off (a design choice for the decision's locality; not measured on its
-own). The earlier world listed every operation in the question ("Start 47: +5, f, +2, f."): its models had to
-locate the next operation there, a skill a 3-layer model learnt late and abruptly, and its solutions were only 1.4x
-as long as the prompt. Values are written with two digits ("07").
-
-A step is a run of additions (its lines joined by "\\n") or one lookup; steps are separated by a blank line
-(`STEP_SEP`, the boundary GlimpRouter cuts at and `<offload>` is placed at).
-
-Why this shape, measured by `scripts/world_economics.py` from gold solutions before any training:
-- reasoning-workload economics: a short question expands into a long worked solution (LLM-only writes ~10x the
-  tokens it reads, as in the paper's Table 4 where it writes ~30x);
-- the lookups sit after a long lead run, so the first lookup the SLM was not taught falls anywhere from about a
-  third of the way through the solution to near its end (`first_hard_frac`); a single handoff there leaves the LLM
-  only the rest to write.
-
-The SLM is taught the table only on the inputs below a threshold (`make_known`: 0..64 at known_frac 0.65); the LLM
-on all of it. The SLM still pretrains on every kind of problem, but the loss never covers the result of a lookup it
-was not taught (`untaught_spans`), so it adds and counts correctly everywhere and fails exactly at those lookups.
-Which entry a problem needs is only known once the earlier lines are worked out, so difficulty is hidden from the
-question: the SLM meets, mid-solution, a lookup it was never taught (`hard_steps`). A problem of tier t has t
-lookups, so higher tiers are longer and more likely to be hard.
-
-Why a threshold and not a random subset of the table: a model can only learn to hand off before a step it cannot do
-if it can tell that step apart. Measured on a quick-world SLM (hidden 64) taught a random 65% of the table, a linear
-probe on its hidden state at the step boundary before a lookup predicts "untaught" no better than the base rate
-(63% vs 65% on held-out problems): the tiny model holds no usable "I never saw f(x)" feature, so no amount of SFT
-on attention LoRA makes it emit `<offload>` there (Stage 2 measured 0-7.5% on hard problems). The same probe
-predicts "x >= 65" at 96%. A large model's self-knowledge is richer; the threshold gives a small model the same kind
-of recognisable gap (like a model that can do arithmetic only up to some size).
+A problem (start, addend, run, lookups) adds the addend `run` times, then `lookups` rounds of: look the value up in a
+seeded permutation `f` of 0..99 and add the addend `ADDS_PER_LOOKUP` times. Each addition line carries two counters
+(additions left in its run, lookups left), so every line follows from the one before it. A step is a run of
+additions or one lookup, steps separated by `STEP_SEP` (where `<offload>` goes). The SLM is taught the table only
+below a threshold (`make_known`) and its loss never covers an untaught lookup's result (`untaught_spans`), so it fails
+exactly there, mid-solution (`hard_steps`); a tier-t problem has t lookups. Why this shape: docs/world.md,
+`scripts/world_economics.py`.
 """
 
 from __future__ import annotations
@@ -110,8 +66,13 @@ def make_table(seed: int) -> list[int]:
 
 
 def make_known(known_frac: float) -> frozenset[int]:
-    """The table inputs the SLM is taught: 0 .. round(known_frac * 100) - 1 (see the module docstring for why a
-    threshold)."""
+    """The table inputs the SLM is taught: 0 .. round(known_frac * 100) - 1.
+
+    Why a threshold and not a random subset: a model can only learn to hand off before a step it cannot do if it can
+    tell that step apart. Measured on a quick-world SLM (hidden 64) taught a random 65% of the table, a linear probe
+    on its hidden state at the step boundary before a lookup predicts "untaught" no better than the base rate (63% vs
+    65% on held-out problems), and Stage 2 reached 0-7.5% `<offload>` on hard problems; the same probe predicts
+    "x >= 65" at 96%. The threshold gives a small model a recognisable gap (like arithmetic only up to some size)."""
     if not 0.0 < known_frac < 1.0:
         raise ValueError(f"known_frac must be in (0, 1), got {known_frac}")
     return frozenset(range(round(known_frac * MOD)))

@@ -1,14 +1,10 @@
 """The built-in world's character-level tokenizer, built locally with the `tokenizers` library.
 
-One token per character of printable ASCII plus newline and tab, one token for each role word (`system`, `user`,
-`assistant`: a prompt's template costs 8 tokens, not 19, which matters to the world's token economics), and four
-special tokens: `<|im_start|>` and `<|im_end|>` (chat roles; `<|im_end|>` is the EOS used for generation),
-`<|endoftext|>` (padding) and `<|unk|>` (any other character). The chat template is Qwen-style and wraps assistant
-content in `{% generation %}` markers, so TRL's assistant-only loss and `return_assistant_tokens_mask` work.
-`<offload>` is NOT in the vocabulary: Stage 1 adds it (`pyrodash.tokens.add_offload_token`), as in the paper.
-
-`render_chat` and `encode_chat` reproduce the template in plain Python (the pretraining loop encodes hundreds of
-thousands of examples; jinja would be the bottleneck); tests check that they agree with `apply_chat_template`."""
+One token per printable ASCII character plus newline and tab, one per role word (a template costs 8 tokens, not 19),
+and `<|im_start|>`, `<|im_end|>` (EOS), `<|endoftext|>` (padding), `<|unk|>`. The Qwen-style chat template wraps
+assistant content in `{% generation %}` markers (TRL's assistant-only loss). `<offload>` is not in the vocabulary:
+Stage 1 adds it. `render_chat` / `encode_chat` reproduce the template in plain Python (fast; tests check they agree).
+"""
 
 from __future__ import annotations
 
