@@ -4,21 +4,16 @@
     pyrodash world build --out worlds/full              # the full world, about 5 minutes
     pyrodash world info worlds/demo                     # the measured accuracies
 
-`build_recipe_world(recipe)` is how `pyrodash curate` and `pyrodash train` build a training recipe's missing world
-before training, which only resolves it (`pyrodash.train.paths.resolve_world`).
+`pyrodash curate` and `pyrodash train` build a recipe's missing world with `pyrodash.world.build.build_named_world`.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-from typing import TYPE_CHECKING
 
 from pyrodash.world.build import build_world, read_world_info, world_warnings
 from pyrodash.world.shipped import models_source
-
-if TYPE_CHECKING:  # the recipe's module imports TRL: not at `pyrodash world`'s start
-    pass
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
