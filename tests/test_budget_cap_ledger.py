@@ -40,13 +40,15 @@ def hammer(reserve, n: int = 200) -> int:
 def test_memory_reservations_are_atomic_and_expire():
     now = [0.0]
     ledger = MemoryLedger(clock=lambda: now[0])
-    assert hammer(lambda t: ledger.reserve_now(t, 1.0, 10.0)[0]) == 10  # $1 holds ten $0.1 reservations, no more
+    assert all(ledger.reserve_now(Ticket("b", 0, name, 0.1), 1.0, 10.0)[0] for name in ("first", "second"))
+    assert hammer(lambda t: ledger.reserve_now(t, 1.0, 10.0)[0]) == 8  # $1 holds ten $0.1 reservations, no more
     assert ledger.read_now("b", 0) == (0.0, pytest.approx(1.0))
-    assert ledger.settle_now(Ticket("b", 0, "r0", 0.1), 0.04)  # settled to what it billed: room for $0.06 more
+    assert ledger.settle_now(Ticket("b", 0, "first", 0.1), 0.04)  # settled to what it billed: room for $0.06 more
     assert ledger.read_now("b", 0) == (pytest.approx(0.04), pytest.approx(0.9))
     now[0] = 11.0  # the rest expire (their replica died)
     assert ledger.read_now("b", 0) == (pytest.approx(0.04), 0.0)
-    assert not ledger.settle_now(Ticket("b", 0, "r1", 0.1), 0.05)  # too late: counted, and said so
+    assert not ledger.settle_now(Ticket("b", 0, "second", 0.1), 0.05)  # too late: counted, and said so
+    assert ledger.read_now("b", 0) == (pytest.approx(0.09), 0.0)
 
 
 def test_workers_on_one_file_share_one_cap(tmp_path):
