@@ -82,7 +82,7 @@ def plan(recipe: Recipe, out_dir: str | Path, stages: list[str], lambdas: list[f
             "stage2": f"{stage_dir(out_dir, 'stage1')} + {curated_dir(out_dir)}/corpus_{{a,b}}.jsonl",
             "stage3": f"{stage_dir(out_dir, 'stage2')} + LLM {llm}",
         }[stage]
-        lams = (lambdas or [float(recipe.stage3.get("lam", 0.1))]) if stage == "stage3" else [None]
+        lams = (lambdas or [recipe.stage3_lambda()]) if stage == "stage3" else [None]
         for lam in lams:
             dest = stage_dir(out_dir, stage, lam)
             cfg = recipe.stage_config(
