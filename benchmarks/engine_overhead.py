@@ -12,8 +12,8 @@ server streaming the rest. The two alternate in order, each after a 20 ms pause.
 the HTTP client in between), split into the SLM's HTTP client reading the stop, the engine (stop to LLM request
 handed to its client: Pack, the request) and the LLM's HTTP client sending it (to the server's handler). The engine
 path also streams one more step (the SLM decoding `<offload>` itself).
-`handoff_wire_ms_p50` ends where the handoff's own work ends: the LLM request handed to its socket (the lean
-client's `sent_at`, plain-http endpoints), so it leaves out the scripted server's receiving side (its wake-up,
+`handoff_wire_ms_p50` ends where the handoff's own work ends: the LLM request handed to its socket (httpx
+about to write it: `backend.http.sent_at`), so it leaves out the scripted server's receiving side (its wake-up,
 HTTP parsing and FastAPI routing), which `handoff_ms_p50` includes. Both include the scripted server's sending of the
 stop (from its `yield` to the bytes reaching the client), which is not PyroDash's either.
 The last line is machine-readable:
@@ -196,7 +196,7 @@ async def measure(url: str, runs: int, handoff_at: int) -> dict:
         handoffs.append(llm_rec[1] - slm_rec[2])
         stop, call = tslm.stops[-1], tllm.calls[-1]  # split: upstream -> SLM client, engine, LLM client -> upstream
         parts.append((stop - slm_rec[2], call - stop, llm_rec[1] - call))
-        sent = getattr(getattr(llm, "_lean", None), "sent_at", None)  # None: the request went through httpx
+        sent = getattr(getattr(llm, "http", None), "sent_at", None)  # None: not an HTTP backend
         if sent is not None and sent > call:
             wire.append(sent - slm_rec[2])
     await engine.aclose()

@@ -1,14 +1,17 @@
 """Gateway overhead, side by side in one run: direct to an upstream, through a LiteLLM proxy, through `pyrodash serve`.
 
     .venv/bin/python benchmarks/gateway_overhead.py [--tokens 200] [--token-ms 1] [--concurrency 1 64]
-        [--rounds 8] [--requests 10] [--litellm .venv-litellm/bin/litellm] [--workers 1]
+        [--rounds 8] [--requests 10] [--litellm .venv-litellm/bin/litellm] [--workers 1] [--baseline REV|DIR]
 
 The upstream is the scripted OpenAI-compatible server of `benchmarks/engine_overhead.py` (a TEST DOUBLE, no model,
 in its own process): `--tokens` tokens, one every `--token-ms` ms. Three targets stream the same script:
   direct    the client talks to the double itself (model "direct": the whole script);
   litellm   a LiteLLM proxy (`litellm --config`, its own venv as .ci/run installs it) in front of the double;
   pyrodash  `pyrodash serve --slm DOUBLE#slm --llm DOUBLE#llm --offload-bias -1000` (an operating point that never
-            hands off: the SLM streams the whole script, the request PyroDash sends upstream is one streamed call).
+            hands off: the SLM streams the whole script, the request PyroDash sends upstream is one streamed call);
+  baseline  with `--baseline REV` (a git revision: its `pyrodash/` is extracted to a temporary folder) or
+            `--baseline DIR` (a checkout, e.g. `git worktree add /tmp/old 491fd89`): the same `pyrodash serve` run
+            from that older code, in the same rounds; a line per concurrency then says what the tree adds to it.
 Every request is a streamed chat completion with `stream_options.include_usage`, sent by a minimal keep-alive
 HTTP/1.1 client on raw sockets (httpx's parsing would make the client the bottleneck on a shared machine). Per
 request: TTFT = time to the first SSE event with non-empty `content`; total = time to `data: [DONE]`.
@@ -19,18 +22,21 @@ own connection), so load from other jobs on the machine hits all three alike. A 
 Added = target percentile - direct percentile (p50 and p99 over all requests of the run), for TTFT and total.
 The gateways' own overhead headers are summarised too (`x-pyrodash-overhead-ms`, LiteLLM's
 `x-litellm-overhead-duration-ms`). Without LiteLLM installed its rows are left out, saying why. Last lines, one per
-concurrency, exactly: `c=<c> pyrodash_added_ttft_p50_ms=<a> litellm_added_ttft_p50_ms=<b> ratio=<a/b>`.
+concurrency, exactly: `c=<c> pyrodash_added_ttft_p50_ms=<a> litellm_added_ttft_p50_ms=<b> ratio=<a/b>`, and with
+`--baseline`: `c=<c> pyrodash_ttft_p50_ms=<a> baseline_ttft_p50_ms=<b> tree_minus_baseline_ttft_p50_ms=<a-b>`.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import io
 import json
 import os
 import re
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 from pathlib import Path
@@ -43,9 +49,10 @@ from engine_overhead import scripted_server_process  # noqa: E402
 from server_load import _free_port, _pct, _stop, wait_url  # noqa: E402
 
 CONTENT = re.compile(rb'"content":\s*"[^"]')  # the first SSE event with text (the role chunk's content is "")
-TARGETS = ("direct", "litellm", "pyrodash")
+TARGETS = ("direct", "litellm", "pyrodash", "baseline")
 KEY = "sk-gateway-bench-0123456789abcdef"  # LiteLLM's master key (it refuses to start without one); sent to all
 HEADERS = {"litellm": "x-litellm-overhead-duration-ms", "pyrodash": "x-pyrodash-overhead-ms"}
+HEADERS["baseline"] = HEADERS["pyrodash"]
 
 
 async def _request(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, head: bytes, body: bytes) -> dict:
@@ -153,7 +160,36 @@ def start_litellm(exe: str, upstream: str, port: int, workers: int, workdir: Pat
     return proc
 
 
-def start_pyrodash(upstream: str, port: int, workers: int, workdir: Path) -> subprocess.Popen:
+def baseline_tree(spec: str, workdir: Path) -> Path:
+    """The root of the older code to compare with: `spec` itself when it is a folder, else the tree of git revision
+    `spec` (its package and the configs it reads), extracted under `workdir`."""
+    if Path(spec).is_dir():
+        root = Path(spec).resolve()
+        if not (root / "pyrodash" / "__init__.py").exists():
+            raise SystemExit(f"--baseline {spec}: no pyrodash/ package in that folder")
+        return root
+    out = subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", spec], capture_output=True)
+    if out.returncode != 0:
+        raise SystemExit(f"--baseline {spec}: neither a folder nor a git revision ({out.stderr.decode().strip()})")
+    root = workdir / "baseline"
+    with tarfile.open(fileobj=io.BytesIO(out.stdout)) as tar:
+        tar.extractall(root, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
+    return root
+
+
+def _tree_env(root: Path) -> dict:
+    """The environment of a process that must import `pyrodash` from `root` (checked: it says so or exits)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(x for x in (str(root), os.environ.get("PYTHONPATH")) if x)}
+    env.pop("PYRODASH_API_KEY", None)
+    probe = [sys.executable, "-c", "import pyrodash; print(pyrodash.__file__)"]
+    where = subprocess.run(probe, cwd=root, env=env, capture_output=True, text=True).stdout.strip()
+    if not Path(where).resolve().is_relative_to(root.resolve()):
+        raise SystemExit(f"pyrodash run from {root} imports {where or 'nothing'} instead")
+    return env
+
+
+def start_pyrodash(upstream: str, port: int, workers: int, workdir: Path, root: Path = ROOT) -> subprocess.Popen:
+    """`pyrodash serve` in front of the double, its code from `root` (this tree, or an older one: `--baseline`)."""
     cmd = [
         sys.executable,
         "-m",
@@ -174,10 +210,9 @@ def start_pyrodash(upstream: str, port: int, workers: int, workdir: Path) -> sub
         "--log-level",
         "warning",
     ] + (["--workers", str(workers)] if workers != 1 else [])
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(x for x in (str(ROOT), os.environ.get("PYTHONPATH")) if x)}
-    env.pop("PYRODASH_API_KEY", None)
-    log = open(workdir / "pyrodash.log", "wb")  # noqa: SIM115 - closed with the process
-    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+    env = _tree_env(root)
+    log = open(workdir / f"pyrodash-{port}.log", "wb")  # noqa: SIM115 - closed with the process
+    proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT)
     _up(f"http://127.0.0.1:{port}/v1/models", proc)
     return proc
 
@@ -213,6 +248,12 @@ def summarise(res: dict[str, list[dict]], c: int) -> list[str]:
             lines.append(f"    {target} error: status {r['status']} {r['tail'][-200:]!r}")
     a, b = added.get("pyrodash", float("nan")), added.get("litellm", float("nan"))
     lines.append(f"c={c} pyrodash_added_ttft_p50_ms={a:.2f} litellm_added_ttft_p50_ms={b:.2f} ratio={a / b:.3f}")
+    if "baseline" in res:
+        tree, old = (_pct([r["ttft"] for r in res[t] if r["ok"]], 50) * 1e3 for t in ("pyrodash", "baseline"))
+        lines.append(
+            f"c={c} pyrodash_ttft_p50_ms={tree:.3f} baseline_ttft_p50_ms={old:.3f} "
+            f"tree_minus_baseline_ttft_p50_ms={tree - old:+.3f}"
+        )
     return lines
 
 
@@ -232,7 +273,7 @@ async def measure(ports: dict[str, int], models: dict[str, str], args) -> None:
         print("\n".join(summarise(res, c)), flush=True)
 
 
-def main(argv: list[str] | None = None) -> int:
+def _args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tokens", type=int, default=200, help="tokens the upstream streams per request")
     p.add_argument("--token-ms", type=float, default=1.0, help="upstream time per token")
@@ -257,27 +298,47 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="litellm --num_workers (default: --workers, so both gateways get the same processes)",
     )
-    a = p.parse_args(argv)
+    p.add_argument(
+        "--baseline",
+        default=None,
+        help="also measure `pyrodash serve` from older code: a git revision (e.g. 491fd89) or a checkout's folder",
+    )
+    return p.parse_args(argv)
+
+
+def _start_gateways(a: argparse.Namespace, upstream: str, workdir: Path, procs: list) -> dict[str, int]:
+    """Start LiteLLM (when installed), `pyrodash serve` and, with `--baseline`, the older `pyrodash serve`; their
+    processes are appended to `procs` as they start (so they are stopped even when a later one fails)."""
+    ports = {}
+    if a.litellm and Path(a.litellm).exists():
+        ports["litellm"] = _free_port()
+        t0 = time.perf_counter()
+        procs.append(start_litellm(a.litellm, upstream, ports["litellm"], a.litellm_workers or a.workers, workdir))
+        print(f"litellm up in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+    else:
+        print(
+            f"note: no LiteLLM at {a.litellm!r} (python3 -m venv .venv-litellm && .venv-litellm/bin/pip "
+            "install 'litellm[proxy]'): its rows are left out"
+        )
+    ports["pyrodash"] = _free_port()
+    procs.append(start_pyrodash(upstream, ports["pyrodash"], a.workers, workdir))
+    if a.baseline:
+        root = baseline_tree(a.baseline, workdir)
+        ports["baseline"] = _free_port()
+        procs.append(start_pyrodash(upstream, ports["baseline"], a.workers, workdir, root=root))
+        print(f"baseline: pyrodash serve from {a.baseline} ({root})", flush=True)
+    return ports
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = _args(argv)
     upstream, up_proc = scripted_server_process(a.tokens, a.tokens // 2, a.token_ms / 1e3)
     procs: list[subprocess.Popen] = []
     ports = {"direct": int(upstream.rsplit(":", 1)[1].split("/")[0])}
-    models = {"direct": "direct", "litellm": "direct", "pyrodash": "pyrodash"}
+    models = {"direct": "direct", "litellm": "direct", "pyrodash": "pyrodash", "baseline": "pyrodash"}
     with tempfile.TemporaryDirectory(prefix="gateway-overhead-") as tmp:
         try:
-            if a.litellm and Path(a.litellm).exists():
-                ports["litellm"] = _free_port()
-                t0 = time.perf_counter()
-                procs.append(
-                    start_litellm(a.litellm, upstream, ports["litellm"], a.litellm_workers or a.workers, Path(tmp))
-                )
-                print(f"litellm up in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
-            else:
-                print(
-                    f"note: no LiteLLM at {a.litellm!r} (python3 -m venv .venv-litellm && .venv-litellm/bin/pip "
-                    "install 'litellm[proxy]'): its rows are left out"
-                )
-            ports["pyrodash"] = _free_port()
-            procs.append(start_pyrodash(upstream, ports["pyrodash"], a.workers, Path(tmp)))
+            ports.update(_start_gateways(a, upstream, Path(tmp), procs))
             print(
                 f"upstream: {a.tokens} tokens at {a.token_ms:g} ms/token; {a.rounds} interleaved rounds; "
                 f"{os.cpu_count()} CPUs shared by the clients, the upstream and the gateways; workers: pyrodash "

@@ -299,3 +299,51 @@ def test_the_read_timeout_bounds_each_wait_not_the_stream():
     assert text == "".join(texts) and chunks[-1].completion_tokens == 6
     with pytest.raises(BackendError, match="timeout"):
         asyncio.run(main(3))
+
+
+def test_a_request_is_one_socket_write(monkeypatch):
+    """httpcore writes a request's head and body apart; `_OneWrite` sends them in one write (the server wakes once)."""
+    import httpcore
+
+    writes: list[bytes] = []
+    connect = httpcore.AnyIOBackend.connect_tcp
+
+    async def counted(self, *args, **kwargs):
+        stream = await connect(self, *args, **kwargs)
+        write = stream.write
+
+        async def spy(buffer: bytes, timeout=None) -> None:
+            writes.append(buffer)
+            await write(buffer, timeout)
+
+        stream.write = spy
+        return stream
+
+    monkeypatch.setattr(httpcore.AnyIOBackend, "connect_tcp", counted)
+
+    async def main():
+        async with RawServer(lambda n: response(sse(["z"]))) as srv:
+            b = OpenAICompatBackend(srv.url, model="m")
+            for _ in range(3):
+                await collect(b)
+            await b.aclose()
+            return srv.connections
+
+    assert asyncio.run(main()) == 1
+    assert len(writes) == 3 and all(w.startswith(b"POST /v1/chat/completions ") and w.endswith(b"}") for w in writes)
+
+
+def test_a_proxy_named_by_the_environment_is_used(monkeypatch):
+    for var in ("NO_PROXY", "no_proxy", "ALL_PROXY", "all_proxy", "HTTPS_PROXY", "https_proxy"):
+        monkeypatch.delenv(var, raising=False)
+
+    async def main():
+        async with RawServer(lambda n: response(sse(["via proxy"]))) as proxy:
+            monkeypatch.setenv("HTTP_PROXY", proxy.url.removesuffix("/v1"))
+            b = OpenAICompatBackend("http://upstream.invalid:8000/v1", model="m")
+            text = (await collect(b))[0]
+            await b.aclose()
+            return text, proxy.heads
+
+    text, heads = asyncio.run(main())
+    assert text == "via proxy" and heads[0].startswith(b"POST http://upstream.invalid:8000/v1/chat/completions ")

@@ -1,24 +1,15 @@
-"""HTTP LLM/SLM backend: OpenAI-compatible servers (vLLM, SGLang, `pyrodash serve-model`, `transformers serve`,
-LiteLLM, OpenAI, DeepSeek, ...) and Anthropic's Messages API.
+"""HTTP LLM/SLM backend: OpenAI-compatible servers (vLLM, SGLang, `pyrodash serve-model`, LiteLLM, OpenAI, DeepSeek,
+...) and Anthropic's Messages API, through httpx (`backends/http_client.py`).
 
     backend = OpenAICompatBackend("http://127.0.0.1:8000/v1", model="slm", api_key_env="OPENAI_API_KEY")
     async for chunk in backend.stream(GenRequest(messages=[...], stop_token_ids=[offload_id])): ...
     llm = OpenAICompatBackend.from_endpoint(LLMEndpoint.parse("http://host/v1#big")); llm.resolve()  # probe
 
-Streams with `stream_options.include_usage`, so the last chunk carries the server's token usage
-(`prompt_tokens_details.cached_tokens` / DeepSeek's `prompt_cache_hit_tokens` -> `cached_tokens`). How a partial
-trace is continued is the continuation mode (`pyrodash.backends.continuation`); `mode="auto"` is detected by
-`resolve()` (`pyrodash.backends.probe`) before the first call. A chunk with `finish_reason` is yielded as soon as the
-server sends it (the engine starts its LLM request on an `<offload>` stop right then), and the last chunk repeats it
-with the usage. Which stop token ended a generation comes from vLLM's `stop_reason` (the token id), never from the
-text. Usage the server did not report is counted with a local tokenizer (`tokenizer=DIR`, or the model name when it
-is a local model dir), else estimated (4 characters a token; one token per streamed chunk), and the last chunk says
-`usage_estimated=True`. Errors are `BackendError`s with the HTTP status: 4xx other than 408/429 are not retryable.
-Keys never appear in error messages. Requests go through
-httpx (`pyrodash.backends.http_client`: one client per event loop, connections kept alive; a stream is read to its
-end after `data: [DONE]` so its connection goes back to the pool; `warm()` keeps one open ahead of the first
-handoff); closing a stream early closes its connection, so the server stops generating. `token_id()` asks a local
-tokenizer or the server's vLLM-style `POST /tokenize`.
+A chunk with `finish_reason` is yielded as soon as the server sends it (its stop token from vLLM's `stop_reason`),
+and the last chunk repeats it with the usage: the server's (`stream_options.include_usage`, cached tokens included),
+else counted with a local tokenizer or estimated (4 characters a token), marked `usage_estimated=True`. The
+continuation mode is `backends/continuation.py` (`mode="auto"`: detected by `resolve()`, `backends/probe.py`).
+Errors are `BackendError`s with the HTTP status (4xx other than 408/429 not retryable), never showing the key.
 """
 
 from __future__ import annotations
