@@ -1,7 +1,7 @@
 """Wall time of the quick demo's two engine-heavy phases, this checkout against another one (e.g. the commit before a
 refactor), measured A/B interleaved on the same trained run so background load hits both alike.
 
-    python benchmarks/phase_times.py --base /path/to/other/checkout --run runs/demo-quick [--repeats 3]
+    python benchmarks/phase_times.py --base /path/to/other/checkout --run runs/demo-quick [--repeats 3] [--quick]
 
 Per repeat and side (the order alternates): (1) evaluation: the demo's eval config, its single-question tiers and
 conversations, methods slm, llm, oracle and PyroDash at the run's first λ, into a fresh run dir; (2) Stage 3: one λ
@@ -34,17 +34,28 @@ def _run(code_dir: Path, args: list[str], log: Path) -> float:
     return time.perf_counter() - t0
 
 
-def _phases(code_dir: Path, run: Path, tmp: Path, log: Path) -> dict[str, float]:
+def _eval_config(run: Path, tmp: Path, quick: bool) -> Path:
+    """The demo's eval config at the run's first λ, into tmp/eval (the other checkout may predate `prices_sheet`);
+    `quick`: 2 examples of the first benchmark, the SLM and PyroDash only."""
     cfg = json.loads((run / "config.resolved.json").read_text())
     lam = sorted(cfg["models"]["pyrodash"], key=float)[0]
+    methods = ["slm"] if quick else ["slm", "llm", "oracle"]
     ecfg = {k: v for k, v in cfg.items() if k != "prices_sheet"} | {
         "run_dir": str(tmp / "eval"),
         "prices": cfg.get("prices_sheet") or cfg["prices"],
-        "methods": ["slm", "llm", "oracle", {"pyrodash": {"lambdas": [float(lam)]}}],
+        "methods": [*methods, {"pyrodash": {"lambdas": [float(lam)]}}],
         "benchmark_methods": {},
         "models": {**cfg["models"], "pyrodash": {float(lam): cfg["models"]["pyrodash"][lam]}},
     }
+    if quick:
+        ecfg |= {"benchmarks": cfg["benchmarks"][:1], "limit": 2}
     (tmp / "eval.yaml").write_text(yaml.safe_dump(ecfg))
+    return tmp / "eval.yaml"
+
+
+def _stage3_dir(code_dir: Path, run: Path, tmp: Path, quick: bool) -> tuple[Path, Path]:
+    """(the Stage 3 run dir: the run's Stage 2, curated sets and Cost_base copied, the recipe); `quick`: 1 step and
+    2 held-out rows."""
     out = tmp / "train"
     out.mkdir()
     for name in ("stage2", "curated", "cost_base.json", "cost_base.calls.jsonl"):
@@ -53,23 +64,25 @@ def _phases(code_dir: Path, run: Path, tmp: Path, log: Path) -> dict[str, float]
             shutil.copytree(src, out / name)
         elif src.exists():
             shutil.copy(src, out / name)
-    return {
-        "evaluation": _run(code_dir, ["eval", "--config", str(tmp / "eval.yaml")], log),
-        "stage3": _run(
-            code_dir,
-            [
-                "train",
-                "stage3",
-                "--config",
-                str(code_dir / "configs" / "world" / "quick.yaml"),
-                "--output-dir",
-                str(out),
-                "--lambda",
-                str(lam),
-            ],
-            log,
-        ),  # the cached quick world
-    }
+    recipe = code_dir / "configs" / "world" / "quick.yaml"  # the cached quick world
+    if quick:
+        from pyrodash.train.config import load_yaml
+
+        data = load_yaml(recipe.read_text())
+        data["stage3"]["max_steps"] = 1
+        recipe = tmp / "quick.yaml"
+        recipe.write_text(yaml.safe_dump(data))
+        held = out / "curated" / "heldout.jsonl"
+        held.write_text("".join(held.read_text().splitlines(keepends=True)[:2]))
+    return out, recipe
+
+
+def _phases(code_dir: Path, run: Path, tmp: Path, log: Path, quick: bool) -> dict[str, float]:
+    lam = sorted(json.loads((run / "config.resolved.json").read_text())["models"]["pyrodash"], key=float)[0]
+    evaluation = _run(code_dir, ["eval", "--config", str(_eval_config(run, tmp, quick))], log)
+    out, recipe = _stage3_dir(code_dir, run, tmp, quick)
+    args = ["train", "stage3", "--config", str(recipe), "--output-dir", str(out), "--lambda", str(lam)]
+    return {"evaluation": evaluation, "stage3": _run(code_dir, args, log)}
 
 
 def main() -> None:
@@ -77,6 +90,7 @@ def main() -> None:
     ap.add_argument("--base", required=True, help="the other checkout (its pyrodash/ is imported for side 'base')")
     ap.add_argument("--run", default="runs/demo-quick", help="a quick demo's output directory")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--quick", action="store_true", help="a smoke run: 2 examples of one benchmark, 1 Stage 3 step")
     a = ap.parse_args()
     run = Path(a.run).resolve()
     if not (run / "config.resolved.json").exists():
@@ -87,7 +101,7 @@ def main() -> None:
     for i in range(a.repeats):
         for side in ("this", "base") if i % 2 == 0 else ("base", "this"):
             with tempfile.TemporaryDirectory() as d:
-                for k, v in _phases(sides[side], run, Path(d), log).items():
+                for k, v in _phases(sides[side], run, Path(d), log, a.quick).items():
                     best[side][k] = min(best[side].get(k, float("inf")), v)
                     print(f"repeat {i + 1} {side:4s} {k:10s} {v:7.1f}s", flush=True)
     for k in best["this"]:
