@@ -11,7 +11,7 @@ import argparse
 from pathlib import Path
 
 from pyrodash.backends.endpoint import add_llm_mode_argument
-from pyrodash.eval.harness import EvalConfig, evaluate
+from pyrodash.eval.harness import EvalConfig, check_compatible, evaluate, load_examples
 from pyrodash.jobs.library_log import library_log
 from pyrodash.report.console import print_table2
 from pyrodash.report.render import write_report
@@ -64,8 +64,6 @@ def dry_run(cfg: EvalConfig, console) -> int:
     """What `evaluate(cfg)` checks before it answers anything (model paths, prices, the records already in run_dir,
     every benchmark's examples), and the plan; loads no model and writes nothing."""
     import json
-
-    from pyrodash.eval.harness import check_compatible, load_examples
 
     cfg.check_models()
     prices = cfg.price_sheet()
