@@ -102,6 +102,18 @@ def _serve(slm: str, llm: str, prices: str, tmp: Path):
     return proc, f"http://127.0.0.1:{port}"
 
 
+def _same(name: str, exs: list, served: list[dict], evald: list[dict], st3: list[dict]) -> dict[str, list[tuple]]:
+    """{path: [record key per question]}, asserting serve == eval == stage3 (keys, and dollars to 1e-12)."""
+    keys = {"serve": [_key(r) for r in served], "eval": [_key(r) for r in evald], "stage3": [_key(r) for r in st3]}
+    for a, b in (("serve", "eval"), ("stage3", "eval")):
+        for i, (x, y) in enumerate(zip(keys[a], keys[b], strict=True)):
+            assert x == y, f"{name} question {exs[i].id}: {a} != {b}\n{x}\n{y}"
+    for a in (served, st3):
+        for x, y in zip(a, evald):
+            assert abs(x["cost_usd"] - y["cost_usd"]) < 1e-12, (x["cost_usd"], y["cost_usd"])
+    return keys
+
+
 def check_parity(run_dir: Path, tmp: Path, n_single: int = 6, n_turns: int = 4, n_faults: int = 3) -> dict:
     """Run the three paths on the same questions; returns {path: [record key per question]} (asserting equality)."""
     cfg = json.loads((run_dir / "config.resolved.json").read_text())
@@ -144,14 +156,7 @@ def check_parity(run_dir: Path, tmp: Path, n_single: int = 6, n_turns: int = 4, 
             served = _served(url, msgs)
         finally:
             stop(proc)
-        keys = {"serve": [_key(r) for r in served], "eval": [_key(r) for r in evald], "stage3": [_key(r) for r in st3]}
-        for a, b in (("serve", "eval"), ("stage3", "eval")):
-            for i, (x, y) in enumerate(zip(keys[a], keys[b], strict=True)):
-                assert x == y, f"{name} question {exs[i].id}: {a} != {b}\n{x}\n{y}"
-        for a in (served, st3):
-            for x, y in zip(a, evald):
-                assert abs(x["cost_usd"] - y["cost_usd"]) < 1e-12, (x["cost_usd"], y["cost_usd"])
-        return keys
+        return _same(name, exs, served, evald, st3)
 
     (tmp / "prices.yaml").write_text(json.dumps(cfg["prices"]))
     out = paths(llm_dir, examples, "local", llm_dir)

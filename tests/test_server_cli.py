@@ -50,32 +50,18 @@ def test_serve_without_models_is_a_clear_cli_error(capsys, monkeypatch):
     assert "price sheet 'nope' not found" in capsys.readouterr().err
 
 
+def _serve_cmd(slm_dir, llm: str, port: int) -> list[str]:
+    """`pyrodash serve` over the tiny SLM and the LLM at `llm`, with a key, a token limit and a graceful timeout."""
+    flags = {"--slm": str(slm_dir), "--llm": llm, "--prompts": "world-v1", "--port": str(port), "--api-key": "k"}
+    flags |= {"--max-tokens": "300", "--graceful-timeout": "20", "--log-level": "warning"}
+    return [sys.executable, "-m", "pyrodash.cli", "serve", *(x for kv in flags.items() for x in kv)]
+
+
 def test_serve_process_answers_and_shuts_down_gracefully(tmp_path_factory):
     slm_dir = tiny_model_dir(tmp_path_factory.mktemp("slm"), seed=0)
     port = free_port()
     with llm_server(tiny_llm(tmp_path_factory)) as lsrv:
-        cmd = [
-            sys.executable,
-            "-m",
-            "pyrodash.cli",
-            "serve",
-            "--slm",
-            str(slm_dir),
-            "--llm",
-            f"{lsrv.url}/v1#tiny-llm",
-            "--prompts",
-            "world-v1",
-            "--port",
-            str(port),
-            "--api-key",
-            "k",
-            "--max-tokens",
-            "300",
-            "--graceful-timeout",
-            "20",
-            "--log-level",
-            "warning",
-        ]
+        cmd = _serve_cmd(slm_dir, f"{lsrv.url}/v1#tiny-llm", port)
         proc = subprocess.Popen(
             cmd,
             cwd=ROOT,

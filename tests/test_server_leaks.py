@@ -160,30 +160,33 @@ def _drop_two_uploads(srv, before, caplog) -> None:
 # ---------------------------------------------------------------- every response, searched
 
 
-def test_no_response_carries_a_path_a_url_or_a_port(deployment, caplog):
-    srv, lsrv, switch, needles = deployment
-    seen: list[tuple[str, int, str]] = []
-    caplog.set_level(logging.WARNING, logger="pyrodash.serve")
+class Seen:
+    """A client of the deployment that keeps every response (label, status, headers and body)."""
 
-    def keep(label: str, r: httpx.Response) -> httpx.Response:
+    def __init__(self, url: str):
+        self.url, self.seen = url, []
+
+    def keep(self, label: str, r: httpx.Response) -> httpx.Response:
         headers = "\n".join(f"{k}: {v}" for k, v in r.headers.items())
-        seen.append((label, r.status_code, headers + "\n" + r.text))
+        self.seen.append((label, r.status_code, headers + "\n" + r.text))
         return r
 
-    def get(path: str, auth: bool = True) -> httpx.Response:
-        return keep(
+    def get(self, path: str, auth: bool = True) -> httpx.Response:
+        return self.keep(
             f"GET {path} {'key' if auth else 'no key'}",
-            httpx.get(f"{srv.url}{path}", headers=AUTH if auth else {}, timeout=60),
+            httpx.get(f"{self.url}{path}", headers=AUTH if auth else {}, timeout=60),
         )
 
-    def post(label: str, body: dict | bytes, route: str = CHAT, auth: bool = True) -> httpx.Response:
+    def post(self, label: str, body: dict | bytes, route: str = CHAT, auth: bool = True) -> httpx.Response:
         content = body if isinstance(body, bytes) else json.dumps(body).encode()
         headers = {"content-type": "application/json", **(AUTH if auth else {})}
-        with httpx.stream("POST", f"{srv.url}{route}", content=content, headers=headers, timeout=60) as r:
+        with httpx.stream("POST", f"{self.url}{route}", content=content, headers=headers, timeout=60) as r:
             r.read()
-        return keep(label, r)
+        return self.keep(label, r)
 
-    # without the key: what anyone can see
+
+def _anonymous(c: Seen) -> None:
+    """Without the key: what anyone can see."""
     for path in (
         "/",
         "/static/index.html",
@@ -197,16 +200,18 @@ def test_no_response_carries_a_path_a_url_or_a_port(deployment, caplog):
         "/v1/models/pyrodash",
         "/metrics",
     ):
-        get(path, auth=False)
-    h = get("/health", auth=False)
+        c.get(path, auth=False)
+    h = c.get("/health", auth=False)
     assert h.status_code == 200 and h.json() == {"status": "ok", "live": True, "ready": True}
-    assert get("/metrics", auth=False).status_code == 401
-    post("chat without key", {"messages": Q}, auth=False)
+    assert c.get("/metrics", auth=False).status_code == 401
+    c.post("chat without key", {"messages": Q}, auth=False)
 
-    # with the key: the API, its refusals and its details
-    h = get("/health").json()
+
+def _with_key(c: Seen) -> None:
+    """With the key: the API, its refusals and its details."""
+    h = c.get("/health").json()
     assert (h["slm"]["name"], h["llm"]["name"], h["base_slm"]["name"]) == ("slm-stage3", "llm-weights", "slm-base")
-    cfg = get("/playground/config").json()
+    cfg = c.get("/playground/config").json()
     assert (cfg["slm"], cfg["llm"], cfg["base_slm"], cfg["slm_only"]) == (
         "slm-stage3",
         "llm-weights",
@@ -214,25 +219,16 @@ def test_no_response_carries_a_path_a_url_or_a_port(deployment, caplog):
         "base_slm",
     )
     for path in ("/v1/models", "/v1/models/nope", "/metrics"):
-        get(path)
-    r = post("handoff", {"model": "always-offload", "messages": Q, "max_tokens": 8}).json()["pyrodash"]
+        c.get(path)
+    r = c.post("handoff", {"model": "always-offload", "messages": Q, "max_tokens": 8}).json()["pyrodash"]
     assert r["handoff"] == 0 and [s["endpoint"] for s in r["segments"] if s["by"] == "llm"] == ["llm-weights"]
     assert [e["endpoint"] for e in r["llm_endpoints"]] == ["llm-weights"] and r["answered_by"] == "collab"
-    post(
-        "handoff stream",
-        {
-            "model": "always-offload",
-            "messages": Q,
-            "max_tokens": 8,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-            "pyrodash": {"sources": True},
-        },
-    )
-    r = post("base SLM", {"messages": Q, "max_tokens": 8, "pyrodash": {"mode": "slm"}}).json()
+    usage = {"stream": True, "stream_options": {"include_usage": True}}
+    c.post("handoff stream", {"model": "always-offload", "messages": Q, "max_tokens": 8, **usage, "pyrodash": SOURCES})
+    r = c.post("base SLM", {"messages": Q, "max_tokens": 8, "pyrodash": {"mode": "slm"}}).json()
     assert r["pyrodash"]["answered_by"] == "base_slm" and r["pyrodash"]["llm_calls"] == 0
-    post("LLM alone", {"messages": Q, "max_tokens": 8, "stream": True, "pyrodash": {"mode": "llm"}})
-    post("completions", {"prompt": "3+4=", "max_tokens": 4}, "/v1/completions")
+    c.post("LLM alone", {"messages": Q, "max_tokens": 8, "stream": True, "pyrodash": {"mode": "llm"}})
+    c.post("completions", {"prompt": "3+4=", "max_tokens": 4}, "/v1/completions")
     for label, body in [
         ("bad json", b"{not json"),
         ("unknown field", {"messages": Q, "secret_field": 1}),
@@ -243,43 +239,51 @@ def test_no_response_carries_a_path_a_url_or_a_port(deployment, caplog):
         ("context", {"messages": [{"role": "user", "content": "y" * 2100}], "max_tokens": 4}),
         ("unsupported", {"messages": Q, "n": 3}),
     ]:
-        assert post(label, body).status_code in (400, 404, 413), label
+        assert c.post(label, body).status_code in (400, 404, 413), label
 
-    # the LLM fails, with an upstream text that names its address and a directory
+
+def _llm_fails(c: Seen, switch, lsrv, needles, caplog) -> None:
+    """The LLM fails, with an upstream text that names its address and a directory."""
     switch.fail = f"model {needles[3]} at {lsrv.url}/v1 (127.0.0.1:{lsrv.port}) crashed"
     try:
-        p = post("LLM 500", {"model": "always-offload", "messages": Q, "max_tokens": 8}).json()["pyrodash"]
+        p = c.post("LLM 500", {"model": "always-offload", "messages": Q, "max_tokens": 8}).json()["pyrodash"]
         assert p["fallback"] and p["llm_errors"] == ["attempt 1: upstream_http_500", "attempt 2: upstream_http_500"]
         logged = [r.getMessage() for r in caplog.records if p["request_id"] in r.getMessage()]
         assert len(logged) == 2 and all(switch.fail in m for m in logged), "the log keeps the upstream's text"
-        post(
-            "LLM 500 stream",
-            {
-                "model": "always-offload",
-                "messages": Q,
-                "max_tokens": 8,
-                "stream": True,
-                "stream_options": {"include_usage": True},
-            },
-        )
-        post("LLM alone, 500", {"messages": Q, "max_tokens": 8, "pyrodash": {"mode": "llm"}})
-        post("LLM alone, 500, stream", {"messages": Q, "max_tokens": 8, "stream": True, "pyrodash": {"mode": "llm"}})
+        usage = {"stream": True, "stream_options": {"include_usage": True}}
+        c.post("LLM 500 stream", {"model": "always-offload", "messages": Q, "max_tokens": 8, **usage})
+        c.post("LLM alone, 500", {"messages": Q, "max_tokens": 8, "pyrodash": {"mode": "llm"}})
+        c.post("LLM alone, 500, stream", {"messages": Q, "max_tokens": 8, "stream": True, "pyrodash": {"mode": "llm"}})
     finally:
         switch.fail = None
 
-    # the LLM's server is gone
-    lsrv.__exit__(None, None, None)
-    h = get("/health", auth=False)
-    assert h.status_code == 503 and h.json() == {"status": "degraded", "live": True, "ready": False}
-    h = get("/health").json()
-    assert h["llm"]["reachable"] is False and h["llm"]["error"]
-    p = post("LLM down", {"model": "always-offload", "messages": Q, "max_tokens": 8}).json()["pyrodash"]
-    assert p["fallback"] and p["llm_errors"] and all("upstream_unreachable" in e for e in p["llm_errors"])
-    post("LLM down, alone", {"messages": Q, "max_tokens": 8, "pyrodash": {"mode": "llm"}})
-    get("/metrics")
 
-    assert len(seen) > 40
-    leaks = [(label, status, needle) for label, status, text in seen for needle in needles if needle in text]
+def _llm_gone(c: Seen, lsrv) -> None:
+    """The LLM's server is gone."""
+    lsrv.__exit__(None, None, None)
+    h = c.get("/health", auth=False)
+    assert h.status_code == 503 and h.json() == {"status": "degraded", "live": True, "ready": False}
+    h = c.get("/health").json()
+    assert h["llm"]["reachable"] is False and h["llm"]["error"]
+    p = c.post("LLM down", {"model": "always-offload", "messages": Q, "max_tokens": 8}).json()["pyrodash"]
+    assert p["fallback"] and p["llm_errors"] and all("upstream_unreachable" in e for e in p["llm_errors"])
+    c.post("LLM down, alone", {"messages": Q, "max_tokens": 8, "pyrodash": {"mode": "llm"}})
+    c.get("/metrics")
+
+
+SOURCES = {"sources": True}
+
+
+def test_no_response_carries_a_path_a_url_or_a_port(deployment, caplog):
+    srv, lsrv, switch, needles = deployment
+    caplog.set_level(logging.WARNING, logger="pyrodash.serve")
+    c = Seen(srv.url)
+    _anonymous(c)
+    _with_key(c)
+    _llm_fails(c, switch, lsrv, needles, caplog)
+    _llm_gone(c, lsrv)
+    assert len(c.seen) > 40
+    leaks = [(label, status, needle) for label, status, text in c.seen for needle in needles if needle in text]
     assert not leaks, leaks
 
 
