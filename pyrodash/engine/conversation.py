@@ -3,24 +3,11 @@
     msgs = clean_history(messages)                    # `<offload>` removed from every earlier message
     msgs, dropped = fit_context(msgs, count, limit)   # oldest turns dropped until prompt + budget fits the window
 
-A chat request is `[system?] + earlier turns + the current user message`. The SLM reads all of it under P_s and may
-hand off once in the current turn; the LLM's handoff request carries the same history plus the partial turn. Earlier
-assistant turns are plain history, whoever wrote them (the SLM alone, the LLM after a handoff, the SLM after a
-fallback): nothing records who wrote what, and `<offload>` (a control token, never model-visible history) is
-stripped from every earlier message sent to either model (the current message is left to the server's literal
-marking: its `<offload>` text reaches the model as plain characters, never as the token).
-
-Trimming rule (`fit_context`), applied to each model's request separately, so the SLM and the LLM each respect
-their own context window:
-  1. The request fits when `prompt tokens + decode budget <= context window` (the LLM's prompt includes the
-     partial turn it continues).
-  2. Otherwise whole earlier turns are dropped, oldest first: a turn is a user message and every non-user message
-     up to the next user message (the assistant reply). System messages are never dropped (P_s / P_l and the
-     caller's own system text), nor is the current user message (the last user message) or anything after it.
-  3. With no earlier turn left, a prompt that fits the window is sent (decoding then ends by "length" when the
-     window is full); a prompt that alone exceeds the window is refused with a ValueError (a 400 from the server).
-The number of dropped messages is reported per model (`Done.trimmed`, the server's `pyrodash.trimmed`, the
-`pyrodash_history_trimmed_messages_total` metric); nothing is trimmed silently.
+Earlier assistant turns are plain history whoever wrote them; `<offload>` is stripped from every earlier message
+(the current one is the server's literal marking's). Each model's request is trimmed to its own window: when prompt
+tokens + decode budget exceed it, whole earlier turns (a user message and the replies up to the next one) are
+dropped, oldest first, never a system message nor the current user message; a prompt that alone exceeds the window
+is a `ContextLengthError` (the server's 400). Dropped messages are reported (`Done.trimmed`), never silent.
 """
 
 from __future__ import annotations

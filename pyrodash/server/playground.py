@@ -1,16 +1,8 @@
 """The browser playground of `pyrodash serve`: a page at `/` that streams answers with the SLM's and the LLM's text in
-two colours, marks where `<offload>` fired, meters the answer's cost against the LLM alone, and compares SLM only,
-LLM only and PyroDash side by side.
-
-Compare's "SLM only" is the SLM answering alone to the end: the server's base SLM (`base_slm:` / `--base-slm`, the
-SLM before offloading training) when it has one, else the served SLM with `<offload>` banned, labelled as such (a
-Stage 2/3 SLM often stops where it would have handed off, before any final answer, and the column says so). The
-response's `pyrodash.answered_by` ("base_slm" or "slm") says which one answered.
-
-Plain HTML/JS/CSS in `pyrodash/server/static/` (package data; no build step). The page and its files load without a
-key; everything it asks the server for goes through the API with the same bearer key as any client
-(`/v1/models`, `/v1/chat/completions` with `stream`, `stream_options.include_usage` and
-`pyrodash: {"mode": ..., "sources": true}`, and `/playground/config` below).
+two colours, marks where `<offload>` fired, meters the cost against the LLM alone, and compares SLM only, LLM only
+and PyroDash side by side ("SLM only": the base SLM when the server has one, else the served SLM with `<offload>`
+banned; `pyrodash.answered_by` says which). Plain HTML/JS/CSS in `static/`; the page loads without a key and asks
+the API with the client's key. docs/serving.md.
 
     GET /                    the page
     GET /static/{file}       its script and style sheet
