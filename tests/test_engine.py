@@ -14,7 +14,7 @@ from tiny_models import tiny_model_dir
 from pyrodash.backends.base import GenRequest
 from pyrodash.backends.hf import HFBackend
 from pyrodash.cost import Prices
-from pyrodash.engine import CollaborateEngine, FailurePolicy
+from pyrodash.engine import CollaborateEngine, EngineRequest, FailurePolicy
 from pyrodash.events import Done, Handoff, LLMDelta, SLMDelta
 from pyrodash.prompts import OFFLOAD_TOKEN, get_prompts
 
@@ -429,3 +429,17 @@ def test_llm_chunk_timeout_counts_only_the_wait_for_a_chunk(slm, llm):
 async def _drain_stream(stream) -> None:
     async for _ in stream:
         pass
+
+
+def test_a_typed_request_runs_as_its_keyword_form(engine):
+    """`engine.stream(EngineRequest(...))` (the server's form) gives the same record as `engine.stream(q, **options)`
+    (eval's and training's); an unknown option is a TypeError naming it, an unknown mode a ValueError."""
+    options = {"offload_bias": 100.0, "max_tokens": 6, "max_total_tokens": 9, "temperature": 0.0, "seed": 1}
+    typed = engine.run(EngineRequest("x", **options))
+    plain = engine.run("x", **options)
+    assert typed.handoff is not None and typed.usage.llm_calls == 1
+    assert (typed.output, typed.usage, typed.segments) == (plain.output, plain.usage, plain.segments)
+    with pytest.raises(TypeError, match="bogus"):
+        engine.run("x", bogus=1)
+    with pytest.raises(ValueError, match="mode="):
+        EngineRequest("x", mode="both")
