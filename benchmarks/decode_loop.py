@@ -34,6 +34,58 @@ def prompts_of(world, n: int):
     return [slm_chat(prompts, turn_messages(prompts, ex)) for ex in mix]
 
 
+def generate_reference(be, reqs, max_tokens: int):
+    """A function running transformers' `generate` on the left-padded batch of `reqs`, cut as our loop records."""
+    import torch
+
+    ids = [be.prompt_ids(r) for r in reqs]
+    width = max(map(len, ids))
+    x = torch.full((len(ids), width), be.pad_id)
+    mask = torch.zeros_like(x)
+    for i, row in enumerate(ids):
+        x[i, width - len(row) :], mask[i, width - len(row) :] = torch.tensor(row), 1
+
+    def reference():
+        with torch.inference_mode():
+            out = be.model.generate(
+                input_ids=x,
+                attention_mask=mask,
+                max_new_tokens=max_tokens,
+                do_sample=False,
+                eos_token_id=sorted(be.eos_ids),
+                pad_token_id=be.pad_id,
+            )
+        rows = []
+        for row in out[:, width:].tolist():  # up to and including the first EOS, as our loop records them
+            cut = next((i + 1 for i, t in enumerate(row) if t in be.eos_ids), len(row))
+            rows.append(row[:cut])
+        return rows
+
+    return reference
+
+
+def timed_runs(be, reqs, max_tokens: int, runs: int) -> tuple[dict[str, list[float]], dict[str, list]]:
+    """({variant: wall seconds per run}, {variant: the tokens of its last run}) for ours, forward and generate."""
+
+    def loop(lean: bool):
+        be.lean = lean
+        return [r.token_ids for r in be.generate_batch(reqs)]
+
+    variants = (
+        ("ours", lambda: loop(True)),
+        ("forward", lambda: loop(False)),
+        ("generate", generate_reference(be, reqs, max_tokens)),
+    )
+    times: dict[str, list[float]] = {name: [] for name, _ in variants}
+    got = {}
+    for _ in range(runs):
+        for name, fn in variants:
+            t = time.perf_counter()
+            got[name] = fn()
+            times[name].append(time.perf_counter() - t)
+    return times, got
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", choices=("slm", "llm"), default="slm")
@@ -50,48 +102,10 @@ def main(argv: list[str] | None = None) -> int:
 
     world = build_world(None, quick=True, seed=a.seed)
     be = HFBackend(str(world / a.model))
-    chats = prompts_of(world, a.batch)
-    reqs = [GenRequest(messages=c, max_tokens=a.max_tokens) for c in chats]
-    ids = [be.prompt_ids(r) for r in reqs]
-    width = max(map(len, ids))
-    x = torch.full((len(ids), width), be.pad_id)
-    mask = torch.zeros_like(x)
-    for i, row in enumerate(ids):
-        x[i, width - len(row) :], mask[i, width - len(row) :] = torch.tensor(row), 1
-
-    def ours():
-        be.lean = True
-        return [r.token_ids for r in be.generate_batch(reqs)]
-
-    def forward():
-        be.lean = False
-        return [r.token_ids for r in be.generate_batch(reqs)]
-
-    def reference():
-        with torch.inference_mode():
-            out = be.model.generate(
-                input_ids=x,
-                attention_mask=mask,
-                max_new_tokens=a.max_tokens,
-                do_sample=False,
-                eos_token_id=sorted(be.eos_ids),
-                pad_token_id=be.pad_id,
-            )
-        rows = []
-        for row in out[:, width:].tolist():  # up to and including the first EOS, as our loop records them
-            cut = next((i + 1 for i, t in enumerate(row) if t in be.eos_ids), len(row))
-            rows.append(row[:cut])
-        return rows
-
-    times: dict[str, list[float]] = {"ours": [], "forward": [], "generate": []}
-    got = {}
-    for _ in range(a.runs):
-        for name, fn in (("ours", ours), ("forward", forward), ("generate", reference)):
-            t = time.perf_counter()
-            got[name] = fn()
-            times[name].append(time.perf_counter() - t)
+    reqs = [GenRequest(messages=c, max_tokens=a.max_tokens) for c in prompts_of(world, a.batch)]
+    times, got = timed_runs(be, reqs, a.max_tokens, a.runs)
     same = got["ours"] == got["forward"] == got["generate"]
-    lengths = [len(i) for i in ids]
+    lengths = [len(be.prompt_ids(r)) for r in reqs]
     new = [len(t) for t in got["ours"]]
     print(
         f"world seed {a.seed}, {a.model}, {len(reqs)} prompts of {min(lengths)}-{max(lengths)} tokens, "

@@ -3,28 +3,11 @@
     from pyrodash.data.benchmarks import load_benchmark
     exs = load_benchmark("gsm8k", limit=100)            # 100 rows, a seeded subsample kept in file order
     exs = load_benchmark("world:tier3", path=WORLD_DIR)  # a split of the built-in world (`load_world_split`)
+    exs = load_benchmark("world:multiturn-self", path=WORLD_DIR)  # conversations answered after own history
 
-Where the rows come from, first match wins:
-1. `path=`: a JSONL / JSON-list file, or a directory holding `test.jsonl`;
-2. the local benchmarks directory: `$PYRODASH_BENCHMARKS_DIR/<dir>/test.jsonl`, else the first `shared/benchmarks`
-   found walking up from this package and from the current directory (a clone next to `../shared/benchmarks`);
-3. the Hugging Face dataset the field uses (`HUB` below), when `datasets` can reach the hub.
-Neither available -> ValueError naming both options.
-
-Golds are strings graded by `pyrodash.grading.is_correct`: GSM8K's number after `####` (thousands commas removed),
-Minerva's `answer` or else the last `\\boxed{}` of its solution, OlympiadBench's `final_answer` list joined with
-", " (`$` removed; multi-answer golds grade as a set; `$221,$8$` gives 221 and 8; a prose answer with `$...$` inside
-stays one answer), AIME's integer answer. Loader extras go to `Example.meta`.
-
-`limit` and `seed`: `limit=None` keeps every row; with a limit, `seed=None` keeps the first `limit` rows and an
-integer seed keeps a deterministic random subset of `limit` rows (same seed -> same rows), in file order.
-A conversation benchmark (examples with `meta["conversation"]`, one per turn, e.g. `world:multiturn`) is subsampled
-by whole conversations (`subsample_examples`): at most `limit` turns, never a conversation cut short.
-
-Own-history conversations: `<name>-self` (e.g. `world:multiturn-self`) loads `<name>` and renames its benchmark,
-ids kept; `pyrodash.eval.harness` then answers each turn after the method's OWN earlier answers instead of the gold
-history (`meta["history"]`). Only conversation benchmarks (`meta.conversation` and `meta.turn`) take the suffix.
-Questions are stored bare; evaluation puts them to models with `pyrodash.prompts.get_prompts(...).question()`.
+Where the rows come from (`path=`, the local benchmarks directory, the Hugging Face hub) and how `limit` / `seed`
+subsample: `load_benchmark`. How each benchmark's gold is read: `_row_to_example`. Questions are stored bare;
+evaluation puts them to models with `pyrodash.prompts.get_prompts(...).question()`.
 """
 
 from __future__ import annotations
@@ -164,6 +147,11 @@ def _first(row: dict, *keys: str) -> str | None:
 
 
 def _row_to_example(name: str, row: dict, index: int) -> Example:
+    """Row `index` of benchmark `name` as an `Example`. Golds are strings graded by `pyrodash.grading.is_correct`:
+    GSM8K's number after `####` (thousands commas removed), Minerva's `answer` or else the last `\\boxed{}` of its
+    solution, OlympiadBench's `final_answer` list joined with ", " (`$` removed; multi-answer golds grade as a set;
+    `$221,$8$` gives 221 and 8; a prose answer with `$...$` inside stays one answer), AIME's integer answer. Loader
+    extras go to `Example.meta`."""
     rid = _first(row, "id", "idx", "unique_id")
     ex_id = f"{name}-{rid if rid is not None else index}"
     question = _first(row, "problem", "question")
@@ -247,6 +235,9 @@ def own_history_benchmark(name: str) -> bool:
 
 
 def _load_self(name: str, path: str | Path | None, limit: int | None, seed: int | None) -> list[Example]:
+    """`<name>-self` (e.g. `world:multiturn-self`): `<name>` with its benchmark renamed, ids kept;
+    `pyrodash.eval.harness` then answers each turn after the method's OWN earlier answers instead of the gold history
+    (`meta["history"]`). Only conversation benchmarks (`meta.conversation` and `meta.turn`) take the suffix."""
     base = name[: -len(SELF_SUFFIX)]
     exs = load_benchmark(base, path=path, limit=limit, seed=seed)
     if not all("conversation" in (ex.meta or {}) and "turn" in (ex.meta or {}) for ex in exs):
@@ -286,7 +277,17 @@ def load_world_split(world_dir: str | Path, split: str) -> list[Example]:
 def load_benchmark(
     name: str, path: str | Path | None = None, limit: int | None = None, seed: int | None = 0
 ) -> list[Example]:
-    """Load a benchmark as `Example`s (see the module docstring for sources, golds and subsampling)."""
+    """Load a benchmark as `Example`s. Where the rows come from, first match wins:
+    1. `path=`: a JSONL / JSON-list file, or a directory holding `test.jsonl`;
+    2. the local benchmarks directory: `$PYRODASH_BENCHMARKS_DIR/<dir>/test.jsonl`, else the first `shared/benchmarks`
+       found walking up from this package and from the current directory (a clone next to `../shared/benchmarks`);
+    3. the Hugging Face dataset the field uses (`HUB`), when `datasets` can reach the hub.
+    Neither available -> ValueError naming both options.
+
+    `limit=None` keeps every row; with a limit, `seed=None` keeps the first `limit` rows and an integer seed keeps a
+    deterministic random subset of `limit` rows (same seed -> same rows), in file order. A conversation benchmark
+    (examples with `meta["conversation"]`, one per turn, e.g. `world:multiturn`) is subsampled by whole
+    conversations (`subsample_examples`): at most `limit` turns, never a conversation cut short."""
     if own_history_benchmark(name):
         return _load_self(name, path, limit, seed)
     if name.startswith("world:"):

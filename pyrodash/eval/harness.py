@@ -2,30 +2,13 @@
 
     pyrodash eval --config configs/eval/world-full.yaml [--run-dir DIR]
 
-Records go to `RUN_DIR/records/<method>.jsonl`; each line holds id, benchmark, sample, question, gold, correct,
-the answer's record (`pyrodash.record.Record`: output, the four token counts, llm_calls, cost_usd, handoff, segments
-in streamed order, fallback, ...), method extras, latency_s (`reused_answer: true` where a Solo answer was shared
-with an earlier method, with that answer's latency) and the example's meta (world problems carry `steps` /
-`hard_steps` for the trigger-position analysis). Lines are appended and fsync'ed one by one; a restarted run skips
-(benchmark, id, sample) keys already present and first cuts a torn last line, so a run killed at any point (kill -9)
-loses and duplicates nothing. The resolved config is saved as `RUN_DIR/config.resolved.json`. Metrics and tables
-come from the records (`pyrodash.report`).
-
-Accuracy is pass@1 with greedy decoding, or avg@k for benchmarks listed under `samples` (k samples at
-`sample_temperature` / `sample_top_p`, seeds 0..k-1).
-
-Conversations (examples with `meta.conversation` and `meta.turn`, one per turn): a benchmark answers each turn after
-the history in `meta.history` (`world:multiturn`: the GOLD earlier turns, the same context for every method), except
-an own-history benchmark, named `<conversations>-self` (`world:multiturn-self`, `pyrodash.data.benchmarks`), whose
-turns are answered as a user lives them, after the method's OWN earlier answers (`own_history`): turn 1 with no
-history, turn k after [the history turn k-1 was answered with] + [user: turn k-1's question, assistant: this
-method's `output` for turn k-1]. It runs turn by turn (every conversation's turn 1 in batches, then turn 2, ...);
-the stored record's `meta.history` is the history it was answered after and `meta.history_source` is "self". The
-gold stays the conversation's gold: a wrong earlier answer carries into later turns, as it would for a user. Earlier
-outputs come from the method's records file, so a resumed run (records of turn 1 on disk, turn 2 not yet) answers
-turn 2 after the stored turn-1 outputs. Each sample s (avg@k) continues sample s of the earlier turn. Every turn k > 1
-needs turn k-1 of its conversation among the examples (a `limit` keeps whole conversations, so only hand-picked
-examples can miss one): otherwise the run stops with a ValueError before anything is answered.
+Records go to `RUN_DIR/records/<method>.jsonl`: id, benchmark, sample, question, gold, correct, the answer's record
+(`pyrodash.record.Record`), method extras, latency_s and the example's meta. Lines are appended and fsync'ed one by
+one; a restarted run skips the (benchmark, id, sample) keys already present and first cuts a torn last line, so a
+run killed at any point (kill -9) loses and duplicates nothing. The resolved config is saved as
+`RUN_DIR/config.resolved.json` (accepted back by `EvalConfig.from_yaml`). Accuracy is pass@1 with greedy decoding,
+or avg@k for benchmarks listed under `samples`. Conversations and own history: `evaluate`; metrics and tables come
+from the records (`pyrodash.report.core`).
 """
 
 from __future__ import annotations
@@ -398,9 +381,20 @@ def evaluate(
     cfg: EvalConfig, methods: dict | None = None, examples: list[Example] | None = None, quiet: bool = False
 ) -> Path:
     """Run every method over every benchmark into RUN_DIR/records; returns RUN_DIR. `methods` defaults to
-    `pyrodash.eval.build.build_methods(cfg, ...)`, `examples` to the config's benchmarks. Own-history
-    conversation benchmarks (`<name>-self`) run turn by turn after each method's own earlier answers (module
-    docstring)."""
+    `pyrodash.eval.build.build_methods(cfg, ...)`, `examples` to the config's benchmarks.
+
+    Conversations (examples with `meta.conversation` and `meta.turn`, one per turn): a benchmark answers each turn after
+    the history in `meta.history` (`world:multiturn`: the GOLD earlier turns, the same context for every method), except
+    an own-history benchmark, named `<conversations>-self` (`world:multiturn-self`, `pyrodash.data.benchmarks`), whose
+    turns are answered as a user lives them, after the method's OWN earlier answers (`own_history`): turn 1 with no
+    history, turn k after [the history turn k-1 was answered with] + [user: turn k-1's question, assistant: this
+    method's `output` for turn k-1]. It runs turn by turn (every conversation's turn 1 in batches, then turn 2, ...);
+    the stored record's `meta.history` is the history it was answered after and `meta.history_source` is "self". The
+    gold stays the conversation's gold: a wrong earlier answer carries into later turns, as it would for a user. Earlier
+    outputs come from the method's records file, so a resumed run (records of turn 1 on disk, turn 2 not yet) answers
+    turn 2 after the stored turn-1 outputs. Each sample s (avg@k) continues sample s of the earlier turn. Every turn k >
+    1 needs turn k-1 of its conversation among the examples (a `limit` keeps whole conversations, so only hand-picked
+    examples can miss one): otherwise the run stops with a ValueError before anything is answered."""
     run_dir = Path(cfg.run_dir)
     if methods is None:
         cfg.check_models()  # before the run directory exists: a typo in a path leaves nothing behind
