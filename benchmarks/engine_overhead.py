@@ -40,6 +40,37 @@ from pyrodash.backends.base import GenRequest  # noqa: E402
 OFFLOAD_ID = 151_669  # the scripted SLM's <offload> id (any id works; it is only compared, never decoded)
 
 
+def _chunk(model: str, choices: list, **extra) -> str:
+    """One OpenAI chat.completion.chunk SSE event."""
+    body = {"id": "x", "object": "chat.completion.chunk", "created": 0, "model": model, "choices": choices, **extra}
+    return "data: " + json.dumps(body) + "\n\n"
+
+
+async def _events(rec: list, model: str, toks: list[str], offload: bool, token_s: float, usage: tuple[int, int]):
+    """The scripted stream of `toks` (one per `token_s`), then the stop: `<offload>` (vLLM's stop_reason) when
+    `offload`, else length; then the usage chunk (`usage`: prompt and cached tokens). Times go into `rec`."""
+    yield _chunk(model, [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])
+    for t in toks:
+        if token_s:
+            await asyncio.sleep(token_s)
+        if rec[3] is None:
+            rec[3] = time.perf_counter()
+        yield _chunk(model, [{"index": 0, "delta": {"content": t}, "finish_reason": None}])
+    if offload:
+        if token_s:
+            await asyncio.sleep(token_s)  # decoding <offload> itself takes a step
+        fin = {"finish_reason": "stop", "stop_reason": OFFLOAD_ID}
+    else:
+        fin = {"finish_reason": "length", "stop_reason": None}
+    rec[2] = time.perf_counter()
+    yield _chunk(model, [{"index": 0, "delta": {}, **fin}])
+    prompt_tokens, cached_tokens = usage
+    n_out = len(toks) + offload
+    counts = {"prompt_tokens": prompt_tokens, "completion_tokens": n_out, "total_tokens": prompt_tokens + n_out}
+    yield _chunk(model, [], usage={**counts, "prompt_tokens_details": {"cached_tokens": cached_tokens}})
+    yield "data: [DONE]\n\n"
+
+
 def scripted_app(
     script: list[str], handoff_at: int, token_s: float = 0.0, prompt_tokens: int = 100, cached_tokens: int = 0
 ):
@@ -79,49 +110,9 @@ def scripted_app(
         rec = [model, t_arrive, None, None]  # + the time the first content chunk was sent
         app.state.log.append(rec)
 
-        def chunk(choices, **extra) -> str:
-            return (
-                "data: "
-                + json.dumps(
-                    {
-                        "id": "x",
-                        "object": "chat.completion.chunk",
-                        "created": 0,
-                        "model": model,
-                        "choices": choices,
-                        **extra,
-                    }
-                )
-                + "\n\n"
-            )
-
-        async def events():
-            yield chunk([{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])
-            for t in toks:
-                if token_s:
-                    await asyncio.sleep(token_s)
-                if rec[3] is None:
-                    rec[3] = time.perf_counter()
-                yield chunk([{"index": 0, "delta": {"content": t}, "finish_reason": None}])
-            if model == "slm" and stops:
-                if token_s:
-                    await asyncio.sleep(token_s)  # decoding <offload> itself takes a step
-                fin = {"finish_reason": "stop", "stop_reason": OFFLOAD_ID}
-            else:
-                fin = {"finish_reason": "length", "stop_reason": None}
-            rec[2] = time.perf_counter()
-            yield chunk([{"index": 0, "delta": {}, **fin}])
-            n_out = len(toks) + (model == "slm" and stops)
-            usage = {
-                "prompt_tokens": prompt_tokens,
-                "completion_tokens": n_out,
-                "total_tokens": prompt_tokens + n_out,
-                "prompt_tokens_details": {"cached_tokens": cached_tokens},
-            }
-            yield chunk([], usage=usage)
-            yield "data: [DONE]\n\n"
-
-        return StreamingResponse(events(), media_type="text/event-stream")
+        usage = (prompt_tokens, cached_tokens)
+        events = _events(rec, model, toks, model == "slm" and stops, token_s, usage)
+        return StreamingResponse(events, media_type="text/event-stream")
 
     return app
 
@@ -142,6 +133,20 @@ class _Timed:
             if ch.stop_token_id is not None and ch.prompt_tokens is None:  # the stop, before the usage chunk
                 self.stops.append(time.perf_counter())
             yield ch
+
+
+async def _handoff_times(url: str, llm, tslm: _Timed, tllm: _Timed) -> tuple[float, tuple, float | None]:
+    """The last engine request's handoff, from the scripted server's log: (stop sent -> LLM request arrived, its
+    split: upstream -> SLM client, engine, LLM client -> upstream; stop sent -> LLM request on its socket or None)."""
+    log = (await llm.client().get(url.removesuffix("/v1") + "/log")).json()
+    llm_at = max(i for i, r in enumerate(log) if r[0] == "llm")
+    slm_rec, llm_rec = log[llm_at - 1], log[llm_at]  # the engine's SLM request, then its LLM request
+    assert slm_rec[0] == "slm"
+    stop, call = tslm.stops[-1], tllm.calls[-1]
+    split = (stop - slm_rec[2], call - stop, llm_rec[1] - call)
+    sent = getattr(getattr(llm, "http", None), "sent_at", None)  # None: not an HTTP backend
+    wire = sent - slm_rec[2] if sent is not None and sent > call else None
+    return llm_rec[1] - slm_rec[2], split, wire
 
 
 async def measure(url: str, runs: int, handoff_at: int) -> dict:
@@ -189,16 +194,10 @@ async def measure(url: str, runs: int, handoff_at: int) -> dict:
         e_wall.append(res[run_engine][0])
         d_ttft.append(res[run_direct][1])
         e_ttft.append(res[run_engine][1])
-        log = (await llm.client().get(url.removesuffix("/v1") + "/log")).json()
-        llm_at = max(i for i, r in enumerate(log) if r[0] == "llm")
-        slm_rec, llm_rec = log[llm_at - 1], log[llm_at]  # the engine's SLM request, then its LLM request
-        assert slm_rec[0] == "slm"
-        handoffs.append(llm_rec[1] - slm_rec[2])
-        stop, call = tslm.stops[-1], tllm.calls[-1]  # split: upstream -> SLM client, engine, LLM client -> upstream
-        parts.append((stop - slm_rec[2], call - stop, llm_rec[1] - call))
-        sent = getattr(getattr(llm, "http", None), "sent_at", None)  # None: not an HTTP backend
-        if sent is not None and sent > call:
-            wire.append(sent - slm_rec[2])
+        handoff, split, sent = await _handoff_times(url, llm, tslm, tllm)
+        handoffs.append(handoff)
+        parts.append(split)
+        wire += [sent] if sent is not None else []
     await engine.aclose()
     return {
         "ratio": statistics.median(e_wall) / statistics.median(d_wall),
