@@ -21,7 +21,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from pyrodash.server import protocol as P
+from pyrodash.server import protocol
 
 log = logging.getLogger("pyrodash.serve")
 
@@ -78,7 +78,7 @@ def error_kind(status: int) -> str:
     return "client" if status < 500 else ("upstream" if status in (502, 503, 504) else "server")
 
 
-def error_response(request: Request, err: P.APIError, headers: dict | None = None) -> ErrorResponse:
+def error_response(request: Request, err: protocol.APIError, headers: dict | None = None) -> ErrorResponse:
     request.app.state.metrics.errors.inc(kind=error_kind(err.status))
     count(request, err.status)
     if err.status == 401:
@@ -86,16 +86,16 @@ def error_response(request: Request, err: P.APIError, headers: dict | None = Non
     return ErrorResponse(err.body(), status_code=err.status, headers=headers)
 
 
-def failure(exc: BaseException) -> P.APIError:
+def failure(exc: BaseException) -> protocol.APIError:
     """What an engine failure means for the client. A ValueError is a request the models cannot take (400, URLs
     removed); anything else is a failing model backend (502) with a request id; the details are logged here."""
-    if isinstance(exc, P.APIError):
+    if isinstance(exc, protocol.APIError):
         return exc
     if isinstance(exc, ValueError):
-        return P.APIError(400, P.scrub(str(exc)), code="invalid_value")
+        return protocol.APIError(400, protocol.scrub(str(exc)), code="invalid_value")
     rid = uuid.uuid4().hex[:16]
     log.error("request %s: the model backend failed: %s: %s", rid, type(exc).__name__, exc)
-    return P.APIError(
+    return protocol.APIError(
         502,
         f"The model backend failed ({type(exc).__name__}); the server log has the details under request id {rid}.",
         type="upstream_error",
@@ -106,22 +106,22 @@ def failure(exc: BaseException) -> P.APIError:
 def install(app: FastAPI) -> None:
     app.add_middleware(CountResponses, metrics=app.state.metrics)
 
-    @app.exception_handler(P.APIError)
-    async def api_error(request: Request, exc: P.APIError):
+    @app.exception_handler(protocol.APIError)
+    async def api_error(request: Request, exc: protocol.APIError):
         return error_response(request, exc)
 
     @app.exception_handler(ClientDisconnect)
     async def client_gone(request: Request, exc: ClientDisconnect):
         # the client stopped sending its body (or closed the connection) before its request was read: a 499
         # counted as a disconnect; nobody reads the answer
-        return error_response(request, P.APIError(499, "client closed request", code="client_closed"))
+        return error_response(request, protocol.APIError(499, "client closed request", code="client_closed"))
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError):
         err = exc.errors()[0] if exc.errors() else {}
         param = ".".join(str(x) for x in err.get("loc", ())[1:]) or None
         msg = f"{param or 'request'}: {err.get('msg', 'invalid request')}"
-        return error_response(request, P.APIError(400, msg, param=param, code="invalid_value"))
+        return error_response(request, protocol.APIError(400, msg, param=param, code="invalid_value"))
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException):
@@ -137,13 +137,13 @@ def install(app: FastAPI) -> None:
             )
         else:
             msg, code = str(exc.detail), None
-        return error_response(request, P.APIError(exc.status_code, msg, code=code), headers=exc.headers)
+        return error_response(request, protocol.APIError(exc.status_code, msg, code=code), headers=exc.headers)
 
     @app.exception_handler(Exception)
     async def server_error(request: Request, exc: Exception):
         rid = uuid.uuid4().hex[:16]
         log.exception("request %s: unhandled error on %s", rid, route_label(request))
-        err = P.APIError(
+        err = protocol.APIError(
             500,
             f"Internal server error ({type(exc).__name__}); the server log has the details under request id {rid}.",
             type="server_error",

@@ -25,8 +25,7 @@ from pyrodash.backends import literal
 from pyrodash.engine import EngineRequest
 from pyrodash.engine.conversation import ContextLengthError
 from pyrodash.prompts import OFFLOAD_TOKEN
-from pyrodash.server import errors as E
-from pyrodash.server import protocol as P
+from pyrodash.server import errors, protocol
 
 SAMPLING_EPS = 1e-5
 # chat markup common to the models PyroDash serves, refused as tokens even when a backend's tokenizer is remote
@@ -125,7 +124,7 @@ async def read_json(request: Request, limit: int) -> object:
     """The request body as JSON: 413 above `limit` bytes (checked while reading), 400 when it does not parse."""
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
-        raise P.APIError(
+        raise protocol.APIError(
             413, f"Request body of {declared} bytes exceeds the limit of {limit} bytes.", code="request_too_large"
         )
     parts, size = [], 0
@@ -133,17 +132,21 @@ async def read_json(request: Request, limit: int) -> object:
         async for part in request.stream():
             size += len(part)
             if size > limit:
-                raise P.APIError(413, f"Request body exceeds the limit of {limit} bytes.", code="request_too_large")
+                raise protocol.APIError(
+                    413, f"Request body exceeds the limit of {limit} bytes.", code="request_too_large"
+                )
             parts.append(part)
     except ClientDisconnect:  # the client stopped sending half-way: its fault, not the server's (no 500)
-        raise P.APIError(499, "client closed request", code="client_closed") from None
+        raise protocol.APIError(499, "client closed request", code="client_closed") from None
     body = b"".join(parts)
     if not body.strip():
-        raise P.APIError(400, "The request body is empty: send a JSON object.", code="invalid_json")
+        raise protocol.APIError(400, "The request body is empty: send a JSON object.", code="invalid_json")
     try:
         return json.loads(body)
     except (ValueError, RecursionError) as e:
-        raise P.APIError(400, f"We could not parse the JSON body of your request: {e}", code="invalid_json") from e
+        raise protocol.APIError(
+            400, f"We could not parse the JSON body of your request: {e}", code="invalid_json"
+        ) from e
 
 
 def _bad_unicode(obj: object, path: str = "") -> str | None:
@@ -173,14 +176,21 @@ def _bad_unicode(obj: object, path: str = "") -> str | None:
 
 def _fields(model: type[BaseModel]) -> set[str]:
     names: set[str] = set()
-    for m in (model, P.ChatMessage, P.TextPart, P.StreamOptions, P.ResponseFormatText, P.PyroDashOptions):
+    for m in (
+        model,
+        protocol.ChatMessage,
+        protocol.TextPart,
+        protocol.StreamOptions,
+        protocol.ResponseFormatText,
+        protocol.PyroDashOptions,
+    ):
         names |= set(m.model_fields)
     return names
 
 
 def known_fields(model: type[BaseModel]) -> frozenset[str]:
     """The top-level fields a request of this kind may carry (OpenAI's for its route, and the model's own)."""
-    openai = OPENAI_CHAT_FIELDS if model is P.ChatCompletionRequest else OPENAI_TEXT_FIELDS
+    openai = OPENAI_CHAT_FIELDS if model is protocol.ChatCompletionRequest else OPENAI_TEXT_FIELDS
     return openai | frozenset(model.model_fields)
 
 
@@ -193,7 +203,7 @@ def _unknown(model: type[BaseModel], obj: dict) -> None:
             f" (and {len(unknown) - 10} more)" if len(unknown) > 10 else ""
         )
         noun = "argument" if len(unknown) == 1 else "arguments"
-        raise P.APIError(
+        raise protocol.APIError(
             400, f"Unrecognized request {noun} supplied: {shown}", param=unknown[0][:100], code="unknown_parameter"
         )
 
@@ -203,7 +213,7 @@ def _missing_content(req: BaseModel) -> None:
     for i, m in enumerate(getattr(req, "messages", None) or []):
         if m.content is None and m.role != "assistant":
             param = f"messages.{i}.content"
-            raise P.APIError(
+            raise protocol.APIError(
                 400, f"Missing required parameter: '{param}'.", param=param, code="missing_required_parameter"
             )
 
@@ -213,7 +223,7 @@ def parse(model: type[BaseModel], obj: object, allow_unknown: bool = False) -> B
     API and PyroDash's extras are ignored instead of refused (serve config `allow_unknown_fields`)."""
     where = _bad_unicode(obj)
     if where is not None:
-        raise P.APIError(
+        raise protocol.APIError(
             400,
             f"{where}: the text holds a lone UTF-16 surrogate (e.g. \\ud800), which is not valid "
             "Unicode; send well-formed UTF-8.",
@@ -223,10 +233,10 @@ def parse(model: type[BaseModel], obj: object, allow_unknown: bool = False) -> B
     if isinstance(obj, dict):
         for name, (neutral, why) in UNSUPPORTED.items():
             if name == "logprobs":  # chat: a boolean; legacy completions: a count
-                neutral = (None, False) if model is P.ChatCompletionRequest else (None, 0)
+                neutral = (None, False) if model is protocol.ChatCompletionRequest else (None, 0)
             if name in obj and not any(_same(obj[name], v) for v in neutral):
                 code = "unsupported_value" if name in ("n", "logprobs") else "unsupported_parameter"
-                raise P.APIError(
+                raise protocol.APIError(
                     400,
                     f"Unsupported parameter: '{name}': {why}; remove it or send {_neutral(neutral)}.",
                     param=name,
@@ -242,7 +252,7 @@ def parse(model: type[BaseModel], obj: object, allow_unknown: bool = False) -> B
         # OpenAI-style param path: field names and list indices, without pydantic's union-branch tags
         param = ".".join(str(x) for x in err["loc"] if isinstance(x, int) or x in known) or None
         where = f"{param}: " if param else ""
-        raise P.APIError(400, f"{where}{err['msg']}", param=param, code="invalid_value") from None
+        raise protocol.APIError(400, f"{where}{err['msg']}", param=param, code="invalid_value") from None
     _missing_content(req)
     return req
 
@@ -283,14 +293,14 @@ def _client_text(app: FastAPI, text: str) -> str:
     return literal.mark(literal.strip_markers(text), specials(app))
 
 
-def engine_request(app: FastAPI, req: P._Sampling, kind: str) -> tuple[str, EngineRequest]:
+def engine_request(app: FastAPI, req: protocol._Sampling, kind: str) -> tuple[str, EngineRequest]:
     """(model name, the request the engine runs) for a validated wire request, or a 4xx. The context-length check
     comes after (`check_context`), off the event loop."""
     config = app.state.config
     model = req.model if req.model is not None else config.default_model
     if model not in config.operating_points:
         known = ", ".join(config.operating_points)
-        raise P.APIError(
+        raise protocol.APIError(
             404,
             f"The model `{model[:100]}` does not exist; this server offers: {known}.",
             param="model",
@@ -300,12 +310,12 @@ def engine_request(app: FastAPI, req: P._Sampling, kind: str) -> tuple[str, Engi
     total = req.requested_max_tokens()
     param = budget_param(req)
     if total is not None and total > limit:
-        raise P.APIError(
+        raise protocol.APIError(
             400, f"{param}={total} exceeds this server's limit of {limit}.", param=param, code="invalid_value"
         )
     per_model = req.max_tokens_per_model
     if per_model is not None and per_model > limit:
-        raise P.APIError(
+        raise protocol.APIError(
             400,
             f"max_tokens_per_model={per_model} exceeds this server's limit of {limit}.",
             param="max_tokens_per_model",
@@ -313,14 +323,14 @@ def engine_request(app: FastAPI, req: P._Sampling, kind: str) -> tuple[str, Engi
         )
     point = config.operating_points[model]
     bias = req.offload_bias if req.offload_bias is not None else point.offload_bias
-    temperature = req.temperature if req.temperature is not None else P.DEFAULT_TEMPERATURE
+    temperature = req.temperature if req.temperature is not None else protocol.DEFAULT_TEMPERATURE
     if temperature < SAMPLING_EPS:
         temperature = 0.0  # as vLLM does: a vanishing temperature is greedy decoding (and 1/T must stay finite)
     if kind == "chat":
         question: object = [{**m.to_engine(), "content": _client_text(app, m.text())} for m in req.messages]
     else:
         question = _client_text(app, req.prompt)
-    opts = req.pyrodash or P.PyroDashOptions()
+    opts = req.pyrodash or protocol.PyroDashOptions()
     call = EngineRequest(
         question,
         mode=opts.mode,
@@ -337,7 +347,7 @@ def engine_request(app: FastAPI, req: P._Sampling, kind: str) -> tuple[str, Engi
     return model, call
 
 
-def budget_param(req: P._Sampling) -> str:
+def budget_param(req: protocol._Sampling) -> str:
     """The wire name of the request's joint token budget (what an error about it names)."""
     return "max_completion_tokens" if getattr(req, "max_completion_tokens", None) is not None else "max_tokens"
 
@@ -350,21 +360,21 @@ async def check_context(app: FastAPI, call: EngineRequest, param: str) -> Engine
     try:
         prepared = await asyncio.to_thread(app.state.engine.prepare, call)
     except ContextLengthError as e:  # the current message alone is too long, even with no history left
-        raise P.APIError(
+        raise protocol.APIError(
             400,
             f"This model's maximum context length is {e.window} tokens; {e}.",
             param="messages",
             code="context_length_exceeded",
         ) from None
     except ValueError as e:  # the prompt cannot be rendered for this model (e.g. a role its template refuses)
-        raise E.failure(e) from None
+        raise errors.failure(e) from None
     total = call.max_total_tokens
     for size in prepared.sizes:
         room = size.window - size.tokens
         own = min(call.max_tokens, total)  # what this model may decode: its own share of the joint budget
         if room < 1 or (call.explicit_budget and size.tokens + own > size.window):
             asked = f"{own} requested tokens" if call.explicit_budget else "no room for any output"
-            raise P.APIError(
+            raise protocol.APIError(
                 400,
                 f"This model's maximum context length is {size.window} tokens ({size.side}); the messages "
                 f"take {size.tokens} tokens and {asked}. Shorten the messages or lower {param}.",
