@@ -4,19 +4,11 @@ against the direct one (R_eff = Cost_act in dollars), at λ values giving matche
     .venv/bin/python benchmarks/cost_penalty_ablation.py --run runs/demo-quick [--scales 1]
     .venv/bin/python benchmarks/cost_penalty_ablation.py --run RUN --points 1 --limit 2 --max-steps 2   # smoke run
 
-Needs a finished `pyrodash demo --quick` run (its Stage 2 checkpoint, its normalized Stage 3 policies and their eval
-records). For each normalized λ of the run, the direct λ is λ / mean(Cost_base) over the Stage 3 training prompts
-(the same average penalty on the LLM-alone cost), times each `--scales` factor (a small sweep around it, so some
-direct point lands near each normalized point's LLM-call rate). Each direct policy is trained from the same Stage 2
-checkpoint with the same recipe (only `stage3.cost_penalty` and λ differ) into RUN/ablation-direct/, and evaluated on
-the same benchmarks as the run (single questions, conversation turns with gold and with own history; the LLM's
-records are reused for cost normalization).
-
-Matched LLM-call rates: for each normalized point, the direct point with the closest LLM-call rate on single
-questions, and the direct curve's accuracy interpolated at exactly that rate (piecewise linear between the two
-direct points around it; None outside the direct points' range). Printed, and written to RUN/cost_penalty.json:
-per point, accuracy / LLM calls per question / cost (fraction of LLM-only) on single questions, and accuracy per
-turn of the conversations (own history).
+Needs a finished `pyrodash demo --quick` run. Each normalized λ maps to the direct λ = λ / mean(Cost_base) (x each
+`--scales` factor); each direct policy is trained from the run's Stage 2 with the same recipe into
+RUN/ablation-direct/ and evaluated on the run's benchmarks (the LLM's records reused). Per normalized point: the
+direct point with the closest LLM-call rate, and the direct curve's accuracy interpolated at that rate (None
+outside its range); printed and written to RUN/cost_penalty.json. The last line starts `matched: normalized λ`.
 """
 
 from __future__ import annotations

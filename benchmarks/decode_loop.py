@@ -3,13 +3,10 @@ and with its lean step (`pyrodash/backends/lean_step.py`) against the same loop 
 
     .venv/bin/python benchmarks/decode_loop.py [--model slm|llm] [--batch 64] [--runs 3] [--seed 0]
 
-The prompts are a mix the evaluation sees: single questions of every tier and conversation turns 2 and 3 (their
-chats hold the earlier turns, so lengths vary from ~60 to ~600 tokens), greedy, up to 300 new tokens, left-padded
-batches. Our loop writes its KV cache in place and drops finished sequences from the batch
-(`pyrodash/backends/kv_cache.py`); `generate` concatenates its DynamicCache and decodes every row to the batch's
-end. Every token after the prompt goes through the lean step, which gives the model's logits bit for bit with less
-per-call overhead ("forward": the loop with `HFBackend.lean = False`). All three must write the same tokens
-(checked). Builds or reuses the quick world of `--seed` from the cache. The last line is machine-readable:
+The prompts mix single questions of every tier and conversation turns 2 and 3 (~60 to ~600 tokens), greedy, up to
+`--max-tokens` new tokens, left-padded. Our loop writes its KV cache in place and drops finished rows
+(`pyrodash/backends/kv_cache.py`); "forward" is the loop with `HFBackend.lean = False`. All three must write the
+same tokens (checked; exit 1 otherwise). Builds or reuses the quick world of `--seed`. The last line is exactly:
 `ours_s=<a> forward_s=<f> generate_s=<b> speedup=<b/a> lean_speedup=<f/a> same_tokens=<True|False>`.
 """
 

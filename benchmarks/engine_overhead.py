@@ -2,21 +2,12 @@
 
     .venv/bin/python benchmarks/engine_overhead.py [--tokens 200] [--handoff-at 80] [--token-ms 5] [--runs 20]
 
-A scripted OpenAI-compatible server (a TEST DOUBLE, not a model), in its own process, streams a fixed token script
-with a fixed delay per token. "Direct" streams the whole script through the SLM's `OpenAICompatBackend` (no stop
-ids, same client and connection as the engine's SLM); "engine" runs `CollaborateEngine` with the SLM = the scripted
-server stopping on the `<offload>` id (vLLM's `stop_reason`) after `--handoff-at` tokens and the LLM = the scripted
-server streaming the rest. The two alternate in order, each after a 20 ms pause. Printed: the wall-time ratio
-(engine / direct, medians), the added time to first token (p50 of per-run differences) and the handoff latency
-(p50, from the server sending the `<offload>` stop to the LLM request arriving at the server: Pack, the engine and
-the HTTP client in between), split into the SLM's HTTP client reading the stop, the engine (stop to LLM request
-handed to its client: Pack, the request) and the LLM's HTTP client sending it (to the server's handler). The engine
-path also streams one more step (the SLM decoding `<offload>` itself).
-`handoff_wire_ms_p50` ends where the handoff's own work ends: the LLM request handed to its socket (httpx
-about to write it: `backend.http.sent_at`), so it leaves out the scripted server's receiving side (its wake-up,
-HTTP parsing and FastAPI routing), which `handoff_ms_p50` includes. Both include the scripted server's sending of the
-stop (from its `yield` to the bytes reaching the client), which is not PyroDash's either.
-The last line is machine-readable:
+A scripted OpenAI-compatible server (a TEST DOUBLE, in its own process) streams a fixed script. "Direct" streams it
+all through the SLM's `OpenAICompatBackend`; "engine" runs `CollaborateEngine`: the SLM stops on `<offload>` (vLLM's
+`stop_reason`) after `--handoff-at` tokens, the LLM streams the rest; alternating, each after a 20 ms pause. The
+handoff is timed from the server sending the stop to the LLM request arriving (`handoff_ms_p50`, split into SLM
+client, engine, LLM client) or to it being handed to its socket (`handoff_wire_ms_p50`: `backend.http.sent_at`,
+without the server's receiving side). The last line is machine-readable:
 `overhead_ratio=<x> added_ttft_ms_p50=<y> handoff_ms_p50=<z> handoff_wire_ms_p50=<w>`.
 """
 

@@ -1,18 +1,14 @@
 """Where one request's time goes: SLM decode, the handoff, the LLM — the Collaborate Engine on real models.
 
-    .venv/bin/python benchmarks/request_breakdown.py --slm runs/q/stage3-lambda0.1 --llm WORLD/llm \
-        --world WORLD [--split tier3] [--n 40] [--prompts world-v1]
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/request_breakdown.py --slm runs/q/stage3-lambda0.1 \
+        --llm WORLD/llm --world WORLD [--split tier3] [--n 40] [--prompts world-v1]
 
-Each question of the split goes through `CollaborateEngine.stream` alone (one request at a time, so the phases do
-not overlap). From the event stream, per request: SLM = request start to the `Handoff` event (or to `Done` when the
-SLM answers alone: prefill + decode); handoff = `Handoff` to the first LLM token (Pack, the request, the LLM's
-prefill); LLM = first LLM token to `Done` (LLM decode). `--slm`/`--llm` take model directories (in process, this
-machine's CPU or GPU) or http(s)://host:port/v1#model URLs (e.g. `pyrodash serve-model`, vLLM, an API).
-The last line is exactly:
+Each question goes through `CollaborateEngine.stream` alone. Per request: SLM = start to `Handoff` (or `Done`);
+handoff = `Handoff` to the first LLM token; LLM = first LLM token to `Done`. `--slm`/`--llm`: model directories (in
+process; tiny models want OMP_NUM_THREADS=1) or http(s)://host:port/v1#model URLs. The last line is exactly:
 `n=<n> handoff_rate=<h> slm_ms_p50=<a> handoff_ms_p50=<b> llm_ms_p50=<c> slm_ms_per_token=<d> llm_ms_per_token=<e>
-slm_in_mean=<k> slm_tokens_mean=<f> llm_in_mean=<g> llm_out_mean=<i> total_ms_p50=<j>` (p50s over the requests that
-handed off; per-token times = decode time / tokens decoded, over all requests). Tiny in-process models: run with
-OMP_NUM_THREADS=1 (several threads on small matrices make a shared CPU ~10-30x slower).
+slm_in_mean=<k> slm_tokens_mean=<f> llm_in_mean=<g> llm_out_mean=<i> total_ms_p50=<j>` (one line; p50s over the
+requests that handed off, per-token times over all).
 """
 
 from __future__ import annotations

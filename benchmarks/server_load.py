@@ -3,20 +3,12 @@
     .venv/bin/python benchmarks/server_load.py [--streams 256] [--duration 20] [--tokens 16] [--token-ms 20]
     .venv/bin/python benchmarks/server_load.py --url http://127.0.0.1:8080 [--streams 64] [--max-tokens 32]
 
-Backends are TEST DOUBLES (`ScriptedBackend`, no model): the SLM streams `--tokens` tokens, one every
-`--token-ms`, then emits `<offload>`; the LLM streams `--tokens` more. Two servers run in their own processes:
-  direct    a bare SSE route that streams the same two scripts back to back (OpenAI chunks, no engine),
-  pyrodash  `build_app` + CollaborateEngine over the two scripted backends (the real server and engine).
-For each, `--streams` asyncio + httpx clients each post streaming chat completions in a loop for `--duration`
-seconds. A request counts when it returns 200 and ends with `data: [DONE]`; anything else is an error.
-Added latency = pyrodash percentile - direct percentile of the per-request time to the last byte. The server's CPU
-time (user + system, from psutil) over the load gives its CPU cost per request and per streamed token, which does not
-depend on what else runs on the machine: one core's capacity is its inverse.
-The last line is exactly: `streams=<n> errors=<e> rps=<r> p50_added_ms=<a> p99_added_ms=<b>`.
-
-With `--url` no server is started: the same clients load that server (one `pyrodash serve`, or nginx in front of
-several, see docs/scaling.md) with real models behind it, asking `--max-tokens` per request, and the last line is
-exactly: `url=<u> streams=<n> requests=<k> errors=<e> rps=<r> p50_ms=<a> p99_ms=<b> ttft_p50_ms=<c>`.
+TEST DOUBLE backends (`ScriptedBackend`): the SLM streams `--tokens` then `<offload>`, the LLM `--tokens` more. Two
+servers in their own processes: "direct" (a bare SSE route, no engine) and "pyrodash" (`build_app` + the engine);
+`--streams` httpx clients post streaming completions for `--duration` s (200 and `data: [DONE]`, else an error).
+Added latency = pyrodash - direct percentiles; the server's CPU time (psutil) per request and token. Last line:
+`streams=<n> errors=<e> rps=<r> p50_added_ms=<a> p99_added_ms=<b>`. `--url` loads a running server instead:
+`url=<u> streams=<n> requests=<k> errors=<e> rps=<r> p50_ms=<a> p99_ms=<b> ttft_p50_ms=<c>`.
 """
 
 from __future__ import annotations
