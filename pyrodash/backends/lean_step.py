@@ -21,15 +21,15 @@ is not a plain bias-free `nn.Linear` (a LoRA layer) is called as the module it i
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+from torch.nn import functional
 from transformers.integrations.sdpa_attention import use_gqa_in_sdpa
 
 
 def _linear(module: nn.Module):
     if type(module) is nn.Linear and module.bias is None:
         weight = module.weight
-        return lambda x: F.linear(x, weight)
+        return lambda x: functional.linear(x, weight)
     return module
 
 
@@ -61,7 +61,7 @@ class LeanStep:
         self.inv_freq, self.rope_scaling = rotary.inv_freq, rotary.attention_scaling
         embed = inner.embed_tokens
         self.embed = (
-            (lambda ids, w=embed.weight: F.embedding(ids, w, embed.padding_idx))
+            (lambda ids, w=embed.weight: functional.embedding(ids, w, embed.padding_idx))
             if type(embed) is nn.Embedding
             else embed
         )
@@ -109,14 +109,16 @@ class LeanStep:
             ks = (ks * cos) + (_rotate_half(ks) * sin)
             keys, values = cache.layers[i].update(ks, vs)
             if self.groups == 1:
-                out = F.scaled_dot_product_attention(qs, keys, values, attn_mask=attn_mask, dropout_p=0.0, scale=scale)
+                out = functional.scaled_dot_product_attention(
+                    qs, keys, values, attn_mask=attn_mask, dropout_p=0.0, scale=scale
+                )
             elif use_gqa_in_sdpa(attn_mask, keys, values):  # (no padding)
-                out = F.scaled_dot_product_attention(
+                out = functional.scaled_dot_product_attention(
                     qs, keys, values, attn_mask=attn_mask, dropout_p=0.0, scale=scale, enable_gqa=True
                 )
             else:  # transformers' pack_gqa: the query heads of a key/value head side by side, one query token
                 packed = qs.reshape(b, qs.shape[1] // self.groups, self.groups, hd)
-                out = F.scaled_dot_product_attention(
+                out = functional.scaled_dot_product_attention(
                     packed, keys, values, attn_mask=attn_mask, dropout_p=0.0, scale=scale
                 )
             out = out.reshape(out.shape[0], -1, q, hd).transpose(1, 2).contiguous().reshape(b, q, -1).contiguous()

@@ -138,49 +138,29 @@ class MeshBackend:
                         if ch.finish_reason is not None:
                             final = ch
             except Exception as e:  # noqa: BLE001 - any member failure hands over to the next endpoint
-                msg = f"{m.name}: {type(e).__name__}: {e}" if str(e) else f"{m.name}: {type(e).__name__}"
-                if isinstance(e, TimeoutError):
-                    msg = f"{m.name}: no chunk within {self.timeout_s}s"
-                errors.append(msg)
-                m.failures += 1
-                m.cooldown_until = time.monotonic() + self.cooldown_s
+                errors.append(self._failed(m, e))
                 rep = getattr(e, "usage", None)
-                entries.append(
-                    self._entry(
-                        m,
-                        sub,
-                        text,
-                        n,
-                        rep if isinstance(rep, GenChunk) else None,
-                        int(getattr(e, "reached_server", True)),
-                        msg,
-                    )
-                )
+                rep = rep if isinstance(rep, GenChunk) else None
+                entries.append(self._entry(m, sub, text, n, rep, int(getattr(e, "reached_server", True)), errors[-1]))
                 decoded += entries[-1]["llm_out"]
                 continue
             entries.append(self._entry(m, sub, text, n, final, 1, None))
-            yield GenChunk(
-                finish_reason=final.finish_reason or "stop",
-                stop_token_id=final.stop_token_id,
-                prompt_tokens=sum(e["llm_in"] for e in entries),
-                completion_tokens=sum(e["llm_out"] for e in entries),
-                cached_tokens=sum(e["llm_cached_in"] for e in entries),
-                endpoints=entries,
-                usage_estimated=any(e["estimated"] for e in entries),
-            )
+            yield _usage(entries, finish_reason=final.finish_reason or "stop", stop_token_id=final.stop_token_id)
             return
-        usage = GenChunk(
-            prompt_tokens=sum(e["llm_in"] for e in entries),
-            completion_tokens=sum(e["llm_out"] for e in entries),
-            cached_tokens=sum(e["llm_cached_in"] for e in entries),
-            endpoints=entries,
-            usage_estimated=any(e["estimated"] for e in entries),
-        )
         raise BackendError(
             f"every LLM endpoint failed ({'; '.join(errors)})",
             reached_server=any(e["calls"] for e in entries),
-            usage=usage,
+            usage=_usage(entries),
         )
+
+    def _failed(self, m: Member, e: Exception) -> str:
+        """A member's failure: its message, and the member cools down."""
+        msg = f"{m.name}: {type(e).__name__}: {e}" if str(e) else f"{m.name}: {type(e).__name__}"
+        if isinstance(e, TimeoutError):
+            msg = f"{m.name}: no chunk within {self.timeout_s}s"
+        m.failures += 1
+        m.cooldown_until = time.monotonic() + self.cooldown_s
+        return msg
 
     @staticmethod
     def _entry(
@@ -268,3 +248,15 @@ def spec_from_flags(
         members.append(member)
     opts = {"policy": policy, "cooldown_s": cooldown_s, "timeout_s": timeout_s}
     return {"endpoints": members, **{k: v for k, v in opts.items() if v is not None}}
+
+
+def _usage(entries: list[dict], **final) -> GenChunk:
+    """The tokens and endpoints of every attempt of one answer, summed (the last chunk, or a failure's usage)."""
+    return GenChunk(
+        **final,
+        prompt_tokens=sum(e["llm_in"] for e in entries),
+        completion_tokens=sum(e["llm_out"] for e in entries),
+        cached_tokens=sum(e["llm_cached_in"] for e in entries),
+        endpoints=entries,
+        usage_estimated=any(e["estimated"] for e in entries),
+    )

@@ -316,24 +316,10 @@ def _reconstruct_messages(ex: Example, prompts: Prompts, cfg) -> list[dict]:
 
 def run_curation(recipe, out_dir: str | Path) -> Path:
     """Curate with `recipe` into OUT_DIR/curated/ and return that directory."""
-    import datasets
-
     cfg = recipe.curate
     prompts = get_prompts(recipe.prompts)
     world = resolve_world(recipe)
-    examples = (
-        load_examples(cfg.source, world, cfg.split, cfg.question_field, cfg.answer_field, cfg.limit)
-        if cfg.source
-        else []
-    )
-    conv_counts = {}
-    if cfg.conversations:  # conversation turns: the same path, each turn after its history
-        turns, conv_counts = load_conversations(cfg.conversations, world, cfg.conversation_limit)
-        examples += turns
-    if not examples:
-        raise ValueError(
-            f"curate.source {cfg.source!r} and curate.conversations {cfg.conversations!r} gave no examples"
-        )
+    examples, conv_counts = _curation_examples(cfg, world)
     slm = HFBackend(*load_local(slm_spec(recipe)))
     llm = FrozenLLM.from_spec(llm_spec(recipe), batch_size=cfg.batch_size, concurrency=cfg.llm_concurrency)
     solutions, difficulty, counts = label_and_reconstruct(
@@ -346,37 +332,12 @@ def run_curation(recipe, out_dir: str | Path) -> Path:
             flush=True,
         )
     rows_a, rows_b, inserted = build_corpora(examples, solutions, difficulty, prompts, cfg)
-    heldout = []
-    if cfg.heldout_source:
-        held = load_examples(
-            cfg.heldout_source, world, cfg.split, cfg.question_field, cfg.answer_field, cfg.heldout_limit
-        )
-        if cfg.heldout_conversations:
-            held += load_conversations(cfg.heldout_conversations, world, cfg.heldout_conversation_limit)[0]
-        _, hdiff, hcounts = label_and_reconstruct(held, slm, llm, prompts, cfg, reconstruct=False, tag="(held-out)")
-        heldout = [{**ex.to_dict(), "difficulty": hdiff[ex.id]} for ex in held]
-        counts["heldout"] = {k: hcounts[k] for k in ("examples", "easy", "hard")}
+    heldout = _heldout_rows(cfg, world, slm, llm, prompts, counts)
     out = curated_dir(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    for name, rows in (("corpus_a", rows_a), ("corpus_b", rows_b), ("heldout", heldout)):
-        (out / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    datasets.DatasetDict(
-        {"corpus_a": datasets.Dataset.from_list(rows_a), "corpus_b": datasets.Dataset.from_list(rows_b)}
-    ).save_to_disk(str(out / "dataset"))
+    _write_corpora(out, rows_a, rows_b, heldout)
+    if cfg.conversations:
+        conv_counts |= _turn_counts(rows_a + rows_b, examples, difficulty)
     hard_b = [r for r in rows_b if r["difficulty"] == "hard"]
-    turn_rows = [r for r in rows_a + rows_b if r["turn"]]
-    by_turn = {
-        str(t): {c: sum(1 for r in turn_rows if r["turn"] == t and r["corpus"] == c) for c in "AB"}
-        for t in sorted({r["turn"] for r in turn_rows})
-    }
-    turn_diff = Counter((ex.meta["turn"], difficulty[ex.id]) for ex in examples if ex.meta.get("turn"))
-    conv_counts |= {
-        "rows_by_turn": by_turn,
-        "hard_share_by_turn": {
-            str(t): turn_diff[(t, "hard")] / (turn_diff[(t, "hard")] + turn_diff[(t, "easy")])
-            for t in sorted({t for t, _ in turn_diff})
-        },
-    }
     stats = {
         **counts,
         "conversations": conv_counts if cfg.conversations else None,
@@ -391,6 +352,66 @@ def run_curation(recipe, out_dir: str | Path) -> Path:
     (out / "stats.json").write_text(json.dumps(stats, indent=2))
     save_resolved(out, recipe, cfg, {"world_dir": str(world) if world else None})
     return out
+
+
+def _curation_examples(cfg, world) -> tuple[list, dict]:
+    """The examples to curate (single questions, then conversation turns, each after its history) and the
+    conversations' counts."""
+    examples = (
+        load_examples(cfg.source, world, cfg.split, cfg.question_field, cfg.answer_field, cfg.limit)
+        if cfg.source
+        else []
+    )
+    conv_counts = {}
+    if cfg.conversations:
+        turns, conv_counts = load_conversations(cfg.conversations, world, cfg.conversation_limit)
+        examples += turns
+    if not examples:
+        raise ValueError(
+            f"curate.source {cfg.source!r} and curate.conversations {cfg.conversations!r} gave no examples"
+        )
+    return examples, conv_counts
+
+
+def _heldout_rows(cfg, world, slm, llm, prompts, counts: dict) -> list[dict]:
+    """The held-out examples with their difficulty labels (no reconstruction); their counts go into `counts`."""
+    if not cfg.heldout_source:
+        return []
+    held = load_examples(cfg.heldout_source, world, cfg.split, cfg.question_field, cfg.answer_field, cfg.heldout_limit)
+    if cfg.heldout_conversations:
+        held += load_conversations(cfg.heldout_conversations, world, cfg.heldout_conversation_limit)[0]
+    _, hdiff, hcounts = label_and_reconstruct(held, slm, llm, prompts, cfg, reconstruct=False, tag="(held-out)")
+    counts["heldout"] = {k: hcounts[k] for k in ("examples", "easy", "hard")}
+    return [{**ex.to_dict(), "difficulty": hdiff[ex.id]} for ex in held]
+
+
+def _write_corpora(out: Path, rows_a: list[dict], rows_b: list[dict], heldout: list[dict]) -> None:
+    """OUT/corpus_a.jsonl, corpus_b.jsonl, heldout.jsonl and the two corpora as a `datasets` DatasetDict."""
+    import datasets
+
+    out.mkdir(parents=True, exist_ok=True)
+    for name, rows in (("corpus_a", rows_a), ("corpus_b", rows_b), ("heldout", heldout)):
+        (out / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    datasets.DatasetDict(
+        {"corpus_a": datasets.Dataset.from_list(rows_a), "corpus_b": datasets.Dataset.from_list(rows_b)}
+    ).save_to_disk(str(out / "dataset"))
+
+
+def _turn_counts(rows: list[dict], examples: list, difficulty: dict) -> dict:
+    """Corpus rows by conversation turn and the share of hard examples at each turn."""
+    turn_rows = [r for r in rows if r["turn"]]
+    by_turn = {
+        str(t): {c: sum(1 for r in turn_rows if r["turn"] == t and r["corpus"] == c) for c in "AB"}
+        for t in sorted({r["turn"] for r in turn_rows})
+    }
+    turn_diff = Counter((ex.meta["turn"], difficulty[ex.id]) for ex in examples if ex.meta.get("turn"))
+    return {
+        "rows_by_turn": by_turn,
+        "hard_share_by_turn": {
+            str(t): turn_diff[(t, "hard")] / (turn_diff[(t, "hard")] + turn_diff[(t, "easy")])
+            for t in sorted({t for t, _ in turn_diff})
+        },
+    }
 
 
 def read_jsonl(path: str | Path) -> list[dict]:
