@@ -11,6 +11,7 @@ import argparse
 from pathlib import Path
 
 from pyrodash.backends.endpoint import add_llm_mode_argument
+from pyrodash.eval.build import method_specs
 from pyrodash.eval.harness import EvalConfig, check_compatible, evaluate, load_examples
 from pyrodash.jobs.library_log import library_log
 from pyrodash.report.console import print_table2
@@ -71,9 +72,11 @@ def dry_run(cfg: EvalConfig, console) -> int:
     console.print(f"run_dir: {cfg.run_dir}", highlight=False)
     for b in cfg.benchmarks:
         console.print(f"  {b}: {len(load_examples(cfg, b, cfg.limit))} examples", highlight=False)
-    methods = [m if isinstance(m, str) else json.dumps(m) for m in cfg.methods]
-    console.print(f"methods: {', '.join(methods)}", highlight=False, markup=False)
-    console.print(f"prices: {prices}", highlight=False)
+    console.print("methods:")
+    for name, opts in method_specs(cfg.methods):
+        line = f"  {name} {json.dumps(opts) if opts else ''}".rstrip()
+        console.print(line, highlight=False, markup=False, soft_wrap=True)
+    console.print(f"prices: {prices}", highlight=False, soft_wrap=True)
     console.print("config OK (dry run: no model loaded, nothing written)")
     return 0
 
