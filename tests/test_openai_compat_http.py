@@ -130,6 +130,28 @@ def test_every_framing_streams_the_same_and_a_finished_stream_keeps_its_connecti
     assert conns == (3 if framing == "close" else 1)  # read to its end ([DONE] and the body's end): reused
 
 
+def test_a_body_that_ends_after_done_is_read_to_its_end_and_keeps_its_connection():
+    """The body's end (the last chunk) may come a while after `data: [DONE]`: it is waited for (up to DRAIN_S), so
+    the connection is reused instead of closed."""
+    whole = response(sse(["a"]))
+
+    async def late_end(reader, writer):
+        writer.write(whole[: -len(b"0\r\n\r\n")])
+        await writer.drain()
+        await asyncio.sleep(0.05)
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+
+    async def main():
+        async with RawServer(lambda n: late_end) as srv:
+            b = OpenAICompatBackend(srv.url, model="m")
+            texts = [(await collect(b))[0] for _ in range(2)]
+            await b.aclose()
+            return texts, srv.connections
+
+    assert asyncio.run(main()) == (["a", "a"], 1)
+
+
 def test_crlf_lines_and_gzip_bodies():
     body = sse(["a", "b"]).replace(b"\n", b"\r\n")
     gz = gzip.compress(body)
@@ -302,24 +324,17 @@ def test_the_read_timeout_bounds_each_wait_not_the_stream():
 
 
 def test_a_request_is_one_socket_write(monkeypatch):
-    """httpcore writes a request's head and body apart; `_OneWrite` sends them in one write (the server wakes once)."""
-    import httpcore
+    """A request's head and JSON body go out in one socket write (the server wakes up once for it)."""
+    from asyncio import selector_events
 
     writes: list[bytes] = []
-    connect = httpcore.AnyIOBackend.connect_tcp
+    write = selector_events._SelectorSocketTransport.write
 
-    async def counted(self, *args, **kwargs):
-        stream = await connect(self, *args, **kwargs)
-        write = stream.write
+    def spy(self, data) -> None:
+        writes.append(bytes(data))
+        write(self, data)
 
-        async def spy(buffer: bytes, timeout=None) -> None:
-            writes.append(buffer)
-            await write(buffer, timeout)
-
-        stream.write = spy
-        return stream
-
-    monkeypatch.setattr(httpcore.AnyIOBackend, "connect_tcp", counted)
+    monkeypatch.setattr(selector_events._SelectorSocketTransport, "write", spy)
 
     async def main():
         async with RawServer(lambda n: response(sse(["z"]))) as srv:
@@ -330,7 +345,8 @@ def test_a_request_is_one_socket_write(monkeypatch):
             return srv.connections
 
     assert asyncio.run(main()) == 1
-    assert len(writes) == 3 and all(w.startswith(b"POST /v1/chat/completions ") and w.endswith(b"}") for w in writes)
+    sent = [w for w in writes if not w.startswith(b"HTTP/1.1")]  # (the test server's answers use the same class)
+    assert len(sent) == 3 and all(w.startswith(b"POST /v1/chat/completions ") and w.endswith(b"}") for w in sent)
 
 
 def test_a_proxy_named_by_the_environment_is_used(monkeypatch):

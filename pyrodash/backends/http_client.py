@@ -1,199 +1,156 @@
-"""The upstream HTTP client of `OpenAICompatBackend`: httpx, one `AsyncClient` per event loop, kept-alive connections.
+"""The upstream HTTP client of `OpenAICompatBackend`'s generation requests: aiohttp, one `ClientSession` per event
+loop, kept-alive connections (the backend's other calls, GET /models and the probe, go through httpx).
 
     client = UpstreamClient("http://127.0.0.1:8000/v1", timeout_s=60)
-    async with client.post_stream("/chat/completions", body_bytes, headers) as resp:
-        chunks = resp.aiter_bytes(); ...; await drain(chunks)  # after `data: [DONE]`: the body's end, connection kept
+    async with client.post_stream("/chat/completions", body_bytes, headers) as resp:  # an aiohttp.ClientResponse
+        async for raw in resp.content.iter_any(): ...
+        await drain(resp)  # after `data: [DONE]`: the body's end, so the connection goes back to the pool
 
-A streamed response read to its end goes back to httpx's pool; one closed early closes its connection (the server
-stops generating). Why httpx, and what it replaced: docs/scaling.md, "Upstream HTTP client".
+A response closed before its end closes its connection (the server stops generating). Why aiohttp, and what it
+replaced: docs/scaling.md, "Upstream HTTP client".
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
-import ssl
 import time
 import urllib.request
 from collections.abc import AsyncIterator
+from types import SimpleNamespace
+from urllib.parse import urlparse
 
-import httpcore
-import httpx
+import aiohttp
 
-KEEPALIVE_S = 120.0  # how long an idle connection is kept (the server may close it sooner: httpx then drops it)
+KEEPALIVE_S = 120.0  # how long an idle connection is kept (the server may close it sooner: it is then dropped)
 DRAIN_S = 0.5  # the longest a response is read after its [DONE] (to reuse its connection)
+# what a kept-alive connection that the server closed as the request went out raises (before any response)
+_STALE = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
 
 
-class _OneWrite(httpcore.AsyncNetworkStream):
-    """A connection whose writes go out together at its next read. httpcore writes a request's head and its body
-    apart; the server would wake up for each (and on few cores the client lose its core to it each time)."""
-
-    def __init__(self, stream: httpcore.AsyncNetworkStream) -> None:
-        self._stream, self._held = stream, b""
-
-    async def write(self, buffer: bytes, timeout: float | None = None) -> None:
-        self._held += buffer
-
-    async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
-        if self._held:
-            held, self._held = self._held, b""
-            await self._stream.write(held, timeout)
-        return await self._stream.read(max_bytes, timeout)
-
-    async def aclose(self) -> None:
-        self._held = b""
-        await self._stream.aclose()
-
-    async def start_tls(self, ssl_context, server_hostname: str | None = None, timeout: float | None = None):
-        return _OneWrite(await self._stream.start_tls(ssl_context, server_hostname, timeout))
-
-    def get_extra_info(self, info: str):
-        return self._stream.get_extra_info(info)
-
-
-class _OneWriteBackend(httpcore.AnyIOBackend):
-    async def connect_tcp(self, *args, **kwargs) -> httpcore.AsyncNetworkStream:
-        return _OneWrite(await super().connect_tcp(*args, **kwargs))
-
-
-@functools.cache
-def _ssl_context() -> ssl.SSLContext:
-    """httpx's default TLS settings, made once per process (loading the CA bundle takes ~0.1 s)."""
-    return httpx.create_ssl_context()
-
-
-def _transport(limits: httpx.Limits) -> httpx.AsyncHTTPTransport | None:
-    """httpx's transport with its connection pool made again with `_OneWrite` connections (httpx takes no network
-    backend; `_pool` is where it keeps its httpcore pool: checked, so an httpx that moves it fails here, loudly).
-    None (httpx's own transport, which alone applies them) when the environment names a proxy: httpx reads the
-    same `urllib.request.getproxies()`."""
+def env_proxy(url: str) -> str | None:
+    """The proxy that the environment names for `url` (HTTP_PROXY / HTTPS_PROXY / ALL_PROXY unless NO_PROXY bypasses
+    the host), read once per client instead of at every request."""
+    u = urlparse(url)
     proxies = urllib.request.getproxies()
-    if any(proxies.get(scheme) for scheme in ("http", "https", "all")):
+    proxy = proxies.get(u.scheme) or proxies.get("all")
+    if not proxy or urllib.request.proxy_bypass(u.hostname or ""):
         return None
-    transport = httpx.AsyncHTTPTransport(verify=_ssl_context(), limits=limits)
-    if not isinstance(getattr(transport, "_pool", None), httpcore.AsyncConnectionPool):
-        raise RuntimeError(f"httpx {httpx.__version__}: no httpcore pool at AsyncHTTPTransport._pool")
-    transport._pool = httpcore.AsyncConnectionPool(
-        ssl_context=_ssl_context(),
-        max_connections=limits.max_connections,
-        max_keepalive_connections=limits.max_keepalive_connections,
-        keepalive_expiry=limits.keepalive_expiry,
-        network_backend=_OneWriteBackend(),
-    )
-    return transport
+    return proxy if "://" in proxy else f"http://{proxy}"
 
 
-class _Attempt:
-    """httpx's `trace` extension for one request: whether it opened a new connection, when its bytes went out."""
+async def _opened(session, ctx, params) -> None:
+    ctx.trace_request_ctx.opened = True
 
-    def __init__(self) -> None:
-        self.opened, self.sent_at = False, None
 
-    async def __call__(self, name: str, info: dict) -> None:
-        if name == "connection.connect_tcp.started":
-            self.opened = True
-        elif name == "http11.receive_response_headers.started":  # `_OneWrite` sends the request's bytes then
-            self.sent_at = time.perf_counter()
+async def _sent(session, ctx, params) -> None:
+    ctx.trace_request_ctx.sent_at = time.perf_counter()
+
+
+def _trace() -> aiohttp.TraceConfig:
+    """Per request (its `trace_request_ctx`): whether it opened a new connection, when its bytes went out."""
+    trace = aiohttp.TraceConfig()
+    trace.on_connection_create_start.append(_opened)
+    trace.on_request_headers_sent.append(_sent)
+    return trace
+
+
+async def _closed_with_its_loop(session: aiohttp.ClientSession) -> AsyncIterator[None]:
+    """An async generator left open after its first step: the event loop finalizes it as it ends (`asyncio.run`
+    runs `loop.shutdown_asyncgens()`), which closes `session` on its own loop (`engine.run()` makes a loop per call;
+    a session left open would be reported as unclosed when collected)."""
+    try:
+        yield
+    finally:
+        await session.close()
 
 
 class UpstreamClient:
-    """Requests to one base URL (`http(s)://host/v1`), through the running event loop's `httpx.AsyncClient`."""
+    """Streamed POSTs to one base URL (`http(s)://host/v1`), through the running event loop's session."""
 
     def __init__(self, base: str, timeout_s: float) -> None:
         self.base = base.rstrip("/")
-        self.timeout = httpx.Timeout(timeout_s, connect=min(timeout_s, 10.0))
-        self._timeout_ext = self.timeout.as_dict()
-        self._client: httpx.AsyncClient | None = None
+        # `sock_read` bounds each wait for the next bytes, never the whole stream
+        self.timeout = aiohttp.ClientTimeout(total=None, connect=min(timeout_s, 10.0), sock_read=timeout_s)
+        self._session: aiohttp.ClientSession | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._urls: dict[str, httpx.URL] = {}
-        self._headers: tuple[httpx.AsyncClient, dict, httpx.Headers] | None = None  # (client, given, merged)
+        self._closer: AsyncIterator[None] | None = None  # closes the session as its loop ends
+        self._proxy = env_proxy(self.base)
         self.last_used = 0.0
-        self.sent_at: float | None = None  # perf_counter() when the last POST's bytes were about to be written
+        self.sent_at: float | None = None  # perf_counter() when the last POST's head was written
 
-    def client(self, headers: dict | None = None) -> httpx.AsyncClient:
-        """This event loop's client (made on first use in a loop; `headers` are its defaults then)."""
+    async def session(self) -> aiohttp.ClientSession:
+        """This event loop's session (made on its first use in a loop, closed at the loop's end at the latest)."""
         loop = asyncio.get_running_loop()
-        if self._client is None or self._loop is not loop or self._client.is_closed:
-            limits = httpx.Limits(max_connections=256, max_keepalive_connections=64, keepalive_expiry=KEEPALIVE_S)
-            self._client = httpx.AsyncClient(
-                timeout=self.timeout,
-                limits=limits,
-                transport=_transport(limits),
-                verify=_ssl_context(),
-                headers=headers or {},
-            )
-            self._loop, self._headers = loop, None
-        return self._client
+        if self._session is None or self._loop is not loop or self._session.closed:
+            conn = aiohttp.TCPConnector(limit=256, limit_per_host=0, keepalive_timeout=KEEPALIVE_S)
+            self._session = aiohttp.ClientSession(connector=conn, timeout=self.timeout, trace_configs=[_trace()])
+            self._loop = loop
+            self._closer = _closed_with_its_loop(self._session)
+            await anext(self._closer)
+        return self._session
 
-    def _request(self, client: httpx.AsyncClient, path: str, content: bytes, headers: dict, trace) -> httpx.Request:
-        """The POST, built by hand (URL parsed once per path, headers merged once per client and headers) rather
-        than by `client.stream`, whose per-request URL, header and cookie merging is most of httpx's client time."""
-        url = self._urls.get(path)
-        if url is None:
-            url = self._urls[path] = httpx.URL(f"{self.base}{path}")
-        cached = self._headers
-        if cached is None or cached[0] is not client or cached[1] != headers:
-            merged = httpx.Headers(client.headers)
-            merged.update(headers)
-            merged["content-type"] = "application/json"
-            cached = self._headers = (client, dict(headers), merged)
-        ext = {"timeout": self._timeout_ext, "trace": trace}
-        return httpx.Request("POST", url, headers=cached[2], content=content, extensions=ext)
-
-    @contextlib.asynccontextmanager
-    async def post_stream(self, path: str, content: bytes, headers: dict) -> AsyncIterator[httpx.Response]:
-        """POST `content` (JSON bytes) to `base + path` and stream the response; closed on exit (its connection goes
-        back to the pool only when the body was read to its end). A kept-alive connection that the server closed as
-        the request went out (it failed before a response head came back) is retried once on a new connection, as
-        uvicorn's keep-alive timeout can race a request; on a new connection the same failure is an error (the
-        caller's policy decides)."""
-        client = self.client(headers)
-        self.last_used = time.monotonic()
+    async def _send(self, path: str, content: bytes, headers: dict) -> aiohttp.ClientResponse:
+        """The POST, sent once more on a new connection when a kept-alive one turns out closed by the server as the
+        request went out (uvicorn's keep-alive timeout can race a request). On a new connection the same failure is
+        an error (the caller's policy decides)."""
+        session = await self.session()
         for attempt in (0, 1):
-            trace = _Attempt()
+            trace = SimpleNamespace(opened=False, sent_at=None)
             try:
-                resp = await client.send(self._request(client, path, content, headers, trace), stream=True)
-            except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError):
+                return await session.post(
+                    self.base + path, data=content, headers=headers, proxy=self._proxy, trace_request_ctx=trace
+                )
+            except _STALE:
                 if attempt == 0 and not trace.opened:
                     continue
                 raise
             finally:
                 self.sent_at = trace.sent_at
-            break
+        raise AssertionError("unreachable")
+
+    @contextlib.asynccontextmanager
+    async def post_stream(self, path: str, content: bytes, headers: dict) -> AsyncIterator[aiohttp.ClientResponse]:
+        """POST `content` (JSON bytes, `headers` with its content type) and stream the response; on exit its
+        connection goes back to the pool when the body was read to its end, else it is closed."""
+        self.last_used = time.monotonic()
+        resp = await self._send(path, content, headers)
         try:
             yield resp
         finally:
-            await resp.aclose()
+            if resp.content.is_eof():
+                resp.release()
+            else:
+                resp.close()
             self.last_used = time.monotonic()
 
-    async def get(self, path: str, headers: dict, timeout_s: float = 5.0) -> httpx.Response:
-        return await self.client(headers).get(f"{self.base}{path}", timeout=timeout_s)
-
     async def warm(self, headers: dict) -> None:
-        """A cheap GET /models when the connections may have gone idle, so the next request finds one open; failures
-        are ignored (the request itself reports them)."""
+        """A cheap GET /models when the pool's connections may have gone idle, so the next request finds one open;
+        failures are ignored (the request itself reports them)."""
         if time.monotonic() - self.last_used < KEEPALIVE_S / 2:
             return
         self.last_used = time.monotonic()
-        with contextlib.suppress(httpx.HTTPError):
-            await self.get("/models", headers)
+        with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError, TimeoutError):
+            async with (await self.session()).get(
+                self.base + "/models", headers=headers, proxy=self._proxy, timeout=aiohttp.ClientTimeout(total=5)
+            ) as resp:
+                await resp.read()
 
     async def aclose(self) -> None:
-        if self._client is not None and self._loop is asyncio.get_running_loop():
-            await self._client.aclose()
-        self._client, self._headers = None, None
+        if self._session is not None and self._loop is asyncio.get_running_loop():
+            await self._session.close()
+        self._session = None
 
 
-async def drain(chunks: AsyncIterator[bytes]) -> None:
-    """Read what is left of a response body after `data: [DONE]`, for at most DRAIN_S, so that httpx puts its
-    connection back in the pool (a server that keeps the stream open after [DONE] only costs its connection)."""
+async def drain(resp: aiohttp.ClientResponse) -> None:
+    """Read what is left of a response body after `data: [DONE]`, for at most DRAIN_S, so that its connection goes
+    back to the pool (a server that keeps the stream open after [DONE] only costs its connection)."""
 
     async def rest() -> None:
-        async for _ in chunks:
+        async for _ in resp.content.iter_any():
             pass
 
-    with contextlib.suppress(TimeoutError, asyncio.TimeoutError, httpx.HTTPError):
+    with contextlib.suppress(TimeoutError, asyncio.TimeoutError, aiohttp.ClientError):
         if hasattr(asyncio, "timeout"):  # Python >= 3.11: no extra task
             async with asyncio.timeout(DRAIN_S):
                 await rest()

@@ -1,5 +1,5 @@
 """HTTP LLM/SLM backend: OpenAI-compatible servers (vLLM, SGLang, `pyrodash serve-model`, LiteLLM, OpenAI, DeepSeek,
-...) and Anthropic's Messages API, through httpx (`backends/http_client.py`).
+...) and Anthropic's Messages API; generations through aiohttp (`backends/http_client.py`), the rest through httpx.
 
     backend = OpenAICompatBackend("http://127.0.0.1:8000/v1", model="slm", api_key_env="OPENAI_API_KEY")
     async for chunk in backend.stream(GenRequest(messages=[...], stop_token_ids=[offload_id])): ...
@@ -22,6 +22,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from urllib.parse import urlparse
 
+import aiohttp
 import httpx
 
 from pyrodash.backends import literal
@@ -89,9 +90,11 @@ class OpenAICompatBackend:
             )
         self.report = None  # the probe's ProbeReport once resolve() ran
         self.provider: str | None = None  # the provider's shape when the probe found it ("anthropic"), else None
-        self.last_headers: httpx.Headers | None = None  # of the last generation response (the probe reads them)
+        self.last_headers = None  # of the last generation response, case-insensitive (the probe reads them)
         self.config_error: str | None = None  # a misconfiguration found by the probe (reported by /health)
-        self.http = UpstreamClient(self.base, self.timeout_s)
+        self.http = UpstreamClient(self.base, self.timeout_s)  # generation requests
+        self._client: httpx.AsyncClient | None = None  # the rest (GET /models, the probe), one per event loop
+        self._client_loop: asyncio.AbstractEventLoop | None = None
         self._ids: dict[str, int | None] = {}
         self._tok = None
         self._tok_missing = False
@@ -123,7 +126,11 @@ class OpenAICompatBackend:
 
     def client(self) -> httpx.AsyncClient:
         """This event loop's httpx client (GET /models, the probe; generation requests go through `self.http`)."""
-        return self.http.client(self.headers)
+        loop = asyncio.get_running_loop()
+        if self._client is None or self._client_loop is not loop or self._client.is_closed:
+            self._client = httpx.AsyncClient(timeout=self._timeout(), headers=self.headers)
+            self._client_loop = loop
+        return self._client
 
     async def warm(self) -> None:
         """Keep a pooled connection open ahead of the first handoff (best effort: a cheap GET /models when the
@@ -249,26 +256,26 @@ class OpenAICompatBackend:
         path, body = self._build(req, wire)
         reader = _StreamReader(self, trimmed_prefill(wire, req))
         content = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+        headers = {**self.headers, "content-type": "application/json"}
         try:
-            async with self.http.post_stream(path, content, self.headers) as resp:
+            async with self.http.post_stream(path, content, headers) as resp:
                 self.last_headers = resp.headers
-                if resp.status_code != 200:
-                    text = (await resp.aread()).decode(errors="replace")
-                    msg = f"HTTP {resp.status_code} from {self.base}: {_error_message(text)}"
-                    raise BackendError(self.redact(msg), status=resp.status_code, param=_error_param(text))
-                chunks = resp.aiter_bytes()
-                async for raw in chunks:
+                if resp.status != 200:
+                    text = (await resp.read()).decode(errors="replace")
+                    msg = f"HTTP {resp.status} from {self.base}: {_error_message(text)}"
+                    raise BackendError(self.redact(msg), status=resp.status, param=_error_param(text))
+                async for raw in resp.content.iter_any():
                     for chunk in reader.feed(raw):
                         yield chunk
                     if reader.ended:
                         break
                 if reader.ended:  # read the rest of the body (its end): only a fully read response's connection is
-                    await drain(chunks)  # put back in the pool, else the next request opens a new one
-        except httpx.ConnectError as e:
+                    await drain(resp)  # put back in the pool, else the next request opens a new one
+        except aiohttp.ClientConnectorError as e:
             raise BackendError(f"cannot connect to {self.base}: {type(e).__name__}", reached_server=False) from e
-        except httpx.TimeoutException as e:
+        except (asyncio.TimeoutError, TimeoutError) as e:  # aiohttp's connect and read timeouts
             raise BackendError(f"timeout after {self.timeout_s}s from {self.base}: {type(e).__name__}") from e
-        except httpx.HTTPError as e:
+        except aiohttp.ClientError as e:
             raise BackendError(self.redact(f"HTTP error from {self.base}: {type(e).__name__}: {e}")) from e
         yield reader.last(body)
 
@@ -276,12 +283,15 @@ class OpenAICompatBackend:
         """Raise when the endpoint is misconfigured (the probe's finding) or does not list its models."""
         if self.config_error:
             raise ValueError(self.config_error)
-        r = await self.http.get("/models", self.headers)
+        r = await self.client().get(f"{self.base}/models", timeout=5)
         if r.status_code != 200:
             raise ConnectionError(f"GET {self.base}/models answered {r.status_code}")
 
     async def aclose(self) -> None:
         await self.http.aclose()
+        if self._client is not None and self._client_loop is asyncio.get_running_loop():
+            await self._client.aclose()
+        self._client = None
 
 
 class _StreamReader:
