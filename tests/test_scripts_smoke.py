@@ -1,13 +1,13 @@
-"""Smoke runs of every script in benchmarks/ and scripts/ on tiny settings: each runs and prints its last line.
+"""Smoke runs of every script in benchmarks/ and scripts/ and every one the docs name, on tiny settings.
 
     .venv/bin/pytest -q tests/test_scripts_smoke.py
     PYRODASH_DEMO_RUN=/path/to/demo .venv/bin/pytest -q tests/test_scripts_smoke.py   # a finished quick demo
 
-The numbers are not checked, only that a script exits 0 and prints its documented last line with every key. Scripts
-that read a demo run share the session's `quick_demo` (tests/conftest.py) unless PYRODASH_DEMO_RUN names one; those
-that write into a run work on a copy. Two only parse here: `benchmarks/gateway_many_cores.sh` needs >= 16 cores and
-wheels in .whl/, and `scripts/ship_world.py` pretrains a world from scratch (~3 minutes, which tests/test_world.py
-covers) and writes into the package.
+A script must exit 0 and print its documented last line with every key; the numbers are not checked. Scripts that
+read a demo run share the session's `quick_demo` (tests/conftest.py) unless PYRODASH_DEMO_RUN names one; those that
+write into a run work on a copy. Three only parse here: `benchmarks/gateway_many_cores.sh` (>= 16 cores, wheels in
+.whl/), `scripts/ship_world.py` (pretrains a world from scratch, ~3 minutes, as tests/test_world.py does, and writes
+into the package) and `docs/playground_screenshot.py` (headless Chromium; skipped without chromedriver).
 """
 
 from __future__ import annotations
@@ -122,6 +122,14 @@ def test_ship_world_parses():
     assert "--seed" in run_script("scripts/ship_world.py", "--help")
 
 
+def test_playground_screenshot_parses():
+    """docs/playground_screenshot.py drives headless Chromium (/usr/bin/chromedriver) against a running server:
+    its --help here; the screenshots need that browser."""
+    if shutil.which("chromedriver") is None and not Path("/usr/bin/chromedriver").exists():
+        pytest.skip("no chromedriver: docs/playground_screenshot.py needs headless Chromium")
+    assert "--compare-out" in run_script("docs/playground_screenshot.py", "--help")
+
+
 # --- scripts that read a finished quick demo ------------------------------------------------------------------------
 
 
@@ -202,9 +210,15 @@ COVERED = {
     "scripts/world_economics.py",
     "scripts/ship_world.py",
     "scripts/turn_tables.py",
+    "docs/playground_screenshot.py",
 }
 
 
 def test_every_script_has_a_smoke_test():
     scripts = {str(p.relative_to(ROOT)) for d in ("benchmarks", "scripts") for p in (ROOT / d).glob("*.[ps][yh]")}
-    assert scripts == COVERED
+    named = set(re.findall(r"\b((?:benchmarks|scripts|docs)/\w+\.(?:py|sh))\b", _docs_text()))
+    assert scripts | named == COVERED
+
+
+def _docs_text() -> str:
+    return "\n".join(p.read_text() for p in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))])
