@@ -168,7 +168,9 @@ def test_cost_penalty_ablation_small(demo_run, tmp_path):
 
 
 def test_phase_times_quick_against_this_checkout(demo_run):
-    out = run_script("benchmarks/phase_times.py", "--base", ROOT, "--run", demo_run, "--repeats", 1, "--quick")
+    out = run_script(
+        "benchmarks/phase_times.py", "--base", ROOT, "--run", demo_run, "--repeats", 1, "--quick", timeout=600
+    )
     tail = out.splitlines()[-2:]
     assert [x.split(":")[0] for x in tail] == ["evaluation", "stage3"], out
     assert all(re.search(r"this=\S+s base=\S+s ratio=\S+$", x) for x in tail), tail
