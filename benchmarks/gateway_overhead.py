@@ -1,29 +1,14 @@
-"""Gateway overhead, side by side in one run: direct to an upstream, through a LiteLLM proxy, through `pyrodash serve`.
+"""Gateway overhead in one run: direct to a scripted upstream, through LiteLLM, through `pyrodash serve` (or older).
 
-    .venv/bin/python benchmarks/gateway_overhead.py [--tokens 200] [--token-ms 1] [--concurrency 1 64]
-        [--rounds 8] [--requests 10] [--litellm .venv-litellm/bin/litellm] [--workers 1] [--baseline REV|DIR]
+    .venv/bin/python benchmarks/gateway_overhead.py [--tokens 200] [--token-ms 1] [--concurrency 1 64] [--rounds 8]
+        [--requests 10] [--litellm .venv-litellm/bin/litellm | ''] [--workers 1] [--baseline REV|DIR]
 
-The upstream is the scripted OpenAI-compatible server of `benchmarks/engine_overhead.py` (a TEST DOUBLE, no model,
-in its own process): `--tokens` tokens, one every `--token-ms` ms. Three targets stream the same script:
-  direct    the client talks to the double itself (model "direct": the whole script);
-  litellm   a LiteLLM proxy (`litellm --config`, its own venv as .ci/run installs it) in front of the double;
-  pyrodash  `pyrodash serve --slm DOUBLE#slm --llm DOUBLE#llm --offload-bias -1000` (an operating point that never
-            hands off: the SLM streams the whole script, the request PyroDash sends upstream is one streamed call);
-  baseline  with `--baseline REV` (a git revision: its `pyrodash/` is extracted to a temporary folder) or
-            `--baseline DIR` (a checkout, e.g. `git worktree add /tmp/old 491fd89`): the same `pyrodash serve` run
-            from that older code, in the same rounds; a line per concurrency then says what the tree adds to it.
-Every request is a streamed chat completion with `stream_options.include_usage`, sent by a minimal keep-alive
-HTTP/1.1 client on raw sockets (httpx's parsing would make the client the bottleneck on a shared machine). Per
-request: TTFT = time to the first SSE event with non-empty `content`; total = time to `data: [DONE]`.
-
-Noise: the targets are measured interleaved, `--rounds` rounds, each running every target in turn (the order
-rotates) for `--requests` requests per client at each `--concurrency` (c clients in parallel, each sequential on its
-own connection), so load from other jobs on the machine hits all three alike. A warm-up round is not counted.
-Added = target percentile - direct percentile (p50 and p99 over all requests of the run), for TTFT and total.
-The gateways' own overhead headers are summarised too (`x-pyrodash-overhead-ms`, LiteLLM's
-`x-litellm-overhead-duration-ms`). Without LiteLLM installed its rows are left out, saying why. Last lines, one per
-concurrency, exactly: `c=<c> pyrodash_added_ttft_p50_ms=<a> litellm_added_ttft_p50_ms=<b> ratio=<a/b>`, and with
-`--baseline`: `c=<c> pyrodash_ttft_p50_ms=<a> baseline_ttft_p50_ms=<b> tree_minus_baseline_ttft_p50_ms=<a-b>`.
+The upstream is `engine_overhead.py`'s scripted server (a TEST DOUBLE); PyroDash serves at an operating point that
+never hands off; `--baseline` adds `pyrodash serve` run from an older revision (extracted by `git archive`) or
+checkout. The targets run interleaved in rounds, the order rotating, for a raw-socket keep-alive client; TTFT is the
+time to the first SSE event with text. Last lines, per concurrency: `c=<c> pyrodash_added_ttft_p50_ms=<a>
+litellm_added_ttft_p50_ms=<b> ratio=<a/b>`, with `--baseline` also `c=<c> pyrodash_ttft_p50_ms=<a>
+baseline_ttft_p50_ms=<b> tree_minus_baseline_ttft_p50_ms=<a-b>`. Method and results: docs/scaling.md.
 """
 
 from __future__ import annotations
