@@ -245,7 +245,7 @@ def test_generate_conversation_and_mesh_flags(tmp_path, capsys):
         {"role": "user", "content": "3+4="},
     ]
     want = ref.run(convo, offload_bias=100.0)
-    assert lines[0]["output"] == want.output and lines[0]["usage"]["llm_calls"] == 1
+    assert lines[0]["output"] == want.output and lines[0]["llm_calls"] == 1
     refused, used = lines[0]["llm_endpoints"]
     assert (refused["calls"], refused["errors"], used["calls"], used["errors"]) == (0, 1, 1, 0)
     convo += [{"role": "assistant", "content": want.output}, {"role": "user", "content": "+2?"}]
