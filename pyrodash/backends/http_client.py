@@ -23,6 +23,9 @@ from urllib.parse import urlparse
 import aiohttp
 
 KEEPALIVE_S = 120.0  # how long an idle connection is kept (the server may close it sooner: it is then dropped)
+# idle time after which `warm()` opens a connection again: uvicorn (vLLM, SGLang, `pyrodash serve-model`) closes idle
+# connections after 5 s; https APIs keep them longer
+WARM_AFTER_S = {"http": 4.0, "https": KEEPALIVE_S / 2}
 DRAIN_S = 0.5  # the longest a response is read after its [DONE] (to reuse its connection)
 # what a kept-alive connection that the server closed as the request went out raises (before any response)
 _STALE = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
@@ -76,6 +79,7 @@ class UpstreamClient:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closer: AsyncIterator[None] | None = None  # closes the session as its loop ends
         self._proxy = env_proxy(self.base)
+        self._warm_after_s = WARM_AFTER_S.get(urlparse(self.base).scheme, KEEPALIVE_S / 2)
         self.last_used = 0.0
         self.sent_at: float | None = None  # perf_counter() when the last POST's head was written
 
@@ -125,9 +129,9 @@ class UpstreamClient:
             self.last_used = time.monotonic()
 
     async def warm(self, headers: dict) -> None:
-        """A cheap GET /models when the pool's connections may have gone idle, so the next request finds one open;
-        failures are ignored (the request itself reports them)."""
-        if time.monotonic() - self.last_used < KEEPALIVE_S / 2:
+        """A cheap GET /models when the server may have closed the pool's idle connections, so the next request
+        finds one open; failures are ignored (the request itself reports them)."""
+        if time.monotonic() - self.last_used < self._warm_after_s:
             return
         self.last_used = time.monotonic()
         with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError, TimeoutError):
