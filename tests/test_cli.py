@@ -60,25 +60,28 @@ def _gsm8k_file(tmp_path):
 
 
 def test_eval_takes_back_its_resolved_config(tmp_path, capsys):
-    """`pyrodash eval --config RUN/config.resolved.json` is accepted: the config comes back with the resolved prices,
-    the dry run checks it against the run's records, and a second run resolves to the same file."""
+    """`pyrodash eval --config RUN/config.resolved.json` is accepted: the same config comes back (the sheet's name
+    while it resolves to the run's prices, else those numbers), the dry run checks it against the run's records, and
+    a second run resolves to the same file."""
     from pyrodash.eval.harness import EvalConfig, evaluate
 
     run = tmp_path / "run"
     cfg = EvalConfig(run_dir=str(run), benchmarks=["gsm8k"], benchmark_paths={"gsm8k": str(_gsm8k_file(tmp_path))})
     evaluate(cfg, methods={}, quiet=True)
     resolved = run / "config.resolved.json"
-    first = json.loads(resolved.read_text())
-    assert first["prices_sheet"] == "paper" and isinstance(first["prices"], dict)
+    first = resolved.read_text()
+    assert json.loads(first)["prices_sheet"] == "paper" and isinstance(json.loads(first)["prices"], dict)
     again = EvalConfig.from_yaml(resolved)
-    assert {**asdict(again), "prices": "paper"} == asdict(cfg) and again.prices == first["prices"]
+    assert asdict(again) == asdict(cfg)
     assert main(["eval", "--config", str(resolved), "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "gsm8k: 3 examples" in out and "config OK" in out
     evaluate(again, methods={}, quiet=True)
-    assert {k: v for k, v in json.loads(resolved.read_text()).items() if k != "prices_sheet"} == {
-        k: v for k, v in first.items() if k != "prices_sheet"
-    }
+    assert resolved.read_text() == first
+    edited = json.loads(first)
+    edited["prices"]["llm_out"] = 99.0  # numbers that are no longer the sheet's: the run's numbers win
+    resolved.write_text(json.dumps(edited))
+    assert EvalConfig.from_yaml(resolved).price_sheet().llm_out == 99.0
 
 
 def test_eval_prices_sheet_without_resolved_prices_is_a_clear_error(tmp_path, capsys):

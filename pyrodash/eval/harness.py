@@ -175,16 +175,22 @@ class EvalConfig:
 
 
 def _from_resolved(data: dict, path: Path) -> dict:
-    """A run's `config.resolved.json` as a config: its `prices` hold the numbers the run used (what it is evaluated
-    with again); `prices_sheet`, the sheet as first configured, only says where they came from."""
+    """A run's `config.resolved.json` as a config: it is evaluated with the numbers in `prices`, the ones the run used;
+    `prices_sheet` (the sheet as configured) stays the config's `prices` while it still resolves to those numbers, so
+    the run resolves to the same file again."""
     if "prices_sheet" not in data:
         return data
-    if not isinstance(data.get("prices"), dict):
+    sheet, numbers = data["prices_sheet"], data.get("prices")
+    if not isinstance(numbers, dict):
         raise ValueError(
             f"eval config {path}: prices_sheet is written by `pyrodash eval` into config.resolved.json beside the "
             "resolved prices (a mapping: slm_in, slm_out, llm_in, llm_out); give prices instead"
         )
-    return {k: v for k, v in data.items() if k != "prices_sheet"}
+    try:
+        same = (Prices(**sheet) if isinstance(sheet, dict) else Prices.from_yaml(sheet)).to_dict() == numbers
+    except (TypeError, ValueError, OSError, yaml.YAMLError):
+        same = False  # a sheet gone or changed: the numbers the run used
+    return {k: v for k, v in data.items() if k != "prices_sheet"} | {"prices": sheet if same else numbers}
 
 
 def _expect(name: str, value: object, types: type | tuple, what: str) -> None:
