@@ -27,6 +27,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "report": ("pyrodash.commands.report", "tables, Pareto figure and case studies from stored records"),
     "benchmarks": ("pyrodash.commands.benchmarks", "list or load the math benchmarks"),
     "cost": ("pyrodash.commands.cost", "price token counts with a price sheet"),
+    "models": ("pyrodash.commands.models", "fetch a known pretrained model (gemma3-270m) and convert it once"),
     "check": ("pyrodash.commands.check", "probe an LLM endpoint (and an SLM server): model, key, continuation mode"),
 }
 

@@ -7,10 +7,11 @@
     slm = load_slm("http://127.0.0.1:8000/v1#slm")            # an SLM server: checked to stop at <offload>
     b = load_backend("path/or/hub-id")                         # any backend, no check (SLMs, tools, tests)
 
-Specs: a path or hub id (HFBackend), a URL with an optional `#model` (OpenAICompatBackend), their dict forms
-(`pyrodash.backends.endpoint`), or for the LLM a list / `{"endpoints": [...]}` (MeshBackend). A backend's `name` is
-public (a spec's `name`, else the model's name, never a URL or directory). A misconfigured endpoint is a one-line
-ValueError naming the fix; an unreachable one is probed again at its first handoff (docs/providers.md).
+Specs: a path or hub id (HFBackend; a GGUF file, `model.gguf` or `DIR#file.gguf`, converted once: `backends/gguf.py`),
+a URL with an optional `#model` (OpenAICompatBackend), their dict forms (`pyrodash.backends.endpoint`), or for the LLM
+a list / `{"endpoints": [...]}` (MeshBackend). A backend's `name` is public (a spec's `name`, else the model's name,
+never a URL or directory). A misconfigured endpoint is a one-line ValueError naming the fix; an unreachable one is
+probed again at its first handoff (docs/providers.md).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from collections.abc import Callable
 
 from pyrodash.backends.base import Backend
 from pyrodash.backends.endpoint import SPEC_KEYS, LLMEndpoint, is_http_spec
+from pyrodash.backends.gguf import local_model_path
 from pyrodash.backends.mesh import OPTIONS, Member, MeshBackend, is_mesh_spec
 from pyrodash.backends.openai_compat import OpenAICompatBackend
 from pyrodash.backends.slm_probe import probe_slm
@@ -54,7 +56,10 @@ def load_backend(spec: str | dict) -> Backend:
         from pyrodash.backends.hf import HFBackend  # torch + transformers: only when a local model is loaded
 
         return HFBackend(
-            spec["path"], device=spec.get("device"), dtype=spec.get("dtype", "auto"), name=spec.get("name")
+            local_model_path(spec["path"]),
+            device=spec.get("device"),
+            dtype=spec.get("dtype", "auto"),
+            name=spec.get("name"),
         )
     raise ValueError(f"backend spec {spec!r}: a dict needs 'path' (local model) or 'url' (OpenAI-compatible server)")
 

@@ -11,7 +11,8 @@ A recipe YAML:
 
     name: world-quick
     world: {quick: true, seed: 0}          # the world's cache dir, or {dir: worlds/quick}; omit: give slm and llm
-    slm: null                              # model path / hub id; default: the world's slm/
+    slm: null                              # model path / hub id / GGUF file; default: the world's slm/
+    chat_template: null                    # the SLM's template (text or file); default: its tokenizer's
     llm: null                              # path / hub id / "http://host:port/v1#model" / {url:, model:, ...}
     prompts: world-v1
     prices: paper
@@ -111,7 +112,15 @@ class LoraFields:
 
 
 @dataclass
-class Stage1Config(LoraFields, SFTConfig):
+class ChatFields:
+    """The chat template a stage trains with (mixed into each stage config; set from the recipe's `chat_template:`)."""
+
+    # template text or a file; None: the tokenizer's own, else PyroDash's default (pyrodash.train.chat_template)
+    chat_template: str | None = None
+
+
+@dataclass
+class Stage1Config(ChatFields, LoraFields, SFTConfig):
     """Stage 1: `<offload>` rows + transient LoRA on Corpus B (adapters discarded afterwards)."""
 
     sigma: float = 0.1  # eq:offload-embed-init noise
@@ -120,7 +129,7 @@ class Stage1Config(LoraFields, SFTConfig):
 
 
 @dataclass
-class Stage2Config(LoraFields, SFTConfig):
+class Stage2Config(ChatFields, LoraFields, SFTConfig):
     """Stage 2: SFT on A u B, assistant-only loss, embeddings frozen, LoRA on the attention projections; merged."""
 
     measure_max_new_tokens: int = 256  # generation length for the offload-rate measurement
@@ -129,7 +138,7 @@ class Stage2Config(LoraFields, SFTConfig):
 
 
 @dataclass
-class Stage3Config(LoraFields, GRPOConfig):
+class Stage3Config(ChatFields, LoraFields, GRPOConfig):
     """Stage 3: cost-aware GRPO with the LLM in the rollout."""
 
     lam: float = 0.1  # lambda of eq:grpo-total
@@ -181,7 +190,7 @@ class Stage3Config(LoraFields, GRPOConfig):
 
 
 STAGE_CLASSES: dict[str, type] = {"stage1": Stage1Config, "stage2": Stage2Config, "stage3": Stage3Config}
-TOP_KEYS = {"name", "world", "slm", "llm", "prompts", "prices", "curate", "stage1", "stage2", "stage3"}
+TOP_KEYS = {"name", "world", "slm", "llm", "chat_template", "prompts", "prices", "curate", "stage1", "stage2", "stage3"}
 
 
 @dataclass
@@ -190,6 +199,7 @@ class Recipe:
     world: dict | None = None  # {dir, quick, seed}: a world directory (the commands build it when missing)
     slm: str | None = None
     llm: Any = None  # str or dict (see pyrodash.backends.load_backend)
+    chat_template: str | None = None  # the SLM's template (text or file) for every stage; docs/real-models.md
     prompts: str = "qwen-math-v1"
     prices: str = "paper"
     curate: CurateConfig = field(default_factory=CurateConfig)
@@ -219,6 +229,8 @@ class Recipe:
         also turns an explicit bf16/fp16 off, so a GPU recipe can still be checked on a CPU machine."""
         cls = STAGE_CLASSES[stage]
         raw = {**getattr(self, stage), **overrides, "output_dir": str(output_dir)}
+        if self.chat_template is not None:
+            raw.setdefault("chat_template", self.chat_template)
         if not _has_gpu():
             if validate_only:
                 raw = {k: v for k, v in raw.items() if k not in ("bf16", "fp16", "tf32")}

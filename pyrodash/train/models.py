@@ -26,26 +26,27 @@ import torch
 
 from pyrodash.backends import load_llm
 from pyrodash.backends.base import GenRequest, GenResult
+from pyrodash.backends.gguf import local_model_path
 from pyrodash.backends.hf import HFBackend
 from pyrodash.backends.retry import RetryPolicy
+from pyrodash.train.chat_template import resolve_template
 from pyrodash.train.generate import generate
 
 
-def load_local(path: str | Path, device: str | None = None):
-    """An in-process causal LM and its tokenizer (float32 on CPU, the checkpoint's dtype on GPU)."""
+def load_local(path: str | Path, device: str | None = None, chat_template: str | None = None):
+    """An in-process causal LM and its tokenizer (float32 on CPU, the checkpoint's dtype on GPU). `path`: a model
+    directory, hub id or GGUF file (`pyrodash.backends.gguf`); the tokenizer gets `chat_template` (a recipe's text or
+    file) when given, else keeps its own, else PyroDash's default (`pyrodash.train.chat_template`)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.float32 if device == "cpu" else "auto"
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype).to(device)
-    tok = AutoTokenizer.from_pretrained(str(path))
+    src = local_model_path(str(path))
+    model = AutoModelForCausalLM.from_pretrained(src, dtype=dtype).to(device)
+    tok = AutoTokenizer.from_pretrained(src)
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
-    if not getattr(tok, "chat_template", None):
-        raise ValueError(
-            f"{path}: the tokenizer has no chat template; training needs one (with {{% generation %}} "
-            "markers for the assistant-only loss)"
-        )
+    tok.chat_template = resolve_template(tok, chat_template, path)
     return model, tok
 
 

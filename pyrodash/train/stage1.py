@@ -16,6 +16,7 @@ import torch
 
 from pyrodash.tokens import add_offload_token
 from pyrodash.train import distributed as dist
+from pyrodash.train.chat_template import loss_mask_config
 from pyrodash.train.common import callbacks, messages_dataset, quiet, save_checkpoint
 from pyrodash.train.config import save_resolved
 from pyrodash.train.curate import read_jsonl
@@ -104,7 +105,7 @@ def _rows_trainable_only(model, cfg, tid: int):
 def _save_rows_only(base_path, cfg, tid: int, trained: dict[str, torch.Tensor], out_dir: str | Path) -> Path:
     """Discard the adapters: save the base afresh + the trained `<offload>` rows only (checked: no other parameter
     changes). Returns the checkpoint dir."""
-    fresh, fresh_tok = load_local(base_path)
+    fresh, fresh_tok = load_local(base_path, chat_template=cfg.chat_template)
     base_sd = {k: v.detach().clone() for k, v in fresh.state_dict().items()}
     tid2 = add_offload_token(fresh, fresh_tok, sigma=cfg.sigma, seed=cfg.init_seed)
     assert tid2 == tid
@@ -125,7 +126,8 @@ def train_stage1(base_path: str | Path, rows: list[dict], cfg, out_dir: str | Pa
             f"stage1.weight_decay={cfg.weight_decay}: must be 0, or AdamW would move the frozen "
             "embedding rows during training"
         )
-    model, tok = load_local(base_path)
+    model, tok = load_local(base_path, chat_template=cfg.chat_template)
+    cfg = loss_mask_config(cfg, rows, tok)
     tid = add_offload_token(model, tok, sigma=cfg.sigma, seed=cfg.init_seed)
     init = offload_rows(model, tid)
     peft_model, base = _rows_trainable_only(model, cfg, tid)

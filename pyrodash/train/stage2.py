@@ -2,8 +2,9 @@
 
     pyrodash train stage2 --config configs/world/quick.yaml --output-dir runs/quick
 
-TRL's SFTTrainer on Corpus A u Corpus B (`eq:sft-loss`), assistant-only loss (the chat template's
-`{% generation %}` markers), embeddings frozen, LoRA on q/k/v/o; the adapters are merged into the saved checkpoint.
+TRL's SFTTrainer on Corpus A u Corpus B (`eq:sft-loss`), the loss on the assistant's completion only (the template's
+`{% generation %}` markers, or completion-only loss without them: `pyrodash.train.chat_template`), embeddings
+frozen, LoRA on q/k/v/o; the adapters are merged into the saved checkpoint.
 
 Then the measurement the paper's claim rests on, on the held-out set curation labelled easy/hard with the base SLM:
 the rate at which the model emits `<offload>` (greedy; `<offload>` is a stop id) on hard and on easy problems under
@@ -25,6 +26,7 @@ from pyrodash.prompts import Prompts, get_prompts
 from pyrodash.tokens import offload_token_id
 from pyrodash.train import distributed as dist
 from pyrodash.train.chat_logs import row_messages
+from pyrodash.train.chat_template import loss_mask_config
 from pyrodash.train.common import callbacks, messages_dataset, quiet, save_checkpoint
 from pyrodash.train.config import save_resolved
 from pyrodash.train.curate import read_jsonl
@@ -86,7 +88,8 @@ def train_stage2(
 ):
     """SFT with LoRA on A u B `rows`; merge and save to `out_dir`. Returns (checkpoint dir, merged model, tokenizer,
     train stats). `thread_grant`: a callable giving the torch threads granted now (`common.GrantedThreads`)."""
-    model, tok = load_local(stage1_path)
+    model, tok = load_local(stage1_path, chat_template=cfg.chat_template)
+    cfg = loss_mask_config(cfg, rows, tok)
     rows = list(rows)
     random.Random(cfg.seed).shuffle(rows)
     trainer = LengthChunkedSFTTrainer(

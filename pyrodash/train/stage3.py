@@ -266,7 +266,7 @@ def stage2_checkpoint(out_dir: str | Path) -> Path:
 def load_policy(src: Path, cfg) -> tuple:
     """The Stage 2 model to train, its tokenizer, its `<offload>` id and its own EOS ids (restored at save):
     `<offload>` joins the generation EOS ids (and vLLM's stop ids), so every rollout ends there."""
-    model, tok = load_local(src)
+    model, tok = load_local(src, chat_template=cfg.chat_template)
     tid = offload_token_id(tok)
     if tid is None:
         raise ValueError(f"{src} has no <offload> token: Stage 3 starts from a Stage 2 checkpoint")
