@@ -102,6 +102,27 @@ class BudgetMetrics:
             b + ["state"],
             registry=registry,
         )
+        self._cap_metrics(registry, b, last)
+        self.fallback = Gauge(
+            "pyrodash_budget_fallback",
+            "1 while Redis is unreachable and this replica holds only its own share of each budget.",
+            registry=registry,
+            multiprocess_mode="max",
+        )
+        self.replica_share = Gauge(
+            "pyrodash_budget_replica_share",
+            "The share of each budget this replica holds "
+            "(1 when the budget is shared through Redis, a file or in process).",
+            registry=registry,
+            multiprocess_mode="min",
+        )
+        self.fallback.set(0)
+        self.replica_share.set(1)
+
+    def _cap_metrics(self, registry, b: list[str], last: dict) -> None:
+        """The hard cap's reservations (`pyrodash.server.budget.reserve`)."""
+        from prometheus_client import Counter, Gauge
+
         self.reserved = Gauge(
             "pyrodash_budget_reserved_usd",
             "Dollars reserved against the hard cap by requests in flight (their worst case), as last seen.",
@@ -121,21 +142,6 @@ class BudgetMetrics:
             b,
             registry=registry,
         )
-        self.fallback = Gauge(
-            "pyrodash_budget_fallback",
-            "1 while Redis is unreachable and this replica holds only its own share of each budget.",
-            registry=registry,
-            multiprocess_mode="max",
-        )
-        self.replica_share = Gauge(
-            "pyrodash_budget_replica_share",
-            "The share of each budget this replica holds "
-            "(1 when the budget is shared through Redis, a file or in process).",
-            registry=registry,
-            multiprocess_mode="min",
-        )
-        self.fallback.set(0)
-        self.replica_share.set(1)
 
 
 @dataclass
@@ -159,7 +165,7 @@ class Budgets:
         self.specs = {b.name: self._spec(b, default_bias) for b in cfg.budgets}
         shared_dir = os.environ.get(MULTIPROC_ENV)  # set for the workers of `pyrodash serve --workers N`
         if cfg.redis_url:
-            self.store = RedisStore(cfg.redis_url, cfg.redis_prefix, cfg.replicas, clock=clock)
+            self.store = RedisStore(cfg.redis_url, cfg.redis_prefix, cfg.replicas, cfg.redis_timeout_s, clock=clock)
         elif shared_dir:  # the workers of one server hold one budget, in a file beside their metrics
             self.store = FileStore(Path(shared_dir) / "pyrodash-budgets.sqlite")
         else:

@@ -12,6 +12,7 @@
       curve: runs/curve.json        # optional: `pyrodash calibrate --budget-usd X --json` on a traffic sample
       knob: handoff_share           # or offload_bias (moves along the curve; needs `curve`)
       reservation_ttl_s: 600        # a reservation on the hard cap expires this long after admission (wall s)
+      replicas: 4                   # optional: the replicas sharing Redis (each one's share while Redis is down)
 
 Every mistake is a one-line ValueError that names the key and the fix. Keys are read from the environment
 (`key_env`) and never stored in the config, logs or responses: budgets are named by their names.
@@ -47,6 +48,7 @@ _TOP_KEYS = {
     "period_origin",
     "controller",
     "reservation_ttl_s",
+    "redis_timeout_s",
 }
 _CONTROLLER_KEYS = {"integral_s", "rate_window_s", "bank_s", "debt_s", "cost_window", "head_start_s"}
 
@@ -153,6 +155,7 @@ class BudgetsConfig:
     period_origin: float = 0.0  # unix time at which periods start (0: calendar hours and UTC days)
     controller: Controller = field(default_factory=Controller)
     reservation_ttl_s: float = 600.0  # wall seconds: a dead replica's reservations are released after this long
+    redis_timeout_s: float = 0.25  # a Redis call slower than this counts as Redis down (the replica's own share)
 
     @property
     def budgets(self) -> list[Budget]:
@@ -239,6 +242,7 @@ class BudgetsConfig:
                 raise ValueError("budgets.controller.cost_window must be a whole number of requests")
             vals["cost_window"] = int(vals["cost_window"])
         ttl = _number("budgets.reservation_ttl_s", raw.get("reservation_ttl_s", 600.0))
+        redis_timeout = _number("budgets.redis_timeout_s", raw.get("redis_timeout_s", 0.25))
         return cls(
             default,
             tuple(keys),
@@ -252,6 +256,7 @@ class BudgetsConfig:
             origin,
             Controller(**vals),
             ttl,
+            redis_timeout,
         )
 
 
