@@ -55,6 +55,7 @@ class Done:
     # per LLM endpoint: {endpoint, calls, llm_in, llm_out, llm_cached_in, chars, price, cost_usd} (a mesh has several)
     llm_endpoints: list[dict] = field(default_factory=list)
     mode: str = "collab"  # who answered: "collab" (Algorithm 1), "slm" or "llm" alone
+    routed: str | None = None  # "range": a collab request past the SLM's range, answered by the LLM alone
 
     def to_dict(self) -> dict:
         d = asdict(self)

@@ -41,6 +41,7 @@ class Record:
     segments: list[dict] = field(default_factory=list)  # {"by": "slm"|"llm", "text", "endpoint"?, "fallback"?}
     llm_endpoints: list[dict] = field(default_factory=list)  # per LLM endpoint: calls, tokens, price, cost_usd
     latency_s: float = 0.0
+    routed: str | None = None  # "range": past the SLM's range, the LLM answered alone (`mode` "llm")
 
     @classmethod
     def from_done(cls, done: Done) -> Record:
@@ -68,6 +69,7 @@ class Record:
             segments=[dict(s) for s in done.segments],
             llm_endpoints=[dict(e) for e in done.llm_endpoints],
             latency_s=done.latency_s,
+            routed=done.routed,
         )
 
     def to_json(self) -> dict:

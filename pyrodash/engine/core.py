@@ -25,6 +25,7 @@ from pyrodash.cost import Prices, Usage
 from pyrodash.engine import conversation as conv
 from pyrodash.engine import fitting
 from pyrodash.engine.fitting import Prepared, PromptSize
+from pyrodash.engine.range_rule import ROUTED, RangeRule
 from pyrodash.engine.requests import (
     BAN,
     EngineRequest,
@@ -156,6 +157,7 @@ class CollaborateEngine:
         handoff_share: float = 1.0,
         require_offload: bool = True,
         llm_max_tokens: int | None = None,
+        range_rule: RangeRule | None = None,
     ):
         if handoff_style not in ("continue", "instruct"):
             raise ValueError(f"handoff_style={handoff_style!r}: use 'continue' or 'instruct'")
@@ -170,6 +172,7 @@ class CollaborateEngine:
         if llm_max_tokens is not None and llm_max_tokens <= 0:
             raise ValueError(f"llm_max_tokens={llm_max_tokens} must be positive")
         self.failure = failure or FailurePolicy()
+        self.range_rule = RangeRule.of(range_rule)  # past the SLM's range: the LLM alone (off: no limit set)
         ctx = context or conv.ContextLimits()
         self.context = conv.ContextLimits(  # None = the backend's own window when it knows one (in-process models)
             slm=ctx.slm if ctx.slm is not None else conv.backend_context(slm),
@@ -243,19 +246,21 @@ class CollaborateEngine:
         bias = self.offload_bias if r.offload_bias is None else float(r.offload_bias)
         share = self._share(r.handoff_share)
         sampling = sampling_fields(r.temperature, r.top_p, r.seed, r.stop)
-        admitted = r.mode != "collab" or handoff_admitted(messages, share)
-        req, side = self._first_request(r.mode, messages, first, bias if admitted else BAN, sampling)
+        mode, routed = self._route(r, messages)
+        admitted = mode != "collab" or handoff_admitted(messages, share)
+        req, side = self._first_request(mode, messages, first, bias if admitted else BAN, sampling)
         asked = len(req.messages)
         prep = r.prepared
-        if self._fitted_alike(prep, r.mode, side, messages, req):
+        if self._fitted_alike(prep, mode, side, messages, req):
             req.messages, fit = prep.req.messages, prep.fit  # the same request fitted the same way: no second render
         else:
             fit = self._fit(side, req, prep.seen if prep is not None else None)
         llm_max = per_model if self.llm_max_tokens is None or r.max_tokens is not None else self.llm_max_tokens
-        if r.mode == "llm":
+        if mode == "llm":
             req.max_tokens = llm_max if total is None else min(llm_max, total)
         return Turn(
-            mode=r.mode,
+            mode=mode,
+            routed=routed,
             messages=messages,
             req=req,
             per_model=per_model,
@@ -270,6 +275,17 @@ class CollaborateEngine:
             fit=fit,
             seen=prep.seen if prep is not None else [fit],
         )
+
+    def _route(self, r: EngineRequest, messages: list[dict]) -> tuple[str, str | None]:
+        rule = self.range_rule if r.range_rule is None else r.range_rule
+        if r.mode != "collab" or not rule.active:
+            return r.mode, None
+        count = getattr(self.slm, "prompt_ids", None)
+
+        def prompt_tokens() -> int | None:
+            return len(count(GenRequest(messages=slm_chat(self.prompts, messages)))) if callable(count) else None
+
+        return ("llm", ROUTED) if rule.reason(conv.turn_number(messages), prompt_tokens) else ("collab", None)
 
     def _first_request(
         self, mode: str, messages: list[dict], first: int, bias: float, sampling: dict
@@ -316,12 +332,13 @@ class CollaborateEngine:
             seen, first = turn.seen, (turn.req, turn.fit)
         else:  # a model answering alone: the collaborative requests bound its prompt
             turn, seen = None, None
-            solo = self.turn(messages, max_tokens=budget)
+            solo = self.turn(messages, max_tokens=budget, range_rule=RangeRule())
             first = (solo.req, solo.fit)
+        routed = turn is not None and turn.routed  # past the SLM's range: the SLM never reads this prompt
         total = min(budget, request.max_total_tokens or budget)  # the most one model decodes
         sizes = []
         for side, backend, build in (
-            ("SLM", self.slm, lambda: first),
+            *([] if routed else [("SLM", self.slm, lambda: first)]),
             ("LLM", self.llm, lambda: self.llm_request_fitted(messages, "", budget, {}, seen)),
         ):
             window = getattr(backend, "context_window", None)
@@ -672,7 +689,7 @@ class CollaborateEngine:
         """Lines 1-5 for many turns: the SLM generations given (`slm_results`), the rest decoded in batches when the
         SLM runs in process, else as streams (`limited`: at most `concurrency` at a time)."""
         given = slm_results or [None] * len(turns)
-        todo = [i for i, r in enumerate(given) if r is None]
+        todo = [i for i, r in enumerate(given) if r is None and turns[i].mode != "llm"]  # routed: the LLM's
         if todo and hasattr(self.slm, "generate_batch"):
             given = list(given)
             with _progress(desc, "SLM", len(todo)) as step:
@@ -685,7 +702,7 @@ class CollaborateEngine:
             todo = []
         await asyncio.gather(*(limited(_drain(self._slm_stream(turns[i], early_call=False))) for i in todo))
         for t, r in zip(turns, given):
-            if r is not None:
+            if r is not None and t.mode != "llm":
                 self._slm_finished(t, r.text, _final_chunk(r), len(r.token_ids))
 
     async def _llm_batch(self, turns: list[Turn], batch_size: int) -> None:

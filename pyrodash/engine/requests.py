@@ -12,6 +12,7 @@ from dataclasses import dataclass, fields
 
 from pyrodash.backends.base import GenRequest
 from pyrodash.engine import conversation as conv
+from pyrodash.engine.range_rule import RangeRule
 from pyrodash.engine.turn import MODES, Turn
 from pyrodash.prompts import Prompts
 
@@ -54,6 +55,8 @@ class EngineRequest:
     top_p: float | None = None
     seed: int | None = None
     stop: list[str] | None = None
+    max_llm_calls: int | None = None  # LLM calls per answer (>1: relay, pyrodash.engine.relay); None: the engine's
+    range_rule: RangeRule | None = None  # the SLM's range (past it: the LLM alone); None: the engine's rule
     # the Turn `CollaborateEngine.prepare` built for this request (fitted, its prompt rendered once), or None
     prepared: Turn | None = None
 

@@ -120,6 +120,7 @@ class Turn:
     estimated: bool = False  # some token counts were not reported by a server
     finish: str | None = None  # set when the turn is over
     fallback: bool = False  # the SLM finished after the LLM failed
+    routed: str | None = None  # "range": past the SLM's range (`pyrodash.engine.range_rule`), the LLM alone
 
     def left(self, side: str = "llm") -> int:
         """Tokens the next model (`side`) may decode: its own limit, and what is left of the joint budget (output so
@@ -176,4 +177,5 @@ class Turn:
             segments=segments,
             llm_endpoints=bill,
             mode=self.mode,
+            routed=self.routed,
         )

@@ -11,7 +11,8 @@
     handoff_style: continue
     llm_mode: auto                             # how an HTTP LLM continues a trace (overrides the llm spec's mode)
     operating_points: {pyrodash: 0.0, pyrodash-eco: {offload_bias: 0.0, handoff_share: 0.5}}
-                                               # model name -> offload_bias, or {offload_bias, handoff_share}
+                                               # model name -> offload_bias, or {offload_bias, handoff_share,
+                                               # range_rule: {max_turns, max_context_tokens}}
                                                # (pyrodash.engine: only that share of requests may hand off);
                                                # the first is the default
     failure: {retries: 2, backoff_s: 0.2, timeout_s: 60, on_error: fallback}
@@ -48,6 +49,7 @@ import yaml
 from pyrodash.cost import Prices
 from pyrodash.engine import check_share
 from pyrodash.engine.conversation import ContextLimits
+from pyrodash.engine.range_rule import RangeRule
 from pyrodash.prompts import get_prompts
 from pyrodash.server.budget.config import BudgetsConfig
 
@@ -61,26 +63,29 @@ class OperatingPoint:
 
     offload_bias: float = 0.0
     handoff_share: float = 1.0
+    range_rule: RangeRule = RangeRule()  # past the SLM's range the LLM answers alone (off: no limit set)
 
     @classmethod
     def parse(cls, name: str, value) -> OperatingPoint:
-        """A number (an offload_bias) or a mapping with offload_bias and/or handoff_share."""
+        """A number (an offload_bias) or a mapping with offload_bias, handoff_share and/or range_rule."""
         if isinstance(value, OperatingPoint):
             return value
+        rule = None
         if isinstance(value, dict):
-            unknown = set(value) - {"offload_bias", "handoff_share"}
+            unknown = set(value) - {"offload_bias", "handoff_share", "range_rule"}
             if unknown:
                 raise ValueError(
-                    f"operating_points.{name}: unknown keys {sorted(unknown)}; use offload_bias and handoff_share"
+                    f"operating_points.{name}: unknown keys {sorted(unknown)}; use offload_bias, handoff_share "
+                    "and range_rule"
                 )
-            bias, share = value.get("offload_bias", 0.0), value.get("handoff_share", 1.0)
+            bias, share, rule = value.get("offload_bias", 0.0), value.get("handoff_share", 1.0), value.get("range_rule")
         else:
             bias, share = value, 1.0
         for key, v in (("offload_bias", bias), ("handoff_share", share)):
             if not isinstance(v, (int, float)) or isinstance(v, bool):
                 raise ValueError(f"operating_points.{name}.{key}={v!r} must be a number")
         try:
-            return cls(float(bias), check_share(share))
+            return cls(float(bias), check_share(share), RangeRule.of(rule))
         except ValueError as e:
             raise ValueError(f"operating_points.{name}: {e}") from None
 

@@ -117,6 +117,12 @@ class Metrics:
             model,
             r,
         )
+        self.range_routed = Counter(
+            "pyrodash_range_routed_total",
+            "Requests past the SLM's range (the operating point's range rule): the LLM answered alone.",
+            model,
+            r,
+        )
         self.usage_estimated = Counter(
             "pyrodash_usage_estimated_total",
             "Requests with token counts a server did not report (counted or estimated).",
@@ -187,6 +193,8 @@ class Metrics:
             self.handoffs.inc(model=model)
         if not done.handoff_admitted:
             self.outside_share.inc(model=model)
+        if done.routed == "range":
+            self.range_routed.inc(model=model)
         if done.fallback:
             self.fallbacks.inc(model=model)
         if done.errors:

@@ -121,6 +121,13 @@ class ResponseFormatText(_Strict):
     type: Literal["text"]
 
 
+class RangeRuleOptions(_Strict):
+    """A request's own range rule (`pyrodash.engine.range_rule`): both unset turns the rule off for it."""
+
+    max_turns: PositiveInt | None = None  # the last user turn the SLM may take
+    max_context_tokens: PositiveInt | None = None  # the most tokens the SLM's prompt may hold
+
+
 class PyroDashOptions(_Strict):
     """The request's `pyrodash` object (the playground sends it; any client may)."""
 
@@ -130,6 +137,8 @@ class PyroDashOptions(_Strict):
     # stream chunks carry `pyrodash: {"source": "slm"|"llm"}` on each content delta, and one
     # `pyrodash: {"source": "handoff", "handoff": N}` chunk (empty delta) where `<offload>` fired
     sources: bool = False
+    # the SLM's range for this request (past it the LLM answers alone, `routed: "range"`); None: the operating point's
+    range_rule: RangeRuleOptions | None = None
 
 
 class _Sampling(_Strict):
@@ -256,6 +265,7 @@ class PyroDashInfo(_Out):
     llm_endpoints: list[dict] = Field(default_factory=list)  # per LLM endpoint: calls, tokens, price, cost_usd
     latency_s: float = 0.0  # the engine's time for this request
     mode: str = "collab"  # who answered: "collab" (the engine), "slm" or "llm" alone (request `pyrodash.mode`)
+    routed: str | None = None  # "range": past the SLM's range (the operating point's range rule), the LLM alone
     cost_usd_by_component: dict[str, float] | None = None  # cost_usd split into slm_in, slm_out, llm_in, llm_out
     # what the LLM alone would have billed for this answer: an ESTIMATE except in mode "llm" (then it is cost_usd);
     # how it is counted: `llm_only_estimate` below and pyrodash.server.estimates.llm_only_estimate
@@ -416,6 +426,7 @@ class ModelCard(_Out):
     owned_by: str = "pyrodash"
     offload_bias: float
     handoff_share: float = 1.0  # below 1: only that share of requests may hand off (the others: the SLM alone)
+    range_rule: dict[str, int | None] | None = None  # past it the LLM answers alone: {max_turns, max_context_tokens}
 
 
 class ModelList(_Out):

@@ -111,16 +111,17 @@ class ServingCompletions:
             for err in done.errors:  # the client gets reason codes; the full upstream text stays in this log
                 log.warning("request %s: LLM failure: %s", rid, err)
             prices = getattr(engine, "prices", None)
+            by = "llm" if done.routed else answered_by  # past the SLM's range (`routed`): the LLM answered alone
             if prices is None:
-                return protocol.PyroDashInfo.from_done(done, call.mode, answered_by=answered_by, request_id=rid)
-            solo = done if answered_by == "slm" else None  # (the engine's own SLM answered alone)
-            llm_only = engine.llm_only_prompt(call, solo) if call.mode != "llm" else None
+                return protocol.PyroDashInfo.from_done(done, call.mode, answered_by=by, request_id=rid)
+            solo = done if by == "slm" else None  # (the engine's own SLM answered alone)
+            llm_only = engine.llm_only_prompt(call, solo) if by != "llm" else None
             return protocol.PyroDashInfo.from_done(
                 done,
                 call.mode,
                 estimates.cost_by_component(done.usage, prices),
-                estimates.llm_only_estimate(done, prices, llm_only, call.mode),
-                answered_by=answered_by,
+                estimates.llm_only_estimate(done, prices, llm_only, "llm" if by == "llm" else call.mode),
+                answered_by=by,
                 request_id=rid,
             )
 

@@ -24,6 +24,7 @@ from starlette.requests import ClientDisconnect
 from pyrodash.backends import literal
 from pyrodash.engine import EngineRequest
 from pyrodash.engine.conversation import ContextLengthError
+from pyrodash.engine.range_rule import RangeRule
 from pyrodash.prompts import OFFLOAD_TOKEN
 from pyrodash.server import errors, protocol
 
@@ -336,6 +337,7 @@ def engine_request(app: FastAPI, req: protocol._Sampling, kind: str) -> tuple[st
         mode=opts.mode,
         offload_bias=bias,
         handoff_share=point.handoff_share,
+        range_rule=point.range_rule if opts.range_rule is None else RangeRule(**opts.range_rule.model_dump()),
         max_tokens=per_model or total or config.limits.default_max_tokens,
         max_total_tokens=total or config.limits.default_max_tokens,
         explicit_budget=total is not None,
