@@ -30,10 +30,17 @@ class Prices:
     llm_in: float
     llm_out: float
     llm_cached_in: float | None = None
+    # the LLM endpoint caches prompt prefixes: input an earlier call of the same answer sent is billed at
+    # llm_cached_in when the provider reported no cached tokens (an estimate, marked so)
+    llm_prefix_cache: bool = False
 
     def __post_init__(self) -> None:
+        if not isinstance(self.llm_prefix_cache, bool):
+            raise ValueError(f"llm_prefix_cache={self.llm_prefix_cache!r} must be true or false")
         for f in fields(self):
             value = getattr(self, f.name)
+            if f.name == "llm_prefix_cache":
+                continue
             if value is not None and (not isinstance(value, (int, float)) or value < 0):
                 raise ValueError(f"price {f.name}={value!r} must be a non-negative number (USD per million tokens)")
 
@@ -148,7 +155,12 @@ def endpoint_bill(calls: Iterable[dict], default: Prices) -> list[dict]:
                 "cost_usd": 0.0,
             },
         )
-        u = Usage(llm_in=c.get("llm_in", 0), llm_out=c.get("llm_out", 0), llm_cached_in=c.get("llm_cached_in", 0))
+        u = Usage(
+            llm_in=c.get("llm_in", 0),
+            llm_out=c.get("llm_out", 0),
+            llm_cached_in=c.get("llm_cached_in", 0),
+            llm_prior_in=c.get("llm_prior_in", 0),
+        )
         e["calls"] += c.get("calls", 0)
         e["llm_in"] += u.llm_in
         e["llm_out"] += u.llm_out
@@ -157,6 +169,9 @@ def endpoint_bill(calls: Iterable[dict], default: Prices) -> list[dict]:
         e["errors"] += bool(c.get("error"))
         e["estimated"] = e["estimated"] or bool(c.get("estimated"))  # counts of a broken call: as delivered
         e["cost_usd"] += u.cost(sheet)
+        e["llm_prior_in"] = e.get("llm_prior_in", 0) + u.llm_prior_in  # input an earlier call of the answer sent
+        if u.cache_estimated(sheet):  # billed as cached from that split, not from a reported figure
+            e["cache_estimated"] = True
     return list(out.values())
 
 
@@ -174,6 +189,7 @@ class Usage:
     llm_out: int = 0
     llm_cached_in: int = 0
     llm_calls: int = 0
+    llm_prior_in: int = 0  # the part of llm_in an earlier LLM call of the same answer already sent (relay)
 
     def __add__(self, other: Usage) -> Usage:
         if not isinstance(other, Usage):
@@ -188,14 +204,19 @@ class Usage:
     def cost(self, prices: Prices) -> float:
         """Dollar cost of this usage under `prices` (`eq:cost`, with cached input billed separately)."""
         cached_price = prices.llm_in if prices.llm_cached_in is None else prices.llm_cached_in
-        uncached = self.llm_in - self.llm_cached_in
+        cached = self.llm_prior_in if self.cache_estimated(prices) else self.llm_cached_in
         return (
             self.slm_in * prices.slm_in
             + self.slm_out * prices.slm_out
-            + uncached * prices.llm_in
-            + self.llm_cached_in * cached_price
+            + (self.llm_in - cached) * prices.llm_in
+            + cached * cached_price
             + self.llm_out * prices.llm_out
         ) / MILLION
+
+    def cache_estimated(self, prices: Prices) -> bool:
+        """Whether `cost` bills the prior part of the input as cached: the sheet says the endpoint caches prefixes
+        and the provider reported no cached tokens (a reported figure always wins)."""
+        return prices.llm_prefix_cache and not self.llm_cached_in and self.llm_prior_in > 0
 
     def to_dict(self) -> dict:
         return asdict(self)

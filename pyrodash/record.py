@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pyrodash.cost import Usage
 from pyrodash.events import Done
 
-USAGE_FIELDS = ("slm_in", "slm_out", "llm_in", "llm_out", "llm_cached_in", "llm_calls")
+USAGE_FIELDS = ("slm_in", "slm_out", "llm_in", "llm_out", "llm_cached_in", "llm_calls", "llm_prior_in")
 
 
 @dataclass
@@ -41,6 +41,9 @@ class Record:
     segments: list[dict] = field(default_factory=list)  # {"by": "slm"|"llm", "text", "endpoint"?, "fallback"?}
     llm_endpoints: list[dict] = field(default_factory=list)  # per LLM endpoint: calls, tokens, price, cost_usd
     latency_s: float = 0.0
+    llm_prior_in: int = 0  # the part of llm_in an earlier LLM call of this answer already sent (a cache can serve it)
+    handoffs: list[int] = field(default_factory=list)  # every handoff position, in order (relay: several)
+    relay_fallback: str | None = None  # a relay answer that became a single handoff: why ("stop_ignored" | "step_cap")
     routed: str | None = None  # "range": past the SLM's range, the LLM answered alone (`mode` "llm")
 
     @classmethod
@@ -69,6 +72,9 @@ class Record:
             segments=[dict(s) for s in done.segments],
             llm_endpoints=[dict(e) for e in done.llm_endpoints],
             latency_s=done.latency_s,
+            llm_prior_in=u.llm_prior_in,
+            handoffs=list(done.handoffs) or ([done.handoff] if done.handoff is not None else []),
+            relay_fallback=done.relay_fallback,
             routed=done.routed,
         )
 
@@ -97,6 +103,6 @@ def read_record(r: dict) -> dict:
 
 
 def usage_of(r: dict) -> Usage:
-    """The four token components (and LLM calls) of a stored record, old or new."""
+    """The four token components (LLM calls, the prior part of the LLM input) of a stored record, old or new."""
     r = read_record(r)
     return Usage(**{k: int(r.get(k) or 0) for k in USAGE_FIELDS})

@@ -26,6 +26,7 @@ from pyrodash.engine import conversation as conv
 from pyrodash.engine import fitting
 from pyrodash.engine.fitting import Prepared, PromptSize
 from pyrodash.engine.range_rule import ROUTED, RangeRule
+from pyrodash.engine.relay import RelayConfig, calls_for, relay_runs, relay_stream
 from pyrodash.engine.requests import (
     BAN,
     EngineRequest,
@@ -158,6 +159,7 @@ class CollaborateEngine:
         require_offload: bool = True,
         llm_max_tokens: int | None = None,
         range_rule: RangeRule | None = None,
+        relay: RelayConfig | None = None,
     ):
         if handoff_style not in ("continue", "instruct"):
             raise ValueError(f"handoff_style={handoff_style!r}: use 'continue' or 'instruct'")
@@ -173,6 +175,7 @@ class CollaborateEngine:
             raise ValueError(f"llm_max_tokens={llm_max_tokens} must be positive")
         self.failure = failure or FailurePolicy()
         self.range_rule = RangeRule.of(range_rule)  # past the SLM's range: the LLM alone (off: no limit set)
+        self.relay = relay or RelayConfig()  # max_llm_calls 1: the single handoff
         ctx = context or conv.ContextLimits()
         self.context = conv.ContextLimits(  # None = the backend's own window when it knows one (in-process models)
             slm=ctx.slm if ctx.slm is not None else conv.backend_context(slm),
@@ -566,7 +569,12 @@ class CollaborateEngine:
         an `EngineRequest` (the server's, maybe carrying the Turn `prepare` built for it), or a question with the
         request's fields as keyword arguments (mode, offload_bias, max_tokens, max_total_tokens, temperature, top_p,
         seed, stop, handoff_share)."""
-        t = self.turn(EngineRequest.of(question, **options))
+        r = EngineRequest.of(question, **options)
+        t = self.turn(r)
+        if t.mode == "collab" and calls_for(self.relay, r) > 1:  # several handoffs: pyrodash.engine.relay
+            async for ev in relay_stream(self, t, calls_for(self.relay, r)):
+                yield ev
+            return
         mode = t.mode
         if mode != "llm":
             early: _EarlyCall | None = None
@@ -664,7 +672,8 @@ class CollaborateEngine:
 
         if mode != "llm":
             await self._slm_batch(turns, slm_results, batch_size, limited, desc)
-        need = [t for t in turns if t.finish is None]  # handoffs (collab) or every request (mode "llm")
+        runs = {} if stop_at_handoff else relay_runs(self, turns, options)  # relay answers (max_llm_calls > 1)
+        need = [t for i, t in enumerate(turns) if t.finish is None and i not in runs]  # handoffs, or mode "llm"
         if stop_at_handoff:
             for t in need:
                 t.finish = "handoff"
@@ -681,7 +690,8 @@ class CollaborateEngine:
                 self._failed(t)  # no fallback: finish_reason "error" (never raised from a batch)
                 if t.finish is None:
                     await _drain(self._fallback_phase(t))
-        return [t.done(self.prices) for t in turns]
+        await asyncio.gather(*(limited(_drain(run.resume())) for run in runs.values()))
+        return [runs[i].done() if i in runs else t.done(self.prices) for i, t in enumerate(turns)]
 
     async def _slm_batch(
         self, turns: list[Turn], slm_results: list | None, batch_size: int, limited, desc: str | None

@@ -1,0 +1,242 @@
+"""Relay: several handoffs per answer. After `<offload>` the LLM continues the packed trace only up to the end of the
+step (`step_sep` as the API's stop sequence, at most `step_max_tokens`), its text is appended and the SLM resumes on
+the whole trace; up to `max_llm_calls` LLM calls per answer, the last one writing the rest as a single handoff does.
+
+    engine = CollaborateEngine(slm, llm, prompts, prices, relay=RelayConfig(max_llm_calls=4))
+    done = engine.run("...")          # or max_llm_calls=4 per request; 1 (the default) is the single handoff
+
+An LLM call that does not end at a step end (the endpoint ignored the stop sequence, or the cap was reached) turns
+the rest of the answer into a single handoff, said in `Done.relay_fallback`. When and why: docs/relay.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from pyrodash.backends.base import GenChunk
+from pyrodash.cost import Usage
+from pyrodash.engine.requests import EngineRequest
+from pyrodash.engine.turn import Turn
+from pyrodash.events import Done, Event, Handoff, LLMDelta, SLMDelta
+from pyrodash.prompts import pack
+
+# why a relay answer became a single handoff (`Done.relay_fallback`)
+STOP_IGNORED = "stop_ignored"  # the LLM wrote past the step separator: the endpoint does not honour `stop`
+STEP_CAP = "step_cap"  # the LLM reached step_max_tokens before a step end
+
+
+@dataclass(frozen=True)
+class RelayConfig:
+    max_llm_calls: int = 1  # LLM calls per answer; 1 = the single handoff (Algorithm 1 as it is)
+    step_sep: str = "\n\n"  # the end of a step: the LLM's stop sequence, put back after its step
+    step_max_tokens: int = 64  # the cap of one relay step (not of the last call, which writes the rest)
+
+    def __post_init__(self) -> None:
+        check_calls(self.max_llm_calls)
+        if not self.step_sep:
+            raise ValueError("relay step_sep must be a non-empty string (the end of a step)")
+        if self.step_max_tokens <= 0:
+            raise ValueError(f"relay step_max_tokens={self.step_max_tokens} must be positive")
+
+
+def check_calls(n: object) -> int:
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"max_llm_calls={n!r} must be a positive integer (1: a single handoff)")
+    return n
+
+
+def calls_for(config: RelayConfig, request: EngineRequest | dict) -> int:
+    """The LLM calls a request may make: its own `max_llm_calls`, else the engine's."""
+    n = request.get("max_llm_calls") if isinstance(request, dict) else request.max_llm_calls
+    return config.max_llm_calls if n is None else check_calls(n)
+
+
+class RelayRun:
+    """One answer's relay from its first handoff on (`t`: the turn after the SLM's first segment)."""
+
+    def __init__(self, engine, t: Turn, n: int, raise_errors: bool = True):
+        self.e, self.t, self.n, self.cfg = engine, t, n, engine.relay
+        self.raise_errors = raise_errors  # the stream driver raises EngineError; a batch records finish "error"
+        self.segments = [{"by": "slm", "text": t.slm_text}] if t.slm_text else []
+        self.handoffs = [t.handoff] if t.handoff is not None else []
+        self.trace = pack(t.slm_text)  # everything written so far, as the next request continues it
+        self.llm_budget, self.base_stop = t.llm_max, list(t.sampling.get("stop") or [])
+        self.fallback: str | None = None
+        self.prior = 0  # the longest prompt an earlier LLM call of this answer read
+        self.cache_estimated = False
+
+    async def resume(self) -> AsyncIterator[Event]:
+        """LLM step, SLM, LLM step ... until the answer ends; every LLM call billed on its own."""
+        t, calls = self.t, 0
+        while t.finish is None:
+            calls += 1
+            step = calls < self.n and self.fallback is None
+            async for ev in self._llm(step):
+                yield ev
+            if t.finish is None:  # every attempt failed: the engine's failure policy
+                async for ev in self._failed():
+                    yield ev
+                return
+            if not step or not self._step_ended():
+                continue
+            async for ev in self._slm():
+                yield ev
+            if t.finish is None:
+                yield Handoff(slm_tokens=self.handoffs[-1], packed=self.trace)
+
+    async def _llm(self, step: bool) -> AsyncIterator[LLMDelta]:
+        """One LLM call continuing the trace: to the step's end (`step`), else to the end of the answer."""
+        t = self.t
+        left = self.llm_budget - t.usage.llm_out
+        if left <= 0:
+            t.finish = "length"
+            return
+        t.slm_text, t.llm_text = self.trace, ""
+        t.llm_max = min(left, self.cfg.step_max_tokens) if step else left
+        t.sampling = {**t.sampling, "stop": self.base_stop + ([self.cfg.step_sep] if step else [])}
+        first = len(t.calls)
+        async for ev in self.e._llm_phase(t):
+            yield ev
+        self._bill_prior(first)
+        if t.llm_text:
+            self.segments.append({"by": "llm", "endpoint": t.calls[-1]["endpoint"], "text": t.llm_text})
+            self.trace += t.llm_text
+
+    def _step_ended(self) -> bool:
+        """After a step call that succeeded: whether the SLM resumes (the LLM stopped at a step end). Else the
+        answer ended (EOS, the joint budget) or the relay falls back to a single handoff for the rest."""
+        t, text = self.t, self.t.llm_text
+        if self.cfg.step_sep in text:  # the endpoint ignored `stop`: it may have written the whole answer
+            self.fallback = STOP_IGNORED
+            t.finish = None if t.finish == "length" and t.left() > 0 else t.finish
+            return False
+        if t.finish == "length":
+            if self.llm_budget - t.usage.llm_out > 0 and (t.total is None or t.left() > 0):
+                self.fallback, t.finish = STEP_CAP, None  # the LLM writes the rest in one more call
+            return False
+        # "stop": at the step separator (or at EOS: then the SLM ends at once and the separator is taken back)
+        self.trace += self.cfg.step_sep
+        self._extend_llm(self.cfg.step_sep)
+        t.finish = None
+        return True
+
+    def _extend_llm(self, text: str) -> None:
+        if self.segments and self.segments[-1]["by"] == "llm":
+            self.segments[-1]["text"] += text
+        else:
+            self.segments.append({"by": "llm", "endpoint": getattr(self.e.llm, "name", "llm"), "text": text})
+
+    async def _slm(self) -> AsyncIterator[SLMDelta | LLMDelta]:
+        """The SLM resumes on the whole trace under P_s (`<offload>` a stop id, as in its first segment). The step's
+        separator is streamed (an LLMDelta) once the SLM writes or hands off: an SLM that ends at once takes it back."""
+        t = self.t
+        left = min(t.per_model - t.usage.slm_out, t.left("slm"))
+        if left <= 0:
+            t.finish = "length"
+            return
+        req = dataclasses.replace(t.req, prefix=self.trace, max_tokens=left)
+        text, fin, seen = "", GenChunk(), 0
+        async for ch in _aiter(self.e.slm.stream(req)):
+            seen += len(ch.token_ids) or bool(ch.text)
+            if ch.text:
+                if not text:
+                    yield LLMDelta(self.cfg.step_sep)
+                text += ch.text
+                yield SLMDelta(ch.text)
+            if ch.finish_reason is not None:
+                fin = ch
+        out = fin.completion_tokens
+        if out is None:
+            out, t.estimated = seen + (fin.stop_token_id is not None), True
+        before = t.usage.slm_out
+        t.usage += Usage(slm_in=fin.prompt_tokens or 0, slm_out=out)
+        t.estimated = t.estimated or fin.usage_estimated
+        offload = fin.finish_reason == "offload" or (
+            self.e.offload_id is not None and fin.stop_token_id == self.e.offload_id
+        )
+        if not text and not offload:  # the LLM's step was the answer's last: no separator after it
+            self.trace = self.trace[: -len(self.cfg.step_sep)]
+            self.segments[-1]["text"] = self.segments[-1]["text"][: -len(self.cfg.step_sep)]
+        elif text:
+            self.segments.append({"by": "slm", "text": text})
+            self.trace += text
+        if offload:
+            if not text:
+                yield LLMDelta(self.cfg.step_sep)
+            self.handoffs.append(before - len(self.handoffs) + max(out - 1, 0))
+        else:
+            t.finish = fin.finish_reason or "length"
+
+    async def _failed(self) -> AsyncIterator[SLMDelta]:
+        """Every attempt of an LLM call failed: an error (on_error="raise"), else the SLM finishes (no `<offload>`)."""
+        err = self.e._failed(self.t)
+        if err is not None and self.raise_errors:
+            err.done = self.done()
+            raise err
+        t = self.t
+        if err is None and t.finish is None:
+            t.slm_text, t.llm_text, t.fb_text = self.trace, "", ""
+            async for ev in self.e._fallback_phase(t):
+                yield ev
+            if t.fb_text:
+                self.segments.append({"by": "slm", "text": t.fb_text, "fallback": True})
+
+    def _bill_prior(self, first: int) -> None:
+        """Split the input of the calls made since `first`: the part an earlier call of this answer already sent (what a
+        prefix cache can serve), recorded on each call entry and in the usage."""
+        for c in self.t.calls[first:]:
+            prior = min(self.prior, c.get("llm_in", 0))
+            c["llm_prior_in"] = prior
+            self.t.usage += Usage(llm_prior_in=prior)
+            self.prior = max(self.prior, c.get("llm_in", 0))
+
+    def done(self) -> Done:
+        """The answer's record: the engine's, with the relay's text, segments and handoffs."""
+        t = self.t
+        d = t.done(self.e.prices)
+        slm = "".join(s["text"] for s in self.segments if s["by"] == "slm")
+        llm = "".join(s["text"] for s in self.segments if s["by"] == "llm")
+        return dataclasses.replace(
+            d,
+            output="".join(s["text"] for s in self.segments),
+            slm_text=slm,
+            llm_text=llm,
+            segments=[dict(s) for s in self.segments],
+            handoffs=list(self.handoffs),
+            relay_fallback=self.fallback,
+        )
+
+
+async def _aiter(stream):
+    it = aiter(stream)
+    try:
+        async for ch in it:
+            yield ch
+    finally:
+        await it.aclose()
+
+
+async def relay_stream(engine, t: Turn, n: int) -> AsyncIterator[Event]:
+    """The stream driver's relay (`CollaborateEngine.stream` with max_llm_calls > 1): SLM, then `RelayRun`."""
+    async for ev in engine._slm_stream(t, early_call=False):
+        yield ev
+    if t.handoff is None:
+        yield t.done(engine.prices)
+        return
+    run = RelayRun(engine, t, n)
+    yield Handoff(slm_tokens=t.handoff, packed=run.trace)
+    async for ev in run.resume():
+        yield ev
+    yield run.done()
+
+
+def relay_runs(engine, turns: list[Turn], options: list[dict]) -> dict[int, RelayRun]:
+    """The batch driver's relays: a `RelayRun` per collab turn that handed off with max_llm_calls > 1 (by index)."""
+    out = {}
+    for i, (t, o) in enumerate(zip(turns, options)):
+        n = calls_for(engine.relay, o)
+        if t.mode == "collab" and n > 1 and t.handoff is not None and t.finish is None:
+            out[i] = RelayRun(engine, t, n, raise_errors=False)
+    return out

@@ -1,0 +1,214 @@
+"""Relay (pyrodash.engine.relay) over scripted backends: an SLM that writes the gold steps it was taught and hands off
+before each untaught one, an LLM that continues the trace (honouring `stop` or not). Each model's tokens are its
+characters, so every count and dollar below is computed from the text."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from pyrodash.backends.base import GenChunk, GenRequest
+from pyrodash.cost import Prices, Usage
+from pyrodash.engine import CollaborateEngine, EngineError, FailurePolicy
+from pyrodash.engine.relay import STEP_CAP, STOP_IGNORED, RelayConfig
+from pyrodash.events import Done, Handoff, LLMDelta, SLMDelta
+from pyrodash.prompts import OFFLOAD_TOKEN, get_prompts
+from pyrodash.record import Record, usage_of
+from pyrodash.report.metrics import record_cost
+
+PROMPTS = get_prompts("world-v1")
+PAPER = Prices.from_yaml("paper")
+CACHED = Prices.from_yaml("cached")
+STEPS = ["a=1", "H(a)=7", "b=7+1", "H(b)=99", "c=99-1", "\\boxed{98}"]
+GOLD = "\n\n".join(STEPS)
+HARD = {1, 3}  # the steps the SLM was not taught
+OFFLOAD_ID = 5
+
+
+def prompt_len(req: GenRequest) -> int:
+    return sum(len(str(m.get("content") or "")) for m in req.messages) + len(req.prefix)
+
+
+class ScriptSLM:
+    """Writes GOLD from where the prefix is, stopping with `<offload>` right before a hard step."""
+
+    name = "slm"
+
+    def __init__(self):
+        self.requests: list[GenRequest] = []
+
+    def token_id(self, token: str) -> int | None:
+        return OFFLOAD_ID if token == OFFLOAD_TOKEN else None
+
+    async def stream(self, req: GenRequest):
+        self.requests.append(req)
+        assert GOLD.startswith(req.prefix)
+        done = req.prefix.count("\n\n")
+        rest = GOLD[len(req.prefix) :]
+        hard = [h for h in sorted(HARD) if h >= done]
+        text, stop = rest, None
+        if hard and OFFLOAD_ID in req.stop_token_ids and req.logit_bias.get(OFFLOAD_ID, 0) != float("-inf"):
+            parts = rest.split("\n\n")
+            text, stop = "".join(p + "\n\n" for p in parts[: hard[0] - done]), OFFLOAD_ID
+        if text:
+            yield GenChunk(text=text)
+        yield GenChunk(
+            finish_reason="stop",
+            stop_token_id=stop,
+            prompt_tokens=prompt_len(req),
+            completion_tokens=len(text) + (stop is not None),
+        )
+
+    async def aclose(self):
+        pass
+
+
+class ScriptLLM:
+    """Continues GOLD from the prefix; stops before "\\n\\n" when asked to (`honours_stop`), within max_tokens.
+    `cached`: reports the previous call's prompt as cached tokens (a provider's prompt cache)."""
+
+    name = "llm"
+
+    def __init__(self, honours_stop: bool = True, cached: bool = False, fail: bool = False):
+        self.honours_stop, self.cached, self.fail = honours_stop, cached, fail
+        self.requests: list[GenRequest] = []
+        self.last_prompt = 0
+
+    def token_id(self, token: str) -> int | None:
+        return None
+
+    async def stream(self, req: GenRequest):
+        self.requests.append(req)
+        if self.fail:
+            raise RuntimeError("down")
+        assert GOLD.startswith(req.prefix)
+        rest = GOLD[len(req.prefix) :]
+        if self.honours_stop:
+            for s in req.stop:
+                rest = rest.split(s)[0]
+        text = rest[: req.max_tokens]
+        reason = "length" if len(text) < len(rest) else "stop"
+        n = prompt_len(req)
+        cached, self.last_prompt = (min(self.last_prompt, n) if self.cached else None), n
+        yield GenChunk(text=text)
+        yield GenChunk(finish_reason=reason, prompt_tokens=n, completion_tokens=len(text), cached_tokens=cached)
+
+    async def aclose(self):
+        pass
+
+
+def engine(llm=None, calls=8, cap=64, **kw) -> CollaborateEngine:
+    cfg = RelayConfig(max_llm_calls=calls, step_max_tokens=cap)
+    return CollaborateEngine(ScriptSLM(), llm or ScriptLLM(), PROMPTS, PAPER, max_tokens=200, relay=cfg, **kw)
+
+
+def events(e: CollaborateEngine, **kw) -> list:
+    async def go():
+        return [ev async for ev in e.stream("q", **kw)]
+
+    return asyncio.run(go())
+
+
+def test_relay_hands_off_before_each_hard_step_and_the_llm_writes_only_that_step():
+    e = engine()
+    done = e.run("q")
+    assert done.output == GOLD and done.finish_reason == "stop" and done.relay_fallback is None
+    assert [s["by"] for s in done.segments] == ["slm", "llm", "slm", "llm", "slm"]
+    assert [s["text"] for s in done.segments if s["by"] == "llm"] == ["H(a)=7\n\n", "H(b)=99\n\n"]
+    assert done.usage.llm_calls == 2 and len(e.llm.requests) == 2
+    assert all(r.stop == ["\n\n"] and r.max_tokens == 64 for r in e.llm.requests)
+    # handoff positions: SLM tokens (characters) before each <offload>, the earlier <offload> tokens not counted
+    assert done.handoffs == [len("a=1\n\n"), len("a=1\n\nb=7+1\n\n")]
+    assert Record.from_done(done).handoffs == done.handoffs
+    # every call billed on its own: the second call's input = what the first one read, plus fresh tokens
+    first, second = (prompt_len(r) for r in e.llm.requests)
+    assert done.usage.llm_in == first + second and done.usage.llm_prior_in == first
+    assert done.usage.llm_out == len("H(a)=7") + len("H(b)=99")
+    assert done.cost_usd == pytest.approx(done.usage.cost(PAPER))
+    # the SLM resumed three times on the whole trace (its first segment, then after each LLM step)
+    assert [r.prefix for r in e.slm.requests] == ["", "a=1\n\nH(a)=7\n\n", "a=1\n\nH(a)=7\n\nb=7+1\n\nH(b)=99\n\n"]
+
+
+def test_the_stream_yields_segments_as_they_come_and_equals_the_batch_driver():
+    e = engine()
+    evs = events(e)
+    kinds = [type(ev).__name__ for ev in evs]
+    # the step's separator streams (an LLMDelta) once the SLM resumes: the LLM's stop sequence ended its step
+    step = ["LLMDelta", "LLMDelta", "SLMDelta"]
+    assert kinds == ["SLMDelta", "Handoff", *step, "Handoff", *step, "Done"]
+    text = "".join(ev.text for ev in evs if isinstance(ev, (SLMDelta, LLMDelta)))
+    done = evs[-1]
+    assert isinstance(done, Done) and text == done.output == GOLD
+    assert [ev.slm_tokens for ev in evs if isinstance(ev, Handoff)] == done.handoffs
+    (batch,) = e.batch(["q"])
+    for f in ("output", "segments", "handoffs", "usage", "cost_usd", "finish_reason", "relay_fallback"):
+        assert getattr(batch, f) == getattr(done, f), f
+
+
+def test_single_handoff_is_the_default_and_unchanged():
+    e = engine(calls=1)
+    done = e.run("q")
+    assert done.usage.llm_calls == 1 and e.llm.requests[0].stop == []
+    assert done.output == GOLD and [s["by"] for s in done.segments] == ["slm", "llm"]
+    assert done.handoffs == [] and Record.from_done(done).handoffs == [done.handoff]
+    # a request may ask for relay on an engine whose default is the single handoff
+    assert e.run("q", max_llm_calls=3).usage.llm_calls == 2
+
+
+def test_max_llm_calls_bounds_the_calls_and_the_last_one_writes_the_rest():
+    e = engine(calls=2)
+    done = e.run("q")
+    assert done.usage.llm_calls == 2 and done.output == GOLD
+    assert e.llm.requests[0].stop == ["\n\n"] and e.llm.requests[1].stop == []
+    assert done.segments[-1] == {"by": "llm", "endpoint": "llm", "text": "H(b)=99\n\nc=99-1\n\n\\boxed{98}"}
+
+
+def test_a_server_that_ignores_stop_falls_back_visibly():
+    e = engine(llm=ScriptLLM(honours_stop=False), cap=200)
+    done = e.run("q")
+    assert done.relay_fallback == STOP_IGNORED and done.usage.llm_calls == 1 and done.output == GOLD
+    assert Record.from_done(done).relay_fallback == STOP_IGNORED
+
+
+def test_the_step_cap_falls_back_to_one_call_for_the_rest():
+    e = engine(cap=3)
+    done = e.run("q")
+    assert done.relay_fallback == STEP_CAP and done.output == GOLD
+    assert done.usage.llm_calls == 2 and e.llm.requests[1].stop == [] and e.llm.requests[1].prefix == "a=1\n\nH(a"
+
+
+def test_cached_input_reported_wins_else_the_sheet_estimates_it_from_the_split():
+    done = engine().run("q")
+    u = done.usage
+    estimated = Usage(**{**u.to_dict(), "llm_cached_in": u.llm_prior_in})
+    assert u.cost(CACHED) == pytest.approx(estimated.cost(CACHED)) and u.cost(CACHED) < u.cost(PAPER)
+    rec = Record.from_done(done).to_json()
+    assert record_cost(rec, CACHED) == pytest.approx(u.cost(CACHED)) and usage_of(rec) == u
+    assert rec["llm_endpoints"][0]["llm_prior_in"] == u.llm_prior_in
+    # a provider that reports cached tokens: its figure is billed, the estimate is not used
+    rep = engine(llm=ScriptLLM(cached=True)).run("q").usage
+    assert rep.llm_cached_in == rep.llm_prior_in > 0
+    assert rep.cost(CACHED) == pytest.approx(Usage(**{**rep.to_dict(), "llm_prior_in": 0}).cost(CACHED))
+    assert not rep.cache_estimated(CACHED) and u.cache_estimated(CACHED) and not u.cache_estimated(PAPER)
+
+
+def test_an_llm_that_fails_leaves_the_slm_to_finish_or_raises():
+    fast = FailurePolicy(retries=0, backoff_s=0.0)
+    done = engine(llm=ScriptLLM(fail=True), failure=fast).run("q")
+    assert done.fallback and done.segments[-1]["fallback"] and done.output.startswith("a=1\n\n")
+    with pytest.raises(EngineError) as err:
+        engine(llm=ScriptLLM(fail=True), failure=FailurePolicy(retries=0, on_error="raise")).run("q")
+    assert err.value.done.finish_reason == "error"
+    (batch,) = engine(llm=ScriptLLM(fail=True), failure=FailurePolicy(retries=0, on_error="raise")).batch(["q"])
+    assert batch.finish_reason == "error"
+
+
+def test_bad_relay_settings_are_value_errors():
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="max_llm_calls"):
+            RelayConfig(max_llm_calls=bad)
+    with pytest.raises(ValueError, match="step_sep"):
+        RelayConfig(step_sep="")
+    with pytest.raises(ValueError, match="max_llm_calls"):
+        engine().run("q", max_llm_calls=0)
