@@ -375,6 +375,42 @@ def test_a_build_copies_the_shipped_models_and_from_scratch_does_not(tmp_path, m
     assert calls == [False]  # its models were copied: pretrained here this time
 
 
+def test_a_copy_measured_on_this_platform_is_not_measured_again(tmp_path, monkeypatch, capsys):
+    """A build that copies models whose world.json carries their measurements, made on this platform and thread count
+    with the same splits, copies the measurements too and never evaluates (world.json `measurements_from`,
+    `measured_on`, and the console say so); on another platform it measures the copy. This machine stands in for the
+    shipped models' platform (monkeypatched `platform` and `build_threads`)."""
+    from pyrodash.world import build
+    from pyrodash.world.shipped import SHIPPED, measured_on
+
+    monkeypatch.setenv("PYRODASH_CACHE", str(tmp_path / "cache"))
+    shipped = build.read_world_info(SHIPPED / "seed0")
+    there = measured_on(shipped)
+    assert there is not None and there["threads"] == shipped["threads"]
+    monkeypatch.setattr(build, "platform", lambda: {k: v for k, v in there.items() if k != "threads"})
+    monkeypatch.setattr(build, "build_threads", lambda: there["threads"])
+    calls = []
+
+    def measure(*args, **kwargs):
+        calls.append(args)
+        raise RuntimeError("measured")
+
+    monkeypatch.setattr(build, "_measure", measure)
+    info = build.read_world_info(build.build_world(tmp_path / "same", quick=True, seed=0))
+    assert calls == []
+    assert {k: info[k] for k in build.MEASUREMENTS} == {k: shipped[k] for k in build.MEASUREMENTS}
+    assert info["measurements_from"] == str(SHIPPED / "seed0") and info["measured_on"] == there
+    assert "evaluate" not in info["timings"]
+    assert "measurements: copied with the models: measured on the same platform" in capsys.readouterr().out
+    other = {k: v for k, v in there.items() if k != "threads"} | {"cpu_capability": "AVX2"}
+    monkeypatch.setattr(build, "platform", lambda: other)
+    with pytest.raises(RuntimeError, match="measured"):
+        build.build_world(tmp_path / "other", quick=True, seed=0)
+    assert len(calls) == 1
+    out = capsys.readouterr().out
+    assert "measuring the copied models here: they were measured on" in out and "AVX2" in out
+
+
 def test_untrained_world_is_flagged(tiny_world, capsys):
     """The tiny world's models train 30 steps: `world build`/`world info` and the demo warn that it is unfit."""
     from pyrodash.cli import main

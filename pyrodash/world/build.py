@@ -24,7 +24,7 @@ from pyrodash.world.config import BUILD_RECIPE, TIER_SPLITS, WorldConfig, cache_
 from pyrodash.world.evaluate import evaluate_continue, evaluate_split, first_wrong_distribution
 from pyrodash.world.multiturn import evaluate_turns, make_multiturn_split
 from pyrodash.world.pretrain import pretrain, save_model
-from pyrodash.world.shipped import SHIPPED, is_shipped, models_source
+from pyrodash.world.shipped import SHIPPED, is_shipped, measured_on, models_source, platform
 from pyrodash.world.task import STEP_SEP, make_known, make_split, make_table, sample_problem
 
 MULTITURN_SPLITS = {
@@ -371,13 +371,21 @@ def _measure(models: dict, splits: dict, cfg: WorldConfig, seed: int, progress) 
     return {"acc": acc, "slm_out": slm_out, "llm_continue": llm_continue, "turns": turns, "turn_split": turn_split}
 
 
-def _world_info(cfg: WorldConfig, seed: int, donor: Path | None, splits: dict, models: dict, m: dict) -> dict:
-    """world.json's content but losses, timings and threads: the config, the splits, the models' measurements."""
-    tests = [ex for name in TIER_SPLITS for ex in splits[name]]
-    outs = [o for name in TIER_SPLITS for o in m["slm_out"][name][0]]
-    oks = [c for name in TIER_SPLITS for c in m["slm_out"][name][1]]
-    easy = [c for ex, c in zip(tests, oks) if not ex.meta["hard_steps"]]
-    hard = [c for ex, c in zip(tests, oks) if ex.meta["hard_steps"]]
+# what a build measures on its models (world.json): copied with them when `reusable_measurements` allows
+MEASUREMENTS = (
+    "params",
+    "accuracy",
+    "slm_accuracy_by_difficulty",
+    "llm_continue",
+    "multiturn_accuracy",
+    "multiturn_split",
+    "first_wrong_step",
+    "first_hard_frac",
+)
+
+
+def _world_head(cfg: WorldConfig, seed: int, donor: Path | None, splits: dict) -> dict:
+    """world.json's config, models' source and splits."""
     return {
         "config": cfg.to_dict(),
         "config_hash": cfg.config_hash(),
@@ -389,6 +397,17 @@ def _world_info(cfg: WorldConfig, seed: int, donor: Path | None, splits: dict, m
         "tiers": dict(TIER_SPLITS),
         "prompts": "world-v1",
         "splits": {name: len(exs) for name, exs in splits.items()},
+    }
+
+
+def _measurements(splits: dict, models: dict, m: dict) -> dict:
+    """world.json's `MEASUREMENTS` from `_measure`'s results."""
+    tests = [ex for name in TIER_SPLITS for ex in splits[name]]
+    outs = [o for name in TIER_SPLITS for o in m["slm_out"][name][0]]
+    oks = [c for name in TIER_SPLITS for c in m["slm_out"][name][1]]
+    easy = [c for ex, c in zip(tests, oks) if not ex.meta["hard_steps"]]
+    hard = [c for ex, c in zip(tests, oks) if ex.meta["hard_steps"]]
+    return {
         "params": {w: sum(p.numel() for p in models[w].parameters()) for w in ("slm", "llm")},
         "accuracy": m["acc"],
         "slm_accuracy_by_difficulty": {
@@ -398,19 +417,62 @@ def _world_info(cfg: WorldConfig, seed: int, donor: Path | None, splits: dict, m
             "n_has_hard_step": len(hard),
         },
         "llm_continue": m["llm_continue"],
-        "multiturn_accuracy": m[
-            "turns"
-        ],  # {model: {turn: accuracy}} after the gold earlier turns, on `multiturn_split`
+        # {model: {turn: accuracy}} after the gold earlier turns, on `multiturn_split`
+        "multiturn_accuracy": m["turns"],
         "multiturn_split": m["turn_split"],
         "first_wrong_step": first_wrong_distribution(tests, outs, oks),
         "first_hard_frac": first_hard_distribution(tests),
     }
 
 
-def _run_build(world_dir: Path, cfg: WorldConfig, seed: int, verbose: bool, reuse_models: bool = True) -> dict:
+def build_platform() -> dict:
+    """What a build's measurements depend on besides its models and splits: `shipped.platform()` and the torch
+    threads it runs on (`run_build` sets `build_threads()`)."""
     import torch
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return {**platform(), "threads": torch.get_num_threads()}
+
+
+def reusable_measurements(donor: Path | None, cfg: WorldConfig, seed: int) -> tuple[dict | None, str]:
+    """(the donor world's `MEASUREMENTS`, why) when measuring its copied models here would repeat them: the same
+    config hash and seed (so the same splits), build recipe, and platform and threads (`shipped.measured_on`);
+    (None, why not) otherwise. Within one platform the build's evaluation is bitwise repeatable; across CPU kinds a
+    float sum can differ, hence a few answers."""
+    if donor is None:
+        return None, "no models copied"
+    info = read_world_info(donor)
+    if (info.get("config_hash"), info.get("seed"), info.get("build_recipe")) != (
+        cfg.config_hash(),
+        seed,
+        BUILD_RECIPE,
+    ) or any(k not in info for k in MEASUREMENTS):
+        return None, f"the world at {donor} has other splits (config hash {info.get('config_hash')})"
+    here, there = build_platform(), measured_on(info)
+    if there != here:
+        return None, f"they were measured on {_platform_words(there)}, this build runs on {_platform_words(here)}"
+    return {k: info[k] for k in MEASUREMENTS}, f"measured on the same platform ({_platform_words(here)})"
+
+
+def _platform_words(p: dict | None) -> str:
+    if not p:
+        return "an unrecorded platform"
+    return f"torch {p.get('torch')}, {p.get('cpu_capability')}, {p.get('cpu')}, {p.get('threads')} threads"
+
+
+def _load_and_measure(world_dir: Path, splits: dict, cfg: WorldConfig, seed: int, progress, timings: dict) -> dict:
+    """Load the saved models, measure them (`_measure`), their seconds into `timings`; world.json's `MEASUREMENTS`."""
     from transformers import AutoModelForCausalLM
+
+    cpu = time.process_time()
+    models = {w: AutoModelForCausalLM.from_pretrained(str(world_dir / w)).eval() for w in ("slm", "llm")}
+    t = time.time()
+    measured = _measure(models, splits, cfg, seed, progress)
+    timings["evaluate"], timings["cpu_evaluate"] = round(time.time() - t, 1), round(time.process_time() - cpu, 1)
+    return _measurements(splits, models, measured)
+
+
+def _run_build(world_dir: Path, cfg: WorldConfig, seed: int, verbose: bool, reuse_models: bool = True) -> dict:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     t0 = time.time()
     world_dir.mkdir(parents=True, exist_ok=True)
@@ -420,25 +482,27 @@ def _run_build(world_dir: Path, cfg: WorldConfig, seed: int, verbose: bool, reus
     timings: dict[str, float] = {}
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     donor = find_models(cfg, seed, world_dir) if reuse_models else None
+    reused, why = reusable_measurements(donor, cfg, seed)
     with Progress(*columns, disable=not verbose, transient=False) as progress:
         t = time.time()
         if donor is not None:
             losses, pretrain_threads = _copy_models(donor, world_dir, cfg, seed, verbose, timings)
+            if verbose:
+                what = "copied with the models" if reused is not None else "measuring the copied models here"
+                print(f"world: measurements: {what}: {why}", flush=True)
         else:
             losses, seconds, pretrain_threads = train_models(world_dir, cfg, seed, progress)
             timings.update({f"pretrain_{w}": s for w, s in seconds.items()}, pretrain_wall=round(time.time() - t, 1))
-        cpu = time.process_time()
-        models = {w: AutoModelForCausalLM.from_pretrained(str(world_dir / w)).eval() for w in ("slm", "llm")}
-        t = time.time()
-        measured = _measure(models, splits, cfg, seed, progress)
-        timings["evaluate"], timings["cpu_evaluate"] = round(time.time() - t, 1), round(time.process_time() - cpu, 1)
-    info = _world_info(cfg, seed, donor, splits, models, measured)
+        measured = reused if reused is not None else _load_and_measure(world_dir, splits, cfg, seed, progress, timings)
+    info = {**_world_head(cfg, seed, donor, splits), **measured}
     info.update(
         losses=losses,
         timings=timings,
         build_seconds=round(time.time() - t0, 1),
-        threads=torch.get_num_threads(),
+        threads=build_platform()["threads"],
         pretrain_threads=pretrain_threads,  # the SLM's; the LLM's before and from step llm_beside_slm_steps
+        measured_on=build_platform(),  # what the measurements depend on besides models and splits
+        measurements_from=str(donor) if reused is not None else None,  # None: measured by this build
     )
     tmp = world_dir / "world.json.tmp"
     tmp.write_text(json.dumps(info, indent=1))

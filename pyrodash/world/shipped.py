@@ -3,8 +3,9 @@
     python scripts/ship_world.py           # build seed 0's world from scratch and ship its models
 
 A build finds them as it finds a cached world with the same models (`build.find_models`) and copies them, saying so
-(world.json `models_from`, `models_shipped`); `--from-scratch` trains them instead (~195 s of the quick demo on 2
-cores). `tests/test_world.py` checks they are current and, on the platform that trained them (`platform()`), that a
+(world.json `models_from`, `models_shipped`), with their measurements where they were made on the same platform and
+threads (`measured_on`); `--from-scratch` trains them instead (~195 s of the quick demo on 2 cores).
+`tests/test_world.py` checks they are current and, on the platform that trained them (`platform()`), that a
 from-scratch build reproduces them byte for byte.
 """
 
@@ -53,6 +54,16 @@ def platform() -> dict:
         }
         cpu = " ".join(fields.get(k, "") for k in ("vendor_id", "model name")).strip() or cpu
     return {"torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability(), "cpu": cpu}
+
+
+def measured_on(info: dict) -> dict | None:
+    """The platform (`platform()`) and torch threads a built world's measurements were made on, from its world.json:
+    `measured_on`, or for base models shipped before builds recorded it, `shipped_from`'s platform with the build's
+    threads; None when the world does not say."""
+    if info.get("measured_on"):
+        return info["measured_on"]
+    shipped = (info.get("shipped_from") or {}).get("platform")
+    return {**shipped, "threads": info.get("threads")} if shipped else None
 
 
 def ship(world_dir: str | Path) -> Path:
