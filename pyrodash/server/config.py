@@ -50,6 +50,7 @@ from pyrodash.cost import Prices
 from pyrodash.engine import check_share
 from pyrodash.engine.conversation import ContextLimits
 from pyrodash.engine.range_rule import RangeRule
+from pyrodash.engine.relay import check_calls
 from pyrodash.prompts import get_prompts
 from pyrodash.server.budget.config import BudgetsConfig
 
@@ -64,6 +65,7 @@ class OperatingPoint:
     offload_bias: float = 0.0
     handoff_share: float = 1.0
     range_rule: RangeRule = RangeRule()  # past the SLM's range the LLM answers alone (off: no limit set)
+    max_llm_calls: int | None = None  # LLM calls per answer (>1: relay, pyrodash.engine.relay); None: the engine's
 
     @classmethod
     def parse(cls, name: str, value) -> OperatingPoint:
@@ -72,20 +74,23 @@ class OperatingPoint:
             return value
         rule = None
         if isinstance(value, dict):
-            unknown = set(value) - {"offload_bias", "handoff_share", "range_rule"}
+            unknown = set(value) - {"offload_bias", "handoff_share", "range_rule", "max_llm_calls"}
             if unknown:
                 raise ValueError(
-                    f"operating_points.{name}: unknown keys {sorted(unknown)}; use offload_bias, handoff_share "
-                    "and range_rule"
+                    f"operating_points.{name}: unknown keys {sorted(unknown)}; use offload_bias, handoff_share, "
+                    "range_rule and max_llm_calls"
                 )
             bias, share, rule = value.get("offload_bias", 0.0), value.get("handoff_share", 1.0), value.get("range_rule")
         else:
             bias, share = value, 1.0
+        calls = value.get("max_llm_calls") if isinstance(value, dict) else None
         for key, v in (("offload_bias", bias), ("handoff_share", share)):
             if not isinstance(v, (int, float)) or isinstance(v, bool):
                 raise ValueError(f"operating_points.{name}.{key}={v!r} must be a number")
         try:
-            return cls(float(bias), check_share(share), RangeRule.of(rule))
+            return cls(
+                float(bias), check_share(share), RangeRule.of(rule), None if calls is None else check_calls(calls)
+            )
         except ValueError as e:
             raise ValueError(f"operating_points.{name}: {e}") from None
 

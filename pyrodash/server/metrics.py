@@ -123,6 +123,13 @@ class Metrics:
             model,
             r,
         )
+        self.relay_fallbacks = Counter(
+            "pyrodash_relay_fallbacks_total",
+            "Relay answers (max_llm_calls > 1) that became a single handoff part-way, by reason (stop_ignored: the "
+            "LLM endpoint wrote past the step's stop sequence; step_cap: it reached the step's token cap).",
+            ("model", "reason"),
+            r,
+        )
         self.usage_estimated = Counter(
             "pyrodash_usage_estimated_total",
             "Requests with token counts a server did not report (counted or estimated).",
@@ -197,6 +204,8 @@ class Metrics:
             self.range_routed.inc(model=model)
         if done.fallback:
             self.fallbacks.inc(model=model)
+        if done.relay_fallback:
+            self.relay_fallbacks.inc(model=model, reason=done.relay_fallback)
         if done.errors:
             self.llm_errors.inc(len(done.errors), model=model)
         if done.usage_estimated:

@@ -139,6 +139,9 @@ class PyroDashOptions(_Strict):
     sources: bool = False
     # the SLM's range for this request (past it the LLM answers alone, `routed: "range"`); None: the operating point's
     range_rule: RangeRuleOptions | None = None
+    # LLM calls per answer: above 1 the LLM writes one step per handoff and the SLM resumes (relay); with `sources`
+    # each LLM step streams tagged "llm" and each further handoff as a "handoff" chunk. None: the operating point's
+    max_llm_calls: PositiveInt | None = None
 
 
 class _Sampling(_Strict):
@@ -266,6 +269,9 @@ class PyroDashInfo(_Out):
     latency_s: float = 0.0  # the engine's time for this request
     mode: str = "collab"  # who answered: "collab" (the engine), "slm" or "llm" alone (request `pyrodash.mode`)
     routed: str | None = None  # "range": past the SLM's range (the operating point's range rule), the LLM alone
+    llm_prior_in: int = 0  # the part of llm_in an earlier LLM call of this answer sent (relay; a prefix cache's)
+    handoffs: list[int] = Field(default_factory=list)  # every handoff position (relay: several)
+    relay_fallback: str | None = None  # a relay answer that became a single handoff: "stop_ignored" | "step_cap"
     cost_usd_by_component: dict[str, float] | None = None  # cost_usd split into slm_in, slm_out, llm_in, llm_out
     # what the LLM alone would have billed for this answer: an ESTIMATE except in mode "llm" (then it is cost_usd);
     # how it is counted: `llm_only_estimate` below and pyrodash.server.estimates.llm_only_estimate

@@ -139,9 +139,10 @@ class AnswerView {
     target.append(this.caret);
   }
   add(source, text) {
-    if (source === "slm" && this.handedOff && !this.fellBack) {
-      this.fellBack = true;  // SLM text after the handoff: the LLM failed and the SLM finishes (fallback)
-      this.marker("fallback", "LLM failed · SLM finishes");
+    if (source === "slm" && this.source === "llm" || source === "slm" && this.handedOff && this.source === null) {
+      // SLM text after the LLM's: a relay's SLM resuming after the LLM's step, or the SLM finishing after the LLM
+      // failed; the answer's record says which (`settle`)
+      this.resumed = this.marker("resume", "SLM resumes");
     }
     if (source !== this.source || !this.seg) {
       this.seg = el("span", `seg ${source}`);
@@ -160,10 +161,18 @@ class AnswerView {
     this.handedOff = true;
     this.marker("handoff", `<offload> after ${n} SLM token${n === 1 ? "" : "s"} · LLM takes over`);
   }
+  settle(info) {
+    // after a failed LLM call the last resume was the fallback: say so
+    if (info && info.fallback && this.resumed) {
+      this.resumed.className = "marker fallback";
+      this.resumed.textContent = "LLM failed · SLM finishes";
+    }
+  }
   marker(kind, label) {
     const m = el("span", `marker ${kind}`, label);
     this.target.insertBefore(m, this.caret);
     this.seg = null; this.source = null;
+    return m;
   }
   end() { this.caret.remove(); }
 }
@@ -197,6 +206,7 @@ async function streamChat(messages, mode, view, signal, extra = {}) {
       info = p; usage = c.usage;
     }
   });
+  view.settle(info);
   view.end();
   return { text: view.text, info, usage, finish };
 }
@@ -293,7 +303,10 @@ function footerFor(info, finish) {
   const parts = [];
   if (info.handoff_admitted === false) parts.push(`SLM alone (outside this model's handoff share) · ${info.slm_out} tokens`);
   else if (info.handoff === null || info.handoff === undefined) parts.push(`SLM alone · ${info.slm_out} tokens`);
-  else parts.push(`SLM ${info.handoff} tok → <offload> → LLM ${info.llm_out} tok`);
+  else if ((info.handoffs || []).length > 1) {
+    const fb = info.relay_fallback ? ` (relay fell back: ${info.relay_fallback})` : "";
+    parts.push(`relay: ${info.handoffs.length} handoffs, ${info.llm_calls} LLM calls, LLM ${info.llm_out} tok${fb}`);
+  } else parts.push(`SLM ${info.handoff} tok → <offload> → LLM ${info.llm_out} tok`);
   parts.push(`${usd(info.cost_usd)} (LLM only ≈ ${usd(info.llm_only_cost_usd)})`);
   parts.push(`bias ${info.offload_bias}`);
   if (finish === "length") parts.push("cut at max tokens");
