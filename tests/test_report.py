@@ -267,3 +267,28 @@ def test_the_report_names_the_world_and_where_its_base_models_come_from(tmp_path
     assert f"`{world}` (seed 0, config hash abc)" in line and says in line
     (world / "world.json").unlink()  # a world that is gone: no line, no error
     assert "World:" not in render(run)[0]
+
+
+def test_the_report_names_the_platform_of_the_run(tmp_path):
+    """report.md and summary.json name the platform (torch, CPU capability, CPU, threads): the run's
+    `platform.json` where it recorded one (`pyrodash demo` does), else the machine writing the report, marked as such;
+    the rest of summary.json does not depend on it."""
+    from pyrodash.report.platform import PLATFORM_FILE, record_platform
+    from pyrodash.world.shipped import platform
+
+    make_run(tmp_path)
+    md, summary, _ = render(tmp_path)
+    here = summary.pop("platform")
+    assert {k: here[k] for k in platform()} == platform() and here["threads"] >= 1 and here["source"] == "report"
+    assert f"CPU capability {here['cpu_capability']}" in md and "the run recorded none" in md
+    recorded = {**platform(), "cpu_capability": "AVX2", "cpu": "GenuineIntel Some CPU", "threads": 2, "workers": 2}
+    (tmp_path / PLATFORM_FILE).write_text(json.dumps(recorded))
+    md, again, _ = render(tmp_path)
+    assert again.pop("platform") == {**recorded, "source": "run"} and again == summary
+    line = next(x for x in md.splitlines() if x.startswith("Platform: "))
+    assert "CPU capability AVX2, GenuineIntel Some CPU, 2 torch threads, 2 worker processes" in line
+    assert "recorded by the run" in line
+    written = record_platform(tmp_path, workers=3)
+    assert written == {**platform(), "threads": written["threads"], "workers": 3}
+    write_report(tmp_path)
+    assert json.loads((tmp_path / "summary.json").read_text())["platform"] == {**written, "source": "run"}

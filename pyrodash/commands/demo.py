@@ -6,7 +6,8 @@
 World build (cached; seed 0's base models ship and are copied, `--from-scratch` pretrains them) → curation →
 Stages 1-3 (per λ) and the evaluation of every method, as steps of `pyrodash.jobs.scheduler` side by side in
 `--workers` processes (logs in `DIR/jobs/`) → `DIR/report.md`, `pareto.png`, `summary.json`, `records/`. A step whose
-output is in DIR is reused, so an interrupted demo resumes.
+output is in DIR is reused, so an interrupted demo resumes. `DIR/platform.json`: the machine it ran on (the report names
+it).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from pyrodash.jobs.scheduler import Job, default_workers, run_jobs
 from pyrodash.report.console import print_table2, print_turns
 from pyrodash.report.load import load_run, run_prices, single_turn
 from pyrodash.report.metrics import all_metrics
+from pyrodash.report.platform import record_platform
 from pyrodash.report.render import write_report
 from pyrodash.report.tables import verdict_sentence
 from pyrodash.train.config import load_recipe
@@ -228,6 +230,7 @@ def run_demo(
     workers = workers or default_workers()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    record_platform(out, workers=workers)  # what the report names as the platform of the run's numbers
     step = _TimedSteps(console)
     world = _demo_world(world_dir, quick, seed, from_scratch, step)
     recipe = load_recipe(ROOT / "configs" / "world" / f"{preset}.yaml", {"world": {"dir": str(world)}})

@@ -2,6 +2,7 @@
 
     pyrodash report RUN_DIR [--prices SHEET]
 
+The header names the platform the records were made on (`pyrodash.report.platform`; summary.json `platform`).
 Method names: `slm`, `slm+sft`, `llm`, `oracle`, `routellm@<α>`, `glimprouter@<τ>`, `pyrodash@<λ>`,
 `pyrodash@<λ>+bias<b>`, `pyrodash@<λ>+share<s>` (`pyrodash.eval.names`). Conversation turns (`meta.turn`) get their
 own section (`pyrodash.report.turns`); Tables 1-4 cover single questions.
@@ -18,6 +19,7 @@ from pyrodash.record import usage_of
 from pyrodash.report.load import load_run, run_prices, single_turn
 from pyrodash.report.markdown import fence, md_table
 from pyrodash.report.metrics import Metrics, all_metrics, case_studies, summary_dict, trigger_positions
+from pyrodash.report.platform import platform_line, run_platform
 from pyrodash.report.plots import pareto_png
 from pyrodash.report.tables import (
     mesh_table,
@@ -87,13 +89,15 @@ def baseline_notes(run_dir: Path, runs: dict[str, list[dict]]) -> list[str]:
     return lines or ["(no routing baselines in this run)"]
 
 
-def _header(run_dir: Path, prices: Prices, duplicates: dict[str, int]) -> list[str]:
-    """The title, the price sheet, the run's world and the duplicate lines dropped."""
+def _header(run_dir: Path, prices: Prices, duplicates: dict[str, int], platform: dict) -> list[str]:
+    """The title, the price sheet, the platform, the run's world and the duplicate lines dropped."""
     out = [
         f"# PyroDash evaluation report: `{run_dir.name}`",
         "",
         f"Prices (USD per million tokens): {prices.to_dict()}. Every number below is recomputed from "
         f"`records/*.jsonl`.",
+        "",
+        platform_line(platform),
         "",
     ] + world_line(run_dir)
     if duplicates:
@@ -196,14 +200,15 @@ def render(run_dir: str | Path, prices: Prices | None = None) -> tuple[str, dict
     own = run_prices(run_dir)
     prices = prices or own
     ms = all_metrics(runs, prices)
-    out = _header(run_dir, prices, duplicates) + _paper_tables(ms, prices)
+    platform = run_platform(run_dir)
+    out = _header(run_dir, prices, duplicates, platform) + _paper_tables(ms, prices)
     out += ["", "## Pareto verdict", "", verdict_sentence(ms), ""] + pareto_verdict(ms) + ["", "![Pareto](pareto.png)"]
     out += ["", "## Distance to the oracle single handoff", ""] + oracle_distance(ms)
     out += ["", "## Baselines as run", ""] + baseline_notes(run_dir, runs)
     out += ["", "## Conversations: per turn", ""] + conversation_sections(all_runs, prices)
     out += [""] + _mesh_section(all_runs, prices) + [""] + _trigger_section(runs, ms)
     out += [""] + _case_studies_section(runs) + [""] + _repricing_section(ms, own, prices)
-    return "\n".join(out) + "\n", _summary(ms, all_runs, prices, duplicates), ms
+    return "\n".join(out) + "\n", {**_summary(ms, all_runs, prices, duplicates), "platform": platform}, ms
 
 
 def write_report(run_dir: str | Path, prices: Prices | None = None) -> Path:
