@@ -96,7 +96,9 @@ def fast_heartbeats(monkeypatch):
 
 def replica(models, redis_url: str, **budget):
     slm, llm = models
-    config = serve_config(api_key=None, budgets={"default": {"usd_per_hour": 1000.0, **budget}, "redis_url": redis_url})
+    # a replica busy on a shared CI core is slow, not cut off from Redis (a stopped Redis refuses at once)
+    budgets = {"default": {"usd_per_hour": 1000.0, **budget}, "redis_url": redis_url, "redis_timeout_s": 2.0}
+    config = serve_config(api_key=None, budgets=budgets)
     return UvicornThread(build_app(config, engine=make_engine(slm, llm, config)))
 
 
