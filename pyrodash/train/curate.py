@@ -320,7 +320,7 @@ def run_curation(recipe, out_dir: str | Path) -> Path:
     prompts = get_prompts(recipe.prompts)
     world = resolve_world(recipe)
     examples, conv_counts = _curation_examples(cfg, world)
-    slm = HFBackend(*load_local(slm_spec(recipe)))
+    slm = HFBackend(*load_local(slm_spec(recipe), chat_template=recipe.chat_template))
     llm = FrozenLLM.from_spec(llm_spec(recipe), batch_size=cfg.batch_size, concurrency=cfg.llm_concurrency)
     solutions, difficulty, counts = label_and_reconstruct(
         examples, slm, llm, prompts, cfg, cache=curated_dir(out_dir) / "llm_calls.jsonl"
