@@ -174,6 +174,9 @@ def test_a_cold_burst_spends_within_the_cap(cold, worst):
     assert BURST * min(llm_usd([p]) for p in admitted) > cap  # admitted on hope, the burst would pass the cap
     row = httpx.get(f"{a.url}/v1/budget", timeout=30).json()["data"][0]
     assert row["period_spend_usd"] == pytest.approx(spent)
+    # the cap's ledger: every answer settled to what it billed, nothing left reserved
+    assert row["cap_spent_usd"] == pytest.approx(spent) and row["reserved_usd"] == pytest.approx(0.0)
+    assert row["cap_hits"] >= sum(p["budget"]["state"] == "capped" for p in answers)
 
 
 def test_three_paid_requests_then_a_burst(cold):
