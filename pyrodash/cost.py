@@ -159,7 +159,7 @@ def endpoint_bill(calls: Iterable[dict], default: Prices) -> list[dict]:
             llm_in=c.get("llm_in", 0),
             llm_out=c.get("llm_out", 0),
             llm_cached_in=c.get("llm_cached_in", 0),
-            llm_prior_in=c.get("llm_prior_in", 0),
+            llm_prior_in=0 if c.get("cache_reported") else c.get("llm_prior_in", 0),  # a reported figure wins
         )
         e["calls"] += c.get("calls", 0)
         e["llm_in"] += u.llm_in
@@ -169,7 +169,9 @@ def endpoint_bill(calls: Iterable[dict], default: Prices) -> list[dict]:
         e["errors"] += bool(c.get("error"))
         e["estimated"] = e["estimated"] or bool(c.get("estimated"))  # counts of a broken call: as delivered
         e["cost_usd"] += u.cost(sheet)
-        e["llm_prior_in"] = e.get("llm_prior_in", 0) + u.llm_prior_in  # input an earlier call of the answer sent
+        e["llm_prior_in"] = e.get("llm_prior_in", 0) + c.get("llm_prior_in", 0)  # input an earlier call sent
+        if c.get("cache_reported"):
+            e["cache_reported"] = True
         if u.cache_estimated(sheet):  # billed as cached from that split, not from a reported figure
             e["cache_estimated"] = True
     return list(out.values())

@@ -57,7 +57,7 @@ class Done:
     mode: str = "collab"  # who answered: "collab" (Algorithm 1), "slm" or "llm" alone
     routed: str | None = None  # "range": a collab request past the SLM's range, answered by the LLM alone
     # relay (pyrodash.engine.relay): every handoff position (SLM tokens before each `<offload>`), and why the answer
-    # became a single handoff part-way ("stop_ignored" | "step_cap"); [] / None: not a relay answer
+    # became a single handoff part-way (stop_ignored, step_cap, empty_step); [] / None: not a relay answer
     handoffs: list[int] = field(default_factory=list)
     relay_fallback: str | None = None
 

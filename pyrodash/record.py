@@ -43,7 +43,7 @@ class Record:
     latency_s: float = 0.0
     llm_prior_in: int = 0  # the part of llm_in an earlier LLM call of this answer already sent (a cache can serve it)
     handoffs: list[int] = field(default_factory=list)  # every handoff position, in order (relay: several)
-    relay_fallback: str | None = None  # a relay answer that became a single handoff: why ("stop_ignored" | "step_cap")
+    relay_fallback: str | None = None  # why a relay answer became a single handoff (relay.py: stop_ignored ...)
     routed: str | None = None  # "range": past the SLM's range, the LLM answered alone (`mode` "llm")
 
     @classmethod

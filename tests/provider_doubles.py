@@ -12,10 +12,13 @@ What each one enforces (the rules PyroDash must get right; everything else about
   `max_tokens` is a 400 `unsupported_parameter` (use `max_completion_tokens`), a temperature or top_p other than 1
   a 400 `unsupported_value`. Streaming: `chat.completion.chunk`s, usage only with `stream_options.include_usage`,
   in a last chunk with `choices: []` (`prompt_tokens_details.cached_tokens`, `completion_tokens_details`).
-  `usage=False` makes a server that never reports usage.
+  `usage=False` makes a server that never reports usage. `stop` is honoured (the model stops before it);
+  `prompt_cache=True` reports as cached the previous call's prompt when this one extends it (a prefix cache, modelled
+  per call without the providers' block sizes and minimum lengths), else 0.
 - `deepseek_double`: key required; unknown fields are ignored (a lenient server); chat prefix completion
   (`{"role": "assistant", "content": ..., "prefix": true}` as the last message) continues the prefix, on the beta
-  base path only (`/beta`; elsewhere a 400); usage with `prompt_cache_hit_tokens` / `prompt_cache_miss_tokens`.
+  base path only (`/beta`; elsewhere a 400); usage with `prompt_cache_hit_tokens` / `prompt_cache_miss_tokens`
+  (`prompt_cache=True`: as OpenAI's).
 - `anthropic_double`: the Messages API: `x-api-key` (401 `authentication_error`) and `anthropic-version` (400)
   headers; `max_tokens` required; unknown fields 400 "Extra inputs are not permitted"; `temperature` and `top_p`
   together a 400; roles user/assistant only (system is top-level); message `content` and `system` are a string or a
@@ -23,7 +26,8 @@ What each one enforces (the rules PyroDash must get right; everything else about
   prefill that the model continues, which may not end in whitespace (400); `prefill=False`: a model that refuses
   prefill (400).
   Streaming events: message_start (input usage), content_block_start/delta/stop, message_delta (stop_reason,
-  output_tokens), message_stop.
+  output_tokens), message_stop. `stop_sequences` honoured; `prompt_cache=True`: `cache_read_input_tokens` (the
+  earlier prompt this one extends) beside `input_tokens` (the rest).
 The model behind every double decodes greedily (sampling is not what these doubles stand in for).
 """
 
@@ -102,6 +106,20 @@ def _masked(key: str) -> str:
     return f"{key[:3]}{'*' * 20}{key[-4:]}" if len(key) > 8 else "***"
 
 
+class PrefixCache:
+    """A provider's prompt cache, modelled per call: the prompt tokens of the latest earlier prompt that this one
+    extends (the same messages, the text so far a prefix of this one's) are served from cache."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, int]] = []
+
+    def hit(self, req: GenRequest, prompt_tokens: int) -> int:
+        key = json.dumps(req.messages[:-1]) + "\x00" + str((req.messages or [{}])[-1].get("content", "")) + req.prefix
+        best = max((n for k, n in self.seen if key.startswith(k)), default=0)
+        self.seen.append((key, prompt_tokens))
+        return min(best, prompt_tokens)
+
+
 async def _run(backend, req: GenRequest) -> tuple[list[str], GenChunk]:
     texts, final = [], GenChunk()
     async with contextlib.aclosing(backend.stream(req)) as it:
@@ -114,10 +132,18 @@ async def _run(backend, req: GenRequest) -> tuple[list[str], GenChunk]:
 
 
 def _openai_like(
-    backend, model: str, key: str, *, reasoning: bool = False, usage: bool = True, deepseek: bool = False
+    backend,
+    model: str,
+    key: str,
+    *,
+    reasoning: bool = False,
+    usage: bool = True,
+    deepseek: bool = False,
+    prompt_cache: bool = False,
 ) -> FastAPI:
     app = FastAPI()
     app.state.calls = []
+    cache = PrefixCache() if prompt_cache else None
 
     def auth(request: Request) -> JSONResponse | None:
         got = request.headers.get("authorization", "")
@@ -200,12 +226,15 @@ def _openai_like(
             p, c = final.prompt_tokens or 0, final.completion_tokens or 0
             u = {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
             if deepseek:
-                u.update(prompt_cache_hit_tokens=0, prompt_cache_miss_tokens=p)
+                u.update(prompt_cache_hit_tokens=hit, prompt_cache_miss_tokens=p - hit)
             else:
-                u.update(prompt_tokens_details={"cached_tokens": 0}, completion_tokens_details={"reasoning_tokens": 0})
+                u.update(
+                    prompt_tokens_details={"cached_tokens": hit}, completion_tokens_details={"reasoning_tokens": 0}
+                )
             return u
 
         texts, final = await _run(backend, req)
+        hit = cache.hit(req, final.prompt_tokens or 0) if cache is not None else 0
         if not body.get("stream"):
             msg = {"role": "assistant", "content": "".join(texts)}
             out = {
@@ -265,14 +294,17 @@ def openai_double(
     key: str = "sk-double-0123456789abcdef",
     reasoning: bool = False,
     usage: bool = True,
+    prompt_cache: bool = False,
 ) -> FastAPI:
     """TEST DOUBLE of the OpenAI Chat Completions API (see the module docstring)."""
-    return _openai_like(backend, model, key, reasoning=reasoning, usage=usage)
+    return _openai_like(backend, model, key, reasoning=reasoning, usage=usage, prompt_cache=prompt_cache)
 
 
-def deepseek_double(backend, model: str = "deepseek-chat", key: str = "sk-deepseek-0123456789abcdef") -> FastAPI:
+def deepseek_double(
+    backend, model: str = "deepseek-chat", key: str = "sk-deepseek-0123456789abcdef", prompt_cache: bool = False
+) -> FastAPI:
     """TEST DOUBLE of DeepSeek's OpenAI-style API with chat prefix completion on /beta (module docstring)."""
-    return _openai_like(backend, model, key, deepseek=True)
+    return _openai_like(backend, model, key, deepseek=True, prompt_cache=prompt_cache)
 
 
 def _anthropic_text(content) -> str | None:
@@ -288,11 +320,16 @@ def _anthropic_text(content) -> str | None:
 
 
 def anthropic_double(
-    backend, model: str = "claude-double", key: str = "sk-ant-double-0123456789abcdef", prefill: bool = True
+    backend,
+    model: str = "claude-double",
+    key: str = "sk-ant-double-0123456789abcdef",
+    prefill: bool = True,
+    prompt_cache: bool = False,
 ) -> FastAPI:
     """TEST DOUBLE of Anthropic's Messages API (see the module docstring)."""
     app = FastAPI()
     app.state.calls = []
+    cache = PrefixCache() if prompt_cache else None
 
     def err(status: int, kind: str, message: str) -> JSONResponse:
         return JSONResponse({"type": "error", "error": {"type": kind, "message": message}}, status)
@@ -376,6 +413,8 @@ def anthropic_double(
             stop=list(body.get("stop_sequences") or []),
         )
         texts, final = await _run(backend, req)
+        hit = cache.hit(req, final.prompt_tokens or 0) if cache is not None else 0
+        usage_in = {"input_tokens": (final.prompt_tokens or 0) - hit, "cache_read_input_tokens": hit}
         mid = f"msg_{uuid.uuid4().hex[:12]}"
         stop = "max_tokens" if final.finish_reason == "length" else "end_turn"
 
@@ -392,7 +431,7 @@ def anthropic_double(
                     "model": model,
                     "content": [],
                     "stop_reason": None,
-                    "usage": {"input_tokens": final.prompt_tokens or 0, "output_tokens": 1},
+                    "usage": {**usage_in, "output_tokens": 1},
                 },
             )
             yield ev("content_block_start", index=0, content_block={"type": "text", "text": ""})
@@ -415,7 +454,7 @@ def anthropic_double(
                 "model": model,
                 "stop_reason": stop,
                 "content": [{"type": "text", "text": "".join(texts)}],
-                "usage": {"input_tokens": final.prompt_tokens or 0, "output_tokens": final.completion_tokens},
+                "usage": {**usage_in, "output_tokens": final.completion_tokens},
             }
         return StreamingResponse(events(), media_type="text/event-stream")
 

@@ -161,12 +161,10 @@ def _logprobs(chunk: GenChunk) -> dict | None:
 
 def _usage(final: GenChunk) -> dict:
     p, c = final.prompt_tokens or 0, final.completion_tokens or 0
-    return {
-        "prompt_tokens": p,
-        "completion_tokens": c,
-        "total_tokens": p + c,
-        "prompt_tokens_details": {"cached_tokens": final.cached_tokens or 0},
-    }
+    out = {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+    if final.cached_tokens is not None:  # only a figure the model gave (none: a client may estimate its own)
+        out["prompt_tokens_details"] = {"cached_tokens": final.cached_tokens}
+    return out
 
 
 def _error(status: int, message: str, param: str | None = None, kind: str = "invalid_request_error"):

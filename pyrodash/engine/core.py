@@ -433,6 +433,7 @@ class CollaborateEngine:
                 "llm_in": got.prompt_tokens or 0,
                 "llm_out": got.completion_tokens or 0,
                 "llm_cached_in": got.cached_tokens or 0,
+                "cache_reported": got.cached_tokens is not None,  # the provider gave a cached figure (0 included)
                 "text": text,
                 "prices": None,
                 "error": error,

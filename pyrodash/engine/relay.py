@@ -25,6 +25,7 @@ from pyrodash.prompts import pack
 # why a relay answer became a single handoff (`Done.relay_fallback`)
 STOP_IGNORED = "stop_ignored"  # the LLM wrote past the step separator: the endpoint does not honour `stop`
 STEP_CAP = "step_cap"  # the LLM reached step_max_tokens before a step end
+EMPTY_STEP = "empty_step"  # the LLM stopped at once (an Anthropic prefill loses the trace's trailing separator)
 
 
 @dataclass(frozen=True)
@@ -111,6 +112,9 @@ class RelayRun:
         if self.cfg.step_sep in text:  # the endpoint ignored `stop`: it may have written the whole answer
             self.fallback = STOP_IGNORED
             t.finish = None if t.finish == "length" and t.left() > 0 else t.finish
+            return False
+        if not text and t.finish != "length":  # a step end before any text: nothing to resume on
+            self.fallback, t.finish = EMPTY_STEP, None
             return False
         if t.finish == "length":
             if self.llm_budget - t.usage.llm_out > 0 and (t.total is None or t.left() > 0):

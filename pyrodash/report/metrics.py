@@ -52,7 +52,8 @@ def record_cost(r: dict, prices: Prices, endpoint_prices: dict[str, Prices] | No
                 llm_out=pr.get("llm_out", prices.llm_out),
                 llm_cached_in=pr.get("llm_cached_in"),
             )
-        prior = e.get("llm_prior_in", 0)  # input an earlier call of the answer sent (relay): a prefix cache's
+        # input an earlier call of the answer sent (relay): a prefix cache's, unless the provider reported a figure
+        prior = 0 if e.get("cache_reported") else e.get("llm_prior_in", 0)
         total += Usage(
             llm_in=e["llm_in"], llm_out=e["llm_out"], llm_cached_in=e["llm_cached_in"], llm_prior_in=prior
         ).cost(sheet)

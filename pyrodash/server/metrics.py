@@ -125,8 +125,9 @@ class Metrics:
         )
         self.relay_fallbacks = Counter(
             "pyrodash_relay_fallbacks_total",
-            "Relay answers (max_llm_calls > 1) that became a single handoff part-way, by reason (stop_ignored: the "
-            "LLM endpoint wrote past the step's stop sequence; step_cap: it reached the step's token cap).",
+            "Relay answers (max_llm_calls > 1) that became a single handoff part-way, by reason (stop_ignored: "
+            "the LLM wrote past the step's stop sequence; step_cap: it reached the step's token cap; empty_step: "
+            "it stopped before writing anything).",
             ("model", "reason"),
             r,
         )

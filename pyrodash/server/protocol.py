@@ -271,7 +271,7 @@ class PyroDashInfo(_Out):
     routed: str | None = None  # "range": past the SLM's range (the operating point's range rule), the LLM alone
     llm_prior_in: int = 0  # the part of llm_in an earlier LLM call of this answer sent (relay; a prefix cache's)
     handoffs: list[int] = Field(default_factory=list)  # every handoff position (relay: several)
-    relay_fallback: str | None = None  # a relay answer that became a single handoff: "stop_ignored" | "step_cap"
+    relay_fallback: str | None = None  # why a relay answer became a single handoff (stop_ignored, step_cap, empty_step)
     cost_usd_by_component: dict[str, float] | None = None  # cost_usd split into slm_in, slm_out, llm_in, llm_out
     # what the LLM alone would have billed for this answer: an ESTIMATE except in mode "llm" (then it is cost_usd);
     # how it is counted: `llm_only_estimate` below and pyrodash.server.estimates.llm_only_estimate
