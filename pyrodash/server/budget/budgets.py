@@ -257,9 +257,10 @@ class Budgets:
         if ticket is not None and not cap and not solo and not d.admitted and budget.dollars == "llm":
             await self.store.ledger.settle(ticket, 0.0)  # outside the handoff share: no LLM call, nothing held
             ticket = None
-        self._count(budget, d, st, spec, view, cap)
+        refused = d.state == "refused" or (solo and d.state == "capped")  # (one model alone: refused at the cap)
+        self._count(budget, d, st, spec, view, cap, refused)
         left = self._left_s(st, spec)
-        if d.state == "refused" or (solo and d.state == "capped"):
+        if refused:
             raise Refused(
                 f"The budget '{budget.name}' reached its hard cap of ${budget.cap_usd:g} for this "
                 f"{budget.period} ({reason}); it resets in {left} s.",
@@ -308,7 +309,7 @@ class Budgets:
         if self.metrics is not None:
             self.metrics.reserved.labels(budget.name).set(held)
 
-    def _count(self, budget: Budget, d: Decision, st, spec: PacerSpec, view: dict, cap: str) -> None:
+    def _count(self, budget: Budget, d: Decision, st, spec: PacerSpec, view: dict, cap: str, refused: bool) -> None:
         if self.metrics is None:
             return
         self._gauges(budget, st, spec, view)
@@ -316,7 +317,7 @@ class Budgets:
         if d.state in ("capped", "refused"):
             self.metrics.cap_hits.labels(budget.name).inc()
         if cap:
-            self.metrics.turned.labels(budget.name, "refused" if d.state == "refused" else "slm").inc()
+            self.metrics.turned.labels(budget.name, "refused" if refused else "slm").inc()
         if d.paced and d.state != "refused":
             self.metrics.knob.labels(budget.name, "spend_fraction").set(d.level)
             if d.handoff_share is not None:

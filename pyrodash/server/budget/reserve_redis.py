@@ -1,7 +1,7 @@
 """The hard cap's ledger in Redis, shared by every replica: each reservation and settlement is one Lua script (atomic
 across replicas: no check-then-increment race), with a per-replica fallback while Redis is unreachable.
 
-Keys per budget and period: `<prefix><budget>:cap:<period>:spent` (a float), `...:held` (a hash: request id ->
+Keys per budget and period: `<prefix>{<budget>:cap:<period>}:spent` (a float), `...:held` (a hash: request id ->
 reserved dollars) and `...:expires` (a sorted set: request id -> wall-clock expiry). Each script first drops the
 reservations past their expiry. While Redis is down, a replica reserves against its own share (1/N) of the period's
 remaining cap as it last saw it (cap - spent - held), in process; once Redis is back, its reservations in flight move
@@ -70,7 +70,7 @@ class RedisLedger:
         self.pending: list[tuple[Ticket, float]] = []  # settlements to send once Redis is back
 
     def keys(self, name: str, period: int) -> list[str]:
-        base = f"{self.store.prefix}{name}:cap:{period}"
+        base = f"{self.store.prefix}{{{name}:cap:{period}}}"  # (a hash tag: one slot for the script's keys)
         return [f"{base}:spent", f"{base}:held", f"{base}:expires"]
 
     @property

@@ -1,6 +1,6 @@
 """Where the budgets' controller state lives: this process (`MemoryStore`), a SQLite file shared by the worker
 processes of one `pyrodash serve --workers N` (`FileStore`), or one Redis hash per budget shared by every replica
-(`RedisStore`).
+(`RedisStore`), and beside it the hard cap's ledger of reservations (`store.ledger`: `reserve.py`, `reserve_redis.py`).
 
     store = RedisStore("redis://127.0.0.1:6379/0", prefix="pyrodash:budget:")
     result, view = await store.run("default", spec, lambda st, spec: arrive(st, spec, t, ...))
