@@ -228,3 +228,34 @@ def test_bad_relay_settings_are_value_errors():
         RelayConfig(step_sep="")
     with pytest.raises(ValueError, match="max_llm_calls"):
         engine().run("q", max_llm_calls=0)
+
+
+class BaseSLM(ScriptSLM):
+    """A base SLM without `<offload>`: writes the rest of GOLD (the relay oracle places the handoffs)."""
+
+    def token_id(self, token: str) -> int | None:
+        return None
+
+    def count_tokens(self, text: str) -> int:
+        return len(text)
+
+
+def test_relay_oracle_hands_off_before_every_untaught_step_through_the_engine():
+    from pyrodash.data.example import Example
+    from pyrodash.eval.methods import Env
+    from pyrodash.eval.oracle import RelayOracle
+
+    env = Env(PROMPTS, PAPER, max_tokens=200, batch_size=4)
+    items = [
+        (Example("r0", "world:tier1", "q", "98", {"hard_steps": sorted(HARD)}), {}),
+        (Example("r1", "world:tier1", "q2", "98", {"hard_steps": []}), {}),
+    ]
+    llm = ScriptLLM()
+    hard, easy = RelayOracle("relay_oracle", BaseSLM(), llm, env)(items)
+    assert hard["output"] == GOLD and hard["llm_calls"] == len(HARD) and hard["oracle_steps"] == sorted(HARD)
+    assert [s["text"] for s in hard["segments"] if s["by"] == "llm"] == ["H(a)=7\n\n", "H(b)=99\n\n"]
+    assert hard["handoffs"] == [len("a=1\n\n"), len("a=1\n\nb=7+1\n\n")] and hard["relay_fallback"] is None
+    # each SLM stretch billed as written plus one <offload> token per handoff
+    assert hard["slm_out"] == len("a=1\n\n") + len("b=7+1\n\n") + len("c=99-1\n\n\\boxed{98}") + len(HARD)
+    assert easy["llm_calls"] == 0 and easy["output"] == GOLD and easy["handoffs"] == []
+    assert all(r.stop == ["\n\n"] for r in llm.requests)

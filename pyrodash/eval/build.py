@@ -12,7 +12,7 @@ from pathlib import Path
 from pyrodash.backends import load_backend, load_llm, load_slm
 from pyrodash.eval.methods import Env, GlimpRouter, Method, PyroDash, RouteLLM, Solo
 from pyrodash.eval.names import method_name
-from pyrodash.eval.oracle import Oracle
+from pyrodash.eval.oracle import Oracle, RelayOracle
 from pyrodash.eval.routing.routellm_mf import MFRouter, calibrate_alpha, embed_texts, make_labels, train_mf
 from pyrodash.grading import grade_batch
 
@@ -94,6 +94,8 @@ def build_methods(cfg, env: Env, backends: Backends | None = None, load_examples
                 )
         elif kind == "oracle":
             out[kind] = Oracle(kind, model("slm"), model("llm"), env)
+        elif kind == "relay_oracle":  # a handoff before every untaught step, the LLM writing that step
+            out[kind] = RelayOracle(kind, model("slm"), model("llm"), env, int(opt.get("step_max_tokens", 64)))
         elif kind == "glimprouter":
             taus = [float(t) for t in opt.get("taus", [] if opt.get("step_shares") else [0.9])]
             if opt.get("step_shares"):
@@ -105,7 +107,7 @@ def build_methods(cfg, env: Env, backends: Backends | None = None, load_examples
             out.update(build_routellm(opt, env, model("slm"), model("llm"), be, Path(cfg.run_dir), load_examples))
         else:
             raise ValueError(
-                f"unknown method {kind!r}: use slm, slm+sft, llm, oracle, pyrodash, pyrodash_bias, "
+                f"unknown method {kind!r}: use slm, slm+sft, llm, oracle, relay_oracle, pyrodash, pyrodash_bias, "
                 "pyrodash_share, routellm, glimprouter"
             )
     return out

@@ -1,6 +1,6 @@
 """The method-name scheme of evaluation records (`RUN_DIR/records/<method>.jsonl`): parsing and report order.
 
-    slm | slm+sft | oracle | llm | routellm@<α> | glimprouter@<τ> | pyrodash@<λ>
+    slm | slm+sft | oracle | relay_oracle | llm | routellm@<α> | glimprouter@<τ> | pyrodash@<λ>
     pyrodash@<λ>+bias<b> (an offload_bias sweep) | pyrodash@<λ>+share<s> (a handoff_share sweep)
 
     method_name("pyrodash", 0.1, "bias", 2)   # -> "pyrodash@0.1+bias2"
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 
-BASE_ORDER = ("slm", "slm+sft", "oracle", "llm")
+BASE_ORDER = ("slm", "slm+sft", "oracle", "relay_oracle", "llm")
 FAMILY_ORDER = (
     "slm",
     "slm+sft",
@@ -22,12 +22,13 @@ FAMILY_ORDER = (
     "pyrodash",
     "pyrodash-bias",
     "pyrodash-share",
+    "relay_oracle",
     "oracle",
     "llm",
 )
 _NAME_RE = re.compile(r"^(routellm|glimprouter|pyrodash)@([0-9.eE+-]+?)(?:\+(bias|share)([0-9.eE+-]+))?$")
 _SCHEME = (
-    "slm | slm+sft | oracle | llm | routellm@<alpha> | glimprouter@<tau> | pyrodash@<lambda> | "
+    "slm | slm+sft | oracle | relay_oracle | llm | routellm@<alpha> | glimprouter@<tau> | pyrodash@<lambda> | "
     "pyrodash@<lambda>+bias<b> | pyrodash@<lambda>+share<s>"
 )
 
