@@ -211,7 +211,7 @@ def test_compose_file_wires_vllm_replicas_nginx_and_prometheus():
         assert r.returncode == 0, r.stderr
     doc = yaml.safe_load(compose_file.read_text())
     svc = doc["services"]
-    assert set(svc) == {"slm", "pyrodash", "nginx", "prometheus"}
+    assert set(svc) == {"slm", "pyrodash", "redis", "nginx", "prometheus"}
     # the SLM on vLLM, on a GPU, under the model name the CE config asks for
     slm = svc["slm"]
     assert slm["image"].startswith("vllm/vllm-openai:")
@@ -226,6 +226,9 @@ def test_compose_file_wires_vllm_replicas_nginx_and_prometheus():
     assert serve.slm["url"] == f"http://slm:{slm_port}/v1" and serve.slm["model"] == served
     assert serve.host == "0.0.0.0" and str(serve.port) in ce["expose"]
     assert "--llm" in ce["command"] and "OPENAI_API_KEY" in ce["environment"]
+    # the replicas hold one dollar budget through the redis service (docs/budgets.md)
+    assert ce["depends_on"]["redis"]["condition"] == "service_healthy" and "6379" in svc["redis"]["expose"]
+    assert serve.budgets is not None and serve.budgets.redis_url == "redis://redis:6379/0"
     # nginx balances over the CE service's port; Prometheus scrapes each replica on it
     lb = svc["nginx"]
     mounts = {v.split(":")[1]: v.split(":")[0] for v in lb["volumes"]}

@@ -31,6 +31,7 @@ from pathlib import Path
 
 from pyrodash.server.budget.pacer import PacerSpec, PacerState, advance
 from pyrodash.server.budget.reserve import FileLedger, MemoryLedger
+from pyrodash.server.budget.reserve_redis import RedisLedger
 
 log = logging.getLogger("pyrodash.serve")
 HEARTBEAT_S = 5.0  # a replica refreshes its heartbeat this often ...
@@ -147,8 +148,6 @@ class RedisStore:
         self.specs: dict[str, PacerSpec] = {}  # each budget's spec, as last used (to merge its pending dollars)
         self.fallbacks = 0  # times this replica lost Redis
         self.locks: dict[str, asyncio.Lock] = {}
-        from pyrodash.server.budget.reserve_redis import RedisLedger
-
         self.ledger = RedisLedger(self)  # the hard cap's reservations: Lua scripts on the same client
 
     # ------------------------------------------------------------ the public surface
