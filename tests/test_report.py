@@ -250,6 +250,10 @@ def test_sweep_names_parse_sort_and_draw_as_their_own_series():
             "models: copied from the world at /cache/worlds/other",
         ),
         (
+            {"models_from": "/cache/worlds/other", "models_shipped": False, "measurements_from": "/cache/worlds/other"},
+            "(pretrained there in ? s); their measurements copied too (same platform).",
+        ),
+        (
             {"models_from": None, "models_shipped": False, "timings": {"pretrain_wall": 194.9}},
             "models: pretrained by its build (194.9 s)",
         ),

@@ -350,8 +350,8 @@ def test_the_shipped_base_models_are_current_and_load():
 
 def test_a_build_copies_the_shipped_models_and_from_scratch_does_not(tmp_path, monkeypatch, capsys):
     """With an empty cache, a quick build of seed 0 copies the shipped models (world.json and the console say so) and
-    measures them; another seed, or `from_scratch`, finds none to copy; a built world whose models were copied is built
-    again when asked for `from_scratch`."""
+    measures them (or, on their platform, copies their measurements); another seed, or `from_scratch`, finds none to
+    copy; a built world whose models were copied is built again when asked for `from_scratch`."""
     from pyrodash.world import build
     from pyrodash.world.shipped import SHIPPED
 

@@ -441,12 +441,9 @@ def reusable_measurements(donor: Path | None, cfg: WorldConfig, seed: int) -> tu
     if donor is None:
         return None, "no models copied"
     info = read_world_info(donor)
-    if (info.get("config_hash"), info.get("seed"), info.get("build_recipe")) != (
-        cfg.config_hash(),
-        seed,
-        BUILD_RECIPE,
-    ) or any(k not in info for k in MEASUREMENTS):
-        return None, f"the world at {donor} has other splits (config hash {info.get('config_hash')})"
+    key = (info.get("config_hash"), info.get("seed"), info.get("build_recipe"))
+    if key != (cfg.config_hash(), seed, BUILD_RECIPE) or any(k not in info for k in MEASUREMENTS):
+        return None, f"the world at {donor} measured other splits or an older build (config hash, seed, recipe: {key})"
     here, there = build_platform(), measured_on(info)
     if there != here:
         return None, f"they were measured on {_platform_words(there)}, this build runs on {_platform_words(here)}"

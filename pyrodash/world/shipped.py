@@ -24,17 +24,18 @@ def is_shipped(world_dir: str | Path) -> bool:
 
 
 def models_source(info: dict) -> str:
-    """Where a built world's models come from, in words, from its world.json (`models_from`, `models_shipped`, and
-    the pretraining timings, which a copy carries over from where it was trained). Every place that tells a user
-    (the build, `pyrodash world info`, the demo, the report) says it this way."""
+    """Where a built world's models come from, in words, from its world.json (`models_from`, `models_shipped`, the
+    pretraining timings, which a copy carries over from where it was trained, and `measurements_from`). Every place
+    that tells a user (the build, `pyrodash world info`, the demo, the report) says it this way."""
     wall = (info.get("timings") or {}).get("pretrain_wall", "?")
+    measured = "; their measurements copied too (same platform)" if info.get("measurements_from") else ""
     if info.get("models_shipped"):
         return (
             f"the base models that ship with PyroDash, copied from {info['models_from']} (what a from-scratch "
-            f"build of seed {info.get('seed')} trains: {wall} s of pretraining there)"
+            f"build of seed {info.get('seed')} trains: {wall} s of pretraining there){measured}"
         )
     if info.get("models_from"):
-        return f"copied from the world at {info['models_from']} (pretrained there in {wall} s)"
+        return f"copied from the world at {info['models_from']} (pretrained there in {wall} s){measured}"
     return f"pretrained by its build ({wall} s)"
 
 
