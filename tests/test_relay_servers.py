@@ -110,3 +110,48 @@ def test_anthropic_prefill_loses_the_separator_and_falls_back_visibly():
     # the prefill may not end in whitespace: the LLM's continuation starts with the separator, so the step is empty
     assert done.relay_fallback == EMPTY_STEP and done.usage.llm_calls == 2
     assert done.output.replace("\n", "") == GOLD.replace("\n", "")
+
+
+def test_pyrodash_serve_streams_each_segment_tagged_and_says_how_it_relayed():
+    import json
+
+    import httpx
+    from test_server import KEY, UvicornThread, serve_config
+
+    from pyrodash.server.app import build_app
+
+    config = serve_config(operating_points={"pyrodash": 0.0, "relay": {"offload_bias": 0.0, "max_llm_calls": 4}})
+    for llm, fallback in ((ScriptLLM(), None), (ScriptLLM(honours_stop=False), STOP_IGNORED)):
+        engine = CollaborateEngine(ScriptSLM(), llm, PROMPTS, config.load_prices(), max_tokens=200)
+        with UvicornThread(build_app(config, engine=engine)) as srv:
+            auth = {"Authorization": f"Bearer {KEY}"}
+            body = {
+                "model": "relay",
+                "messages": [{"role": "user", "content": "q"}],
+                "max_tokens": 200,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+                "pyrodash": {"sources": True},
+            }
+            r = httpx.post(f"{srv.url}/v1/chat/completions", json=body, headers=auth, timeout=60)
+            chunks = [json.loads(x[6:]) for x in r.text.splitlines() if x.startswith("data: {")]
+            metrics = httpx.get(f"{srv.url}/metrics", headers=auth).text
+            # a request may ask for the single handoff on a relay operating point
+            single = {**body, "stream": False, "pyrodash": {"max_llm_calls": 1}}
+            one = httpx.post(f"{srv.url}/v1/chat/completions", json=single, headers=auth, timeout=60).json()
+        tags, text = [], ""
+        for c in chunks:
+            p = c.get("pyrodash") or {}
+            if c.get("choices") and p.get("source"):
+                if not tags or tags[-1] != p["source"]:
+                    tags.append(p["source"])
+                text += c["choices"][0]["delta"].get("content") or ""
+        info = chunks[-1]["pyrodash"]
+        assert text == GOLD and info["relay_fallback"] == fallback
+        assert one["pyrodash"]["llm_calls"] == 1 and one["pyrodash"]["handoffs"] == [one["pyrodash"]["handoff"]]
+        if fallback is None:
+            assert tags == ["slm", "handoff", "llm", "slm", "handoff", "llm", "slm"]
+            assert info["llm_calls"] == 2 and len(info["handoffs"]) == 2 and info["llm_prior_in"] > 0
+        else:
+            assert tags == ["slm", "handoff", "llm"] and info["llm_calls"] == 1
+            assert f'pyrodash_relay_fallbacks_total{{model="relay",reason="{fallback}"}} 1.0' in metrics
