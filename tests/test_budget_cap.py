@@ -22,6 +22,7 @@ from test_budget_redis import REDIS, RedisServer
 from test_scaling import parse_metrics
 from test_server import UvicornThread, make_engine, serve_config, tiny_llm, tiny_slm
 
+from pyrodash.engine.requests import EngineRequest
 from pyrodash.server.app import build_app
 from pyrodash.server.budget import store as budget_store
 from pyrodash.server.budget.reserve import worst_case
@@ -60,8 +61,8 @@ def worst(models) -> float:
     """The worst case one request reserves (prompt bound x input price per attempt + budget x output price)."""
     slm, llm = models
     config = serve_config(api_key=None)
-    kwargs = {"max_tokens": MAX_TOKENS, "max_total_tokens": MAX_TOKENS}
-    return worst_case(make_engine(slm, llm, config), messages(0), kwargs, "llm").llm
+    call = EngineRequest(messages(0), max_tokens=MAX_TOKENS, max_total_tokens=MAX_TOKENS)
+    return worst_case(make_engine(slm, llm, config), call, "llm").llm
 
 
 @pytest.fixture(scope="module")

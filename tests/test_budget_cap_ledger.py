@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from pyrodash.cost import Prices
-from pyrodash.engine.requests import FailurePolicy
+from pyrodash.engine.requests import EngineRequest, FailurePolicy
 from pyrodash.server.budget.budgets import Budgets
 from pyrodash.server.budget.config import BudgetsConfig
 from pyrodash.server.budget.reserve import MemoryLedger, Ticket, worst_case
@@ -80,16 +80,18 @@ def engine(prices: Prices = SHEET, retries: int = 0, members=None):
 
 def test_the_worst_case_takes_every_attempt_and_the_dearest_endpoint():
     q = [{"role": "user", "content": "x" * 84}]  # 84 bytes + 16 template tokens = 100 prompt tokens at most
-    kw = {"max_tokens": 50, "max_total_tokens": 50}
-    one = worst_case(engine(), q, kw, "llm")
+    kw = EngineRequest(q, max_tokens=50, max_total_tokens=50)
+    one = worst_case(engine(), kw, "llm")
     assert one.llm == pytest.approx((100 + 50) * 10e-6 + 50 * 40e-6) and one.slm == 0.0
-    assert worst_case(engine(retries=2), q, kw, "llm").llm == pytest.approx(3 * 150 * 10e-6 + 50 * 40e-6)
+    assert worst_case(engine(retries=2), kw, "llm").llm == pytest.approx(3 * 150 * 10e-6 + 50 * 40e-6)
     dear = SimpleNamespace(prices=Prices(slm_in=0, slm_out=0, llm_in=30.0, llm_out=90.0))
-    mesh = worst_case(engine(members=[SimpleNamespace(prices=None), dear]), q, kw, "llm")
+    mesh = worst_case(engine(members=[SimpleNamespace(prices=None), dear]), kw, "llm")
     assert mesh.llm == pytest.approx(2 * 150 * 30e-6 + 50 * 90e-6)  # each endpoint may be tried, the dearest price
-    both = worst_case(engine(), q, kw, "all")
+    both = worst_case(engine(), kw, "all")
     assert both.slm == pytest.approx(2 * 150 * 1e-6 + 50 * 2e-6) and both.collab == pytest.approx(one.llm + both.slm)
-    assert worst_case(SimpleNamespace(prices=None), q, kw, "llm") is None
+    assert worst_case(SimpleNamespace(prices=None), kw, "llm") is None
+    relay = worst_case(engine(), EngineRequest(q, max_tokens=50, max_total_tokens=50, max_llm_calls=3), "llm")
+    assert relay.llm == pytest.approx(3 * 150 * 10e-6 + 50 * 40e-6)  # each relay call re-reads the prefix
 
 
 class Clock:
@@ -106,10 +108,10 @@ def budgets_with(cap: float, clock: Clock) -> Budgets:
 
 
 async def admit(budgets: Budgets, eng, i: int):
-    kwargs = {"max_tokens": 50, "max_total_tokens": 50, "handoff_share": 1.0}
-    _, grant = await budgets.pace(
-        SimpleNamespace(headers={}), eng, [{"role": "user", "content": f"q{i:03d}"}], kwargs, "collab"
+    call = EngineRequest(
+        [{"role": "user", "content": f"q{i:03d}"}], max_tokens=50, max_total_tokens=50, handoff_share=1.0
     )
+    _, grant = await budgets.pace(SimpleNamespace(headers={}), eng, call)
     return grant
 
 
@@ -121,7 +123,7 @@ def test_a_period_boundary_in_a_burst_and_a_price_change_keep_each_period_within
     clock = Clock()
     eng = engine()
     worst = worst_case(
-        eng, [{"role": "user", "content": "q000"}], {"max_tokens": 50, "max_total_tokens": 50}, "llm"
+        eng, EngineRequest([{"role": "user", "content": "q000"}], max_tokens=50, max_total_tokens=50), "llm"
     ).llm
     budgets = budgets_with(3 * worst, clock)
 

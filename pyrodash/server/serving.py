@@ -12,7 +12,6 @@ budget (`pyrodash.server.budget`), traced (`pyrodash.server.tracing`), and that 
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 import uuid
@@ -33,17 +32,6 @@ log = logging.getLogger("pyrodash.serve")
 ROUTES = {"chat": "/v1/chat/completions", "text": "/v1/completions"}
 
 
-async def paced(app: FastAPI, request: Request, call: EngineRequest) -> tuple[EngineRequest, budgets.Grant | None]:
-    """The request as its budget paces it (handoff share and offload bias), and the budget's grant; raises
-    `budgets.Refused` at a hard cap. THE ONE PLACE TO CHANGE once `pyrodash.server.budget.budgets.pace` takes the
-    typed request: today it takes and returns the engine's keyword arguments as a dict, built here from `call`
-    and turned back into it here."""
-    kwargs = {k: v for k, v in call.options().items() if k not in ("mode", "explicit_budget")}
-    kwargs, grant = await budgets.pace(app, request, call.question, kwargs, call.mode)
-    changed = {k: v for k, v in kwargs.items() if getattr(call, k) != v}
-    return (dataclasses.replace(call, **changed) if changed else call), grant
-
-
 def error(status: int, message: str, code: str) -> JSONResponse:
     """An OpenAI error response (not raised: the route has counted it already)."""
     return errors.ErrorResponse(protocol.APIError(status, message, code=code).body(), status_code=status)
@@ -62,7 +50,7 @@ class ServingCompletions:
         """The response to one completion request (a 4xx/5xx raised as `protocol.APIError` before the engine runs)."""
         req, call = await self._validated(request)
         try:  # the request's budget sets its operating point (pyrodash.server.budget.budgets); 429 at a hard cap
-            call, grant = await paced(self.app, request, call)
+            call, grant = await budgets.pace(self.app, request, call)
         except budgets.Refused as e:
             return errors.error_response(request, e, e.headers)
         answered_by = call.mode

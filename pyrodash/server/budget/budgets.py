@@ -13,6 +13,7 @@ States: `paced`, `policy` (the policy's own point), `capped` (the worst case did
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import hmac
 import logging
@@ -27,8 +28,9 @@ from pathlib import Path
 from fastapi import FastAPI, Request
 
 from pyrodash.engine import handoff_admitted
+from pyrodash.engine.requests import EngineRequest
 from pyrodash.events import Done
-from pyrodash.server import protocol as P
+from pyrodash.server import protocol
 from pyrodash.server.budget.config import Budget, BudgetsConfig
 from pyrodash.server.budget.pacer import BIAS, Decision, PacerSpec, arrive, finish, spend_rate
 from pyrodash.server.budget.reserve import Ticket, Worst, period_of, worst_case
@@ -38,7 +40,7 @@ from pyrodash.server.metrics import MULTIPROC_ENV
 log = logging.getLogger("pyrodash.serve")
 
 
-class Refused(P.APIError):
+class Refused(protocol.APIError):
     """429 at a budget's hard cap, with the Retry-After header (seconds to the period's end)."""
 
     def __init__(self, message: str, retry_after: int):
@@ -230,19 +232,20 @@ class Budgets:
 
     # ------------------------------------------------------------ the two steps of a request
 
-    async def pace(self, request: Request, engine, prompt, kwargs: dict, mode: str) -> tuple[dict, Grant | None]:
+    async def pace(self, request: Request, engine, call: EngineRequest) -> tuple[EngineRequest, Grant | None]:
+        """The request at the operating point its budget gives it (handoff share, offload bias), with its reservation
+        on the hard cap; raises `Refused` at the cap (`at_cap: refuse`, or one model alone)."""
         budget = self.which(request)
         if budget is None:
-            return kwargs, None
+            return call, None
+        mode = call.mode
         solo = mode != "collab"
-        messages = _messages(engine, prompt)
-        base_share = float(kwargs.get("handoff_share", 1.0))
-        base_bias = float(kwargs.get("offload_bias", 0.0))
+        messages = _messages(engine, call.question)
+        base_share = float(1.0 if call.handoff_share is None else call.handoff_share)
+        base_bias = float(call.offload_bias or 0.0)
         t = self.now()
         spec = self.specs[budget.name]
-        ticket, cap, reason = await self._reserve(
-            budget, spec, t, worst_case(engine, prompt, kwargs, budget.dollars), mode
-        )
+        ticket, cap, reason = await self._reserve(budget, spec, t, worst_case(engine, call, budget.dollars), mode)
 
         def step(st, spec):
             d = arrive(st, spec, t, lambda share: handoff_admitted(messages, share), base_share, base_bias, solo, cap)
@@ -266,14 +269,12 @@ class Budgets:
                 f"{budget.period} ({reason}); it resets in {left} s.",
                 left,
             )
-        if d.handoff_share is not None:
-            kwargs = {**kwargs, "handoff_share": d.handoff_share}
-        if d.offload_bias is not None:
-            kwargs = {**kwargs, "offload_bias": d.offload_bias}
-        info = self._info(budget, d, st, spec, view, kwargs, left)
+        moved = {k: v for k in ("handoff_share", "offload_bias") if (v := getattr(d, k)) is not None}
+        call = dataclasses.replace(call, **moved) if moved else call
+        info = self._info(budget, d, st, spec, view, call, left)
         info["reserved_usd"] = ticket.usd if ticket is not None else 0.0
         info["reason"] = reason
-        return kwargs, Grant(budget, d, info, ticket)
+        return call, Grant(budget, d, info, ticket)
 
     async def _reserve(
         self, budget: Budget, spec: PacerSpec, t: float, worst: Worst | None, mode: str
@@ -325,15 +326,17 @@ class Budgets:
             if d.offload_bias is not None:
                 self.metrics.knob.labels(budget.name, "offload_bias").set(d.offload_bias)
 
-    def _info(self, budget: Budget, d: Decision, st, spec: PacerSpec, view: dict, kwargs: dict, left: int) -> dict:
+    def _info(
+        self, budget: Budget, d: Decision, st, spec: PacerSpec, view: dict, call: EngineRequest, left: int
+    ) -> dict:
         """The response's `pyrodash.budget`."""
         return {
             "name": budget.name,
             "dollars": budget.dollars,
             "state": d.state,
             "spend_fraction": round(d.level, 4) if d.paced else None,
-            "handoff_share": kwargs.get("handoff_share") if d.paced else None,
-            "offload_bias": kwargs.get("offload_bias") if d.paced else None,
+            "handoff_share": call.handoff_share if d.paced else None,
+            "offload_bias": call.offload_bias if d.paced else None,
             "admitted": d.admitted,
             "target_usd_per_hour": spec.rate * 3600.0,
             "spend_usd_per_hour": spend_rate(st, spec) * 3600.0,
@@ -480,12 +483,12 @@ def install(app: FastAPI, dependencies: list) -> None:
         return await budgets.state(budgets.key_budget(request))
 
 
-async def pace(app: FastAPI, request: Request, prompt, kwargs: dict, mode: str) -> tuple[dict, Grant | None]:
-    """Hook 1 (before the engine call): the operating point this request gets from its budget, or a 429."""
+async def pace(app: FastAPI, request: Request, call: EngineRequest) -> tuple[EngineRequest, Grant | None]:
+    """Hook 1 (before the engine call): the request at the operating point its budget gives it, or a 429."""
     budgets: Budgets | None = getattr(app.state, "budgets", None)
     if budgets is None:
-        return kwargs, None
-    return await budgets.pace(request, app.state.engine, prompt, kwargs, mode)
+        return call, None
+    return await budgets.pace(request, app.state.engine, call)
 
 
 class _Metered:
@@ -532,12 +535,12 @@ def metered(app: FastAPI, engine, grant: Grant | None):
     return _Metered(engine, app.state.budgets, grant)
 
 
-def with_budget(info_of: Callable[[Done], P.PyroDashInfo], grant: Grant | None):
+def with_budget(info_of: Callable[[Done], protocol.PyroDashInfo], grant: Grant | None):
     """The response's `pyrodash` object with `budget`: the budget drawn on and the operating point given."""
     if grant is None:
         return info_of
 
-    def info(done: Done) -> P.PyroDashInfo:
+    def info(done: Done) -> protocol.PyroDashInfo:
         out = info_of(done)
         out.budget = grant.info
         return out

@@ -17,6 +17,8 @@ import threading
 import time
 from dataclasses import dataclass
 
+from pyrodash.engine.requests import EngineRequest
+
 MSG_OVERHEAD = 16  # chat-template tokens around one message (role markers, separators), counted generously
 
 
@@ -67,23 +69,25 @@ def _llm_prices(engine) -> tuple[float, float, int]:
     return p_in / 1e6, max(s.llm_out for s in sheets) / 1e6, len(members)
 
 
-def worst_case(engine, prompt, kwargs: dict, dollars: str) -> Worst | None:
-    """A request's worst-case dollars, from its prompt, its token budget and the prices (None: the engine has no
-    price sheet, nothing to bound). Every LLM attempt (1 + retries, on each endpoint of a mesh) is billed the prompt
-    plus the whole budget as input; the output over all attempts is at most the budget (a retry continues)."""
+def worst_case(engine, call: EngineRequest, dollars: str) -> Worst | None:
+    """A request's worst-case dollars, from its prompt, its token budget, its LLM calls and the prices (None: the engine
+    has no price sheet, nothing to bound). Every LLM call (several in relay mode, `max_llm_calls`) and every attempt of
+    it (1 + retries, on each endpoint of a mesh) is billed the prompt plus the whole budget as input; the output over
+    all of them is at most the budget (a retry continues, a relay call writes part of the same answer)."""
     if getattr(engine, "prices", None) is None:
         return None
-    per_model = int(kwargs.get("max_tokens") or 0)
-    total = int(kwargs.get("max_total_tokens") or per_model)
+    per_model = int(call.max_tokens or 0)
+    total = int(call.max_total_tokens or per_model)
     out = min(per_model or total, total)
-    prompt_tokens = _prompt_tokens(engine, prompt)
+    prompt_tokens = _prompt_tokens(engine, call.question)
     p_in, p_out, endpoints = _llm_prices(engine)
     retries = getattr(getattr(engine, "failure", None), "retries", 0)
-    llm = (1 + retries) * endpoints * (prompt_tokens + total) * p_in + out * p_out
+    calls = max(1, int(call.max_llm_calls or getattr(engine, "max_llm_calls", 1) or 1))
+    llm = calls * (1 + retries) * endpoints * (prompt_tokens + total) * p_in + out * p_out
     slm = 0.0
-    if dollars == "all":  # the SLM's first pass and its resume after a failed LLM
+    if dollars == "all":  # the SLM's first pass and its resume after each LLM call (or a failed one)
         sheet = engine.prices
-        slm = 2 * (prompt_tokens + total) * sheet.slm_in / 1e6 + total * sheet.slm_out / 1e6
+        slm = (1 + calls) * (prompt_tokens + total) * sheet.slm_in / 1e6 + total * sheet.slm_out / 1e6
     return Worst(collab=llm + slm, llm=llm, slm=slm)
 
 
