@@ -4,16 +4,25 @@ request's own rule wins over the engine's (or the operating point's); within the
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import pytest
 from test_server import KEY, PRICES, UvicornThread, make_engine, serve_config, tiny_llm, tiny_slm
 
+from pyrodash.cost import Usage
 from pyrodash.engine import CollaborateEngine
+from pyrodash.engine.calibrate import calibrate_range, within_range
 from pyrodash.engine.range_rule import RangeRule
+from pyrodash.events import Done
 from pyrodash.prompts import get_prompts
 from pyrodash.record import Record
+from pyrodash.report.turns import gold_history_turns, per_turn, range_section
 from pyrodash.server.app import build_app
 from pyrodash.server.config import OperatingPoint
+from pyrodash.world.config import WorldConfig
+from pyrodash.world.multiturn import LONG_SPLITS, ensure_long_split, make_multiturn_split
+from pyrodash.world.task import make_known, make_table
 
 PROMPTS = get_prompts("world-v1")
 CHAT2 = [
@@ -35,7 +44,8 @@ def _engine(models, **kw) -> CollaborateEngine:
 def test_rule_values_are_checked():
     assert not RangeRule().active and RangeRule.of(None) == RangeRule()
     assert RangeRule.of({"max_turns": 3}) == RangeRule(max_turns=3)
-    for bad in ({"max_turns": 0}, {"max_turns": 2.5}, {"max_turns": True}, {"turns": 3}, 3):
+    assert RangeRule(max_turns=0).reason(1, lambda: None) == "turns"  # 0: no turn is the SLM's
+    for bad in ({"max_turns": -1}, {"max_context_tokens": 0}, {"max_turns": 2.5}, {"max_turns": True}, {"turns": 3}, 3):
         with pytest.raises(ValueError, match="range rule"):
             RangeRule.of(bad)
     assert RangeRule(max_turns=3).reason(3, lambda: None) is None
@@ -94,9 +104,96 @@ def test_served_chat_past_the_range_says_so_and_counts_it(tmp_path_factory):
         assert first["pyrodash"]["routed"] is None and first["pyrodash"]["answered_by"] == "collab"
         body = {"model": "ranged", "messages": CHAT2, "pyrodash": {"range_rule": {}}}
         assert httpx.post(url, json=body, headers=auth, timeout=60).json()["pyrodash"]["routed"] is None
-        bad = httpx.post(url, json={**body, "pyrodash": {"range_rule": {"max_turns": 0}}}, headers=auth)
+        bad = httpx.post(url, json={**body, "pyrodash": {"range_rule": {"max_turns": -1}}}, headers=auth)
         assert bad.status_code == 400 and "range_rule" in bad.json()["error"]["param"]
         card = httpx.get(f"{srv.url}/v1/models/ranged", headers=auth).json()
         assert card["range_rule"] == {"max_turns": 1, "max_context_tokens": None}
         metrics = httpx.get(f"{srv.url}/metrics", headers=auth).text
         assert 'pyrodash_range_routed_total{model="ranged"} 1.0' in metrics
+
+
+# ---------------------------------------------------------------- calibration, the long split, the report
+
+
+def _done(cost: float, ok: bool, slm_in: int = 0) -> Done:
+    return Done(f"\\boxed{{{1 if ok else 0}}}", "", "", Usage(slm_in=slm_in), cost, "stop", None)
+
+
+class _Engine:
+    """An engine double: per turn, whether the policy / the LLM is right and what each costs."""
+
+    def __init__(self, policy: dict, llm: dict):
+        self.table, self.modes = {"collab": policy, "llm": llm}, []
+
+    def batch(self, chats, mode="collab", options=None, **kw):
+        self.modes.append((mode, options))
+        return [_done(*self.table[mode][sum(m["role"] == "user" for m in c)], slm_in=10 * len(c)) for c in chats]
+
+
+def test_calibration_keeps_turns_until_the_policy_stops_beating_the_llm():
+    chats = [[{"role": "user", "content": "q"}] * t for t in (1, 2, 3, 4) for _ in range(2)]
+    turns = [t for t in (1, 2, 3, 4) for _ in range(2)]
+    engine = _Engine({1: (0.1, True), 2: (0.1, True), 3: (0.1, False), 4: (0.1, True)}, {t: (1.0, True) for t in turns})
+    grade = lambda outs, golds: ["{1}" in o for o in outs]  # noqa: E731
+    cal = calibrate_range(engine, chats, ["1"] * len(chats), turns, grade)
+    assert cal.max_turns == 2 and [r["within"] for r in cal.by_turn] == [True, True, False, True]
+    assert cal.by_turn[0]["slm_prompt_tokens"] == {"mean": 10, "min": 10, "max": 10}
+    assert engine.modes[0][1][0]["range_rule"] == RangeRule()  # the policy is measured with the rule off
+    every = calibrate_range(_Engine({t: (0.1, True) for t in turns}, {t: (1.0, True) for t in turns}), chats,
+                            ["1"] * len(chats), turns, grade)  # fmt: skip
+    assert every.max_turns is None and every.rule == {"max_turns": None, "max_context_tokens": None}
+
+
+def test_within_range_needs_accuracy_and_accuracy_per_dollar():
+    row = {"policy_acc": 0.95, "llm_acc": 1.0, "policy_cost_usd": 0.4, "llm_cost_usd": 1.0}
+    assert within_range(row, 0.9) and not within_range(row, 0.99)
+    assert not within_range({**row, "policy_cost_usd": 1.2}, 0.9)  # as right, dearer per right answer
+    assert within_range({**row, "policy_acc": 0.0, "llm_acc": 0.0}, 0.9)  # nobody right: nothing lost to the SLM
+    assert not within_range({**row, "policy_acc": 0.0, "llm_acc": 0.1, "policy_cost_usd": 0.0}, 0.0)
+
+
+def test_long_split_is_made_once_deterministically_and_shares_no_opener(tmp_path):
+    world = tmp_path / "w"
+    (world / "data").mkdir(parents=True)
+    cfg = WorldConfig.from_preset("quick")
+    (world / "world.json").write_text(json.dumps({"config": cfg.to_dict(), "seed": 0}))
+    built = make_multiturn_split(0, 5, 3, [1, 2], [1, 2], make_table(0), make_known(cfg.known_frac))
+    (world / "data" / "multiturn.jsonl").write_text("".join(json.dumps(e.to_dict()) + "\n" for e in built))
+    assert ensure_long_split(world, "multiturn") is None
+    path = ensure_long_split(world, "multiturn6_val")
+    test = (world / "data" / "multiturn6.jsonl").read_text()
+    val = path.read_text()
+    exs = [json.loads(x) for x in test.splitlines()]
+    n, turns = LONG_SPLITS["multiturn6"]
+    assert len(exs) == n * turns and {e["meta"]["turn"] for e in exs} == set(range(1, turns + 1))
+    openers = lambda text: {json.loads(x)["question"] for x in text.splitlines() if '"turn": 1,' in x}  # noqa: E731
+    assert not openers(test) & openers(val) and not openers(test) & {e.question for e in built}
+    (world / "data" / "multiturn6.jsonl").unlink()
+    (world / "data" / "multiturn6_val.jsonl").unlink()
+    ensure_long_split(world, "multiturn6")  # the same files again, whichever is asked first
+    assert (world / "data" / "multiturn6.jsonl").read_text() == test and path.read_text() == val
+
+
+def test_report_section_draws_the_calibration_and_long_splits_stay_out_of_per_turn(tmp_path):
+    rows = [
+        {"turn": t, "n": 2, "policy_acc": a, "llm_acc": 1.0, "policy_cost_usd": 0.1, "llm_cost_usd": 1.0,
+         "policy_handoff_rate": 0.5, "slm_prompt_tokens": {"mean": 10 * t, "min": 9, "max": 11}, "within": t < 3}
+        for t, a in ((1, 1.0), (2, 1.0), (3, 0.0))
+    ]  # fmt: skip
+    assert range_section(tmp_path) == []
+    (tmp_path / "range_calibration.json").write_text(json.dumps({"max_turns": 2, "min_ratio": 0.9, "by_turn": rows}))
+    md = "\n".join(range_section(tmp_path))
+    assert "max_turns = 2" in md and "![Range rule](range.png)" in md and (tmp_path / "range.png").stat().st_size
+    rec = {"correct": True, "llm_calls": 1, "handoff": None, "slm_in": 0, "slm_out": 0, "llm_in": 5, "llm_out": 5}
+    runs = {
+        "pyrodash@0.6": [
+            {**rec, "benchmark": "world:multiturn", "meta": {"turn": 1}},
+            {**rec, "benchmark": "world:multiturn6", "meta": {"turn": 4}, "routed": "range"},
+        ]
+    }
+    assert set(gold_history_turns(runs, PRICES)["pyrodash@0.6"]) == {1}  # summary.json["per_turn"] as before
+    six = per_turn(runs, PRICES, {"world:multiturn6"})["pyrodash@0.6"][4]
+    assert (
+        six["range_routed"] == 1.0
+        and "range_routed" not in per_turn(runs, PRICES, {"world:multiturn"})["pyrodash@0.6"][1]
+    )

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from pyrodash.eval.build import SWEEPS, method_specs, sweep_lambda
 from pyrodash.eval.harness import EvalConfig, evaluate
+from pyrodash.eval.long import long_conversations
 from pyrodash.jobs.library_log import library_log
 from pyrodash.jobs.scheduler import Job, default_workers, run_jobs
 from pyrodash.report.console import print_table2, print_turns
@@ -244,6 +245,8 @@ def run_demo(
     t0 = time.perf_counter()
     step.times.update(run_jobs(jobs, workers, out / "jobs", console=console))
     evaluate(cfg, quiet=True)  # every record is there: writes the run's whole eval config (config.resolved.json)
+    # the range rule, calibrated for the λ 0.6 policy, on six-turn conversations (docs/conversations.md)
+    step("long conversations", lambda: long_conversations(cfg, 0.6 if 0.6 in lambdas else lambdas[0]))
     step.times["training + evaluation (wall)"] = round(time.perf_counter() - t0, 1)
     path = step("report", lambda: write_report(out))
     (out / "demo_times.json").write_text(json.dumps(step.times, indent=2) + "\n")

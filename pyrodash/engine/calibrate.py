@@ -16,6 +16,8 @@ from __future__ import annotations
 import asyncio
 from dataclasses import asdict, dataclass, field
 
+from pyrodash.engine.range_rule import RangeRule
+
 
 @dataclass
 class Calibration:
@@ -122,3 +124,77 @@ async def acalibrate_offload_bias(
 def calibrate_offload_bias(engine, questions: list, **kw) -> Calibration:
     """Blocking `acalibrate_offload_bias` (see the module docstring)."""
     return asyncio.run(acalibrate_offload_bias(engine, questions, **kw))
+
+
+# ---- the range rule: the last turn the policy keeps, measured on validation conversations -------------------------
+@dataclass
+class RangeCalibration:
+    """Per turn of the validation conversations (gold history): accuracy and mean $ of the policy (rule off) and of
+    the LLM alone, the SLM prompt's tokens; `max_turns`: the last turn up to which every turn is within range."""
+
+    max_turns: int | None  # None: every turn measured is within range (no limit found)
+    min_ratio: float  # a turn is within range when the policy reaches this share of the LLM's accuracy ...
+    by_turn: list[dict]  # ... and at least the LLM's accuracy per dollar: {turn, n, policy_acc, llm_acc, ...}
+    questions: int
+
+    @property
+    def rule(self) -> dict:
+        return {"max_turns": self.max_turns, "max_context_tokens": None}
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "range_rule": self.rule}
+
+
+def within_range(row: dict, min_ratio: float) -> bool:
+    """Whether the policy keeps a turn: at least `min_ratio` of the LLM's accuracy, and at least the LLM's accuracy
+    per dollar (a free policy beats any LLM per dollar; a policy right nowhere beats none)."""
+    pa, la, pc, lc = row["policy_acc"], row["llm_acc"], row["policy_cost_usd"], row["llm_cost_usd"]
+    per_dollar = pa * lc >= la * pc  # pa / pc >= la / lc without dividing by a zero cost
+    return pa >= min_ratio * la and per_dollar and (pa > 0 or la == 0)
+
+
+def range_by_turn(turns: list[int], policy: list, llm: list, ok_policy: list[bool], ok_llm: list[bool]) -> list[dict]:
+    """Per turn: n, accuracy and mean $ of the policy and of the LLM (their `Done`s), the policy's handoff rate and
+    its SLM prompt tokens (mean, min, max: the prompt each turn puts to the SLM under P_s)."""
+    rows = []
+    for t in sorted(set(turns)):
+        ix = [i for i, x in enumerate(turns) if x == t]
+        toks = [policy[i].usage.slm_in for i in ix]
+        rows.append(
+            {
+                "turn": t,
+                "n": len(ix),
+                "policy_acc": sum(ok_policy[i] for i in ix) / len(ix),
+                "llm_acc": sum(ok_llm[i] for i in ix) / len(ix),
+                "policy_cost_usd": sum(policy[i].cost_usd for i in ix) / len(ix),
+                "llm_cost_usd": sum(llm[i].cost_usd for i in ix) / len(ix),
+                "policy_handoff_rate": sum(policy[i].handoff is not None for i in ix) / len(ix),
+                "slm_prompt_tokens": {"mean": sum(toks) / len(toks), "min": min(toks), "max": max(toks)},
+            }
+        )
+    return rows
+
+
+def calibrate_range(engine, chats: list, golds: list, turns: list[int], grade, min_ratio: float = 0.9, **kw):
+    """The range rule's `max_turns` from validation conversations (`chats`: each turn's messages after the gold
+    history; `grade(outputs, golds)` -> bools): the policy (collab, rule off) and the LLM alone answer every turn;
+    the last turn t such that every turn <= t is `within_range`. `kw`: `engine.batch` options (batch_size, ...)."""
+    if not chats or not (len(chats) == len(golds) == len(turns)):
+        raise ValueError("range calibration needs one gold and one turn number per conversation turn")
+    if not 0.0 <= min_ratio <= 1.0:
+        raise ValueError(f"min_ratio={min_ratio} must be in [0, 1]")
+    off = [{"range_rule": RangeRule()}] * len(chats)
+    policy = engine.batch(chats, mode="collab", options=off, **kw)
+    llm = engine.batch(chats, mode="llm", **kw)
+    rows = range_by_turn(
+        turns, policy, llm, grade([d.output for d in policy], golds), grade([d.output for d in llm], golds)
+    )
+    last = None
+    for row in rows:
+        row["within"] = within_range(row, min_ratio)
+    for row in rows:
+        if not row["within"]:
+            break
+        last = row["turn"]
+    limit = None if all(r["within"] for r in rows) else (last or 0)
+    return RangeCalibration(max_turns=limit, min_ratio=min_ratio, by_turn=rows, questions=len(chats))

@@ -20,14 +20,14 @@ ROUTED = "range"  # the `routed` value of a turn the rule gave to the LLM
 class RangeRule:
     """The SLM's range; a field left None does not limit. Both None: the rule is off."""
 
-    max_turns: int | None = None  # the last user turn the SLM may take (turn max_turns + 1 on: the LLM)
+    max_turns: int | None = None  # the last user turn the SLM may take (turn max_turns + 1 on: the LLM; 0: all)
     max_context_tokens: int | None = None  # the most tokens the SLM's prompt (P_s + conversation) may hold
 
     def __post_init__(self) -> None:
-        for name in ("max_turns", "max_context_tokens"):
+        for name, least in (("max_turns", 0), ("max_context_tokens", 1)):
             v = getattr(self, name)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
-                raise ValueError(f"range rule {name}={v!r} must be a positive integer (or null: no limit)")
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < least):
+                raise ValueError(f"range rule {name}={v!r} must be an integer >= {least} (or null: no limit)")
 
     @property
     def active(self) -> bool:

@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 from pyrodash.backends import load_backend, load_llm, load_slm
+from pyrodash.engine.range_rule import RangeRule
 from pyrodash.eval.methods import Env, GlimpRouter, Method, PyroDash, RouteLLM, Solo
 from pyrodash.eval.names import method_name
 from pyrodash.eval.oracle import Oracle, RelayOracle
@@ -69,6 +70,7 @@ def build_methods(cfg, env: Env, backends: Backends | None = None, load_examples
         return be.get(models[key], llm=key == "llm", mode=getattr(cfg, "llm_mode", None) if key == "llm" else None)
 
     lam_specs = {float(k): v for k, v in (models.get("pyrodash") or {}).items()}
+    rule = RangeRule.of(getattr(cfg, "range_rule", None))  # the SLM's range, for every PyroDash method
     out: dict[str, Method] = {}
     for kind, opt in method_specs(cfg.methods):
         if kind in ("slm", "llm"):
@@ -81,7 +83,7 @@ def build_methods(cfg, env: Env, backends: Backends | None = None, load_examples
                 if float(lam) not in lam_specs:
                     raise ValueError(f"pyrodash λ={lam} has no checkpoint: add it under models.pyrodash")
                 name = method_name("pyrodash", lam)
-                out[name] = PyroDash(name, be.get(lam_specs[float(lam)], offload=True), model("llm"), env)
+                out[name] = PyroDash(name, be.get(lam_specs[float(lam)], offload=True), model("llm"), env, rule=rule)
         elif kind in SWEEPS:  # one λ policy across offload_bias or handoff_share values
             lam = sweep_lambda(opt, lam_specs)
             if lam not in lam_specs:
@@ -90,7 +92,7 @@ def build_methods(cfg, env: Env, backends: Backends | None = None, load_examples
             for v in opt.get(key, []):
                 name = method_name("pyrodash", lam, suffix, v)
                 out[name] = PyroDash(
-                    name, be.get(lam_specs[lam], offload=True), model("llm"), env, **{field_: float(v)}
+                    name, be.get(lam_specs[lam], offload=True), model("llm"), env, rule=rule, **{field_: float(v)}
                 )
         elif kind == "oracle":
             out[kind] = Oracle(kind, model("slm"), model("llm"), env)

@@ -25,10 +25,12 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from pyrodash.cost import Prices
 from pyrodash.data.benchmarks import SELF_SUFFIX, load_benchmark, own_history_benchmark
 from pyrodash.data.example import Example
+from pyrodash.engine.range_rule import RangeRule
 from pyrodash.eval.build import build_methods
 from pyrodash.eval.methods import Env, timed
 from pyrodash.grading import grade_batch
 from pyrodash.prompts import get_prompts
+from pyrodash.world.multiturn import ensure_long_split
 
 
 @dataclass
@@ -53,6 +55,9 @@ class EvalConfig:
     max_tokens: int = 256
     batch_size: int = 16
     concurrency: int = 8
+    # the SLM's range for the PyroDash methods: {max_turns, max_context_tokens}, past it the LLM alone (`routed:
+    # "range"` in the record); None: off. `pyrodash calibrate --range` measures it (docs/conversations.md).
+    range_rule: dict | None = None
 
     def __post_init__(self) -> None:
         for name in ("benchmarks", "methods"):  # `benchmarks: gsm8k` is a one-item list, not the letters g, s, m ...
@@ -96,6 +101,10 @@ class EvalConfig:
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0:
                 raise ValueError(f"eval config: {name}={v!r} must be a non-negative number")
+        try:
+            RangeRule.of(self.range_rule)
+        except ValueError as e:
+            raise ValueError(f"eval config: {e}") from None
         if not self.benchmarks:
             raise ValueError("eval config: benchmarks must list at least one benchmark (e.g. world:test)")
         for b, k in self.samples.items():
@@ -240,7 +249,7 @@ def append_records(path: Path, records: list[dict]) -> None:
 # --- the run ------------------------------------------------------------------------------------------------------
 
 
-RECORD_KEYS = ("prompts", "max_tokens", "samples", "sample_temperature", "sample_top_p")
+RECORD_KEYS = ("prompts", "max_tokens", "samples", "sample_temperature", "sample_top_p", "range_rule")
 
 
 def check_compatible(run_dir: Path, cfg: EvalConfig) -> None:
@@ -259,7 +268,8 @@ def check_compatible(run_dir: Path, cfg: EvalConfig) -> None:
     if not isinstance(old, dict):
         raise ValueError(f"{old_path} must hold a JSON object; restore it or delete it")
     new = json.loads(json.dumps(asdict(cfg), default=str))
-    diff = [k for k in RECORD_KEYS if k in old and old[k] != new[k]]
+    # (a run evaluated without a range rule first, as the demo's main step is, may add one later: long_conversations)
+    diff = [k for k in RECORD_KEYS if k in old and old[k] != new[k] and not (k == "range_rule" and new[k] is None)]
     om, nm = old.get("models") or {}, new.get("models") or {}
     diff += [f"models.{k}" for k in ("slm", "llm", "sft") if k in om and k in nm and om[k] != nm[k]]
     op, np_ = om.get("pyrodash") or {}, nm.get("pyrodash") or {}
@@ -274,6 +284,8 @@ def check_compatible(run_dir: Path, cfg: EvalConfig) -> None:
 def load_examples(cfg: EvalConfig, name: str, limit: int | None = None) -> list[Example]:
     base = name[: -len(SELF_SUFFIX)] if own_history_benchmark(name) else name
     path = cfg.world_dir if name.startswith("world:") else cfg.benchmark_paths.get(name, cfg.benchmark_paths.get(base))
+    if name.startswith("world:") and path is not None:
+        ensure_long_split(path, base.split(":", 1)[1])  # a long conversation split: made on first use
     return load_benchmark(name, path=path, limit=limit)
 
 

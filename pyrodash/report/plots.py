@@ -97,3 +97,39 @@ def pareto_png(ms: dict[str, Metrics], path: str | Path) -> Path:
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def range_png(calibration: dict, path: str | Path) -> Path:
+    """The range rule's calibration (`pyrodash calibrate --range`): accuracy (top) and mean $ (bottom) per turn of the
+    validation conversations, policy vs LLM alone, x = turn (the SLM prompt's mean tokens under it), the calibrated
+    max_turns marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = calibration["by_turn"]
+    xs = [r["turn"] for r in rows]
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 5.5), sharex=True)
+    for key, label, (color, marker) in (
+        ("policy", "PyroDash (rule off)", STYLE["pyrodash"]),
+        ("llm", "LLM", STYLE["llm"]),
+    ):
+        top.plot(xs, [100 * r[f"{key}_acc"] for r in rows], marker=marker, color=color, label=label)
+        bottom.plot(xs, [r[f"{key}_cost_usd"] for r in rows], marker=marker, color=color, label=label)
+    limit = calibration.get("max_turns")
+    for ax in (top, bottom):
+        if limit is not None:
+            ax.axvline(limit + 0.5, color="tab:blue", linestyle="--", label=f"range: max_turns={limit}")
+        ax.grid(alpha=0.3)
+    top.set_ylabel("accuracy (%)")
+    bottom.set_ylabel("$ per turn")
+    bottom.set_xticks(xs, [f"{r['turn']}\n~{r['slm_prompt_tokens']['mean']:.0f} tok" for r in rows])
+    bottom.set_xlabel("turn (SLM prompt tokens, mean)")
+    top.set_title("Past the SLM's range the LLM answers: accuracy and cost by context length")
+    top.legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

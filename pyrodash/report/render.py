@@ -31,7 +31,13 @@ from pyrodash.report.tables import (
     table4,
     verdict_sentence,
 )
-from pyrodash.report.turns import conversation_sections, gold_history_turns, per_turn_by_benchmark, turn_pareto
+from pyrodash.report.turns import (
+    conversation_sections,
+    gold_history_turns,
+    per_turn_by_benchmark,
+    range_section,
+    turn_pareto,
+)
 from pyrodash.world.shipped import models_source
 
 
@@ -205,7 +211,7 @@ def render(run_dir: str | Path, prices: Prices | None = None) -> tuple[str, dict
     out += ["", "## Pareto verdict", "", verdict_sentence(ms), ""] + pareto_verdict(ms) + ["", "![Pareto](pareto.png)"]
     out += ["", "## Distance to the oracle single handoff", ""] + oracle_distance(ms)
     out += ["", "## Baselines as run", ""] + baseline_notes(run_dir, runs)
-    out += ["", "## Conversations: per turn", ""] + conversation_sections(all_runs, prices)
+    out += ["", "## Conversations: per turn", ""] + conversation_sections(all_runs, prices) + range_section(run_dir)
     out += [""] + _mesh_section(all_runs, prices) + [""] + _trigger_section(runs, ms)
     out += [""] + _case_studies_section(runs) + [""] + _repricing_section(ms, own, prices)
     return "\n".join(out) + "\n", {**_summary(ms, all_runs, prices, duplicates), "platform": platform}, ms

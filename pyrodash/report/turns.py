@@ -1,13 +1,21 @@
 """Conversations per turn: per-turn metrics of each conversation benchmark (gold history `world:multiturn`, own
-history `world:multiturn-self`), the per-turn Pareto verdict with the oracle distance, and their markdown."""
+history `world:multiturn-self`), the per-turn Pareto verdict with the oracle distance, and their markdown; the range
+rule's calibration (`range_calibration.json` of `pyrodash calibrate --range`) as a table and `range.png`."""
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 from pyrodash.cost import Prices
 from pyrodash.data.benchmarks import own_history_benchmark
 from pyrodash.eval.names import parse_method
 from pyrodash.report.markdown import md_table, norm, pct
 from pyrodash.report.metrics import record_cost
+from pyrodash.report.plots import range_png
+from pyrodash.world.multiturn import LONG_SPLITS
+
+LONG_BENCHMARKS = {f"world:{s}" for s in LONG_SPLITS}  # six-turn splits: their own tables, not `per_turn`
 
 
 def conversation_benchmarks(runs: dict[str, list[dict]]) -> list[str]:
@@ -40,13 +48,17 @@ def per_turn(runs: dict[str, list[dict]], prices: Prices, benchmarks=None) -> di
                 }
                 for t, rs in sorted(by.items())
             }
+            if any(r.get("routed") for rs in by.values() for r in rs):  # the range rule: each turn's share routed
+                for t, rs in by.items():
+                    out[name][t]["range_routed"] = sum(r.get("routed") == "range" for r in rs) / len(rs)
     return out
 
 
 def gold_history_turns(runs: dict[str, list[dict]], prices: Prices) -> dict[str, dict[int, dict]]:
     """`per_turn` over the gold-history conversation benchmarks only (`summary.json["per_turn"]`, as before
     own-history benchmarks existed)."""
-    return per_turn(runs, prices, {b for b in conversation_benchmarks(runs) if not own_history_benchmark(b)})
+    gold = {b for b in conversation_benchmarks(runs) if not own_history_benchmark(b) and b not in LONG_BENCHMARKS}
+    return per_turn(runs, prices, gold)
 
 
 def per_turn_by_benchmark(runs: dict[str, list[dict]], prices: Prices) -> dict[str, dict[str, dict[int, dict]]]:
@@ -110,6 +122,7 @@ def turn_table(runs: dict[str, list[dict]], prices: Prices, benchmark: str | Non
     pt = normalized(gold_history_turns(runs, prices) if benchmark is None else per_turn(runs, prices, {benchmark}))
     if not pt:
         return ["(no conversation turns in this run: add the world's `world:multiturn` split to the benchmarks)"]
+    ranged = any("range_routed" in v for turns in pt.values() for v in turns.values())  # (a column only then)
     rows = [
         [
             name,
@@ -121,12 +134,12 @@ def turn_table(runs: dict[str, list[dict]], prices: Prices, benchmark: str | Non
             f"{v['cost_usd']:.8f}",
             norm(v.get("cost_normalized")),
         ]
+        + ([pct(v.get("range_routed", 0.0))] if ranged else [])
         for name, turns in pt.items()
         for t, v in turns.items()
     ]
-    return md_table(
-        ["Method", "turn", "n", "accuracy", "LLM calls / ex.", "handoffs", "$ / ex.", "Cost / LLM-only"], rows
-    )
+    head = ["Method", "turn", "n", "accuracy", "LLM calls / ex.", "handoffs", "$ / ex.", "Cost / LLM-only"]
+    return md_table(head + (["routed by range rule"] if ranged else []), rows)
 
 
 def turn_verdict(pareto: dict[int, dict]) -> list[str]:
@@ -193,3 +206,39 @@ def conversation_sections(runs: dict[str, list[dict]], prices: Prices) -> list[s
             + [""]
         )
     return out[:-1]
+
+
+def range_section(run_dir: str | Path) -> list[str]:
+    """The range rule's calibration of a run (`range_calibration.json`, `pyrodash calibrate --range --out`): the
+    per-turn table and `range.png` (drawn here); nothing when the run has none."""
+    path = Path(run_dir) / "range_calibration.json"
+    if not path.is_file():
+        return []
+    cal = json.loads(path.read_text())
+    range_png(cal, Path(run_dir) / "range.png")
+    rows = [
+        [
+            r["turn"],
+            r["n"],
+            f"{r['slm_prompt_tokens']['mean']:.0f} ({r['slm_prompt_tokens']['min']}-{r['slm_prompt_tokens']['max']})",
+            pct(r["policy_acc"]),
+            f"{r['policy_cost_usd']:.8f}",
+            pct(r["llm_acc"]),
+            f"{r['llm_cost_usd']:.8f}",
+            "yes" if r["within"] else "no",
+        ]
+        for r in cal["by_turn"]
+    ]
+    head = ["turn", "n", "SLM prompt tokens", "policy acc.", "policy $", "LLM acc.", "LLM $", "within range"]
+    return [
+        "",
+        f"### The range rule: `{cal.get('benchmark')}` (gold history), max_turns = {cal['max_turns']}",
+        "",
+        f"A turn is within the SLM's range when the policy (rule off) keeps >= {cal['min_ratio']:.0%} of the LLM's "
+        "accuracy and at least its accuracy per dollar; past the last such turn the LLM answers alone "
+        "(docs/conversations.md).",
+        "",
+        *md_table(head, rows),
+        "",
+        "![Range rule](range.png)",
+    ]

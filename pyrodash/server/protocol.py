@@ -124,7 +124,7 @@ class ResponseFormatText(_Strict):
 class RangeRuleOptions(_Strict):
     """A request's own range rule (`pyrodash.engine.range_rule`): both unset turns the rule off for it."""
 
-    max_turns: PositiveInt | None = None  # the last user turn the SLM may take
+    max_turns: _int(0) | None = None  # the last user turn the SLM may take (0: none)
     max_context_tokens: PositiveInt | None = None  # the most tokens the SLM's prompt may hold
 
 

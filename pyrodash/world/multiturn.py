@@ -6,18 +6,22 @@
 A follow-up's gold is `solve(replace(problem, start=previous answer))`: same steps, same table, so the SLM can hand off
 in any turn. Pretraining (`chat_messages`, `pretrain_example`) mixes in conversations of 2..`multiturn_turns` turns
 (untaught lookups masked in every turn); evaluation (`make_multiturn_split`) makes one `Example` per turn with the
-gold earlier turns as `meta["history"]` and `meta["turn"]` / `meta["conversation"]`.
+gold earlier turns as `meta["history"]` and `meta["turn"]` / `meta["conversation"]`. The long splits (`LONG_SPLITS`,
+six turns, past what pretraining showed) are made on first use into a built world (`ensure_long_split`).
 """
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 
 from pyrodash.data.example import Example
+from pyrodash.world.config import WorldConfig
 from pyrodash.world.evaluate import grade, greedy_generate, max_new_tokens_for
-from pyrodash.world.task import Problem, Solution, sample_problem, solve, untaught_spans
+from pyrodash.world.task import Problem, Solution, make_known, make_table, sample_problem, solve, untaught_spans
 from pyrodash.world.tokenizer import encode_chat
 
 FOLLOWUP = "Then: "
@@ -172,3 +176,51 @@ def evaluate_turns(
     for ex, c in zip(examples, ok):
         by.setdefault(int(ex.meta["turn"]), []).append(c)
     return {t: round(sum(v) / len(v), 4) for t, v in sorted(by.items())}
+
+
+# long conversation splits, made from a built world's own generator on first use: split -> (conversations, turns);
+# "multiturn6" is the test split (world:multiturn6, world:multiturn6-self), "multiturn6_val" calibrates the range rule
+LONG_SPLITS = {"multiturn6": (40, 6), "multiturn6_val": (40, 6)}
+
+
+def ensure_long_split(world_dir: str | Path, split: str) -> Path | None:
+    """`DIR/data/<split>.jsonl` for a long split of a built world; every long split is written together on first
+    use, in `LONG_SPLITS` order (deterministic: the world's seed, config and generator; no opener shared with any
+    split). None for any other split name."""
+    if split not in LONG_SPLITS:
+        return None
+    data = Path(world_dir) / "data"
+    if not (data / f"{split}.jsonl").is_file():
+        info_path = Path(world_dir) / "world.json"
+        if not info_path.is_file():
+            raise FileNotFoundError(f"{world_dir} is not a built world (no world.json): run `pyrodash world build`")
+        info = json.loads(info_path.read_text())
+        for name, exs in long_splits(WorldConfig.from_dict(info["config"]), int(info["seed"]), data).items():
+            tmp = data / f"{name}.jsonl.tmp"
+            tmp.write_text("".join(json.dumps(ex.to_dict()) + "\n" for ex in exs))
+            tmp.replace(data / f"{name}.jsonl")
+    return data / f"{split}.jsonl"
+
+
+def long_splits(cfg: WorldConfig, seed: int, data: Path) -> dict[str, list[Example]]:
+    """The long splits of the world (`cfg`, `seed`) whose built splits are in `data` (their questions excluded)."""
+    seen: set[str] = set()
+    for other in sorted(data.glob("*.jsonl")):
+        if other.stem not in LONG_SPLITS:
+            seen.update(json.loads(line)["question"] for line in other.read_text().splitlines() if line.strip())
+    table, known = make_table(seed), make_known(cfg.known_frac)
+    out = {}
+    for name, (n, turns) in LONG_SPLITS.items():
+        out[name] = make_multiturn_split(
+            seed,
+            n,
+            turns,
+            list(cfg.tiers[:2]),
+            list(cfg.followup_tiers),
+            table,
+            known,
+            seen,
+            split=name,
+            sample=lambda r, t: sample_problem(r, t, cfg.max_addend, cfg.lead_runs),
+        )
+    return out

@@ -1,0 +1,67 @@
+"""Long conversations: the range rule calibrated on the world's six-turn validation conversations, then the six-turn
+test conversations (gold and own history) evaluated with it. The quick demo runs `long_conversations` after its
+evaluation; `pyrodash calibrate --range` runs `range_calibration` alone. Why and how: docs/conversations.md."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+from pyrodash.engine.calibrate import calibrate_range
+from pyrodash.engine.conversation import example_messages
+from pyrodash.eval.build import Backends
+from pyrodash.eval.harness import EvalConfig, evaluate, load_examples
+from pyrodash.eval.methods import Env
+from pyrodash.eval.names import method_name
+from pyrodash.grading import grade_batch
+from pyrodash.prompts import get_prompts
+
+VALIDATION = "world:multiturn6_val"  # calibrates the rule
+TEST = ["world:multiturn6", "world:multiturn6-self"]  # evaluated with it
+CALIBRATION_FILE = "range_calibration.json"  # in the run dir: the report's range section and range.png read it
+
+
+def range_calibration(engine, examples: list, prompts, min_ratio: float = 0.9, **batch) -> dict:
+    """`calibrate_range` over conversation-turn examples (gold history in `meta.history`) as a JSON-ready dict."""
+    if not examples or not all("turn" in (ex.meta or {}) for ex in examples):
+        raise ValueError("the range rule is calibrated on conversation turns (examples with meta.turn)")
+    cal = calibrate_range(
+        engine,
+        [example_messages(prompts, ex.question, ex.meta.get("history")) for ex in examples],
+        [ex.gold for ex in examples],
+        [int(ex.meta["turn"]) for ex in examples],
+        lambda outs, golds: grade_batch(outs, golds, workers=0),
+        min_ratio=min_ratio,
+        **batch,
+    )
+    return cal.to_dict()
+
+
+def long_conversations(cfg: EvalConfig, lam: float, quiet: bool = True) -> EvalConfig:
+    """Calibrate the rule for the λ policy on `VALIDATION` (written to RUN_DIR/range_calibration.json), then evaluate
+    `TEST` for slm, llm and that policy under it; returns the config with both (every other record is resumed)."""
+    prompts, be = get_prompts(cfg.prompts), Backends()
+    env = Env(
+        prompts, cfg.price_sheet(), max_tokens=cfg.max_tokens, batch_size=cfg.batch_size, concurrency=cfg.concurrency
+    )
+    specs = {float(k): v for k, v in (cfg.models.get("pyrodash") or {}).items()}
+    if float(lam) not in specs:
+        raise ValueError(f"long conversations: pyrodash λ={lam} has no checkpoint under models.pyrodash")
+    policy = be.get(specs[float(lam)], offload=True)
+    engine = env.engine(policy, be.get(cfg.models["llm"], llm=True, mode=cfg.llm_mode))
+    out = range_calibration(
+        engine, load_examples(cfg, VALIDATION), prompts, batch_size=cfg.batch_size, concurrency=cfg.concurrency
+    )
+    out.update(benchmark=VALIDATION, policy=method_name("pyrodash", lam))
+    Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
+    (Path(cfg.run_dir) / CALIBRATION_FILE).write_text(json.dumps(out, indent=1) + "\n")
+    who = ["slm", "llm", method_name("pyrodash", lam).replace(".", "[.]")]
+    full = replace(
+        cfg,
+        benchmarks=list(dict.fromkeys(cfg.benchmarks + TEST)),
+        benchmark_methods={**cfg.benchmark_methods, **{b: who for b in TEST}},
+        range_rule=out["range_rule"],
+    )
+    evaluate(full, quiet=quiet)
+    return full
