@@ -48,63 +48,47 @@ class Refused(protocol.APIError):
         self.headers = {"Retry-After": str(max(1, retry_after))}
 
 
+# `pyrodash_budget_*`: attribute -> (kind, metric name, help, labels beside `budget`). Gauges keep the newest value
+# of any worker of `--workers N` (one state); counters add up over workers and replicas.
+BUDGET_METRICS = {
+    "target": ("gauge", "target_usd_per_hour", "The budget's target spend rate (this replica's share of it while "
+               "Redis is unreachable).", ()),
+    "spend": ("counter", "spend_usd", "Dollars billed on the budget by this replica's requests (sum over "
+              "replicas).", ()),
+    "rate": ("gauge", "spend_rate_usd_per_hour", "The budget's measured spend rate (the controller's average).", ()),
+    "period_spend": ("gauge", "period_spend_usd", "Dollars spent in the budget's current period (hour or day), "
+                     "answers in flight at their expected dollars.", ()),
+    "cap": ("gauge", "cap_usd", "The budget's hard cap per period.", ()),
+    "knob": ("gauge", "knob", "The controller's output: the handoff_share or offload_bias the last paced request got, "
+             "and the spend fraction (0..1) behind it.", ("knob",)),
+    "cap_hits": ("counter", "cap_hits", "Requests at the hard cap (answered by the SLM alone or refused).", ()),
+    "requests": ("counter", "requests", "Requests drawn on the budget, by the state they got (paced, policy, "
+                 "capped, refused, learning, solo).", ("state",)),
+    "reserved": ("gauge", "reserved_usd", "Dollars reserved against the hard cap by requests in flight (their worst "
+                 "case), as last seen.", ()),
+    "turned": ("counter", "reservation_denied", "Requests whose worst-case dollars did not fit the hard cap, by "
+               "outcome (slm: the SLM alone; refused).", ("outcome",)),
+    "expired": ("counter", "reservation_expired", "Requests that outlived their reservation (reservation_ttl_s): "
+                "their dollars counted when done.", ()),
+}  # fmt: skip
+
+
 class BudgetMetrics:
-    """`pyrodash_budget_*` (prometheus_client objects in the app's registry)."""
+    """`pyrodash_budget_*` (prometheus_client objects in the app's registry): `BUDGET_METRICS`, and the replica's
+    Redis fallback and share."""
 
     def __init__(self, registry) -> None:
         from prometheus_client import Counter, Gauge
 
-        b = ["budget"]
-        last = {"multiprocess_mode": "mostrecent"}  # `--workers N`: the newest value of any worker (one state)
-        self.target = Gauge(
-            "pyrodash_budget_target_usd_per_hour",
-            "The budget's target spend rate (this replica's share of it while Redis is unreachable).",
-            b,
-            registry=registry,
-            **last,
-        )
-        self.spend = Counter(
-            "pyrodash_budget_spend_usd",
-            "Dollars billed on the budget by this replica's requests (sum over replicas).",
-            b,
-            registry=registry,
-        )
-        self.rate = Gauge(
-            "pyrodash_budget_spend_rate_usd_per_hour",
-            "The budget's measured spend rate (the controller's average).",
-            b,
-            registry=registry,
-            **last,
-        )
-        self.period_spend = Gauge(
-            "pyrodash_budget_period_spend_usd",
-            "Dollars spent in the budget's current period (hour or day), answers in flight at their expected dollars.",
-            b,
-            registry=registry,
-            **last,
-        )
-        self.cap = Gauge("pyrodash_budget_cap_usd", "The budget's hard cap per period.", b, registry=registry, **last)
-        self.knob = Gauge(
-            "pyrodash_budget_knob",
-            "The controller's output: the handoff_share or offload_bias the "
-            "last paced request got, and the spend fraction (0..1) behind it.",
-            b + ["knob"],
-            registry=registry,
-            **last,
-        )
-        self.cap_hits = Counter(
-            "pyrodash_budget_cap_hits",
-            "Requests at the hard cap (answered by the SLM alone or refused).",
-            b,
-            registry=registry,
-        )
-        self.requests = Counter(
-            "pyrodash_budget_requests",
-            "Requests drawn on the budget, by the state they got (paced, policy, capped, refused, learning, solo).",
-            b + ["state"],
-            registry=registry,
-        )
-        self._cap_metrics(registry, b, last)
+        for attr, (kind, name, text, labels) in BUDGET_METRICS.items():
+            if kind == "gauge":
+                labelled = ["budget", *labels]
+                metric = Gauge(
+                    f"pyrodash_budget_{name}", text, labelled, registry=registry, multiprocess_mode="mostrecent"
+                )
+            else:
+                metric = Counter(f"pyrodash_budget_{name}", text, ["budget", *labels], registry=registry)
+            setattr(self, attr, metric)
         self.fallback = Gauge(
             "pyrodash_budget_fallback",
             "1 while Redis is unreachable and this replica holds only its own share of each budget.",
@@ -113,37 +97,13 @@ class BudgetMetrics:
         )
         self.replica_share = Gauge(
             "pyrodash_budget_replica_share",
-            "The share of each budget this replica holds "
-            "(1 when the budget is shared through Redis, a file or in process).",
+            "The share of each budget this replica holds (1 when the budget is shared through Redis, a file or in "
+            "process).",
             registry=registry,
             multiprocess_mode="min",
         )
         self.fallback.set(0)
         self.replica_share.set(1)
-
-    def _cap_metrics(self, registry, b: list[str], last: dict) -> None:
-        """The hard cap's reservations (`pyrodash.server.budget.reserve`)."""
-        from prometheus_client import Counter, Gauge
-
-        self.reserved = Gauge(
-            "pyrodash_budget_reserved_usd",
-            "Dollars reserved against the hard cap by requests in flight (their worst case), as last seen.",
-            b,
-            registry=registry,
-            **last,
-        )
-        self.turned = Counter(
-            "pyrodash_budget_reservation_denied",
-            "Requests whose worst-case dollars did not fit the hard cap, by outcome (slm: the SLM alone; refused).",
-            b + ["outcome"],
-            registry=registry,
-        )
-        self.expired = Counter(
-            "pyrodash_budget_reservation_expired",
-            "Requests that outlived their reservation (reservation_ttl_s): their dollars counted when done.",
-            b,
-            registry=registry,
-        )
 
 
 @dataclass
