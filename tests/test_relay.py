@@ -259,3 +259,13 @@ def test_relay_oracle_hands_off_before_every_untaught_step_through_the_engine():
     assert hard["slm_out"] == len("a=1\n\n") + len("b=7+1\n\n") + len("c=99-1\n\n\\boxed{98}") + len(HARD)
     assert easy["llm_calls"] == 0 and easy["output"] == GOLD and easy["handoffs"] == []
     assert all(r.stop == ["\n\n"] for r in llm.requests)
+
+
+def test_the_budget_worst_case_counts_every_relay_call():
+    from pyrodash.engine import EngineRequest
+    from pyrodash.server.budget.reserve import worst_case
+
+    call = EngineRequest("q", max_tokens=200, max_total_tokens=200)
+    one, four = (worst_case(engine(calls=n), call, "llm").llm for n in (1, 4))
+    out = 200 * PAPER.llm_out / 1e6  # the output over all calls is at most the budget
+    assert four - out == pytest.approx(4 * (one - out))

@@ -208,6 +208,11 @@ class CollaborateEngine:
         return fitting.fit(self.slm if side == "slm" else self.llm, getattr(self.context, side), req, seen)
 
     @property
+    def max_llm_calls(self) -> int:
+        """LLM calls per answer unless a request says otherwise (1: the single handoff; more: relay)."""
+        return self.relay.max_llm_calls
+
+    @property
     def llm_style(self) -> str:
         """The handoff style in use: "instruct" when the LLM endpoint cannot continue a prefix."""
         return self.handoff_style if getattr(self.llm, "continues_prefix", True) else "instruct"
