@@ -77,23 +77,13 @@ def _scrubbed(obj):
 def install(app: FastAPI) -> None:
     """Register the routes (`/metrics` public only with the config's `metrics_public`)."""
     auth = [Depends(check_auth)]
-    chat, text = protocol.ChatCompletionRequest, protocol.CompletionRequest
-    app.add_api_route(
-        "/v1/chat/completions",
-        chat_completions,
-        methods=["POST"],
-        dependencies=auth,
-        response_model=protocol.ChatCompletion,
-        openapi_extra=openapi.request_body(chat),
+    completion_routes = (
+        ("/v1/chat/completions", chat_completions, protocol.ChatCompletionRequest, protocol.ChatCompletion),
+        ("/v1/completions", completions, protocol.CompletionRequest, protocol.Completion),
     )
-    app.add_api_route(
-        "/v1/completions",
-        completions,
-        methods=["POST"],
-        dependencies=auth,
-        response_model=protocol.Completion,
-        openapi_extra=openapi.request_body(text),
-    )
+    for path, route, wire, answer in completion_routes:
+        body = openapi.request_body(wire)
+        app.add_api_route(path, route, methods=["POST"], dependencies=auth, response_model=answer, openapi_extra=body)
     app.add_api_route("/v1/models", models, dependencies=auth, response_model=protocol.ModelList)
     app.add_api_route("/v1/models/{model_id}", model_card, dependencies=auth, response_model=protocol.ModelCard)
     app.add_api_route("/health", health)
