@@ -364,3 +364,36 @@ def test_gguf_specs_and_the_conversion_cache(tmp_path, monkeypatch):
     done.mkdir(parents=True)
     (done / "config.json").write_text("{}")
     assert local_model_path(f"{tmp_path}#m.gguf") == str(done) == local_model_path(str(f))
+    from pyrodash.server.config import ServeConfig  # `pyrodash serve` takes both forms too
+
+    ServeConfig(slm=f"{tmp_path}#m.gguf", llm=str(f)).check_models()
+    with pytest.raises(ValueError, match="does not exist"):
+        ServeConfig(slm=f"{tmp_path}/nope#m.gguf", llm=str(f)).check_models()
+
+
+@pytest.mark.slow
+def test_stage3_step_on_gemma(gemma_run):
+    """One cost-aware GRPO step on the Stage 2 Gemma (one group of 2 rollouts of 8 tokens; 2 training prompts), the
+    LLM the provider double serving the reference solutions (Cost_base and the rollouts' handoffs)."""
+    import yaml
+    from provider_doubles import openai_double
+
+    from pyrodash.backends.model_server import serve_in_thread
+    from pyrodash.cli import main
+
+    out, path = gemma_run
+    recipe = yaml.safe_load(path.read_text())
+    rows = [json.loads(x) for x in (BENCHMARKS / "gsm8k" / "test.jsonl").read_text().splitlines()[:N_ROWS]]
+    recipe["stage3"] = {"source": recipe["curate"]["source"], "train_limit": 2, "num_generations": 2,
+                        "per_device_train_batch_size": 2, "max_steps": 1, "max_completion_length": 8,
+                        "llm_max_new_tokens": 256, "learning_rate": 1e-5, "logging_steps": 1, "save_strategy": "no",
+                        "report_to": "none", "gradient_checkpointing": False, "seed": 0, "lam": 0.1,
+                        "lora_r": 4, "lora_alpha": 8}  # fmt: skip
+    with serve_in_thread(openai_double(ReferenceSolver(rows))) as url:
+        recipe["llm"]["url"] = url
+        path3 = out / "gemma-stage3.yaml"
+        path3.write_text(yaml.safe_dump(recipe))
+        assert main(["train", "stage3", "--config", str(path3), "--output-dir", str(out)]) == 0
+    stats = json.loads((out / "stage3-lambda0.1" / "stage3_stats.json").read_text())
+    assert stats["steps"] == 1 and stats["prompts"] == 2 and stats["rollouts"] >= 2 and stats["llm_failures"] == 0
+    assert (out / "stage3-lambda0.1" / "model.safetensors").is_file()

@@ -196,7 +196,7 @@ class ServeConfig:
             if spec is None:
                 raise ValueError(f"no {side.upper()} given: set {side} in the config or pass --{side}")
             path = spec.get("path") if isinstance(spec, dict) else spec
-            if not isinstance(path, str) or "://" in path or Path(path).exists():
+            if not isinstance(path, str) or "://" in path or Path(path.partition("#")[0]).exists():  # DIR#file.gguf
                 continue
             if path.count("/") == 1 and not path.startswith((".", "/")):
                 continue  # a hub id such as Qwen/Qwen3.5-4B
