@@ -15,6 +15,7 @@ from pyrodash.eval.build import method_specs
 from pyrodash.eval.harness import EvalConfig, check_compatible, evaluate, load_examples
 from pyrodash.jobs.library_log import library_log
 from pyrodash.report.console import print_table2
+from pyrodash.report.platform import record_platform
 from pyrodash.report.render import write_report
 
 
@@ -90,6 +91,7 @@ def run(args: argparse.Namespace) -> int:
     log = Path(cfg.run_dir) / "eval.log"
     with library_log(log, lazy=True):
         run_dir = evaluate(cfg)
+    record_platform(run_dir)  # what the report names as the platform of the run's numbers
     console = Console()
     console.print(f"records: [bold]{run_dir / 'records'}[/]" + (f" (library logs in {log})" if log.exists() else ""))
     warn_llm_failures(run_dir, console)
