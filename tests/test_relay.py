@@ -269,3 +269,17 @@ def test_the_budget_worst_case_counts_every_relay_call():
     one, four = (worst_case(engine(calls=n), call, "llm").llm for n in (1, 4))
     out = 200 * PAPER.llm_out / 1e6  # the output over all calls is at most the budget
     assert four - out == pytest.approx(4 * (one - out))
+
+
+def test_a_relay_sweep_point_is_the_policy_in_relay_mode():
+    from pyrodash.data.example import Example
+    from pyrodash.eval.methods import Env, PyroDash
+    from pyrodash.eval.names import method_name, parse_method, sort_key, sweep_kind
+
+    name = method_name("pyrodash", 2, "relay", 4)
+    assert name == "pyrodash@2+relay4" and parse_method(name) == ("pyrodash", 2.0, 4.0) and sweep_kind(name) == "relay"
+    assert sort_key("pyrodash@2+share0.5") < sort_key(name) < sort_key("relay_oracle") < sort_key("oracle")
+    env = Env(PROMPTS, PAPER, max_tokens=200)
+    point = PyroDash(name, ScriptSLM(), ScriptLLM(), env, max_llm_calls=4.0)
+    (rec,) = point([(Example("x", "b", "q", "98"), {})])
+    assert point.engine.max_llm_calls == 4 and rec["llm_calls"] == 2 and rec["output"] == GOLD

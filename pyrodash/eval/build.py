@@ -50,7 +50,11 @@ def method_specs(methods: list) -> list[tuple[str, dict]]:
 
 
 # eval method -> (its option listing the values, the name suffix, the PyroDash argument they set)
-SWEEPS = {"pyrodash_bias": ("biases", "bias", "offload_bias"), "pyrodash_share": ("shares", "share", "handoff_share")}
+SWEEPS = {
+    "pyrodash_bias": ("biases", "bias", "offload_bias"),
+    "pyrodash_share": ("shares", "share", "handoff_share"),
+    "pyrodash_relay": ("calls", "relay", "max_llm_calls"),  # the single-handoff policy in relay mode
+}
 
 
 def sweep_lambda(opt: dict, lam_specs: dict) -> float:

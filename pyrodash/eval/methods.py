@@ -5,7 +5,8 @@ them. `pyrodash.eval.build.build_methods` makes the methods of an eval config.
 - `slm`, `slm+sft`, `llm`: one model answers alone (`Solo`); the question template, no system prompt, `<offload>`
   banned where the vocabulary has it (SLM+SFT is the Stage-2 model without P_s, as in the paper).
 - `pyrodash@<λ>` / `pyrodash@<λ>+bias<b>`: the Collaborate Engine with the Stage-3 model for λ (`PyroDash`), under
-  the eval config's `range_rule` (past the SLM's range the LLM alone, `routed: "range"`).
+  the eval config's `range_rule` (past the SLM's range the LLM alone, `routed: "range"`);
+  `pyrodash@<λ>+relay<n>`: that model in relay mode, up to n LLM calls per answer (docs/relay.md).
 - `oracle`: one handoff exactly before the first step the SLM was not taught (`pyrodash.eval.oracle`), the
   ceiling of any single-handoff policy on the world.
 - `routellm@<α>`: RouteLLM-MF (`pyrodash.eval.routing.routellm_mf`), `glimprouter@<τ>`: GlimpRouter
@@ -30,6 +31,7 @@ from pyrodash.data.example import Example
 from pyrodash.engine import CollaborateEngine
 from pyrodash.engine.conversation import example_messages
 from pyrodash.engine.range_rule import RangeRule
+from pyrodash.engine.relay import RelayConfig
 from pyrodash.eval.routing.glimprouter import run_glimprouter
 from pyrodash.events import Done
 from pyrodash.prompts import OFFLOAD_TOKEN, Prompts
@@ -132,9 +134,13 @@ class PyroDash(Method):
         offload_bias: float = 0.0,
         handoff_share: float = 1.0,
         rule: RangeRule | None = None,
+        max_llm_calls: float = 1,
     ):
         self.name, self.env, self.bias, self.share = name, env, float(offload_bias), float(handoff_share)
-        self.engine = env.engine(slm, llm, offload_bias=self.bias, handoff_share=self.share, range_rule=rule)
+        relay = RelayConfig(max_llm_calls=int(max_llm_calls))  # above 1: relay (a `pyrodash_relay` sweep point)
+        self.engine = env.engine(
+            slm, llm, offload_bias=self.bias, handoff_share=self.share, range_rule=rule, relay=relay
+        )
 
     def __call__(self, items: list[Item]) -> list[dict]:
         return [record(d) for d in self.env.run(self.engine, items)]

@@ -2,6 +2,7 @@
 
     slm | slm+sft | oracle | relay_oracle | llm | routellm@<α> | glimprouter@<τ> | pyrodash@<λ>
     pyrodash@<λ>+bias<b> (an offload_bias sweep) | pyrodash@<λ>+share<s> (a handoff_share sweep)
+    pyrodash@<λ>+relay<n> (relay, up to n LLM calls per answer)
 
     method_name("pyrodash", 0.1, "bias", 2)   # -> "pyrodash@0.1+bias2"
     parse_method("pyrodash@0.1+bias2")        # -> ("pyrodash", 0.1, 2.0)
@@ -22,14 +23,15 @@ FAMILY_ORDER = (
     "pyrodash",
     "pyrodash-bias",
     "pyrodash-share",
+    "pyrodash-relay",
     "relay_oracle",
     "oracle",
     "llm",
 )
-_NAME_RE = re.compile(r"^(routellm|glimprouter|pyrodash)@([0-9.eE+-]+?)(?:\+(bias|share)([0-9.eE+-]+))?$")
+_NAME_RE = re.compile(r"^(routellm|glimprouter|pyrodash)@([0-9.eE+-]+?)(?:\+(bias|share|relay)([0-9.eE+-]+))?$")
 _SCHEME = (
     "slm | slm+sft | oracle | relay_oracle | llm | routellm@<alpha> | glimprouter@<tau> | pyrodash@<lambda> | "
-    "pyrodash@<lambda>+bias<b> | pyrodash@<lambda>+share<s>"
+    "pyrodash@<lambda>+bias<b> | pyrodash@<lambda>+share<s> | pyrodash@<lambda>+relay<n>"
 )
 
 
@@ -38,7 +40,7 @@ def _match(name: str) -> re.Match:
     if not m:
         raise ValueError(f"method name {name!r} does not follow the scheme {_SCHEME}; rename its records file")
     if m.group(3) is not None and m.group(1) != "pyrodash":
-        raise ValueError(f"method name {name!r}: only pyrodash takes a +bias<b> or +share<s> suffix")
+        raise ValueError(f"method name {name!r}: only pyrodash takes a +bias<b>, +share<s> or +relay<n> suffix")
     return m
 
 
@@ -71,7 +73,7 @@ def parse_method(name: str) -> tuple[str, float | None, float | None]:
 
 
 def sweep_kind(name: str) -> str | None:
-    """ "bias" (an offload_bias sweep point), "share" (a handoff_share sweep point) or None."""
+    """ "bias" (an offload_bias sweep point), "share" (a handoff_share sweep point), "relay" or None."""
     return None if name in BASE_ORDER else _match(name).group(3)
 
 

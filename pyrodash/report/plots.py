@@ -28,6 +28,8 @@ STYLE = {
     "pyrodash": ("tab:red", "D"),
     "pyrodash-bias": ("tab:orange", "v"),
     "pyrodash-share": ("tab:pink", "<"),
+    "pyrodash-relay": ("tab:cyan", ">"),
+    "relay_oracle": ("tab:purple", "X"),
 }
 
 
@@ -47,14 +49,14 @@ def series(ms: dict[str, Metrics]) -> dict[str, list[tuple[float, Metrics]]]:
     for name, m in ms.items():  # a bias sweep starts from its policy at bias 0, a share sweep ends at share 1
         fam, knob, value = parse_method(name)
         if fam == "pyrodash" and value is None:
-            for kind, at in (("bias", 0.0), ("share", 1.0)):
+            for kind, at in (("bias", 0.0), ("share", 1.0), ("relay", 1.0)):
                 if f"pyrodash@{knob:g} {kind} sweep" in out:
                     out[f"pyrodash@{knob:g} {kind} sweep"].append((at, m))
     return {k: sorted(v, key=lambda x: x[0]) for k, v in out.items()}
 
 
 def _style(label: str) -> tuple[str, str]:
-    for kind in ("bias", "share"):
+    for kind in ("bias", "share", "relay"):
         if f"{kind} sweep" in label:
             return STYLE[f"pyrodash-{kind}"]
     for key in ("RouteLLM", "GlimpRouter", "PyroDash"):
