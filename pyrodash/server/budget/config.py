@@ -176,73 +176,14 @@ class BudgetsConfig:
         default = None
         if raw.get("default") is not None:
             default = Budget.parse("budgets.default", "default", raw["default"], keyed=False)
-        keys_raw = raw.get("keys") or {}
-        if not isinstance(keys_raw, dict):
-            raise ValueError(
-                "budgets.keys must map budget names to budgets: {team-a: {key_env: TEAM_A_KEY, usd_per_day: 20}}"
-            )
-        keys = []
-        for name, spec in keys_raw.items():
-            name = str(name)
-            if not _NAME.fullmatch(name) or name == "default":
-                raise ValueError(
-                    f"budgets.keys.{name}: a budget name is 1-64 letters, digits, '.', '_' or '-' (not "
-                    "'default'); it names the budget in responses, metrics and logs"
-                )
-            keys.append(Budget.parse(f"budgets.keys.{name}", name, spec, keyed=True))
+        keys = _keyed_budgets(raw.get("keys") or {}, api_key)
         if default is None and not keys:
             raise ValueError(
                 "budgets: no budget: add default: {usd_per_hour: 2.0} or keys: {NAME: {key_env: VAR, "
                 "usd_per_hour: 2.0}}"
             )
-        digests = [b.key_digest for b in keys]
-        if len(set(digests)) < len(digests):
-            raise ValueError("budgets.keys: two budgets share one API key: give each budget its own key")
-        if api_key and hashlib.sha256(api_key.encode()).digest() in digests:
-            raise ValueError(
-                "budgets.keys: a budget's key is the server's api_key: give the budget a key of its own "
-                "(requests with the server's key draw on budgets.default)"
-            )
-        redis_url = raw.get("redis_url")
-        if redis_url is not None:
-            _check_redis_url(redis_url)
-        prefix = raw.get("redis_prefix", "pyrodash:budget:")
-        if not isinstance(prefix, str) or not prefix:
-            raise ValueError("budgets.redis_prefix must be a non-empty string (the Redis key prefix)")
-        replicas = raw.get("replicas")
-        if replicas is not None and (isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1):
-            raise ValueError(
-                f"budgets.replicas={replicas!r} must be a positive integer (how many replicas share the "
-                "budget when Redis is unreachable)"
-            )
-        knob = raw.get("knob", SHARE)
-        if knob not in KNOBS:
-            raise ValueError(
-                f"budgets.knob={knob!r}: use handoff_share (the share of requests that may hand off) or "
-                "offload_bias (along the calibration curve)"
-            )
-        curve, curve_path = None, raw.get("curve")
-        if curve_path is not None:
-            curve = load_curve(curve_path)
-        if knob == BIAS and curve is None:
-            raise ValueError(
-                "budgets.knob=offload_bias needs a curve: run `pyrodash calibrate ... --budget-usd X "
-                "--json > curve.json` on a traffic sample and set budgets.curve: curve.json"
-            )
-        compression = _number("budgets.time_compression", raw.get("time_compression", 1.0))
-        origin = _number("budgets.period_origin", raw.get("period_origin", 0.0), positive=False)
-        ctl = raw.get("controller") or {}
-        if not isinstance(ctl, dict) or set(ctl) - _CONTROLLER_KEYS:
-            raise ValueError(f"budgets.controller: expected a mapping with some of {sorted(_CONTROLLER_KEYS)}")
-        vals = {k: _number(f"budgets.controller.{k}", v, positive=k != "head_start_s") for k, v in ctl.items()}
-        if vals.get("head_start_s", 0.0) < 0:
-            raise ValueError("budgets.controller.head_start_s must be >= 0 (0: no head start)")
-        if "cost_window" in vals:
-            if vals["cost_window"] != int(vals["cost_window"]):
-                raise ValueError("budgets.controller.cost_window must be a whole number of requests")
-            vals["cost_window"] = int(vals["cost_window"])
-        ttl = _number("budgets.reservation_ttl_s", raw.get("reservation_ttl_s", 600.0))
-        redis_timeout = _number("budgets.redis_timeout_s", raw.get("redis_timeout_s", 0.25))
+        redis_url, prefix, replicas = _redis_settings(raw)
+        knob, curve, curve_path = _knob_and_curve(raw)
         return cls(
             default,
             tuple(keys),
@@ -252,12 +193,88 @@ class BudgetsConfig:
             curve,
             curve_path and str(curve_path),
             knob,
-            compression,
-            origin,
-            Controller(**vals),
-            ttl,
-            redis_timeout,
+            _number("budgets.time_compression", raw.get("time_compression", 1.0)),
+            _number("budgets.period_origin", raw.get("period_origin", 0.0), positive=False),
+            _controller(raw.get("controller") or {}),
+            _number("budgets.reservation_ttl_s", raw.get("reservation_ttl_s", 600.0)),
+            _number("budgets.redis_timeout_s", raw.get("redis_timeout_s", 0.25)),
         )
+
+
+def _keyed_budgets(keys_raw: object, api_key: str | None) -> list[Budget]:
+    """`budgets.keys`: one budget per API key, each key its own and none the server's `api_key`."""
+    if not isinstance(keys_raw, dict):
+        raise ValueError(
+            "budgets.keys must map budget names to budgets: {team-a: {key_env: TEAM_A_KEY, usd_per_day: 20}}"
+        )
+    keys = []
+    for name, spec in keys_raw.items():
+        name = str(name)
+        if not _NAME.fullmatch(name) or name == "default":
+            raise ValueError(
+                f"budgets.keys.{name}: a budget name is 1-64 letters, digits, '.', '_' or '-' (not "
+                "'default'); it names the budget in responses, metrics and logs"
+            )
+        keys.append(Budget.parse(f"budgets.keys.{name}", name, spec, keyed=True))
+    digests = [b.key_digest for b in keys]
+    if len(set(digests)) < len(digests):
+        raise ValueError("budgets.keys: two budgets share one API key: give each budget its own key")
+    if api_key and hashlib.sha256(api_key.encode()).digest() in digests:
+        raise ValueError(
+            "budgets.keys: a budget's key is the server's api_key: give the budget a key of its own "
+            "(requests with the server's key draw on budgets.default)"
+        )
+    return keys
+
+
+def _redis_settings(raw: dict) -> tuple[str | None, str, int | None]:
+    """(redis_url, redis_prefix, replicas): where replicas share the budget, and how many share it."""
+    redis_url = raw.get("redis_url")
+    if redis_url is not None:
+        _check_redis_url(redis_url)
+    prefix = raw.get("redis_prefix", "pyrodash:budget:")
+    if not isinstance(prefix, str) or not prefix:
+        raise ValueError("budgets.redis_prefix must be a non-empty string (the Redis key prefix)")
+    replicas = raw.get("replicas")
+    if replicas is not None and (isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1):
+        raise ValueError(
+            f"budgets.replicas={replicas!r} must be a positive integer (how many replicas share the "
+            "budget when Redis is unreachable)"
+        )
+    return redis_url, prefix, replicas
+
+
+def _knob_and_curve(raw: dict) -> tuple[str, Curve | None, object]:
+    """(knob, curve, the curve's path): what the pacer moves, and the calibration curve offload_bias needs."""
+    knob = raw.get("knob", SHARE)
+    if knob not in KNOBS:
+        raise ValueError(
+            f"budgets.knob={knob!r}: use handoff_share (the share of requests that may hand off) or "
+            "offload_bias (along the calibration curve)"
+        )
+    curve, curve_path = None, raw.get("curve")
+    if curve_path is not None:
+        curve = load_curve(curve_path)
+    if knob == BIAS and curve is None:
+        raise ValueError(
+            "budgets.knob=offload_bias needs a curve: run `pyrodash calibrate ... --budget-usd X "
+            "--json > curve.json` on a traffic sample and set budgets.curve: curve.json"
+        )
+    return knob, curve, curve_path
+
+
+def _controller(ctl: object) -> Controller:
+    """`budgets.controller`: the pacer's settings in the budget's seconds."""
+    if not isinstance(ctl, dict) or set(ctl) - _CONTROLLER_KEYS:
+        raise ValueError(f"budgets.controller: expected a mapping with some of {sorted(_CONTROLLER_KEYS)}")
+    vals = {k: _number(f"budgets.controller.{k}", v, positive=k != "head_start_s") for k, v in ctl.items()}
+    if vals.get("head_start_s", 0.0) < 0:
+        raise ValueError("budgets.controller.head_start_s must be >= 0 (0: no head start)")
+    if "cost_window" in vals:
+        if vals["cost_window"] != int(vals["cost_window"]):
+            raise ValueError("budgets.controller.cost_window must be a whole number of requests")
+        vals["cost_window"] = int(vals["cost_window"])
+    return Controller(**vals)
 
 
 def _check_redis_url(url: object) -> None:
