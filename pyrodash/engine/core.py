@@ -285,6 +285,8 @@ class CollaborateEngine:
         )
 
     def _route(self, r: EngineRequest, messages: list[dict]) -> tuple[str, str | None]:
+        """(the mode a request runs in, why it was routed): a collab request past the SLM's range (the request's
+        `range_rule`, else the engine's) runs as the LLM alone, routed "range"; any other runs as asked."""
         rule = self.range_rule if r.range_rule is None else r.range_rule
         if r.mode != "collab" or not rule.active:
             return r.mode, None

@@ -128,7 +128,7 @@ def range_png(calibration: dict, path: str | Path) -> Path:
     bottom.set_ylabel("$ per turn")
     bottom.set_xticks(xs, [f"{r['turn']}\n~{r['slm_prompt_tokens']['mean']:.0f} tok" for r in rows])
     bottom.set_xlabel("turn (SLM prompt tokens, mean)")
-    top.set_title("Past the SLM's range the LLM answers: accuracy and cost by context length")
+    top.set_title("Accuracy and cost by context length (past the range: the LLM alone)")
     top.legend(fontsize=7, loc="best")
     fig.tight_layout()
     path = Path(path)
