@@ -54,6 +54,11 @@ def convert_gguf(path: str | Path, out_dir: str | Path | None = None) -> Path:
     folder, name = split_gguf(path)
     tok = AutoTokenizer.from_pretrained(str(folder), gguf_file=name)
     model = AutoModelForCausalLM.from_pretrained(str(folder), gguf_file=name, dtype="float32")
+    # the weights are dequantised float32 already: the GGUF "quantizer" only records where they came from, and
+    # save_pretrained refuses a model that carries it
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
     # written next to the target, then renamed: a killed conversion leaves no half directory that looks complete
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
     model.save_pretrained(str(tmp))

@@ -15,6 +15,8 @@ import copy
 import logging
 from pathlib import Path
 
+from pyrodash.train.common import prompt_completion
+
 log = logging.getLogger("pyrodash.train")
 
 # for base models that ship no template: role headers, each turn ended by the tokenizer's EOS (so generation stops
@@ -65,8 +67,6 @@ def has_generation_markers(template: str | None) -> bool:
 
 def assistant_turns(row: dict) -> int:
     """Assistant messages in the trained part of a curated row (its completion, or after its last prompt message)."""
-    from pyrodash.train.common import prompt_completion
-
     return sum(m.get("role") == "assistant" for m in prompt_completion(row)["completion"])
 
 
