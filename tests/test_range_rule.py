@@ -20,6 +20,8 @@ from pyrodash.record import Record
 from pyrodash.report.turns import gold_history_turns, per_turn, range_section
 from pyrodash.server.app import build_app
 from pyrodash.server.config import OperatingPoint
+from pyrodash.train.config import CurateConfig, Stage3Config
+from pyrodash.train.curate import load_conversations
 from pyrodash.world.config import WorldConfig
 from pyrodash.world.multiturn import LONG_SPLITS, ensure_long_split, make_multiturn_split
 from pyrodash.world.task import make_known, make_table
@@ -196,4 +198,17 @@ def test_report_section_draws_the_calibration_and_long_splits_stay_out_of_per_tu
     assert (
         six["range_routed"] == 1.0
         and "range_routed" not in per_turn(runs, PRICES, {"world:multiturn"})["pyrodash@0.6"][1]
+    )
+
+
+def test_curation_and_stage3_drop_turns_past_the_range(tmp_path):
+    data = tmp_path / "w" / "data"
+    data.mkdir(parents=True)
+    exs = make_multiturn_split(0, 3, 4, [1, 2], [1], make_table(0), make_known(0.65), split="multiturn_train")
+    (data / "multiturn_train.jsonl").write_text("".join(json.dumps(e.to_dict()) + "\n" for e in exs))
+    kept, counts = load_conversations("world:multiturn_train", tmp_path / "w", range_max_turns=3)
+    assert {ex.meta["turn"] for ex in kept} == {1, 2, 3} and counts == {"conversations": 3, "turns": 9, "past_range": 3}
+    assert load_conversations("world:multiturn_train", tmp_path / "w")[1]["past_range"] == 0
+    assert (
+        CurateConfig().range_max_turns is None and Stage3Config.__dataclass_fields__["range_max_turns"].default is None
     )

@@ -57,6 +57,7 @@ class CurateConfig:
     # turn is curated after its history, as one more example. None: single questions only.
     conversations: str | None = None
     conversation_limit: int | None = None  # first N conversations
+    range_max_turns: int | None = None  # the range rule's max_turns: later turns are not SLM targets (None: all)
     heldout_conversations: str | None = None  # conversation turns added to the held-out set (e.g. world:multiturn_val)
     heldout_conversation_limit: int | None = None
     slm_max_new_tokens: int = 512
@@ -154,6 +155,7 @@ class Stage3Config(ChatFields, LoraFields, GRPOConfig):
     # `train_limit` single questions of `source` until they are `conversation_share` of all prompts.
     conversations: str | None = None
     conversation_share: float = 0.0
+    range_max_turns: int | None = None  # the range rule's max_turns: later turns are not training prompts (None: all)
     llm_max_new_tokens: int = 512
     llm_concurrency: int = 16
     llm_batch_size: int = 64

@@ -54,6 +54,12 @@ BOX = "\\boxed"
 # --- sources -------------------------------------------------------------------------------------------------------
 
 
+def _within_range(turns: list[Example], counts: dict, max_turns: int | None) -> tuple[list[Example], dict]:
+    """The turns within the range rule's max_turns (None: all), with the counts of turns kept and dropped."""
+    kept = [ex for ex in turns if max_turns is None or int(ex.meta.get("turn", 1)) <= max_turns]
+    return kept, {**counts, "turns": len(kept), "past_range": len(turns) - len(kept)}
+
+
 def load_examples(
     source: str,
     world_dir: str | Path | None = None,
@@ -87,10 +93,12 @@ def load_examples(
 
 
 def load_conversations(
-    source: str, world_dir: str | Path | None = None, limit: int | None = None
+    source: str, world_dir: str | Path | None = None, limit: int | None = None, range_max_turns: int | None = None
 ) -> tuple[list[Example], dict]:
     """(one Example per turn of the first `limit` conversations, counts) from a world conversation split
-    ("world:multiturn_train") or a chat-log JSONL (`pyrodash.train.chat_logs`)."""
+    ("world:multiturn_train") or a chat-log JSONL (`pyrodash.train.chat_logs`). `range_max_turns`: the range rule's
+    max_turns; turns past it are dropped (the LLM answers them when served: they would teach the SLM to fail), and
+    counted as `past_range`."""
     if source.startswith("world:"):
         turns = load_examples(source, world_dir)
         if any("conversation" not in ex.meta for ex in turns):
@@ -98,9 +106,10 @@ def load_conversations(
         order = list(dict.fromkeys(ex.meta["conversation"] for ex in turns))
         keep = set(order[:limit] if limit else order)
         turns = [ex for ex in turns if ex.meta["conversation"] in keep]
-        return turns, {"conversations": len(keep), "turns": len(turns)}
+        return _within_range(turns, {"conversations": len(keep)}, range_max_turns)
     if source.endswith(".jsonl") and Path(source).is_file() and is_chat_log(source):
-        return load_chat_turns(source, limit)
+        turns, counts = load_chat_turns(source, limit)
+        return _within_range(turns, counts, range_max_turns)
     raise ValueError(
         f"conversations source {source!r}: use 'world:<conversation split>' or a chat-log .jsonl "
         '(one {"messages": [...]} per line)'
@@ -364,7 +373,7 @@ def _curation_examples(cfg, world) -> tuple[list, dict]:
     )
     conv_counts = {}
     if cfg.conversations:
-        turns, conv_counts = load_conversations(cfg.conversations, world, cfg.conversation_limit)
+        turns, conv_counts = load_conversations(cfg.conversations, world, cfg.conversation_limit, cfg.range_max_turns)
         examples += turns
     if not examples:
         raise ValueError(
