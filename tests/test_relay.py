@@ -211,8 +211,10 @@ def test_cached_input_reported_wins_else_the_sheet_estimates_it_from_the_split()
 
 def test_an_llm_that_fails_leaves_the_slm_to_finish_or_raises():
     fast = FailurePolicy(retries=0, backoff_s=0.0)
-    done = engine(llm=ScriptLLM(fail=True), failure=fast).run("q")
+    e = engine(llm=ScriptLLM(fail=True), failure=fast)
+    done = e.run("q")
     assert done.fallback and done.segments[-1]["fallback"] and done.output.startswith("a=1\n\n")
+    assert e.slm.requests[-1].stop == []  # the SLM finishes the answer: the step's stop is not on its request
     with pytest.raises(EngineError) as err:
         engine(llm=ScriptLLM(fail=True), failure=FailurePolicy(retries=0, on_error="raise")).run("q")
     assert err.value.done.finish_reason == "error"
@@ -283,3 +285,11 @@ def test_a_relay_sweep_point_is_the_policy_in_relay_mode():
     point = PyroDash(name, ScriptSLM(), ScriptLLM(), env, max_llm_calls=4.0)
     (rec,) = point([(Example("x", "b", "q", "98"), {})])
     assert point.engine.max_llm_calls == 4 and rec["llm_calls"] == 2 and rec["output"] == GOLD
+
+
+def test_an_slm_out_of_budget_after_the_llm_step_ends_the_answer_there_as_streamed():
+    e = CollaborateEngine(ScriptSLM(), ScriptLLM(), PROMPTS, PAPER, max_tokens=6, relay=RelayConfig(max_llm_calls=4))
+    evs = events(e)
+    done = evs[-1]
+    streamed = "".join(ev.text for ev in evs if isinstance(ev, (SLMDelta, LLMDelta)))
+    assert done.finish_reason == "length" and done.output == streamed == "a=1\n\nH(a)=7"

@@ -137,7 +137,8 @@ class RelayRun:
         separator is streamed (an LLMDelta) once the SLM writes or hands off: an SLM that ends at once takes it back."""
         t = self.t
         left = min(t.per_model - t.usage.slm_out, t.left("slm"))
-        if left <= 0:
+        if left <= 0:  # the SLM's budget is spent: the answer ends at the LLM's step
+            self._take_back_sep()
             t.finish = "length"
             return
         req = dataclasses.replace(t.req, prefix=self.trace, max_tokens=left)
@@ -161,8 +162,7 @@ class RelayRun:
             self.e.offload_id is not None and fin.stop_token_id == self.e.offload_id
         )
         if not text and not offload:  # the LLM's step was the answer's last: no separator after it
-            self.trace = self.trace[: -len(self.cfg.step_sep)]
-            self.segments[-1]["text"] = self.segments[-1]["text"][: -len(self.cfg.step_sep)]
+            self._take_back_sep()
         elif text:
             self.segments.append({"by": "slm", "text": text})
             self.trace += text
@@ -173,6 +173,11 @@ class RelayRun:
         else:
             t.finish = fin.finish_reason or "length"
 
+    def _take_back_sep(self) -> None:
+        """The separator put after the LLM's step (never streamed) leaves the trace and the record."""
+        n = len(self.cfg.step_sep)
+        self.trace, self.segments[-1]["text"] = self.trace[:-n], self.segments[-1]["text"][:-n]
+
     async def _failed(self) -> AsyncIterator[SLMDelta]:
         """Every attempt of an LLM call failed: an error (on_error="raise"), else the SLM finishes (no `<offload>`)."""
         err = self.e._failed(self.t)
@@ -182,6 +187,7 @@ class RelayRun:
         t = self.t
         if err is None and t.finish is None:
             t.slm_text, t.llm_text, t.fb_text = self.trace, "", ""
+            t.sampling = {**t.sampling, "stop": self.base_stop}  # the SLM finishes the answer, not a step
             async for ev in self.e._fallback_phase(t):
                 yield ev
             if t.fb_text:
