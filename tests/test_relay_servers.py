@@ -149,6 +149,14 @@ def test_pyrodash_serve_streams_each_segment_tagged_and_says_how_it_relayed():
         info = chunks[-1]["pyrodash"]
         assert text == GOLD and info["relay_fallback"] == fallback
         assert one["pyrodash"]["llm_calls"] == 1 and one["pyrodash"]["handoffs"] == [one["pyrodash"]["handoff"]]
+        # serve == eval: the batch driver's record of the same question (what `pyrodash eval` stores)
+        (batch,) = CollaborateEngine(
+            ScriptSLM(), ScriptLLM(honours_stop=fallback is None), PROMPTS, config.load_prices(), max_tokens=200
+        ).batch([[{"role": "user", "content": "q"}]], options=[{"max_llm_calls": 4, "max_total_tokens": 200}])
+        rec = Record.from_done(batch)
+        for f in ("segments", "handoffs", "slm_in", "slm_out", "llm_in", "llm_out", "llm_prior_in", "llm_calls"):
+            assert info[f] == getattr(rec, f), f
+        assert info["cost_usd"] == pytest.approx(rec.cost_usd) and rec.output == text
         if fallback is None:
             assert tags == ["slm", "handoff", "llm", "slm", "handoff", "llm", "slm"]
             assert info["llm_calls"] == 2 and len(info["handoffs"]) == 2 and info["llm_prior_in"] > 0
