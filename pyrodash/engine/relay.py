@@ -66,7 +66,6 @@ class RelayRun:
         self.llm_budget, self.base_stop = t.llm_max, list(t.sampling.get("stop") or [])
         self.fallback: str | None = None
         self.prior = 0  # the longest prompt an earlier LLM call of this answer read
-        self.cache_estimated = False
 
     async def resume(self) -> AsyncIterator[Event]:
         """LLM step, SLM, LLM step ... until the answer ends; every LLM call billed on its own."""
