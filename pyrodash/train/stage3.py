@@ -191,7 +191,7 @@ def training_prompts(cfg, world) -> list:
     if not cfg.conversation_share:
         return singles
     n_turns = round(cfg.conversation_share / (1 - cfg.conversation_share) * len(singles))
-    pool = load_conversations(cfg.conversations, world, range_max_turns=cfg.range_max_turns)[0]
+    pool = load_conversations(cfg.conversations, world, range_max_turns=getattr(cfg, "range_max_turns", None))[0]
     pool = sorted(pool, key=lambda ex: ex.meta["turn"] < 2)  # stable: follow-ups, then openers
     return singles + pool[:n_turns]
 
