@@ -14,6 +14,7 @@ from pyrodash.cost import Usage
 from pyrodash.engine import CollaborateEngine
 from pyrodash.engine.calibrate import calibrate_range, within_range
 from pyrodash.engine.range_rule import RangeRule
+from pyrodash.eval.harness import EvalConfig
 from pyrodash.events import Done
 from pyrodash.prompts import get_prompts
 from pyrodash.record import Record
@@ -212,3 +213,11 @@ def test_curation_and_stage3_drop_turns_past_the_range(tmp_path):
     assert (
         CurateConfig().range_max_turns is None and Stage3Config.__dataclass_fields__["range_max_turns"].default is None
     )
+
+
+def test_eval_config_rule_is_checked_and_stored_whole():
+    cfg = EvalConfig(run_dir="r", benchmarks=["world:multiturn6"], range_rule={"max_turns": 3})
+    assert cfg.range_rule == {"max_turns": 3, "max_context_tokens": None}
+    assert EvalConfig(run_dir="r", benchmarks=["x"]).range_rule is None
+    with pytest.raises(ValueError, match="eval config: range rule"):
+        EvalConfig(run_dir="r", benchmarks=["x"], range_rule={"max_turns": -2})

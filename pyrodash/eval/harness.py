@@ -101,8 +101,8 @@ class EvalConfig:
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0:
                 raise ValueError(f"eval config: {name}={v!r} must be a non-negative number")
-        try:
-            RangeRule.of(self.range_rule)
+        try:  # stored whole ({max_turns, max_context_tokens}): the same rule compares equal however it was written
+            self.range_rule = None if self.range_rule is None else RangeRule.of(self.range_rule).to_dict()
         except ValueError as e:
             raise ValueError(f"eval config: {e}") from None
         if not self.benchmarks:

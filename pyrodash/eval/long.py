@@ -51,7 +51,11 @@ def long_conversations(cfg: EvalConfig, lam: float, quiet: bool = True) -> EvalC
     policy = be.get(specs[float(lam)], offload=True)
     engine = env.engine(policy, be.get(cfg.models["llm"], llm=True, mode=cfg.llm_mode))
     out = range_calibration(
-        engine, load_examples(cfg, VALIDATION), prompts, batch_size=cfg.batch_size, concurrency=cfg.concurrency
+        engine,
+        load_examples(cfg, VALIDATION, cfg.limit),
+        prompts,
+        batch_size=cfg.batch_size,
+        concurrency=cfg.concurrency,
     )
     out.update(benchmark=VALIDATION, policy=method_name("pyrodash", lam))
     Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
