@@ -22,3 +22,12 @@ def quick_demo(tmp_path_factory):
     assert main(["demo", "--quick", "--out", str(out)]) == 0
     print(f"quick demo wall time: {time.perf_counter() - t0:.0f}s")
     return out
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """A tiny SLM and LLM (`tiny_slm`, `tiny_llm` of tests/test_server.py), built once per test module; a module may
+    define its own `models` instead."""
+    from test_server import tiny_llm, tiny_slm
+
+    return tiny_slm(tmp_path_factory), tiny_llm(tmp_path_factory)

@@ -20,7 +20,7 @@ import pytest
 from servers import free_port
 from test_budget_redis import REDIS, RedisServer
 from test_scaling import parse_metrics
-from test_server import UvicornThread, make_engine, serve_config, tiny_llm, tiny_slm
+from test_server import UvicornThread, make_engine, serve_config
 
 from pyrodash.engine.requests import EngineRequest
 from pyrodash.server.app import build_app
@@ -49,11 +49,6 @@ def nginx_conf(upstreams: list[str], port: int, prefix: Path) -> str:
     conf = conf.replace("worker_processes auto;", f"worker_processes 1;\npid {prefix}/nginx.pid;")
     temp = "".join(f"    {k}_temp_path {prefix}/{k};\n" for k in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
     return conf.replace("http {\n", "http {\n" + temp, 1)
-
-
-@pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    return tiny_slm(tmp_path_factory), tiny_llm(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ import httpx
 import pytest
 from servers import free_port
 from test_scaling import parse_metrics
-from test_server import UvicornThread, make_engine, serve_config, tiny_llm, tiny_slm
+from test_server import UvicornThread, make_engine, serve_config
 
 from pyrodash.server.app import build_app
 from pyrodash.server.budget import store as budget_store
@@ -82,11 +82,6 @@ def redis_server(tmp_path):
     srv = RedisServer(tmp_path).start()
     yield srv
     srv.kill()
-
-
-@pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    return tiny_slm(tmp_path_factory), tiny_llm(tmp_path_factory)
 
 
 @pytest.fixture(autouse=True)

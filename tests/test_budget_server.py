@@ -13,16 +13,11 @@ import time
 
 import httpx
 import pytest
-from test_server import PRICES, UvicornThread, make_engine, serve_config, tiny_llm, tiny_slm
+from test_server import PRICES, UvicornThread, make_engine, serve_config
 
 from pyrodash.server.app import build_app
 
 HOUR_S = 8.0  # wall-clock seconds of a budget hour here
-
-
-@pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    return tiny_slm(tmp_path_factory), tiny_llm(tmp_path_factory)
 
 
 def serve(models, budgets: dict, **kw):

@@ -35,11 +35,6 @@ CHAT2 = [
 ]
 
 
-@pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    return tiny_slm(tmp_path_factory), tiny_llm(tmp_path_factory)
-
-
 def _engine(models, **kw) -> CollaborateEngine:
     return CollaborateEngine(*models, PROMPTS, PRICES, max_tokens=12, offload_bias=-100.0, **kw)
 

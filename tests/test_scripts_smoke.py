@@ -45,35 +45,11 @@ def last_line(text: str, keys: str) -> dict[str, str]:
 
 # --- scripts with their own test doubles or tiny models -------------------------------------------------------------
 
+# tests/data/scripts_smoke.txt: one script a line, "SCRIPT ARGS... | KEYS OF ITS LAST LINE"
 SCRIPTED = {
-    "benchmarks/engine_overhead.py": (
-        ["--runs", 2, "--tokens", 10, "--handoff-at", 4, "--token-ms", 1],
-        "overhead_ratio added_ttft_ms_p50 handoff_ms_p50 handoff_wire_ms_p50",
-    ),
-    "benchmarks/mesh_failover.py": (
-        ["--runs", 2, "--tokens", 10, "--cut-at", 4, "--token-ms", 1],
-        "mesh_overhead_ratio failover_gap_ms_p50 token_ms",
-    ),
-    "benchmarks/ce_cpu.py": (
-        ["--duration", 1, "--streams", 2, "--tokens", 10, "--handoff-at", 4, "--token-ms", 1],
-        "requests errors cpu_ms_per_request cpu_us_per_token requests_per_core_s streams_per_core",
-    ),
-    "benchmarks/server_load.py": (
-        ["--streams", 2, "--duration", 1, "--tokens", 4, "--token-ms", 1],
-        "streams errors rps p50_added_ms p99_added_ms",
-    ),
-    "benchmarks/gateway_overhead.py": (
-        ["--rounds", 1, "--requests", 2, "--concurrency", 1, "--tokens", 10],
-        "c pyrodash_added_ttft_p50_ms litellm_added_ttft_p50_ms ratio",
-    ),
-    "benchmarks/slm_decode.py": (
-        ["--tiny", "--batches", "1,2", "--prompt-tokens", 8, "--new-tokens", 4],
-        "device batch decode_tokens_per_s ms_per_step prefill_ms",
-    ),
-    "benchmarks/world_pretrain_step.py": (
-        ["--which", "slm", "--steps", 1, "--warmup", 1],
-        "step_ms_fp32 step_ms_bf16 fp32_speedup threads build_pretrain_s",
-    ),
+    line.split()[0]: (line.split("|")[0].split()[1:], line.split("|")[1].strip())
+    for line in (ROOT / "tests" / "data" / "scripts_smoke.txt").read_text().splitlines()
+    if line.strip() and not line.startswith("#")
 }
 
 

@@ -18,7 +18,7 @@ import openai
 import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
-from test_server import KEY, Q, UvicornThread, llm_server, make_engine, remote, serve_config, tiny_llm, tiny_slm
+from test_server import KEY, Q, UvicornThread, llm_server, make_engine, remote, serve_config
 
 from pyrodash.server.app import build_app
 
@@ -99,11 +99,6 @@ class FaultInjectingLLM:
                         yield line + "\n"
 
         return StreamingResponse(relay(), media_type="text/event-stream")
-
-
-@pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    return tiny_slm(tmp_path_factory), tiny_llm(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

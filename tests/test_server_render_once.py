@@ -26,7 +26,7 @@ from contextlib import contextmanager
 
 import httpx
 import pytest
-from test_server import AUTH, UvicornThread, llm_server, make_engine, remote, serve_config, tiny_llm, tiny_slm
+from test_server import AUTH, UvicornThread, llm_server, make_engine, remote, serve_config
 
 from pyrodash.backends.base import GenRequest, Tokenized
 from pyrodash.engine import conversation as conv
@@ -40,11 +40,6 @@ CHAT = [
     {"role": "assistant", "content": "5"},
     {"role": "user", "content": "3+4="},
 ]
-
-
-@pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    return tiny_slm(tmp_path_factory), tiny_llm(tmp_path_factory)
 
 
 class Counts:

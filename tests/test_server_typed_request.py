@@ -17,7 +17,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from test_server import AUTH, serve_config, tiny_llm, tiny_slm
+from test_server import AUTH, serve_config
 
 from pyrodash.engine import CollaborateEngine, EngineRequest, FailurePolicy, Turn
 from pyrodash.engine.conversation import ContextLimits
@@ -43,11 +43,6 @@ class Recording(CollaborateEngine):
     def stream(self, question, **options):
         self.got.append((question, options))
         return super().stream(question, **options)
-
-
-@pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    return tiny_slm(tmp_path_factory), tiny_llm(tmp_path_factory)
 
 
 def served(models, prompts=None, windows: bool = True):

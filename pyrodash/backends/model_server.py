@@ -257,24 +257,31 @@ class ModelRoutes:
         }
         return {**head, "object": "chat.completion", "choices": [choice], "usage": _usage(final)}
 
-    async def _chat_events(self, req: GenRequest, head: dict, include_usage: bool):
-        def sse(choices: list, **extra) -> str:
-            return _sse({**head, "object": "chat.completion.chunk", "choices": choices, **extra})
-
-        yield sse([{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])
+    async def _parts(self, req: GenRequest):
+        """The backend's stream for `req` as (chunk, last): each chunk with text or log-probabilities, then the chunk
+        that carried the finish reason and usage (an empty one if the stream gave none) with last=True."""
         final = GenChunk()
         async with contextlib.aclosing(self.backend.stream(req)) as it:
             async for ch in it:
                 if ch.finish_reason is not None:
                     final = ch
                 if ch.text or ch.top_logprobs:
-                    delta = {
-                        "index": 0,
-                        "delta": {"content": ch.text},
-                        "logprobs": _logprobs(ch),
-                        "finish_reason": None,
-                    }
-                    yield sse([delta])
+                    yield ch, False
+        yield final, True
+
+    async def _chat_events(self, req: GenRequest, head: dict, include_usage: bool):
+        def sse(choices: list, **extra) -> str:
+            return _sse({**head, "object": "chat.completion.chunk", "choices": choices, **extra})
+
+        yield sse([{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])
+        final = GenChunk()
+        async for ch, last in self._parts(req):
+            if last:
+                final = ch
+            else:
+                yield sse(
+                    [{"index": 0, "delta": {"content": ch.text}, "logprobs": _logprobs(ch), "finish_reason": None}]
+                )
         reason = final.finish_reason or "length"
         yield sse([{"index": 0, "delta": {}, "finish_reason": reason, "stop_reason": final.stop_token_id}])
         if include_usage:
@@ -317,13 +324,12 @@ class ModelRoutes:
 
     async def _completion_events(self, req: GenRequest, head: dict, include_usage: bool):
         final = GenChunk()
-        async with contextlib.aclosing(self.backend.stream(req)) as it:
-            async for ch in it:
-                if ch.finish_reason is not None:
-                    final = ch
-                if ch.text or ch.top_logprobs:
-                    choice = {"index": 0, "text": ch.text, "logprobs": _completion_logprobs(req, [ch])}
-                    yield _sse({**head, "choices": [{**choice, "finish_reason": None}]})
+        async for ch, last in self._parts(req):
+            if last:
+                final = ch
+            else:
+                choice = {"index": 0, "text": ch.text, "logprobs": _completion_logprobs(req, [ch])}
+                yield _sse({**head, "choices": [{**choice, "finish_reason": None}]})
         reason = final.finish_reason or "length"
         fin = {"index": 0, "text": "", "finish_reason": reason, "stop_reason": final.stop_token_id}
         yield _sse({**head, "choices": [fin]})

@@ -94,11 +94,7 @@ def pareto_png(ms: dict[str, Metrics], path: str | Path) -> Path:
     ax.set_title("Cost vs accuracy (knob values annotated)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="best")
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def range_png(calibration: dict, path: str | Path) -> Path:
@@ -130,6 +126,13 @@ def range_png(calibration: dict, path: str | Path) -> Path:
     bottom.set_xlabel("turn (SLM prompt tokens, mean)")
     top.set_title("Accuracy and cost by context length (past the range: the LLM alone)")
     top.legend(fontsize=7, loc="best")
+    return _save(fig, path)
+
+
+def _save(fig, path: str | Path) -> Path:
+    """Lay out, write and close `fig`; its path."""
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path, dpi=120)

@@ -22,10 +22,10 @@ from pyrodash.data.example import Example
 from pyrodash.prompts import get_prompts
 from pyrodash.world.config import BUILD_RECIPE, TIER_SPLITS, WorldConfig, cache_root, default_world_dir
 from pyrodash.world.evaluate import evaluate_continue, evaluate_split, first_wrong_distribution
-from pyrodash.world.multiturn import evaluate_turns, make_multiturn_split
+from pyrodash.world.multiturn import evaluate_turns, world_conversations
 from pyrodash.world.pretrain import pretrain, save_model
 from pyrodash.world.shipped import SHIPPED, is_shipped, measured_on, models_source, platform
-from pyrodash.world.task import STEP_SEP, make_known, make_split, make_table, sample_problem
+from pyrodash.world.task import STEP_SEP, make_known, make_split, make_table
 
 MULTITURN_SPLITS = {
     "multiturn": "n_multiturn",
@@ -50,18 +50,7 @@ def make_splits(cfg: WorldConfig, seed: int) -> dict[str, list[Example]]:
     # conversations (one example per turn, gold history in meta): openers of tiers 1-2, follow-ups of followup_tiers;
     # test first, then validation and training conversations, each from its own RNG, no opener shared with any split
     for name, size in MULTITURN_SPLITS.items():
-        out[name] = make_multiturn_split(
-            seed,
-            getattr(cfg, size),
-            cfg.multiturn_turns,
-            list(cfg.tiers[:2]),
-            list(cfg.followup_tiers),
-            table,
-            known,
-            seen,
-            split=name,
-            sample=lambda r, t: sample_problem(r, t, cfg.max_addend, cfg.lead_runs),
-        )
+        out[name] = world_conversations(cfg, seed, name, getattr(cfg, size), cfg.multiturn_turns, table, known, seen)
     return {name: out[name] for name in SPLITS}
 
 

@@ -211,16 +211,22 @@ def long_splits(cfg: WorldConfig, seed: int, data: Path) -> dict[str, list[Examp
     table, known = make_table(seed), make_known(cfg.known_frac)
     out = {}
     for name, (n, turns) in LONG_SPLITS.items():
-        out[name] = make_multiturn_split(
-            seed,
-            n,
-            turns,
-            list(cfg.tiers[:2]),
-            list(cfg.followup_tiers),
-            table,
-            known,
-            seen,
-            split=name,
-            sample=lambda r, t: sample_problem(r, t, cfg.max_addend, cfg.lead_runs),
-        )
+        out[name] = world_conversations(cfg, seed, name, n, turns, table, known, seen)
     return out
+
+
+def world_conversations(cfg, seed: int, name: str, n: int, turns: int, table, known, seen: set) -> list:
+    """The world `cfg`'s conversation split `name`: `n` conversations of `turns` turns, openers of tiers 1-2 and
+    follow-ups of `cfg.followup_tiers`, no opener in `seen` (`make_multiturn_split`)."""
+    return make_multiturn_split(
+        seed,
+        n,
+        turns,
+        list(cfg.tiers[:2]),
+        list(cfg.followup_tiers),
+        table,
+        known,
+        seen,
+        split=name,
+        sample=lambda r, t: sample_problem(r, t, cfg.max_addend, cfg.lead_runs),
+    )
