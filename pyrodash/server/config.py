@@ -1,39 +1,6 @@
 """`ServeConfig`: everything `pyrodash serve` needs, from a YAML recipe (`configs/serve/*.yaml`) plus CLI flags.
-
-    slm: worlds/demo/slm                       # a backend spec, as `load_backend` takes it (path, URL, or dict)
-    base_slm: worlds/demo/slm-base             # optional: the SLM before offloading training, answering alone in the
-                                               # playground's compare view and for `pyrodash: {mode: slm}` requests
-    llm: {url: http://127.0.0.1:8001/v1, model: llm, api_key_env: LLM_API_KEY, timeout_s: 60}
-    # or an LLM mesh (pyrodash.backends.mesh): a list of endpoints (policy fallback), or
-    # llm: {policy: cheapest, cooldown_s: 30, timeout_s: 20, endpoints: [{url: ..., prices: SHEET}, ...]}
-    prices: paper                              # a sheet in configs/prices/, a YAML path, or an inline dict
-    prompts: qwen-math-v1
-    handoff_style: continue
-    llm_mode: auto                             # how an HTTP LLM continues a trace (overrides the llm spec's mode)
-    operating_points: {pyrodash: 0.0, pyrodash-eco: {offload_bias: 0.0, handoff_share: 0.5}}
-                                               # model name -> offload_bias, or {offload_bias, handoff_share,
-                                               # range_rule: {max_turns, max_context_tokens}}
-                                               # (pyrodash.engine: only that share of requests may hand off);
-                                               # the first is the default
-    failure: {retries: 2, backoff_s: 0.2, timeout_s: 60, on_error: fallback}
-    limits: {max_body_bytes: 1048576, max_tokens: 4096, default_max_tokens: 512, max_concurrency: 256}
-    context: {slm: 32768, llm: 131072}         # context windows for trimming long chats (default: what the model
-                                               # says, in-process only; see pyrodash.engine.conversation)
-    host: 127.0.0.1
-    port: 8000
-    api_key_env: PYRODASH_API_KEY               # bearer-token auth is on when this variable (or --api-key) is set
-    metrics_public: false                       # true: GET /metrics needs no key even when auth is on
-    allow_unknown_fields: false                 # true: ignore top-level request fields OpenAI's API does not have
-    cors_origins: []                            # CORS is off unless origins are listed
-    budgets: {default: {usd_per_hour: 2.0, dollars: llm, cap_usd: 2.5}, redis_url: redis://127.0.0.1:6379/0}
-                                               # dollar budgets held by moving the operating point (optional;
-                                               # pyrodash.server.budget.config, README "Hold a budget")
-
-A backend spec may carry `name:` (what responses and /health call it); without one the name is public by default
-(the model's name, never its URL or directory: `pyrodash.backends.loader`). With auth on, `/health` without the key
-says only whether the server is live and ready; backend details need the key.
-
-Relative paths in `slm`/`llm`/`prices` resolve against the YAML file's folder, then the working directory.
+Every key, with an example of each: docs/serving.md ("The serve config"). Relative paths in `slm`/`llm`/`prices`
+resolve against the YAML file's folder, then the working directory.
 """
 
 from __future__ import annotations
