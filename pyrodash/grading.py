@@ -1,20 +1,11 @@
 """Answer grading shared by evaluation and the GRPO reward: `\\boxed{}` extraction and math-verify equivalence.
 
-- `extract_answer(text)`: the content of the LAST `\\boxed{...}` / `\\fbox{...}` / `\\framebox{...}` (balanced,
-  nested braces), or of the space form `\\boxed 5`; None when there is none (or the last one is cut off).
-- `is_correct(output_text, gold)`: only the extracted answer of the output is compared (no box -> False). A fast
-  path decides without math-verify when both sides are the same after light normalisation, or both are integers
-  (the built-in world's answers, GSM8K, AIME), or both plain numbers (`-1.5`, `4.5e33`, `4.5\\times10^{33}`: equal
-  within a relative tolerance of 1e-6, where math-verify's 6-decimal rounding would call 1e-27 and 3e-19 equal;
-  an integer gold takes no tolerance: `1450000.0` is right for `1450000`, `1450001.0` is wrong).
-  Otherwise math-verify decides, with the gold wrapped as `$gold$` and the answer as `\\boxed{answer}`. `gold`
-  may be a list (OlympiadBench multi-answer): the output must give all of them, in any order (`\\boxed{1, 2}`).
+- `extract_answer(text)`: the content of the LAST `\\boxed{...}` (or its kin); None when there is none.
+- `is_correct(output_text, gold)`: the extracted answer against the gold (a fast path, else math-verify).
 - `grade_batch(outputs, golds, workers=None)`: the batched form, safe from any thread.
 
-math-verify times out with `signal.alarm`, which works only on the main thread of the main interpreter. So
-`is_correct` runs math-verify inline on the main thread and sends the item to a process pool otherwise, and
-`grade_batch` uses the pool whenever it is not on the main thread. The pool is created lazily once per process
-(spawn start method: safe next to torch threads), reused, and shut down at exit.
+Each function's rules are in its docstring, and in `is_correct`'s why math-verify runs in a process pool off the
+main thread.
 """
 
 from __future__ import annotations
@@ -39,7 +30,11 @@ _SCI_RE = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?)[eE]([-+]?\d+)(?![\w.])")
 
 
 def extract_answer(text: str) -> str | None:
-    """The content of the last `\\boxed{...}` / `\\fbox{...}` in `text` (nested braces kept), or None."""
+    """The content of the last `\\boxed{...}` / `\\fbox{...}` in `text` (nested braces kept), or None.
+
+    Also `\\framebox{...}` (balanced, nested braces), and the space form `\\boxed 5`. None when there is none, or
+    when the last one is cut off.
+    """
     matches = list(_BOX_RE.finditer(text or ""))
     if not matches:
         return None
@@ -179,7 +174,20 @@ def _check_timeout(timeout_s: int) -> int:
 
 
 def is_correct(output_text: str, gold: str | list[str], timeout_s: int = TIMEOUT_S) -> bool:
-    """Whether the last boxed answer of `output_text` equals `gold` (a string, or a list: all must be given)."""
+    """Whether the last boxed answer of `output_text` equals `gold` (a string, or a list: all must be given).
+
+    Only the extracted answer of the output is compared (no box -> False). A fast path decides without math-verify
+    when both sides are the same after light normalisation, or both are integers (the built-in world's answers,
+    GSM8K, AIME), or both plain numbers (`-1.5`, `4.5e33`, `4.5\\times10^{33}`: equal within a relative tolerance
+    of 1e-6, where math-verify's 6-decimal rounding would call 1e-27 and 3e-19 equal; an integer gold takes no
+    tolerance: `1450000.0` is right for `1450000`, `1450001.0` is wrong). Otherwise math-verify decides, with the
+    gold wrapped as `$gold$` and the answer as `\\boxed{answer}`. A list gold (OlympiadBench multi-answer): the
+    output must give all of them, in any order (`\\boxed{1, 2}`).
+
+    math-verify times out with `signal.alarm`, which works only on the main thread of the main interpreter, so
+    math-verify runs inline on the main thread and the item goes to a process pool otherwise. The pool is created
+    lazily once per process (spawn start method: safe next to torch threads), reused, and shut down at exit.
+    """
     timeout_s = _check_timeout(timeout_s)
     _check_gold(gold)
     if _on_main_thread():
@@ -253,7 +261,7 @@ def grade_batch(
     fast: bool = True,
     timeout_s: int = TIMEOUT_S,
 ) -> list[bool]:
-    """`is_correct` over pairs, from any thread.
+    """`is_correct` over pairs, from any thread (off the main thread it always uses the process pool).
 
     workers: 0 = inline (main thread only; elsewhere the pool with the default size is used), N > 0 = a pool of N
     processes, None = inline on the main thread for up to INLINE_MAX math-verify items, else a pool of

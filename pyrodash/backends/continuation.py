@@ -4,26 +4,9 @@
     path, body = build_request(wire, req, model="llm", render=None)
     state = StreamState(); state.feed(json_event)  # -> text delta; then state.finish / stop_reason / usage
 
-Modes (the request a handoff sends; `req.prefix` is Pack(O_s), the text to continue):
-- `continue`: vLLM / SGLang chat continuation: the prefix as the final assistant message with
-  `continue_final_message: true, add_generation_prompt: false`.
-- `completion`: raw `/v1/completions`: the chat template rendered locally (`render`) + the prefix.
-- `instruct`: plain chat, no extension field. The engine then hands off in its "instruct" style (the partial trace as
-  text in a user message, `prompts.handoff_template`); a prefix that still reaches the backend is sent as an
-  assistant turn followed by a user "continue" note. Works on the OpenAI API, reasoning models included.
-- `prefix`: DeepSeek's chat prefix completion (beta): `{"role": "assistant", "content": prefix, "prefix": true}`.
-- `anthropic`: the Messages API (`POST /v1/messages`, `x-api-key`, `anthropic-version`), the prefix as an assistant
-  prefill (trailing whitespace removed, as the API requires); with `wire.prefill=False` (a model that refuses
-  prefill) the instruct form.
-
-Sampling fields: `temperature` is always sent (0 = greedy); `top_p` only when the request sets it, i.e. when it is not
-1.0 (GenRequest's default and the neutral value: no nucleus cut; OpenAI's and Anthropic's default too, so leaving it
-out changes nothing there, while a server with its own default, e.g. vLLM reading the model's generation_config, uses
-that one: irrelevant to greedy decoding). Anthropic refuses `temperature` and `top_p` together, also behind an
-OpenAI-style proxy such as LiteLLM; the Messages API body never carries `top_p`.
-
-`Wire` also holds what the start-up probe learned about the endpoint: the name of the token-limit field
-(`max_completion_tokens` for OpenAI reasoning models) and request fields it rejected (never sent again).
+Modes: `continue` (vLLM / SGLang chat continuation), `completion` (raw `/v1/completions`), `instruct` (plain chat),
+`prefix` (DeepSeek's prefix completion), `anthropic` (the Messages API, an assistant prefill). `Wire` also holds what
+the start-up probe learned about the endpoint. Each mode's request and the sampling fields sent: docs/internals.md.
 """
 
 from __future__ import annotations

@@ -6,16 +6,8 @@ loader, `pyrodash.backends.load_llm`).
                             "tokenizer": "worlds/w/llm", "api_key_env": "VLLM_KEY"})   # a YAML dict
     llm = pyrodash.backends.load_llm("http://127.0.0.1:8001/v1#llm", mode="auto")   # + the start-up probe
 
-A spec is a string (a local model dir / hub id, or `http(s)://host[:port]/v1#model`) or a dict with `url`, `model`,
-`api_key_env`, `mode`, `timeout_s`, `tokenizer`, `extra_body`, `name`. `mode` is how the endpoint continues a partial
-trace (see `pyrodash.backends.continuation`): auto (default: detected at start-up), continue, completion, instruct,
-prefix, anthropic. The CLI flag `--llm-mode` overrides the spec's mode.
-
-Keys: the key is read from the environment variable the spec names (`api_key_env`, then it must be set); without one,
-from the provider's usual variable when it is set: ANTHROPIC_API_KEY for `mode: anthropic` or an anthropic.com URL,
-DEEPSEEK_API_KEY for a deepseek.com URL, OPENAI_API_KEY otherwise (so one provider's key is never sent to another).
-A key never appears in a log line, an error message or a record: `redact()` removes it from every message a backend
-raises.
+A key never appears in a log line, an error message or a record (`redact()`). A spec's forms and keys, its `mode`,
+and which environment variable a key is read from: docs/internals.md.
 """
 
 from __future__ import annotations

@@ -1,21 +1,10 @@
 """One decode step of a Qwen3 decoder without transformers' module machinery: the same torch ops, in the same order,
 on the same weights, so the logits are bit for bit those of `model(...)` (`tests/test_lean_step.py` checks it, on a
 plain model and with PEFT LoRA layers). Used by the decode loop (`pyrodash.backends.hf`) for every token after the
-prompt; the prompt itself (prefill) still goes through `model(...)`.
+prompt; the prompt itself (prefill) still goes through `model(...)`. A model it does not cover gets `None` from
+`lean_step` and keeps its own forward.
 
-Why: the world's models are tiny (2 layers, 64 and 128 wide), so a decode step is mostly per-call overhead:
-transformers' decorators and output capture, the attention-interface dispatch, the causal-mask builder, the rotary
-module, `nn.Module.__call__` around each of ~40 submodules. Measured, quick world seed 0, the decode loop on one
-thread, 16 evaluation prompts, up to 300 new tokens (`OMP_NUM_THREADS=1 benchmarks/decode_loop.py --batch 16`):
-SLM 0.64 -> 0.44 s, LLM 0.87 -> 0.71 s; the quick demo's jobs (same cached world, same records and Stage 3 weights)
-235.7 -> 212.5 s.
-
-What it covers: `Qwen3ForCausalLM` (or the base model under PEFT), SDPA attention, full attention in every layer
-(grouped-query attention as transformers' SDPA path does it for one query token: `enable_gqa` without padding, the
-query heads packed per key/value head with it), the default RoPE, no forward hooks but transformers' own output-capture
-hooks (inert outside a forward that asks for hidden states). Anything else (sliding windows, other RoPE types, eager
-attention, another architecture) gets `None` from `lean_step` and keeps the model's own forward. A linear layer that
-is not a plain bias-free `nn.Linear` (a LoRA layer) is called as the module it is, so its own forward adds the adapter.
+Why (per-call overhead on tiny models, with measurements) and exactly what it covers: docs/internals.md.
 """
 
 from __future__ import annotations

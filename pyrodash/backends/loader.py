@@ -7,11 +7,8 @@
     slm = load_slm("http://127.0.0.1:8000/v1#slm")            # an SLM server: checked to stop at <offload>
     b = load_backend("path/or/hub-id")                         # any backend, no check (SLMs, tools, tests)
 
-Specs: a path or hub id (HFBackend; a GGUF file, `model.gguf` or `DIR#file.gguf`, converted once: `backends/gguf.py`),
-a URL with an optional `#model` (OpenAICompatBackend), their dict forms (`pyrodash.backends.endpoint`), or for the LLM
-a list / `{"endpoints": [...]}` (MeshBackend). A backend's `name` is public (a spec's `name`, else the model's name,
-never a URL or directory). A misconfigured endpoint is a one-line ValueError naming the fix; an unreachable one is
-probed again at its first handoff (docs/providers.md).
+A spec is a path / hub id, a URL with `#model`, their dict forms, or for the LLM a list (a mesh); the spec forms in
+full (GGUF files, a backend's name, misconfigured and unreachable endpoints): docs/internals.md.
 """
 
 from __future__ import annotations

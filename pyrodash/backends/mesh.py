@@ -5,29 +5,9 @@
                     {"url": "http://b:8002/v1#llm", "prices": {"input_cost_per_token": 2e-7, ...}}])
     llm = load_llm({"endpoints": [...], "policy": "cheapest", "cooldown_s": 30, "timeout_s": 20})
 
-Policies (which endpoint is tried first, and who takes over):
-  - "fallback": the endpoints in the order given.
-  - "cheapest": the endpoint with the lowest estimated cost for this request (its own price sheet: estimated input
-    tokens x input price + max_tokens x output price) first, then the next cheapest.
-In both, an endpoint that fails (an error, a broken stream, no chunk within `timeout_s`) cools down for `cooldown_s`
-seconds (as LiteLLM's router does): it is tried only after every healthy endpoint. When an endpoint fails in the
-middle of its stream, the next one continues from everything already streamed: its request is the same request with
-the streamed text appended to the assistant prefix (and max_tokens reduced by the tokens already decoded), so the
-client sees one uninterrupted answer with no duplicated text.
-
-Accounting: the last chunk carries `endpoints`, one entry per upstream call (endpoint name, whether it reached the
-server, tokens, the text it wrote, its price sheet, the error); the engine bills each at its own prices and counts
-`llm_calls` as the calls that reached a server (2 when the first endpoint died mid-stream). A call that broke before
-its server reported usage is billed as delivered: output = chunks received (one token each), input = the member's
-tokenizer count when it has one, else an estimate (characters / 3); such entries say `"estimated": true`. When every
-endpoint fails the stream raises `BackendError` whose `usage.endpoints` holds the same entries.
-
-Spec forms (`pyrodash.backends.load_llm`, in `pyrodash.backends.loader`): a backend spec (`load_backend`'s forms: one
-endpoint, no mesh); a list of member specs (policy "fallback"); or `{endpoints: [...], policy, cooldown_s, timeout_s,
-name}`. A member spec is `load_backend`'s string or dict plus optional `prices` (any form `Prices.load` takes, LiteLLM
-entries included: the endpoint's LLM prices; without one the engine's sheet applies) and `name`. Each member is
-probed at load as a single LLM is, but one failing its probe does not stop the mesh (it fails its calls and cools
-down; /health shows its config_error).
+Policies "fallback" (the order given) and "cheapest" (the lowest estimated cost first); a failing endpoint cools
+down, and the next one continues mid-stream from the text already streamed. The policies, the accounting of each
+upstream call and the spec forms: docs/internals.md.
 """
 
 from __future__ import annotations

@@ -3,15 +3,9 @@
     pyrodash generate --slm worlds/w/slm --llm http://127.0.0.1:8001/v1#llm --offload-bias 2 "What is 17*23?"
     pyrodash generate --slm SLM --llm LLM --json "question"     # the answer's record (pyrodash.record), one line
 
-Conversations: `--history FILE.json` (earlier messages, OpenAI chat format) comes before the question, and each
-`--turn TEXT` is a follow-up user turn asked after it, with everything so far as history (one engine request per
-turn; `--json` prints one record per turn: the fields of an eval record and of the server's `pyrodash` object);
-`--save-history FILE.json` writes the whole conversation for a later `--history`. An LLM mesh: repeat `--llm` (the
-next endpoint continues mid-stream when one fails), with `--llm-policy cheapest` and `--llm-prices SHEET` per
-endpoint (see pyrodash.backends.mesh).
-
 SLM text is shown in cyan, LLM text in magenta, then token usage and dollars. A backend is a model path / hub id
-(in-process transformers) or an OpenAI-compatible URL `http(s)://host:port/v1#model`.
+(in-process transformers) or an OpenAI-compatible URL `http(s)://host:port/v1#model`. Conversations (`--history`,
+`--turn`, `--save-history`) and an LLM mesh (a repeated `--llm`): docs/internals.md.
 """
 
 from __future__ import annotations

@@ -2,21 +2,10 @@
 (`pyrodash.record`: the engine's `Done` as a JSON object, plus method extras); `pyrodash.eval.harness` grades and stores
 them. `pyrodash.eval.build.build_methods` makes the methods of an eval config.
 
-- `slm`, `slm+sft`, `llm`: one model answers alone (`Solo`); the question template, no system prompt, `<offload>`
-  banned where the vocabulary has it (SLM+SFT is the Stage-2 model without P_s, as in the paper).
-- `pyrodash@<λ>` / `pyrodash@<λ>+bias<b>`: the Collaborate Engine with the Stage-3 model for λ (`PyroDash`), under
-  the eval config's `range_rule` (past the SLM's range the LLM alone, `routed: "range"`);
-  `pyrodash@<λ>+relay<n>`: that model in relay mode, up to n LLM calls per answer (docs/relay.md).
-- `oracle`: one handoff exactly before the first step the SLM was not taught (`pyrodash.eval.oracle`), the
-  ceiling of any single-handoff policy on the world.
-- `routellm@<α>`: RouteLLM-MF (`pyrodash.eval.routing.routellm_mf`), `glimprouter@<τ>`: GlimpRouter
-  (`pyrodash.eval.routing.glimprouter`).
-
-Every method but GlimpRouter (a router that calls a model per step, not a handoff) runs on the Collaborate Engine's
-batch driver (`CollaborateEngine.batch`): the SLM/LLM alone are its modes "slm"/"llm", PyroDash its mode "collab",
-the oracle a handoff told from outside. In-process backends decode in left-padded batches; any other backend
-(OpenAI-compatible HTTP) is driven through its stream with `concurrency` requests in flight. So a record is what
-`pyrodash serve` answers for the same question (tests/parity.py).
+Methods: `slm`, `slm+sft`, `llm` (one model alone), `pyrodash@<λ>` (with `+bias<b>` or `+relay<n>`), `oracle`,
+`routellm@<α>`, `glimprouter@<τ>`. Every one but GlimpRouter runs on the engine's batch driver
+(`CollaborateEngine.batch`), so a record is what `pyrodash serve` answers for the same question. Each method, and how
+they are driven: docs/internals.md.
 """
 
 from __future__ import annotations

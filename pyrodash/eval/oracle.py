@@ -1,22 +1,10 @@
 """The oracle methods: `oracle` hands off once, exactly before the first step the SLM was not taught, never otherwise;
 `relay_oracle` hands off before every untaught step, the LLM writing that one step (`RelayOracle`, docs/relay.md).
 
-It is the ceiling of any policy that calls the LLM at most once: a handoff earlier makes the LLM write more (it costs
-more and gains nothing, the SLM does the earlier steps right), a handoff later lets the SLM write an untaught step it
-gets wrong, and a problem without an untaught step needs no LLM at all. It needs to know where the untaught steps
-are (`Example.meta["hard_steps"]`, step indices; the built-in world records them), so it runs on world benchmarks.
-
-How it runs, through the engine (`CollaborateEngine.batch`), so it is requested, billed and recorded as PyroDash is:
-- the base SLM answers under P_s (the engine's SLM request; `<offload>` is absent from its vocabulary, so it never
-  hands off by itself);
-- no untaught step: that answer is the output (SLM tokens only);
-- else its answer is cut at the step boundary before the first untaught step (step separator `\\n\\n`): the SLM's
-  own prefix. Greedy decoding is causal, so this is exactly the text the SLM writes before that boundary whether or
-  not it would go on. The engine is handed that prefix as an SLM generation that ended in a handoff (prompt +
-  prefix tokens + one `<offload>` token, as the engine bills one) and makes the handoff: the LLM's request (P_l +
-  question, the packed prefix as its assistant prefix) billed as it comes back.
-The SLM's own prefix, not the gold one: the oracle knows where to hand off, not what to write. (On the world the
-SLM's first wrong step is the first untaught lookup in 99% of its failures, so the two rarely differ.)
+It is the ceiling of any policy that calls the LLM at most once. It needs to know where the untaught steps are
+(`Example.meta["hard_steps"]`), so it runs on world benchmarks; it runs through the engine (`CollaborateEngine.batch`),
+so it is requested, billed and recorded as PyroDash is. Why it is the ceiling, and how it runs step by step:
+docs/internals.md.
 """
 
 from __future__ import annotations

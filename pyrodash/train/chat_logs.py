@@ -1,20 +1,9 @@
 """Conversations as training turns: the world's conversation splits and a user's own chat logs, one `Example` per
 assistant turn, so curation judges and rewrites each turn exactly as it judges a single question.
 
-A chat log is a JSONL file of OpenAI `messages`, one conversation per line (what `pyrodash serve` receives):
-
-    {"messages": [{"role": "system", "content": "..."}, {"role": "user", "content": "2+3?"},
-                  {"role": "assistant", "content": "... \\boxed{5}"}, {"role": "user", "content": "Then times 4?"},
-                  {"role": "assistant", "content": "... \\boxed{20}"}]}
-
-(a bare JSON list of messages per line works too). Every assistant message that answers a user message is a turn:
-its history is every message before that user message (the logged answers included: what the user saw), its
-question the user message, its gold the assistant message's last `\\boxed{}` answer, or the message's own `gold`
-field when the log carries one. A turn whose answer has neither is skipped and counted (`turns_without_answer`): with
-no gold, nothing can judge the SLM's answer easy or hard.
-
-`turn_messages(prompts, ex)` is the chat a model is asked for a turn: the world's gold history and the question under
-the prompt set's template (as `pyrodash eval` asks), or a logged conversation verbatim (as `pyrodash serve` is asked).
+A chat log is a JSONL file of OpenAI `messages`, one conversation per line (what `pyrodash serve` receives); every
+assistant message that answers a user message is a turn. `turn_messages(prompts, ex)` is the chat a model is asked
+for a turn. The format, with an example, and what a turn's history, question and gold are: docs/internals.md.
 """
 
 from __future__ import annotations

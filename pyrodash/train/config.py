@@ -7,17 +7,7 @@ transformers training argument and goes straight into the TRL dataclass, so TRL 
     recipe = load_recipe("configs/world/quick.yaml")
     recipe.stage_config("stage2", output_dir="runs/x/stage2")   # -> Stage2Config (an SFTConfig)
 
-A recipe YAML:
-
-    name: world-quick
-    world: {quick: true, seed: 0}          # the world's cache dir, or {dir: worlds/quick}; omit: give slm and llm
-    slm: null                              # model path / hub id / GGUF file; default: the world's slm/
-    chat_template: null                    # the SLM's template (text or file); default: its tokenizer's
-    llm: null                              # path / hub id / "http://host:port/v1#model" / {url:, model:, ...}
-    prompts: world-v1
-    prices: paper
-    curate: {...}                          # CurateConfig fields
-    stage1: {...}; stage2: {...}; stage3: {...}   # Stage*Config fields (PyroDash + TRL)
+A recipe YAML, every key commented: docs/internals.md.
 """
 
 from __future__ import annotations

@@ -3,29 +3,10 @@ and Corpus B (read by Stages 1 and 2).
 
     pyrodash curate --config configs/world/quick.yaml --output-dir runs/quick
 
-1. Run the base SLM greedily (no P_s) on every (question, gold) example; correct -> easy, wrong -> hard.
-2. Hard: ask the frozen LLM for a solution (optionally shown the gold answer); keep it only if it grades correct,
-   else drop the example.
-3. Corpus A: [user, assistant] without P_s and without `<offload>` (easy: the SLM's own solution; hard: the
-   reconstruction). Corpus B: P_s as system message (the engine's SLM chat, `slm_chat`); easy targets unchanged;
-   hard targets with 1-4 `<offload>`
-   inserted at step boundaries inside the reasoning (never inside the final-answer step), seeded.
-   `hard_target: to_first_offload` (not the paper's; the world recipes) cuts each hard target of Corpus B right
-   after its first `<offload>` and leaves hard examples out of Corpus A: at inference the SLM never writes past
-   its first `<offload>`, and on a small SLM the loss on the LLM's text after it moves what the SLM already knew.
-
-Conversations (`curate.conversations`: a world conversation split such as "world:multiturn_train", or a user's
-chat log, OpenAI `messages` JSONL, one conversation per line: `pyrodash curate --chats FILE`, see
-`pyrodash.train.chat_logs`) go through the same path, one turn at a time: each turn is judged easy/hard by the base
-SLM given its earlier turns (the gold history of the world, the logged one of a chat log), a hard turn's
-reconstruction is the LLM answering that turn after the same history, and `<offload>` goes before the first untaught
-step of that turn. Every row is a prompt-completion pair (`prompt`: [P_s +] the history + the current question;
-`completion`: the current assistant turn), so the loss is on the current turn only and Stage 2 never learns to
-rewrite history.
-
-Writes DIR/curated/{corpus_a,corpus_b,heldout}.jsonl, DIR/curated/dataset/ (datasets.save_to_disk, splits corpus_a
-and corpus_b), stats.json and config.resolved.json. `heldout.jsonl` labels a separate set easy/hard the same way,
-for the Stage 2 offload-rate measurement.
+The base SLM labels each example easy (right) or hard (wrong); the frozen LLM reconstructs the hard ones; Corpus A
+has no `<offload>`, Corpus B has P_s and `<offload>` in its hard targets. Conversations go the same path, one turn
+at a time. Writes DIR/curated/{corpus_a,corpus_b,heldout}.jsonl, DIR/curated/dataset/, stats.json and
+config.resolved.json. The steps, `hard_target`, conversations and the outputs: docs/internals.md.
 """
 
 from __future__ import annotations

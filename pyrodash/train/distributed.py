@@ -4,19 +4,9 @@
     accelerate launch --config_file configs/accelerate/zero2.yaml -m pyrodash train stage3 ...     # DeepSpeed ZeRO-2
     accelerate launch --multi_gpu --num_processes 2 -m pyrodash train stage2 ...   # a CPU-only machine: gloo
 
-The stages run unchanged on every rank (TRL's trainers shard the data and all-reduce the gradients); around them:
-- one rank (the main process) computes what every rank reads: the world build, curation outputs, the Cost_base
-  cache. `main_first()` runs a block on the main process first while the others wait at a barrier, then on the
-  others, which find the file written and compute nothing (no race on the file, no LLM call made twice);
-- each rank's GRPO rollouts make their own LLM handoff calls (the reward runs inside GRPO on every rank);
-- checkpoints, stats files, held-out measurements (and their LLM calls) come from the main process only
-  (`is_main()`); the others wait at `barrier()`, so every process returns after the files exist;
-- the Stage 3 reward's statistics are gathered from every rank at each log (`pop_reward_stats`), and the final
-  handoff counts per rank go to stage3_stats.json (`gather_objects`).
-
-On a machine without CUDA, `accelerate launch --cpu --num_processes N` starts ONE process unless MPI is set up
-(`--mpirun_hostfile`); `setup()` refuses that case and names the form that works: `--multi_gpu` (torchrun starts N
-processes), with gloo chosen here because no GPU exists (ACCELERATE_USE_CPU=true).
+The stages run unchanged on every rank; the main process computes the shared files and writes checkpoints and stats
+(`main_first()`, `is_main()`, `barrier()`), and the reward's statistics are gathered from every rank. Each part, and
+why a CPU-only machine needs `--multi_gpu` (`setup()`): docs/internals.md.
 """
 
 from __future__ import annotations

@@ -6,12 +6,9 @@
     llm = FrozenLLM.from_spec(["http://a:8001/v1#llm", "http://b:8002/v1#llm"])   # a mesh (fallback in order)
     gens = llm.generate([GenRequest(...), ...], cache="runs/x/llm_calls.jsonl")   # journaled: resumable
 
-The LLM is loaded by the one LLM loader, `pyrodash.backends.load_llm` (an HTTP endpoint's continuation mode is probed
-at start-up, as for every command), with `load_frozen` for in-process models. Over HTTP every call goes through the
-batch call policy (`pyrodash.backends.retry.RetryPolicy`: retries for what may pass, none for client errors,
-`concurrency` calls at a time); a call that still fails comes back as a `GenResult` with finish_reason "error"
-(counted in `failures`), never as an exception. With `cache=PATH` each result is appended to a JSONL journal the
-moment it arrives, and a later run (after a kill) reuses every journaled result.
+The LLM is loaded by the one LLM loader, `pyrodash.backends.load_llm`. A call that still fails comes back as a
+`GenResult` with finish_reason "error", never as an exception; `cache=PATH` journals each result, so a killed run
+resumes. The call policy over HTTP and the journal: docs/internals.md.
 """
 
 from __future__ import annotations

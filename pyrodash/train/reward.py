@@ -1,20 +1,9 @@
 """The Stage 3 reward: complete collaborative rollouts with the frozen LLM in the loop.
 
-For the G completions of each prompt (sampled by TRL under P_s, cut at `<offload>` because it is a generation EOS):
-- the completions go to the Collaborate Engine as SLM generations made elsewhere (`CollaborateEngine.batch(...,
-  slm_results=...)`): one that ended in `<offload>` is handed to the LLM by the engine itself, with the request,
-  billing and failure policy of `pyrodash serve` and `pyrodash eval`; all handoffs of a batch are issued together
-  (one batched in-process call, or concurrent HTTP requests). The joint output is the engine's; the LLM tokens
-  never enter the loss (TRL only sees the reward);
-- R_acc = grade(joint output, gold);
-- Cost_act = (C_s + C_pre) T_s + C_dec T_l,dec (`eq:grpo-cost-actual`), with T_s the SLM tokens before `<offload>`;
-  no handoff: C_s T_s;
-- R_eff = Cost_act / Cost_base (`eq:grpo-eff`), Cost_base cached per prompt (`eq:grpo-baseline`, `BaselineCache`);
-  `cost_penalty: direct` uses Cost_act in USD instead (unnormalised; λ must be scaled to dollars);
-- R_total = R_acc - λ R_eff (`eq:grpo-total`).
-
-The reward also accumulates per-step statistics (accuracy, offload rate, mean R_eff, mean handoff position, LLM
-calls), which the Stage 3 trainer adds to its logs.
+The G completions of each prompt (cut at `<offload>`) go to the Collaborate Engine, which hands each one that ended in
+`<offload>` to the LLM (all handoffs of a batch together); the LLM tokens never enter the loss. The reward is
+R_total = R_acc - λ R_eff (`eq:grpo-total`), with R_eff = Cost_act / Cost_base; it also accumulates per-step
+statistics for the Stage 3 trainer's logs. Each term and statistic: docs/internals.md.
 """
 
 from __future__ import annotations

@@ -3,18 +3,10 @@
     pyrodash train stage3 --config configs/world/quick.yaml --output-dir runs/quick [--lambda 0.3]
     pyrodash train stage3 --config configs/world/full.yaml --output-dir runs/full --lambdas 0.05,0.6,2,4
 
-1. Load the Stage 2 model; `<offload>` joins its generation EOS ids, so TRL cuts every completion there.
-2. Run the LLM alone on every training prompt and cache Cost_base (`eq:grpo-baseline`) in DIR/cost_base.json
-   (shared by every λ of a sweep).
-3. TRL's GRPOTrainer (G rollouts per prompt under P_s, LoRA) with `CollaborativeReward`: each rollout that ended in
-   `<offload>` is continued by the LLM (all handoffs of a batch issued together), the joint output graded, and
-   R_total = R_acc - λ R_eff. Only SLM tokens enter the loss.
-4. Per-step logs (TRL's reward/loss metrics plus accuracy, offload rate, mean R_eff, mean handoff position, LLM
-   calls; over the rollouts of every rank under `accelerate launch`) go to DIR/stage3-lambda<λ>/log.jsonl and the
-   rich progress panel; checkpoints to .../trainer/ (resume with --resume). The adapters are merged into
-   DIR/stage3-lambda<λ>/.
-5. The trained policy is evaluated on the held-out set (greedy SLM under P_s, one handoff, as the engine does):
-   accuracy, offload rate, LLM calls per example, cost; a sweep writes DIR/stage3-sweep.json.
+Loads the Stage 2 model, caches Cost_base (DIR/cost_base.json), trains with TRL's GRPOTrainer and
+`CollaborativeReward` (R_total = R_acc - λ R_eff; only SLM tokens enter the loss), logs to
+DIR/stage3-lambda<λ>/log.jsonl, merges the adapters into DIR/stage3-lambda<λ>/ and evaluates on the held-out set
+(a sweep writes DIR/stage3-sweep.json). The five steps in full: docs/internals.md.
 """
 
 from __future__ import annotations

@@ -1,18 +1,9 @@
 """GlimpRouter (Zeng et al., 2026): training-free, step-level SLM→LLM collaboration by first-token entropy.
 
-The answer is written step by step (steps end at a boundary, "\\n\\n" by default). At each step boundary the SLM
-"glimpses" the first token of the next step: its entropy H (natural log) over the SLM's top-k log-probabilities
-(k = 20, renormalised to sum to 1). If H < τ the SLM writes the step; if H >= τ the LLM writes that step (stopping
-at the boundary) and control returns to the SLM. The LLM may be called many times per query, and every LLM call is
-billed with its full growing prompt (question + everything written so far).
-
-Accounting: a glimpse that hands the step to the LLM is billed as the SLM prompt plus one decoded token. The SLM's
-prompt is billed incrementally, as a KV-cached deployment would prefill it: its first call pays the whole prompt,
-later calls only the tokens added since its previous kept call (the LLM's steps). The answer's token budget
-(`max_tokens`) counts the kept tokens of both models.
-
-`run_glimprouter` is batched: it advances every unfinished query by one step per round, with one SLM batch and one
-LLM batch per round, through a `gen(role, requests)` callable (so in-process and HTTP backends both work).
+At each step boundary the SLM "glimpses" the first token of the next step; if its entropy H is below τ the SLM writes
+the step, else the LLM writes it. `run_glimprouter` is batched: it advances every unfinished query by one step per
+round, with one SLM batch and one LLM batch per round, through a `gen(role, requests)` callable (so in-process and
+HTTP backends both work). The entropy, the steps and how each call is billed: docs/internals.md.
 """
 
 from __future__ import annotations

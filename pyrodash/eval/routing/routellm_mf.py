@@ -1,17 +1,8 @@
 """RouteLLM's matrix-factorisation router (Ong et al., 2024), re-implemented for two models (SLM weak, LLM strong).
 
-Request level: before any decoding, the router scores the query and the chosen model answers the whole query.
-The score of model m on query q is `s(m, q) = w^T (normalise(v_m) ⊙ W e(q))` (a learned model embedding v_m, a
-projection W of the query embedding e(q), a linear classifier w); the probability that the strong model wins is
-`σ(s(llm, q) - s(slm, q))`, a low-rank bilinear logistic model. It is trained with binary cross-entropy on labels
-from a training pool that both models answered: LLM wins (LLM right, SLM wrong) / SLM wins (SLM right, LLM wrong);
-ties are dropped (`ties="drop"`, as in RouteLLM's preference data) or, with `ties="prefer_slm"`, a tie where both
-are right counts as an SLM win (the cheaper model sufficed). A query goes to the LLM when its win rate >= α; α is
-swept or calibrated to a target LLM share (RouteLLM's `calibrate_threshold`: the (1 - share) quantile of the win
-rates on a calibration set).
-
-Query embeddings come from a local encoder; by default the SLM itself (mean-pooled last hidden states), so the
-router needs no extra model. Embeddings are standardised with the training pool's mean and spread.
+Request level: before any decoding, the router scores the query and the chosen model answers the whole query; a
+query goes to the LLM when its estimated win rate >= α. Query embeddings come from a local encoder (by default the
+SLM itself). The model, its training labels, the calibration of α and the embeddings: docs/internals.md.
 """
 
 from __future__ import annotations

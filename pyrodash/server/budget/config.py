@@ -1,21 +1,12 @@
 """The `budgets` section of a serve config: dollar budgets that `pyrodash serve` holds by moving the operating point.
 
     budgets:
-      default:                      # requests without a budget key draw on this one (omit it: they are not paced)
-        usd_per_hour: 2.00          # the target spend rate (or usd_per_day: 40)
-        dollars: llm                # llm: LLM dollars only (the API bill) | all: SLM + LLM dollars
-        cap_usd: 2.50               # optional hard cap per period (the hour of usd_per_hour, the day of usd_per_day)
-        at_cap: slm                 # slm: the SLM alone until the period ends | refuse: 429
-      keys:                         # optional: one budget per API key; a request's bearer key picks its budget
-        team-a: {key_env: TEAM_A_KEY, usd_per_day: 20}
-      redis_url: redis://127.0.0.1:6379/0   # optional: replicas share one spend counter and controller state
-      curve: runs/curve.json        # optional: `pyrodash calibrate --budget-usd X --json` on a traffic sample
-      knob: handoff_share           # or offload_bias (moves along the curve; needs `curve`)
-      reservation_ttl_s: 600        # a reservation on the hard cap expires this long after admission (wall s)
-      replicas: 4                   # optional: the replicas sharing Redis (each one's share while Redis is down)
+      default: {usd_per_hour: 2.00, dollars: llm, cap_usd: 2.50, at_cap: slm}   # requests without a budget key
+      keys: {team-a: {key_env: TEAM_A_KEY, usd_per_day: 20}}                     # optional: one budget per API key
 
 Every mistake is a one-line ValueError that names the key and the fix. Keys are read from the environment
-(`key_env`) and never stored in the config, logs or responses: budgets are named by their names.
+(`key_env`) and never stored in the config, logs or responses: budgets are named by their names. Every key of the
+section, commented: docs/internals.md.
 """
 
 from __future__ import annotations

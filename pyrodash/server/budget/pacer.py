@@ -7,28 +7,8 @@
     finish(st, spec, t2, d, actual_usd)           # the Done's dollars
 
 Everything here is pure arithmetic on a `PacerState` (a flat record of floats, so replicas can keep it in one Redis
-hash, `pyrodash.server.budget.store`). Time is the budget's clock in seconds (`budget_config.Clock`).
-
-The controller, per request of a paced budget:
-- **feedforward** from the measured traffic: the arrival rate n (an exponentially weighted rate over
-  `rate_window_s`, bias-corrected while young) and the dollars of one request inside the share (c1) and outside it
-  (c0), each a running mean over the last `cost_window` requests (seeded by the calibration curve when one is given).
-  Under a handoff share s the spend rate is n·(c0 + s·(c1 − c0)), a straight line in s (a fixed hash of each
-  request picks who may hand off, so cost and accuracy fall in proportion), which is solved for s.
-- **integral feedback** on the cumulative error: the `bank` is the allowance accrued at the target rate minus
-  every dollar charged; the controller aims at `rate + bank / integral_s`, so an overspend (a burst, a price
-  rise, a wrong cost estimate) is paid back, and an underspend made up, within about `integral_s`.
-- **no wind-up**: while the policy itself wants less than the budget (share at its ceiling) or the hard cap holds,
-  unspent allowance does not pile up (a quiet hour is not banked and then spent in a burst); the bank is also kept
-  within [-debt_s, +bank_s] seconds of target spend.
-- **no delay**: each request is charged its expected dollars when it is admitted (c1 inside the share, c0 outside),
-  and corrected by the difference when its Done arrives, so answers in flight count at once.
-- **hard cap** per period (optional): not the pacer's: a request whose worst-case dollars do not fit the cap's
-  reservations (`pyrodash.server.budget.reserve`) arrives with `cap="slm"` (the SLM alone) or `cap="refuse"`.
-The share never exceeds the operating point's own (`base_share`): the budget can only take handoffs away.
-
-The `offload_bias` knob (`knob: offload_bias`, needs a calibration curve) moves the bias instead, along the curve's
-dollars-per-request against bias, between its lowest bias and the operating point's.
+hash, `pyrodash.server.budget.store`). The controller (feedforward, integral feedback, no wind-up, no delay, the hard
+cap), the budget's clock and the `offload_bias` knob: docs/internals.md.
 """
 
 from __future__ import annotations

@@ -5,16 +5,8 @@ processes of one `pyrodash serve --workers N` (`FileStore`), or one Redis hash p
     store = RedisStore("redis://127.0.0.1:6379/0", prefix="pyrodash:budget:")
     result, view = await store.run("default", spec, lambda st, spec: arrive(st, spec, t, ...))
 
-`run` applies a pacer step to the budget's `PacerState` atomically (in Redis: WATCH the hash, read it, compute in
-Python, write it back in MULTI/EXEC; retried when another replica wrote in between), so N replicas behind a balancer
-hold ONE budget: one spend counter, one bank, one arrival rate. A restarted replica reads the same state: no spend
-is lost.
-
-When Redis cannot be reached (connection refused, a timeout), a replica carries on with its own share of the
-budget: the state it last read, scaled by 1/N (the target rate, the cap, the bank and the traffic; N = the replicas
-Redis last saw through their heartbeats, or `budgets.replicas`), and says so (`view["fallback"]`: /health, /metrics,
-/v1/budget, each response). It retries Redis every `retry_s`; once back, the dollars it charged meanwhile are added
-to the shared counter and it uses the shared state again.
+`run` applies a pacer step to the budget's `PacerState` atomically, so N replicas behind a balancer hold ONE budget.
+How it does so in Redis, and what a replica does while Redis is down: docs/internals.md.
 """
 
 from __future__ import annotations
