@@ -40,8 +40,7 @@ def range_calibration(engine, examples: list, prompts, min_ratio: float = 0.9, *
 
 def long_conversations(cfg: EvalConfig, lam: float, quiet: bool = True) -> EvalConfig:
     """Calibrate the rule for the λ policy on `VALIDATION` (written to RUN_DIR/range_calibration.json), then evaluate
-    `TEST` for slm, llm and that policy under it (only those records: a step of its own beside the rest of the
-    evaluation); returns `with_long_conversations(cfg, lam)`."""
+    `TEST` for slm, llm and that policy under it; returns the config with both (every other record is resumed)."""
     prompts, be = get_prompts(cfg.prompts), Backends()
     env = Env(
         prompts, cfg.price_sheet(), max_tokens=cfg.max_tokens, batch_size=cfg.batch_size, concurrency=cfg.concurrency
@@ -61,19 +60,12 @@ def long_conversations(cfg: EvalConfig, lam: float, quiet: bool = True) -> EvalC
     out.update(benchmark=VALIDATION, policy=method_name("pyrodash", lam))
     Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
     (Path(cfg.run_dir) / CALIBRATION_FILE).write_text(json.dumps(out, indent=1) + "\n")
-    full = with_long_conversations(cfg, lam)
-    evaluate(replace(full, benchmarks=list(TEST)), quiet=quiet)
-    return full
-
-
-def with_long_conversations(cfg: EvalConfig, lam: float) -> EvalConfig:
-    """`cfg` with the `TEST` benchmarks (slm, llm and the λ policy on them) under the range rule calibrated in
-    RUN_DIR/range_calibration.json (by `long_conversations`)."""
-    rule = json.loads((Path(cfg.run_dir) / CALIBRATION_FILE).read_text())["range_rule"]
     who = ["slm", "llm", method_name("pyrodash", lam).replace(".", "[.]")]
-    return replace(
+    full = replace(
         cfg,
         benchmarks=list(dict.fromkeys(cfg.benchmarks + TEST)),
         benchmark_methods={**cfg.benchmark_methods, **{b: who for b in TEST}},
-        range_rule=rule,
+        range_rule=out["range_rule"],
     )
+    evaluate(full, quiet=quiet)
+    return full
