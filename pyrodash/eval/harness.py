@@ -249,7 +249,9 @@ def append_records(path: Path, records: list[dict]) -> None:
 # --- the run ------------------------------------------------------------------------------------------------------
 
 
-RECORD_KEYS = ("prompts", "max_tokens", "samples", "sample_temperature", "sample_top_p", "range_rule")
+# the settings a record depends on; not the range rule, which may come and go between evaluations of one run (the
+# demo's main step has none, its long conversations one): each record says whether it was routed by it (`routed`)
+RECORD_KEYS = ("prompts", "max_tokens", "samples", "sample_temperature", "sample_top_p")
 
 
 def check_compatible(run_dir: Path, cfg: EvalConfig) -> None:
@@ -268,8 +270,7 @@ def check_compatible(run_dir: Path, cfg: EvalConfig) -> None:
     if not isinstance(old, dict):
         raise ValueError(f"{old_path} must hold a JSON object; restore it or delete it")
     new = json.loads(json.dumps(asdict(cfg), default=str))
-    # (a run evaluated without a range rule first, as the demo's main step is, may add one later: long_conversations)
-    diff = [k for k in RECORD_KEYS if k in old and old[k] != new[k] and not (k == "range_rule" and new[k] is None)]
+    diff = [k for k in RECORD_KEYS if k in old and old[k] != new[k]]
     om, nm = old.get("models") or {}, new.get("models") or {}
     diff += [f"models.{k}" for k in ("slm", "llm", "sft") if k in om and k in nm and om[k] != nm[k]]
     op, np_ = om.get("pyrodash") or {}, nm.get("pyrodash") or {}
