@@ -33,7 +33,7 @@ from pyrodash.events import Done
 from pyrodash.server import protocol
 from pyrodash.server.budget.config import Budget, BudgetsConfig
 from pyrodash.server.budget.pacer import BIAS, Decision, PacerSpec, arrive, finish, spend_rate
-from pyrodash.server.budget.reserve import Ticket, Worst, period_of, worst_case
+from pyrodash.server.budget.reserve import Ticket, Worst, chat_messages, period_of, worst_case
 from pyrodash.server.budget.store import FileStore, MemoryStore, RedisStore
 from pyrodash.server.metrics import MULTIPROC_ENV
 
@@ -200,7 +200,7 @@ class Budgets:
             return call, None
         mode = call.mode
         solo = mode != "collab"
-        messages = _messages(engine, call.question)
+        messages = chat_messages(engine, call.question)
         base_share = float(1.0 if call.handoff_share is None else call.handoff_share)
         base_bias = float(call.offload_bias or 0.0)
         t = self.now()
@@ -409,14 +409,6 @@ class Budgets:
 
     async def aclose(self) -> None:
         await self.store.aclose()
-
-
-def _messages(engine, prompt) -> list[dict]:
-    """The chat messages the engine hashes for the handoff share."""
-    get = getattr(engine, "messages", None)
-    if callable(get):
-        return get(prompt)
-    return prompt if isinstance(prompt, list) else [{"role": "user", "content": str(prompt)}]
 
 
 # ---------------------------------------------------------------- the server's hooks

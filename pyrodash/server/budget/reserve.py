@@ -43,13 +43,19 @@ class Worst:
     slm: float
 
 
+def chat_messages(engine, prompt) -> list[dict]:
+    """The chat messages the engine makes of `prompt` (what it hashes for the handoff share, what it sends)."""
+    get = getattr(engine, "messages", None)
+    if callable(get):
+        return get(prompt)
+    return prompt if isinstance(prompt, list) else [{"role": "user", "content": str(prompt)}]
+
+
 def _prompt_tokens(engine, prompt) -> int:
     """An upper bound on the prompt tokens of any request the engine builds for `prompt`: its UTF-8 bytes (a byte-level
     tokenizer never makes more tokens than bytes) plus the system prompts and template tokens."""
-    get = getattr(engine, "messages", None)
-    messages = get(prompt) if callable(get) else prompt if isinstance(prompt, list) else [{"content": str(prompt)}]
     n = 0
-    for m in messages:
+    for m in chat_messages(engine, prompt):
         content = m.get("content") if isinstance(m, dict) else m
         text = content if isinstance(content, str) else json.dumps(content, ensure_ascii=False)
         n += len(str(text).encode()) + MSG_OVERHEAD
