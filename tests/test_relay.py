@@ -5,6 +5,7 @@ characters, so every count and dollar below is computed from the text."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import pytest
 
@@ -44,9 +45,10 @@ class ScriptSLM:
 
     async def stream(self, req: GenRequest):
         self.requests.append(req)
-        assert GOLD.startswith(req.prefix)
-        done = req.prefix.count("\n\n")
-        rest = GOLD[len(req.prefix) :]
+        trace = req.prefix.replace(OFFLOAD_TOKEN, "")  # its context keeps the `<offload>` tokens it emitted
+        assert GOLD.startswith(trace)
+        done = trace.count("\n\n")
+        rest = GOLD[len(trace) :]
         hard = [h for h in sorted(HARD) if h >= done]
         text, stop = rest, None
         if hard and OFFLOAD_ID in req.stop_token_ids and req.logit_bias.get(OFFLOAD_ID, 0) != float("-inf"):
@@ -142,8 +144,12 @@ def test_relay_hands_off_before_each_hard_step_and_the_llm_writes_only_that_step
     assert done.usage.llm_in == first + second and done.usage.llm_prior_in == first
     assert done.usage.llm_out == len("H(a)=7") + len("H(b)=99")
     assert done.cost_usd == pytest.approx(done.usage.cost(PAPER))
-    # the SLM resumed three times on the whole trace (its first segment, then after each LLM step)
-    assert [r.prefix for r in e.slm.requests] == ["", "a=1\n\nH(a)=7\n\n", "a=1\n\nH(a)=7\n\nb=7+1\n\nH(b)=99\n\n"]
+    # the SLM wrote three times: its first segment, then on its own context after each LLM step (the `<offload>` it
+    # emitted kept, one token sequence), while each LLM call read the packed trace (no `<offload>`)
+    o = OFFLOAD_TOKEN
+    first = f"a=1\n\n{o}H(a)=7\n\n"
+    assert [r.prefix for r in e.slm.requests] == ["", first, f"{first}b=7+1\n\n{o}H(b)=99\n\n"]
+    assert [r.prefix for r in e.llm.requests] == ["a=1\n\n", "a=1\n\nH(a)=7\n\nb=7+1\n\n"]
 
 
 def test_the_stream_yields_segments_as_they_come_and_equals_the_batch_driver():
@@ -241,6 +247,11 @@ class BaseSLM(ScriptSLM):
     def count_tokens(self, text: str) -> int:
         return len(text)
 
+    async def stream(self, req: GenRequest):
+        assert OFFLOAD_TOKEN not in req.prefix  # the relay oracle strips the engine's `<offload>` for it
+        async for ch in super().stream(req):
+            yield ch
+
 
 def test_relay_oracle_hands_off_before_every_untaught_step_through_the_engine():
     from pyrodash.data.example import Example
@@ -293,3 +304,38 @@ def test_an_slm_out_of_budget_after_the_llm_step_ends_the_answer_there_as_stream
     done = evs[-1]
     streamed = "".join(ev.text for ev in evs if isinstance(ev, (SLMDelta, LLMDelta)))
     assert done.finish_reason == "length" and done.output == streamed == "a=1\n\nH(a)=7"
+
+
+def test_the_hf_backend_reads_the_engines_offload_as_the_token_and_a_clients_as_text():
+    """The SLM's context through the world's tokenizer: each `<offload>` the engine put in the resume prefix is the
+    `<offload>` id; a client's `<offload>` (literal-marked by the server) and one the LLM spelled out are characters."""
+    from tiny_models import tiny_model
+
+    from pyrodash.backends import literal
+    from pyrodash.backends.hf import HFBackend
+
+    slm = HFBackend(*tiny_model(seed=0), name="tiny-slm")
+    oid = slm.token_id(OFFLOAD_TOKEN)
+    e = engine()
+    client = literal.mark(f"q {OFFLOAD_TOKEN}", slm.special_tokens())
+    e.run(client)
+    resume = e.slm.requests[-1]
+    ids = slm.prompt_ids(resume)
+    asked = slm.prompt_ids(dataclasses.replace(resume, prefix=""))  # P_s names the token: its own count
+    assert ids.count(oid) - asked.count(oid) == 2 == resume.prefix.count(OFFLOAD_TOKEN)
+    chars = slm.tokenizer.encode(OFFLOAD_TOKEN, add_special_tokens=False, split_special_tokens=True)
+    assert len(chars) == len(OFFLOAD_TOKEN) and _count(ids, chars) == 1  # the client's, as characters
+    # the prefix's own text around each token tokenizes as it does alone (one contiguous sequence)
+    tail = slm.prompt_ids(dataclasses.replace(resume, messages=[]))
+    assert ids[-len(tail) :] == tail and tail.count(oid) == 2
+    # an `<offload>` the LLM wrote stays characters in the SLM's context
+    from pyrodash.engine.relay import _as_text, without_offload
+
+    ctx = "a=1\n\n" + OFFLOAD_TOKEN + _as_text(f"say {OFFLOAD_TOKEN}\n\n")
+    got = slm.prompt_ids(GenRequest(messages=[], prefix=ctx))
+    assert got.count(oid) == 1 and _count(got, chars) == 1
+    assert literal.strip_markers(without_offload(ctx)) == f"a=1\n\nsay {OFFLOAD_TOKEN}\n\n"
+
+
+def _count(ids: list[int], sub: list[int]) -> int:
+    return sum(ids[i : i + len(sub)] == sub for i in range(len(ids) - len(sub) + 1))

@@ -1,6 +1,8 @@
 """Relay: several handoffs per answer. After `<offload>` the LLM continues the packed trace only up to the end of the
 step (`step_sep` as the API's stop sequence, at most `step_max_tokens`), its text is appended and the SLM resumes on
-the whole trace; up to `max_llm_calls` LLM calls per answer, the last one writing the rest as a single handoff does.
+its own context (its text and the `<offload>` tokens it emitted, with the LLM's steps: one token sequence, as a tool
+call stays in a model's context); up to `max_llm_calls` LLM calls per answer, the last one writing the rest as a
+single handoff does. The LLM reads the packed trace (no `<offload>`).
 
     engine = CollaborateEngine(slm, llm, prompts, prices, relay=RelayConfig(max_llm_calls=4))
     done = engine.run("...")          # or max_llm_calls=4 per request; 1 (the default) is the single handoff
@@ -15,12 +17,13 @@ import dataclasses
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+from pyrodash.backends import literal
 from pyrodash.backends.base import GenChunk
 from pyrodash.cost import Usage
 from pyrodash.engine.requests import EngineRequest
 from pyrodash.engine.turn import Turn
 from pyrodash.events import Done, Event, Handoff, LLMDelta, SLMDelta
-from pyrodash.prompts import pack
+from pyrodash.prompts import OFFLOAD_TOKEN, pack
 
 # why a relay answer became a single handoff (`Done.relay_fallback`)
 STOP_IGNORED = "stop_ignored"  # the LLM wrote past the step separator: the endpoint does not honour `stop`
@@ -62,7 +65,8 @@ class RelayRun:
         self.raise_errors = raise_errors  # the stream driver raises EngineError; a batch records finish "error"
         self.segments = [{"by": "slm", "text": t.slm_text}] if t.slm_text else []
         self.handoffs = [t.handoff] if t.handoff is not None else []
-        self.trace = pack(t.slm_text)  # everything written so far, as the next request continues it
+        self.trace = pack(t.slm_text)  # everything written so far, as the next LLM request continues it
+        self.context = self.trace + OFFLOAD_TOKEN  # the SLM's context: the trace with its own `<offload>` tokens
         self.llm_budget, self.base_stop = t.llm_max, list(t.sampling.get("stop") or [])
         self.fallback: str | None = None
         self.prior = 0  # the longest prompt an earlier LLM call of this answer read
@@ -103,6 +107,7 @@ class RelayRun:
         if t.llm_text:
             self.segments.append({"by": "llm", "endpoint": t.calls[-1]["endpoint"], "text": t.llm_text})
             self.trace += t.llm_text
+            self.context += _as_text(t.llm_text)
 
     def _step_ended(self) -> bool:
         """After a step call that succeeded: whether the SLM resumes (the LLM stopped at a step end). Else the
@@ -121,6 +126,7 @@ class RelayRun:
             return False
         # "stop": at the step separator (or at EOS: then the SLM ends at once and the separator is taken back)
         self.trace += self.cfg.step_sep
+        self.context += self.cfg.step_sep
         self._extend_llm(self.cfg.step_sep)
         t.finish = None
         return True
@@ -132,7 +138,7 @@ class RelayRun:
             self.segments.append({"by": "llm", "endpoint": getattr(self.e.llm, "name", "llm"), "text": text})
 
     async def _slm(self) -> AsyncIterator[SLMDelta | LLMDelta]:
-        """The SLM resumes on the whole trace under P_s (`<offload>` a stop id, as in its first segment). The step's
+        """The SLM resumes on its own context under P_s (`<offload>` a stop id, as in its first segment). The step's
         separator is streamed (an LLMDelta) once the SLM writes or hands off: an SLM that ends at once takes it back."""
         t = self.t
         left = min(t.per_model - t.usage.slm_out, t.left("slm"))
@@ -140,7 +146,7 @@ class RelayRun:
             self._take_back_sep()
             t.finish = "length"
             return
-        req = dataclasses.replace(t.req, prefix=self.trace, max_tokens=left)
+        req = dataclasses.replace(t.req, prefix=self.context, max_tokens=left)
         text, fin, seen = "", GenChunk(), 0
         async for ch in _aiter(self.e.slm.stream(req)):
             seen += len(ch.token_ids) or bool(ch.text)
@@ -165,7 +171,9 @@ class RelayRun:
         elif text:
             self.segments.append({"by": "slm", "text": text})
             self.trace += text
+            self.context += _as_text(text)
         if offload:
+            self.context += OFFLOAD_TOKEN
             if not text:
                 yield LLMDelta(self.cfg.step_sep)
             self.handoffs.append(before - len(self.handoffs) + max(out - 1, 0))
@@ -176,9 +184,11 @@ class RelayRun:
         """The separator put after the LLM's step (never streamed) leaves the trace and the record."""
         n = len(self.cfg.step_sep)
         self.trace, self.segments[-1]["text"] = self.trace[:-n], self.segments[-1]["text"][:-n]
+        self.context = self.context[:-n]
 
     async def _failed(self) -> AsyncIterator[SLMDelta]:
-        """Every attempt of an LLM call failed: an error (on_error="raise"), else the SLM finishes (no `<offload>`)."""
+        """Every attempt of an LLM call failed: an error (on_error="raise"), else the SLM finishes (no `<offload>`) on
+        the packed trace, as after a failed single handoff."""
         err = self.e._failed(self.t)
         if err is not None and self.raise_errors:
             err.done = self.done()
@@ -216,6 +226,19 @@ class RelayRun:
             handoffs=list(self.handoffs),
             relay_fallback=self.fallback,
         )
+
+
+def _as_text(text: str) -> str:
+    """Written text as it goes into the SLM's context: an `<offload>` spelled out in it (a model that wrote the
+    characters) stays characters (`literal`), so only the engine's own handoff marks are the token."""
+    return literal.mark(text, [OFFLOAD_TOKEN])
+
+
+def without_offload(context: str) -> str:
+    """An SLM context without the engine's `<offload>` tokens (literal-marked text kept as it is): the prefix a
+    model without a trained `<offload>` reads (`pyrodash.eval.oracle.GoldPlacement`)."""
+    pieces = literal.split(context)
+    return "".join(literal.mark(p, [p]) if lit else p.replace(OFFLOAD_TOKEN, "") for p, lit in pieces)
 
 
 async def _aiter(stream):

@@ -14,7 +14,7 @@ import json
 
 from pyrodash.backends.base import GenChunk, GenRequest, GenResult
 from pyrodash.engine.conversation import clean_history
-from pyrodash.engine.relay import RelayConfig
+from pyrodash.engine.relay import RelayConfig, without_offload
 from pyrodash.engine.requests import slm_chat
 from pyrodash.eval.methods import Env, Item, Method, record
 
@@ -76,7 +76,9 @@ class Oracle(Method):
 class GoldPlacement:
     """The relay oracle's SLM: the base SLM, stopped with a handoff (finish_reason "offload", one `<offload>` token
     billed) right before the next untaught step of the request's gold plan (`plan`: the SLM chat as JSON -> the
-    untaught step indices). Greedy decoding is causal: the text before the cut is what the SLM writes anyway."""
+    untaught step indices). Greedy decoding is causal: the text before the cut is what the SLM writes anyway. The
+    engine resumes it on its own context, `<offload>` tokens included; the base SLM has no trained `<offload>`, so
+    it reads that context without them (the packed trace)."""
 
     def __init__(self, slm, plan: dict[str, list[int]], sep: str = STEP_SEP):
         self.slm, self.plan, self.sep = slm, plan, sep
@@ -87,11 +89,12 @@ class GoldPlacement:
 
     async def stream(self, req: GenRequest):
         text, fin = "", GenChunk()
+        req = dataclasses.replace(req, prefix=without_offload(req.prefix))
         async for ch in self.slm.stream(req):
             text += ch.text
             if ch.finish_reason is not None:
                 fin = ch
-        done = req.prefix.count(self.sep)
+        done = req.prefix.count(self.sep)  # the steps written so far
         nxt = [h for h in self.plan.get(plan_key(req.messages), []) if h >= done]
         cut = cut_before_step(text, nxt[0] - done) if nxt else text
         if not nxt or (cut == text and text.count(self.sep) < nxt[0] - done):  # the answer ends first
