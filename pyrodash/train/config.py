@@ -62,6 +62,11 @@ class CurateConfig:
     # | "at_hard" (before every such step, nowhere else)
     hard_target: str = "full"  # "full" (the paper) | "to_first_offload": hard targets of Corpus B end at their
     # first <offload>, hard examples stay out of Corpus A (see pyrodash.train.curate)
+    # Relay rows (pyrodash.train.relay_rows): a hard target is the whole solution with `<offload>` before every step
+    # `placement` picks (at_hard: every untaught step) and that step written by the LLM (its span masked from the loss
+    # in Stage 2), in place of the target cut at its first <offload>. Needs hard_target: to_first_offload (hard
+    # examples out of Corpus A, where the LLM's steps would be trained without the mask).
+    relay: bool = False
     seed: int = 0
 
     def validate(self) -> None:
@@ -73,6 +78,11 @@ class CurateConfig:
             raise ValueError(f"curate.hard_target={self.hard_target!r}: choose one of {HARD_TARGETS}")
         if not self.step_sep:
             raise ValueError("curate.step_sep must be a non-empty string (the step boundary, e.g. '\\n\\n')")
+        if self.relay and self.hard_target != "to_first_offload":
+            raise ValueError(
+                f"curate.relay writes each hard target as a relay row and keeps hard examples out of Corpus A; "
+                f"hard_target={self.hard_target!r} asks for full targets in Corpus A: set hard_target: to_first_offload"
+            )
         for name in ("slm_max_new_tokens", "llm_max_new_tokens", "batch_size", "llm_concurrency"):
             if getattr(self, name) < 1:
                 raise ValueError(f"curate.{name} must be >= 1")

@@ -28,6 +28,7 @@ from pyrodash.train.config import save_resolved
 from pyrodash.train.generate import generate
 from pyrodash.train.models import FrozenLLM, load_local
 from pyrodash.train.paths import curated_dir, llm_spec, resolve_world, slm_spec
+from pyrodash.train.relay_rows import relay_target
 
 BOX = "\\boxed"
 
@@ -151,24 +152,31 @@ def insert_offloads(
     before each hard step (the first `count`) and nowhere else, so every boundary in Corpus B teaches the same
     rule: hand off exactly when the next step needs what the SLM does not know."""
     steps = text.split(step_sep)
+    chosen = offload_steps(steps, count, rng, placement, hard_steps)
+    for j in chosen:
+        steps[j] = OFFLOAD_TOKEN + steps[j]
+    return step_sep.join(steps), len(chosen)
+
+
+def offload_steps(
+    steps: list[str], count: int, rng: random.Random, placement: str = "random", hard_steps: list[int] | None = None
+) -> list[int]:
+    """The steps `<offload>` goes right before (`insert_offloads` says how each placement picks them); [] when no
+    step boundary precedes the answer."""
     cands = boundary_candidates(steps)
     if not cands or count < 1:
-        return text, 0
+        return []
     if placement == "at_hard" and hard_steps:
-        chosen = [h for h in sorted(set(hard_steps)) if h in cands][:count] or [cands[-1]]
-    elif placement == "before_hard" and hard_steps:
+        return [h for h in sorted(set(hard_steps)) if h in cands][:count] or [cands[-1]]
+    if placement == "before_hard" and hard_steps:
         first = min(hard_steps)
         if first not in cands:
             first = cands[-1]
         later = [c for c in cands if c > first]
-        chosen = [first] + rng.sample(later, min(count - 1, len(later)))
-    elif placement in ("random", "before_hard", "at_hard"):
-        chosen = rng.sample(cands, min(count, len(cands)))
-    else:
-        raise ValueError(f"placement={placement!r}: choose 'random', 'before_hard' or 'at_hard'")
-    for j in chosen:
-        steps[j] = OFFLOAD_TOKEN + steps[j]
-    return step_sep.join(steps), len(chosen)
+        return [first] + rng.sample(later, min(count - 1, len(later)))
+    if placement in ("random", "before_hard", "at_hard"):
+        return rng.sample(cands, min(count, len(cands)))
+    raise ValueError(f"placement={placement!r}: choose 'random', 'before_hard' or 'at_hard'")
 
 
 # --- corpora -----------------------------------------------------------------------------------------------------
@@ -195,7 +203,7 @@ def build_corpora(
             "turn": ex.meta.get("turn", 0),
         }
         chat = turn_messages(prompts, ex)
-        cut = diff == "hard" and cfg.hard_target == "to_first_offload"
+        cut = diff == "hard" and cfg.hard_target == "to_first_offload"  # (relay needs it: Corpus A has no masks)
         if not cut:  # a hard target cut at its handoff has nothing to teach without P_s
             rows_a.append(
                 {
@@ -206,17 +214,9 @@ def build_corpora(
                     "completion": [{"role": "assistant", "content": target}],
                 }
             )
-        n = 0
+        n, spans = 0, []
         if diff == "hard":
-            count = cfg.offload_max if cfg.placement == "at_hard" else rng.randint(cfg.offload_min, cfg.offload_max)
-            hard_steps = (
-                _locate_hard_steps(target.split(cfg.step_sep), ex.meta)
-                if cfg.placement in ("before_hard", "at_hard")
-                else None
-            )
-            target, n = insert_offloads(target, cfg.step_sep, count, rng, cfg.placement, hard_steps)
-            if cut and n:  # the SLM never writes past its first <offload> (the CE hands the rest to the LLM)
-                target, n = target[: target.index(OFFLOAD_TOKEN) + len(OFFLOAD_TOKEN)], 1
+            target, n, spans = _hard_target(target, ex.meta, cfg, rng)
             inserted[n] += 1  # what the Corpus B target holds
             if n == 0:
                 inserted["no_boundary"] += 1
@@ -228,9 +228,29 @@ def build_corpora(
                 "n_offload": n,
                 "prompt": slm_chat(prompts, chat),
                 "completion": [{"role": "assistant", "content": target}],
+                **({"llm_spans": spans} if cfg.relay else {}),  # every row: `datasets` takes its columns from row 0
             }
         )
     return rows_a, rows_b, inserted
+
+
+def _hard_target(target: str, meta: dict, cfg, rng: random.Random) -> tuple[str, int, list[list[int]]]:
+    """A hard example's Corpus B target, its `<offload>` count and (relay) the LLM's spans in it: `<offload>` at the
+    steps the placement picks; cut after the first one (hard_target to_first_offload), or, with `relay`, every picked
+    step the LLM's (at_hard: every untaught step, whatever offload_max)."""
+    steps = target.split(cfg.step_sep)
+    count = cfg.offload_max if cfg.placement == "at_hard" else rng.randint(cfg.offload_min, cfg.offload_max)
+    if cfg.relay and cfg.placement == "at_hard":
+        count = len(steps)
+    hard_steps = _locate_hard_steps(steps, meta) if cfg.placement in ("before_hard", "at_hard") else None
+    if cfg.relay:
+        chosen = offload_steps(steps, count, rng, cfg.placement, hard_steps)
+        text, spans = relay_target(steps, cfg.step_sep, chosen)
+        return text, len(chosen), spans
+    target, n = insert_offloads(target, cfg.step_sep, count, rng, cfg.placement, hard_steps)
+    if cfg.hard_target == "to_first_offload" and n:  # the SLM never writes past its first <offload>
+        target, n = target[: target.index(OFFLOAD_TOKEN) + len(OFFLOAD_TOKEN)], 1
+    return target, n, []
 
 
 def _locate_hard_steps(steps: list[str], meta: dict) -> list[int] | None:
@@ -337,6 +357,7 @@ def run_curation(recipe, out_dir: str | Path) -> Path:
         "hard_no_boundary": inserted.pop("no_boundary", 0),
         "insertions_per_hard_example": {str(k): v for k, v in sorted(inserted.items())},
         "mean_insertions": sum(r["n_offload"] for r in hard_b) / max(1, len(hard_b)),
+        "hard_target": "relay" if cfg.relay else cfg.hard_target,
         "llm_calls": llm.calls,
     }
     (out / "stats.json").write_text(json.dumps(stats, indent=2))

@@ -4,7 +4,8 @@
 
 TRL's SFTTrainer on Corpus A u Corpus B (`eq:sft-loss`), the loss on the assistant's completion only (the template's
 `{% generation %}` markers, or completion-only loss without them: `pyrodash.train.chat_template`), embeddings
-frozen, LoRA on q/k/v/o; the adapters are merged into the saved checkpoint.
+frozen, LoRA on q/k/v/o; the adapters are merged into the saved checkpoint. Relay rows (`curate.relay`) go in
+pre-tokenized, the loss masked on the LLM's steps (`pyrodash.train.relay_rows`).
 
 Then the measurement the paper's claim rests on, on the held-out set curation labelled easy/hard with the base SLM:
 the rate at which the model emits `<offload>` (greedy; `<offload>` is a stop id) on hard and on easy problems under
@@ -33,6 +34,7 @@ from pyrodash.train.curate import read_jsonl
 from pyrodash.train.length_chunks import LengthChunkedSFTTrainer
 from pyrodash.train.models import load_local
 from pyrodash.train.paths import curated_dir, require, stage_dir
+from pyrodash.train.relay_rows import has_llm_spans, relay_dataset
 
 
 def measure_offload_rates(
@@ -92,10 +94,14 @@ def train_stage2(
     cfg = loss_mask_config(cfg, rows, tok)
     rows = list(rows)
     random.Random(cfg.seed).shuffle(rows)
+    if has_llm_spans(rows):  # relay rows (curate.relay): pre-tokenized, the loss masked on the LLM's steps
+        dataset, cfg = relay_dataset(rows, tok, cfg)
+    else:
+        dataset = messages_dataset(rows)
     trainer = LengthChunkedSFTTrainer(
         model=model,
         args=cfg,
-        train_dataset=messages_dataset(rows),
+        train_dataset=dataset,
         processing_class=tok,
         peft_config=cfg.lora_config(),
         callbacks=callbacks(cfg, log_path, thread_grant),

@@ -1,0 +1,126 @@
+"""Training that learns to relay (`curate.relay`, pyrodash.train.relay_rows): relay curation rows and their LLM spans,
+and Stage 2's loss mask, 0 exactly on the LLM's steps, as TRL's SFTTrainer builds its labels from it. World problems
+with their gold solutions and tiny models over the world's character tokenizer (tests/tiny_models.py)."""
+
+from __future__ import annotations
+
+import pytest
+from test_train import world_examples
+from tiny_models import tiny_model
+
+from pyrodash.prompts import OFFLOAD_TOKEN, get_prompts
+from pyrodash.train.config import CurateConfig
+from pyrodash.train.curate import build_corpora
+
+PROMPTS = get_prompts("world-v1")
+
+
+def relay_corpora(n: int = 40, **kw):
+    exs = world_examples(n)
+    sols = {ex.id: ex.meta["solution"] for ex in exs}
+    diff = {ex.id: "hard" if ex.meta["hard_steps"] else "easy" for ex in exs}
+    cfg = CurateConfig(placement="at_hard", hard_target="to_first_offload", relay=True, seed=3, **kw)
+    return exs, build_corpora(exs, sols, diff, PROMPTS, cfg)
+
+
+def test_relay_rows_hand_off_every_untaught_step_and_mark_the_llms_spans():
+    exs, (a, b, inserted) = relay_corpora(offload_max=1)  # relay hands off every untaught step, whatever the cap
+    by_id = {ex.id: ex for ex in exs}
+    hard = [r for r in b if r["difficulty"] == "hard"]
+    assert hard and {r["difficulty"] for r in a} == {"easy"}  # the LLM's steps never reach Corpus A, unmasked
+    assert any(r["n_offload"] > 1 for r in hard)
+    assert inserted == {n: sum(r["n_offload"] == n for r in hard) for n in {r["n_offload"] for r in hard}}
+    for r in b:
+        text = r["completion"][-1]["content"]
+        if r["difficulty"] == "easy":
+            assert r["llm_spans"] == [] and OFFLOAD_TOKEN not in text
+            continue
+        ex = by_id[r["id"]]
+        steps = ex.meta["steps"]
+        want = [steps[h] for h in ex.meta["hard_steps"]]
+        # each span: an untaught step and its separator, right after an <offload>, in order
+        spans = [text[s:e] for s, e in r["llm_spans"]]
+        assert [s.removesuffix("\n\n") for s in spans] == want and r["n_offload"] == len(want)
+        assert all(text[:s].endswith(OFFLOAD_TOKEN) for s, _ in r["llm_spans"])
+        assert text.count(OFFLOAD_TOKEN) == len(want)
+        # without the <offload> tokens the row is the whole solution (the LLM's reconstruction; here the gold)
+        assert text.replace(OFFLOAD_TOKEN, "") == ex.meta["solution"]
+        # outside the spans: the SLM's text, no untaught step in it
+        bounds = [0] + [x for span in r["llm_spans"] for x in span] + [len(text)]
+        slm = "".join(text[bounds[i] : bounds[i + 1]] for i in range(0, len(bounds), 2))
+        assert not any(w in slm for w in want)
+
+
+def test_relay_needs_hard_examples_out_of_corpus_a():
+    with pytest.raises(ValueError, match="to_first_offload"):
+        CurateConfig(placement="at_hard", relay=True).validate()
+
+
+def sft_cfg(tmp_path, **kw):
+    from pyrodash.train.config import Stage2Config
+
+    base = dict(
+        output_dir=str(tmp_path / "trainer"),
+        per_device_train_batch_size=4,
+        max_steps=1,
+        assistant_only_loss=True,
+        max_length=2048,
+        report_to="none",
+        save_strategy="no",
+        bf16=False,
+        lora_r=2,
+        lora_alpha=4,
+    )
+    return Stage2Config(**{**base, **kw})
+
+
+@pytest.mark.parametrize("loss", ["assistant_only", "completion_only"])
+def test_stage2_loss_mask_is_zero_exactly_on_the_llm_spans(tmp_path, loss):
+    from pyrodash.train.chat_template import loss_mask_config
+    from pyrodash.train.common import messages_dataset
+    from pyrodash.train.length_chunks import LengthChunkedSFTTrainer
+    from pyrodash.train.relay_rows import relay_dataset
+
+    model, tok = tiny_model(seed=1)
+    if loss == "completion_only":  # a template without generation markers: completion-only loss
+        tok.chat_template = tok.chat_template.replace("{%- generation -%}", "").replace("{%- endgeneration -%}", "")
+    _, (a, b, _) = relay_corpora(12)
+    rows = a[:2] + b
+    cfg = loss_mask_config(sft_cfg(tmp_path), rows, tok)
+    dataset, relay_cfg = relay_dataset(rows, tok, cfg)
+    trainer = LengthChunkedSFTTrainer(
+        model=model, args=relay_cfg, train_dataset=dataset, processing_class=tok, peft_config=relay_cfg.lora_config()
+    )
+    # the rows without spans get exactly the labels TRL gives the same rows as chats
+    plain = [r for r in rows if not r.get("llm_spans")]
+    ref = LengthChunkedSFTTrainer(
+        model=tiny_model(seed=1)[0], args=cfg, train_dataset=messages_dataset(plain), processing_class=tok
+    )
+    got = {tuple(x["input_ids"]): x["labels"] for x in trainer.train_dataset}
+    for x in ref.train_dataset:
+        assert got[tuple(x["input_ids"])] == x["labels"]
+    checked = 0
+    assert len(got) == len(rows)
+    for r, x in zip(rows, dataset):
+        ids = x["input_ids"]
+        labels = got[tuple(ids)]  # TRL's labels of this row (its dataset preparation may reorder rows)
+        if not r.get("llm_spans"):
+            continue
+        prompt = tok.apply_chat_template(r["prompt"], add_generation_prompt=True, return_dict=True)
+        prompt_len = len(prompt["input_ids"])
+        content = r["completion"][-1]["content"]
+        # the content's tokens: the world tokenizer is a character one, <offload> one token
+        content_ids = tok(content, add_special_tokens=False)["input_ids"]
+        assert ids[prompt_len : prompt_len + len(content_ids)] == content_ids
+        pos, in_span = 0, []
+        for t in content_ids:
+            piece = tok.decode([t])
+            in_span.append(any(s <= pos < e for s, e in r["llm_spans"]))
+            pos += len(piece)
+        trained = [lab != -100 for lab in labels[prompt_len : prompt_len + len(content_ids)]]
+        assert trained == [not s for s in in_span]  # every SLM token (each <offload> too) trained, no LLM one
+        assert all(lab == -100 for lab in labels[:prompt_len])  # never the prompt
+        assert labels[prompt_len + len(content_ids)] == tok.convert_tokens_to_ids("<|im_end|>")  # its end of turn
+        checked += 1
+    assert checked >= 3
+    trainer.train()  # and it trains on them
