@@ -182,7 +182,9 @@ class Usage:
     """Token counts per billed component, and how many times the LLM was called.
 
     `llm_in` counts all LLM input tokens; `llm_cached_in` is the part of them served from the provider's prompt
-    cache (so `llm_cached_in <= llm_in`), billed at `Prices.llm_cached_in` when the sheet gives one.
+    cache (so `llm_cached_in <= llm_in`), billed at `Prices.llm_cached_in` when the sheet gives one. `slm_in` counts
+    all the SLM's prompt tokens; `slm_cached_in` is the part its backend served from its own prefix cache (the KV of
+    an earlier call it continues: a relay's resumes), never prefilled again and not billed.
     """
 
     slm_in: int = 0
@@ -192,6 +194,7 @@ class Usage:
     llm_cached_in: int = 0
     llm_calls: int = 0
     llm_prior_in: int = 0  # the part of llm_in an earlier LLM call of the same answer already sent (relay)
+    slm_cached_in: int = 0  # the part of slm_in the SLM's backend served from its prefix cache (not billed)
 
     def __add__(self, other: Usage) -> Usage:
         if not isinstance(other, Usage):
@@ -208,7 +211,7 @@ class Usage:
         cached_price = prices.llm_in if prices.llm_cached_in is None else prices.llm_cached_in
         cached = self.llm_prior_in if self.cache_estimated(prices) else self.llm_cached_in
         return (
-            self.slm_in * prices.slm_in
+            (self.slm_in - self.slm_cached_in) * prices.slm_in
             + self.slm_out * prices.slm_out
             + (self.llm_in - cached) * prices.llm_in
             + cached * cached_price

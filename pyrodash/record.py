@@ -14,7 +14,16 @@ from dataclasses import asdict, dataclass, field
 from pyrodash.cost import Usage
 from pyrodash.events import Done
 
-USAGE_FIELDS = ("slm_in", "slm_out", "llm_in", "llm_out", "llm_cached_in", "llm_calls", "llm_prior_in")
+USAGE_FIELDS = (
+    "slm_in",
+    "slm_out",
+    "llm_in",
+    "llm_out",
+    "llm_cached_in",
+    "llm_calls",
+    "llm_prior_in",
+    "slm_cached_in",
+)
 
 
 @dataclass
@@ -45,6 +54,7 @@ class Record:
     handoffs: list[int] = field(default_factory=list)  # every handoff position, in order (relay: several)
     relay_fallback: str | None = None  # why a relay answer became a single handoff (relay.py: stop_ignored ...)
     routed: str | None = None  # "range": past the SLM's range, the LLM answered alone (`mode` "llm")
+    slm_cached_in: int = 0  # the part of slm_in the SLM served from its prefix cache (its KV kept: not billed)
 
     @classmethod
     def from_done(cls, done: Done) -> Record:
@@ -76,6 +86,7 @@ class Record:
             handoffs=list(done.handoffs) or ([done.handoff] if done.handoff is not None else []),
             relay_fallback=done.relay_fallback,
             routed=done.routed,
+            slm_cached_in=u.slm_cached_in,
         )
 
     def to_json(self) -> dict:

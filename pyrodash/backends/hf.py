@@ -26,8 +26,9 @@ import torch
 
 from pyrodash.backends import literal
 from pyrodash.backends.base import GenChunk, GenRequest, GenResult, public_name
-from pyrodash.backends.kv_cache import growing_cache
+from pyrodash.backends.kv_cache import growing, growing_cache, row_cache
 from pyrodash.backends.lean_step import lean_step
+from pyrodash.backends.prefix_cache import PrefixCache
 
 _END = object()
 _BIG = 1e9  # +-inf biases are clamped to this, so sampling stays finite
@@ -106,6 +107,7 @@ class _Batch:
         self.logits, self.mask, self.pos, self.temps, self.top_ps, self.bias = logits, mask, pos, temps, top_ps, bias
         self.dev = dev
         self.active = list(range(logits.shape[0]))
+        self.keep: Callable[[int, int], None] | None = None  # (row, request index): keep a row's KV before it leaves
 
     @classmethod
     def of(cls, reqs: list[GenRequest], logits, mask, pos, dev) -> _Batch:
@@ -124,6 +126,10 @@ class _Batch:
         keep = [j for j, i in enumerate(self.active) if not seqs[i].done]
         if len(keep) == len(self.active):
             return
+        if self.keep is not None:
+            for j, i in enumerate(self.active):
+                if seqs[i].done:
+                    self.keep(j, i)
         rows = torch.tensor(keep, device=self.dev)
         self.logits, self.mask, self.pos, self.temps, self.top_ps = (
             t[rows] for t in (self.logits, self.mask, self.pos, self.temps, self.top_ps)
@@ -187,6 +193,10 @@ class HFBackend:
         self._cache_arg = "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
         self.lean = True  # decode steps through `lean_step` where it covers the model (same logits, less overhead)
         self._pieces: dict[int, str] = {}  # token id -> its text alone (top-k logprobs)
+        # the KV caches of recent sequences, for requests that continue one (pyrodash.backends.prefix_cache); set it to
+        # None to turn it off, or to a PrefixCache with other bounds. None for a model with sliding-window layers (a
+        # cropped sliding-window cache is not a prefix's): its requests report no cached tokens.
+        self.prefix_cache: PrefixCache | None = PrefixCache() if growing(growing_cache(model.config)) else None
 
     # ---- prompts -------------------------------------------------------------------------------------------
     def token_id(self, token: str) -> int | None:
@@ -292,6 +302,33 @@ class HFBackend:
             if emit is not None:
                 emit(i, GenChunk(text=s.delta(), token_ids=[nxt[j]], top_logprobs=None if lp is None else [lp]))
 
+    def _rest(self, prompt: list[int], n0: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(ids, attention mask, position ids) of one prompt whose first `n0` positions are in the cache already."""
+        ids = torch.tensor([prompt[n0:]], dtype=torch.long, device=self.device)
+        mask = torch.ones((1, len(prompt)), dtype=torch.long, device=self.device)
+        return ids, mask, torch.arange(n0, len(prompt), device=self.device)[None]
+
+    def _keeper(self, prompts: list[list[int]], seqs: list[_Seq], cache, width: int, weights) -> Callable:
+        """`keep(row, i)`: request i's KV (its row of `cache`, without the left padding) into the prefix cache, as the
+        sequence of its prompt and generated ids."""
+
+        def keep(row: int, i: int) -> None:
+            pad = width - len(prompts[i])
+            kv = (
+                cache
+                if cache.layers[0].keys.shape[0] == 1 and pad == 0
+                else row_cache(cache, row, pad, self.model.config)
+            )
+            self.prefix_cache.put(prompts[i] + seqs[i].all_ids, kv, len(prompts[i]), weights)
+
+        return keep
+
+    def _weights(self) -> tuple:
+        """What the prefix cache's KV depends on besides the ids: each parameter's storage and in-place version (an
+        optimizer step or a `load_state_dict` changes it; a weight written through `.data` does not, nor does turning
+        a PEFT adapter off: clear `prefix_cache` then)."""
+        return tuple((p.data_ptr(), p._version) for p in self.model.parameters())
+
     @torch.inference_mode()
     def _decode(
         self,
@@ -299,22 +336,27 @@ class HFBackend:
         reqs: list[GenRequest],
         emit: Callable[[int, GenChunk], None] | None = None,
         cancel: threading.Event | None = None,
+        start: tuple | None = None,
     ) -> list[_Seq]:
         """Decode all sequences together (left padding). Per step: logit_bias added, greedy rows take the argmax,
         sampled rows the Gumbel-max of their temperature/top-p distribution with their own seeded generator (so a
         request samples the same tokens alone or in any batch); top-k logprobs are of the raw distribution. A
         sequence that has finished leaves the batch (its rows of the KV cache too), so a long answer does not carry
-        the finished short ones to its end; the cache grows in place (`kv_cache.growing_cache`)."""
-        ids, mask, pos = self._left_padded(prompts)
+        the finished short ones to its end; the cache grows in place (`kv_cache.growing_cache`). `start`: (KV cache,
+        n0) of one prompt whose first n0 positions it holds (`prefix_cache.take`): only the rest is prefilled. With a
+        prefix cache, every sequence's KV is kept in it at the end (`_keeper`)."""
+        cache, n0 = start if start is not None else (growing_cache(self.model.config), 0)
+        ids, mask, pos = self._rest(prompts[0], n0) if n0 else self._left_padded(prompts)
         seqs = [_Seq(r, self.tokenizer, self.eos_ids, incremental=emit is not None) for r in reqs]
         for s in seqs:
             s.done = s.req.max_tokens <= 0
             s.finish = "length" if s.done else None
         gens = self._generators(reqs)
-        cache = growing_cache(self.model.config)
         logits = self._forward(ids, mask, pos, cache)  # the prompt: the model's own forward
         step = (lean_step(self.model) if self.lean else None) or self._forward  # each token after it
         b = _Batch.of(reqs, logits, mask, pos, self.device)
+        if self.prefix_cache is not None and growing(cache):
+            b.keep = self._keeper(prompts, seqs, cache, mask.shape[1], self._weights())
         k_max = max(r.top_logprobs for r in reqs)
         while not all(s.done for s in seqs) and not (cancel is not None and cancel.is_set()):
             b.drop_finished(seqs, cache)
@@ -326,18 +368,21 @@ class HFBackend:
             b.mask = torch.cat([b.mask, b.mask.new_ones((len(b.active), 1))], dim=1)
             b.pos = b.pos[:, -1:] + 1
             b.logits = step(torch.tensor(nxt, dtype=torch.long, device=self.device)[:, None], b.mask, b.pos, cache)
+        if b.keep is not None:
+            for j, i in enumerate(b.active):
+                b.keep(j, i)
         for s in seqs:
             s.finalize()
         return seqs
 
-    def _final(self, s: _Seq, n_prompt: int) -> GenChunk:
+    def _final(self, s: _Seq, n_prompt: int, cached: int | None) -> GenChunk:
         return GenChunk(
             text=s.delta() if s.done else "",
             finish_reason=s.finish or "length",
             stop_token_id=s.stop_id,
             prompt_tokens=n_prompt,
             completion_tokens=len(s.all_ids),
-            cached_tokens=None,
+            cached_tokens=cached,  # prompt tokens served from the prefix cache (None: it is off)
         )
 
     # ---- public API ----------------------------------------------------------------------------------------
@@ -360,9 +405,13 @@ class HFBackend:
                 with self._lock:
                     if cancel.is_set():
                         return
-                    (seq,) = self._decode([prompt], [req], emit=lambda _i, c: put(c), cancel=cancel)
+                    pc, start = self.prefix_cache, None
+                    if pc is not None:
+                        kv, n0 = pc.take(prompt, self._weights())
+                        start = (kv, n0) if kv is not None else None
+                    (seq,) = self._decode([prompt], [req], emit=lambda _i, c: put(c), cancel=cancel, start=start)
                 if not cancel.is_set():
-                    put(self._final(seq, len(prompt)))
+                    put(self._final(seq, len(prompt), None if pc is None else (start or (None, 0))[1]))
                 put(_END)
             except BaseException as e:  # noqa: BLE001 - handed to the consumer
                 put(e)

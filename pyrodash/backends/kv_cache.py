@@ -54,8 +54,19 @@ class GrowingLayer(DynamicLayer):
         self._k, self._v = self._k[indices], self._v[indices]
         self.keys, self.values = self._k[..., : self._n, :], self._v[..., : self._n, :]
 
-    def crop(self, tokens_to_remove: int) -> None:  # pragma: no cover - not used by the decode loop
-        raise NotImplementedError("GrowingLayer is for pyrodash's decode loop, which never crops its cache")
+    def crop(self, tokens_to_remove: int) -> None:
+        """Drop the last `abs(tokens_to_remove)` positions (`DynamicLayer.crop`'s convention: a negative count or 0);
+        the buffer keeps its room, the next `update` writes over them."""
+        if tokens_to_remove > 0:
+            raise ValueError(f"crop({tokens_to_remove}): give the positions to drop as a negative count")
+        if tokens_to_remove == 0 or not self.is_initialized or self._k is None:
+            return
+        self._n = max(0, self._n - abs(tokens_to_remove))
+        self.keys, self.values = self._k[..., : self._n, :], self._v[..., : self._n, :]
+
+    def nbytes(self) -> int:
+        """Bytes of the buffer (what keeping this layer costs)."""
+        return 0 if self._k is None else self._k.nbytes + self._v.nbytes
 
 
 def growing_cache(config) -> DynamicCache:
@@ -65,3 +76,16 @@ def growing_cache(config) -> DynamicCache:
     if all(type(layer) is DynamicLayer for layer in cache.layers):
         cache.layers = [GrowingLayer() for _ in cache.layers]
     return cache
+
+
+def growing(cache: DynamicCache) -> bool:
+    """Whether every layer of `cache` is a `GrowingLayer` (full attention: a cropped cache is a valid prefix)."""
+    return bool(cache.layers) and all(isinstance(layer, GrowingLayer) for layer in cache.layers)
+
+
+def row_cache(cache: DynamicCache, row: int, start: int, config) -> DynamicCache:
+    """A one-row copy of `cache`'s row `row` from position `start` on (a left-padded row without its padding)."""
+    out = growing_cache(config)
+    for src, dst in zip(cache.layers, out.layers, strict=True):
+        dst.update(src.keys[row : row + 1, :, start:], src.values[row : row + 1, :, start:])  # (copied in)
+    return out

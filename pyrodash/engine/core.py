@@ -409,7 +409,7 @@ class CollaborateEngine:
             slm_out = seen + (final.stop_token_id is not None)
             t.estimated = True
         t.estimated = t.estimated or final.usage_estimated
-        t.usage += Usage(slm_in=final.prompt_tokens or 0, slm_out=slm_out)
+        t.usage += Usage(slm_in=final.prompt_tokens or 0, slm_out=slm_out, slm_cached_in=final.cached_tokens or 0)
         offload = final.finish_reason == "offload" or (
             self.offload_id is not None and final.stop_token_id == self.offload_id
         )
@@ -558,7 +558,9 @@ class CollaborateEngine:
                     yield SLMDelta(ch.text)
                 if ch.finish_reason is not None:
                     fin = ch
-        t.usage += Usage(slm_in=fin.prompt_tokens or 0, slm_out=fin.completion_tokens or 0)
+        t.usage += Usage(
+            slm_in=fin.prompt_tokens or 0, slm_out=fin.completion_tokens or 0, slm_cached_in=fin.cached_tokens or 0
+        )
         t.fallback, t.finish = True, fin.finish_reason or "length"
         t.estimated = t.estimated or fin.usage_estimated or fin.completion_tokens is None
 

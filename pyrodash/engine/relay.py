@@ -161,7 +161,7 @@ class RelayRun:
         if out is None:
             out, t.estimated = seen + (fin.stop_token_id is not None), True
         before = t.usage.slm_out
-        t.usage += Usage(slm_in=fin.prompt_tokens or 0, slm_out=out)
+        t.usage += Usage(slm_in=fin.prompt_tokens or 0, slm_out=out, slm_cached_in=fin.cached_tokens or 0)
         t.estimated = t.estimated or fin.usage_estimated
         offload = fin.finish_reason == "offload" or (
             self.e.offload_id is not None and fin.stop_token_id == self.e.offload_id

@@ -156,7 +156,8 @@ class Turn:
                 segments.append({"by": "llm", "endpoint": c["endpoint"], "text": c["text"]})
         if self.fb_text:
             segments.append({"by": "slm", "text": self.fb_text, "fallback": True})
-        slm_cost = Usage(slm_in=self.usage.slm_in, slm_out=self.usage.slm_out).cost(prices)
+        u = self.usage
+        slm_cost = Usage(slm_in=u.slm_in, slm_out=u.slm_out, slm_cached_in=u.slm_cached_in).cost(prices)
         return Done(
             output=self.slm_text + self.llm_text + self.fb_text,
             slm_text=self.slm_text + self.fb_text,

@@ -104,7 +104,12 @@ class GoldPlacement:
         if cut:
             yield GenChunk(text=cut)
         n = self.slm.count_tokens(cut) if cut else 0
-        yield GenChunk(finish_reason="offload", prompt_tokens=fin.prompt_tokens, completion_tokens=n + 1)
+        yield GenChunk(
+            finish_reason="offload",
+            prompt_tokens=fin.prompt_tokens,
+            completion_tokens=n + 1,
+            cached_tokens=fin.cached_tokens,  # what the base SLM's prefix cache served
+        )
 
     async def aclose(self) -> None:
         pass

@@ -38,7 +38,7 @@ def record_cost(r: dict, prices: Prices, endpoint_prices: dict[str, Prices] | No
     u = usage_of(r)
     if not eps:
         return u.cost(prices)
-    total = Usage(slm_in=u.slm_in, slm_out=u.slm_out).cost(prices)
+    total = Usage(slm_in=u.slm_in, slm_out=u.slm_out, slm_cached_in=u.slm_cached_in).cost(prices)
     for e in eps:
         sheet = (endpoint_prices or {}).get(e["endpoint"])
         if sheet is None and not e.get("own_price", True):

@@ -73,7 +73,8 @@ def table4(ms: dict[str, Metrics], prices: Prices, method: str) -> list[str]:
         row = [b]
         for c in cols:
             u = ms[c].usage if b == "**Total**" else ms[c].usage_by_benchmark.get(b, Usage())
-            row += [f"{u.slm_in:,}", f"{u.slm_out:,}", f"{u.llm_in:,}", f"{u.llm_out:,}", f"{u.cost(prices):.6f}"]
+            slm_in = f"{u.slm_in:,}" + (f" ({u.slm_cached_in:,} cached)" if u.slm_cached_in else "")
+            row += [slm_in, f"{u.slm_out:,}", f"{u.llm_in:,}", f"{u.llm_out:,}", f"{u.cost(prices):.6f}"]
         rows.append(row)
     return md_table(header, rows)
 

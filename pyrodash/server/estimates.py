@@ -23,7 +23,7 @@ def cost_by_component(usage: Usage, prices: Prices) -> dict[str, float]:
     cached = prices.llm_in if prices.llm_cached_in is None else prices.llm_cached_in
     llm_in = (usage.llm_in - usage.llm_cached_in) * prices.llm_in + usage.llm_cached_in * cached
     return {
-        "slm_in": usage.slm_in * prices.slm_in / MILLION,
+        "slm_in": (usage.slm_in - usage.slm_cached_in) * prices.slm_in / MILLION,  # its prefix cache's: not billed
         "slm_out": usage.slm_out * prices.slm_out / MILLION,
         "llm_in": llm_in / MILLION,
         "llm_out": usage.llm_out * prices.llm_out / MILLION,

@@ -145,7 +145,11 @@ class Metrics:
     def _declare_usage(self, r: CollectorRegistry, model: tuple[str, ...], endpoint: tuple[str, ...]) -> None:
         """The tokens, dollars, timings and trimming of answered requests, in total and per LLM endpoint."""
         self.tokens = Counter(
-            "pyrodash_tokens_total", "Tokens billed, by component (slm_in ... llm_cached_in).", ("component",), r
+            "pyrodash_tokens_total",
+            "Tokens by component (slm_in ... llm_cached_in; slm_cached_in: of slm_in, served from the SLM's prefix "
+            "cache, not billed).",
+            ("component",),
+            r,
         )
         self.llm_calls = Counter("pyrodash_llm_calls_total", "LLM requests made (retries included).", model, r)
         self.cost = Counter("pyrodash_cost_usd_total", "Dollars spent, priced with the server's price sheet.", model, r)
@@ -193,7 +197,7 @@ class Metrics:
         self, done: Done, model: str, latency_s: float, ttft_s: float | None, overhead_s: float | None = None
     ) -> None:
         u = done.usage
-        for comp in ("slm_in", "slm_out", "llm_in", "llm_out", "llm_cached_in"):
+        for comp in ("slm_in", "slm_out", "llm_in", "llm_out", "llm_cached_in", "slm_cached_in"):
             self.tokens.inc(getattr(u, comp), component=comp)
         self.llm_calls.inc(u.llm_calls, model=model)
         self.cost.inc(done.cost_usd, model=model)

@@ -270,6 +270,7 @@ class PyroDashInfo(_Out):
     mode: str = "collab"  # who answered: "collab" (the engine), "slm" or "llm" alone (request `pyrodash.mode`)
     routed: str | None = None  # "range": past the SLM's range (the operating point's range rule), the LLM alone
     llm_prior_in: int = 0  # the part of llm_in an earlier LLM call of this answer sent (relay; a prefix cache's)
+    slm_cached_in: int = 0  # the part of slm_in the SLM served from its prefix cache (not billed)
     handoffs: list[int] = Field(default_factory=list)  # every handoff position (relay: several)
     relay_fallback: str | None = None  # why a relay answer became a single handoff (stop_ignored, step_cap, empty_step)
     cost_usd_by_component: dict[str, float] | None = None  # cost_usd split into slm_in, slm_out, llm_in, llm_out
