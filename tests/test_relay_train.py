@@ -4,6 +4,8 @@ with their gold solutions and tiny models over the world's character tokenizer (
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from test_train import world_examples
 from tiny_models import tiny_model
@@ -124,3 +126,94 @@ def test_stage2_loss_mask_is_zero_exactly_on_the_llm_spans(tmp_path, loss):
         checked += 1
     assert checked >= 3
     trainer.train()  # and it trains on them
+
+
+# --- Stage 3: relay rollouts ---------------------------------------------------------------------------------------
+
+
+class CharTok:
+    """Characters as token ids (the scripted models of tests/test_relay.py count characters); `<offload>` is id 5."""
+
+    eos_token_id = 2
+
+    def __call__(self, text: str, add_special_tokens: bool = False) -> dict:
+        return {"input_ids": [ord(c) for c in text]}
+
+    def decode(self, ids, skip_special_tokens: bool = False) -> str:
+        return "".join(chr(i) if i >= 10 else "" if skip_special_tokens else f"<{i}>" for i in ids)
+
+
+class FakeTrainer:
+    """What `RelayRollouts` reads of `CostAwareGRPOTrainer`: its prompt tokenizer, the policy backend and its first
+    segments (here scripted: one rollout hands off after "a=1", one answers alone)."""
+
+    def __init__(self, slm, first: list[list[int]]):
+        from types import SimpleNamespace
+
+        self.slm, self.first = slm, first
+        self.processing_class, self.temperature, self.top_p = CharTok(), 0.3, 1.0
+        self.collab = SimpleNamespace(batch_size=4, concurrency=2)
+
+    def _tokenize_prompts(self, prompts):
+        return [[7, 7, 7] for _ in prompts], None, {}
+
+    def rollout_backend(self):
+        import contextlib
+
+        return contextlib.nullcontext(self.slm)
+
+    def sample_first_segments(self, backend, prompt_ids):
+        return self.first
+
+
+def test_a_relay_rollout_masks_exactly_the_llms_tokens_and_its_reward_sums_every_call(tmp_path):
+    from test_relay import GOLD, OFFLOAD_ID, PAPER, PROMPTS, ScriptLLM, ScriptSLM
+
+    from pyrodash.engine import CollaborateEngine
+    from pyrodash.train.relay_rollouts import RelayRollouts
+    from pyrodash.train.reward import BaselineCache, CollaborativeReward
+
+    tok, o = CharTok(), OFFLOAD_TOKEN
+    slm, llm = ScriptSLM(), ScriptLLM()
+
+    def engine(slm_backend, relay):
+        return CollaborateEngine(slm_backend, llm, PROMPTS, PAPER, max_tokens=200, relay=relay)
+
+    first = [tok("a=1\n\n")["input_ids"] + [OFFLOAD_ID], tok(GOLD)["input_ids"] + [tok.eos_token_id]]
+    prompts = [[{"role": "user", "content": "q"}]] * 2
+    rollouts = RelayRollouts(engine, {json.dumps(prompts[0]): "q"}, max_llm_calls=4, step_max_tokens=64)
+    out = rollouts(prompts, FakeTrainer(slm, first))
+    ids, mask = out["completion_ids"], out["env_mask"]
+    assert out["prompt_ids"] == [[7, 7, 7]] * 2 and out["logprobs"] is None
+    # the relay rollout is the SLM's own context at its last resume, then what it wrote and its end of turn
+    last = slm.requests[-1]
+    assert last.prefix == f"a=1\n\n{o}H(a)=7\n\nb=7+1\n\n{o}H(b)=99\n\n" and last.temperature == 0.3
+    assert tok.decode(ids[0]).replace("<5>", o) == last.prefix + "c=99-1\n\n\\boxed{98}<2>"
+    # env_mask: 0 on the LLM's steps (with their separators) and nowhere else
+    llm_part = "".join(chr(t) for t, m in zip(ids[0], mask[0]) if not m)
+    assert llm_part == "H(a)=7\n\nH(b)=99\n\n" and all(mask[0][i] for i, t in enumerate(ids[0]) if t == OFFLOAD_ID)
+    assert ids[1] == first[1] and mask[1] == [1] * len(first[1])  # an answer without a handoff: as sampled
+    # the reward's cost: every call, from what each LLM request read (its packed trace) and wrote
+    cache = BaselineCache(tmp_path / "cost_base.json", "k", PROMPTS, PAPER, 12)
+    cache.entries[cache.key("q")] = {"cost_base": 1e-4}
+    reward = CollaborativeReward(engine(slm, None), cache, lam=0.5)
+    got = reward(prompts, None, ids, ["q", "q"], ["98", "98"], relay=out["relay"])
+    reads = [len(r.prefix) for r in llm.requests]
+    assert reads == [len("a=1\n\n"), len("a=1\n\nH(a)=7\n\nb=7+1\n\n")]
+    t_slm = sum(mask[0]) - ids[0].count(OFFLOAD_ID)
+    assert t_slm == len("a=1\n\nb=7+1\n\nc=99-1\n\n\\boxed{98}") + 1  # its text and its end of turn
+    want = (PAPER.slm_out * t_slm + PAPER.llm_in * sum(reads) + PAPER.llm_out * len("H(a)=7H(b)=99")) / 1e6
+    d = reward.last
+    assert d[0]["cost_act"] == pytest.approx(want) and d[0]["handoffs"] == 2 and d[0]["r_acc"] == 1.0
+    assert d[1]["cost_act"] == pytest.approx(PAPER.slm_out * len(first[1]) / 1e6) and not d[1]["offload"]
+    assert got == pytest.approx([1 - 0.5 * want / 1e-4, 1 - 0.5 * d[1]["cost_act"] / 1e-4])
+    assert reward.pop_stats()["pyrodash/llm_calls"] == 2
+
+
+def test_relay_cost_with_one_call_is_the_single_handoff_cost():
+    from pyrodash.cost import Prices, grpo_cost_actual
+    from pyrodash.train.reward import relay_cost_actual
+
+    p = Prices.from_yaml("paper")
+    assert relay_cost_actual(40, [40], 25, p) == pytest.approx(grpo_cost_actual(40, 25, p, handoff=True))
+    assert relay_cost_actual(40, [], 0, p) == pytest.approx(grpo_cost_actual(40, 0, p, handoff=False))

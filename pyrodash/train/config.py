@@ -165,10 +165,18 @@ class Stage3Config(ChatFields, LoraFields, GRPOConfig):
     # groups carry no signal on the decision; a few banned rollouts per group give λ something to compare
     # (pyrodash.train.stage3.ExploreNoHandoff).
     explore_no_handoff: int = 0
+    # Relay rollouts (pyrodash.train.relay_rollouts): up to max_llm_calls LLM calls per rollout through the engine's
+    # relay, each LLM step in the rollout's completion and masked from the loss; 1 (the default): single handoff.
+    max_llm_calls: int = 1
+    relay_step_max_tokens: int = 64  # the cap of one relay step (the engine's RelayConfig.step_max_tokens)
 
     def validate(self) -> None:
         if self.lam < 0:
             raise ValueError(f"stage3.lam={self.lam} must be >= 0")
+        if self.max_llm_calls < 1 or self.relay_step_max_tokens < 1:
+            raise ValueError("stage3.max_llm_calls and stage3.relay_step_max_tokens must be >= 1")
+        if self.max_llm_calls > 1 and self.use_vllm:
+            raise ValueError("stage3.max_llm_calls > 1 (relay rollouts) works with in-process rollouts only")
         if not 0 <= self.explore_no_handoff < self.num_generations:
             raise ValueError(
                 f"stage3.explore_no_handoff={self.explore_no_handoff} must be in [0, num_generations) "

@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 
 from pyrodash.backends.base import GenRequest, GenResult
-from pyrodash.cost import Prices, grpo_cost_actual, grpo_cost_base, grpo_efficiency, grpo_total_reward
+from pyrodash.cost import MILLION, Prices, grpo_cost_actual, grpo_cost_base, grpo_efficiency, grpo_total_reward
 from pyrodash.engine import CollaborateEngine
 from pyrodash.grading import grade_batch
 from pyrodash.prompts import Prompts
@@ -102,10 +102,14 @@ class CollaborativeReward:
         self._acc: dict[str, list[float]] = {}
         self.last: list[dict] = []  # per-rollout details of the last call (for tests and case studies)
 
-    def __call__(self, prompts, completions, completion_ids, question, gold, chat=None, **kwargs) -> list[float]:
+    def __call__(
+        self, prompts, completions, completion_ids, question, gold, chat=None, relay=None, **kwargs
+    ) -> list[float]:
         # a conversation turn's chat (history + question, JSON in the `chat` column; "" for a single question) is
         # what the engine is asked, as `pyrodash serve` is asked it: its handoff carries the same history
         queries = [json.loads(c) if c else q for q, c in zip(question, chat or [""] * len(question), strict=True)]
+        if relay is not None:  # relay rollouts (pyrodash.train.relay_rollouts): the engine already ran them
+            return self._score(queries, gold, [_relay_outcome(r, self.prices, self.slm_price) for r in relay])
         texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
         rollouts = [
             GenResult(
@@ -121,38 +125,34 @@ class CollaborativeReward:
         dones = self.engine.batch(
             queries, slm_results=rollouts, batch_size=self.batch_size, concurrency=self.concurrency
         )
-        acc = grade_batch([d.output for d in dones], list(gold))
-        rewards, self.last = [], []
-        for i, d in enumerate(dones):
+        outcomes = []
+        for d in dones:
             off = d.handoff is not None
             t_slm = d.handoff if off else d.usage.slm_out  # the <offload> token itself is not handed over
             cost_act = grpo_cost_actual(t_slm, d.usage.llm_out, self.prices, handoff=off, slm_price=self.slm_price)
+            outcomes.append(_outcome(d.output, off, t_slm, d.usage.llm_out, cost_act, d.finish_reason == "error"))
+            outcomes[-1]["llm_calls"] = d.usage.llm_calls
+        return self._score(queries, gold, outcomes)
+
+    def _score(self, queries: list, gold, outcomes: list[dict]) -> list[float]:
+        """R_total of each rollout from its outcome (`_outcome`), failed LLM calls skipped, statistics recorded."""
+        acc = grade_batch([o["joint"] for o in outcomes], list(gold))
+        rewards, self.last = [], []
+        for i, o in enumerate(outcomes):
             if self.cost_penalty == "normalized":
-                r_eff = grpo_efficiency(cost_act, self.baselines.cost_base(queries[i]))
+                r_eff = grpo_efficiency(o["cost_act"], self.baselines.cost_base(queries[i]))
             else:
-                r_eff = cost_act
+                r_eff = o["cost_act"]
             r_acc = 1.0 if acc[i] else 0.0
             rewards.append(grpo_total_reward(r_acc, r_eff, self.lam))
-            self.last.append(
-                {
-                    "offload": off,
-                    "t_slm": t_slm,
-                    "t_llm_dec": d.usage.llm_out,
-                    "cost_act": cost_act,
-                    "r_acc": r_acc,
-                    "r_eff": r_eff,
-                    "reward": rewards[-1],
-                    "joint": d.output,
-                    "llm_failed": d.finish_reason == "error",
-                }
-            )
+            self.last.append({**o, "r_acc": r_acc, "r_eff": r_eff, "reward": rewards[-1]})
         self._skip_failed(rewards, [json.dumps(q) for q in queries])
         self._record(
             [d["offload"] for d in self.last],
             acc,
             [d["r_eff"] for d in self.last],
-            [d["t_slm"] for d in self.last if d["offload"]],
-            sum(d.usage.llm_calls for d in dones),
+            [d.get("handoff_pos", d["t_slm"]) for d in self.last if d["offload"]],
+            sum(o.pop("llm_calls") for o in self.last),
         )
         return rewards
 
@@ -204,3 +204,36 @@ class CollaborativeReward:
         if not a.get("handoff_pos"):
             del out["pyrodash/handoff_position"]  # no handoff since the last log: no position to average
         return out
+
+
+def _outcome(joint: str, off: bool, t_slm: int, t_llm_dec: int, cost_act: float, failed: bool) -> dict:
+    return {
+        "offload": off,
+        "t_slm": t_slm,
+        "t_llm_dec": t_llm_dec,
+        "cost_act": cost_act,
+        "joint": joint,
+        "llm_failed": failed,
+    }
+
+
+def relay_cost_actual(
+    t_slm: int, reads: list[int], t_llm_dec: int, prices: Prices, slm_price: float | None = None
+) -> float:
+    """The compact collaborative cost of a relay rollout, summed over its LLM calls: C_s * T_s + sum over calls of
+    C_pre * (the trace tokens that call reads) + C_dec * T_l,dec (all calls' output). T_s: every SLM token of the
+    answer (`<offload>` not counted). With one call (reads == [T_s]) it is `grpo_cost_actual` with a handoff; with
+    none, without one."""
+    c_s = prices.slm_out if slm_price is None else slm_price
+    if not reads and t_llm_dec:
+        raise ValueError("a rollout without an LLM call cannot have LLM decode tokens")
+    return (c_s * t_slm + prices.llm_in * sum(reads) + prices.llm_out * t_llm_dec) / MILLION
+
+
+def _relay_outcome(r: dict, prices: Prices, slm_price: float | None) -> dict:
+    """A relay rollout's outcome, from `RelayRollouts`' `relay` column (the engine's record and token counts)."""
+    cost = relay_cost_actual(r["t_slm"], r["reads"], r["t_llm_dec"], prices, slm_price)
+    out = _outcome(r["output"], bool(r["handoffs"]), r["t_slm"], r["t_llm_dec"], cost, r["llm_failed"])
+    # the stats' handoff position: the first handoff (a single-handoff rollout's is its t_slm)
+    pos = r["handoffs"][0] if r["handoffs"] else None
+    return {**out, "handoff_pos": pos, "handoffs": len(r["handoffs"]), "llm_calls": r["llm_calls"]}

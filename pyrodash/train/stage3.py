@@ -11,6 +11,7 @@ DIR/stage3-lambda<λ>/log.jsonl, merges the adapters into DIR/stage3-lambda<λ>/
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from trl import GRPOTrainer
 from pyrodash.backends.hf import HFBackend
 from pyrodash.cost import Prices
 from pyrodash.engine import CollaborateEngine, FailurePolicy, slm_chat
+from pyrodash.engine.relay import RelayConfig
 from pyrodash.events import Done
 from pyrodash.grading import grade_batch
 from pyrodash.prompts import Prompts, get_prompts
@@ -30,6 +32,7 @@ from pyrodash.train.config import save_resolved
 from pyrodash.train.curate import load_conversations, load_examples, read_jsonl
 from pyrodash.train.models import FrozenLLM, load_local
 from pyrodash.train.paths import curated_dir, llm_spec, require, resolve_world, stage_dir
+from pyrodash.train.relay_rollouts import RelayRollouts
 from pyrodash.train.reward import BaselineCache, CollaborativeReward
 from pyrodash.train.rollouts import ExploreNoHandoff, decode_rollouts, unsupported_sampling
 
@@ -52,10 +55,16 @@ class CostAwareGRPOTrainer(GRPOTrainer):
     def _generate_single_turn(self, prompt_ids, images, *args, **kwargs):
         if self.use_vllm or self.use_transformers_continuous_batching or images is not None:
             return super()._generate_single_turn(prompt_ids, images, *args, **kwargs)
+        with self.rollout_backend() as backend:
+            return self.sample_first_segments(backend, prompt_ids), None
+
+    @contextlib.contextmanager
+    def rollout_backend(self):
+        """The policy as an `HFBackend` for rollouts, in the same contexts as TRL's own generation: ZeRO-3
+        parameters gathered, FSDP's summoned, no gradients, eval mode (training mode restored after)."""
         import torch
         from trl.models.utils import unwrap_model_for_generation
 
-        # the same contexts as TRL's own generation: ZeRO-3 parameters gathered, FSDP's summoned, no gradients
         with (
             unwrap_model_for_generation(
                 self.model_wrapped, self.accelerator, gather_deepspeed3_params=self.args.ds3_gather_for_generation
@@ -69,18 +78,21 @@ class CostAwareGRPOTrainer(GRPOTrainer):
                 self._rollout_backend = HFBackend(base, self.processing_class)  # (puts the model in eval mode)
             base.eval()
             try:
-                completions = decode_rollouts(
-                    self._rollout_backend,
-                    prompt_ids,
-                    self.temperature,
-                    self.top_p,
-                    self.max_completion_length,
-                    self.eos_token_ids,
-                    self.explore,
-                )
+                yield self._rollout_backend
             finally:
                 base.train(was_training)
-        return completions, None
+
+    def sample_first_segments(self, backend, prompt_ids) -> list[list[int]]:
+        """The policy's completions up to its first stop id (`<offload>` included), some with `<offload>` banned."""
+        return decode_rollouts(
+            backend,
+            prompt_ids,
+            self.temperature,
+            self.top_p,
+            self.max_completion_length,
+            self.eos_token_ids,
+            self.explore,
+        )
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         if self.collab is not None and self.model.training:
@@ -89,17 +101,32 @@ class CostAwareGRPOTrainer(GRPOTrainer):
 
 
 def collaboration_engine(
-    slm, llm, prompts: Prompts, prices, max_new_tokens: int, llm_max_tokens: int, failure: FailurePolicy | None = None
+    slm,
+    llm,
+    prompts: Prompts,
+    prices,
+    max_new_tokens: int,
+    llm_max_tokens: int,
+    failure: FailurePolicy | None = None,
+    relay: RelayConfig | None = None,
 ) -> CollaborateEngine:
     """The Collaborate Engine of Stage 3 over the SLM backend and the frozen LLM (`FrozenLLM`). The default failure
     policy is the rollouts': the LLM's batch call policy, and a failed handoff is recorded (finish_reason "error"),
-    never fatal and never finished by the SLM (the reward skips it)."""
+    never fatal and never finished by the SLM (the reward skips it). `relay`: the relay's settings (None: single
+    handoff)."""
     pol = llm.policy
     failure = failure or FailurePolicy(
         retries=pol.retries, backoff_s=pol.backoff_s, timeout_s=pol.timeout_s, on_error="raise"
     )
     return CollaborateEngine(
-        slm, llm.backend, prompts, prices, max_tokens=max_new_tokens, llm_max_tokens=llm_max_tokens, failure=failure
+        slm,
+        llm.backend,
+        prompts,
+        prices,
+        max_tokens=max_new_tokens,
+        llm_max_tokens=llm_max_tokens,
+        failure=failure,
+        relay=relay,
     )
 
 
@@ -113,13 +140,15 @@ def collaborate(
     max_new_tokens: int,
     llm_max_tokens: int,
     batch_size: int = 64,
+    relay: RelayConfig | None = None,
 ) -> list[Done]:
-    """The engine on held-out questions (greedy SLM under P_s, one handoff per offloaded question), exactly as
-    `pyrodash eval` and `pyrodash serve` run it (their default failure policy: an LLM that fails every attempt is
-    a fallback)."""
+    """The engine on held-out questions (greedy SLM under P_s, one handoff per offloaded question, or the relay's
+    `relay`), exactly as `pyrodash eval` and `pyrodash serve` run it (their default failure policy: an LLM that fails
+    every attempt is a fallback)."""
     was_training = model.training
+    slm = HFBackend(model, tokenizer)
     engine = collaboration_engine(
-        HFBackend(model, tokenizer), llm, prompts, prices, max_new_tokens, llm_max_tokens, failure=FailurePolicy()
+        slm, llm, prompts, prices, max_new_tokens, llm_max_tokens, failure=FailurePolicy(), relay=relay
     )
     dones = engine.batch(questions, batch_size=batch_size, concurrency=llm.concurrency, desc="collaborative eval")
     model.train(was_training)
@@ -136,6 +165,7 @@ def evaluate_collaboration(
     max_new_tokens: int,
     llm_max_tokens: int,
     batch_size: int = 64,
+    relay: RelayConfig | None = None,
 ) -> dict:
     """`collaborate` on held-out rows, graded: accuracy, offload rate, LLM calls per example and mean dollar cost
     per example (and accuracy / offload rate by difficulty)."""
@@ -149,6 +179,7 @@ def evaluate_collaboration(
         max_new_tokens,
         llm_max_tokens,
         batch_size,
+        relay,
     )
     ok = grade_batch([d.output for d in dones], [r["gold"] for r in rows])
     n = max(1, len(rows))
@@ -211,16 +242,18 @@ def run_stage3(
         engine, cache, cfg.lam, cfg.cost_penalty, cfg.slm_price, cfg.llm_batch_size, cfg.llm_concurrency
     )
     torch.manual_seed(cfg.seed)
+    dataset = training_dataset(prompts, examples, chats)
     trainer = CostAwareGRPOTrainer(
         model=model,
         reward_funcs=[reward],
         args=cfg,
-        train_dataset=training_dataset(prompts, examples, chats),
+        train_dataset=dataset,
         processing_class=tok,
         peft_config=cfg.lora_config(),
         callbacks=callbacks(cfg, dest / "log.jsonl"),
         collab=reward,
         explore=explore_no_handoff(cfg, tid),
+        rollout_func=relay_rollouts(cfg, llm, prompts, prices, dataset),
     )
     quiet(trainer)
     last = get_last_checkpoint(str(cfg.output_dir)) if resume and Path(cfg.output_dir).exists() else None
@@ -237,8 +270,9 @@ def run_stage3(
     heldout_path = curated_dir(out_dir) / "heldout.jsonl"
     if heldout_path.exists():
         rows = read_jsonl(heldout_path)
+        relay = relay_config(cfg)
         stats["heldout"] = evaluate_collaboration(
-            merged, tok, llm, rows, prompts, prices, cfg.max_completion_length, cfg.llm_max_new_tokens
+            merged, tok, llm, rows, prompts, prices, cfg.max_completion_length, cfg.llm_max_new_tokens, relay=relay
         )
     (dest / "stage3_stats.json").write_text(json.dumps(stats, indent=2))
     save_resolved(out, recipe, cfg, {"stage2": str(src), "stats": stats})
@@ -295,6 +329,29 @@ def explore_no_handoff(cfg, offload_id: int) -> ExploreNoHandoff | None:
     if cfg.use_vllm:
         raise ValueError("stage3.explore_no_handoff works with in-process rollouts only; set it to 0 with vLLM")
     return ExploreNoHandoff(offload_id, cfg.num_generations, cfg.explore_no_handoff)
+
+
+def relay_config(cfg) -> RelayConfig | None:
+    """The relay of Stage 3's rollouts and held-out evaluation (`stage3.max_llm_calls` > 1), else None."""
+    if cfg.max_llm_calls <= 1:
+        return None
+    return RelayConfig(max_llm_calls=cfg.max_llm_calls, step_max_tokens=cfg.relay_step_max_tokens)
+
+
+def relay_rollouts(cfg, llm, prompts: Prompts, prices, dataset) -> RelayRollouts | None:
+    """TRL's `rollout_func` for relay rollouts (`pyrodash.train.relay_rollouts`), or None (single handoff: TRL's
+    own generation path, through `CostAwareGRPOTrainer._generate_single_turn`)."""
+    relay = relay_config(cfg)
+    if relay is None:
+        return None
+
+    def engine(slm, relay):
+        return collaboration_engine(
+            slm, llm, prompts, prices, cfg.max_completion_length, cfg.llm_max_new_tokens, relay=relay
+        )
+
+    queries = {json.dumps(r["prompt"]): json.loads(r["chat"]) if r["chat"] else r["question"] for r in dataset}
+    return RelayRollouts(engine, queries, relay.max_llm_calls, relay.step_max_tokens)
 
 
 def run_stats(cfg, result, examples: list, chats: list, by_rank: list, computed: int, computed_by_rank, last) -> dict:
