@@ -339,3 +339,26 @@ def test_the_hf_backend_reads_the_engines_offload_as_the_token_and_a_clients_as_
 
 def _count(ids: list[int], sub: list[int]) -> int:
     return sum(ids[i : i + len(sub)] == sub for i in range(len(ids) - len(sub) + 1))
+
+
+def test_engine_retries_wait_the_backends_jittered_backoff(monkeypatch):
+    """One backoff in the tree (backends.retry.backoff_delay): retry k waits backoff_s * 2**(k-1), +-25%."""
+    import random
+
+    import pyrodash.engine.core as core
+
+    waits: list[float] = []
+    real = core.asyncio.sleep
+
+    async def sleep(s: float, *a):
+        if s > 0:
+            waits.append(s)
+        await real(0)
+
+    monkeypatch.setattr(core.asyncio, "sleep", sleep)
+    random.seed(0)
+    for _ in range(4):
+        engine(llm=ScriptLLM(fail=True), calls=1, failure=FailurePolicy(retries=2, backoff_s=1.0)).run("q")
+    first, second = waits[0::2], waits[1::2]
+    assert len(waits) == 8 and all(0.75 <= w <= 1.25 for w in first) and all(1.5 <= w <= 2.5 for w in second)
+    assert len(set(waits)) == 8  # jittered: calls that failed together do not come back together

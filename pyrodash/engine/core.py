@@ -21,6 +21,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from pyrodash.backends.base import Backend, GenChunk, GenRequest, GenResult
 from pyrodash.backends.deadline import LazyDeadline
+from pyrodash.backends.retry import backoff_delay
 from pyrodash.cost import Prices, Usage
 from pyrodash.engine import conversation as conv
 from pyrodash.engine import fitting
@@ -459,7 +460,7 @@ class CollaborateEngine:
                 t.finish = "length"
                 return
             if attempt:
-                await asyncio.sleep(pol.backoff_s * 2 ** (attempt - 1))
+                await asyncio.sleep(backoff_delay(pol.backoff_s, attempt))  # the backends' own: jittered
             lreq, fit, stream = await self._attempt(t, left, early if attempt == 0 else None)
             got, attempt_text = GenChunk(), ""
             streamed = 0  # tokens received in this attempt (billed if the stream breaks before reporting usage)

@@ -82,7 +82,7 @@ class EngineRequest:
 @dataclass(frozen=True)
 class FailurePolicy:
     retries: int = 2  # further attempts after the first failed LLM call
-    backoff_s: float = 0.2  # wait before retry k: backoff_s * 2**(k-1)
+    backoff_s: float = 0.2  # wait before retry k: backoff_s * 2**(k-1), +-25% jitter (backends.retry.backoff_delay)
     timeout_s: float = 60.0  # longest wait for the LLM's next chunk (the first one included)
     on_error: str = "fallback"  # "fallback" (the SLM finishes) | "raise" (EngineError; a batch records the error)
 
