@@ -217,3 +217,24 @@ def test_relay_cost_with_one_call_is_the_single_handoff_cost():
     p = Prices.from_yaml("paper")
     assert relay_cost_actual(40, [40], 25, p) == pytest.approx(grpo_cost_actual(40, 25, p, handoff=True))
     assert relay_cost_actual(40, [], 0, p) == pytest.approx(grpo_cost_actual(40, 0, p, handoff=False))
+
+
+def test_back_to_back_handoffs_keep_an_offload_between_the_llms_steps(monkeypatch):
+    import test_relay
+    from test_relay import OFFLOAD_ID, PAPER, PROMPTS, ScriptLLM, ScriptSLM
+
+    from pyrodash.engine import CollaborateEngine
+    from pyrodash.engine.relay import RelayConfig
+    from pyrodash.train.relay_rollouts import _first_result, relay_completion
+
+    monkeypatch.setattr(test_relay, "HARD", {1, 2})  # the SLM hands off again at once after the first LLM step
+    tok, slm = CharTok(), ScriptSLM()
+    engine = CollaborateEngine(slm, ScriptLLM(), PROMPTS, PAPER, max_tokens=200, relay=RelayConfig(max_llm_calls=4))
+    first = tok("a=1\n\n")["input_ids"] + [OFFLOAD_ID]
+    (done,) = engine.batch(["q"], slm_results=[_first_result(tok, first, OFFLOAD_ID)])
+    assert [s["by"] for s in done.segments] == ["slm", "llm", "llm", "slm"] and len(done.handoffs) == 2
+    row = relay_completion(done, first, tok, OFFLOAD_ID, tok.eos_token_id, "\n\n", 4)
+    o = OFFLOAD_TOKEN
+    assert tok.decode(row["ids"]).replace("<5>", o) == slm.requests[-1].prefix + "H(b)=99\n\nc=99-1\n\n\\boxed{98}<2>"
+    assert "".join(chr(t) for t, m in zip(row["ids"], row["env_mask"]) if not m) == "H(a)=7\n\nb=7+1\n\n"
+    assert row["reads"] == [len("a=1\n\n"), len("a=1\n\nH(a)=7\n\n")]
