@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 from tiny_models import tiny_model
 
-from pyrodash.train.chat_template import DEFAULT_CHAT_TEMPLATE, has_generation_markers, loss_mask_config
+from pyrodash.backends.chat_template import DEFAULT_CHAT_TEMPLATE
+from pyrodash.train.chat_template import has_generation_markers, loss_mask_config
 from pyrodash.train.common import messages_dataset
 from pyrodash.world.tokenizer import CHAT_TEMPLATE
 
@@ -90,7 +91,7 @@ def test_several_assistant_turns_without_markers_is_one_clear_error(tmp_path):
 def test_default_template_for_a_base_model(tmp_path):
     """A tokenizer without a template gets the documented default (a warning says so), which renders prompt +
     completion with the generation prompt as a prefix (TRL's completion mask needs it) and ends turns at EOS."""
-    from pyrodash.train.chat_template import resolve_template
+    from pyrodash.backends.chat_template import resolve_template
 
     _, tok = tiny_model(seed=0)
     tok.chat_template = None
@@ -106,6 +107,30 @@ def test_default_template_for_a_base_model(tmp_path):
     with pytest.raises(ValueError, match="no such file"):
         resolve_template(tok, str(tmp_path / "missing.jinja"), "x")
     assert json.dumps(DEFAULT_CHAT_TEMPLATE)  # a string a recipe can hold
+
+
+def test_chat_template_for_serving_and_the_cli(tmp_path, capsys):
+    """`--chat-template` / a spec's `chat_template:` reach an in-process SLM loaded from its directory (serve,
+    generate, check); a model saved without a template gets the default; for a server it is a one-line error."""
+    from pyrodash.backends import load_backend
+    from pyrodash.backends.base import GenRequest
+    from pyrodash.backends.loader import with_chat_template
+    from pyrodash.cli import main
+
+    model, tok = tiny_model(seed=0)
+    tok.chat_template = None
+    model.save_pretrained(tmp_path / "base")
+    tok.save_pretrained(tmp_path / "base")
+    req = GenRequest(messages=[{"role": "user", "content": "2+2?"}])
+    assert load_backend(str(tmp_path / "base")).render(req) == "### user\n2+2?" + tok.eos_token + "\n### assistant\n"
+    (tmp_path / "t.jinja").write_text("{% for m in messages %}<<{{ m['content'] }}>>{% endfor %}")
+    spec = with_chat_template(str(tmp_path / "base"), str(tmp_path / "t.jinja"))
+    assert spec == {"path": str(tmp_path / "base"), "chat_template": str(tmp_path / "t.jinja")}
+    assert load_backend(spec).render(req) == "<<2+2?>>"
+    with pytest.raises(ValueError, match="in-process model"):
+        with_chat_template("http://127.0.0.1:9/v1#slm", "t.jinja")
+    code = main(["serve", "--slm", "http://127.0.0.1:9/v1#slm", "--llm", "x", "--chat-template", "t.jinja"])
+    assert code != 0 and "--chat-template applies to an in-process model" in capsys.readouterr().err
 
 
 # ---- Gemma 3 270M (slow) ----------------------------------------------------------------------------------------

@@ -26,6 +26,7 @@ import torch
 
 from pyrodash.backends import literal
 from pyrodash.backends.base import GenChunk, GenRequest, GenResult, public_name
+from pyrodash.backends.chat_template import resolve_template
 from pyrodash.backends.kv_cache import growing, growing_cache, row_cache
 from pyrodash.backends.lean_step import lean_step
 from pyrodash.backends.prefix_cache import PrefixCache
@@ -89,8 +90,8 @@ def same_decode(prompt: list[int], req: GenRequest) -> tuple | None:
     rollouts of one prompt that agree up to `<offload>` hand the LLM the same request (measured, quick world seed 0,
     λ 0.6: 536 LLM requests in 40 steps, 248 distinct; decoded once each, Stage 3 on one thread took 37 -> 31 s and
     wrote the same weights, byte for byte)."""
-    if req.temperature > _GREEDY_BELOW and req.seed is None:
-        return None
+    if (req.temperature > _GREEDY_BELOW and req.seed is None) or req.cache_key is not None:
+        return None  # (a keyed request keeps its own KV for its answer: decoded as its own)
     # every field of the request but the prompt's text (the ids stand for it), so a field added later is part of it
     settings = {f.name: getattr(req, f.name) for f in fields(req) if f.name not in ("messages", "prefix")}
     if req.temperature <= _GREEDY_BELOW:  # greedy: the sampling settings do not change a token
@@ -159,8 +160,16 @@ class HFBackend:
     """A local transformers causal LM behind the `Backend` protocol, plus batched generation."""
 
     def __init__(
-        self, model_or_path, tokenizer=None, device: str | None = None, dtype: str = "auto", name: str | None = None
+        self,
+        model_or_path,
+        tokenizer=None,
+        device: str | None = None,
+        dtype: str = "auto",
+        name: str | None = None,
+        chat_template: str | None = None,
     ):
+        """`chat_template`: template text or file for a model loaded from its path (else its tokenizer's own, else
+        PyroDash's default for a base model: `pyrodash.backends.chat_template`)."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         if isinstance(model_or_path, (str, Path)):
@@ -170,6 +179,9 @@ class HFBackend:
             tokenizer = tokenizer or AutoTokenizer.from_pretrained(path)
             model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
             name = name or public_name(path, "model")  # never the directory: names reach clients
+            tokenizer.chat_template = resolve_template(tokenizer, chat_template, name)
+        elif chat_template is not None:
+            raise ValueError("HFBackend(model, tokenizer): set the template on the tokenizer you pass")
         else:
             model = model_or_path
             if tokenizer is None:
@@ -193,9 +205,9 @@ class HFBackend:
         self._cache_arg = "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
         self.lean = True  # decode steps through `lean_step` where it covers the model (same logits, less overhead)
         self._pieces: dict[int, str] = {}  # token id -> its text alone (top-k logprobs)
-        # the KV caches of recent sequences, for requests that continue one (pyrodash.backends.prefix_cache); set it to
-        # None to turn it off, or to a PrefixCache with other bounds. None for a model with sliding-window layers (a
-        # cropped sliding-window cache is not a prefix's): its requests report no cached tokens.
+        # the KV of the sequences of keyed requests (`GenRequest.cache_key`: one relay answer's SLM requests), reused by
+        # the answer's next request (pyrodash.backends.prefix_cache); None turns it off, a PrefixCache sets other
+        # bounds. None for a model with sliding-window layers (a cropped sliding-window cache is not a prefix's).
         self.prefix_cache: PrefixCache | None = PrefixCache() if growing(growing_cache(model.config)) else None
 
     # ---- prompts -------------------------------------------------------------------------------------------
@@ -309,19 +321,30 @@ class HFBackend:
         return ids, mask, torch.arange(n0, len(prompt), device=self.device)[None]
 
     def _keeper(self, prompts: list[list[int]], seqs: list[_Seq], cache, width: int, weights) -> Callable:
-        """`keep(row, i)`: request i's KV (its row of `cache`, without the left padding) into the prefix cache, as the
-        sequence of its prompt and generated ids."""
+        """`keep(row, i)`: a keyed request i's KV (its row of `cache`, without the left padding) into the prefix cache,
+        as the sequence of its prompt and generated ids."""
 
         def keep(row: int, i: int) -> None:
+            key = seqs[i].req.cache_key
+            if key is None:
+                return
             pad = width - len(prompts[i])
             kv = (
                 cache
                 if cache.layers[0].keys.shape[0] == 1 and pad == 0
                 else row_cache(cache, row, pad, self.model.config)
             )
-            self.prefix_cache.put(prompts[i] + seqs[i].all_ids, kv, len(prompts[i]), weights)
+            self.prefix_cache.put(prompts[i] + seqs[i].all_ids, kv, key, weights)
 
         return keep
+
+    def _lookup(self, prompt: list[int], req: GenRequest) -> tuple[tuple | None, int | None]:
+        """(`_decode`'s start, prompt tokens served) for a keyed request: the KV its answer's earlier sequence left in
+        the prefix cache, (None, 0) when there is none; (None, None) without a key or a cache (nothing looked up)."""
+        if self.prefix_cache is None or req.cache_key is None:
+            return None, None
+        kv, n0 = self.prefix_cache.take(prompt, req.cache_key, self._weights())
+        return ((kv, n0) if kv is not None else None), n0
 
     def _weights(self) -> tuple:
         """What the prefix cache's KV depends on besides the ids: each parameter's storage and in-place version (an
@@ -344,7 +367,7 @@ class HFBackend:
         sequence that has finished leaves the batch (its rows of the KV cache too), so a long answer does not carry
         the finished short ones to its end; the cache grows in place (`kv_cache.growing_cache`). `start`: (KV cache,
         n0) of one prompt whose first n0 positions it holds (`prefix_cache.take`): only the rest is prefilled. With a
-        prefix cache, every sequence's KV is kept in it at the end (`_keeper`)."""
+        prefix cache, every keyed sequence's KV is kept in it (`_keeper`)."""
         cache, n0 = start if start is not None else (growing_cache(self.model.config), 0)
         ids, mask, pos = self._rest(prompts[0], n0) if n0 else self._left_padded(prompts)
         seqs = [_Seq(r, self.tokenizer, self.eos_ids, incremental=emit is not None) for r in reqs]
@@ -355,7 +378,7 @@ class HFBackend:
         logits = self._forward(ids, mask, pos, cache)  # the prompt: the model's own forward
         step = (lean_step(self.model) if self.lean else None) or self._forward  # each token after it
         b = _Batch.of(reqs, logits, mask, pos, self.device)
-        if self.prefix_cache is not None and growing(cache):
+        if self.prefix_cache is not None and growing(cache) and any(r.cache_key is not None for r in reqs):
             b.keep = self._keeper(prompts, seqs, cache, mask.shape[1], self._weights())
         k_max = max(r.top_logprobs for r in reqs)
         while not all(s.done for s in seqs) and not (cancel is not None and cancel.is_set()):
@@ -382,7 +405,7 @@ class HFBackend:
             stop_token_id=s.stop_id,
             prompt_tokens=n_prompt,
             completion_tokens=len(s.all_ids),
-            cached_tokens=cached,  # prompt tokens served from the prefix cache (None: it is off)
+            cached_tokens=cached,  # prompt tokens served from the prefix cache (None: not looked up)
         )
 
     # ---- public API ----------------------------------------------------------------------------------------
@@ -405,13 +428,10 @@ class HFBackend:
                 with self._lock:
                     if cancel.is_set():
                         return
-                    pc, start = self.prefix_cache, None
-                    if pc is not None:
-                        kv, n0 = pc.take(prompt, self._weights())
-                        start = (kv, n0) if kv is not None else None
+                    start, cached = self._lookup(prompt, req)
                     (seq,) = self._decode([prompt], [req], emit=lambda _i, c: put(c), cancel=cancel, start=start)
                 if not cancel.is_set():
-                    put(self._final(seq, len(prompt), None if pc is None else (start or (None, 0))[1]))
+                    put(self._final(seq, len(prompt), cached))
                 put(_END)
             except BaseException as e:  # noqa: BLE001 - handed to the consumer
                 put(e)

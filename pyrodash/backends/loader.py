@@ -26,7 +26,7 @@ from pyrodash.backends.slm_probe import probe_slm
 from pyrodash.cost import Prices
 
 log = logging.getLogger("pyrodash.mesh")
-HF_KEYS = {"path", "device", "dtype", "name"}
+HF_KEYS = {"path", "device", "dtype", "name", "chat_template"}
 LocalLoader = Callable[[str | dict], Backend]  # an in-process model from its path / hub id or {"path": ...} spec
 
 
@@ -57,8 +57,21 @@ def load_backend(spec: str | dict) -> Backend:
             device=spec.get("device"),
             dtype=spec.get("dtype", "auto"),
             name=spec.get("name"),
+            chat_template=spec.get("chat_template"),
         )
     raise ValueError(f"backend spec {spec!r}: a dict needs 'path' (local model) or 'url' (OpenAI-compatible server)")
+
+
+def with_chat_template(spec: str | dict | None, template: str | None, flag: str = "--chat-template"):
+    """`spec` with `chat_template` set for an in-process model (a path / hub id / GGUF, or its dict); a server
+    applies its own template, so giving one for an http(s) spec is an error naming the fix."""
+    if template is None or spec is None:
+        return spec
+    if is_http_spec(spec) or (isinstance(spec, dict) and "path" not in spec):
+        raise ValueError(
+            f"{flag} applies to an in-process model (a directory, hub id or .gguf); a server applies its own"
+        )
+    return {**spec, "chat_template": template} if isinstance(spec, dict) else {"path": spec, "chat_template": template}
 
 
 def load_slm(spec: str | dict) -> Backend:

@@ -16,7 +16,9 @@ import argparse
 import json
 
 from pyrodash.backends import load_backend
+from pyrodash.backends.chat_template import add_chat_template_argument
 from pyrodash.backends.endpoint import LLMEndpoint, add_llm_mode_argument, is_http_spec, with_mode
+from pyrodash.backends.loader import with_chat_template
 from pyrodash.backends.openai_compat import OpenAICompatBackend
 from pyrodash.backends.probe import probe_llm
 from pyrodash.backends.slm_probe import probe_slm
@@ -36,6 +38,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     add_llm_mode_argument(p)
     p.add_argument("--slm", type=_spec, default=None, help="SLM: http(s)://host:port/v1#model or a local model dir")
+    add_chat_template_argument(p)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -52,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()
-        srep = probe_slm(load_backend(args.slm))
+        srep = probe_slm(load_backend(with_chat_template(args.slm, args.chat_template)))
         print("\n".join(srep.lines()))
         errors += [srep.error] if srep.error else []
     if errors:

@@ -11,6 +11,7 @@ import argparse
 import json
 from pathlib import Path
 
+from pyrodash.backends.chat_template import add_chat_template_argument
 from pyrodash.backends.endpoint import add_llm_mode_argument, with_mode
 from pyrodash.jobs.library_log import library_log
 from pyrodash.train import distributed as dist
@@ -33,6 +34,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "turn in place of the recipe's curate.conversations",
     )
     add_llm_mode_argument(p)
+    add_chat_template_argument(p)
     p.add_argument("--dry-run", action="store_true", help="validate the config and print the plan; load nothing")
 
 
@@ -48,6 +50,8 @@ def run(args: argparse.Namespace) -> int:
                 f'--chats {args.chats}: expected a .jsonl file with one {{"messages": [...]}} conversation per line'
             )
         overrides["curate.conversations"] = args.chats
+    if args.chat_template:
+        overrides["chat_template"] = args.chat_template
     recipe = load_recipe(args.config, overrides)
     if args.llm_mode:
         recipe.llm = with_mode(recipe.llm, args.llm_mode)

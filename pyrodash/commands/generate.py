@@ -18,7 +18,9 @@ from pathlib import Path
 from rich.console import Console
 
 from pyrodash.backends import load_llm, load_slm
+from pyrodash.backends.chat_template import add_chat_template_argument
 from pyrodash.backends.endpoint import add_llm_mode_argument
+from pyrodash.backends.loader import with_chat_template
 from pyrodash.backends.mesh import spec_from_flags
 from pyrodash.cost import Prices
 from pyrodash.engine import CollaborateEngine, EngineError, FailurePolicy
@@ -63,6 +65,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="share of requests that may hand off, by a fixed hash of each request (others: the SLM alone)",
     )
     p.add_argument("--handoff-style", choices=("continue", "instruct"), default="continue")
+    add_chat_template_argument(p)
     p.add_argument("--prompts", default="qwen-math-v1", help="prompt set (pyrodash.prompts), e.g. world-v1")
     p.add_argument("--prices", default="paper", help="price sheet: a YAML path or a name in configs/prices/")
     p.add_argument("--max-tokens", type=int, default=512, help="decode budget of each model")
@@ -110,7 +113,7 @@ def build_engine(args: argparse.Namespace, prompts) -> tuple[CollaborateEngine, 
     prices = Prices.load(args.prices)
     failure = FailurePolicy(retries=args.retries, timeout_s=args.timeout_s, on_error=args.on_error)
     hf_logging.disable_progress_bar()  # no "Loading weights" bars around the answer
-    slm = load_slm(args.slm)
+    slm = load_slm(with_chat_template(args.slm, args.chat_template))
     spec = spec_from_flags(args.llm, args.llm_prices, args.llm_policy, args.llm_cooldown, args.llm_timeout)
     llm = slm if spec == args.slm and args.llm_mode is None else load_llm(spec, args.llm_mode)
     engine = CollaborateEngine(

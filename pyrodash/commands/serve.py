@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import argparse
 
+from pyrodash.backends.chat_template import add_chat_template_argument
 from pyrodash.backends.endpoint import add_llm_mode_argument
+from pyrodash.backends.loader import with_chat_template
 from pyrodash.backends.mesh import spec_from_flags
 from pyrodash.engine.conversation import ContextLimits
 from pyrodash.server import tracing
@@ -24,6 +26,7 @@ from pyrodash.server.metrics import MULTIPROC_ENV
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="YAML recipe (configs/serve/*.yaml); flags override it")
+    add_chat_template_argument(p)
     p.add_argument("--slm", help="SLM backend: a model dir / hub id (in-process) or http(s)://host:port/v1#model")
     p.add_argument(
         "--llm",
@@ -127,6 +130,8 @@ def config_from_args(args: argparse.Namespace):
         if args.config
         else ServeConfig(**{k: v for k, v in flags.items() if v is not None})
     )
+    config.slm = with_chat_template(config.slm, args.chat_template)
+    config.base_slm = with_chat_template(config.base_slm, args.chat_template, "--chat-template (for --base-slm)")
     if args.offload_bias is not None:
         point = config.operating_points[config.default_model]
         config.operating_points[config.default_model] = replace(point, offload_bias=float(args.offload_bias))

@@ -238,6 +238,8 @@ def _resolve_paths(spec: object, base: Path) -> object:
         return {**spec, "endpoints": _resolve_paths(spec["endpoints"], base)}
     if isinstance(spec, dict) and isinstance(spec.get("prices"), str):
         spec = {**spec, "prices": _resolve_paths(spec["prices"], base)}
+    if isinstance(spec, dict) and isinstance(spec.get("chat_template"), str) and "{" not in spec["chat_template"]:
+        spec = {**spec, "chat_template": _resolve_paths(spec["chat_template"], base)}  # a template file
     if isinstance(spec, dict) and "path" in spec:
         return {**spec, "path": _resolve_paths(spec["path"], base)}
     if isinstance(spec, str) and "://" not in spec and not Path(spec).is_absolute():

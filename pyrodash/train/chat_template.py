@@ -13,52 +13,10 @@ from __future__ import annotations
 
 import copy
 import logging
-from pathlib import Path
 
 from pyrodash.train.common import prompt_completion
 
 log = logging.getLogger("pyrodash.train")
-
-# for base models that ship no template: role headers, each turn ended by the tokenizer's EOS (so generation stops
-# there), assistant content and its EOS inside `{% generation %}` markers
-DEFAULT_CHAT_TEMPLATE = (
-    "{%- for message in messages -%}"
-    "{{- '### ' + message['role'] + '\\n' -}}"
-    "{%- if message['role'] == 'assistant' -%}"
-    "{%- generation -%}{{- message['content'] + eos_token -}}{%- endgeneration -%}"
-    "{%- else -%}{{- message['content'] + eos_token -}}{%- endif -%}"
-    "{{- '\\n' -}}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}{{- '### assistant\\n' -}}{%- endif -%}"
-)
-
-
-def read_template(value: str | None) -> str | None:
-    """A template from a recipe's `chat_template:` / `--chat-template`: a path to a file (.jinja, ...) or the text."""
-    if not value:
-        return None
-    if "{" not in value:
-        path = Path(value)
-        if not path.is_file():
-            raise ValueError(f"chat_template {value!r}: no such file (give a template file or the template text)")
-        return path.read_text()
-    return value
-
-
-def resolve_template(tok, given: str | None, source) -> str:
-    """The template a model trains with: `given` (recipe / flag), else the tokenizer's own, else
-    `DEFAULT_CHAT_TEMPLATE` (a warning says so: a base model's turns then use that format everywhere)."""
-    text = read_template(given)
-    if text:
-        return text
-    if getattr(tok, "chat_template", None):
-        return tok.chat_template
-    log.warning(
-        "%s: the tokenizer has no chat template; using PyroDash's default (docs/real-models.md), set "
-        "`chat_template:` in the recipe to choose another",
-        source,
-    )
-    return DEFAULT_CHAT_TEMPLATE
 
 
 def has_generation_markers(template: str | None) -> bool:

@@ -23,10 +23,10 @@ import torch
 
 from pyrodash.backends import load_llm
 from pyrodash.backends.base import GenRequest, GenResult
+from pyrodash.backends.chat_template import resolve_template
 from pyrodash.backends.gguf import local_model_path
 from pyrodash.backends.hf import HFBackend
 from pyrodash.backends.retry import RetryPolicy
-from pyrodash.train.chat_template import resolve_template
 from pyrodash.train.generate import generate
 
 
