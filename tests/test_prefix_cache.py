@@ -42,26 +42,32 @@ def tiny():
     return HFBackend(*tiny_model(seed=0), name="tiny")
 
 
-def test_a_continuation_prefills_only_what_is_new_and_other_requests_prefill_in_full(tiny):
+def keyed(key: object, **kw) -> GenRequest:
+    req = GenRequest(**kw)
+    req.cache_key = key
+    return req
+
+
+def test_an_answers_next_request_prefills_only_what_is_new_and_nothing_else_shares_its_kv(tiny):
     tiny.prefix_cache = PrefixCache()
-    first, ids, fin = collect(tiny, GenRequest(messages=MSGS, max_tokens=12))
-    assert fin.cached_tokens == 0 and len(tiny.prefix_cache) == 1
+    answer = object()
+    first, ids, fin = collect(tiny, keyed(answer, messages=MSGS, max_tokens=12))
+    assert fin.cached_tokens == 0 and len(tiny.prefix_cache) == 1 and len(ids) == 12
     prompt = fin.prompt_tokens
-    # the same question again: not a continuation (its prompt does not go past the sequence's), prefilled in full
-    assert collect(tiny, GenRequest(messages=MSGS, max_tokens=4))[2].cached_tokens == 0
-    # another question (sharing the template's head): prefilled in full
-    other = [{"role": "user", "content": "What is 2+4?"}]
-    assert collect(tiny, GenRequest(messages=other, max_tokens=4))[2].cached_tokens == 0
-    # a continuation: the prompt, 5 of its generated tokens, then new text -> those prompt + 5 tokens are served
-    cont = GenRequest(messages=MSGS, prefix=first[:5] + "zz", max_tokens=6)
-    got = collect(tiny, cont)[2]
-    assert got.cached_tokens == prompt + 5 and got.prompt_tokens == prompt + 7
+    # requests of other answers (or of none) never read it: the same prompt again prefills in full
+    assert collect(tiny, keyed(object(), messages=MSGS, prefix=first[:5], max_tokens=4))[2].cached_tokens == 0
+    assert collect(tiny, GenRequest(messages=MSGS, prefix=first[:5], max_tokens=4))[2].cached_tokens is None
+    assert len(tiny.prefix_cache) == 2  # (the other answer's sequence; the unkeyed request keeps nothing)
+    # the answer's next request: the prompt and 5 of its generated tokens, then new text -> prompt + 5 served
+    cont = keyed(answer, messages=MSGS, prefix=first[:5] + "zz", max_tokens=6)
+    got = collect(tiny, cont)
+    assert got[2].cached_tokens == prompt + 5 and got[2].prompt_tokens == prompt + 7
     assert tiny.prefix_cache.hits == 1 and tiny.prefix_cache.served == prompt + 5
-    # off: no cached figure at all (None), the same tokens
+    # and it decodes what a fresh prefill decodes; off, nothing is looked up (no cached figure)
     tiny.prefix_cache = None
     off = collect(tiny, cont)
     tiny.prefix_cache = PrefixCache()
-    assert off[2].cached_tokens is None
+    assert off[2].cached_tokens is None and off[1] == got[1]
 
 
 def test_the_cache_is_bounded_and_tied_to_the_weights(tiny):
@@ -70,30 +76,31 @@ def test_the_cache_is_bounded_and_tied_to_the_weights(tiny):
     tiny.prefix_cache = PrefixCache(max_entries=2)
     questions = [[{"role": "user", "content": f"What is 2+{k}?"}] for k in range(4)]
     for q in questions:
-        collect(tiny, GenRequest(messages=q, max_tokens=6))
+        collect(tiny, keyed(object(), messages=q, max_tokens=6))
     assert len(tiny.prefix_cache) == 2 and tiny.prefix_cache.evicted == 2
     size = tiny.prefix_cache.nbytes()
     tiny.prefix_cache = PrefixCache(max_bytes=size // 2 + 1)  # room for about one entry
     for q in questions:
-        collect(tiny, GenRequest(messages=q, max_tokens=6))
+        collect(tiny, keyed(object(), messages=q, max_tokens=6))
     assert len(tiny.prefix_cache) == 1 and tiny.prefix_cache.nbytes() <= size // 2 + 1
-    # a training step changes the weights: every kept KV is stale, the continuation prefills in full
-    first, _, _ = collect(tiny, GenRequest(messages=MSGS, max_tokens=8))
+    # a training step changes the weights: every kept KV is stale, the answer's next request prefills in full
+    answer = object()
+    first, _, _ = collect(tiny, keyed(answer, messages=MSGS, max_tokens=8))
     w = tiny.model.get_input_embeddings().weight
     with torch.no_grad():
         w.add_(0.0)  # an in-place write (an optimizer step's kind)
-    got = collect(tiny, GenRequest(messages=MSGS, prefix=first[:3] + "z", max_tokens=2))[2]
+    got = collect(tiny, keyed(answer, messages=MSGS, prefix=first[:3] + "z", max_tokens=2))[2]
     assert got.cached_tokens == 0 and len(tiny.prefix_cache) == 1
     with pytest.raises(ValueError, match="max_entries"):
         PrefixCache(max_entries=0)
 
 
 def _world_slm():
+    from transformers import AutoModelForCausalLM
+
     from pyrodash.tokens import add_offload_token
     from pyrodash.world.shipped import SHIPPED
     from pyrodash.world.tokenizer import build_tokenizer
-
-    from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(SHIPPED / "seed0" / "slm")
     tok = build_tokenizer()
@@ -115,23 +122,22 @@ def test_resumes_from_the_cache_decode_the_tokens_of_a_fresh_prefill_on_the_worl
     slm = _world_slm()
     exs = _world_questions(24)
     base = [[{"role": "system", "content": PROMPTS.offload_system}, *PROMPTS.plain_messages(ex.question)] for ex in exs]
-    firsts = {
-        "stream": [collect(slm, GenRequest(messages=m, max_tokens=160))[0] for m in base],
-        "batch": [r.text for r in slm.generate_batch([GenRequest(messages=m, max_tokens=160) for m in base])],
-    }
-    assert firsts["stream"] == firsts["batch"]
     served = differ = 0
     for how in ("stream", "batch"):
-        slm.prefix_cache = PrefixCache(max_entries=64)
+        slm.prefix_cache = PrefixCache()
+        keys = [object() for _ in base]
         if how == "stream":
-            [collect(slm, GenRequest(messages=m, max_tokens=160)) for m in base]
+            firsts = [collect(slm, keyed(k, messages=m, max_tokens=160))[0] for k, m in zip(keys, base)]
         else:
-            slm.generate_batch([GenRequest(messages=m, max_tokens=160) for m in base])
-        for ex, m, first in zip(exs, base, firsts[how], strict=True):
+            firsts = [
+                r.text for r in slm.generate_batch([keyed(k, messages=m, max_tokens=160) for k, m in zip(keys, base)])
+            ]
+        assert len(slm.prefix_cache) == len(base)
+        for ex, m, first, k in zip(exs, base, firsts, keys, strict=True):
             h = ex.meta["hard_steps"][0]
             cut = "".join(p + "\n\n" for p in first.split("\n\n")[:h])
             ctx = cut + OFFLOAD_TOKEN + ex.meta["steps"][h] + "\n\n"
-            req = GenRequest(messages=m, prefix=ctx, max_tokens=120)
+            req = keyed(k, messages=m, prefix=ctx, max_tokens=120)
             hit = collect(slm, req)
             cache, slm.prefix_cache = slm.prefix_cache, None
             fresh = collect(slm, req)
@@ -167,3 +173,44 @@ def test_the_engine_bills_the_slm_only_for_what_it_prefills():
     assert record_cost(rec, PAPER) == pytest.approx(done.cost_usd)
     (batch,) = e.batch(["q"])
     assert batch.usage == u and batch.cost_usd == pytest.approx(done.cost_usd)
+
+
+class StepLLM:
+    """Writes one short step and stops at the separator, whatever the trace (an endpoint honouring `stop`)."""
+
+    name = "llm"
+
+    def token_id(self, token: str) -> int | None:
+        return None
+
+    async def stream(self, req: GenRequest):
+        yield GenChunk(text="x=1")
+        yield GenChunk(finish_reason="stop", prompt_tokens=len(req.prefix) + 20, completion_tokens=3)
+
+    async def aclose(self):
+        pass
+
+
+def test_a_relay_through_the_engine_reuses_the_slms_kv_the_same_way_in_both_drivers():
+    """The world-tokenizer SLM in relay: its first segment's KV is kept (streamed, or a batch row) and each resume
+    prefills only what is new; the stream and the batch driver record the same answer and the same cached count, and
+    the answer is the one decoded without the cache, billed less by exactly the cached tokens."""
+    from tiny_models import HANDOFF_SLM_SEED, mid_trace_bias
+
+    tiny = HFBackend(*tiny_model(seed=HANDOFF_SLM_SEED), name="tiny")
+    q = "What is 2+3?"
+    bias = mid_trace_bias(tiny, PROMPTS, q)
+
+    def run(cache: PrefixCache | None, driver: str):
+        tiny.prefix_cache = cache
+        e = CollaborateEngine(tiny, StepLLM(), PROMPTS, PAPER, max_tokens=40, relay=RelayConfig(max_llm_calls=3))
+        return e.run(q, offload_bias=bias) if driver == "stream" else e.batch([q], options=[{"offload_bias": bias}])[0]
+
+    served, batch, off = run(PrefixCache(), "stream"), run(PrefixCache(), "batch"), run(None, "stream")
+    assert served.usage.llm_calls >= 2 and served.usage.slm_cached_in > 0
+    for f in ("output", "segments", "handoffs", "usage", "cost_usd"):
+        assert getattr(served, f) == getattr(batch, f), f
+    assert (off.output, off.segments, off.usage.slm_in) == (served.output, served.segments, served.usage.slm_in)
+    assert off.usage.slm_cached_in == 0
+    saved = served.usage.slm_cached_in * PAPER.slm_in / 1e6
+    assert off.cost_usd - served.cost_usd == pytest.approx(saved)

@@ -27,7 +27,7 @@ from pyrodash.engine import conversation as conv
 from pyrodash.engine import fitting
 from pyrodash.engine.fitting import Prepared, PromptSize
 from pyrodash.engine.range_rule import ROUTED, RangeRule
-from pyrodash.engine.relay import RelayConfig, calls_for, relay_runs, relay_stream
+from pyrodash.engine.relay import RelayConfig, calls_for, key_relay_turns, relay_runs, relay_stream
 from pyrodash.engine.requests import (
     BAN,
     EngineRequest,
@@ -552,7 +552,7 @@ class CollaborateEngine:
             **t.sampling,
         )
         fin = GenChunk()
-        async with contextlib.aclosing(self.slm.stream(freq)) as it:
+        async with contextlib.aclosing(self.slm.stream(t.slm_request(freq))) as it:
             async for ch in it:
                 if ch.text:
                     t.fb_text += ch.text
@@ -623,7 +623,7 @@ class CollaborateEngine:
         if early_call:
             self._warm_llm()
         text, final, seen, counted, early = "", GenChunk(), 0, True, False
-        async with contextlib.aclosing(self.slm.stream(t.fit.wire(t.req))) as it:
+        async with contextlib.aclosing(self.slm.stream(t.slm_request())) as it:
             async for ch in it:
                 seen += len(ch.token_ids) or bool(ch.text)
                 counted = counted and (bool(ch.token_ids) or not ch.text)  # exact token counts as we go
@@ -682,6 +682,8 @@ class CollaborateEngine:
                 return await aw
 
         if mode != "llm":
+            if not stop_at_handoff:
+                key_relay_turns(self, turns, options)
             await self._slm_batch(turns, slm_results, batch_size, limited, desc)
         runs = {} if stop_at_handoff else relay_runs(self, turns, options)  # relay answers (max_llm_calls > 1)
         need = [t for i, t in enumerate(turns) if t.finish is None and i not in runs]  # handoffs, or mode "llm"
@@ -716,7 +718,7 @@ class CollaborateEngine:
             with _progress(desc, "SLM", len(todo)) as step:
                 for k in range(0, len(todo), batch_size):
                     part = todo[k : k + batch_size]
-                    reqs = [turns[i].fit.wire(turns[i].req) for i in part]
+                    reqs = [turns[i].slm_request() for i in part]
                     for i, r in zip(part, self.slm.generate_batch(reqs), strict=True):
                         given[i] = r
                     step(len(part))

@@ -146,7 +146,7 @@ class RelayRun:
             self._take_back_sep()
             t.finish = "length"
             return
-        req = dataclasses.replace(t.req, prefix=self.context, max_tokens=left)
+        req = t.slm_request(dataclasses.replace(t.req, prefix=self.context, max_tokens=left))
         text, fin, seen = "", GenChunk(), 0
         async for ch in _aiter(self.e.slm.stream(req)):
             seen += len(ch.token_ids) or bool(ch.text)
@@ -252,6 +252,7 @@ async def _aiter(stream):
 
 async def relay_stream(engine, t: Turn, n: int) -> AsyncIterator[Event]:
     """The stream driver's relay (`CollaborateEngine.stream` with max_llm_calls > 1): SLM, then `RelayRun`."""
+    t.cache_key = object()  # the answer's SLM requests share their KV (an in-process SLM's prefix cache)
     async for ev in engine._slm_stream(t, early_call=False):
         yield ev
     if t.handoff is None:
@@ -262,6 +263,14 @@ async def relay_stream(engine, t: Turn, n: int) -> AsyncIterator[Event]:
     async for ev in run.resume():
         yield ev
     yield run.done()
+
+
+def key_relay_turns(engine, turns: list[Turn], options: list[dict]) -> None:
+    """The batch driver's turns that may relay (collab, max_llm_calls > 1) get a `cache_key` before their first SLM
+    segment, as `relay_stream` gives its turn: the SLM keeps that segment's KV for the resumes."""
+    for t, o in zip(turns, options):
+        if t.mode == "collab" and calls_for(engine.relay, o) > 1:
+            t.cache_key = object()
 
 
 def relay_runs(engine, turns: list[Turn], options: list[dict]) -> dict[int, RelayRun]:

@@ -121,6 +121,15 @@ class Turn:
     finish: str | None = None  # set when the turn is over
     fallback: bool = False  # the SLM finished after the LLM failed
     routed: str | None = None  # "range": past the SLM's range (`pyrodash.engine.range_rule`), the LLM alone
+    cache_key: object | None = None  # a relay answer's: on each of its SLM requests (`GenRequest.cache_key`)
+
+    def slm_request(self, req: GenRequest | None = None) -> GenRequest:
+        """An SLM request of this turn as it goes to the backend (`req`, else the first one: `fit.wire(req)`), with
+        the answer's `cache_key`: an in-process SLM keeps its KV for the answer's next request (relay)."""
+        out = self.fit.wire(self.req) if req is None else req
+        if self.cache_key is not None:
+            out.cache_key = self.cache_key
+        return out
 
     def left(self, side: str = "llm") -> int:
         """Tokens the next model (`side`) may decode: its own limit, and what is left of the joint budget (output so

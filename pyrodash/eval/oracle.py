@@ -89,7 +89,8 @@ class GoldPlacement:
 
     async def stream(self, req: GenRequest):
         text, fin = "", GenChunk()
-        req = dataclasses.replace(req, prefix=without_offload(req.prefix))
+        key, req = req.cache_key, dataclasses.replace(req, prefix=without_offload(req.prefix))
+        req.cache_key = key  # (not a field: `replace` drops it)
         async for ch in self.slm.stream(req):
             text += ch.text
             if ch.finish_reason is not None:
