@@ -238,3 +238,62 @@ def test_back_to_back_handoffs_keep_an_offload_between_the_llms_steps(monkeypatc
     assert tok.decode(row["ids"]).replace("<5>", o) == slm.requests[-1].prefix + "H(b)=99\n\nc=99-1\n\n\\boxed{98}<2>"
     assert "".join(chr(t) for t, m in zip(row["ids"], row["env_mask"]) if not m) == "H(a)=7\n\nb=7+1\n\n"
     assert row["reads"] == [len("a=1\n\n"), len("a=1\n\nH(a)=7\n\n")]
+
+
+def test_one_grpo_step_on_relay_rollouts_masks_the_llms_tokens_from_the_loss(tmp_path):
+    """CostAwareGRPOTrainer with `RelayRollouts` on tiny models: every rollout's first segment hands off (scripted),
+    the tiny LLM writes a step, the policy resumes; TRL's loss mask is the rollouts' env_mask (0 on the LLM's)."""
+    import datasets
+    from test_train import tiny_slm_dir
+
+    from pyrodash.backends.hf import HFBackend
+    from pyrodash.cost import Prices
+    from pyrodash.train.config import Stage3Config
+    from pyrodash.train.models import FrozenLLM
+    from pyrodash.train.reward import BaselineCache, CollaborativeReward
+    from pyrodash.train.stage3 import CostAwareGRPOTrainer, collaboration_engine, relay_rollouts
+
+    prices = Prices.from_yaml("paper")
+    llm = FrozenLLM.from_spec(str(tiny_slm_dir(tmp_path / "llm", tied=False, seed=1)), batch_size=8)
+    model, tok = tiny_model(seed=2)
+    off = tok.convert_tokens_to_ids(OFFLOAD_TOKEN)
+    cfg = Stage3Config(
+        output_dir=str(tmp_path / "s3"), max_steps=1, num_generations=2, per_device_train_batch_size=2,
+        max_completion_length=24, max_llm_calls=3, relay_step_max_tokens=6, llm_max_new_tokens=12,
+        report_to="none", save_strategy="no", bf16=False, lora_r=2, lora_alpha=4, beta=0.0, logging_steps=1,
+    )  # fmt: skip
+    dataset = datasets.Dataset.from_list(
+        [{"prompt": [{"role": "user", "content": "Start 1: +2."}], "question": "Start 1: +2.", "gold": "3", "chat": ""}]
+    )
+    cache = BaselineCache(tmp_path / "cost_base.json", "tiny", PROMPTS, prices, max_tokens=12)
+    cache.fill(llm, ["Start 1: +2."], ["3"])
+    engine = collaboration_engine(HFBackend(model, tok), llm, PROMPTS, prices, 24, 12)
+    reward = CollaborativeReward(engine, cache, lam=0.5)
+    seen = []
+
+    class Trainer(CostAwareGRPOTrainer):
+        def sample_first_segments(self, backend, prompt_ids):
+            return [tok("1+2=3\n\n", add_special_tokens=False)["input_ids"] + [off] for _ in prompt_ids]
+
+        def _generate_and_score_completions(self, inputs):
+            out = super()._generate_and_score_completions(inputs)
+            seen.append(out)
+            return out
+
+    rollout = relay_rollouts(cfg, llm, PROMPTS, prices, dataset)
+    inner = rollout.__call__
+    rollout_out = []
+    trainer = Trainer(
+        model=model, reward_funcs=[reward], args=cfg, train_dataset=dataset, processing_class=tok,
+        peft_config=cfg.lora_config(), collab=reward,
+        rollout_func=lambda p, t: rollout_out.append(inner(p, t)) or rollout_out[-1],
+    )  # fmt: skip
+    trainer.train()
+    (out,) = rollout_out
+    assert all(r["handoffs"] for r in out["relay"]) and llm.calls > 0
+    mask = seen[0]["tool_mask"]
+    for i, (ids, env) in enumerate(zip(out["completion_ids"], out["env_mask"])):
+        assert seen[0]["completion_ids"][i, : len(ids)].tolist() == ids
+        assert mask[i, : len(env)].tolist() == env and 0 in env and env[:8] == [1] * 8
+        assert seen[0]["completion_mask"][i, : len(ids)].all()
+    assert reward.last and all(d["handoffs"] >= 1 for d in reward.last)
