@@ -3,7 +3,7 @@ and its completion is what the SLM's context holds at the end (docs/relay.md): S
 and separator, SLM tokens, ... The LLM's tokens are in the completion as context and out of the loss (`env_mask` 0,
 TRL's `rollout_func` mechanism); the reward's cost sums every LLM call (`pyrodash.train.reward.relay_cost_actual`).
 
-    trainer = CostAwareGRPOTrainer(..., rollout_func=RelayRollouts(engine_args, queries, max_llm_calls=4))
+    trainer = CostAwareGRPOTrainer(..., rollout_func=stage3.relay_rollouts(cfg, llm, prompts, prices, dataset))
 
 The SLM's first segment is sampled by the decode loop of single-handoff rollouts (`decode_rollouts`, with
 `ExploreNoHandoff`); every resume after an LLM step is sampled at the same temperature and top-p by the engine's relay
@@ -80,8 +80,8 @@ def relay_completion(done, first_ids: list[int], tok, offload_id: int, eos_id: i
 
 class RelayRollouts:
     """TRL's `rollout_func(prompts, trainer)` for relay rollouts. `queries`: each training prompt (JSON) -> what the
-    engine is asked (the question, or a conversation turn's chat); `engine_kw`: the engine's LLM, prompts, prices and
-    budgets (`collaboration_engine`'s arguments)."""
+    engine is asked (the question, or a conversation turn's chat); `engine_factory(slm, relay)`: the engine over the
+    policy's backend and the frozen LLM (`stage3.collaboration_engine`)."""
 
     def __init__(self, engine_factory, queries: dict[str, object], max_llm_calls: int, step_max_tokens: int):
         self.engine_factory, self.queries = engine_factory, queries
