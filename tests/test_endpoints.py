@@ -230,7 +230,7 @@ def test_client_errors_are_not_retried_and_show_everywhere(models, servers):
     urls, _ = servers
     slm = models[0]
     llm = load_backend({"url": urls["vllm-style"], "model": "llm", "mode": "continue"})
-    llm._model = "renamed"  # the server now answers 404: a client error
+    llm.model = "renamed"  # the server now answers 404: a client error
     done = CollaborateEngine(
         slm,
         llm,

@@ -1,9 +1,10 @@
-"""The upstream HTTP client of `OpenAICompatBackend` (httpx, through `backends/http_client.py`), against a raw TCP
-TEST DOUBLE that answers each request with scripted bytes: connections are reused once a stream ended with
-`data: [DONE]` (the body is read to its end), a stream closed early closes its connection, every framing (chunked
-with odd chunk boundaries, extensions and trailers; Content-Length; read to close; gzip) reads the same, and failures
-are BackendErrors (refused connection, timeout, HTTP error status, a server gone mid-stream). A kept-alive connection
-the server closed meanwhile is not used again; one it closed as the request went out is retried once."""
+"""The upstream HTTP clients of `OpenAICompatBackend` (the lean client of plain-http upstreams, `backends/http_lean.py`,
+and aiohttp, `backends/http_client.py`: every test runs with each), against a raw TCP TEST DOUBLE that answers each
+request with scripted bytes: connections are reused once a stream ended with `data: [DONE]` (the body is read to its
+end), a stream closed early closes its connection, every framing (chunked with odd chunk boundaries, extensions and
+trailers; Content-Length; read to close; gzip) reads the same, and failures are BackendErrors (refused connection,
+timeout, HTTP error status, a server gone mid-stream). A kept-alive connection the server closed meanwhile is not used
+again; one it closed as the request went out is retried once."""
 
 from __future__ import annotations
 
@@ -13,10 +14,31 @@ import json
 
 import pytest
 
+from pyrodash.backends import openai_compat
 from pyrodash.backends.base import BackendError, GenRequest
+from pyrodash.backends.http_client import UpstreamClient
+from pyrodash.backends.http_lean import LeanClient
 from pyrodash.backends.openai_compat import OpenAICompatBackend
 
 REQ = GenRequest(messages=[{"role": "user", "content": "q"}], max_tokens=8)
+
+
+@pytest.fixture(autouse=True, params=["lean", "aiohttp"])
+def client_kind(request, monkeypatch):
+    """Each test with each client: "aiohttp" takes plain-http upstreams too (as it does https ones)."""
+    if request.param == "aiohttp":
+        monkeypatch.setattr(openai_compat, "lean_ok", lambda url: False)
+    return request.param
+
+
+def test_plain_http_goes_through_the_lean_client_and_https_or_a_proxy_through_aiohttp(client_kind, monkeypatch):
+    for var in ("NO_PROXY", "no_proxy", "ALL_PROXY", "all_proxy", "HTTP_PROXY", "http_proxy"):
+        monkeypatch.delenv(var, raising=False)
+    lean = LeanClient if client_kind == "lean" else UpstreamClient
+    assert type(OpenAICompatBackend("http://127.0.0.1:8000/v1", model="m").http) is lean
+    assert type(OpenAICompatBackend("https://api.example.com/v1", model="m").http) is UpstreamClient
+    monkeypatch.setenv("HTTP_PROXY", "http://proxy.invalid:3128")
+    assert type(OpenAICompatBackend("http://10.0.0.5:8000/v1", model="m").http) is UpstreamClient
 
 
 def sse(texts: list[str], finish: str = "stop", stop_reason=None, usage: bool = True) -> bytes:

@@ -1,5 +1,6 @@
 """HTTP LLM/SLM backend: OpenAI-compatible servers (vLLM, SGLang, `pyrodash serve-model`, LiteLLM, OpenAI, DeepSeek,
-...) and Anthropic's Messages API; generations through aiohttp (`backends/http_client.py`), the rest through httpx.
+...) and Anthropic's Messages API; generations through the lean client on plain http (`backends/http_lean.py`), else
+aiohttp (`backends/http_client.py`); the rest through httpx.
 
     backend = OpenAICompatBackend("http://127.0.0.1:8000/v1", model="slm", api_key_env="OPENAI_API_KEY")
     async for chunk in backend.stream(GenRequest(messages=[...], stop_token_ids=[offload_id])): ...
@@ -29,7 +30,8 @@ from pyrodash.backends import literal
 from pyrodash.backends.base import BackendError, GenChunk, GenRequest, public_name
 from pyrodash.backends.continuation import ANTHROPIC_VERSION, StreamState, Wire, build_request, trimmed_prefill
 from pyrodash.backends.endpoint import LLMEndpoint, redact
-from pyrodash.backends.http_client import UpstreamClient, drain
+from pyrodash.backends.http_client import UpstreamClient
+from pyrodash.backends.http_lean import LeanClient, LeanConnectError, LeanError, lean_ok
 from pyrodash.backends.probe import probe_llm
 
 log = logging.getLogger("pyrodash.llm")
@@ -92,7 +94,8 @@ class OpenAICompatBackend:
         self.provider: str | None = None  # the provider's shape when the probe found it ("anthropic"), else None
         self.last_headers = None  # of the last generation response, case-insensitive (the probe reads them)
         self.config_error: str | None = None  # a misconfiguration found by the probe (reported by /health)
-        self.http = UpstreamClient(self.base, self.timeout_s)  # generation requests
+        # generation requests: the lean client where it can go (plain http, no proxy), else aiohttp
+        self.http = (LeanClient if lean_ok(self.base) else UpstreamClient)(self.base, self.timeout_s)
         self._client: httpx.AsyncClient | None = None  # the rest (GET /models, the probe), one per event loop
         self._client_loop: asyncio.AbstractEventLoop | None = None
         self._ids: dict[str, int | None] = {}
@@ -149,6 +152,15 @@ class OpenAICompatBackend:
                 raise ValueError(
                     self.redact(f"{self.base}/models did not name a model ({e}); add '#MODEL' to the URL")
                 ) from e
+        return self._model
+
+    @model.setter
+    def model(self, name: str) -> None:
+        self._model = name
+
+    @property
+    def known_model(self) -> str | None:
+        """The model name when known (the spec's, or the one the probe settled), without asking the server."""
         return self._model
 
     def local_tokenizer_dir(self) -> str | None:
@@ -270,12 +282,12 @@ class OpenAICompatBackend:
                     if reader.ended:
                         break
                 if reader.ended:  # read the rest of the body (its end): only a fully read response's connection is
-                    await drain(resp)  # put back in the pool, else the next request opens a new one
-        except aiohttp.ClientConnectorError as e:
+                    await self.http.drain(resp)  # put back in the pool, else the next request opens a new one
+        except (aiohttp.ClientConnectorError, LeanConnectError) as e:
             raise BackendError(f"cannot connect to {self.base}: {type(e).__name__}", reached_server=False) from e
-        except (asyncio.TimeoutError, TimeoutError) as e:  # aiohttp's connect and read timeouts
+        except (asyncio.TimeoutError, TimeoutError) as e:  # the clients' connect and read timeouts
             raise BackendError(f"timeout after {self.timeout_s}s from {self.base}: {type(e).__name__}") from e
-        except aiohttp.ClientError as e:
+        except (aiohttp.ClientError, LeanError) as e:
             raise BackendError(self.redact(f"HTTP error from {self.base}: {type(e).__name__}: {e}")) from e
         yield reader.last(body)
 

@@ -201,10 +201,10 @@ async def _read_listing(backend, rep: ProbeReport, r: httpx.Response) -> None:
         if backend.provider is None:
             backend.provider = "anthropic"
             await backend.aclose()  # the client was opened with OpenAI's headers
-    if backend._model is None and rep.models_listed:
-        backend._model = rep.models_listed[0]
-    if rep.models_listed is not None and backend._model is not None:
-        rep.model_served = backend._model in rep.models_listed
+    if backend.known_model is None and rep.models_listed:
+        backend.model = rep.models_listed[0]
+    if rep.models_listed is not None and backend.known_model is not None:
+        rep.model_served = backend.known_model in rep.models_listed
 
 
 async def _find_model(backend, rep: ProbeReport) -> bool:
@@ -219,10 +219,10 @@ async def _find_model(backend, rep: ProbeReport) -> bool:
         return False
     if r.status_code == 200:
         await _read_listing(backend, rep, r)
-    if backend._model is None:
+    if backend.known_model is None:
         rep.error = f"{backend.base}/models names no model: add '#MODEL' to the --llm URL"
         return False
-    rep.model = backend._model
+    rep.model = backend.known_model
     return True
 
 
