@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -29,7 +28,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 def main(argv: list[str] | None = None) -> int:
     import psutil
     from engine_overhead import scripted_server_process
-    from server_load import _free_port, _load, _pct, _stop, _wait_up
+    from server_load import _free_port, _load, _pct, _stop, _wait_up, serve_argv, serve_env
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tokens", type=int, default=200, help="tokens per request (SLM + LLM)")
@@ -40,27 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     upstream, up_proc = scripted_server_process(a.tokens, a.handoff_at, a.token_ms / 1e3)
     port = _free_port()
-    cmd = [
-        sys.executable,
-        "-m",
-        "pyrodash",
-        "serve",
-        "--slm",
-        f"{upstream}#slm",
-        "--llm",
-        f"{upstream}#llm",
-        "--prompts",
-        "qwen-math-v1",
-        "--port",
-        str(port),
-        "--max-tokens",
-        str(4 * a.tokens),
-        "--log-level",
-        "warning",
-    ]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(x for x in (str(ROOT), os.environ.get("PYTHONPATH")) if x)}
-    env.pop("PYRODASH_API_KEY", None)
-    serve = subprocess.Popen(cmd, env=env)
+    cmd = serve_argv(upstream, port, "--max-tokens", str(4 * a.tokens))
+    serve = subprocess.Popen(cmd, env=serve_env())
     try:
         _wait_up(f"http://127.0.0.1:{port}", serve)
         proc = psutil.Process(serve.pid)

@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from engine_overhead import scripted_server_process  # noqa: E402
-from server_load import _free_port, _pct, _stop, wait_url  # noqa: E402
+from server_load import _free_port, _pct, _stop, serve_argv, serve_env, wait_url  # noqa: E402
 
 CONTENT = re.compile(rb'"content":\s*"[^"]')  # the first SSE event with text (the role chunk's content is "")
 TARGETS = ("direct", "litellm", "pyrodash", "baseline")
@@ -164,8 +164,7 @@ def baseline_tree(spec: str, workdir: Path) -> Path:
 
 def _tree_env(root: Path) -> dict:
     """The environment of a process that must import `pyrodash` from `root` (checked: it says so or exits)."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(x for x in (str(root), os.environ.get("PYTHONPATH")) if x)}
-    env.pop("PYRODASH_API_KEY", None)
+    env = serve_env(root)
     probe = [sys.executable, "-c", "import pyrodash; print(pyrodash.__file__)"]
     where = subprocess.run(probe, cwd=root, env=env, capture_output=True, text=True).stdout.strip()
     if not Path(where).resolve().is_relative_to(root.resolve()):
@@ -175,29 +174,10 @@ def _tree_env(root: Path) -> dict:
 
 def start_pyrodash(upstream: str, port: int, workers: int, workdir: Path, root: Path = ROOT) -> subprocess.Popen:
     """`pyrodash serve` in front of the double, its code from `root` (this tree, or an older one: `--baseline`)."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "pyrodash",
-        "serve",
-        "--slm",
-        f"{upstream}#slm",
-        "--llm",
-        f"{upstream}#llm",
-        "--prompts",
-        "qwen-math-v1",
-        "--offload-bias",
-        "-1000",
-        "--port",
-        str(port),
-        "--max-tokens",
-        "4096",
-        "--log-level",
-        "warning",
-    ] + (["--workers", str(workers)] if workers != 1 else [])
+    flags = ["--offload-bias", "-1000", "--max-tokens", "4096"] + (["--workers", str(workers)] if workers != 1 else [])
     env = _tree_env(root)
     log = open(workdir / f"pyrodash-{port}.log", "wb")  # noqa: SIM115 - closed with the process
-    proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(serve_argv(upstream, port, *flags), cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT)
     _up(f"http://127.0.0.1:{port}/v1/models", proc)
     return proc
 

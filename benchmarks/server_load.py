@@ -25,7 +25,8 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
 
 from fastapi import FastAPI, Request  # noqa: E402  (module level: FastAPI resolves the route annotations)
 from fastapi.responses import StreamingResponse  # noqa: E402
@@ -290,6 +291,20 @@ def wait_url(url: str, proc: subprocess.Popen | None, timeout: float, what: str 
             pass
         time.sleep(0.2)
     raise RuntimeError(f"{what} ({url}) did not come up in {timeout:.0f} s")
+
+
+def serve_argv(upstream: str, port: int, *flags: str) -> list[str]:
+    """The command of a `pyrodash serve` on `port` in front of `engine_overhead.py`'s scripted server at `upstream`
+    (its models `slm` and `llm`), with `flags` added (the benchmarks, `tests/test_server_workers.py`, ...)."""
+    models = ["--slm", f"{upstream}#slm", "--llm", f"{upstream}#llm", "--prompts", "qwen-math-v1"]
+    return [sys.executable, "-m", "pyrodash", "serve", *models, "--port", str(port), "--log-level", "warning", *flags]
+
+
+def serve_env(root: Path = ROOT) -> dict:
+    """The environment of that process: `pyrodash` from `root` (this tree, or an older one), no API key."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(x for x in (str(root), os.environ.get("PYTHONPATH")) if x)}
+    env.pop("PYRODASH_API_KEY", None)
+    return env
 
 
 def target_of(url: str) -> tuple[str, int, str]:

@@ -10,7 +10,6 @@ scraped several times and its counters must equal the requests sent, every time.
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import subprocess
 import sys
@@ -23,6 +22,7 @@ from test_scaling import parse_metrics, total
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))  # the scripted double (its spawned process imports it too)
 import engine_overhead  # noqa: E402
+import server_load  # noqa: E402
 
 CHAT = "/v1/chat/completions"
 Q = [{"role": "user", "content": "2+2?"}]
@@ -53,30 +53,8 @@ def test_two_workers_under_load_metrics_totals_equal_the_requests_sent(tmp_path)
     (metrics_dir / "counter_99999999.db").write_bytes(b"an earlier run's file")  # removed at start
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    env = {
-        **os.environ,
-        "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir),
-        "PYTHONPATH": os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH")))),
-    }
-    env.pop("PYRODASH_API_KEY", None)
-    cmd = [
-        sys.executable,
-        "-m",
-        "pyrodash",
-        "serve",
-        "--slm",
-        f"{upstream}#slm",
-        "--llm",
-        f"{upstream}#llm",
-        "--prompts",
-        "qwen-math-v1",
-        "--port",
-        str(port),
-        "--log-level",
-        "warning",
-        "--workers",
-        "2",
-    ]
+    env = {**server_load.serve_env(), "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir)}
+    cmd = server_load.serve_argv(upstream, port, "--workers", "2")
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         wait_healthy(url, proc, "pyrodash serve --workers 2", path="/v1/models")

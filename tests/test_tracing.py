@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -212,26 +211,8 @@ def test_pyrodash_serve_exports_over_otlp_http(tmp_path):
     _Receiver.spans = []
     upstream, up = engine_overhead.scripted_server_process(12, 5, 0.0)
     port = free_port()
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))}
-    env.pop("PYRODASH_API_KEY", None)
-    cmd = [
-        sys.executable,
-        "-m",
-        "pyrodash",
-        "serve",
-        "--slm",
-        f"{upstream}#slm",
-        "--llm",
-        f"{upstream}#llm",
-        "--prompts",
-        "qwen-math-v1",
-        "--port",
-        str(port),
-        "--log-level",
-        "warning",
-        "--otlp-endpoint",
-        f"http://127.0.0.1:{receiver.server_port}",
-    ]
+    env = server_load.serve_env()
+    cmd = server_load.serve_argv(upstream, port, "--otlp-endpoint", f"http://127.0.0.1:{receiver.server_port}")
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         url = f"http://127.0.0.1:{port}"
