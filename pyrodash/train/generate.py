@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from pyrodash.backends.base import GenRequest, GenResult
-from pyrodash.backends.retry import RetryPolicy, run_requests
+from pyrodash.backends.retry import run_requests
 
 
 def progress(desc: str | None):
@@ -24,19 +24,16 @@ def progress(desc: str | None):
     )
 
 
-def generate(
-    backend,
-    reqs: list[GenRequest],
-    batch_size: int = 32,
-    concurrency: int = 16,
-    desc: str | None = None,
-    policy: RetryPolicy | None = None,
-    on_result: Callable[[int, GenResult], None] | None = None,
-) -> list[GenResult]:
-    """Results for `reqs`, in order (`run_requests` a slice at a time, so the bar moves). `on_result(i, gen)` is
-    called as each result arrives (caches append there)."""
+def generate(backend, reqs: list[GenRequest], desc: str | None = None, **options) -> list[GenResult]:
+    """Results for `reqs`, in order: `run_requests(backend, reqs, **options)` (its `batch_size`, `concurrency`,
+    `policy`, `on_result`; here batch_size 32 and concurrency 16 unless given) a slice at a time, so that the bar
+    named `desc` moves (none without a `desc`). `on_result(i, gen)` is called as each result arrives (caches append
+    there)."""
+    options = {"batch_size": 32, "concurrency": 16, **options}
+    on_result: Callable[[int, GenResult], None] | None = options.pop("on_result", None)
+    size, concurrency = options["batch_size"], options["concurrency"]
+    step = size if hasattr(backend, "generate_batch") else max(size, concurrency) * 4
     out: list[GenResult] = []
-    step = batch_size if hasattr(backend, "generate_batch") else max(batch_size, concurrency) * 4
     with progress(desc) as bar:
         task = bar.add_task("", total=len(reqs))
         for start in range(0, len(reqs), step):
@@ -46,5 +43,5 @@ def generate(
                 if on_result is not None:
                     on_result(_start + j, g)
 
-            out.extend(run_requests(backend, reqs[start : start + step], batch_size, concurrency, policy, arrived))
+            out.extend(run_requests(backend, reqs[start : start + step], on_result=arrived, **options))
     return out
