@@ -2,10 +2,11 @@
 
     pyrodash generate --slm worlds/w/slm --llm http://127.0.0.1:8001/v1#llm --offload-bias 2 "What is 17*23?"
     pyrodash generate --slm SLM --llm LLM --json "question"     # the answer's record (pyrodash.record), one line
+    pyrodash generate --slm SLM --llm LLM --max-llm-calls 4 "question"   # relay: the LLM writes one step per handoff
 
 SLM text is shown in cyan, LLM text in magenta, then token usage and dollars. A backend is a model path / hub id
 (in-process transformers) or an OpenAI-compatible URL `http(s)://host:port/v1#model`. Conversations (`--history`,
-`--turn`, `--save-history`) and an LLM mesh (a repeated `--llm`): docs/internals.md.
+`--turn`, `--save-history`) and an LLM mesh (a repeated `--llm`): docs/internals.md; relay: docs/relay.md.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from pyrodash.backends.loader import with_chat_template
 from pyrodash.backends.mesh import spec_from_flags
 from pyrodash.cost import Prices
 from pyrodash.engine import CollaborateEngine, EngineError, FailurePolicy
+from pyrodash.engine.relay import RelayConfig, check_calls
 from pyrodash.events import Done, Handoff, LLMDelta, SLMDelta
 from pyrodash.prompts import get_prompts
 from pyrodash.record import Record
@@ -65,6 +67,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="share of requests that may hand off, by a fixed hash of each request (others: the SLM alone)",
     )
     p.add_argument("--handoff-style", choices=("continue", "instruct"), default="continue")
+    p.add_argument(
+        "--max-llm-calls",
+        default="1",
+        metavar="N",
+        help="LLM calls per answer: above 1 the LLM writes one step per handoff and the SLM resumes (relay, "
+        "docs/relay.md); 1 (the default) is the single handoff",
+    )
+    p.add_argument(
+        "--step-sep",
+        default=RelayConfig.step_sep,
+        metavar="TEXT",
+        help="relay: the end of a step, sent as the LLM's stop sequence (default: a blank line; \\n and \\t are "
+        "read as newline and tab)",
+    )
+    p.add_argument(
+        "--step-max-tokens", type=int, default=RelayConfig.step_max_tokens, help="relay: the cap of one LLM step"
+    )
     add_chat_template_argument(p)
     p.add_argument("--prompts", default="qwen-math-v1", help="prompt set (pyrodash.prompts), e.g. world-v1")
     p.add_argument("--prices", default="paper", help="price sheet: a YAML path or a name in configs/prices/")
@@ -110,7 +129,7 @@ def build_engine(args: argparse.Namespace, prompts) -> tuple[CollaborateEngine, 
     """The Collaborate Engine of the flags, and its LLM backend (the SLM itself when both flags name one model)."""
     from transformers.utils import logging as hf_logging
 
-    prices = Prices.load(args.prices)
+    prices, relay = Prices.load(args.prices), relay_config(args)  # a bad flag fails before any model loads
     failure = FailurePolicy(retries=args.retries, timeout_s=args.timeout_s, on_error=args.on_error)
     hf_logging.disable_progress_bar()  # no "Loading weights" bars around the answer
     slm = load_slm(with_chat_template(args.slm, args.chat_template))
@@ -126,8 +145,24 @@ def build_engine(args: argparse.Namespace, prompts) -> tuple[CollaborateEngine, 
         max_tokens=args.max_tokens,
         failure=failure,
         handoff_share=args.handoff_share,
+        relay=relay,
     )
     return engine, llm
+
+
+def relay_config(args: argparse.Namespace) -> RelayConfig:
+    """The relay of `--max-llm-calls`, `--step-sep` and `--step-max-tokens` (a bad value: a ValueError, one line)."""
+    try:
+        calls = check_calls(int(args.max_llm_calls))
+    except ValueError:
+        raise ValueError(
+            f"--max-llm-calls {args.max_llm_calls!r}: give a positive integer (1: a single handoff; above 1: relay)"
+        ) from None
+    try:
+        sep = args.step_sep.encode("latin-1", "backslashreplace").decode("unicode_escape")
+    except UnicodeDecodeError:
+        raise ValueError(f"--step-sep {args.step_sep!r}: a bad backslash escape (write \\\\ for a backslash)") from None
+    return RelayConfig(max_llm_calls=calls, step_sep=sep, step_max_tokens=args.step_max_tokens)
 
 
 async def converse(args: argparse.Namespace, engine, llm, prompts, turns: list[str], messages: list[dict]) -> None:
@@ -188,6 +223,11 @@ def print_summary(out: Console, done: Done, handoff_share: float) -> None:
         note = f"[outside --handoff-share {handoff_share:g}: <offload> was banned, the SLM answered alone]"
         out.print(note, style="yellow", markup=False)
     handoff = "no handoff" if done.handoff is None else f"handoff after {done.handoff} SLM tokens"
+    if len(done.handoffs) > 1:
+        handoff = f"{len(done.handoffs)} handoffs after {', '.join(map(str, done.handoffs))} SLM tokens"
+    if done.relay_fallback:
+        note = f"[relay fell back to a single handoff: {done.relay_fallback} (docs/relay.md)]"
+        out.print(note, style="yellow", markup=False)
     out.print(
         f"{handoff} · SLM in/out {u.slm_in}/{u.slm_out} · LLM in/out {u.llm_in}/{u.llm_out} "
         f"(cached {u.llm_cached_in}, calls {u.llm_calls}) · ${done.cost_usd:.6f} · {done.finish_reason}",
