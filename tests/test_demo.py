@@ -194,10 +194,11 @@ def test_handoff_share_sweep_runs_from_slm_alone_to_the_policy(demo):
 
 
 def test_one_execution_path_serve_eval_and_stage3_agree(demo, tmp_path):
-    """Issue 25's parity test (tests/parity.py): world questions, conversation turns and handoffs to an LLM that
-    cuts every answer (so the SLM falls back) give the same text, segments, handoff, tokens and dollars through
-    `pyrodash serve` (openai SDK), `pyrodash eval` and Stage 3's collaborative eval."""
+    """Issue 25's parity test (tests/parity.py): world questions, conversation turns, handoffs to an LLM that
+    cuts every answer (so the SLM falls back) and relay answers (up to 4 LLM calls each, issue 38) give the same
+    text, segments, handoffs, tokens and dollars through `pyrodash serve` (openai SDK), `pyrodash eval` and Stage 3's
+    collaborative eval."""
     from parity import check_parity
 
     res = check_parity(demo, tmp_path)
-    assert len(res["local"]["eval"]) == 10 and len(res["faults"]["eval"]) == 3
+    assert len(res["local"]["eval"]) == 10 and len(res["faults"]["eval"]) == 3 and len(res["relay"]["eval"]) == 4

@@ -7,12 +7,14 @@ trace's trailing separator) fall back to a single handoff visibly."""
 from __future__ import annotations
 
 import contextlib
+import os
 
 import pytest
 from provider_doubles import anthropic_double, deepseek_double, openai_double
 from test_relay import GOLD, ScriptLLM, ScriptSLM
 
 from pyrodash.backends import load_llm
+from pyrodash.backends.hf import HFBackend
 from pyrodash.backends.model_server import build_model_app, serve_in_thread
 from pyrodash.cost import Prices
 from pyrodash.engine import CollaborateEngine
@@ -163,3 +165,102 @@ def test_pyrodash_serve_streams_each_segment_tagged_and_says_how_it_relayed():
         else:
             assert tags == ["slm", "handoff", "llm"] and info["llm_calls"] == 1
             assert f'pyrodash_relay_fallbacks_total{{model="relay",reason="{fallback}"}} 1.0' in metrics
+
+
+# ---------------------------------------------------------------- real servers in their own processes
+
+QUESTION = "Start 47: +3, f."
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """(SLM dir, LLM dir, the LLM in process, an offload_bias that hands off mid-trace on QUESTION): the models of
+    tests/test_readme_endpoints.py's `transformers serve` example (an LLM that writes no special-token text)."""
+    from tiny_models import CLEAN_LLM_SEEDS, HANDOFF_SLM_SEED, mid_trace_bias, tiny_model_dir
+
+    slm_dir = tiny_model_dir(tmp_path_factory.mktemp("slm"), seed=HANDOFF_SLM_SEED)
+    llm_dir = tiny_model_dir(tmp_path_factory.mktemp("llm"), seed=CLEAN_LLM_SEEDS[1], offload=False)
+    return slm_dir, llm_dir, HFBackend(llm_dir), mid_trace_bias(HFBackend(slm_dir), PROMPTS, QUESTION)
+
+
+@pytest.mark.slow
+def test_relay_through_transformers_serve(tiny, tmp_path):
+    """The real `transformers serve` (its /v1/completions route, the chat template rendered locally) maps `stop` to
+    generate's `stop_strings`: it stops at the separator but returns the separator in the text. The engine reads a
+    separator in the LLM's text as `stop_ignored`, so the relay falls back to a single handoff after that first
+    step, visibly (`relay_fallback`). The random tiny LLM writes no blank lines: the separator is a character its
+    own continuation writes."""
+    import shutil
+    import sys
+    from pathlib import Path
+
+    from servers import free_port
+    from test_readme_endpoints import _process
+
+    slm_dir, llm_dir, llm, bias = tiny
+    slm = HFBackend(slm_dir)
+    rest = CollaborateEngine(slm, llm, PROMPTS, PAPER, offload_bias=bias, max_tokens=24).run(QUESTION).llm_text
+    j = next(j for j in range(1, len(rest)) if rest[j] not in rest[:j])  # the step: rest[:j], then the separator
+    relay = RelayConfig(max_llm_calls=4, step_sep=rest[j])
+    ref = CollaborateEngine(slm, llm, PROMPTS, PAPER, offload_bias=bias, max_tokens=24, relay=relay).run(QUESTION)
+    assert ref.relay_fallback is None and ref.segments[1]["text"] == rest[: j + 1]  # in process: the step, its sep
+    port = free_port()
+    (tmp_path / "hub").mkdir()
+    env = {**os.environ, "HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1"}
+    exe = shutil.which("transformers") or str(Path(sys.executable).parent / "transformers")
+    cmd = [exe, "serve", "--host", "127.0.0.1", "--port", str(port), str(llm_dir)]
+    with _process(cmd, f"http://127.0.0.1:{port}/health", env, tmp_path / "serve.log"):
+        served_llm = load_llm(f"http://127.0.0.1:{port}/v1#{llm_dir}")
+        engine = CollaborateEngine(slm, served_llm, PROMPTS, PAPER, offload_bias=bias, max_tokens=24, relay=relay)
+        done = engine.run(QUESTION)
+    assert served_llm.report.mode == "completion"
+    # the server stopped at the separator (the unconstrained continuation goes on past it) and returned it
+    assert done.llm_text == rest[: j + 1] and len(rest) > j + 1 and not done.errors
+    assert done.relay_fallback == STOP_IGNORED and Record.from_done(done).relay_fallback == STOP_IGNORED
+    assert done.usage.llm_calls == 1 and done.handoffs == ref.handoffs[:1] == [done.handoff]
+    assert [s["by"] for s in done.segments] == ["slm", "llm"] and done.segments[0] == ref.segments[0]
+
+
+@pytest.mark.slow
+def test_relay_through_a_litellm_proxy(tmp_path, monkeypatch):
+    """A real LiteLLM proxy (`hosted_vllm/` route) in front of `pyrodash serve-model`'s app serving the scripted LLM
+    (a test double of an LLM that continues the gold trace): the proxy passes `stop` through, so each handoff is one
+    call stopped at the separator and the SLM resumes; the same upstream ignoring `stop` falls back visibly."""
+    import json
+
+    from servers import free_port
+    from test_readme_endpoints import _process, litellm_bin
+
+    exe = litellm_bin()
+    if exe is None:
+        pytest.skip(
+            "LiteLLM is not installed: python3 -m venv .venv-litellm && .venv-litellm/bin/pip install "
+            "'litellm[proxy]' (or set LITELLM_BIN); .ci/run does this"
+        )
+    script = ScriptLLM()
+    with serve_in_thread(build_model_app(script, "llm")) as upstream:
+        params = {"model": "hosted_vllm/llm", "api_base": upstream, "api_key": "none"}
+        cfg = tmp_path / "litellm.yaml"
+        cfg.write_text(json.dumps({"model_list": [{"model_name": "my-llm", "litellm_params": params}]}))
+        port, master = free_port(), "sk-litellm-master-0123456789abcdef"
+        env = {"LITELLM_LOCAL_MODEL_COST_MAP": "True", "NO_DOCS": "True", "DISABLE_ADMIN_UI": "True"}
+        env = {**os.environ, **env, "LITELLM_MASTER_KEY": master}
+        monkeypatch.setenv("OPENAI_API_KEY", master)
+        cmd = [exe, "--config", str(cfg), "--host", "127.0.0.1", "--port", str(port)]
+        with _process(cmd, f"http://127.0.0.1:{port}/health/liveliness", env, tmp_path / "litellm.log", 180):
+            llm = load_llm(f"http://127.0.0.1:{port}/v1#my-llm")
+            relay = RelayConfig(max_llm_calls=8)
+            done = CollaborateEngine(ScriptSLM(), llm, PROMPTS, CACHED, max_tokens=200, relay=relay).run("q")
+            steps = [r.stop for r in script.requests if r.max_tokens > 2]  # (the start-up probe asks for 2)
+            script.honours_stop = False
+            fell = CollaborateEngine(ScriptSLM(), llm, PROMPTS, CACHED, max_tokens=200, relay=relay).run("q")
+    assert llm.report.mode == "continue"
+    assert done.output == GOLD and done.relay_fallback is None and not done.errors
+    assert steps == [["\n\n"], ["\n\n"]]  # one request per handoff reached the upstream, the stop sequence with it
+    assert done.usage.llm_calls == 2 and len(done.handoffs) == 2
+    assert [s["by"] for s in done.segments] == ["slm", "llm", "slm", "llm", "slm"]
+    assert all(s["text"].endswith("\n\n") and s["text"].count("\n\n") == 1 for s in done.segments[1:4:2])
+    (ep,) = Record.from_done(done).llm_endpoints
+    assert ep["endpoint"] == "my-llm" and ep["calls"] == 2 and ep["llm_prior_in"] == done.usage.llm_prior_in > 0
+    assert ep.get("cache_estimated") and done.cost_usd == pytest.approx(done.usage.cost(CACHED))
+    assert fell.relay_fallback == STOP_IGNORED and fell.usage.llm_calls == 1 and fell.output == GOLD
