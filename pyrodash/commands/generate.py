@@ -67,6 +67,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="share of requests that may hand off, by a fixed hash of each request (others: the SLM alone)",
     )
     p.add_argument("--handoff-style", choices=("continue", "instruct"), default="continue")
+    add_relay_arguments(p)
+    add_chat_template_argument(p)
+    p.add_argument("--prompts", default="qwen-math-v1", help="prompt set (pyrodash.prompts), e.g. world-v1")
+    p.add_argument("--prices", default="paper", help="price sheet: a YAML path or a name in configs/prices/")
+    p.add_argument("--max-tokens", type=int, default=512, help="decode budget of each model")
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--on-error", choices=("fallback", "raise"), default="fallback", help="after LLM retries fail")
+    p.add_argument("--retries", type=int, default=2, help="LLM retries after a failed call")
+    p.add_argument("--timeout-s", type=float, default=60.0, help="longest wait for the LLM's next chunk")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print each answer's record (pyrodash.record) instead of the coloured stream",
+    )
+
+
+def add_relay_arguments(p: argparse.ArgumentParser) -> None:
+    """Relay's flags (docs/relay.md): `--max-llm-calls`, `--step-sep`, `--step-max-tokens`."""
     p.add_argument(
         "--max-llm-calls",
         default="1",
@@ -82,22 +102,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "read as newline and tab)",
     )
     p.add_argument(
-        "--step-max-tokens", type=int, default=RelayConfig.step_max_tokens, help="relay: the cap of one LLM step"
-    )
-    add_chat_template_argument(p)
-    p.add_argument("--prompts", default="qwen-math-v1", help="prompt set (pyrodash.prompts), e.g. world-v1")
-    p.add_argument("--prices", default="paper", help="price sheet: a YAML path or a name in configs/prices/")
-    p.add_argument("--max-tokens", type=int, default=512, help="decode budget of each model")
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--on-error", choices=("fallback", "raise"), default="fallback", help="after LLM retries fail")
-    p.add_argument("--retries", type=int, default=2, help="LLM retries after a failed call")
-    p.add_argument("--timeout-s", type=float, default=60.0, help="longest wait for the LLM's next chunk")
-    p.add_argument(
-        "--json",
-        action="store_true",
-        help="print each answer's record (pyrodash.record) instead of the coloured stream",
+        "--step-max-tokens",
+        type=int,
+        default=RelayConfig.step_max_tokens,
+        metavar="N",
+        help="relay: the cap of one LLM step",
     )
 
 
