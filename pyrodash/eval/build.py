@@ -55,11 +55,25 @@ SWEEPS = {
     "pyrodash_share": ("shares", "share", "handoff_share"),
     "pyrodash_relay": ("calls", "relay", "max_llm_calls"),  # the single-handoff policy in relay mode
 }
+# pyrodash_bias / pyrodash_share take `max_llm_calls: n` too: the sweep in relay mode (`pyrodash@<λ>+bias<b>+relay<n>`)
 
 
 def sweep_lambda(opt: dict, lam_specs: dict) -> float:
     """The λ policy a sweep (`pyrodash_bias`, `pyrodash_share`) moves: its `lambda`, else the smallest λ given."""
     return float(opt.get("lambda", min(lam_specs) if lam_specs else 0))
+
+
+def sweep_relay(kind: str, opt: dict) -> int | None:
+    """The relay mode of a bias or share sweep (`max_llm_calls: n`, n > 1: each point `...+relay<n>`), else None."""
+    if "max_llm_calls" not in opt:
+        return None
+    n = opt["max_llm_calls"]
+    if kind == "pyrodash_relay" or not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise ValueError(
+            f"{kind} max_llm_calls={n!r}: a whole number >= 1 on pyrodash_bias or pyrodash_share (pyrodash_relay "
+            "sweeps the calls itself)"
+        )
+    return n if n > 1 else None
 
 
 def build_methods(cfg, env: Env, backends: Backends | None = None, load_examples=None) -> dict[str, Method]:
@@ -93,11 +107,11 @@ def build_methods(cfg, env: Env, backends: Backends | None = None, load_examples
             if lam not in lam_specs:
                 raise ValueError(f"{kind} lambda={lam} has no checkpoint under models.pyrodash")
             key, suffix, field_ = SWEEPS[kind]
+            calls = sweep_relay(kind, opt)
             for v in opt.get(key, []):
-                name = method_name("pyrodash", lam, suffix, v)
-                out[name] = PyroDash(
-                    name, be.get(lam_specs[lam], offload=True), model("llm"), env, rule=rule, **{field_: float(v)}
-                )
+                name = method_name("pyrodash", lam, suffix, v, relay=calls)
+                knobs = {field_: float(v)} | ({"max_llm_calls": calls} if calls else {})
+                out[name] = PyroDash(name, be.get(lam_specs[lam], offload=True), model("llm"), env, rule=rule, **knobs)
         elif kind == "oracle":
             out[kind] = Oracle(kind, model("slm"), model("llm"), env)
         elif kind == "relay_oracle":  # a handoff before every untaught step, the LLM writing that step

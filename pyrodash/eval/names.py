@@ -3,8 +3,10 @@
     slm | slm+sft | oracle | relay_oracle | llm | routellm@<α> | glimprouter@<τ> | pyrodash@<λ>
     pyrodash@<λ>+bias<b> (an offload_bias sweep) | pyrodash@<λ>+share<s> (a handoff_share sweep)
     pyrodash@<λ>+relay<n> (relay, up to n LLM calls per answer)
+    pyrodash@<λ>+bias<b>+relay<n> / pyrodash@<λ>+share<s>+relay<n> (a bias or share sweep point in relay mode)
 
     method_name("pyrodash", 0.1, "bias", 2)   # -> "pyrodash@0.1+bias2"
+    method_name("pyrodash", 0, "bias", 2, relay=4)   # -> "pyrodash@0+bias2+relay4"
     parse_method("pyrodash@0.1+bias2")        # -> ("pyrodash", 0.1, 2.0)
 
 Read by the report (`pyrodash.report`) and its figure (`pyrodash.report.plots`).
@@ -24,14 +26,18 @@ FAMILY_ORDER = (
     "pyrodash-bias",
     "pyrodash-share",
     "pyrodash-relay",
+    "pyrodash-bias+relay",
+    "pyrodash-share+relay",
     "relay_oracle",
     "oracle",
     "llm",
 )
-_NAME_RE = re.compile(r"^(routellm|glimprouter|pyrodash)@([0-9.eE+-]+?)(?:\+(bias|share|relay)([0-9.eE+-]+))?$")
+_NUM = r"([0-9.eE+-]+?)"
+_NAME_RE = re.compile(rf"^(routellm|glimprouter|pyrodash)@{_NUM}(?:\+(bias|share|relay){_NUM})?(?:\+relay([0-9]+))?$")
 _SCHEME = (
     "slm | slm+sft | oracle | relay_oracle | llm | routellm@<alpha> | glimprouter@<tau> | pyrodash@<lambda> | "
-    "pyrodash@<lambda>+bias<b> | pyrodash@<lambda>+share<s> | pyrodash@<lambda>+relay<n>"
+    "pyrodash@<lambda>+bias<b> | pyrodash@<lambda>+share<s> | pyrodash@<lambda>+relay<n> | "
+    "pyrodash@<lambda>+bias<b>+relay<n> | pyrodash@<lambda>+share<s>+relay<n>"
 )
 
 
@@ -41,6 +47,8 @@ def _match(name: str) -> re.Match:
         raise ValueError(f"method name {name!r} does not follow the scheme {_SCHEME}; rename its records file")
     if m.group(3) is not None and m.group(1) != "pyrodash":
         raise ValueError(f"method name {name!r}: only pyrodash takes a +bias<b>, +share<s> or +relay<n> suffix")
+    if m.group(5) is not None and m.group(3) not in ("bias", "share"):
+        raise ValueError(f"method name {name!r}: a second +relay<n> follows only a +bias<b> or +share<s> sweep point")
     return m
 
 
@@ -49,9 +57,16 @@ def knob_text(x: float) -> str:
     return f"{float(x):.4g}"
 
 
-def method_name(family: str, knob: float | None = None, sweep: str | None = None, value: float | None = None) -> str:
+def method_name(
+    family: str,
+    knob: float | None = None,
+    sweep: str | None = None,
+    value: float | None = None,
+    relay: int | None = None,
+) -> str:
     """The name of a method, the one `parse_method` reads: `slm` (a base method, no knob), `glimprouter@0.9`,
-    `pyrodash@0.1+share0.5` (family `pyrodash`, λ 0.1, sweep "share" at 0.5)."""
+    `pyrodash@0.1+share0.5` (family `pyrodash`, λ 0.1, sweep "share" at 0.5); `relay=n` (n > 1) puts a bias or
+    share sweep point in relay mode: `pyrodash@0+bias2+relay4`."""
     if family in BASE_ORDER and knob is None and sweep is None:
         return family
     if knob is None or (sweep is None) != (value is None):
@@ -59,6 +74,10 @@ def method_name(family: str, knob: float | None = None, sweep: str | None = None
             f"method_name({family!r}, {knob!r}, {sweep!r}, {value!r}): a family with a knob, a sweep with a value"
         )
     name = f"{family}@{knob_text(knob)}" + ("" if sweep is None else f"+{sweep}{knob_text(value)}")
+    if relay is not None:
+        if int(relay) != relay or relay < 2:
+            raise ValueError(f"method_name(..., relay={relay!r}): relay mode takes a whole number of calls above 1")
+        name += f"+relay{int(relay)}"
     _match(name)
     return name
 
@@ -73,8 +92,21 @@ def parse_method(name: str) -> tuple[str, float | None, float | None]:
 
 
 def sweep_kind(name: str) -> str | None:
-    """ "bias" (an offload_bias sweep point), "share" (a handoff_share sweep point), "relay" or None."""
-    return None if name in BASE_ORDER else _match(name).group(3)
+    """ "bias" (an offload_bias sweep point), "share" (a handoff_share sweep point), "relay", "bias+relay" or
+    "share+relay" (a bias or share sweep point in relay mode: its sweep value is the bias or share), or None."""
+    if name in BASE_ORDER:
+        return None
+    m = _match(name)
+    return m.group(3) if m.group(5) is None else f"{m.group(3)}+relay"
+
+
+def relay_calls(name: str) -> int:
+    """The most LLM calls per answer a method's name says: n for `...+relay<n>`, else 1 (single handoff)."""
+    if name in BASE_ORDER:
+        return 1
+    m = _match(name)
+    n = m.group(5) or (m.group(4) if m.group(3) == "relay" else None)
+    return 1 if n is None else int(float(n))
 
 
 def is_lambda_point(name: str) -> bool:
