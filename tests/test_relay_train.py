@@ -61,19 +61,9 @@ def test_relay_needs_hard_examples_out_of_corpus_a():
 def sft_cfg(tmp_path, **kw):
     from pyrodash.train.config import Stage2Config
 
-    base = dict(
-        output_dir=str(tmp_path / "trainer"),
-        per_device_train_batch_size=4,
-        max_steps=1,
-        assistant_only_loss=True,
-        max_length=2048,
-        report_to="none",
-        save_strategy="no",
-        bf16=False,
-        lora_r=2,
-        lora_alpha=4,
-    )
-    return Stage2Config(**{**base, **kw})
+    steps = dict(per_device_train_batch_size=4, max_steps=1, assistant_only_loss=True, max_length=2048, bf16=False)
+    run = dict(output_dir=str(tmp_path / "trainer"), report_to="none", save_strategy="no", lora_r=2, lora_alpha=4)
+    return Stage2Config(**{**steps, **run, **kw})
 
 
 @pytest.mark.parametrize("loss", ["assistant_only", "completion_only"])
