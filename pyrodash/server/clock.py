@@ -14,17 +14,32 @@ OVERHEAD_HEADER = b"x-pyrodash-overhead-ms"
 
 
 class RequestClock:
-    """One request's time: `t0` its arrival (perf_counter), `engine_s` the time its engine run waited for events."""
+    """One request's time: `t0` its arrival (perf_counter), `engine_s` the time its engine run waited for events,
+    `waiting_since` when the wait in progress began (None between waits)."""
 
-    __slots__ = ("t0", "engine_s")
+    __slots__ = ("t0", "engine_s", "waiting_since")
 
     def __init__(self, t0: float | None = None) -> None:
         self.t0 = time.perf_counter() if t0 is None else t0
         self.engine_s = 0.0
+        self.waiting_since: float | None = None
+
+    def engine_wait(self, start: float) -> None:
+        """The engine run starts waiting for its next event."""
+        self.waiting_since = start
+
+    def engine_event(self, now: float) -> None:
+        """The event came: the wait was the engine's."""
+        if self.waiting_since is not None:
+            self.engine_s += now - self.waiting_since
+            self.waiting_since = None
 
     def overhead_s(self, now: float | None = None) -> float:
-        """Seconds spent in the server itself so far: wall time less the engine's."""
-        return (time.perf_counter() if now is None else now) - self.t0 - self.engine_s
+        """Seconds spent in the server itself so far: wall time less the engine's, a wait in progress included (so
+        the figure never falls as a request goes on: a header taken mid-wait is at most the final figure)."""
+        now = time.perf_counter() if now is None else now
+        engine = self.engine_s + (now - self.waiting_since if self.waiting_since is not None else 0.0)
+        return now - self.t0 - engine
 
 
 class Timing:

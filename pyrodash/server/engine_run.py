@@ -64,14 +64,16 @@ class EngineRun:
                     t = now()
                     if observe is not None:
                         observe(None, t)
+                    clock.engine_wait(now())
                     async for ev in stream:  # the time between two events is the engine's (and its models')
                         t1 = now()
-                        clock.engine_s += t1 - t
+                        clock.engine_event(t1)
                         if observe is not None:
                             observe(ev, t1)
                         put(ev)
-                        t = now()
+                        clock.engine_wait(now())
                 finally:
+                    clock.engine_event(now())
                     await stream.aclose()
         except asyncio.CancelledError:
             raise
