@@ -159,9 +159,12 @@ def test_transformers_serve_example(tiny, capsys, tmp_path):
 def litellm_bin(wait_s: float = 600.0) -> str | None:
     """LiteLLM's executable: $LITELLM_BIN, else .venv-litellm's, waiting while .ci/run still installs it (in the
     background, beside the project's own install: the marker file says so)."""
-    marker, deadline = ROOT / ".venv-litellm.installing", time.monotonic() + wait_s
-    while marker.exists() and time.monotonic() < deadline:
-        time.sleep(1.0)
+    marker = ROOT / ".venv-litellm.installing"
+    # a marker older than `wait_s` (left by an interrupted .ci/run) is not waited on
+    with contextlib.suppress(FileNotFoundError):
+        deadline = marker.stat().st_mtime + wait_s
+        while marker.exists() and time.time() < deadline:
+            time.sleep(1.0)
     for cand in (os.environ.get("LITELLM_BIN"), str(ROOT / ".venv-litellm" / "bin" / "litellm")):
         if cand and Path(cand).exists():
             return cand
