@@ -9,7 +9,7 @@ from tiny_models import tiny_model
 
 from pyrodash.backends.hf import HFBackend
 from pyrodash.prompts import OFFLOAD_TOKEN
-from pyrodash.train.rollouts import ExploreNoHandoff, decode_rollouts, unsupported_sampling
+from pyrodash.train.rollouts import ExploreBranches, decode_rollouts, unsupported_sampling
 
 
 def _slm_leaning_to_offload():
@@ -27,7 +27,7 @@ def _prompts(tok, n):
 def test_rollouts_stop_at_offload_and_explored_rows_never_hand_off():
     model, tok, tid = _slm_leaning_to_offload()
     backend = HFBackend(model, tok)
-    explore = ExploreNoHandoff(tid, group=4, k=2)
+    explore = ExploreBranches(tid, group=4, k=2)
     stops = [tok.eos_token_id, tid]
     torch.manual_seed(0)
     outs = decode_rollouts(

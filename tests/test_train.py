@@ -404,15 +404,33 @@ def test_quick_stages_2_and_3_train_only_attention_lora(quick_run, stage):
 
 @pytest.mark.slow
 def test_explore_no_handoff_bans_offload_in_the_last_rollouts_of_each_group():
-    from pyrodash.train.rollouts import ExploreNoHandoff
+    from pyrodash.train.rollouts import ExploreBranches
 
-    proc = ExploreNoHandoff(token_id=3, group=8, k=2)
+    proc = ExploreBranches(token_id=3, group=8, k=2)
     scores = torch.zeros(16, 5)
     out = proc(None, scores.clone())
     banned = [i for i in range(16) if out[i, 3] == float("-inf")]
     assert banned == [6, 7, 14, 15] and proc.banned_rows(16) == banned
     assert torch.equal(out[:, [0, 1, 2, 4]], scores[:, [0, 1, 2, 4]])  # nothing else moves
-    assert ExploreNoHandoff(3, 8, 0).banned_rows(16) == []
+    assert ExploreBranches(3, 8, 0).banned_rows(16) == []
+
+
+def test_explore_handoff_pushes_offload_in_the_first_rollouts_of_each_group():
+    """`stage3.explore_handoff`: the first rows of each group get `explore_handoff_bias` on `<offload>` (the decode
+    loop's per-request logit bias and the logits processor agree); a recipe that leaves no rollout to the policy is
+    refused."""
+    from pyrodash.train.config import Stage3Config
+    from pyrodash.train.rollouts import ExploreBranches
+
+    proc = ExploreBranches(token_id=3, group=4, k=1, push=2, push_bias=3.0)
+    out = proc(None, torch.zeros(8, 5))
+    assert out[:, 3].tolist() == [3.0, 3.0, 0.0, float("-inf"), 3.0, 3.0, 0.0, float("-inf")]
+    assert [proc.logit_bias(i, 8).get(3, 0.0) for i in range(8)] == out[:, 3].tolist()
+    assert (out[:, [0, 1, 2, 4]] == 0).all()
+    with pytest.raises(ValueError, match="explore_handoff"):
+        Stage3Config(
+            output_dir="x", use_cpu=True, bf16=False, num_generations=8, explore_no_handoff=2, explore_handoff=6
+        ).validate()
 
 
 def test_quick_stage3_reward_used_real_llm_handoffs(quick_run):

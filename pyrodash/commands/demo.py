@@ -20,7 +20,7 @@ from pathlib import Path
 
 from pyrodash.eval.build import SWEEPS, method_specs, sweep_lambda
 from pyrodash.eval.harness import EvalConfig, evaluate
-from pyrodash.eval.long import long_conversations
+from pyrodash.eval.long import long_conversations, with_long_conversations
 from pyrodash.jobs.library_log import library_log
 from pyrodash.jobs.scheduler import Job, default_workers, run_jobs
 from pyrodash.report.console import print_table2, print_turns
@@ -126,6 +126,19 @@ def eval_jobs(
                 )
             )
     return jobs
+
+
+def long_conversations_job(cfg: EvalConfig, lam: float, names: set[str]) -> Job:
+    """`pyrodash.eval.long.long_conversations` for the λ policy as a step: after that policy's Stage 3 (when it is a
+    step), its evaluation and the models alone, whose record files it adds to."""
+    need = (f"stage3 λ={lam:g}", f"eval pyrodash λ={lam:g}", "eval models alone, oracle")
+    return Job(
+        "long conversations",
+        long_conversations,
+        (cfg, lam),
+        {"quiet": True},
+        after=tuple(n for n in need if n in names),
+    )
 
 
 def training_jobs(recipe, out: Path, lambdas: list[float], console) -> list[Job]:
@@ -240,13 +253,17 @@ def run_demo(
     # after what it needs; the models alone, the oracle and the routers need no training, so they run beside it.
     # Training's chain comes first in the list: a free worker takes its next step before any evaluation.
     jobs = training_jobs(recipe, out, lambdas, console)
-    jobs += eval_jobs(cfg, {lam: f"stage3 λ={lam:g}" for lam in lambdas}, {j.name for j in jobs})
+    evals = eval_jobs(cfg, {lam: f"stage3 λ={lam:g}" for lam in lambdas}, {j.name for j in jobs})
+    # the range rule, calibrated for the λ 0.6 policy, on six-turn conversations (docs/conversations.md): a step
+    # beside the others once that policy's own records and the models alone are written (it adds to their files),
+    # listed before the evaluation's steps: the longest of them, it goes first when it is ready
+    long_lam = 0.6 if 0.6 in lambdas else lambdas[0]
+    jobs += [long_conversations_job(cfg, long_lam, {j.name for j in jobs + evals}), *evals]
     console.rule(f"[bold]training and evaluation[/] ({len(jobs)} steps, {min(workers, len(jobs))} side by side)")
     t0 = time.perf_counter()
     step.times.update(run_jobs(jobs, workers, out / "jobs", console=console))
-    evaluate(cfg, quiet=True)  # every record is there: writes the run's whole eval config (config.resolved.json)
-    # the range rule, calibrated for the λ 0.6 policy, on six-turn conversations (docs/conversations.md)
-    step("long conversations", lambda: long_conversations(cfg, 0.6 if 0.6 in lambdas else lambdas[0]))
+    # every record is there: writes the run's whole eval config (config.resolved.json)
+    evaluate(with_long_conversations(cfg, long_lam), quiet=True)
     step.times["training + evaluation (wall)"] = round(time.perf_counter() - t0, 1)
     path = step("report", lambda: write_report(out))
     (out / "demo_times.json").write_text(json.dumps(step.times, indent=2) + "\n")

@@ -40,7 +40,8 @@ def range_calibration(engine, examples: list, prompts, min_ratio: float = 0.9, *
 
 def long_conversations(cfg: EvalConfig, lam: float, quiet: bool = True) -> EvalConfig:
     """Calibrate the rule for the λ policy on `VALIDATION` (written to RUN_DIR/range_calibration.json), then evaluate
-    `TEST` for slm, llm and that policy under it; returns the config with both (every other record is resumed)."""
+    `TEST` for slm, llm and that policy under it, and nothing else (so it can run beside the evaluation's other
+    steps: it writes no other method's records); returns the whole config with both (`with_long_conversations`)."""
     prompts, be = get_prompts(cfg.prompts), Backends()
     env = Env(
         prompts, cfg.price_sheet(), max_tokens=cfg.max_tokens, batch_size=cfg.batch_size, concurrency=cfg.concurrency
@@ -60,12 +61,20 @@ def long_conversations(cfg: EvalConfig, lam: float, quiet: bool = True) -> EvalC
     out.update(benchmark=VALIDATION, policy=method_name("pyrodash", lam))
     Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
     (Path(cfg.run_dir) / CALIBRATION_FILE).write_text(json.dumps(out, indent=1) + "\n")
+    full = with_long_conversations(cfg, lam)
+    own = replace(full, benchmarks=TEST, methods=["slm", "llm", {"pyrodash": {"lambdas": [lam]}}])
+    evaluate(own, quiet=quiet)
+    return full
+
+
+def with_long_conversations(cfg: EvalConfig, lam: float) -> EvalConfig:
+    """`cfg` with `TEST` added for slm, llm and the λ policy, under the range rule calibrated into
+    RUN_DIR/range_calibration.json (`long_conversations` wrote it)."""
+    cal = json.loads((Path(cfg.run_dir) / CALIBRATION_FILE).read_text())
     who = ["slm", "llm", method_name("pyrodash", lam).replace(".", "[.]")]
-    full = replace(
+    return replace(
         cfg,
         benchmarks=list(dict.fromkeys(cfg.benchmarks + TEST)),
         benchmark_methods={**cfg.benchmark_methods, **{b: who for b in TEST}},
-        range_rule=out["range_rule"],
+        range_rule=cal["range_rule"],
     )
-    evaluate(full, quiet=quiet)
-    return full

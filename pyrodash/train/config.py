@@ -163,8 +163,15 @@ class Stage3Config(ChatFields, LoraFields, GRPOConfig):
     # Rollouts per group of num_generations sampled with <offload> banned (0, the paper: all from the policy).
     # A policy that hands off with near certainty (low rollout temperature) never samples the other branch, so its
     # groups carry no signal on the decision; a few banned rollouts per group give λ something to compare
-    # (pyrodash.train.stage3.ExploreNoHandoff).
+    # (pyrodash.train.stage3.ExploreBranches).
     explore_no_handoff: int = 0
+    # Rollouts per group sampled with `explore_handoff_bias` added to the <offload> logit (before the temperature):
+    # the other branch on problems the policy keeps to itself (a handoff there that scores below the group pushes
+    # <offload> down). Measured, quick world seed 0, one Stage 2 checkpoint, λ 0.6, Stage 3 seeds 0 and 1 (Intel Xeon
+    # AVX-512): 0 -> handoffs on 20 / 19 of the 44 problems the oracle keeps to the SLM (100% at 0.553 / 0.552);
+    # 3 rows at +3 -> 11 / 9 (98.67% at 0.510 / 0.503). Off in the recipes: docs/training.md.
+    explore_handoff: int = 0
+    explore_handoff_bias: float = 3.0
     # Relay rollouts (pyrodash.train.relay_rollouts): up to max_llm_calls LLM calls per rollout through the engine's
     # relay, each LLM step in the rollout's completion and masked from the loss; 1 (the default): single handoff.
     max_llm_calls: int = 1
@@ -177,14 +184,19 @@ class Stage3Config(ChatFields, LoraFields, GRPOConfig):
             raise ValueError("stage3.max_llm_calls and stage3.relay_step_max_tokens must be >= 1")
         if self.max_llm_calls > 1 and self.use_vllm:
             raise ValueError("stage3.max_llm_calls > 1 (relay rollouts) works with in-process rollouts only")
+        if not 0 <= self.explore_handoff <= self.num_generations - 1 - self.explore_no_handoff:
+            raise ValueError(
+                f"stage3.explore_handoff={self.explore_handoff} + explore_no_handoff={self.explore_no_handoff} must "
+                f"leave at least one of the num_generations={self.num_generations} rollouts to the policy"
+            )
         if not 0 <= self.explore_no_handoff < self.num_generations:
             raise ValueError(
                 f"stage3.explore_no_handoff={self.explore_no_handoff} must be in [0, num_generations) "
                 f"(num_generations={self.num_generations})"
             )
         local = self.per_device_train_batch_size * (self.steps_per_generation or self.gradient_accumulation_steps)
-        if self.explore_no_handoff and local % self.num_generations:
-            # ExploreNoHandoff finds a prompt's rollouts by row index within each process's generation batch (TRL
+        if (self.explore_no_handoff or self.explore_handoff) and local % self.num_generations:
+            # ExploreBranches finds a prompt's rollouts by row index within each process's generation batch (TRL
             # checks only the batch of all processes together)
             raise ValueError(
                 f"stage3.explore_no_handoff needs each process's generation batch ({local}: "

@@ -6,7 +6,7 @@ TRL's `rollout_func` mechanism); the reward's cost sums every LLM call (`pyrodas
     trainer = CostAwareGRPOTrainer(..., rollout_func=stage3.relay_rollouts(cfg, llm, prompts, prices, dataset))
 
 The SLM's first segment is sampled by the decode loop of single-handoff rollouts (`decode_rollouts`, with
-`ExploreNoHandoff`); every resume after an LLM step is sampled at the same temperature and top-p by the engine's relay
+`ExploreBranches`); every resume after an LLM step is sampled at the same temperature and top-p by the engine's relay
 (`SampledSLM`); the LLM decodes as the engine asks it (greedy), one call per step, the last call writing the rest.
 """
 

@@ -7,7 +7,8 @@ the whole cache every token and carries every finished rollout to the longest on
 (temperature, then top-p; Gumbel-max with a generator per rollout, seeded from torch's global RNG, so a seeded run
 repeats itself), not the same draws as `generate`.
 
-`ExploreNoHandoff` bans `<offload>` in the last `k` rollouts of every group of G (a logit bias of -inf on those rows).
+`ExploreBranches` bans `<offload>` in the last `k` rollouts of every group of G (a logit bias of -inf on those rows)
+and can push it (a positive bias) in the first ones.
 """
 
 from __future__ import annotations
@@ -17,22 +18,38 @@ import torch
 from pyrodash.backends.base import GenRequest
 
 
-class ExploreNoHandoff:
+class ExploreBranches:
     """Bans `<offload>` in the last `k` rollouts of every group of `group` consecutive rows (TRL's RepeatSampler puts
-    a prompt's G rollouts side by side). Those rollouts answer alone, so every group holds both branches of the
-    handoff decision, whatever the policy's confidence; their tokens still enter the loss with their group advantage
-    (at a large λ the SLM-alone branch wins and its tokens are pushed up). Also a transformers logits processor."""
+    a prompt's G rollouts side by side), and adds `push_bias` to its logit in the first `push`. The banned rollouts
+    answer alone, so every group holds both branches of the handoff decision, whatever the policy's confidence; their
+    tokens still enter the loss with their group advantage (at a large λ the SLM-alone branch wins and its tokens are
+    pushed up). The pushed ones hand off where the policy would not: on a problem the SLM gets right alone, their
+    handoff scores below the group and its `<offload>` is pushed down, the signal banned rollouts cannot give.
+    Also a transformers logits processor."""
 
-    def __init__(self, token_id: int, group: int, k: int):
+    def __init__(self, token_id: int, group: int, k: int, push: int = 0, push_bias: float = 0.0):
         self.token_id, self.group, self.k = token_id, group, k
+        self.push, self.push_bias = push, push_bias
 
     def banned_rows(self, n: int) -> list[int]:
         return [i for i in range(n) if i % self.group >= self.group - self.k]
+
+    def pushed_rows(self, n: int) -> list[int]:
+        return [i for i in range(n) if i % self.group < self.push]
+
+    def logit_bias(self, i: int, n: int) -> dict[int, float]:
+        """Row `i`'s logit bias among `n` rows."""
+        if i % self.group >= self.group - self.k:
+            return {self.token_id: float("-inf")}
+        return {self.token_id: self.push_bias} if i % self.group < self.push else {}
 
     def __call__(self, input_ids, scores):
         rows = self.banned_rows(scores.shape[0])
         if rows:
             scores[rows, self.token_id] = float("-inf")
+        pushed = self.pushed_rows(scores.shape[0])
+        if pushed:
+            scores[pushed, self.token_id] += self.push_bias
         return scores
 
 
@@ -57,11 +74,10 @@ def decode_rollouts(
     top_p: float,
     max_tokens: int,
     stop_ids: list[int],
-    explore: ExploreNoHandoff | None = None,
+    explore: ExploreBranches | None = None,
 ) -> list[list[int]]:
     """The completion ids of every prompt (sampled; each ends at its first stop id, included, or at `max_tokens`),
     one batch through `backend.generate_ids`. Rows `explore` bans get `<offload>` at -inf."""
-    banned = set(explore.banned_rows(len(prompt_ids))) if explore is not None else set()
     reqs = [
         GenRequest(
             messages=[],
@@ -70,7 +86,7 @@ def decode_rollouts(
             top_p=top_p,
             seed=int(torch.randint(0, 2**62, (1,))),
             stop_token_ids=list(stop_ids),
-            logit_bias={explore.token_id: float("-inf")} if i in banned else {},
+            logit_bias=explore.logit_bias(i, len(prompt_ids)) if explore is not None else {},
         )
         for i in range(len(prompt_ids))
     ]

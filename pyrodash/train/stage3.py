@@ -34,15 +34,15 @@ from pyrodash.train.models import FrozenLLM, load_local
 from pyrodash.train.paths import curated_dir, llm_spec, require, resolve_world, stage_dir
 from pyrodash.train.relay_rollouts import RelayRollouts
 from pyrodash.train.reward import BaselineCache, CollaborativeReward
-from pyrodash.train.rollouts import ExploreNoHandoff, decode_rollouts, unsupported_sampling
+from pyrodash.train.rollouts import ExploreBranches, decode_rollouts, unsupported_sampling
 
 
 class CostAwareGRPOTrainer(GRPOTrainer):
     """GRPOTrainer whose in-process rollouts are decoded by PyroDash's decode loop (`pyrodash.train.rollouts`; with
-    `explore`, an ExploreNoHandoff, some of them without `<offload>`) and whose logs also carry the collaborative
+    `explore`, an ExploreBranches, some of them without `<offload>`) and whose logs also carry the collaborative
     reward's statistics since the previous log. vLLM rollouts stay TRL's."""
 
-    def __init__(self, *args, collab=None, explore: ExploreNoHandoff | None = None, **kwargs):
+    def __init__(self, *args, collab=None, explore: ExploreBranches | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         self.collab, self.explore = collab, explore
         self._rollout_backend = None
@@ -252,7 +252,7 @@ def run_stage3(
         peft_config=cfg.lora_config(),
         callbacks=callbacks(cfg, dest / "log.jsonl"),
         collab=reward,
-        explore=explore_no_handoff(cfg, tid),
+        explore=exploration(cfg, tid),
         rollout_func=relay_rollouts(cfg, llm, prompts, prices, dataset),
     )
     quiet(trainer)
@@ -322,13 +322,18 @@ def training_dataset(prompts: Prompts, examples: list, chats: list):
     )
 
 
-def explore_no_handoff(cfg, offload_id: int) -> ExploreNoHandoff | None:
-    """The rollouts sampled with `<offload>` banned (`stage3.explore_no_handoff`), or None when there are none."""
-    if not cfg.explore_no_handoff:
+def exploration(cfg, offload_id: int) -> ExploreBranches | None:
+    """The rollouts sampled with `<offload>` banned (`stage3.explore_no_handoff`) or pushed (`stage3.explore_handoff`,
+    by `explore_handoff_bias`), or None when there are none."""
+    if not (cfg.explore_no_handoff or cfg.explore_handoff):
         return None
     if cfg.use_vllm:
-        raise ValueError("stage3.explore_no_handoff works with in-process rollouts only; set it to 0 with vLLM")
-    return ExploreNoHandoff(offload_id, cfg.num_generations, cfg.explore_no_handoff)
+        raise ValueError(
+            "stage3.explore_no_handoff / explore_handoff work with in-process rollouts only; set them to 0 with vLLM"
+        )
+    return ExploreBranches(
+        offload_id, cfg.num_generations, cfg.explore_no_handoff, cfg.explore_handoff, cfg.explore_handoff_bias
+    )
 
 
 def relay_config(cfg) -> RelayConfig | None:
