@@ -20,7 +20,7 @@ from pathlib import Path
 
 from pyrodash.eval.build import SWEEPS, method_specs, sweep_lambda
 from pyrodash.eval.harness import EvalConfig, evaluate
-from pyrodash.eval.long import long_conversations, with_long_conversations
+from pyrodash.eval.long import calibrate_long, evaluate_long, with_long_conversations
 from pyrodash.jobs.library_log import library_log
 from pyrodash.jobs.scheduler import Job, default_workers, run_jobs
 from pyrodash.report.console import print_table2, print_turns
@@ -128,17 +128,24 @@ def eval_jobs(
     return jobs
 
 
-def long_conversations_job(cfg: EvalConfig, lam: float, names: set[str]) -> Job:
-    """`pyrodash.eval.long.long_conversations` for the λ policy as a step: after that policy's Stage 3 (when it is a
-    step), its evaluation and the models alone, whose record files it adds to."""
-    need = (f"stage3 λ={lam:g}", f"eval pyrodash λ={lam:g}", "eval models alone, oracle")
-    return Job(
-        "long conversations",
-        long_conversations,
-        (cfg, lam),
-        {"quiet": True},
-        after=tuple(n for n in need if n in names),
-    )
+def long_conversation_jobs(cfg: EvalConfig, lam: float, names: set[str]) -> list[Job]:
+    """`pyrodash.eval.long` for the λ policy as steps: the range rule calibrated after that policy's Stage 3 (when it
+    is a step); slm and llm on the six-turn conversations after the models alone (whose record files they add to:
+    the rule binds PyroDash only, so they need no calibration); the policy under the rule after its calibration and
+    its own evaluation."""
+    stage3, own = f"stage3 λ={lam:g}", f"eval pyrodash λ={lam:g}"
+    need = {
+        "range calibration": (stage3,),
+        "long conversations: slm, llm": ("eval models alone, oracle",),
+        "long conversations: pyrodash": ("range calibration", own),
+    }
+    jobs = [
+        Job("range calibration", calibrate_long, (cfg, lam)),
+        Job("long conversations: slm, llm", evaluate_long, (cfg, lam, ("slm", "llm")), {"quiet": True}),
+        Job("long conversations: pyrodash", evaluate_long, (cfg, lam, ("pyrodash",)), {"quiet": True}),
+    ]
+    known = names | set(need)
+    return [replace(j, after=tuple(n for n in need[j.name] if n in known)) for j in jobs]
 
 
 def training_jobs(recipe, out: Path, lambdas: list[float], console) -> list[Job]:
@@ -254,11 +261,10 @@ def run_demo(
     # Training's chain comes first in the list: a free worker takes its next step before any evaluation.
     jobs = training_jobs(recipe, out, lambdas, console)
     evals = eval_jobs(cfg, {lam: f"stage3 λ={lam:g}" for lam in lambdas}, {j.name for j in jobs})
-    # the range rule, calibrated for the λ 0.6 policy, on six-turn conversations (docs/conversations.md): a step
-    # beside the others once that policy's own records and the models alone are written (it adds to their files),
-    # listed before the evaluation's steps: the longest of them, it goes first when it is ready
+    # the range rule, calibrated for the λ 0.6 policy, on six-turn conversations (docs/conversations.md): steps beside
+    # the others, listed before the evaluation's (the longest ones go first when they are ready)
     long_lam = 0.6 if 0.6 in lambdas else lambdas[0]
-    jobs += [long_conversations_job(cfg, long_lam, {j.name for j in jobs + evals}), *evals]
+    jobs += [*long_conversation_jobs(cfg, long_lam, {j.name for j in jobs + evals}), *evals]
     console.rule(f"[bold]training and evaluation[/] ({len(jobs)} steps, {min(workers, len(jobs))} side by side)")
     t0 = time.perf_counter()
     step.times.update(run_jobs(jobs, workers, out / "jobs", console=console))

@@ -1,6 +1,7 @@
 """Long conversations: the range rule calibrated on the world's six-turn validation conversations, then the six-turn
-test conversations (gold and own history) evaluated with it. The quick demo runs `long_conversations` after its
-evaluation; `pyrodash calibrate --range` runs `range_calibration` alone. Why and how: docs/conversations.md."""
+test conversations (gold and own history) evaluated with it. The quick demo runs `calibrate_long` and `evaluate_long`
+as steps beside its evaluation; `pyrodash calibrate --range` runs `range_calibration` alone. Why and how:
+docs/conversations.md."""
 
 from __future__ import annotations
 
@@ -38,10 +39,9 @@ def range_calibration(engine, examples: list, prompts, min_ratio: float = 0.9, *
     return cal.to_dict()
 
 
-def long_conversations(cfg: EvalConfig, lam: float, quiet: bool = True) -> EvalConfig:
-    """Calibrate the rule for the λ policy on `VALIDATION` (written to RUN_DIR/range_calibration.json), then evaluate
-    `TEST` for slm, llm and that policy under it, and nothing else (so it can run beside the evaluation's other
-    steps: it writes no other method's records); returns the whole config with both (`with_long_conversations`)."""
+def calibrate_long(cfg: EvalConfig, lam: float) -> dict:
+    """Calibrate the range rule for the λ policy on `VALIDATION`, written to RUN_DIR/range_calibration.json (no
+    records: it can run beside any evaluation)."""
     prompts, be = get_prompts(cfg.prompts), Backends()
     env = Env(
         prompts, cfg.price_sheet(), max_tokens=cfg.max_tokens, batch_size=cfg.batch_size, concurrency=cfg.concurrency
@@ -61,16 +61,22 @@ def long_conversations(cfg: EvalConfig, lam: float, quiet: bool = True) -> EvalC
     out.update(benchmark=VALIDATION, policy=method_name("pyrodash", lam))
     Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
     (Path(cfg.run_dir) / CALIBRATION_FILE).write_text(json.dumps(out, indent=1) + "\n")
-    full = with_long_conversations(cfg, lam)
-    own = replace(full, benchmarks=TEST, methods=["slm", "llm", {"pyrodash": {"lambdas": [lam]}}])
-    evaluate(own, quiet=quiet)
-    return full
+    return out
 
 
-def with_long_conversations(cfg: EvalConfig, lam: float) -> EvalConfig:
+def evaluate_long(cfg: EvalConfig, lam: float, methods: tuple[str, ...], quiet: bool = True) -> None:
+    """`TEST` for `methods` (of "slm", "llm", "pyrodash": the λ policy under the calibrated rule) and nothing else,
+    so it can run beside the evaluation's other steps once they have written these methods' records. The rule binds
+    PyroDash methods only, so slm and llm need no calibration (and run before it)."""
+    full = with_long_conversations(cfg, lam, rule="pyrodash" in methods)
+    kinds = {"slm": "slm", "llm": "llm", "pyrodash": {"pyrodash": {"lambdas": [lam]}}}
+    evaluate(replace(full, benchmarks=TEST, methods=[kinds[m] for m in methods]), quiet=quiet)
+
+
+def with_long_conversations(cfg: EvalConfig, lam: float, rule: bool = True) -> EvalConfig:
     """`cfg` with `TEST` added for slm, llm and the λ policy, under the range rule calibrated into
-    RUN_DIR/range_calibration.json (`long_conversations` wrote it)."""
-    cal = json.loads((Path(cfg.run_dir) / CALIBRATION_FILE).read_text())
+    RUN_DIR/range_calibration.json by `calibrate_long` (`rule`; else none)."""
+    cal = json.loads((Path(cfg.run_dir) / CALIBRATION_FILE).read_text()) if rule else {"range_rule": None}
     who = ["slm", "llm", method_name("pyrodash", lam).replace(".", "[.]")]
     return replace(
         cfg,
