@@ -70,7 +70,10 @@ def evaluate_long(cfg: EvalConfig, lam: float, methods: tuple[str, ...], quiet: 
     PyroDash methods only, so slm and llm need no calibration (and run before it)."""
     full = with_long_conversations(cfg, lam, rule="pyrodash" in methods)
     kinds = {"slm": "slm", "llm": "llm", "pyrodash": {"pyrodash": {"lambdas": [lam]}}}
-    evaluate(replace(full, benchmarks=TEST, methods=[kinds[m] for m in methods]), quiet=quiet)
+    models = {k: cfg.models[k] for k in ("slm", "llm")}  # the only models it needs (the others may not exist yet)
+    if "pyrodash" in methods:
+        models["pyrodash"] = {lam: {float(k): v for k, v in cfg.models["pyrodash"].items()}[float(lam)]}
+    evaluate(replace(full, benchmarks=TEST, methods=[kinds[m] for m in methods], models=models), quiet=quiet)
 
 
 def with_long_conversations(cfg: EvalConfig, lam: float, rule: bool = True) -> EvalConfig:
