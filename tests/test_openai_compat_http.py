@@ -9,6 +9,7 @@ again; one it closed as the request went out is retried once."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import gzip
 import json
 
@@ -150,6 +151,36 @@ def test_every_framing_streams_the_same_and_a_finished_stream_keeps_its_connecti
     conns, reqs = asyncio.run(main())
     assert reqs == 3
     assert conns == (3 if framing == "close" else 1)  # read to its end ([DONE] and the body's end): reused
+
+
+@pytest.mark.parametrize(
+    "texts,finish,want",
+    [
+        (["step one", "\n", "\n"], "stop", "step one"),  # returned stop string (transformers serve): dropped
+        (["step one\n\n"], "stop", "step one"),
+        (["step one"], "stop", "step one"),  # stripped by the server (vLLM, OpenAI): nothing held
+        (["a\n", "b\n\nc"], "stop", "a\nb\n\nc"),  # stop ignored: the text as sent (the relay sees its sep)
+        (["cut at\n"], "length", "cut at\n"),  # a held prefix of a stop string is released at the end
+        (["x\n\n"], "length", "x\n\n"),  # ended by the cap, not the stop string: kept
+    ],
+)
+def test_a_stop_string_the_server_returns_never_reaches_the_caller(texts, finish, want):
+    """`GenChunk.text` never holds a matched stop string, also from a server that returns it: the tail that could
+    begin one is held back until the next text or the stop, and dropped where the answer stopped on it; the usage
+    still counts what the server sent."""
+    body = sse(texts, finish=finish)
+
+    async def main():
+        async with RawServer(lambda n: response(body)) as srv:
+            b = OpenAICompatBackend(srv.url, model="m")
+            out = await collect(b, dataclasses.replace(REQ, stop=["\n\n"]))
+            await b.aclose()
+            return out
+
+    text, chunks = asyncio.run(main())
+    assert text == want
+    assert chunks[-1].finish_reason == finish and chunks[-1].completion_tokens == len(texts)
+    assert all(c.text for c in chunks if c.finish_reason is None)  # no empty text chunk while holding back
 
 
 def test_a_body_that_ends_after_done_is_read_to_its_end_and_keeps_its_connection():

@@ -186,9 +186,9 @@ def tiny(tmp_path_factory):
 @pytest.mark.slow
 def test_relay_through_transformers_serve(tiny, tmp_path):
     """The real `transformers serve` (its /v1/completions route, the chat template rendered locally) maps `stop` to
-    generate's `stop_strings`: it stops at the separator but returns the separator in the text. The engine takes a
-    text that ends at its only separator, with finish "stop", as that step end, so the relay through it is the one
-    in process: same segments, handoffs and calls. The random tiny LLM writes no blank lines: the separator is a
+    generate's `stop_strings`: it stops at the separator but returns the separator in the text. The backend drops a
+    returned stop string (as `GenChunk.text` promises), so the relay through it is the one in process: same
+    segments, handoffs and calls. The random tiny LLM writes no blank lines: the separator is a
     character its own continuation writes."""
     import shutil
     import sys

@@ -266,7 +266,7 @@ class OpenAICompatBackend:
     async def stream(self, req: GenRequest, wire: Wire | None = None) -> AsyncIterator[GenChunk]:
         wire = wire or await self._ensure_wire()
         path, body = self._build(req, wire)
-        reader = _StreamReader(self, trimmed_prefill(wire, req))
+        reader = _StreamReader(self, trimmed_prefill(wire, req), [] if req.top_logprobs else req.stop)
         content = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
         headers = {**self.headers, "content-type": "application/json"}
         try:
@@ -308,12 +308,18 @@ class OpenAICompatBackend:
 
 class _StreamReader:
     """One streamed response's SSE body -> GenChunks: text and logprobs as they come, the stop as soon as the server
-    sends it, and a last chunk with the usage (counted locally or estimated, and marked so, when not reported)."""
+    sends it, and a last chunk with the usage (counted locally or estimated, and marked so, when not reported).
 
-    def __init__(self, backend: OpenAICompatBackend, trimmed: bool) -> None:
+    A matched stop string never reaches the caller (`GenChunk.text`'s contract), also from a server that returns it in
+    its text (`transformers serve` does): while `stops` are set, the text's tail that could begin one is held back
+    until the next text or the stop, and dropped when the answer stopped on it. Not with logprobs (their positions are
+    the server's): requests that ask for them send no stop strings here."""
+
+    def __init__(self, backend: OpenAICompatBackend, trimmed: bool, stops: list[str] = ()) -> None:
         self.backend, self.trimmed = backend, trimmed  # trimmed: the prefill lost its trailing space (continuation)
-        self.st, self.texts, self.n_chunks = StreamState(), [], 0
+        self.st, self.texts, self.n_chunks = StreamState(), [], 0  # texts: as the server sent them (for its usage)
         self.buf, self.ended = b"", False  # ended: `data: [DONE]` came
+        self.stops, self.held = [x for x in stops if x], ""
 
     def feed(self, raw: bytes) -> list[GenChunk]:
         """The chunks of the events that the body's next bytes `raw` complete."""
@@ -350,9 +356,27 @@ class _StreamReader:
         if text or lps:
             self.texts.append(text)
             self.n_chunks += 1
-            out.append(GenChunk(text=text, top_logprobs=lps))
+            shown = self._hold(text) if self.stops else text
+            if shown or lps:
+                out.append(GenChunk(text=shown, top_logprobs=lps))
         if st.finish is not None and not had_finish:  # the stop, as soon as it is known
+            if self.held:
+                rest = self._release(st.finish)
+                if rest:
+                    out.append(GenChunk(text=rest))
             out.append(GenChunk(finish_reason=st.finish, stop_token_id=_stop_id(st.stop_reason)))
+
+    def _hold(self, text: str) -> str:
+        """The part of the text so far that no stop string can still claim; the rest stays in `held`."""
+        text = self.held + text
+        keep = max((k for x in self.stops for k in range(1, len(x) + 1) if text.endswith(x[:k])), default=0)
+        self.held = text[len(text) - keep :] if keep else ""
+        return text[: len(text) - keep]
+
+    def _release(self, finish: str) -> str:
+        """The held tail at the stop: dropped where the answer stopped on a stop string the server returned."""
+        held, self.held = self.held, ""
+        return "" if finish == "stop" and held in self.stops else held
 
     def last(self, body: dict) -> GenChunk:
         """The stream's last chunk: its stop again, with the usage (`body`: the request, to count its prompt)."""

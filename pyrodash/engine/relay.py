@@ -70,7 +70,6 @@ class RelayRun:
         self.llm_budget, self.base_stop = t.llm_max, list(t.sampling.get("stop") or [])
         self.fallback: str | None = None
         self.prior = 0  # the longest prompt an earlier LLM call of this answer read
-        self.sep_echoed = False  # the last step's separator came back in the LLM's text (and was streamed with it)
 
     async def resume(self) -> AsyncIterator[Event]:
         """LLM step, SLM, LLM step ... until the answer ends; every LLM call billed on its own."""
@@ -114,12 +113,6 @@ class RelayRun:
         """After a step call that succeeded: whether the SLM resumes (the LLM stopped at a step end). Else the
         answer ended (EOS, the joint budget) or the relay falls back to a single handoff for the rest."""
         t, text, sep = self.t, self.t.llm_text, self.cfg.step_sep
-        self.sep_echoed = (
-            t.finish == "stop" and len(text) > len(sep) and text.endswith(sep) and sep not in text[: -len(sep)]
-        )
-        if self.sep_echoed:  # stopped at the separator and returned it (`transformers serve`): a step end
-            t.finish = None
-            return True
         if sep in text:  # the endpoint ignored `stop`: it may have written the whole answer
             self.fallback = STOP_IGNORED
             t.finish = None if t.finish == "length" and t.left() > 0 else t.finish
@@ -158,7 +151,7 @@ class RelayRun:
         async for ch in _aiter(self.e.slm.stream(req)):
             seen += len(ch.token_ids) or bool(ch.text)
             if ch.text:
-                if not text and not self.sep_echoed:
+                if not text:
                     yield LLMDelta(self.cfg.step_sep)
                 text += ch.text
                 yield SLMDelta(ch.text)
@@ -181,17 +174,14 @@ class RelayRun:
             self.context += _as_text(text)
         if offload:
             self.context += OFFLOAD_TOKEN
-            if not text and not self.sep_echoed:
+            if not text:
                 yield LLMDelta(self.cfg.step_sep)
             self.handoffs.append(before - len(self.handoffs) + max(out - 1, 0))
         else:
             t.finish = fin.finish_reason or "length"
 
     def _take_back_sep(self) -> None:
-        """The separator put after the LLM's step (never streamed) leaves the trace and the record; one the server
-        returned in the LLM's text was streamed with it and stays."""
-        if self.sep_echoed:
-            return
+        """The separator put after the LLM's step (never streamed) leaves the trace and the record."""
         n = len(self.cfg.step_sep)
         self.trace, self.segments[-1]["text"] = self.trace[:-n], self.segments[-1]["text"][:-n]
         self.context = self.context[:-n]
