@@ -155,6 +155,24 @@ def test_own_history_turns_follow_each_methods_own_answers(demo):
     assert pt["world:multiturn-self"]["slm"]["3"]["accuracy"] < pt["world:multiturn"]["slm"]["3"]["accuracy"]
 
 
+def test_long_conversations_ran_beside_the_rest_under_the_calibrated_rule(demo):
+    """The demo's three long-conversation steps (`pyrodash.eval.long`): the rule calibrated for λ 0.6 on the
+    validation conversations; slm, llm and the policy on both six-turn splits, every turn of every conversation; the
+    policy's turns past the calibrated range routed to the LLM by the rule and none within it; the run's resolved
+    config carries the rule (the whole config, written after every step)."""
+    cal = json.loads((demo / "range_calibration.json").read_text())
+    assert cal["benchmark"] == "world:multiturn6_val" and cal["policy"] == "pyrodash@0.6"
+    limit = cal["range_rule"]["max_turns"]
+    assert json.loads((demo / "config.resolved.json").read_text())["range_rule"]["max_turns"] == limit
+    pt = json.loads((demo / "summary.json").read_text())["per_turn_by_benchmark"]
+    for bench in ("world:multiturn6", "world:multiturn6-self"):
+        assert set(pt[bench]) == {"slm", "llm", "pyrodash@0.6"}
+        for name, turns in pt[bench].items():
+            assert set(turns) == {str(k) for k in range(1, 7)} and len({v["n"] for v in turns.values()}) == 1, name
+        routed = {int(k): v["range_routed"] for k, v in pt[bench]["pyrodash@0.6"].items()}
+        assert all(routed[k] == (1.0 if k > limit else 0.0) for k in routed), routed
+
+
 def test_lambda_controls_llm_use(demo):
     summary = json.loads((demo / "summary.json").read_text())["methods"]
     lam = sorted((float(m.group(1)), v) for k, v in summary.items() if (m := re.fullmatch(r"pyrodash@([0-9.]+)", k)))
