@@ -289,14 +289,15 @@ def test_first_wrong_step():
 
 
 @pytest.mark.slow
-def test_quick_world_from_scratch_gap_hidden_difficulty_and_the_shipped_models(tmp_path):
-    """A quick build that pretrains its models here (`from_scratch`, as `pyrodash world build --from-scratch`): the
-    world's properties, and the models that ship with PyroDash are its models, byte for byte, on the platform that
-    trained them (torch version, CPU capability and CPU; elsewhere PyTorch does not promise the same bits)."""
-    from pyrodash.world.build import build_world, read_world_info, world_warnings
+def test_quick_world_from_scratch_gap_hidden_difficulty_and_the_shipped_models(scratch_world):
+    """A quick build that pretrains its models here (`from_scratch`, as `pyrodash world build --from-scratch`; built
+    in the background while other tests run: tests/conftest.py): the world's properties, and the models that ship
+    with PyroDash are its models, byte for byte, on the platform that trained them (torch version, CPU capability and
+    CPU; elsewhere PyTorch does not promise the same bits)."""
+    from pyrodash.world.build import read_world_info, world_warnings
     from pyrodash.world.shipped import SHIPPED, platform
 
-    world = build_world(tmp_path / "quick", quick=True, seed=0, verbose=False, from_scratch=True)
+    world = scratch_world
     info = read_world_info(world)
     assert info["models_from"] is None and not info["models_shipped"]
     acc = info["accuracy"]
