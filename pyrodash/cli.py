@@ -13,6 +13,8 @@ import importlib.util
 import os
 import sys
 
+from pyrodash.jobs.scheduler import StepFailed
+
 # name -> (module, one-line help). A command is listed only once its module exists.
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("pyrodash.commands.demo", "the whole pipeline on the built-in world: build, curate, train, eval, report"),
@@ -69,6 +71,13 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"pyrodash {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except StepFailed as e:  # its log has the traceback; the steps done keep their outputs (a rerun resumes)
+        if os.environ.get("PYRODASH_DEBUG"):
+            raise
+        print(
+            f"pyrodash {args.command}: {e}; the steps that finished are kept: run it again to resume", file=sys.stderr
+        )
+        return 1
     except KeyboardInterrupt:
         print(f"pyrodash {args.command}: interrupted", file=sys.stderr)
         return 130

@@ -104,3 +104,20 @@ def test_train_and_curate_take_back_a_checkpoints_resolved_config(tmp_path, comm
     assert load_recipe(path).to_dict() == recipe.to_dict()
     args = [command, *([stage] if stage else []), "--config", str(path), "--output-dir", str(tmp_path / "o")]
     assert main([*args, "--dry-run"]) == 0
+
+
+def test_a_failed_step_is_one_line_that_says_the_finished_ones_are_kept(monkeypatch, capsys):
+    """A step that fails in the demo's scheduler (an injected fault: the command's `run` raises what `run_jobs` raises)
+    is one line naming the step and its log, exit code 1, no traceback; it says a rerun resumes."""
+    import pyrodash.commands.demo as demo
+    from pyrodash.jobs.scheduler import StepFailed
+
+    def failing(args):
+        raise StepFailed("a step failed: stage2: ValueError: boom (log: runs/x/jobs/stage2.log)")
+
+    monkeypatch.setattr(demo, "run", failing)
+    monkeypatch.delenv("PYRODASH_DEBUG", raising=False)
+    assert main(["demo", "--quick"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert "stage2: ValueError: boom (log: runs/x/jobs/stage2.log)" in err and "run it again to resume" in err

@@ -23,6 +23,10 @@ from pathlib import Path
 from pyrodash.jobs.library_log import library_log
 
 
+class StepFailed(RuntimeError):
+    """A step raised in its worker: its name, error and log (the steps done before it keep their outputs)."""
+
+
 @dataclass
 class Job:
     name: str
@@ -190,7 +194,7 @@ def run_jobs(jobs: list[Job], workers: int, log_dir: str | Path, console=None) -
             done, _ = wait(running, return_when=FIRST_COMPLETED)
             _collect(done, running, seconds, failed, bar, rows, log_dir)
     if failed:
-        raise RuntimeError("a step failed: " + "; ".join(failed))
+        raise StepFailed("a step failed: " + "; ".join(failed))
     return seconds
 
 
