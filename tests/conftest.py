@@ -38,9 +38,9 @@ def pytest_collection_finish(session):
         "import sys\nfrom pyrodash.world.build import build_world\n"
         "build_world(sys.argv[1], quick=True, seed=0, verbose=False, from_scratch=True)"
     )
-    log = (root / "build.log").open("w")
     cmd = [sys.executable, "-c", code, str(root / "quick")]
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, preexec_fn=lambda: os.nice(19))
+    with (root / "build.log").open("w") as log:  # (the child keeps its own handle)
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, preexec_fn=lambda: os.nice(19))
     _SCRATCH.update(proc=proc, world=root / "quick", log=root / "build.log", root=root)
 
 

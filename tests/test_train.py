@@ -425,7 +425,7 @@ def test_explore_handoff_pushes_offload_in_the_first_rollouts_of_each_group():
     proc = ExploreBranches(token_id=3, group=4, k=1, push=2, push_bias=3.0)
     out = proc(None, torch.zeros(8, 5))
     assert out[:, 3].tolist() == [3.0, 3.0, 0.0, float("-inf"), 3.0, 3.0, 0.0, float("-inf")]
-    assert [proc.logit_bias(i, 8).get(3, 0.0) for i in range(8)] == out[:, 3].tolist()
+    assert [proc.logit_bias(i).get(3, 0.0) for i in range(8)] == out[:, 3].tolist()
     assert (out[:, [0, 1, 2, 4]] == 0).all()
     with pytest.raises(ValueError, match="explore_handoff"):
         Stage3Config(

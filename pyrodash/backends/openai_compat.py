@@ -315,7 +315,7 @@ class _StreamReader:
     until the next text or the stop, and dropped when the answer stopped on it. Not with logprobs (their positions are
     the server's): requests that ask for them send no stop strings here."""
 
-    def __init__(self, backend: OpenAICompatBackend, trimmed: bool, stops: list[str] = ()) -> None:
+    def __init__(self, backend: OpenAICompatBackend, trimmed: bool, stops: list[str] | tuple[str, ...] = ()) -> None:
         self.backend, self.trimmed = backend, trimmed  # trimmed: the prefill lost its trailing space (continuation)
         self.st, self.texts, self.n_chunks = StreamState(), [], 0  # texts: as the server sent them (for its usage)
         self.buf, self.ended = b"", False  # ended: `data: [DONE]` came

@@ -134,18 +134,27 @@ def long_conversation_jobs(cfg: EvalConfig, lam: float, names: set[str]) -> list
     the rule binds PyroDash only, so they need no calibration); the policy under the rule after its calibration and
     its own evaluation."""
     stage3, own = f"stage3 λ={lam:g}", f"eval pyrodash λ={lam:g}"
-    need = {
-        "range calibration": (stage3,),
-        "long conversations: slm, llm": ("eval models alone, oracle",),
-        "long conversations: pyrodash": ("range calibration", own),
-    }
-    jobs = [
-        Job("range calibration", calibrate_long, (cfg, lam)),
-        Job("long conversations: slm, llm", evaluate_long, (cfg, lam, ("slm", "llm")), {"quiet": True}),
-        Job("long conversations: pyrodash", evaluate_long, (cfg, lam, ("pyrodash",)), {"quiet": True}),
+
+    def after(*needs: str) -> tuple[str, ...]:
+        return tuple(n for n in needs if n in names)
+
+    return [
+        Job("range calibration", calibrate_long, (cfg, lam), after=after(stage3)),
+        Job(
+            "long conversations: slm, llm",
+            evaluate_long,
+            (cfg, lam, ("slm", "llm")),
+            {"quiet": True},
+            after=after("eval models alone, oracle"),
+        ),
+        Job(
+            "long conversations: pyrodash",
+            evaluate_long,
+            (cfg, lam, ("pyrodash",)),
+            {"quiet": True},
+            after=("range calibration", *after(own)),
+        ),
     ]
-    known = names | set(need)
-    return [replace(j, after=tuple(n for n in need[j.name] if n in known)) for j in jobs]
 
 
 def training_jobs(recipe, out: Path, lambdas: list[float], console) -> list[Job]:

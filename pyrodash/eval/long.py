@@ -46,10 +46,7 @@ def calibrate_long(cfg: EvalConfig, lam: float) -> dict:
     env = Env(
         prompts, cfg.price_sheet(), max_tokens=cfg.max_tokens, batch_size=cfg.batch_size, concurrency=cfg.concurrency
     )
-    specs = {float(k): v for k, v in (cfg.models.get("pyrodash") or {}).items()}
-    if float(lam) not in specs:
-        raise ValueError(f"long conversations: pyrodash λ={lam} has no checkpoint under models.pyrodash")
-    policy = be.get(specs[float(lam)], offload=True)
+    policy = be.get(policy_spec(cfg, lam), offload=True)
     engine = env.engine(policy, be.get(cfg.models["llm"], llm=True, mode=cfg.llm_mode))
     out = range_calibration(
         engine,
@@ -64,6 +61,14 @@ def calibrate_long(cfg: EvalConfig, lam: float) -> dict:
     return out
 
 
+def policy_spec(cfg: EvalConfig, lam: float):
+    """The λ policy's checkpoint under `models.pyrodash` (an error naming it where there is none)."""
+    specs = {float(k): v for k, v in (cfg.models.get("pyrodash") or {}).items()}
+    if float(lam) not in specs:
+        raise ValueError(f"long conversations: pyrodash λ={lam} has no checkpoint under models.pyrodash")
+    return specs[float(lam)]
+
+
 def evaluate_long(cfg: EvalConfig, lam: float, methods: tuple[str, ...], quiet: bool = True) -> None:
     """`TEST` for `methods` (of "slm", "llm", "pyrodash": the λ policy under the calibrated rule) and nothing else,
     so it can run beside the evaluation's other steps once they have written these methods' records. The rule binds
@@ -72,7 +77,7 @@ def evaluate_long(cfg: EvalConfig, lam: float, methods: tuple[str, ...], quiet: 
     kinds = {"slm": "slm", "llm": "llm", "pyrodash": {"pyrodash": {"lambdas": [lam]}}}
     models = {k: cfg.models[k] for k in ("slm", "llm")}  # the only models it needs (the others may not exist yet)
     if "pyrodash" in methods:
-        models["pyrodash"] = {lam: {float(k): v for k, v in cfg.models["pyrodash"].items()}[float(lam)]}
+        models["pyrodash"] = {lam: policy_spec(cfg, lam)}
     evaluate(replace(full, benchmarks=TEST, methods=[kinds[m] for m in methods], models=models), quiet=quiet)
 
 

@@ -61,9 +61,8 @@ class EngineRun:
             async with sem:
                 stream = engine.stream(request)
                 try:
-                    t = now()
                     if observe is not None:
-                        observe(None, t)
+                        observe(None, now())
                     clock.engine_wait(now())
                     async for ev in stream:  # the time between two events is the engine's (and its models')
                         t1 = now()

@@ -199,7 +199,7 @@ class Stage3Config(ChatFields, LoraFields, GRPOConfig):
             # ExploreBranches finds a prompt's rollouts by row index within each process's generation batch (TRL
             # checks only the batch of all processes together)
             raise ValueError(
-                f"stage3.explore_no_handoff needs each process's generation batch ({local}: "
+                f"stage3.explore_no_handoff / explore_handoff need each process's generation batch ({local}: "
                 f"per_device_train_batch_size x steps_per_generation) to be a multiple of "
                 f"num_generations ({self.num_generations})"
             )

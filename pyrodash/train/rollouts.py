@@ -31,17 +31,23 @@ class ExploreBranches:
         self.token_id, self.group, self.k = token_id, group, k
         self.push, self.push_bias = push, push_bias
 
+    def _banned(self, i: int) -> bool:
+        return i % self.group >= self.group - self.k
+
+    def _pushed(self, i: int) -> bool:
+        return i % self.group < self.push
+
     def banned_rows(self, n: int) -> list[int]:
-        return [i for i in range(n) if i % self.group >= self.group - self.k]
+        return [i for i in range(n) if self._banned(i)]
 
     def pushed_rows(self, n: int) -> list[int]:
-        return [i for i in range(n) if i % self.group < self.push]
+        return [i for i in range(n) if self._pushed(i)]
 
-    def logit_bias(self, i: int, n: int) -> dict[int, float]:
-        """Row `i`'s logit bias among `n` rows."""
-        if i % self.group >= self.group - self.k:
+    def logit_bias(self, i: int) -> dict[int, float]:
+        """Row `i`'s logit bias on `<offload>` (none for a row the policy samples as it is)."""
+        if self._banned(i):
             return {self.token_id: float("-inf")}
-        return {self.token_id: self.push_bias} if i % self.group < self.push else {}
+        return {self.token_id: self.push_bias} if self._pushed(i) else {}
 
     def __call__(self, input_ids, scores):
         rows = self.banned_rows(scores.shape[0])
@@ -77,7 +83,7 @@ def decode_rollouts(
     explore: ExploreBranches | None = None,
 ) -> list[list[int]]:
     """The completion ids of every prompt (sampled; each ends at its first stop id, included, or at `max_tokens`),
-    one batch through `backend.generate_ids`. Rows `explore` bans get `<offload>` at -inf."""
+    one batch through `backend.generate_ids`. Rows `explore` bans get `<offload>` at -inf, rows it pushes its bias."""
     reqs = [
         GenRequest(
             messages=[],
@@ -86,7 +92,7 @@ def decode_rollouts(
             top_p=top_p,
             seed=int(torch.randint(0, 2**62, (1,))),
             stop_token_ids=list(stop_ids),
-            logit_bias=explore.logit_bias(i, len(prompt_ids)) if explore is not None else {},
+            logit_bias=explore.logit_bias(i) if explore is not None else {},
         )
         for i in range(len(prompt_ids))
     ]
