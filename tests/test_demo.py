@@ -158,8 +158,9 @@ def test_own_history_turns_follow_each_methods_own_answers(demo):
 def test_long_conversations_ran_beside_the_rest_under_the_calibrated_rule(demo):
     """The demo's three long-conversation steps (`pyrodash.eval.long`): the rule calibrated for λ 0.6 on the
     validation conversations; slm, llm and the policy on both six-turn splits, every turn of every conversation; the
-    policy's turns past the calibrated range routed to the LLM by the rule and none within it; the run's resolved
-    config carries the rule (the whole config, written after every step)."""
+    policy's turns past the calibrated range routed to the LLM by the rule and none within it, and with its own history
+    right at >= 90% of the LLM alone's rate on each at no more $; the run's resolved config carries the rule (the whole
+    config, written after every step)."""
     cal = json.loads((demo / "range_calibration.json").read_text())
     assert cal["benchmark"] == "world:multiturn6_val" and cal["policy"] == "pyrodash@0.6"
     limit = cal["range_rule"]["max_turns"]
@@ -171,6 +172,12 @@ def test_long_conversations_ran_beside_the_rest_under_the_calibrated_rule(demo):
             assert set(turns) == {str(k) for k in range(1, 7)} and len({v["n"] for v in turns.values()}) == 1, name
         routed = {int(k): v["range_routed"] for k, v in pt[bench]["pyrodash@0.6"].items()}
         assert all(routed[k] == (1.0 if k > limit else 0.0) for k in routed), routed
+    # the issue's bar, own history: every turn past the range at >= 90% of the LLM alone's accuracy on it, at <= its $
+    own = pt["world:multiturn6-self"]
+    for k in range(limit + 1, 7):
+        policy, llm = own["pyrodash@0.6"][str(k)], own["llm"][str(k)]
+        assert policy["accuracy"] >= 0.9 * llm["accuracy"], (k, policy, llm)
+        assert policy["cost_usd"] <= llm["cost_usd"] * (1 + 1e-9), (k, policy, llm)  # (float sums)
 
 
 def test_lambda_controls_llm_use(demo):

@@ -150,7 +150,7 @@ def test_within_range_needs_accuracy_and_accuracy_per_dollar():
     assert not within_range({**row, "policy_acc": 0.0, "llm_acc": 0.1, "policy_cost_usd": 0.0}, 0.0)
 
 
-def test_long_split_is_made_once_deterministically_and_shares_no_opener(tmp_path):
+def test_long_split_is_made_once_deterministically_and_shares_no_opener(tmp_path, monkeypatch):
     world = tmp_path / "w"
     (world / "data").mkdir(parents=True)
     cfg = WorldConfig.from_preset("quick")
@@ -170,6 +170,16 @@ def test_long_split_is_made_once_deterministically_and_shares_no_opener(tmp_path
     (world / "data" / "multiturn6_val.jsonl").unlink()
     ensure_long_split(world, "multiturn6")  # the same files again, whichever is asked first
     assert (world / "data" / "multiturn6.jsonl").read_text() == test and path.read_text() == val
+    # a split written at another size (a world cached before the test split grew) is made again, and a larger
+    # test split keeps the smaller one's conversations as its first ones
+    short = "".join(test.splitlines(keepends=True)[: 5 * turns])
+    (world / "data" / "multiturn6.jsonl").write_text(short)
+    ensure_long_split(world, "multiturn6_val")
+    assert (world / "data" / "multiturn6.jsonl").read_text() == test and path.read_text() == val
+    monkeypatch.setitem(LONG_SPLITS, "multiturn6", (5, turns))
+    (world / "data" / "multiturn6.jsonl").unlink()
+    ensure_long_split(world, "multiturn6")
+    assert (world / "data" / "multiturn6.jsonl").read_text() == short
 
 
 def test_report_section_draws_the_calibration_and_long_splits_stay_out_of_per_turn(tmp_path):
