@@ -189,8 +189,8 @@ LONG_SPLITS = {"multiturn6": (120, 6), "multiturn6_val": (40, 6)}
 
 def ensure_long_split(world_dir: str | Path, split: str) -> Path | None:
     """`DIR/data/<split>.jsonl` for a long split of a built world; every long split is written together on first
-    use (or when one on disk has another size than `LONG_SPLITS` says), in `LONG_SPLITS` order (deterministic: the world's seed, config and generator; no opener shared with any
-    split). None for any other split name."""
+    use (or when one on disk has another size than `LONG_SPLITS` says), in `LONG_SPLITS` order (deterministic: the
+    world's seed, config and generator; no opener shared with any split). None for any other split name."""
     if split not in LONG_SPLITS:
         return None
     data = Path(world_dir) / "data"
