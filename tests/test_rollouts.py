@@ -3,13 +3,15 @@ first stop id, explored rows never hand off, a seeded run repeats itself, sampli
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from tiny_models import tiny_model
 
 from pyrodash.backends.hf import HFBackend
 from pyrodash.prompts import OFFLOAD_TOKEN
-from pyrodash.train.rollouts import ExploreBranches, decode_rollouts, unsupported_sampling
+from pyrodash.train.rollouts import ExploreBranches, decode_rollouts, sampling_logprobs, unsupported_sampling
 
 
 def _slm_leaning_to_offload():
@@ -68,3 +70,37 @@ def test_sampling_settings_the_loop_lacks_are_named():
 def test_no_prompts_no_rollouts(n):
     model, tok = tiny_model(seed=0)
     assert decode_rollouts(HFBackend(model, tok), [], 1.0, 1.0, 10, [tok.eos_token_id]) == []
+
+
+def _policy_logits(model, prompt, ids):
+    """The policy's logits each of `ids` was drawn from (one row, no padding: the reference computation)."""
+    with torch.no_grad():
+        return model(input_ids=torch.tensor([prompt + ids])).logits[0, len(prompt) - 1 : len(prompt) - 1 + len(ids)]
+
+
+def test_sampling_logprobs_are_of_the_biased_distribution_on_explored_rows_only():
+    """A banned row's tokens were drawn with `<offload>` at -inf: each one's sampling log-probability is the policy's
+    plus -log(1 - p(<offload>)) at that position; a pushed row's has the bias in the softmax; a row sampled as it is
+    gets NaN (for TRL: no evidence, the policy's own sample)."""
+    model, tok, tid = _slm_leaning_to_offload()
+    explore = ExploreBranches(tid, group=4, k=1, push=1, push_bias=2.0)
+    prompts, temp = _prompts(tok, 8), 0.7
+    torch.manual_seed(0)
+    outs = decode_rollouts(HFBackend(model, tok), prompts, temp, 1.0, 20, [tok.eos_token_id, tid], explore=explore)
+    got = sampling_logprobs(model, prompts, outs, explore, temp)
+    assert [len(g) for g in got] == [len(o) for o in outs]
+    gaps = []
+    for i, (prompt, ids, lps) in enumerate(zip(prompts, outs, got)):
+        if not explore.logit_bias(i):
+            assert all(math.isnan(x) for x in lps)
+            continue
+        logits, drawn = _policy_logits(model, prompt, ids), torch.tensor(ids)[:, None]
+        own = torch.log_softmax(logits / temp, -1)
+        if i in explore.banned_rows(8):
+            want = own.gather(1, drawn)[:, 0] - torch.log1p(-own[:, tid].exp())
+            gaps += (torch.tensor(lps) - own.gather(1, drawn)[:, 0]).tolist()
+        else:
+            logits[:, tid] += 2.0
+            want = torch.log_softmax(logits / temp, -1).gather(1, drawn)[:, 0]
+        assert torch.allclose(torch.tensor(lps), want, atol=1e-4), (i, lps, want.tolist())
+    assert min(gaps) >= -1e-4 and max(gaps) > 0.1  # the ban moved some draws away from where the policy leaned

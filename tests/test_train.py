@@ -359,6 +359,13 @@ def quick_run(tmp_path_factory, quick_demo):
     run["sweep"] = json.loads((out / "stage3-sweep.json").read_text())
     run["resume_rc"] = main(["train", "stage3", "--lambda", "0.6", "--resume", *cli])
     run["resumed"] = json.loads((out / "stage3-lambda0.6" / "stage3_stats.json").read_text())
+    # λ 0.6 again with TRL's off-policy sequence masking fed the banned rollouts' sampling log-probabilities
+    masked = out.parent / "masked"
+    for part in ("curated", "stage2"):
+        shutil.copytree(out / part, masked / part)
+    data["stage3"].update(off_policy_mask_threshold=0.001)
+    path.with_name("quick-16-masked.yaml").write_text(yaml.safe_dump(data))
+    run["masked"] = run_stage3(load_recipe(path.with_name("quick-16-masked.yaml")), masked, lam=0.6)
     return run
 
 
@@ -451,6 +458,20 @@ def test_quick_stage3_reward_used_real_llm_handoffs(quick_run):
     st3b = quick_run["sweep"]["runs"]["0.6"]
     assert st3b["cost_base_computed"] == 0 and st3b["cost_base_cached"] == st3["prompts"]
     assert quick_run["resumed"]["resumed_from"].endswith(f"checkpoint-{st3b['steps']}")
+
+
+@pytest.mark.slow
+def test_quick_stage3_off_policy_masking_keeps_the_kl_to_stage2_small(quick_run):
+    """At λ 0.6 the policy hands off eagerly, so a banned rollout's token where it wanted `<offload>` is one it
+    would almost never draw; scored below its group, GRPO pushed it further down and the KL to Stage 2 grew to
+    hundreds (docs/training.md, "Stage 3's KL"). With `off_policy_mask_threshold` the trainer gets each banned
+    token's sampling log-probability and TRL leaves such rollouts out: the KL stays small on every step."""
+    from pyrodash.train.common import read_log
+
+    kl = [r["kl"] for r in read_log(quick_run["masked"] / "log.jsonl") if "kl" in r]
+    assert len(kl) == 16 and max(kl) < 0.1, kl
+    plain = [r["kl"] for r in read_log(quick_run["out"] / "stage3-lambda0.6" / "log.jsonl") if "kl" in r]
+    print(f"max KL to Stage 2 over 16 steps at λ 0.6: {max(plain):.3g} unmasked, {max(kl):.3g} masked")
 
 
 @pytest.mark.slow

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 
 import torch
 
@@ -93,6 +94,7 @@ class RelayRollouts:
         queries = [self.queries[json.dumps(p)] for p in prompts]
         with trainer.rollout_backend() as backend:
             first = trainer.sample_first_segments(backend, prompt_ids)
+            first_lps = trainer.first_segment_logprobs(backend, prompt_ids, first)  # (None: masking off)
             engine = self.engine_factory(SampledSLM(backend, trainer.temperature, trainer.top_p), self.relay)
             results = [_first_result(tok, ids, engine.offload_id) for ids in first]
             dones = engine.batch(
@@ -108,7 +110,10 @@ class RelayRollouts:
         return {
             "prompt_ids": [list(p) for p in prompt_ids],
             "completion_ids": [r["ids"] for r in rows],
-            "logprobs": None,
+            # the first segments' sampling log-probabilities (biased rows), NaN after them: sampled by the policy
+            "logprobs": None
+            if first_lps is None
+            else [lp + [math.nan] * (len(r["ids"]) - len(lp)) for lp, r in zip(first_lps, rows)],
             "env_mask": [r["env_mask"] for r in rows],
             "relay": [_relay_fields(d, r) for d, r in zip(dones, rows)],
         }

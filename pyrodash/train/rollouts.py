@@ -8,10 +8,15 @@ the whole cache every token and carries every finished rollout to the longest on
 repeats itself), not the same draws as `generate`.
 
 `ExploreBranches` bans `<offload>` in the last `k` rollouts of every group of G (a logit bias of -inf on those rows)
-and can push it (a positive bias) in the first ones.
+and can push it (a positive bias) in the first ones. Those rows are not the policy's samples: `sampling_logprobs`
+gives each of their tokens its log-probability under the distribution it was drawn from, so that TRL's off-policy
+sequence masking (`off_policy_mask_threshold`, DeepSeek-V3.2) can leave out a rollout whose bias changed a choice
+the policy would have made and which scored below its group (docs/training.md, "Stage 3's KL").
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -97,3 +102,36 @@ def decode_rollouts(
         for i in range(len(prompt_ids))
     ]
     return [r.token_ids for r in backend.generate_ids([list(p) for p in prompt_ids], reqs)]
+
+
+@torch.no_grad()
+def sampling_logprobs(
+    model, prompt_ids: list[list[int]], completions: list[list[int]], explore: ExploreBranches, temperature: float
+) -> list[list[float]]:
+    """Per token of each completion, its log-probability under the distribution the decode loop drew it from when
+    `explore` biased its row: log_softmax((logits + the row's `<offload>` bias) / temperature), as TRL computes the
+    policy's own (top-p left out, as TRL leaves it out); NaN on the rows sampled from the policy as it is (TRL reads NaN
+    as "no evidence": the token counts as on-policy). `prompt_ids` and `completions` as the decode loop had them; one
+    forward pass of `model` (the policy) over the biased rows, right-padded."""
+    out = [[math.nan] * len(c) for c in completions]
+    rows = [i for i in range(len(completions)) if explore.logit_bias(i) and completions[i]]
+    if not rows:
+        return out
+    seqs = [list(prompt_ids[i]) + list(completions[i]) for i in rows]
+    width = max(len(x) for x in seqs)
+    dev = next(model.parameters()).device
+    ids = torch.zeros((len(rows), width), dtype=torch.long, device=dev)
+    mask = torch.zeros_like(ids)
+    for j, x in enumerate(seqs):
+        ids[j, : len(x)] = torch.tensor(x, device=dev)
+        mask[j, : len(x)] = 1
+    logits = model(input_ids=ids, attention_mask=mask).logits.float()
+    for j, i in enumerate(rows):
+        n_prompt, n = len(prompt_ids[i]), len(completions[i])
+        z = logits[j, n_prompt - 1 : n_prompt - 1 + n].clone()  # the logits each completion token was drawn from
+        for t, v in explore.logit_bias(i).items():
+            z[:, t] += v
+        lp = torch.log_softmax(z / temperature, -1)
+        tokens = torch.tensor(completions[i], device=dev)
+        out[i] = lp.gather(1, tokens[:, None])[:, 0].tolist()
+    return out

@@ -34,7 +34,7 @@ from pyrodash.train.models import FrozenLLM, load_local
 from pyrodash.train.paths import curated_dir, llm_spec, require, resolve_world, stage_dir
 from pyrodash.train.relay_rollouts import RelayRollouts
 from pyrodash.train.reward import BaselineCache, CollaborativeReward
-from pyrodash.train.rollouts import ExploreBranches, decode_rollouts, unsupported_sampling
+from pyrodash.train.rollouts import ExploreBranches, decode_rollouts, sampling_logprobs, unsupported_sampling
 
 
 class CostAwareGRPOTrainer(GRPOTrainer):
@@ -56,7 +56,8 @@ class CostAwareGRPOTrainer(GRPOTrainer):
         if self.use_vllm or self.use_transformers_continuous_batching or images is not None:
             return super()._generate_single_turn(prompt_ids, images, *args, **kwargs)
         with self.rollout_backend() as backend:
-            return self.sample_first_segments(backend, prompt_ids), None
+            ids = self.sample_first_segments(backend, prompt_ids)
+            return ids, self.first_segment_logprobs(backend, prompt_ids, ids)
 
     @contextlib.contextmanager
     def rollout_backend(self):
@@ -93,6 +94,14 @@ class CostAwareGRPOTrainer(GRPOTrainer):
             self.eos_token_ids,
             self.explore,
         )
+
+    def first_segment_logprobs(self, backend, prompt_ids, ids) -> list[list[float]] | None:
+        """The sampling log-probabilities of the first segments `ids` (`rollouts.sampling_logprobs`: NaN on the rows
+        `explore` left alone) for TRL's off-policy sequence masking, or None where it is off (the recipe's
+        `off_policy_mask_threshold`) or nothing was biased: TRL then counts every token as the policy's sample."""
+        if self.explore is None or self.off_policy_mask_threshold is None:
+            return None
+        return sampling_logprobs(backend.model, prompt_ids, ids, self.explore, self.temperature)
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         if self.collab is not None and self.model.training:
