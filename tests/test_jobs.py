@@ -155,6 +155,44 @@ def test_the_demo_training_is_a_chain_of_steps_with_cost_base_beside_it(tmp_path
     assert [(j.name, j.after) for j in jobs] == [("cost base", ()), ("stage3 λ=0.6", ("cost base",))]
 
 
+def test_demo_relay_is_a_second_chain_in_its_own_run_dir_then_its_evaluation(tmp_path):
+    """`pyrodash demo --quick --relay`: the relay recipe's chain under "relay: " names (its own cost base), then one
+    evaluation step after its Stage 3, into RUN/relay/ with the relay oracle and the learned relay points (the main
+    run's λ 0.6 policy is not among its models)."""
+    from rich.console import Console
+
+    from pyrodash.commands.demo import RELAY_POINTS, relay_jobs
+
+    cfg = EvalConfig.from_yaml(
+        ROOT / "configs" / "eval" / "world-quick.yaml",
+        run_dir=str(tmp_path),
+        models={"slm": "s", "llm": "l", "sft": "f", "pyrodash": {0.6: "main-policy"}},
+    )
+    jobs = relay_jobs("relay-recipe", cfg, Console(file=io.StringIO()))
+    assert [(j.name, j.after) for j in jobs] == [
+        ("relay: curation", ()),
+        ("relay: stage1", ("relay: curation",)),
+        ("relay: stage2", ("relay: stage1",)),
+        ("relay: cost base", ()),
+        ("relay: stage3 λ=0.6", ("relay: stage2", "relay: cost base")),
+        ("relay: eval", ("relay: stage3 λ=0.6",)),
+    ]
+    assert all(j.args[1] == tmp_path / "relay" for j in jobs[:-1])  # the training writes RUN/relay/
+    ev = jobs[-1].args[0]
+    assert ev.run_dir == str(tmp_path / "relay") and ev.methods == ["llm", "oracle", "relay_oracle", *RELAY_POINTS]
+    assert ev.models["pyrodash"] == {0.6: str(tmp_path / "relay" / "stage3-lambda0.6")} and "sft" not in ev.models
+    assert ev.benchmarks == [f"world:tier{i}" for i in range(1, 6)] and ev.range_rule is None
+
+
+def test_demo_relay_needs_the_quick_world_in_one_line(tmp_path, capsys):
+    from pyrodash.cli import main
+
+    assert main(["demo", "--relay", "--out", str(tmp_path / "d")]) == 2
+    err = capsys.readouterr().err
+    assert "--relay trains the quick world's relay recipe" in err and "Traceback" not in err
+    assert not (tmp_path / "d").exists()
+
+
 def watch_grant(path: str, timeout: float = 30.0, until: str = "1,2", thread_grant=None) -> None:
     """A step: records the torch threads it runs on, taking the grant the scheduler passes it (`thread_grant`) as
     training steps do (`GrantedThreads`, every 50 ms), until it has seen the thread counts `until` (or `timeout`).

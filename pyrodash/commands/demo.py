@@ -65,6 +65,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "base models that ship with PyroDash (seed 0) or a cached world's",
     )
     p.add_argument(
+        "--relay",
+        action="store_true",
+        help="also train the relay recipe (several LLM calls per answer, docs/relay.md) and evaluate it against the "
+        "relay oracle in DIR/relay/ (--quick only; about 2.5 more minutes on 2 cores)",
+    )
+    p.add_argument(
         "--workers",
         type=int,
         default=None,
@@ -157,11 +163,12 @@ def long_conversation_jobs(cfg: EvalConfig, lam: float, names: set[str]) -> list
     ]
 
 
-def training_jobs(recipe, out: Path, lambdas: list[float], console) -> list[Job]:
+def training_jobs(recipe, out: Path, lambdas: list[float], console, prefix: str = "") -> list[Job]:
     """Curation -> Stage 1 -> Stage 2 -> Stage 3 per λ as steps, each after the one before it; a step whose output
     is in `out` already is reused (not a step). Stage 2 is elastic (`pyrodash.jobs.scheduler`): it takes the core the
     evaluation beside it leaves idle. Its weights do not depend on its threads: measured, quick world seed 0, the
-    same bytes on 1 and on 2 threads (and its offload rates), 98 s on 1 thread beside the evaluation, 72 s on 2."""
+    same bytes on 1 and on 2 threads (and its offload rates), 98 s on 1 thread beside the evaluation, 72 s on 2.
+    `prefix` goes before every step's name (a second chain beside the first: the relay's)."""
     chain = [
         ("curation", run_curation, curated_dir(out), {}),
         ("stage1", run_stage1, stage_dir(out, "stage1"), {}),
@@ -172,15 +179,15 @@ def training_jobs(recipe, out: Path, lambdas: list[float], console) -> list[Job]
     needs = {"curation": (), "stage1": ("curation",), "stage2": ("stage1",)}
     for name, fn, dest, kw in chain:
         if _done(dest):
-            console.print(f"[dim]{name}: reused[/]")
+            console.print(f"[dim]{prefix}{name}: reused[/]")
             continue
-        if name.startswith("stage3") and "cost base" not in {j.name for j in jobs}:
+        if name.startswith("stage3") and prefix + "cost base" not in {j.name for j in jobs}:
             # Cost_base (the LLM alone on Stage 3's prompts) once, beside Stages 1-2, not in each λ's run
-            jobs.append(Job("cost base", fill_cost_base, (recipe, out)))
-        before = needs.get(name, ("stage2", "cost base"))
+            jobs.append(Job(prefix + "cost base", fill_cost_base, (recipe, out)))
+        before = [prefix + b for b in needs.get(name, ("stage2", "cost base"))]
         jobs.append(
             Job(
-                name,
+                prefix + name,
                 fn,
                 (recipe, out),
                 kw,
@@ -189,6 +196,37 @@ def training_jobs(recipe, out: Path, lambdas: list[float], console) -> list[Job]
             )
         )
     return jobs
+
+
+# `--relay` (docs/relay.md): the relay recipe's λ and the learned points evaluated, the second one the point picked on
+# world:val (the cheapest at >= 98% there) on seeds 0, 1 and 2 (docs/training.md, "Relay")
+RELAY_LAMBDA = 0.6
+RELAY_POINTS = [
+    {"pyrodash_relay": {"lambda": RELAY_LAMBDA, "calls": [4]}},
+    {"pyrodash_bias": {"lambda": RELAY_LAMBDA, "biases": [-1.0], "max_llm_calls": 4}},
+]
+
+
+def relay_jobs(recipe, cfg: EvalConfig, console) -> list[Job]:
+    """`--relay`: the relay recipe (`configs/world/quick-relay.yaml`) from curation to Stage 3 at `RELAY_LAMBDA` as
+    steps in RUN/relay/, then its evaluation there on the test tiers: the LLM, the oracle single handoff, the relay
+    oracle and the learned relay points (RUN/relay/report.md, written after the steps). Apart from the main run: its
+    `pyrodash@0.6` is the relay recipe's policy, not the single-handoff one."""
+    rdir = Path(cfg.run_dir) / "relay"
+    jobs = training_jobs(recipe, rdir, [RELAY_LAMBDA], console, prefix="relay: ")
+    rcfg = replace(
+        cfg,
+        run_dir=str(rdir),
+        benchmarks=[f"world:{s}" for s in TIER_SPLITS],
+        methods=["llm", "oracle", "relay_oracle", *RELAY_POINTS],
+        models={k: cfg.models[k] for k in ("slm", "llm")}
+        | {"pyrodash": {RELAY_LAMBDA: str(stage_dir(rdir, "stage3", RELAY_LAMBDA))}},
+        benchmark_methods={},
+        range_rule=None,
+    )
+    stage3 = f"relay: stage3 λ={RELAY_LAMBDA:g}"
+    after = (stage3,) if stage3 in {j.name for j in jobs} else ()
+    return jobs + [Job("relay: eval", evaluate, (rcfg,), {"quiet": True}, after=after)]
 
 
 class _TimedSteps:
@@ -248,10 +286,12 @@ def run_demo(
     world_dir: str | Path | None = None,
     workers: int | None = None,
     from_scratch: bool = False,
+    relay: bool = False,
 ) -> Path:
     """Build, curate, train and evaluate into `out`; returns the report path. `workers`: processes for the steps
     that run side by side (Stage 3 per λ, the evaluation's methods; default
-    `pyrodash.jobs.scheduler.default_workers()`)."""
+    `pyrodash.jobs.scheduler.default_workers()`). `relay`: also the relay recipe and its evaluation (`relay_jobs`,
+    quick world only)."""
     from rich.console import Console
 
     console = console or Console()
@@ -269,6 +309,9 @@ def run_demo(
     # after what it needs; the models alone, the oracle and the routers need no training, so they run beside it.
     # Training's chain comes first in the list: a free worker takes its next step before any evaluation.
     jobs = training_jobs(recipe, out, lambdas, console)
+    if relay:  # the relay's chain right after the main one (its steps are as long): free workers take it first
+        relay_recipe = load_recipe(ROOT / "configs" / "world" / "quick-relay.yaml", {"world": {"dir": str(world)}})
+        jobs += relay_jobs(relay_recipe, cfg, console)
     evals = eval_jobs(cfg, {lam: f"stage3 λ={lam:g}" for lam in lambdas}, {j.name for j in jobs})
     # the range rule, calibrated for the λ 0.6 policy, on six-turn conversations (docs/conversations.md): steps beside
     # the others, listed before the evaluation's (the longest ones go first when they are ready)
@@ -281,6 +324,8 @@ def run_demo(
     evaluate(with_long_conversations(cfg, long_lam), quiet=True)
     step.times["training + evaluation (wall)"] = round(time.perf_counter() - t0, 1)
     path = step("report", lambda: write_report(out))
+    if relay:
+        step("relay report", lambda: write_report(out / "relay"))
     (out / "demo_times.json").write_text(json.dumps(step.times, indent=2) + "\n")
     return path
 
@@ -296,6 +341,8 @@ def run(args: argparse.Namespace) -> int:
             "--from-scratch builds the world's models; it cannot be combined with --world DIR (a world "
             "already built): drop one of the two"
         )
+    if args.relay and not args.quick:
+        raise ValueError("--relay trains the quick world's relay recipe (configs/world/quick-relay.yaml): add --quick")
     if args.workers is not None and args.workers < 1:
         raise ValueError(f"--workers {args.workers}: give 1 or more processes (1 runs the steps one after the other)")
     t0 = time.perf_counter()
@@ -310,14 +357,26 @@ def run(args: argparse.Namespace) -> int:
             world_dir=args.world,
             workers=args.workers,
             from_scratch=args.from_scratch,
+            relay=args.relay,
         )
     print_table2(out, console)
     print_turns(out, console)
 
     verdict = verdict_sentence(all_metrics(single_turn(load_run(out)), run_prices(out)))
     console.print(f"[bold]Verdict:[/] {verdict}")
+    if args.relay:
+        console.print(f"[bold]Relay:[/] {relay_sentence(out / 'relay')}")
     console.print(
         f"report: [bold]{path}[/] (pareto.png, summary.json, records/ beside it; library logs in "
         f"{out / LOG_NAME}) in {time.perf_counter() - t0:.0f}s"
     )
     return 0
+
+
+def relay_sentence(run_dir: Path) -> str:
+    """The `--relay` run in one sentence: the relay oracle and each learned relay point, accuracy and cost / LLM-only
+    (the run's sheet), and where its report is."""
+    ms = all_metrics(single_turn(load_run(run_dir)), run_prices(run_dir))
+    points = [n for n in ms if n == "relay_oracle" or n.startswith("pyrodash@")]
+    text = "; ".join(f"{n} {100 * ms[n].accuracy:.2f}% at {ms[n].cost_normalized:.3f} of LLM-only" for n in points)
+    return f"{text} ({run_dir / 'report.md'}; the cached-input sheet: pyrodash report --prices cached {run_dir})"
