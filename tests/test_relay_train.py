@@ -137,10 +137,10 @@ class FakeTrainer:
     """What `RelayRollouts` reads of `CostAwareGRPOTrainer`: its prompt tokenizer, the policy backend and its first
     segments (here scripted: one rollout hands off after "a=1", one answers alone)."""
 
-    def __init__(self, slm, first: list[list[int]]):
+    def __init__(self, slm, first: list[list[int]], first_lps: list[list[float]] | None = None):
         from types import SimpleNamespace
 
-        self.slm, self.first = slm, first
+        self.slm, self.first, self.first_lps = slm, first, first_lps
         self.processing_class, self.temperature, self.top_p = CharTok(), 0.3, 1.0
         self.collab = SimpleNamespace(batch_size=4, concurrency=2)
 
@@ -154,6 +154,9 @@ class FakeTrainer:
 
     def sample_first_segments(self, backend, prompt_ids):
         return self.first
+
+    def first_segment_logprobs(self, backend, prompt_ids, ids):
+        return self.first_lps  # None: off-policy masking off (the recipes)
 
 
 def test_a_relay_rollout_masks_exactly_the_llms_tokens_and_its_reward_sums_every_call(tmp_path):
@@ -198,6 +201,34 @@ def test_a_relay_rollout_masks_exactly_the_llms_tokens_and_its_reward_sums_every
     assert d[1]["cost_act"] == pytest.approx(PAPER.slm_out * len(first[1]) / 1e6) and not d[1]["offload"]
     assert got == pytest.approx([1 - 0.5 * want / 1e-4, 1 - 0.5 * d[1]["cost_act"] / 1e-4])
     assert reward.pop_stats()["pyrodash/llm_calls"] == 2
+
+
+def test_a_relay_rollout_hands_trl_the_first_segments_sampling_logprobs_then_nan():
+    """With off-policy masking on, the first segment's sampling log-probabilities (the biased rows') lead each
+    completion's `logprobs`; everything after it (the LLM's steps, the SLM's resumes: sampled by the policy) is NaN,
+    TRL's "no evidence"."""
+    import math
+
+    from test_relay import GOLD, OFFLOAD_ID, PAPER, PROMPTS, ScriptLLM, ScriptSLM
+
+    from pyrodash.engine import CollaborateEngine
+    from pyrodash.train.relay_rollouts import RelayRollouts
+
+    tok, slm, llm = CharTok(), ScriptSLM(), ScriptLLM()
+    first = [tok("a=1\n\n")["input_ids"] + [OFFLOAD_ID], tok(GOLD)["input_ids"] + [tok.eos_token_id]]
+    lps = [[-0.5] * len(first[0]), [math.nan] * len(first[1])]
+    prompts = [[{"role": "user", "content": "q"}]] * 2
+    rollouts = RelayRollouts(
+        lambda b, relay: CollaborateEngine(b, llm, PROMPTS, PAPER, max_tokens=200, relay=relay),
+        {json.dumps(prompts[0]): "q"},
+        max_llm_calls=4,
+        step_max_tokens=64,
+    )
+    out = rollouts(prompts, FakeTrainer(slm, first, lps))
+    assert [len(x) for x in out["logprobs"]] == [len(x) for x in out["completion_ids"]]
+    got = out["logprobs"][0]
+    assert got[: len(first[0])] == lps[0] and len(got) > len(first[0])
+    assert all(math.isnan(x) for x in got[len(first[0]) :]) and all(math.isnan(x) for x in out["logprobs"][1])
 
 
 def test_relay_cost_with_one_call_is_the_single_handoff_cost():
