@@ -68,7 +68,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--relay",
         action="store_true",
         help="also train the relay recipe (several LLM calls per answer, docs/relay.md) and evaluate it against the "
-        "relay oracle in DIR/relay/ (--quick only; about 2.5 more minutes on 2 cores)",
+        "relay oracle in DIR/relay/ (--quick only; about 2 more minutes on 2 cores)",
     )
     p.add_argument(
         "--workers",
