@@ -168,15 +168,12 @@ def test_demo_relay_is_a_second_chain_in_its_own_run_dir_then_its_evaluation(tmp
         run_dir=str(tmp_path),
         models={"slm": "s", "llm": "l", "sft": "f", "pyrodash": {0.6: "main-policy"}},
     )
-    jobs = relay_jobs("relay-recipe", cfg, Console(file=io.StringIO()))
-    assert [(j.name, j.after) for j in jobs] == [
-        ("relay: curation", ()),
-        ("relay: stage1", ("relay: curation",)),
-        ("relay: stage2", ("relay: stage1",)),
-        ("relay: cost base", ()),
-        ("relay: stage3 λ=0.6", ("relay: stage2", "relay: cost base")),
-        ("relay: eval", ("relay: stage3 λ=0.6",)),
-    ]
+    console = Console(file=io.StringIO())
+    jobs = relay_jobs("relay-recipe", cfg, console)
+    main_chain = training_jobs("recipe", tmp_path / "main", [0.6], console)  # the main chain at λ 0.6, prefixed
+    want = [(f"relay: {j.name}", tuple(f"relay: {a}" for a in j.after)) for j in main_chain]
+    assert [(j.name, j.after) for j in jobs] == [*want, ("relay: eval", ("relay: stage3 λ=0.6",))]
+    assert [j.name for j in jobs][:3] == ["relay: curation", "relay: stage1", "relay: stage2"]
     assert all(j.args[1] == tmp_path / "relay" for j in jobs[:-1])  # the training writes RUN/relay/
     ev = jobs[-1].args[0]
     assert ev.run_dir == str(tmp_path / "relay") and ev.methods == ["llm", "oracle", "relay_oracle", *RELAY_POINTS]
