@@ -98,7 +98,7 @@ class CostAwareGRPOTrainer(GRPOTrainer):
     def first_segment_logprobs(self, backend, prompt_ids, ids) -> list[list[float]] | None:
         """The sampling log-probabilities of the first segments `ids` (`rollouts.sampling_logprobs`: NaN on the rows
         `explore` left alone) for TRL's off-policy sequence masking, or None where it is off (the recipe's
-        `off_policy_mask_threshold`) or nothing was biased: TRL then counts every token as the policy's sample."""
+        `off_policy_mask_threshold`) or no row is explored: TRL then counts every token as the policy's sample."""
         if self.explore is None or self.off_policy_mask_threshold is None:
             return None
         return sampling_logprobs(backend.model, prompt_ids, ids, self.explore, self.temperature)
