@@ -62,11 +62,10 @@ def test_the_verdicts_hold_on_this_platform(demo):
     """What holds on any CPU kind: the verdicts (`verdict_failures`), not the bytes (float sums, hence a few answers,
     differ across CPU kinds: docs/results.md). Checked wherever the demo runs, whatever the platform of the shipped
     models (the byte-for-byte checks, tests/test_world.py, run only on theirs); the failure names this one.
-    The cost bar is the report's own verdict (+0.10 of LLM-only over the oracle): on a 2-core Intel Xeon with AVX-512
-    (2026-11-28) λ 0.6 reaches 100% at 0.553 against the oracle's 0.467, outside +0.05 (within it on the AMD EPYC
-    machine that trained the shipped models: 0.509); docs/results.md states both."""
+    The cost bar is issue 39's, + 0.05 of LLM-only over the oracle (the report's sentence allows + 0.10): measured on
+    a 2-core Intel Xeon with AVX-512 and with its AVX2 kernels (docs/results.md)."""
     summary = json.loads((demo / "summary.json").read_text())
-    assert verdict_failures(summary, cost=0.10) == [], summary.get("platform")
+    assert verdict_failures(summary, cost=0.05) == [], summary.get("platform")
 
 
 def test_report_structure(demo):
@@ -172,12 +171,16 @@ def test_long_conversations_ran_beside_the_rest_under_the_calibrated_rule(demo):
             assert set(turns) == {str(k) for k in range(1, 7)} and len({v["n"] for v in turns.values()}) == 1, name
         routed = {int(k): v["range_routed"] for k, v in pt[bench]["pyrodash@0.6"].items()}
         assert all(routed[k] == (1.0 if k > limit else 0.0) for k in routed), routed
-    # the issue's bar, own history: every turn past the range at >= 90% of the LLM alone's accuracy on it, at <= its $
-    own = pt["world:multiturn6-self"]
+    # the issue's bar, own history: every turn past the range at >= 90% of the LLM alone's accuracy on it, at <= its $.
+    # A routed turn is the LLM alone answering after the policy's history, so its $ is the LLM's but for that history's
+    # length (the LLM's own answers after another history: measured, seed 0, +0.03% on one turn of one run); with gold
+    # history, the same for both, it is the LLM's to the float sum.
+    own, gold = pt["world:multiturn6-self"], pt["world:multiturn6"]
     for k in range(limit + 1, 7):
         policy, llm = own["pyrodash@0.6"][str(k)], own["llm"][str(k)]
         assert policy["accuracy"] >= 0.9 * llm["accuracy"], (k, policy, llm)
-        assert policy["cost_usd"] <= llm["cost_usd"] * (1 + 1e-9), (k, policy, llm)  # (float sums)
+        assert policy["cost_usd"] <= llm["cost_usd"] * 1.01, (k, policy, llm)
+        assert gold["pyrodash@0.6"][str(k)]["cost_usd"] <= gold["llm"][str(k)]["cost_usd"] * (1 + 1e-9), k
 
 
 def test_lambda_controls_llm_use(demo):
