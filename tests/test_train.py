@@ -15,6 +15,10 @@ import torch
 from tiny_models import tiny_model
 
 from pyrodash.prompts import OFFLOAD_TOKEN
+from pyrodash.train.config import ATTENTION_PROJECTIONS
+
+# the layers the quick recipe's Stage 2 LoRA trains (configs/world/quick.yaml: attention and MLP); Stage 3's: attention
+QUICK_STAGE2_LORA = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -407,9 +411,7 @@ def test_quick_stages_2_and_3_train_only_their_lora_targets(quick_run, stage):
     prev = AutoModelForCausalLM.from_pretrained(quick_run["stage1" if stage == "stage2" else "stage2"])
     new = AutoModelForCausalLM.from_pretrained(quick_run[stage])
     changed, same = _changed(prev.state_dict(), new.state_dict())
-    targets = {"q_proj", "k_proj", "v_proj", "o_proj"} | (
-        {"gate_proj", "up_proj", "down_proj"} if stage == "stage2" else set()
-    )
+    targets = QUICK_STAGE2_LORA if stage == "stage2" else set(ATTENTION_PROJECTIONS)
     assert changed and {k.split(".")[-2] for k in changed} == targets
     assert "model.embed_tokens.weight" in same  # embeddings frozen (merged LoRA touches only its targets)
 
@@ -589,8 +591,7 @@ def test_quick_stages_2_and_3_under_accelerate_launch(quick_run, tmp_path, nproc
     _accelerate_launch(nproc, ["train", "stage2", *cli, "--from", str(quick_run["stage1"])], tmp_path)
     prev = AutoModelForCausalLM.from_pretrained(quick_run["stage1"])
     changed, same = _changed(prev.state_dict(), AutoModelForCausalLM.from_pretrained(run / "stage2").state_dict())
-    mlp = {"gate_proj", "up_proj", "down_proj"}
-    assert changed and {k.split(".")[-2] for k in changed} == {"q_proj", "k_proj", "v_proj", "o_proj"} | mlp
+    assert changed and {k.split(".")[-2] for k in changed} == QUICK_STAGE2_LORA
     steps2 = [r for r in read_log(run / "stage2" / "log.jsonl") if "loss" in r]
     assert [r["step"] for r in steps2] == [1, 2]  # one log line per step: the main process writes the log
     assert json.loads((run / "stage2" / "offload_rates.json").read_text())["n"] == 8
