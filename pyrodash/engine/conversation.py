@@ -26,8 +26,8 @@ CHARS_PER_TOKEN_ESTIMATE = 3  # a conservative estimate for backends that cannot
 class ContextLimits:
     """Context windows (tokens) of the two models; None = do not trim for that model."""
 
-    slm: int | None = None
-    llm: int | None = None
+    slm: int | None = None  # the SLM's context window in tokens (None: no trimming)
+    llm: int | None = None  # the LLM's
 
     def __post_init__(self) -> None:
         for side in ("slm", "llm"):

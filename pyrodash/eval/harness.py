@@ -35,26 +35,26 @@ from pyrodash.world.multiturn import ensure_long_split
 
 @dataclass
 class EvalConfig:
-    run_dir: str
-    benchmarks: list[str]
-    methods: list = field(default_factory=lambda: ["slm", "llm"])
+    run_dir: str  # where records/<method>.jsonl, report.md and summary.json go
+    benchmarks: list[str]  # world:<split>, a known benchmark name (gsm8k, math500, ...) or one in benchmark_paths
+    methods: list = field(default_factory=lambda: ["slm", "llm"])  # names or {name: options}: docs/evaluation.md
     models: dict = field(default_factory=dict)  # slm, llm, sft: backend specs; pyrodash: {λ: spec}
     llm_mode: str | None = None  # continuation mode of an HTTP LLM (None: the spec's, else auto-detected)
     world_dir: str | None = None  # for world:<split> benchmarks
     benchmark_paths: dict = field(default_factory=dict)  # name -> local JSONL for real benchmarks
     limit: int | None = None  # examples per benchmark
     samples: dict = field(default_factory=dict)  # name -> k for avg@k (the paper: aime24/aime25 -> 32)
-    # benchmark -> the methods that run on it (regular expressions matched against the whole method name, e.g.
+    # Benchmark -> the methods that run on it (regular expressions matched against the whole method name, e.g.
     # "pyrodash@[0-9.]+" for every λ but no sweep point); a benchmark not listed runs every method. E.g.
     # conversations only for the methods whose per-turn rows the demo shows.
     benchmark_methods: dict = field(default_factory=dict)
-    sample_temperature: float = 0.6
-    sample_top_p: float = 0.95
-    prices: str | dict = "paper"
-    prompts: str = "qwen-math-v1"
-    max_tokens: int = 256
-    batch_size: int = 16
-    concurrency: int = 8
+    sample_temperature: float = 0.6  # sampling of the avg@k benchmarks (the others decode greedily)
+    sample_top_p: float = 0.95  # and their nucleus
+    prices: str | dict = "paper"  # a sheet under configs/prices/ (paper, cached), a YAML path or a mapping
+    prompts: str = "qwen-math-v1"  # the prompt set (world-v1 for the built-in world)
+    max_tokens: int = 256  # new tokens per answer
+    batch_size: int = 16  # questions decoded together by an in-process model
+    concurrency: int = 8  # requests in flight to an HTTP model
     # the SLM's range for the PyroDash methods: {max_turns, max_context_tokens}, past it the LLM alone (`routed:
     # "range"` in the record); None: off. `pyrodash calibrate --range` measures it (docs/conversations.md).
     range_rule: dict | None = None

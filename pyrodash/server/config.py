@@ -29,8 +29,8 @@ class OperatingPoint:
     """What a model name promises: the `<offload>` bias, and the share of requests that may hand off (the others are
     answered by the SLM alone, `handoff_admitted: false` in the response)."""
 
-    offload_bias: float = 0.0
-    handoff_share: float = 1.0
+    offload_bias: float = 0.0  # added to the <offload> logit: + hands off sooner and more often
+    handoff_share: float = 1.0  # share of requests that may hand off (a fixed hash of each), in [0, 1]
     range_rule: RangeRule = RangeRule()  # past the SLM's range the LLM answers alone (off: no limit set)
     max_llm_calls: int | None = None  # LLM calls per answer (>1: relay, pyrodash.engine.relay); None: the engine's
 
@@ -84,9 +84,9 @@ class Limits:
 class Failure:
     """The engine's failure policy for the LLM side (see `pyrodash.engine.FailurePolicy`)."""
 
-    retries: int = 2
-    backoff_s: float = 0.2
-    timeout_s: float = 60.0
+    retries: int = 2  # further attempts of a failed LLM call
+    backoff_s: float = 0.2  # wait before a retry
+    timeout_s: float = 60.0  # one LLM call's limit
     on_error: str = "fallback"  # "fallback": the SLM finishes with <offload> banned; "raise": the request fails
 
     def __post_init__(self) -> None:
@@ -98,24 +98,24 @@ class Failure:
 
 @dataclass
 class ServeConfig:
-    slm: str | dict | None = None
-    llm: str | dict | list | None = None
+    slm: str | dict | None = None  # the trained SLM: a model directory, hub id, DIR#file.gguf or URL#model
+    llm: str | dict | list | None = None  # the LLM: URL#model, a model directory, a spec mapping or a list (mesh)
     base_slm: str | dict | None = None  # answers mode "slm" alone (None: the served SLM with <offload> banned)
-    prices: str | dict = "paper"
-    prompts: str = "qwen-math-v1"
-    handoff_style: str = "continue"
+    prices: str | dict = "paper"  # the price sheet of the cost figures (configs/prices/, a path or a mapping)
+    prompts: str = "qwen-math-v1"  # the prompt set the SLM was trained with (world-v1 for the world)
+    handoff_style: str = "continue"  # how the LLM is asked to go on from the SLM's partial trace
     llm_mode: str | None = None  # None: the llm spec's mode (default auto: detected at start-up)
     # model name -> OperatingPoint (YAML: a number, the offload_bias, or {offload_bias, handoff_share})
     operating_points: dict[str, OperatingPoint] = field(default_factory=lambda: {"pyrodash": OperatingPoint()})
-    failure: Failure = field(default_factory=Failure)
-    limits: Limits = field(default_factory=Limits)
-    context: ContextLimits = field(default_factory=ContextLimits)
-    host: str = "127.0.0.1"
-    port: int = 8000
+    failure: Failure = field(default_factory=Failure)  # the LLM side's retries and fallback (below)
+    limits: Limits = field(default_factory=Limits)  # request size limits (below)
+    context: ContextLimits = field(default_factory=ContextLimits)  # the models' context windows (below)
+    host: str = "127.0.0.1"  # the address to listen on
+    port: int = 8000  # and its port
     api_key: str | None = None  # set directly (--api-key) or read from `api_key_env`
-    api_key_env: str | None = "PYRODASH_API_KEY"
-    cors_origins: list[str] = field(default_factory=list)
-    log_level: str = "info"
+    api_key_env: str | None = "PYRODASH_API_KEY"  # the environment variable holding the key
+    cors_origins: list[str] = field(default_factory=list)  # browser origins allowed to call the API
+    log_level: str = "info"  # uvicorn's log level
     metrics_public: bool = False  # GET /metrics without the key (auth on): for a scraper that cannot send one
     allow_unknown_fields: bool = False  # top-level request fields outside OpenAI's API: ignored, not a 400
     budgets: BudgetsConfig | None = None  # dollar budgets (pyrodash.server.budget.config); YAML: a mapping

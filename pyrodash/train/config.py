@@ -38,10 +38,10 @@ class CurateConfig:
     source: str | None = "world:train"  # "world:<split>" | a local .jsonl | "hf:<dataset id>[:<config>]" | null
     split: str = "train"  # split of a HF dataset
     question_field: str = "question"  # HF / JSONL column names
-    answer_field: str = "gold"
+    answer_field: str = "gold"  # the column holding the gold answer
     limit: int | None = None  # first N examples of the source
     heldout_source: str | None = "world:val"  # labelled easy/hard by the base SLM, for the Stage 2 offload rates
-    heldout_limit: int | None = 200
+    heldout_limit: int | None = 200  # first N held-out examples
     # Conversations (pyrodash.train.chat_logs): "world:<conversation split>" (e.g. world:multiturn_train) or a chat
     # log (.jsonl of OpenAI `messages`, one conversation per line; `pyrodash curate --chats FILE`); every answered
     # turn is curated after its history, as one more example. None: single questions only.
@@ -49,15 +49,15 @@ class CurateConfig:
     conversation_limit: int | None = None  # first N conversations
     range_max_turns: int | None = None  # the range rule's max_turns: later turns are not SLM targets (None: all)
     heldout_conversations: str | None = None  # conversation turns added to the held-out set (e.g. world:multiturn_val)
-    heldout_conversation_limit: int | None = None
-    slm_max_new_tokens: int = 512
-    llm_max_new_tokens: int = 1024
+    heldout_conversation_limit: int | None = None  # first N of those conversations
+    slm_max_new_tokens: int = 512  # the base SLM's answer length when it labels easy / hard
+    llm_max_new_tokens: int = 1024  # the LLM's reconstruction length (Corpus B)
     batch_size: int = 32  # SLM / in-process LLM generation batch
     llm_concurrency: int = 16  # concurrent requests to an HTTP LLM
     reconstruct_with_gold: bool = False  # show the LLM the gold answer (real LLMs); the world LLM just solves
     step_sep: str = "\n\n"  # step boundary inside the reasoning
-    offload_min: int = 1
-    offload_max: int = 4
+    offload_min: int = 1  # <offload> tokens inserted per hard target, at least
+    offload_max: int = 4  # and at most
     placement: str = "random"  # "random" | "before_hard" (world: before the first step needing an untaught fact)
     # | "at_hard" (before every such step, nowhere else)
     hard_target: str = "full"  # "full" (the paper) | "to_first_offload": hard targets of Corpus B end at their
@@ -67,7 +67,7 @@ class CurateConfig:
     # in Stage 2), in place of the target cut at its first <offload>. Needs hard_target: to_first_offload (hard
     # examples out of Corpus A, where the LLM's steps would be trained without the mask).
     relay: bool = False
-    seed: int = 0
+    seed: int = 0  # the placement's and the sampling's seed
 
     def validate(self) -> None:
         if not 1 <= self.offload_min <= self.offload_max:
@@ -92,10 +92,10 @@ class CurateConfig:
 class LoraFields:
     """LoRA shape shared by the three stages (mixed into each stage config)."""
 
-    lora_r: int = 8
-    lora_alpha: int = 16
-    lora_dropout: float = 0.0
-    lora_target_modules: list[str] = field(default_factory=lambda: list(ATTENTION_PROJECTIONS))
+    lora_r: int = 8  # LoRA rank
+    lora_alpha: int = 16  # LoRA scale (alpha / r multiplies the update)
+    lora_dropout: float = 0.0  # dropout on the LoRA input
+    lora_target_modules: list[str] = field(default_factory=lambda: list(ATTENTION_PROJECTIONS))  # layers adapted
 
     def lora_config(self):
         from peft import LoraConfig
@@ -125,7 +125,7 @@ class Stage1Config(ChatFields, LoraFields, SFTConfig):
     """Stage 1: `<offload>` rows + transient LoRA on Corpus B (adapters discarded afterwards)."""
 
     sigma: float = 0.1  # eq:offload-embed-init noise
-    init_seed: int = 0
+    init_seed: int = 0  # seed of that noise
     length_chunks: int = 1  # forward passes a batch is cut into by row length (`pyrodash.train.length_chunks`)
 
 
@@ -145,20 +145,20 @@ class Stage3Config(ChatFields, LoraFields, GRPOConfig):
     lam: float = 0.1  # lambda of eq:grpo-total
     cost_penalty: str = "normalized"  # "normalized": R_eff = Cost_act / Cost_base; "direct": Cost_act in USD
     source: str = "world:train"  # training prompts (same syntax as curate.source)
-    source_split: str = "train"
-    question_field: str = "question"
-    answer_field: str = "gold"
-    train_limit: int | None = None
-    train_offset: int = 0
+    source_split: str = "train"  # split of a HF dataset
+    question_field: str = "question"  # HF / JSONL column names
+    answer_field: str = "gold"  # the column holding the gold answer
+    train_limit: int | None = None  # first N prompts
+    train_offset: int = 0  # skip the first N prompts (e.g. those curation used)
     # Conversation turns mixed into the training prompts (pyrodash.train.chat_logs): "world:<conversation split>"
     # or a chat-log .jsonl; its turns (after their history, as the server serves them) are added to the
     # `train_limit` single questions of `source` until they are `conversation_share` of all prompts.
     conversations: str | None = None
-    conversation_share: float = 0.0
+    conversation_share: float = 0.0  # share of the prompts that are conversation turns, in [0, 1)
     range_max_turns: int | None = None  # the range rule's max_turns: later turns are not training prompts (None: all)
-    llm_max_new_tokens: int = 512
-    llm_concurrency: int = 16
-    llm_batch_size: int = 64
+    llm_max_new_tokens: int = 512  # the LLM's continuation length in a rollout
+    llm_concurrency: int = 16  # concurrent requests to an HTTP LLM
+    llm_batch_size: int = 64  # continuations decoded together by an in-process LLM
     slm_price: float | None = None  # C_s of eq:grpo-cost-actual (USD / M tokens); default: the sheet's slm_out
     # Rollouts per group of num_generations sampled with <offload> banned (0, the paper: all from the policy).
     # A policy that hands off with near certainty (low rollout temperature) never samples the other branch, so its
@@ -171,7 +171,7 @@ class Stage3Config(ChatFields, LoraFields, GRPOConfig):
     # AVX-512): 0 -> handoffs on 20 / 19 of the 44 problems the oracle keeps to the SLM (100% at 0.553 / 0.552);
     # 3 rows at +3 -> 11 / 9 (98.67% at 0.510 / 0.503). Off in the recipes: docs/training.md.
     explore_handoff: int = 0
-    explore_handoff_bias: float = 3.0
+    explore_handoff_bias: float = 3.0  # the bias those rollouts add
     # Relay rollouts (pyrodash.train.relay_rollouts): up to max_llm_calls LLM calls per rollout through the engine's
     # relay, each LLM step in the rollout's completion and masked from the loss; 1 (the default): single handoff.
     max_llm_calls: int = 1
@@ -217,18 +217,18 @@ TOP_KEYS = {"name", "world", "slm", "llm", "chat_template", "prompts", "prices",
 
 @dataclass
 class Recipe:
-    name: str
+    name: str  # the recipe's name (in the resolved config saved with every checkpoint)
     world: dict | None = None  # {dir, quick, seed}: a world directory (the commands build it when missing)
-    slm: str | None = None
+    slm: str | None = None  # the base SLM: a model directory, a hub id or DIR#file.gguf
     llm: Any = None  # str or dict (see pyrodash.backends.load_backend)
     chat_template: str | None = None  # the SLM's template (text or file) for every stage; docs/real-models.md
-    prompts: str = "qwen-math-v1"
-    prices: str = "paper"
-    curate: CurateConfig = field(default_factory=CurateConfig)
+    prompts: str = "qwen-math-v1"  # the prompt set (world-v1 for the built-in world)
+    prices: str = "paper"  # the price sheet of Stage 3's cost term (configs/prices/)
+    curate: CurateConfig = field(default_factory=CurateConfig)  # the section below
     stage1: dict = field(default_factory=dict)  # raw sections; stage_config() builds the TRL dataclass
-    stage2: dict = field(default_factory=dict)
-    stage3: dict = field(default_factory=dict)
-    path: str | None = None
+    stage2: dict = field(default_factory=dict)  # Stage 2's section (below)
+    stage3: dict = field(default_factory=dict)  # Stage 3's section (below)
+    path: str | None = None  # set by the loader: the file the recipe came from
 
     def world_dir(self) -> Path | None:
         """The world directory: `world.dir`, else the world's own cache dir for (quick|full, seed)."""
