@@ -20,7 +20,7 @@ from fastapi import Depends, FastAPI
 from pyrodash.backends import load_backend, load_llm, load_slm
 from pyrodash.engine import CollaborateEngine, FailurePolicy
 from pyrodash.prompts import get_prompts
-from pyrodash.server import errors, metrics, openapi, playground, protocol, routes, tracing
+from pyrodash.server import errors, front, metrics, openapi, playground, protocol, routes, tracing
 from pyrodash.server.auth import check_auth
 from pyrodash.server.budget import budgets
 from pyrodash.server.clock import Timing
@@ -131,8 +131,8 @@ def build_app(config: ServeConfig, engine=None, base_engine=None) -> FastAPI:
         )
     errors.install(app)
     routes.install(app)
-    app.state.serving_chat = ServingCompletions(app, "chat")
-    app.state.serving_text = ServingCompletions(app, "text")
+    app.state.serving_chat = ServingCompletions(app, front.CHAT)
+    app.state.serving_text = ServingCompletions(app, front.TEXT)
     playground.install(app, dependencies=[Depends(check_auth)])
     budgets.install(app, dependencies=[Depends(check_auth)])  # budgets (config `budgets`) and GET /v1/budget
     openapi.install(app)

@@ -1,7 +1,8 @@
-"""The serving objects behind the routes (as vLLM's `serving_chat`): `ServingCompletions` answers POST
-/v1/chat/completions (kind "chat") and /v1/completions (kind "text"), one per route in `app.state`.
+"""The serving objects behind the routes (as vLLM's `serving_chat`): `ServingCompletions` answers one wire API's
+completion route (`pyrodash.server.front`: chat, text, OpenAI's Responses, Anthropic's Messages), one per route in
+`app.state`.
 
-    serving = ServingCompletions(app, "chat")
+    serving = ServingCompletions(app, front.CHAT)
     response = await serving.create(request)     # a JSONResponse, an SSEResponse, or an OpenAI error
 
 A request is read and validated once into the engine's typed request (`pyrodash.engine.EngineRequest`,
@@ -25,25 +26,19 @@ from pyrodash.events import Done
 from pyrodash.server import errors, estimates, protocol, validation
 from pyrodash.server.budget import budgets
 from pyrodash.server.engine_run import EngineRun, first_batch, gone, watch
+from pyrodash.server.front import Front, sources
 from pyrodash.server.metrics import Metrics
-from pyrodash.server.sse import SSE_HEADERS, SSEResponse, sse_body
+from pyrodash.server.sse import SSE_HEADERS, SSEResponse, sse_events
 
 log = logging.getLogger("pyrodash.serve")
-ROUTES = {"chat": "/v1/chat/completions", "text": "/v1/completions"}
-
-
-def error(status: int, message: str, code: str) -> JSONResponse:
-    """An OpenAI error response (not raised: the route has counted it already)."""
-    return errors.ErrorResponse(protocol.APIError(status, message, code=code).body(), status_code=status)
 
 
 class ServingCompletions:
     """One completion route: `create(request)` validates, paces, traces and runs one request, and answers it as
-    JSON or as server-sent events."""
+    JSON or as server-sent events, in its front's wire API."""
 
-    def __init__(self, app: FastAPI, kind: str) -> None:
-        self.app, self.kind, self.route = app, kind, ROUTES[kind]
-        self.wire = protocol.ChatCompletionRequest if kind == "chat" else protocol.CompletionRequest
+    def __init__(self, app: FastAPI, front: Front) -> None:
+        self.app, self.front, self.route, self.wire = app, front, front.route, front.wire
         self.metrics: Metrics = app.state.metrics
 
     async def create(self, request: Request):
@@ -71,10 +66,8 @@ class ServingCompletions:
         )
         model = request.state.model
         if req.stream:
-            sources = bool(req.pyrodash and req.pyrodash.sources)
-            include = bool(req.stream_options and req.stream_options.include_usage)
-            return await self._stream(request, run, model, include, info, sources)
-        return await self._unary(request, run, model, info)
+            return await self._stream(request, run, model, req, info)
+        return await self._unary(request, run, model, req, info)
 
     async def _validated(self, request: Request):
         """(the wire request, the engine's request): read, parsed, the model and limits checked, and (in-process
@@ -82,7 +75,7 @@ class ServingCompletions:
         app, config = self.app, self.app.state.config
         raw = await validation.read_json(request, config.limits.max_body_bytes)
         req = validation.parse(self.wire, raw, allow_unknown=config.allow_unknown_fields)
-        model, call = validation.engine_request(app, req, self.kind)
+        model, call = self.front.convert(app, req)
         request.state.model = model  # a validated name: the metrics' model label stays bounded
         request.state.counted = True  # from here the route (or the error handler) counts the response itself
         counts = getattr(app.state.engine, "counts_prompts", None)
@@ -129,7 +122,7 @@ class ServingCompletions:
                 "http.request.method": "POST",
                 "http.route": self.route,
                 "gen_ai.request.model": request.state.model,
-                "gen_ai.operation.name": "chat" if self.kind == "chat" else "text_completion",
+                "gen_ai.operation.name": self.front.operation,
                 "pyrodash.mode": call.mode,
                 "pyrodash.stream": stream,
             },
@@ -140,18 +133,20 @@ class ServingCompletions:
         """The client went away before its answer: counted, and a 499."""
         self.metrics.errors.inc(kind="disconnect")
         self.metrics.requests.inc(route=self.route, model=model, status="499")
-        return error(499, "client closed request", "client_closed")
+        body = self.front.error_body(protocol.APIError(499, "client closed request", code="client_closed"))
+        return errors.ErrorResponse(body, status_code=499)  # (not raised: counted here already)
 
-    async def _stream(self, request: Request, run: EngineRun, model: str, include: bool, info, sources: bool):
+    async def _stream(self, request: Request, run: EngineRun, model: str, req, info):
         """Server-sent events; the status line waits for the engine's first events, so an error before any output is
         a real 4xx/5xx."""
         watcher, first = await first_batch(request, run)
         if watcher is None:
             return self._gone(model)
-        body = sse_body(self.metrics, run, first, self.kind, model, self.route, include, info, sources)
+        writer = self.front.writer(model, req)
+        body = sse_events(self.metrics, run, first, writer, model, self.route, info, sources(req))
         return SSEResponse(body, run, watcher, headers=SSE_HEADERS)
 
-    async def _unary(self, request: Request, run: EngineRun, model: str, info_of) -> JSONResponse:
+    async def _unary(self, request: Request, run: EngineRun, model: str, req, info_of) -> JSONResponse:
         """One JSON completion once the run is done (the client going away cancels the run: a 499)."""
         watcher = watch(request, run)
         done: Done | None = None
@@ -166,20 +161,8 @@ class ServingCompletions:
         if done is None:
             return self._gone(model)
         self.metrics.requests.inc(route=self.route, model=model, status="200")
-        out = self._body(done, model, info_of(done)).model_dump()
+        out = self.front.body(done, model, info_of(done), req)
         overhead = run.clock.overhead_s()
         out["pyrodash"]["overhead_ms"] = round(overhead * 1e3, 3)
         self.metrics.observe_done(done, model, run.elapsed, run.ttft, overhead)
         return JSONResponse(out)
-
-    def _body(self, done: Done, model: str, info: protocol.PyroDashInfo):
-        """The completion object of this route's kind."""
-        usage = protocol.UsageInfo.from_done(done)
-        if self.kind == "chat":
-            message = protocol.ResponseMessage(content=done.output)
-            choice = protocol.Choice(message=message, finish_reason=done.finish_reason)
-            rid, body = protocol.new_id(), protocol.ChatCompletion
-        else:
-            choice = protocol.CompletionChoice(text=done.output, finish_reason=done.finish_reason)
-            rid, body = protocol.new_id("cmpl"), protocol.Completion
-        return body(id=rid, created=protocol.now(), model=model, choices=[choice], usage=usage, pyrodash=info)

@@ -1,6 +1,7 @@
-"""A streamed completion as OpenAI's server-sent events: `ChunkWriter` (the chunks, content deltas from a
-precomputed template: the hot path), `sse_body` (an engine run's events as those chunks, one write per ready batch)
-and `SSEResponse` (written straight to the ASGI `send`, cancelling its run when the client goes away).
+"""A streamed completion as server-sent events: `ChunkWriter` (OpenAI's chunks, content deltas from a precomputed
+template: the hot path), `sse_events` (an engine run's events through any front's writer, one write per ready batch;
+`sse_body`: with a `ChunkWriter`) and `SSEResponse` (written straight to the ASGI `send`, cancelling its run when
+the client goes away).
 """
 
 from __future__ import annotations
@@ -66,8 +67,24 @@ class ChunkWriter:
     def error(body: dict) -> str:
         return f"data: {json.dumps(body)}\n\n"
 
+    def opening(self) -> list[str]:
+        """The events before the first delta (chat: the assistant's role)."""
+        return [self.role()] if self.kind == "chat" else []
+
+    def closing(self, done: Done, info: Callable[[], dict]) -> list[str]:
+        """The events after the last delta: the finish chunk, and with `include_usage` the usage chunk with the
+        `pyrodash` object."""
+        out = [self.finish(done.finish_reason)]
+        if self.include_usage:
+            out.append(self.usage(protocol.UsageInfo.from_done(done).model_dump(), info()))
+        return out
+
+    def failure(self, err: protocol.APIError) -> str:
+        return self.error(err.body())
+
     DONE = "data: [DONE]\n\n"
     DONE_BYTES = DONE.encode()
+    END = DONE
 
 
 class SSEResponse(StreamingResponse):
@@ -129,15 +146,37 @@ async def sse_body(
     info_of: Callable[[Done], protocol.PyroDashInfo],
     sources: bool = False,
 ):
-    """`run`'s events (`first`: its first batch, already read) as SSE chunks of `kind` ("chat" or "text"), one
-    write per batch; the last write ends with `data: [DONE]`. `include_usage`: a usage chunk with the `pyrodash`
-    object (`info_of(done)`); `sources`: each delta says who wrote it. An engine error after the status line is an
-    error event in the stream, as OpenAI does; the response is counted in `metrics` after its last byte."""
+    """`run`'s events as OpenAI's chunks of `kind` ("chat" or "text"), ending with `data: [DONE]`
+    (`include_usage`: a usage chunk with the `pyrodash` object): `sse_events` with a `ChunkWriter`."""
     rid = protocol.new_id("chatcmpl" if kind == "chat" else "cmpl")
     w = ChunkWriter(rid, protocol.now(), model, kind, include_usage)
+    async for part in sse_events(metrics, run, first, w, model, route, info_of, sources):
+        yield part
+
+
+async def sse_events(
+    metrics: Metrics,
+    run: EngineRun,
+    first: list | None,
+    w,
+    model: str,
+    route: str,
+    info_of: Callable[[Done], protocol.PyroDashInfo],
+    sources: bool = False,
+):
+    """`run`'s events (`first`: its first batch, already read) as the server-sent events of writer `w`
+    (`pyrodash.server.front`), one write per batch; the last write holds the closing events and `w.END`. `sources`:
+    each delta says who wrote it. An engine error after the status line is an error event in the stream (as the API
+    does); the response is counted in `metrics` after its last byte."""
     status = "200"
-    out = [w.role()] if kind == "chat" else []
+    out = w.opening()
     done: Done | None = None
+
+    def info() -> dict:
+        body = info_of(done).model_dump()
+        body["overhead_ms"] = round(run.clock.overhead_s() * 1e3, 3)
+        return body
+
     try:
         try:
             batch = first
@@ -152,21 +191,17 @@ async def sse_body(
                         out.append(w.tagged("", {"source": "handoff", "handoff": ev.slm_tokens}))
                     elif isinstance(ev, Done):
                         done = ev
-                        out.append(w.finish(ev.finish_reason))
-                        if include_usage:
-                            info = info_of(ev).model_dump()
-                            info["overhead_ms"] = round(run.clock.overhead_s() * 1e3, 3)
-                            out.append(w.usage(protocol.UsageInfo.from_done(ev).model_dump(), info))
-                if out and done is None:  # (the last chunks wait for the run's end: one write with [DONE])
+                        out.extend(w.closing(ev, info))
+                if out and done is None:  # (the last events wait for the run's end: one write with the end)
                     yield "".join(out)
                     out = []
                 batch = await run.next_batch()
-        except Exception as e:  # noqa: BLE001 - the status line is sent: report in the stream, as OpenAI does
+        except Exception as e:  # noqa: BLE001 - the status line is sent: report in the stream, as the API does
             err = errors.failure(e)
             status = str(err.status)
             metrics.errors.inc(kind="client" if err.status < 500 else "upstream")
-            out.append(w.error(err.body()))
-        out.append(w.DONE)
+            out.append(w.failure(err))
+        out.append(w.END)
         yield "".join(out)
     except BaseException:  # the client went away (cancelled, or the generator closed early)
         status = "499"

@@ -184,15 +184,18 @@ def _fields(model: type[BaseModel]) -> set[str]:
         protocol.StreamOptions,
         protocol.ResponseFormatText,
         protocol.PyroDashOptions,
+        *getattr(model, "PARTS", ()),  # another wire API's nested models (their field names make error params)
     ):
         names |= set(m.model_fields)
     return names
 
 
 def known_fields(model: type[BaseModel]) -> frozenset[str]:
-    """The top-level fields a request of this kind may carry (OpenAI's for its route, and the model's own)."""
-    openai = OPENAI_CHAT_FIELDS if model is protocol.ChatCompletionRequest else OPENAI_TEXT_FIELDS
-    return openai | frozenset(model.model_fields)
+    """The top-level fields a request of this kind may carry (its API's for its route, and the model's own)."""
+    api = getattr(model, "API_FIELDS", None)  # another wire API names its own (pyrodash.server.front)
+    if api is None:
+        api = OPENAI_CHAT_FIELDS if model is protocol.ChatCompletionRequest else OPENAI_TEXT_FIELDS
+    return api | frozenset(model.model_fields)
 
 
 def _unknown(model: type[BaseModel], obj: dict) -> None:
@@ -232,7 +235,7 @@ def parse(model: type[BaseModel], obj: object, allow_unknown: bool = False) -> B
             code="invalid_unicode",
         )
     if isinstance(obj, dict):
-        for name, (neutral, why) in UNSUPPORTED.items():
+        for name, (neutral, why) in {**UNSUPPORTED, **getattr(model, "UNSUPPORTED", {})}.items():
             if name == "logprobs":  # chat: a boolean; legacy completions: a count
                 neutral = (None, False) if model is protocol.ChatCompletionRequest else (None, 0)
             if name in obj and not any(_same(obj[name], v) for v in neutral):
@@ -328,7 +331,7 @@ def engine_request(app: FastAPI, req: protocol._Sampling, kind: str) -> tuple[st
     if temperature < SAMPLING_EPS:
         temperature = 0.0  # as vLLM does: a vanishing temperature is greedy decoding (and 1/T must stay finite)
     if kind == "chat":
-        question: object = [{**m.to_engine(), "content": _client_text(app, m.text())} for m in req.messages]
+        question: object = [{**m.to_engine(), "content": _client_text(app, m.text())} for m in chat_messages(req)]
     else:
         question = _client_text(app, req.prompt)
     opts = req.pyrodash or protocol.PyroDashOptions()
@@ -350,8 +353,17 @@ def engine_request(app: FastAPI, req: protocol._Sampling, kind: str) -> tuple[st
     return model, call
 
 
+def chat_messages(req: BaseModel) -> list:
+    """A chat-like request's messages (`ChatMessage`s; another wire API converts its own: `chat_messages()`)."""
+    own = getattr(req, "chat_messages", None)
+    return own() if callable(own) else req.messages
+
+
 def budget_param(req: protocol._Sampling) -> str:
     """The wire name of the request's joint token budget (what an error about it names)."""
+    own = getattr(req, "BUDGET_PARAM", None)  # another wire API's name for it (max_output_tokens)
+    if own is not None:
+        return own
     return "max_completion_tokens" if getattr(req, "max_completion_tokens", None) is not None else "max_tokens"
 
 
