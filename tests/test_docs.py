@@ -85,7 +85,7 @@ def _nav_pages(nav) -> list[str]:
 
 def test_every_docs_page_is_in_the_site_nav():
     nav = _nav_pages(yaml.safe_load((ROOT / "mkdocs.yml").read_text())["nav"])
-    pages = sorted(p.name for p in (ROOT / "docs").glob("*.md"))
+    pages = sorted(p.relative_to(ROOT / "docs").as_posix() for p in (ROOT / "docs").rglob("*.md"))
     assert sorted(nav) == pages
 
 

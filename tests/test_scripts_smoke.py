@@ -93,6 +93,11 @@ def test_many_cores_script_parses_and_names_real_flags():
         assert {f for f in flags if f not in helptext} == set(), script
 
 
+def test_render_docs_checks_the_tree_and_names_its_pages():
+    last_line(run_script("scripts/render_docs.py", "--check"), "checked stale")
+    assert "docs/reference/cli.md" in run_script("scripts/doc_reference.py").split()
+
+
 def test_ship_world_parses():
     """Pretrains a world from scratch (~3 minutes) and writes into pyrodash/world/checkpoints: --help only."""
     assert "--seed" in run_script("scripts/ship_world.py", "--help")
@@ -188,6 +193,8 @@ COVERED = {
     "scripts/world_economics.py",
     "scripts/ship_world.py",
     "scripts/turn_tables.py",
+    "scripts/render_docs.py",
+    "scripts/doc_reference.py",
     "docs/playground_screenshot.py",
 }
 

@@ -1,0 +1,187 @@
+"""Render the documentation's figures from stored results, so that every page quotes one source.
+
+    python scripts/render_docs.py                         # rewrite every rendered span and generated page
+    python scripts/render_docs.py --check                 # exit 1 naming each span or page that differs
+    python scripts/render_docs.py --store runs/demo-quick quick-seed0   # keep a run's figures in docs/results/
+
+A span in README.md or docs/**/*.md reads
+
+    <!-- rendered: VIEW NAME -->...<!-- /rendered -->
+
+and everything between the two comments is rewritten from `docs/results/NAME.json` (a run's `summary.json` trimmed to
+what the docs quote, with the machine it ran on and the demo's step times). Views: `table` (the headline table),
+`verdict` (the report's one-sentence Pareto verdict), `machine` (the platform, in words), `demo-time` (the demo's
+wall time and its steps). The reference pages under docs/reference/ are generated whole (`doc_reference.py`).
+Last line printed: `rendered=N changed=M` (`--check`: `checked=N stale=M`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from doc_reference import generated_pages  # noqa: E402
+
+from pyrodash.eval.names import parse_method  # noqa: E402
+from pyrodash.report.tables import verdict_sentence  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "docs" / "results"
+SPAN = re.compile(r"<!-- rendered: ([\w.+-]+) ([\w.+-]+) -->(.*?)<!-- /rendered -->", re.S)
+KEPT = ("accuracy", "llm_token_ratio", "llm_calls", "cost_normalized", "n")
+
+
+def load(name: str) -> dict:
+    path = RESULTS / f"{name}.json"
+    if not path.is_file():
+        raise SystemExit(f"no stored results {path.relative_to(ROOT)}: store a run with --store RUN_DIR {name}")
+    return json.loads(path.read_text())
+
+
+def _row_key(name: str) -> tuple[str, str]:
+    """(row label, with `{}` where the points' knobs go; the point's knob) of a method: one row per family or
+    sweep, one point per knob."""
+    base = {"slm": "SLM / SLM+SFT", "slm+sft": "SLM / SLM+SFT", "oracle": "Oracle single handoff"}
+    if "@" not in name:
+        return base.get(name, {"relay_oracle": "Oracle relay", "llm": "LLM"}.get(name, name)), ""
+    family, _, value = parse_method(name)
+    lam = name.split("@", 1)[1].split("+", 1)[0]
+    relay = f", relay {name.rsplit('+relay', 1)[1]}" if "+relay" in name else ""
+    if family in ("routellm", "glimprouter"):
+        knob = "α" if family == "routellm" else "τ"
+        return f"{'RouteLLM-MF' if knob == 'α' else 'GlimpRouter'}, one {knob} a point (most LLM first)", ""
+    if value is None:
+        return f"PyroDash λ={{}}{relay}", lam
+    if "+bias" in name:
+        return f"PyroDash λ={lam}{relay}, offload_bias {{}}", f"{value:+g}"
+    return f"PyroDash λ={lam}{relay}, handoff_share {{}}", f"{value:g}"
+
+
+def table(res: dict) -> str:
+    """The headline table: one row per method family (or sweep), its points joined with ' / ' (the routers' most
+    LLM first), in the stored order otherwise."""
+    rows: dict[str, list[tuple[str, dict]]] = {}
+    for name, m in res["methods"].items():
+        label, point = _row_key(name)
+        rows.setdefault(label, []).append((point, m))
+    for label, points in rows.items():
+        if "most LLM first" in label:
+            points.sort(key=lambda pm: -pm[1]["cost_normalized"])
+    out = [
+        "| Method | Avg. acc. (%) | LLM token ratio (%) | LLM calls | Cost / LLM-only |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for label, points in rows.items():
+
+        def col(key: str, fmt: str, scale: float = 1.0, points=points) -> str:
+            return " / ".join(format(m[key] * scale, fmt) for _, m in points)
+
+        name = label.replace("{}", " / ".join(p for p, _ in points))
+        out.append(
+            f"| {name} | {col('accuracy', '.2f', 100)} | {col('llm_token_ratio', '.1f', 100)} | "
+            f"{col('llm_calls', '.2f')} | {col('cost_normalized', '.3f')} |"
+        )
+    return "\n".join(out)
+
+
+def verdict(res: dict) -> str:
+    """The report's verdict sentence (`pyrodash.report.tables.verdict_sentence`) on the stored figures."""
+    ms = {
+        n: SimpleNamespace(name=n, cost_usd=m["cost_normalized"], **{k: m[k] for k in ("accuracy", "cost_normalized")})
+        for n, m in res["methods"].items()
+    }
+    return verdict_sentence(ms)
+
+
+def machine(res: dict) -> str:
+    p = res["platform"]
+    cores = f"{p['cores']}-core " if p.get("cores") else ""
+    return f"{cores}{p.get('cpu', 'CPU')} ({p.get('cpu_capability')} kernels), torch {p.get('torch')}"
+
+
+def demo_time(res: dict) -> str:
+    t = res["times"]
+    world, jobs, report = t.get("world", 0.0), t["training + evaluation (wall)"], t.get("report", 0.0)
+    total = world + jobs + report
+    return (
+        f"{total / 60:.1f} min on a {machine(res)} (world {world:.0f} s, training and evaluation {jobs:.0f} s, "
+        f"report {report:.0f} s)"
+    )
+
+
+VIEWS = {"table": table, "verdict": verdict, "machine": machine, "demo-time": demo_time}
+
+
+def render_text(text: str) -> str:
+    """`text` with every span rewritten; a span that starts on its own line stays a block."""
+
+    def one(m: re.Match) -> str:
+        view, name = m.group(1), m.group(2)
+        if view not in VIEWS:
+            raise SystemExit(f"unknown view {view!r} in <!-- rendered: {view} {name} -->; one of {sorted(VIEWS)}")
+        body = VIEWS[view](load(name))
+        if m.group(3).startswith("\n"):
+            body = f"\n{body}\n"
+        return f"<!-- rendered: {view} {name} -->{body}<!-- /rendered -->"
+
+    return SPAN.sub(one, text)
+
+
+def doc_pages() -> list[Path]:
+    return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+
+
+def targets() -> dict[Path, str]:
+    """Every file this script owns a part of, with its rendered text."""
+    out = {p: render_text(p.read_text()) for p in doc_pages() if SPAN.search(p.read_text())}
+    out.update({ROOT / rel: text for rel, text in generated_pages().items()})
+    return out
+
+
+def store(run_dir: Path, name: str) -> Path:
+    """docs/results/NAME.json from a run: its summary's methods (the quoted fields), platform and demo times."""
+    summary = json.loads((run_dir / "summary.json").read_text())
+    times = run_dir / "demo_times.json"
+    platform = {**summary.get("platform", {}), "cores": os.cpu_count()}
+    res = {
+        "what": f"the run {run_dir.name}",
+        "source": f"{run_dir.name}/summary.json; cores: the machine that stored it",
+        "platform": platform,
+        "times": json.loads(times.read_text()) if times.is_file() else {},
+        "methods": {n: {k: m[k] for k in KEPT if k in m} for n, m in summary["methods"].items()},
+    }
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps(res, indent=1) + "\n")
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--check", action="store_true", help="change nothing; exit 1 if a span or page is stale")
+    ap.add_argument("--store", nargs=2, metavar=("RUN_DIR", "NAME"), help="keep RUN_DIR's figures as NAME first")
+    args = ap.parse_args(argv)
+    if args.store:
+        print(f"stored {store(Path(args.store[0]), args.store[1]).relative_to(ROOT)}")
+    stale = []
+    done = targets()
+    for path, text in done.items():
+        if not path.is_file() or path.read_text() != text:
+            stale.append(path.relative_to(ROOT))
+            if not args.check:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(text)
+    for p in stale:
+        print(f"{'stale' if args.check else 'rewrote'}: {p}")
+    print(f"checked={len(done)} stale={len(stale)}" if args.check else f"rendered={len(done)} changed={len(stale)}")
+    return 1 if args.check and stale else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,75 @@
+"""Every figure the docs quote from a run, and every reference page, is rendered from one source.
+
+`scripts/render_docs.py` rewrites the spans `<!-- rendered: VIEW NAME -->...<!-- /rendered -->` in README.md and
+docs/ from `docs/results/NAME.json`, and writes docs/reference/ from the code (the CLI's parsers, the config
+dataclasses). Here it re-renders everything and fails on any difference: a page cannot quote a stale figure, a
+flag or a key the code no longer has. The fix is always `python scripts/render_docs.py` (after `--store RUN_DIR
+NAME` for a new run).
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import json
+
+import pytest
+from doc_blocks import ROOT
+
+
+@pytest.fixture(scope="module")
+def render():
+    spec = importlib.util.spec_from_file_location("render_docs", ROOT / "scripts" / "render_docs.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_rendered_span_and_reference_page_is_current(render):
+    stale = [
+        str(p.relative_to(ROOT)) for p, text in render.targets().items() if not p.is_file() or p.read_text() != text
+    ]
+    assert not stale, f"{stale} differ from what they render to: run `python scripts/render_docs.py`"
+
+
+def test_the_headline_figures_are_rendered_where_they_are_quoted(render):
+    quoted = {p.relative_to(ROOT).as_posix() for p in render.doc_pages() if "<!-- rendered: table " in p.read_text()}
+    assert {"README.md", "docs/results.md"} <= quoted, quoted
+
+
+def test_every_stored_result_is_used_and_names_its_machine(render):
+    used = {m.group(2) for p in render.doc_pages() for m in render.SPAN.finditer(p.read_text())}
+    stored = {p.stem for p in (ROOT / "docs" / "results").glob("*.json")}
+    assert used and used <= stored, used - stored
+    for name in stored:
+        res = json.loads((ROOT / "docs" / "results" / f"{name}.json").read_text())
+        assert {"cpu", "cpu_capability", "torch"} <= set(res["platform"]), name
+        assert render.machine(res) in render.demo_time(res) if res.get("times") else True
+
+
+def test_a_changed_figure_changes_the_page(render, monkeypatch):
+    """The spans are rendered from the store, not kept: one figure changed in the store changes the README."""
+    res = copy.deepcopy(render.load("quick-seed0"))
+    name = next(n for n in res["methods"] if n.startswith("pyrodash@"))
+    res["methods"][name]["accuracy"] = 0.1234
+    monkeypatch.setattr(render, "load", lambda _name: res)
+    assert "12.34" in render.render_text((ROOT / "README.md").read_text())
+
+
+def test_store_keeps_a_runs_quoted_fields_and_platform(render, tmp_path, monkeypatch):
+    run = tmp_path / "run"
+    run.mkdir()
+    method = {"accuracy": 0.5, "llm_token_ratio": 0.2, "llm_calls": 0.3, "cost_usd": 1.0, "cost_normalized": 0.4}
+    summary = {
+        "methods": {"slm": method, "llm": {**method, "cost_normalized": 1.0}},
+        "platform": {"cpu": "X", "torch": "t", "cpu_capability": "AVX2"},
+    }
+    (run / "summary.json").write_text(json.dumps(summary))
+    (run / "demo_times.json").write_text(json.dumps({"world": 1.0, "training + evaluation (wall)": 60.0}))
+    monkeypatch.setattr(render, "RESULTS", tmp_path)
+    stored = json.loads(render.store(run, "x").read_text())
+    assert stored["methods"]["slm"] == {
+        k: method[k] for k in ("accuracy", "llm_token_ratio", "llm_calls", "cost_normalized")
+    }
+    assert stored["platform"]["cpu"] == "X" and stored["times"]["world"] == 1.0
+    assert render.demo_time(stored).startswith("1.0 min on a ")
