@@ -53,7 +53,7 @@ LOG_NAME = "demo.log"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--quick", action="store_true", help="the quick world and two λ values (CI)")
+    p.add_argument("--quick", action="store_true", help=f"the quick world, λ {LAMBDAS['quick']} (CI)")
     p.add_argument("--out", default=None, help="output directory (default runs/demo-quick or runs/demo)")
     p.add_argument("--seed", type=int, default=0, help="world seed")
     p.add_argument("--lambdas", default=None, help="comma-separated λ values (default: the preset's)")
@@ -61,14 +61,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--from-scratch",
         action="store_true",
-        help="pretrain the world's two models here (~3 minutes on 2 cores) instead of starting from the "
+        help="pretrain the world's two models (minutes: docs/world.md) instead of starting from the "
         "base models that ship with PyroDash (seed 0) or a cached world's",
     )
     p.add_argument(
         "--relay",
         action="store_true",
         help="also train the relay recipe (several LLM calls per answer, docs/relay.md) and evaluate it against the "
-        "relay oracle in DIR/relay/ (--quick only; about 2 more minutes on 2 cores)",
+        "relay oracle in DIR/relay/ (--quick only; its time: docs/relay.md)",
     )
     p.add_argument(
         "--workers",
