@@ -20,8 +20,8 @@ from fastapi import Depends, FastAPI
 from pyrodash.backends import load_backend, load_llm, load_slm
 from pyrodash.engine import CollaborateEngine, FailurePolicy
 from pyrodash.prompts import get_prompts
-from pyrodash.server import errors, front, metrics, openapi, playground, protocol, routes, tracing
-from pyrodash.server.auth import check_auth
+from pyrodash.server import errors, metrics, openapi, playground, protocol, routes, tracing
+from pyrodash.server.auth import XApiKey, check_auth
 from pyrodash.server.budget import budgets
 from pyrodash.server.clock import Timing
 from pyrodash.server.config import ServeConfig
@@ -127,12 +127,12 @@ def build_app(config: ServeConfig, engine=None, base_engine=None) -> FastAPI:
             CORSMiddleware,
             allow_origins=config.cors_origins,
             allow_methods=["GET", "POST"],
-            allow_headers=["Authorization", "Content-Type"],
+            allow_headers=["Authorization", "Content-Type", "x-api-key", "anthropic-version"],
         )
     errors.install(app)
+    app.add_middleware(XApiKey)  # Anthropic's clients send their key as x-api-key
     routes.install(app)
-    app.state.serving_chat = ServingCompletions(app, front.CHAT)
-    app.state.serving_text = ServingCompletions(app, front.TEXT)
+    app.state.serving = {f.route: ServingCompletions(app, f) for f in routes.FRONTS}  # one per wire API
     playground.install(app, dependencies=[Depends(check_auth)])
     budgets.install(app, dependencies=[Depends(check_auth)])  # budgets (config `budgets`) and GET /v1/budget
     openapi.install(app)

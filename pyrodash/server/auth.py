@@ -1,5 +1,6 @@
 """The server's API key: `check_auth` (a route dependency: 401 without the right bearer key, when the server has
-one; a budget's key is an API key too) and `authorized` (whether a request may see details, refusing nothing)."""
+one; a budget's key is an API key too), `authorized` (whether a request may see details, refusing nothing) and
+`XApiKey` (Anthropic's `x-api-key` header read as the bearer key, for every check that reads one)."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ async def check_auth(request: Request) -> None:  # async: FastAPI runs a plain d
     if not header:
         raise protocol.APIError(
             401,
-            "Missing API key: send the header 'Authorization: Bearer <key>'.",
+            "Missing API key: send the header 'Authorization: Bearer <key>' (or 'x-api-key: <key>').",
             type="authentication_error",
             code="missing_api_key",
         )
@@ -38,3 +39,19 @@ async def check_auth(request: Request) -> None:  # async: FastAPI runs a plain d
         if budgets.key_ok(request):  # a budget's key (budgets.keys) is an API key too
             return
         raise protocol.APIError(401, "Incorrect API key provided.", type="authentication_error", code="invalid_api_key")
+
+
+class XApiKey:
+    """ASGI middleware: a request with `x-api-key` (Anthropic's clients) and no `Authorization` header gets
+    `Authorization: Bearer <that key>`, so the auth check and the budgets (which budget a key draws on) read it."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http":
+            headers = scope["headers"]
+            key = next((v for k, v in headers if k == b"x-api-key"), None)
+            if key is not None and not any(k == b"authorization" for k, _ in headers):
+                scope = {**scope, "headers": [*headers, (b"authorization", b"Bearer " + key)]}
+        await self.app(scope, receive, send)

@@ -1,4 +1,5 @@
-"""The one error-shaping layer of `pyrodash serve`: every refusal is OpenAI's error body, counted, and safe.
+"""The one error-shaping layer of `pyrodash serve`: every refusal is its route's API's error body (OpenAI's; Anthropic's
+on /v1/messages: `app.state.error_bodies`), counted, and safe.
 
     install(app)                 # exception handlers for APIError, validation errors, 404/405 and crashes
     raise failure(exc)           # an engine failure as the client may see it (details go to the server log only)
@@ -83,7 +84,8 @@ def error_response(request: Request, err: protocol.APIError, headers: dict | Non
     count(request, err.status)
     if err.status == 401:
         headers = {**(headers or {}), "WWW-Authenticate": "Bearer"}
-    return ErrorResponse(err.body(), status_code=err.status, headers=headers)
+    shape = getattr(request.app.state, "error_bodies", {}).get(route_label(request))  # the route's API's shape
+    return ErrorResponse(shape(err) if shape else err.body(), status_code=err.status, headers=headers)
 
 
 def failure(exc: BaseException) -> protocol.APIError:

@@ -79,6 +79,21 @@ def chat_message(role: str, text: str) -> protocol.ChatMessage:
     return protocol.ChatMessage.model_construct(role=role, content=text, name=None)
 
 
+def text_only(value: object, param: str, parts: tuple[str, ...], why: str) -> None:
+    """400 naming the first content part of `value` (a list of parts, as sent) whose `type` is another than `parts`
+    (an image, a file, a tool result ...); anything else is left to the request model's own validation."""
+    for j, part in enumerate(value if isinstance(value, list) else ()):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if isinstance(kind, str) and kind not in parts:
+            raise protocol.APIError(
+                400,
+                f"{param}.{j}.type: content of type {kind[:40]!r} is not supported ({why}); send "
+                f"{' or '.join(parts)} parts.",
+                param=f"{param}.{j}.type",
+                code="unsupported_value",
+            )
+
+
 def sources(req: BaseModel) -> bool:
     """Whether the request asked each streamed delta to say who wrote it (`pyrodash.sources`)."""
     opts = getattr(req, "pyrodash", None)

@@ -1,12 +1,11 @@
 """The server's OpenAPI document: the request models (read by hand in the routes) in its components, every error a
-route can answer (OpenAI's error body), this server's token limits, and /metrics as Prometheus text."""
+route can answer (its API's error body), this server's token limits, and /metrics as Prometheus text."""
 
 from __future__ import annotations
 
 from fastapi import FastAPI
 from pydantic import BaseModel
 
-from pyrodash.server import protocol
 from pyrodash.server.config import ServeConfig
 
 
@@ -42,42 +41,47 @@ def install(app: FastAPI) -> None:
     def openapi() -> dict:
         if app.openapi_schema is None:
             schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
-            _request_models(schema, app.state.config)
-            _errors(schema, app.state.config, auth=app.state.api_key is not None)
-            _bodies(schema)
+            fronts = app.state.fronts
+            _request_models(schema, app.state.config, fronts)
+            _errors(schema, app.state.config, fronts, auth=app.state.api_key is not None)
+            _bodies(schema, fronts)
             app.openapi_schema = schema
         return app.openapi_schema
 
     app.openapi = openapi
 
 
-def _request_models(schema: dict, config: ServeConfig) -> None:
-    """The request models in the components, with this server's token limits and unknown-field rule."""
+def _request_models(schema: dict, config: ServeConfig, fronts) -> None:
+    """The request models (one per wire API, `pyrodash.server.front`) and error bodies in the components, with this
+    server's token limits and unknown-field rule."""
     comps = schema.setdefault("components", {}).setdefault("schemas", {})
-    for model in (protocol.ChatCompletionRequest, protocol.CompletionRequest, protocol.ErrorResponse):
+    models = {*(f.wire for f in fronts), *(f.error_model for f in fronts)}
+    for model in sorted(models, key=lambda m: m.__name__):
         js = model.model_json_schema(ref_template="#/components/schemas/{model}")
         comps.update(js.pop("$defs", {}))
         comps[model.__name__] = js
-    for name in ("ChatCompletionRequest", "CompletionRequest"):
+    for name in (f.wire.__name__ for f in fronts):
         # unknown top-level fields are a 400 (validation.parse) unless the config lets them pass
         comps[name]["additionalProperties"] = config.allow_unknown_fields
         props = comps[name]["properties"]
-        for key in ("max_tokens", "max_completion_tokens", "max_tokens_per_model"):
+        for key in ("max_tokens", "max_completion_tokens", "max_output_tokens", "max_tokens_per_model"):
             if key in props:
                 for branch in props[key].get("anyOf", [props[key]]):
                     if branch.get("type") == "integer":
                         branch["maximum"] = config.limits.max_tokens
 
 
-def _errors(schema: dict, config: ServeConfig, auth: bool) -> None:
-    """Every error each route can answer, as OpenAI's error body (no 401 without a key, no 422)."""
-    err = {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}}}
+def _errors(schema: dict, config: ServeConfig, fronts, auth: bool) -> None:
+    """Every error each route can answer, as its API's error body (no 401 without a key, no 422)."""
+    shapes = {f.route: f.error_model.__name__ for f in fronts}
     for path, item in schema.get("paths", {}).items():
+        ref = f"#/components/schemas/{shapes.get(path, 'ErrorResponse')}"
+        err = {"content": {"application/json": {"schema": {"$ref": ref}}}}
         for op in item.values():
             responses = op.setdefault("responses", {})
             responses.pop("422", None)  # FastAPI's default; this server answers 400 for invalid input
-            codes = [400, 401, 404, 413, 499, 502] if path.endswith("completions") else [400, 404]
-            if path.endswith("completions") and config.budgets is not None:
+            codes = [400, 401, 404, 413, 499, 502] if path in shapes else [400, 404]
+            if path in shapes and config.budgets is not None:
                 codes.append(429)
             if path in ("/health", "/metrics"):
                 codes = [401] if path == "/metrics" and not config.metrics_public else []
@@ -92,11 +96,11 @@ def _errors(schema: dict, config: ServeConfig, auth: bool) -> None:
             }
 
 
-def _bodies(schema: dict) -> None:
+def _bodies(schema: dict, fronts) -> None:
     """The completions' event stream, /metrics as text and /health's 503."""
-    for path in ("/v1/chat/completions", "/v1/completions"):
+    for path in (f.route for f in fronts):
         ok = schema["paths"][path]["post"]["responses"]["200"]
-        ok["description"] = "The completion (JSON), or with stream: true server-sent events of chunks"
+        ok["description"] = "The answer (JSON), or with stream: true its server-sent events"
         event = {"type": "object", "properties": {"event": {"type": "string"}, "data": {"type": "string"}}}
         ok.setdefault("content", {})["text/event-stream"] = {"schema": event}
     metrics_ok = schema["paths"]["/metrics"]["get"]["responses"]["200"]

@@ -2,6 +2,8 @@
 serving object, `pyrodash.server.serving`). `install(app)` registers them with their auth and OpenAPI shapes.
 
     POST /v1/chat/completions, /v1/completions    completions (streaming and not)
+    POST /v1/responses                             OpenAI's Responses API (pyrodash.server.responses_api)
+    POST /v1/messages                              Anthropic's Messages API (pyrodash.server.messages_api)
     GET  /v1/models, /v1/models/{model_id}        the operating points as OpenAI models
     GET  /health                                   live and ready (details with the key)
     GET  /metrics                                  Prometheus text (with the key unless `metrics_public`)
@@ -16,17 +18,18 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
 from pyrodash.backends.probe import reachability
-from pyrodash.server import metrics, openapi, protocol
+from pyrodash.server import front, messages_api, metrics, openapi, protocol, responses_api
 from pyrodash.server.auth import authorized, check_auth
 from pyrodash.server.budget import budgets
+from pyrodash.server.errors import route_label
+
+# the wire APIs served in front of the one engine, each on its own completion route
+FRONTS = (front.CHAT, front.TEXT, responses_api.FRONT, messages_api.FRONT)
 
 
-async def chat_completions(request: Request):
-    return await request.app.state.serving_chat.create(request)
-
-
-async def completions(request: Request):
-    return await request.app.state.serving_text.create(request)
+async def complete(request: Request):
+    """A completion route of any wire API: its serving object (`app.state.serving`) answers."""
+    return await request.app.state.serving[route_label(request)].create(request)
 
 
 async def models(request: Request) -> protocol.ModelList:
@@ -77,13 +80,13 @@ def _scrubbed(obj):
 def install(app: FastAPI) -> None:
     """Register the routes (`/metrics` public only with the config's `metrics_public`)."""
     auth = [Depends(check_auth)]
-    completion_routes = (
-        ("/v1/chat/completions", chat_completions, protocol.ChatCompletionRequest, protocol.ChatCompletion),
-        ("/v1/completions", completions, protocol.CompletionRequest, protocol.Completion),
-    )
-    for path, route, wire, answer in completion_routes:
-        body = openapi.request_body(wire)
-        app.add_api_route(path, route, methods=["POST"], dependencies=auth, response_model=answer, openapi_extra=body)
+    app.state.fronts = FRONTS
+    app.state.error_bodies = {f.route: f.error_body for f in FRONTS}  # each route refuses in its API's shape
+    for f in FRONTS:
+        body = openapi.request_body(f.wire)
+        app.add_api_route(
+            f.route, complete, methods=["POST"], dependencies=auth, response_model=f.answer, openapi_extra=body
+        )
     app.add_api_route("/v1/models", models, dependencies=auth, response_model=protocol.ModelList)
     app.add_api_route("/v1/models/{model_id}", model_card, dependencies=auth, response_model=protocol.ModelCard)
     app.add_api_route("/health", health)

@@ -28,10 +28,12 @@ from pathlib import Path
 from fastapi import FastAPI, Request
 
 from pyrodash.engine import handoff_admitted
+from pyrodash.engine.range_rule import RangeRule
 from pyrodash.engine.requests import EngineRequest
-from pyrodash.events import Done
+from pyrodash.events import Done, LLMDelta
 from pyrodash.server import protocol
 from pyrodash.server.budget.config import Budget, BudgetsConfig
+from pyrodash.server.budget.gate import Gate, billed, new_ticket
 from pyrodash.server.budget.pacer import BIAS, Decision, PacerSpec, arrive, finish, spend_rate
 from pyrodash.server.budget.reserve import Ticket, Worst, chat_messages, period_of, worst_case
 from pyrodash.server.budget.store import FileStore, MemoryStore, RedisStore
@@ -66,10 +68,16 @@ BUDGET_METRICS = {
                  "capped, refused, learning, solo).", ("state",)),
     "reserved": ("gauge", "reserved_usd", "Dollars reserved against the hard cap by requests in flight (their worst "
                  "case), as last seen.", ()),
-    "turned": ("counter", "reservation_denied", "Requests whose worst-case dollars did not fit the hard cap, by "
-               "outcome (slm: the SLM alone; refused).", ("outcome",)),
-    "expired": ("counter", "reservation_expired", "Requests that outlived their reservation (reservation_ttl_s): "
-                "their dollars counted when done.", ()),
+    "turned": ("counter", "reservation_denied", "Requests whose reservation did not fit the hard cap, by outcome "
+               "(slm: the SLM alone; refused; call: an LLM call not made, the SLM finished).", ("outcome",)),
+    "expired": ("counter", "reservation_expired", "Reservations that outlived reservation_ttl_s: counted as spent at "
+                "their worst case, corrected when their request's dollars came.", ()),
+    "overrun": ("counter", "overrun_usd", "Dollars billed above what their requests reserved (usage reported above "
+                "the request's bound): on the ledger as billed.", ()),
+    "billed": ("counter", "settled_billed_usd", "Dollars billed by the settled requests of a capped budget.", ()),
+    "held_total": ("counter", "settled_reserved_usd", "Dollars those requests had reserved on the cap.", ()),
+    "utilisation": ("gauge", "utilisation", "Billed / reserved dollars of this replica's settled requests on a "
+                    "capped budget (1: every reserved dollar billed).", ()),
 }  # fmt: skip
 
 
@@ -113,7 +121,9 @@ class Grant:
     budget: Budget
     decision: Decision
     info: dict
-    ticket: Ticket | None = None  # its reservation on the hard cap (None: no cap, or nothing to reserve)
+    ticket: Ticket | None = None  # its reservation at admission on the hard cap (None: no cap, or nothing reserved)
+    gate: Gate | None = None  # its LLM calls' reservations (a capped budget), `EngineRequest.gate`
+    slm_usd: float = 0.0  # the part of `ticket` for the SLM's own dollars (`dollars: all`)
 
 
 class Budgets:
@@ -133,6 +143,7 @@ class Budgets:
         else:
             self.store = MemoryStore()
         self.metrics = BudgetMetrics(registry) if registry is not None else None
+        self.utilisation: dict[str, list[float]] = {}  # budget -> [billed, reserved] of this replica's settled requests
         if self.metrics is not None:
             for b in cfg.budgets:
                 self.metrics.target.labels(b.name).set(b.usd_per_hour)
@@ -194,18 +205,20 @@ class Budgets:
 
     async def pace(self, request: Request, engine, call: EngineRequest) -> tuple[EngineRequest, Grant | None]:
         """The request at the operating point its budget gives it (handoff share, offload bias), with its reservation
-        on the hard cap; raises `Refused` at the cap (`at_cap: refuse`, or one model alone)."""
+        on the hard cap for the way the engine will answer it (a turn past the SLM's range: the LLM alone) and the
+        gate its every LLM call asks; raises `Refused` at the cap (`at_cap: refuse`, or one model alone)."""
         budget = self.which(request)
         if budget is None:
             return call, None
-        mode = call.mode
+        mode, routed = _route(engine, call)
         solo = mode != "collab"
         messages = chat_messages(engine, call.question)
         base_share = float(1.0 if call.handoff_share is None else call.handoff_share)
         base_bias = float(call.offload_bias or 0.0)
         t = self.now()
         spec = self.specs[budget.name]
-        ticket, cap, reason = await self._reserve(budget, spec, t, worst_case(engine, call, budget.dollars), mode)
+        worst = worst_case(engine, call, budget.dollars)
+        ticket, cap, reason = await self._reserve(budget, spec, t, worst, mode, bool(routed))
 
         def step(st, spec):
             d = arrive(st, spec, t, lambda share: handoff_admitted(messages, share), base_share, base_bias, solo, cap)
@@ -220,7 +233,7 @@ class Budgets:
         if ticket is not None and not cap and not solo and not d.admitted and budget.dollars == "llm":
             await self.store.ledger.settle(ticket, 0.0)  # outside the handoff share: no LLM call, nothing held
             ticket = None
-        refused = d.state == "refused" or (solo and d.state == "capped")  # (one model alone: refused at the cap)
+        refused = d.state == "refused" or (solo and cap == "refuse")  # (one model alone: refused at the cap)
         self._count(budget, d, st, spec, view, cap, refused)
         left = self._left_s(st, spec)
         if refused:
@@ -230,18 +243,31 @@ class Budgets:
                 left,
             )
         moved = {k: v for k in ("handoff_share", "offload_bias") if (v := getattr(d, k)) is not None}
+        if routed and cap:  # past the SLM's range at the cap: the SLM answers, never handing off
+            moved.update(range_rule=RangeRule(), handoff_share=0.0)
+            reason = f"{reason}; the turn is past the SLM's range (the LLM alone): the SLM answers it"
         call = dataclasses.replace(call, **moved) if moved else call
         info = self._info(budget, d, st, spec, view, call, left)
         info["reserved_usd"] = ticket.usd if ticket is not None else 0.0
         info["reason"] = reason
-        return call, Grant(budget, d, info, ticket)
+        grant = Grant(budget, d, info, ticket, slm_usd=min(ticket.usd, worst.slm) if ticket is not None else 0.0)
+        if spec.cap is not None and worst is not None:  # every LLM call asks the cap first
+            pool = ticket.usd - grant.slm_usd if ticket is not None else 0.0
+            reserved = lambda held: self._reserved(budget, held)  # noqa: E731
+            ticket_of = new_ticket(budget.name, period_of(t, spec.period_s))
+            grant.gate = Gate(
+                self.store.ledger, ticket_of, engine, spec.cap, self.cfg.reservation_ttl_s, pool, reserved
+            )
+            call = dataclasses.replace(call, gate=grant.gate)
+        return call, grant
 
     async def _reserve(
-        self, budget: Budget, spec: PacerSpec, t: float, worst: Worst | None, mode: str
+        self, budget: Budget, spec: PacerSpec, t: float, worst: Worst | None, mode: str, routed: bool = False
     ) -> tuple[Ticket | None, str, str | None]:
         """The request's reservation on the hard cap: (ticket, the cap's verdict for the pacer, why it was turned).
-        The worst case of the way it asks to be answered must fit (spent + held + worst <= cap), else the SLM alone
-        (its own worst case reserved when it bills the budget's dollars) or 429 per `at_cap`."""
+        The first LLM call of the way it will be answered must fit (spent + held + its bound <= cap), else the SLM
+        alone (its own worst case reserved when it bills the budget's dollars) or 429 per `at_cap`; a turn routed to
+        the LLM alone by the range rule is the SLM's at the cap, as a handoff is."""
         if spec.cap is None or worst is None:
             return None, "", None
         period = period_of(t, spec.period_s)
@@ -257,7 +283,7 @@ class Budgets:
             f"worst case ${want:.6g} does not fit: ${spent:.6g} spent and ${held:.6g} reserved of the cap "
             f"${spec.cap:.6g}"
         )
-        if mode != "collab" or budget.at_cap == "refuse":
+        if (mode != "collab" and not routed) or budget.at_cap == "refuse":
             return None, "refuse", reason
         if worst.slm <= 0:
             return None, "slm", reason
@@ -310,26 +336,29 @@ class Budgets:
 
     async def record(self, grant: Grant, done: Done | None) -> None:
         """The Done's dollars, on the budget (replacing the expected dollars charged at admission), and the
-        reservation settled to them. Without a Done (the client went, the engine failed) the billed dollars are
-        unknown: the reservation is settled at its worst case and the pacer keeps the expected dollars."""
-        name = grant.budget.name
-        if done is None:
-            usd = None
-        elif grant.budget.dollars == "all":
-            usd = done.cost_usd
-        else:
-            usd = sum(e.get("cost_usd", 0.0) for e in done.llm_endpoints)
-        ticket, grant.ticket = grant.ticket, None
-        if ticket is not None:
-            live = await self.store.ledger.settle(ticket, ticket.usd if usd is None else usd)
-            if not live:
-                log.warning("budget %s: a request outlived its reservation (reservation_ttl_s)", name)
-                if self.metrics is not None:
-                    self.metrics.expired.labels(name).inc()
+        reservations settled to them (once: a second call finds none). Without a Done (the client went, the engine
+        failed) the billed dollars are unknown: the reservations settle at the bound of what was made
+        (`Gate.cut_usd`) and the pacer keeps the expected dollars."""
+        name, gate = grant.budget.name, grant.gate
+        tickets = ([grant.ticket] if grant.ticket is not None else []) + (gate.tickets if gate is not None else [])
+        grant.ticket = None
+        if gate is not None:
+            gate.tickets = []
+            if gate.denied:
+                grant.info["reason"] = gate.denied[-1]
+                grant.info["calls_denied"] = len(gate.denied)
+                self._inc("turned", name, len(gate.denied), "call")
+        usd = billed(done, grant.budget.dollars) if done is not None else None
+        reserved = sum(t.usd for t in tickets)
+        if tickets:
+            cut = (gate.cut_usd() if gate is not None else reserved - grant.slm_usd) + grant.slm_usd
+            await self._settle(name, tickets, min(cut, reserved) if usd is None else usd)
         elif usd and self.specs[name].cap is not None:  # billed without a reservation (nothing was expected)
             await self.store.ledger.settle(Ticket(name, int(grant.decision.period), "", 0.0), usd)
         if usd is None:
             return
+        if self.specs[name].cap is not None:
+            self._utilised(grant, usd, reserved)
         t = self.now()
 
         def step(st, spec):
@@ -340,6 +369,35 @@ class Budgets:
         if self.metrics is not None:
             self.metrics.spend.labels(name).inc(max(0.0, usd))
             self._gauges(grant.budget, st, spec, view)
+
+    async def _settle(self, name: str, tickets: list[Ticket], usd: float) -> None:
+        """A request's reservations settled: the first to the dollars billed, the others to nothing."""
+        expired = 0
+        for i, ticket in enumerate(tickets):
+            expired += not await self.store.ledger.settle(ticket, usd if i == 0 else 0.0)
+        if expired:
+            log.warning("budget %s: a request outlived its reservation (reservation_ttl_s)", name)
+            self._inc("expired", name, expired)
+
+    def _utilised(self, grant: Grant, usd: float, reserved: float) -> None:
+        """A settled request's billed and reserved dollars (the cap's utilisation), and what passed its bound."""
+        name = grant.budget.name
+        over = usd - reserved if usd > reserved + 1e-12 else 0.0
+        grant.info["billed_usd"] = usd
+        grant.info["overrun_usd"] = over
+        tally = self.utilisation.setdefault(name, [0.0, 0.0])
+        tally[0], tally[1] = tally[0] + usd, tally[1] + reserved
+        if over:
+            log.warning("budget %s: a request billed $%.6g over what it reserved (usage above its bound)", name, over)
+            self._inc("overrun", name, over)
+        self._inc("billed", name, usd)
+        self._inc("held_total", name, reserved)
+        if self.metrics is not None and tally[1] > 0:
+            self.metrics.utilisation.labels(name).set(tally[0] / tally[1])
+
+    def _inc(self, attr: str, name: str, by: float, *labels: str) -> None:
+        if self.metrics is not None and by > 0:
+            getattr(self.metrics, attr).labels(name, *labels).inc(by)
 
     # ------------------------------------------------------------ what is shown
 
@@ -388,6 +446,7 @@ class Budgets:
                 "capped": spec.cap is not None and cap_spent + held >= spec.cap,
                 "cap_spent_usd": cap_spent,
                 "reserved_usd": held,
+                "utilisation": self._utilisation(b.name) if spec.cap is not None else None,
             }
             if self.cfg.knob == BIAS:
                 row["offload_bias"] = self.cfg.curve.bias_for(level, spec.curve_top_bias) if self.cfg.curve else None
@@ -398,6 +457,11 @@ class Budgets:
             self.metrics.fallback.set(1 if view["fallback"] else 0)
             self.metrics.replica_share.set(view["replica_share"])
         return {"object": "budgets", "store": view, "time_compression": self.cfg.time_compression, "data": rows}
+
+    def _utilisation(self, name: str) -> float | None:
+        """Billed / reserved dollars of this replica's settled requests (None: none settled yet)."""
+        got, held = self.utilisation.get(name, (0.0, 0.0))
+        return got / held if held > 0 else None
 
     def health(self) -> dict:
         view = self.store.view()
@@ -412,6 +476,18 @@ class Budgets:
 
 
 # ---------------------------------------------------------------- the server's hooks
+
+
+def _route(engine, call: EngineRequest) -> tuple[str, str | None]:
+    """(the mode the engine will run `call` in, why it was routed): a collab turn past the SLM's range is the LLM's
+    alone (`CollaborateEngine.route`); a rule the engine cannot apply fails in the engine itself, as asked."""
+    route = getattr(engine, "route", None)
+    if not callable(route):
+        return call.mode, None
+    try:
+        return route(call)
+    except ValueError:
+        return call.mode, None
 
 
 def _registry(app: FastAPI):
@@ -453,19 +529,22 @@ class _Metered:
         return getattr(self.engine, name)
 
     async def _record(self, done: Done | None) -> None:
-        try:
-            await self.budgets.record(self.grant, done)
+        try:  # shielded: a cancel arriving now does not leave the reservations to expire
+            await asyncio.shield(self.budgets.record(self.grant, done))
         except Exception:  # noqa: BLE001 - the answer goes out whatever happens to its accounting
             log.exception("budget %s: recording a request's dollars failed", self.grant.budget.name)
 
     async def stream(self, prompt, **kwargs):
         inner = self.engine.stream(prompt, **kwargs)
         done = False
+        gate = self.grant.gate
         try:
             async for ev in inner:
                 if isinstance(ev, Done):
                     done = True
                     await self._record(ev)
+                elif gate is not None and isinstance(ev, LLMDelta):
+                    gate.streamed += len(ev.text.encode())
                 yield ev
         except Exception as e:
             if not done and isinstance(getattr(e, "done", None), Done):  # EngineError: the failed request's record
@@ -474,14 +553,14 @@ class _Metered:
             raise
         finally:
             await inner.aclose()  # the engine's own cleanup (upstream streams) runs now, not at garbage collection
-            if not done:  # the client went or the engine failed: the reservation is settled at its worst case
-                await asyncio.shield(self._record(None))
+            if not done:  # the client went or the engine failed: settled at the bound of what was made
+                await self._record(None)
 
 
 def metered(app: FastAPI, engine, grant: Grant | None):
     """Hook 2: the engine to run, recording the request's dollars on its budget (the engine itself without one).
-    A request that ends without a Done (client gone) keeps the expected dollars it was charged, and its reservation
-    on the cap is settled at its worst case (what it billed is unknown)."""
+    A request that ends without a Done (client gone) keeps the expected dollars it was charged, and its reservations
+    on the cap settle at the bound of the calls it made (`Gate.cut_usd`)."""
     if grant is None:
         return engine
     return _Metered(engine, app.state.budgets, grant)

@@ -17,6 +17,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+from pyrodash.backends.base import GenRequest
 from pyrodash.engine.requests import EngineRequest
 
 MSG_OVERHEAD = 16  # chat-template tokens around one message (role markers, separators), counted generously
@@ -51,19 +52,26 @@ def chat_messages(engine, prompt) -> list[dict]:
     return prompt if isinstance(prompt, list) else [{"role": "user", "content": str(prompt)}]
 
 
-def _prompt_tokens(engine, prompt) -> int:
-    """An upper bound on the prompt tokens of any request the engine builds for `prompt`: its UTF-8 bytes (a byte-level
-    tokenizer never makes more tokens than bytes) plus the system prompts and template tokens."""
-    n = 0
-    for m in chat_messages(engine, prompt):
+def _text_bytes(messages: list, prefix: str = "") -> int:
+    """An upper bound on the tokens of `messages` and `prefix`: their UTF-8 bytes (a byte-level tokenizer never makes
+    more tokens than bytes) plus the chat template's tokens around each message."""
+    n = len(prefix.encode())
+    for m in messages:
         content = m.get("content") if isinstance(m, dict) else m
         text = content if isinstance(content, str) else json.dumps(content, ensure_ascii=False)
         n += len(str(text).encode()) + MSG_OVERHEAD
-    prompts = getattr(engine, "prompts", None)
-    if prompts is not None:
-        texts = (prompts.offload_system, prompts.completion_system, prompts.handoff_template, prompts.question_template)
-        n += sum(len((t or "").encode()) for t in texts) + 4 * MSG_OVERHEAD
     return n
+
+
+def _counted(engine, req: GenRequest) -> int | None:
+    """`req`'s prompt tokens as the LLM's own tokenizer counts them (an in-process LLM), else None."""
+    count = getattr(getattr(engine, "llm", None), "prompt_ids", None)
+    if not callable(count):
+        return None
+    try:
+        return len(count(req))
+    except Exception:  # noqa: BLE001 - a tokenizer that cannot render this prompt: the byte bound instead
+        return None
 
 
 def _llm_prices(engine) -> tuple[float, float, int]:
@@ -75,26 +83,74 @@ def _llm_prices(engine) -> tuple[float, float, int]:
     return p_in / 1e6, max(s.llm_out for s in sheets) / 1e6, len(members)
 
 
+@dataclass(frozen=True)
+class CallBound:
+    """The most one LLM call may bill: its input dollars, and its output tokens at `usd_per_out` each."""
+
+    in_usd: float
+    out_tokens: int
+    usd_per_out: float
+
+    @property
+    def usd(self) -> float:
+        return self.in_usd + self.out_tokens * self.usd_per_out
+
+
+def call_bound(engine, prompt_tokens: int, out_tokens: int) -> CallBound:
+    """One LLM call of `prompt_tokens` in and at most `out_tokens` out, at the dearest prices. On a mesh every endpoint
+    may be tried in the one call: each takeover re-sends the prompt with what streamed so far and grants at least one
+    more token."""
+    p_in, p_out, n = _llm_prices(engine)
+    tokens_in = prompt_tokens + (n - 1) * (prompt_tokens + out_tokens)
+    return CallBound(tokens_in * p_in, out_tokens + n - 1, p_out)
+
+
+def request_bound(engine, req: GenRequest) -> CallBound:
+    """What the LLM call `req` may bill (`EngineRequest.gate` asks with it): its prompt counted by the LLM's tokenizer
+    where the LLM runs in process, else bounded by its bytes; its output by `req.max_tokens`."""
+    n = _counted(engine, req)
+    return call_bound(engine, n if n is not None else _text_bytes(req.messages, req.prefix), int(req.max_tokens))
+
+
+def _first_prompt(engine, call: EngineRequest, handoff: bool) -> int:
+    """The prompt tokens of a request's first LLM call before it runs: the handoff request without its partial
+    answer (`handoff`), else the conversation as given (the LLM alone); counted where the LLM's tokenizer is known."""
+    messages = chat_messages(engine, call.question)
+    if handoff and callable(getattr(engine, "llm_request", None)):
+        req = engine.llm_request(messages, "", 1, {})
+    else:
+        req = GenRequest(messages=list(messages))
+    n = _counted(engine, req)
+    if n is not None:
+        return n
+    n = _text_bytes(req.messages, req.prefix)
+    prompts = getattr(engine, "prompts", None)
+    if handoff and prompts is not None and not callable(getattr(engine, "llm_request", None)):
+        n += sum(len((t or "").encode()) for t in (prompts.offload_system, prompts.handoff_template)) + MSG_OVERHEAD
+    return n
+
+
 def worst_case(engine, call: EngineRequest, dollars: str) -> Worst | None:
-    """A request's worst-case dollars, from its prompt, its token budget, its LLM calls and the prices (None: the engine
-    has no price sheet, nothing to bound). Every LLM call (several in relay mode, `max_llm_calls`) and every attempt of
-    it (1 + retries, on each endpoint of a mesh) is billed the prompt plus the whole budget as input; the output over
-    all of them is at most the budget (a retry continues, a relay call writes part of the same answer)."""
+    """What a request reserves at admission (None: the engine has no price sheet, nothing to bound): its first LLM
+    call's bound (a handoff reads the prompt and at most `max_tokens` of the SLM's partial answer; the LLM alone reads
+    the conversation), each further call (a retry, a relay step) reserved by the gate before it is made; in
+    `dollars: all` the SLM's own decoding too (its first pass and a resume after each call)."""
     if getattr(engine, "prices", None) is None:
         return None
     per_model = int(call.max_tokens or 0)
     total = int(call.max_total_tokens or per_model)
     out = min(per_model or total, total)
-    prompt_tokens = _prompt_tokens(engine, call.question)
-    p_in, p_out, endpoints = _llm_prices(engine)
-    retries = getattr(getattr(engine, "failure", None), "retries", 0)
-    calls = max(1, int(call.max_llm_calls or getattr(engine, "max_llm_calls", 1) or 1))
-    llm = calls * (1 + retries) * endpoints * (prompt_tokens + total) * p_in + out * p_out
+    collab = call_bound(engine, _first_prompt(engine, call, True) + out, out).usd
+    alone = call_bound(engine, _first_prompt(engine, call, False), out).usd
     slm = 0.0
-    if dollars == "all":  # the SLM's first pass and its resume after each LLM call (or a failed one)
+    if dollars == "all":
         sheet = engine.prices
-        slm = (1 + calls) * (prompt_tokens + total) * sheet.slm_in / 1e6 + total * sheet.slm_out / 1e6
-    return Worst(collab=llm + slm, llm=llm, slm=slm)
+        calls = max(1, int(call.max_llm_calls or getattr(engine, "max_llm_calls", 1) or 1))
+        prompts = getattr(engine, "prompts", None)
+        texts = () if prompts is None else (prompts.offload_system, prompts.completion_system)
+        prompt = _text_bytes(chat_messages(engine, call.question)) + _text_bytes([t or "" for t in texts])
+        slm = (1 + calls) * (prompt + total) * sheet.slm_in / 1e6 + total * sheet.slm_out / 1e6
+    return Worst(collab=collab + slm, llm=alone, slm=slm)
 
 
 # ---------------------------------------------------------------- in process
@@ -108,15 +164,19 @@ class MemoryLedger:
     def __init__(self, clock=time.time) -> None:
         self.clock = clock
         self.lock = threading.Lock()
-        self.periods: dict[tuple[str, int], dict] = {}  # (budget, period) -> {"spent": usd, "held": {id: (usd, exp)}}
+        # (budget, period) -> {"spent": usd, "held": {id: (usd, expires)}, "expired": {id: usd}, "settled": {id}}
+        self.periods: dict[tuple[str, int], dict] = {}
         self.caps: dict[tuple[str, int], float] = {}  # a cap of its own per period (RedisLedger's fallback share)
 
     def _book(self, name: str, period: int) -> dict:
         for key in [k for k in self.periods if k[0] == name and k[1] < period - 1]:
             del self.periods[key]  # a period two behind is closed: nothing settles into it any more
-        book = self.periods.setdefault((name, period), {"spent": 0.0, "held": {}})
+        book = self.periods.setdefault((name, period), {"spent": 0.0, "held": {}, "expired": {}, "settled": set()})
         now = self.clock()
-        book["held"] = {i: (usd, exp) for i, (usd, exp) in book["held"].items() if exp > now}
+        for i in [i for i, (_, exp) in book["held"].items() if exp <= now]:
+            usd, _ = book["held"].pop(i)  # an expired reservation counts as spent at its worst case
+            book["expired"][i] = usd
+            book["spent"] += usd
         return book
 
     def reserve_now(self, t: Ticket, cap: float, ttl_s: float) -> tuple[bool, float, float]:
@@ -132,8 +192,12 @@ class MemoryLedger:
     def settle_now(self, t: Ticket, billed: float) -> bool:
         with self.lock:
             book = self._book(t.budget, t.period)
+            if t.id and t.id in book["settled"]:
+                return True  # settled already: a second settle changes nothing
             live = book["held"].pop(t.id, None) is not None
-            book["spent"] += billed
+            book["spent"] += billed - book["expired"].pop(t.id, 0.0)  # (an expired one: its worst case corrected)
+            if t.id:
+                book["settled"].add(t.id)
             return live
 
     def read_now(self, name: str, period: int) -> tuple[float, float]:
@@ -145,34 +209,47 @@ class MemoryLedger:
         return self.reserve_now(t, cap, ttl_s)
 
     async def settle(self, t: Ticket, billed: float) -> bool:
-        """The reservation goes and `billed` counts; False when it had expired (the request outlived its ttl)."""
+        """The reservation goes and `billed` counts; False when it had expired (the request outlived its ttl: its
+        worst case, counted then, is replaced by `billed`). Settling a ticket twice counts it once."""
         return self.settle_now(t, billed)
 
     async def read(self, name: str, period: int) -> tuple[float, float]:
         return self.read_now(name, period)
 
 
-# ---------------------------------------------------------------- one SQLite file (the workers of one server)
+# ---------------------------------------------------------------- one SQLite file (one server, its workers)
+
+_TABLES = (
+    "CREATE TABLE IF NOT EXISTS cap_spent (name TEXT, period INTEGER, usd REAL, PRIMARY KEY (name, period))",
+    "CREATE TABLE IF NOT EXISTS cap_held (name TEXT, period INTEGER, id TEXT, usd REAL, expires REAL, "
+    "PRIMARY KEY (name, period, id))",
+    "CREATE TABLE IF NOT EXISTS cap_expired (name TEXT, period INTEGER, id TEXT, usd REAL, "
+    "PRIMARY KEY (name, period, id))",
+    "CREATE TABLE IF NOT EXISTS cap_settled (name TEXT, period INTEGER, id TEXT, PRIMARY KEY (name, period, id))",
+)
+_ADD_SPENT = "INSERT INTO cap_spent VALUES (?, ?, ?) ON CONFLICT (name, period) DO UPDATE SET usd = usd + excluded.usd"
 
 
 class FileLedger:
-    """The ledger in the SQLite file of a `FileStore`; each step one `BEGIN IMMEDIATE` transaction."""
+    """The ledger in a SQLite file (`budgets.state_dir`: it outlives the server, and the workers of `--workers N`
+    share it); each step one `BEGIN IMMEDIATE` transaction."""
 
     kind = "file"
 
     def __init__(self, db, clock=time.time) -> None:
         self.db, self.clock = db, clock
-        self.db.execute(
-            "CREATE TABLE IF NOT EXISTS cap_spent (name TEXT, period INTEGER, usd REAL, PRIMARY KEY (name, period))"
-        )
-        self.db.execute(
-            "CREATE TABLE IF NOT EXISTS cap_held (name TEXT, period INTEGER, id TEXT, usd REAL, expires REAL, "
-            "PRIMARY KEY (name, period, id))"
-        )
+        for sql in _TABLES:
+            self.db.execute(sql)
 
     def _totals(self, name: str, period: int) -> tuple[float, float]:
-        self.db.execute("DELETE FROM cap_held WHERE expires <= ?", (self.clock(),))
-        self.db.execute("DELETE FROM cap_spent WHERE period < ?", (period - 1,))
+        now = self.clock()
+        dead = self.db.execute("SELECT name, period, id, usd FROM cap_held WHERE expires <= ?", (now,)).fetchall()
+        for n, p, i, usd in dead:  # an expired reservation counts as spent at its worst case
+            self.db.execute("INSERT OR REPLACE INTO cap_expired VALUES (?, ?, ?, ?)", (n, p, i, usd))
+            self.db.execute(_ADD_SPENT, (n, p, usd))
+        self.db.execute("DELETE FROM cap_held WHERE expires <= ?", (now,))
+        for table in ("cap_spent", "cap_expired", "cap_settled"):  # this budget's periods two behind are closed
+            self.db.execute(f"DELETE FROM {table} WHERE name = ? AND period < ?", (name, period - 1))
         row = self.db.execute("SELECT usd FROM cap_spent WHERE name = ? AND period = ?", (name, period)).fetchone()
         held = self.db.execute("SELECT SUM(usd) FROM cap_held WHERE name = ? AND period = ?", (name, period)).fetchone()
         return (row[0] if row else 0.0), (held[0] or 0.0)
@@ -202,12 +279,17 @@ class FileLedger:
 
     async def settle(self, t: Ticket, billed: float) -> bool:
         def step():
+            self._totals(t.budget, t.period)
             key = (t.budget, t.period, t.id)
-            live = self.db.execute("DELETE FROM cap_held WHERE name = ? AND period = ? AND id = ?", key).rowcount > 0
-            self.db.execute(
-                "INSERT INTO cap_spent VALUES (?, ?, ?) ON CONFLICT (name, period) DO UPDATE SET usd = usd + ?",
-                (t.budget, t.period, billed, billed),
-            )
+            where = "WHERE name = ? AND period = ? AND id = ?"
+            if t.id and self.db.execute(f"SELECT 1 FROM cap_settled {where}", key).fetchone():
+                return True  # settled already
+            live = self.db.execute(f"DELETE FROM cap_held {where}", key).rowcount > 0
+            charged = self.db.execute(f"SELECT usd FROM cap_expired {where}", key).fetchone()
+            self.db.execute(f"DELETE FROM cap_expired {where}", key)
+            self.db.execute(_ADD_SPENT, (t.budget, t.period, billed - (charged[0] if charged else 0.0)))
+            if t.id:
+                self.db.execute("INSERT INTO cap_settled VALUES (?, ?, ?)", key)
             return live
 
         return self._tx(step)

@@ -16,40 +16,63 @@ from pyrodash.server.budget.reserve import MemoryLedger, Ticket
 
 log = logging.getLogger("pyrodash.serve")
 
-_RESERVE = """
-local dead = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', ARGV[4])
-for _, r in ipairs(dead) do redis.call('HDEL', KEYS[2], r) end
-if #dead > 0 then redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', ARGV[4]) end
+# KEYS: spent, held, expires, expired, settled. Reservations past their expiry (ARGV[1] of `_EXPIRE`: now) count as
+# spent at their worst case (`expired`: id -> dollars charged, corrected when the request's settlement comes).
+_EXPIRE = """
+local dead = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', ARGV[1])
+for _, r in ipairs(dead) do
+  local usd = redis.call('HGET', KEYS[2], r)
+  if usd then
+    redis.call('HDEL', KEYS[2], r)
+    redis.call('HSET', KEYS[4], r, usd)
+    redis.call('INCRBYFLOAT', KEYS[1], usd)
+  end
+end
+if #dead > 0 then redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', ARGV[1]) end
 local spent = tonumber(redis.call('GET', KEYS[1]) or '0')
 local held = 0
 for _, v in ipairs(redis.call('HVALS', KEYS[2])) do held = held + tonumber(v) end
-local usd = tonumber(ARGV[2])
+"""
+
+# ARGV: now, id, usd, cap, expires, force ('1': no cap check), keep_s
+_RESERVE = (
+    _EXPIRE
+    + """
+local usd = tonumber(ARGV[3])
 local ok = 0
-if ARGV[6] == '1' or spent + held + usd <= tonumber(ARGV[3]) then
-  redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
-  redis.call('ZADD', KEYS[3], ARGV[5], ARGV[1])
+if ARGV[6] == '1' or spent + held + usd <= tonumber(ARGV[4]) then
+  redis.call('HSET', KEYS[2], ARGV[2], ARGV[3])
+  redis.call('ZADD', KEYS[3], ARGV[5], ARGV[2])
   held = held + usd
   ok = 1
 end
 for _, k in ipairs(KEYS) do redis.call('EXPIRE', k, ARGV[7]) end
 return {ok, tostring(spent), tostring(held)}
 """
+)
 
-_SETTLE = """
-local live = redis.call('HDEL', KEYS[2], ARGV[1])
-redis.call('ZREM', KEYS[3], ARGV[1])
-local spent = redis.call('INCRBYFLOAT', KEYS[1], ARGV[2])
-redis.call('EXPIRE', KEYS[1], ARGV[3])
-return {live, spent}
+# ARGV: now, id, billed, keep_s. Returns {live (1: it was held), spent}; a second settle of one id changes nothing.
+_SETTLE = (
+    _EXPIRE
+    + """
+if ARGV[2] ~= '' and redis.call('SISMEMBER', KEYS[5], ARGV[2]) == 1 then return {1, tostring(spent)} end
+local live = redis.call('HDEL', KEYS[2], ARGV[2])
+redis.call('ZREM', KEYS[3], ARGV[2])
+local charged = tonumber(redis.call('HGET', KEYS[4], ARGV[2]) or '0')
+redis.call('HDEL', KEYS[4], ARGV[2])
+spent = redis.call('INCRBYFLOAT', KEYS[1], tonumber(ARGV[3]) - charged)
+if ARGV[2] ~= '' then redis.call('SADD', KEYS[5], ARGV[2]) end
+for _, k in ipairs(KEYS) do redis.call('EXPIRE', k, ARGV[4]) end
+return {live, tostring(spent)}
 """
+)
 
-_READ = """
-redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', ARGV[1])
-local spent = tonumber(redis.call('GET', KEYS[1]) or '0')
-local held = 0
-for _, v in ipairs(redis.call('HVALS', KEYS[2])) do held = held + tonumber(v) end
+_READ = (
+    _EXPIRE
+    + """
 return {tostring(spent), tostring(held)}
 """
+)
 
 
 class RedisLedger:
@@ -71,7 +94,7 @@ class RedisLedger:
 
     def keys(self, name: str, period: int) -> list[str]:
         base = f"{self.store.prefix}{{{name}:cap:{period}}}"  # (a hash tag: one slot for the script's keys)
-        return [f"{base}:spent", f"{base}:held", f"{base}:expires"]
+        return [f"{base}:{k}" for k in ("spent", "held", "expires", "expired", "settled")]
 
     @property
     def down(self) -> bool:
@@ -91,7 +114,7 @@ class RedisLedger:
     async def reserve(self, t: Ticket, cap: float, ttl_s: float) -> tuple[bool, float, float]:
         await self.store.reconnect_when_due()
         now = self.store.clock()
-        args = [t.id, repr(t.usd), repr(cap), repr(now), repr(now + ttl_s), "0", self.keep_s]
+        args = [repr(now), t.id, repr(t.usd), repr(cap), repr(now + ttl_s), "0", self.keep_s]
         out = await self._call(self.reserve_script, self.keys(t.budget, t.period), args)
         if out is not None:
             spent, held = float(out[1]), float(out[2])
@@ -121,11 +144,15 @@ class RedisLedger:
             self.pending.append((Ticket(t.budget, t.period, t.id, 0.0, "local"), billed))
             await self.flush()
             return live
-        out = await self._call(self.settle_script, self.keys(t.budget, t.period), [t.id, repr(billed), self.keep_s])
+        out = await self._settle(t, billed)
         if out is None:  # reserved in Redis, settled while it is down: sent when it is back (the reservation holds
             self.pending.append((t, billed))  # its place meanwhile, or expires)
             return True
         return bool(int(out[0]))
+
+    async def _settle(self, t: Ticket, billed: float):
+        args = [repr(self.store.clock()), t.id, repr(billed), self.keep_s]
+        return await self._call(self.settle_script, self.keys(t.budget, t.period), args)
 
     async def read(self, name: str, period: int) -> tuple[float, float]:
         out = await self._call(self.read_script, self.keys(name, period), [repr(self.store.clock())])
@@ -142,7 +169,7 @@ class RedisLedger:
             return
         for rid, (t, expires) in list(self.live.items()):
             # held in Redis from now on (admitted within this replica's share: no cap check)
-            args = [t.id, repr(t.usd), "0", repr(self.store.clock()), repr(expires), "1", self.keep_s]
+            args = [repr(self.store.clock()), t.id, repr(t.usd), "0", repr(expires), "1", self.keep_s]
             if await self._call(self.reserve_script, self.keys(t.budget, t.period), args) is None:
                 return
             self.local.settle_now(t, 0.0)
@@ -150,10 +177,7 @@ class RedisLedger:
             del self.live[rid]
         while self.pending:
             t, billed = self.pending[0]
-            if (
-                await self._call(self.settle_script, self.keys(t.budget, t.period), [t.id, repr(billed), self.keep_s])
-                is None
-            ):
+            if await self._settle(t, billed) is None:
                 return
             self.pending.pop(0)
         self.local.caps.clear()
