@@ -57,7 +57,7 @@ def worst(models) -> float:
     slm, llm = models
     config = serve_config(api_key=None)
     call = EngineRequest(messages(0), max_tokens=MAX_TOKENS, max_total_tokens=MAX_TOKENS)
-    return worst_case(make_engine(slm, llm, config), call, "llm").llm
+    return worst_case(make_engine(slm, llm, config), call, "llm").collab
 
 
 @pytest.fixture(scope="module")

@@ -45,10 +45,13 @@ def test_memory_reservations_are_atomic_and_expire():
     assert ledger.read_now("b", 0) == (0.0, pytest.approx(1.0))
     assert ledger.settle_now(Ticket("b", 0, "first", 0.1), 0.04)  # settled to what it billed: room for $0.06 more
     assert ledger.read_now("b", 0) == (pytest.approx(0.04), pytest.approx(0.9))
-    now[0] = 11.0  # the rest expire (their replica died)
-    assert ledger.read_now("b", 0) == (pytest.approx(0.04), 0.0)
-    assert not ledger.settle_now(Ticket("b", 0, "second", 0.1), 0.05)  # too late: counted, and said so
-    assert ledger.read_now("b", 0) == (pytest.approx(0.09), 0.0)
+    now[0] = 11.0  # the rest expire (their replica died): each counts as spent at its worst case
+    assert ledger.read_now("b", 0) == (pytest.approx(0.94), 0.0)
+    assert not ledger.reserve_now(Ticket("b", 0, "after", 0.1), 1.0, 10.0)[0]  # an expiry frees no headroom
+    assert not ledger.settle_now(Ticket("b", 0, "second", 0.1), 0.05)  # a late Done: its worst case corrected
+    assert ledger.read_now("b", 0) == (pytest.approx(0.89), 0.0)
+    assert ledger.settle_now(Ticket("b", 0, "second", 0.1), 0.05)  # settled twice: counted once
+    assert ledger.read_now("b", 0) == (pytest.approx(0.89), 0.0)
 
 
 def test_workers_on_one_file_share_one_cap(tmp_path):
@@ -78,20 +81,20 @@ def engine(prices: Prices = SHEET, retries: int = 0, members=None):
     )
 
 
-def test_the_worst_case_takes_every_attempt_and_the_dearest_endpoint():
+def test_admission_reserves_the_first_call_at_the_dearest_endpoint():
     q = [{"role": "user", "content": "x" * 84}]  # 84 bytes + 16 template tokens = 100 prompt tokens at most
     kw = EngineRequest(q, max_tokens=50, max_total_tokens=50)
-    one = worst_case(engine(), kw, "llm")
-    assert one.llm == pytest.approx((100 + 50) * 10e-6 + 50 * 40e-6) and one.slm == 0.0
-    assert worst_case(engine(retries=2), kw, "llm").llm == pytest.approx(3 * 150 * 10e-6 + 50 * 40e-6)
+    one = worst_case(engine(), kw, "llm")  # a handoff reads the prompt and at most 50 tokens of partial answer
+    assert one.collab == pytest.approx((100 + 50) * 10e-6 + 50 * 40e-6) and one.slm == 0.0
+    assert one.llm == pytest.approx(100 * 10e-6 + 50 * 40e-6)  # the LLM alone reads the conversation
+    assert worst_case(engine(retries=2), kw, "llm") == one  # a retry reserves at the gate, before it is made
     dear = SimpleNamespace(prices=Prices(slm_in=0, slm_out=0, llm_in=30.0, llm_out=90.0))
     mesh = worst_case(engine(members=[SimpleNamespace(prices=None), dear]), kw, "llm")
-    assert mesh.llm == pytest.approx(2 * 150 * 30e-6 + 50 * 90e-6)  # each endpoint may be tried, the dearest price
+    # a takeover re-sends the prompt with what streamed (<= 50 tokens) and grants at least one more token
+    assert mesh.collab == pytest.approx((150 + 200) * 30e-6 + 51 * 90e-6)
     both = worst_case(engine(), kw, "all")
-    assert both.slm == pytest.approx(2 * 150 * 1e-6 + 50 * 2e-6) and both.collab == pytest.approx(one.llm + both.slm)
+    assert both.slm == pytest.approx(2 * 150 * 1e-6 + 50 * 2e-6) and both.collab == pytest.approx(one.collab + both.slm)
     assert worst_case(SimpleNamespace(prices=None), kw, "llm") is None
-    relay = worst_case(engine(), EngineRequest(q, max_tokens=50, max_total_tokens=50, max_llm_calls=3), "llm")
-    assert relay.llm == pytest.approx(3 * 150 * 10e-6 + 50 * 40e-6)  # each relay call re-reads the prefix
 
 
 class Clock:
@@ -124,7 +127,7 @@ def test_a_period_boundary_in_a_burst_and_a_price_change_keep_each_period_within
     eng = engine()
     worst = worst_case(
         eng, EngineRequest([{"role": "user", "content": "q000"}], max_tokens=50, max_total_tokens=50), "llm"
-    ).llm
+    ).collab
     budgets = budgets_with(3 * worst, clock)
 
     async def run():

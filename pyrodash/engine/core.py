@@ -283,7 +283,12 @@ class CollaborateEngine:
             trimmed={"slm": 0, "llm": 0} | {side: asked - len(req.messages)},
             fit=fit,
             seen=prep.seen if prep is not None else [fit],
+            gate=r.gate,
         )
+
+    def route(self, r: EngineRequest) -> tuple[str, str | None]:
+        """(the mode `r` will run in, why it was routed): what a budget reserves for before the request runs."""
+        return self._route(r, self.messages(r.question))
 
     def _route(self, r: EngineRequest, messages: list[dict]) -> tuple[str, str | None]:
         """(the mode a request runs in, why it was routed): a collab request past the SLM's range (the request's
@@ -462,6 +467,9 @@ class CollaborateEngine:
             if attempt:
                 await asyncio.sleep(backoff_delay(pol.backoff_s, attempt))  # the backends' own: jittered
             lreq, fit, stream = await self._attempt(t, left, early if attempt == 0 else None)
+            if stream is None:  # the budget's gate: no reservation covers this call, so it is not made
+                t.errors.append(f"attempt {attempt + 1}: not made: its worst case does not fit the budget's hard cap")
+                return
             got, attempt_text = GenChunk(), ""
             streamed = 0  # tokens received in this attempt (billed if the stream breaks before reporting usage)
             within = _Within(pol.timeout_s)  # the timeout never spans a yield
@@ -490,13 +498,16 @@ class CollaborateEngine:
     async def _attempt(
         self, t: Turn, left: int, early: _EarlyCall | None
     ) -> tuple[GenRequest, Fitted, AsyncIterator[GenChunk]]:
-        """(request, fit, stream) of one LLM attempt: the early call when it asked for what is left, else a new one."""
+        """(request, fit, stream) of one LLM attempt: the early call when it asked for what is left, else a new one;
+        stream None when the request's gate (`EngineRequest.gate`) did not let the call be made."""
         if early is not None and early.req.max_tokens == left:
             return early.req, early.fit, early.stream()
         if early is not None:  # (only if a token count was off) not the request we need
             await early.cancel()
         lreq, fit = self._llm_req(t, left)
         t.trimmed["llm"] = max(t.trimmed["llm"], fit.dropped)
+        if t.gate is not None and not await t.gate(lreq):
+            return lreq, fit, None
         return lreq, fit, self.llm.stream(lreq)
 
     def _attempt_failed(
@@ -646,8 +657,9 @@ class CollaborateEngine:
                         ereq, fit = self.llm_request_fitted(t.messages, pack(text), left_now, t.sampling, t.seen)
                         t.trimmed["llm"] = max(t.trimmed["llm"], fit.dropped)
                         early = True
-                        yield _EarlyCall(self.llm, fit.wire(ereq), fit)
-                        await asyncio.sleep(0)  # let it put the request on the wire before the SLM is drained
+                        if t.gate is None or await t.gate(fit.wire(ereq)):  # (denied: `_attempt` asks again)
+                            yield _EarlyCall(self.llm, fit.wire(ereq), fit)
+                            await asyncio.sleep(0)  # let it put the request on the wire before the SLM is drained
         self._slm_finished(t, text, final, seen)
 
     # ---- driver 2: many requests, batched generation where the backend can (eval, training, calibration) ----

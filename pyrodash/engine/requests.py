@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, fields
 
 from pyrodash.backends.base import GenRequest
@@ -59,6 +60,9 @@ class EngineRequest:
     range_rule: RangeRule | None = None  # the SLM's range (past it: the LLM alone); None: the engine's rule
     # the Turn `CollaborateEngine.prepare` built for this request (fitted, its prompt rendered once), or None
     prepared: Turn | None = None
+    # asked before each LLM call with the call's request (a budget's reservation on its hard cap): False, and the
+    # call is not made (the SLM finishes, as after a failed call; the LLM alone fails); None: every call is made
+    gate: Callable[[GenRequest], Awaitable[bool]] | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -76,7 +80,7 @@ class EngineRequest:
 
     def options(self) -> dict:
         """The knobs as `engine.stream`'s keyword arguments (no question, no prepared Turn)."""
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("question", "prepared")}
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("question", "prepared", "gate")}
 
 
 @dataclass(frozen=True)

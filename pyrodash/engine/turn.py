@@ -122,6 +122,7 @@ class Turn:
     fallback: bool = False  # the SLM finished after the LLM failed
     routed: str | None = None  # "range": past the SLM's range (`pyrodash.engine.range_rule`), the LLM alone
     cache_key: object | None = None  # a relay answer's: on each of its SLM requests (`GenRequest.cache_key`)
+    gate: object | None = None  # `EngineRequest.gate`: asked before each LLM call (a budget's hard cap)
 
     def slm_request(self, req: GenRequest | None = None) -> GenRequest:
         """An SLM request of this turn as it goes to the backend (`req`, else the first one: `fit.wire(req)`), with

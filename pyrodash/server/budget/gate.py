@@ -1,0 +1,106 @@
+"""No LLM call without a reservation that covers it: a capped request's `Gate` (`EngineRequest.gate`), asked by the
+engine before each LLM call (the handoff, a retry, a relay step, the LLM alone), and what its reservations settle to.
+
+    gate = Gate(ledger, ticket_of, engine, cap, ttl_s, pool_usd)    # pool: what admission reserved for the first call
+    ok = await gate(req)               # the call's bound fits what is reserved, or a new reservation for the rest
+    usd = billed(done, "llm")          # the Done's dollars (cached tokens at most the prompt tokens)
+
+A call the cap cannot cover is not made: the engine then lets the SLM finish, as after a failed call. A request that
+ends without a Done (its client went away) settles at `Gate.cut_usd`: every call's input bound plus the output it
+had streamed (its UTF-8 bytes, a bound on its tokens) and `CUT_TOKENS` per call the upstream may still have generated
+before it saw the cancel, never above the calls' bounds.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+
+from pyrodash.events import Done
+from pyrodash.server.budget.reserve import CallBound, Ticket, request_bound
+
+CUT_TOKENS = 64  # output tokens an upstream may generate after a cancel before it stops (per call cut mid-stream)
+
+
+class Gate:
+    """One request's LLM calls against its budget's hard cap (module docstring)."""
+
+    def __init__(
+        self,
+        ledger,
+        ticket_of: Callable[[float], Ticket],
+        engine,
+        cap: float,
+        ttl_s: float,
+        pool: float = 0.0,
+        on_reserved: Callable[[float], None] | None = None,
+    ):
+        self.ledger, self.ticket_of, self.engine = ledger, ticket_of, engine
+        self.cap, self.ttl_s = cap, ttl_s
+        self.pool = pool  # LLM dollars the request's tickets cover
+        self.tickets: list[Ticket] = []  # the reservations made here (admission's is the grant's)
+        self.calls: list[CallBound] = []  # the bound of each call made
+        self.denied: list[str] = []  # why a call was not made
+        self.streamed = 0  # UTF-8 bytes of LLM output seen (a bound on its tokens)
+        self.on_reserved = on_reserved
+
+    @property
+    def committed(self) -> float:
+        return sum(c.usd for c in self.calls)
+
+    async def __call__(self, req) -> bool:
+        """Whether the LLM call `req` may be made: its bound fits what the request holds, else a reservation for the
+        rest fits the cap."""
+        bound = request_bound(self.engine, req)
+        need = self.committed + bound.usd - self.pool
+        if need > 1e-12:
+            ticket = self.ticket_of(need)
+            ok, spent, held = await self.ledger.reserve(ticket, self.cap, self.ttl_s)
+            if self.on_reserved is not None:
+                self.on_reserved(held)
+            if not ok:
+                self.denied.append(
+                    f"an LLM call's bound ${bound.usd:.6g} does not fit: ${spent:.6g} spent and ${held:.6g} "
+                    f"reserved of the cap ${self.cap:.6g}"
+                )
+                return False
+            self.tickets.append(ticket)
+            self.pool += need
+        self.calls.append(bound)
+        return True
+
+    def cut_usd(self) -> float:
+        """The most the calls made may have billed when the request ended without a Done: input bounds, plus the
+        output streamed and `CUT_TOKENS` per call, each call's output at most its bound."""
+        if not self.calls:
+            return 0.0
+        out_cap = sum(c.out_tokens for c in self.calls)
+        out = min(out_cap, self.streamed + CUT_TOKENS * len(self.calls))
+        return sum(c.in_usd for c in self.calls) + out * max(c.usd_per_out for c in self.calls)
+
+
+def new_ticket(budget: str, period: int) -> Callable[[float], Ticket]:
+    return lambda usd: Ticket(budget, period, uuid.uuid4().hex, usd)
+
+
+def _endpoint_usd(e: dict) -> float:
+    """An endpoint's billed dollars with its cached input at most its input (a provider reporting more cached than
+    prompt tokens would otherwise bill a negative input)."""
+    usd = float(e.get("cost_usd", 0.0))
+    cached, tokens_in = e.get("llm_cached_in", 0) or 0, e.get("llm_in", 0) or 0
+    if cached > tokens_in:
+        price = e.get("price") or {}
+        cached_price = price.get("llm_cached_in")
+        cached_price = price.get("llm_in", 0.0) if cached_price is None else cached_price
+        clamped = (tokens_in * cached_price + (e.get("llm_out", 0) or 0) * price.get("llm_out", 0.0)) / 1e6
+        usd = max(usd, clamped)
+    return usd
+
+
+def billed(done: Done, dollars: str) -> float:
+    """The Done's dollars on a budget: its LLM endpoints' (`dollars: llm`), or with the SLM's too (`all`)."""
+    llm = sum(_endpoint_usd(e) for e in done.llm_endpoints)
+    if dollars == "llm":
+        return llm
+    slm = done.cost_usd - sum(float(e.get("cost_usd", 0.0)) for e in done.llm_endpoints)
+    return max(0.0, slm) + llm
