@@ -170,6 +170,7 @@ def write_config(tmp: Path, run: dict, args, usd_per_hour: float, origin: float,
         },
         "time_compression": 3600.0 / args.hour_s,
         "period_origin": origin,
+        "state_dir": str(tmp / "budgets"),  # this run's caps' ledger (without Redis), not the user's
     }
     if redis_url:
         budgets["redis_url"] = redis_url

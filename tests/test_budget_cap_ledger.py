@@ -6,6 +6,7 @@ change between periods."""
 from __future__ import annotations
 
 import asyncio
+import tempfile
 import threading
 from types import SimpleNamespace
 
@@ -106,7 +107,13 @@ class Clock:
 
 
 def budgets_with(cap: float, clock: Clock) -> Budgets:
-    cfg = BudgetsConfig.parse({"default": {"usd_per_hour": cap, "cap_usd": cap}, "controller": {"head_start_s": 3600}})
+    cfg = BudgetsConfig.parse(
+        {
+            "default": {"usd_per_hour": cap, "cap_usd": cap},
+            "controller": {"head_start_s": 3600},
+            "state_dir": tempfile.mkdtemp(prefix="budgets-"),
+        }
+    )
     return Budgets(cfg, clock=clock)
 
 

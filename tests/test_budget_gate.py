@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import tempfile
 
 import httpx
 import pytest
@@ -68,7 +69,8 @@ def one_turn(i: int) -> list[dict]:
 
 def server(models, llm, budget: dict, **failure):
     slm, _ = models
-    config = serve_config(api_key=None, operating_points=OPS, budgets={"default": budget})
+    budgets = {"default": budget, "state_dir": tempfile.mkdtemp(prefix="budgets-")}
+    config = serve_config(api_key=None, operating_points=OPS, budgets=budgets)
     return UvicornThread(build_app(config, engine=make_engine(slm, llm, config, **failure)))
 
 

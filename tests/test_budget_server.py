@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+import tempfile
 import time
 
 import httpx
@@ -22,7 +23,7 @@ HOUR_S = 8.0  # wall-clock seconds of a budget hour here
 
 def serve(models, budgets: dict, **kw):
     slm, llm = models
-    budgets = {"time_compression": 3600.0 / HOUR_S, **budgets}
+    budgets = {"time_compression": 3600.0 / HOUR_S, "state_dir": tempfile.mkdtemp(prefix="budgets-"), **budgets}
     config = serve_config(budgets=budgets, **kw)
     return UvicornThread(build_app(config, engine=make_engine(slm, llm, config)))
 
@@ -39,7 +40,8 @@ def one_request_usd(models) -> tuple[float, float]:
     """(the LLM dollars of one always-offload answer, the worst case it reserves on a hard cap), from a server
     whose cap is far away."""
     slm, llm = models
-    config = serve_config(api_key=None, budgets={"default": {"usd_per_hour": 1e6, "cap_usd": 1e6}})
+    budgets = {"default": {"usd_per_hour": 1e6, "cap_usd": 1e6}, "state_dir": tempfile.mkdtemp(prefix="budgets-")}
+    config = serve_config(api_key=None, budgets=budgets)
     with (
         UvicornThread(build_app(config, engine=make_engine(slm, llm, config))) as srv,
         httpx.Client(base_url=srv.url, timeout=60) as c,

@@ -36,8 +36,9 @@ from pyrodash.server.budget.config import Budget, BudgetsConfig
 from pyrodash.server.budget.gate import Gate, billed, new_ticket
 from pyrodash.server.budget.pacer import BIAS, Decision, PacerSpec, arrive, finish, spend_rate
 from pyrodash.server.budget.reserve import Ticket, Worst, chat_messages, period_of, worst_case
-from pyrodash.server.budget.store import FileStore, MemoryStore, RedisStore
+from pyrodash.server.budget.store import FileStore, MemoryStore, RedisStore, ledger_file
 from pyrodash.server.metrics import MULTIPROC_ENV
+from pyrodash.world.config import cache_root
 
 log = logging.getLogger("pyrodash.serve")
 
@@ -142,6 +143,9 @@ class Budgets:
             self.store = FileStore(Path(shared_dir) / "pyrodash-budgets.sqlite")
         else:
             self.store = MemoryStore()
+        if not cfg.redis_url and any(b.cap_usd is not None for b in cfg.budgets):  # the caps outlive the server
+            state = Path(cfg.state_dir) if cfg.state_dir else cache_root() / "budgets"
+            self.store.ledger = ledger_file(state / "ledger.sqlite")
         self.metrics = BudgetMetrics(registry) if registry is not None else None
         self.utilisation: dict[str, list[float]] = {}  # budget -> [billed, reserved] of this replica's settled requests
         if self.metrics is not None:
@@ -473,6 +477,9 @@ class Budgets:
 
     async def aclose(self) -> None:
         await self.store.aclose()
+        close = getattr(getattr(self.store.ledger, "db", None), "close", None)
+        if close is not None:
+            close()
 
 
 # ---------------------------------------------------------------- the server's hooks

@@ -40,6 +40,7 @@ _TOP_KEYS = {
     "controller",
     "reservation_ttl_s",
     "redis_timeout_s",
+    "state_dir",
 }
 _CONTROLLER_KEYS = {"integral_s", "rate_window_s", "bank_s", "debt_s", "cost_window", "head_start_s"}
 
@@ -147,6 +148,7 @@ class BudgetsConfig:
     controller: Controller = field(default_factory=Controller)
     reservation_ttl_s: float = 600.0  # wall seconds: a dead replica's reservations are released after this long
     redis_timeout_s: float = 0.25  # a Redis call slower than this counts as Redis down (the replica's own share)
+    state_dir: str | None = None  # the hard caps' ledger without Redis (None: $PYRODASH_CACHE/budgets)
 
     @property
     def budgets(self) -> list[Budget]:
@@ -189,6 +191,7 @@ class BudgetsConfig:
             _controller(raw.get("controller") or {}),
             _number("budgets.reservation_ttl_s", raw.get("reservation_ttl_s", 600.0)),
             _number("budgets.redis_timeout_s", raw.get("redis_timeout_s", 0.25)),
+            _state_dir(raw.get("state_dir")),
         )
 
 
@@ -266,6 +269,12 @@ def _controller(ctl: object) -> Controller:
             raise ValueError("budgets.controller.cost_window must be a whole number of requests")
         vals["cost_window"] = int(vals["cost_window"])
     return Controller(**vals)
+
+
+def _state_dir(value: object) -> str | None:
+    if value is not None and (not isinstance(value, str) or not value.strip()):
+        raise ValueError(f"budgets.state_dir={value!r} must be a directory path (the hard caps' ledger file)")
+    return value
 
 
 def _check_redis_url(url: object) -> None:

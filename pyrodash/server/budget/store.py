@@ -53,6 +53,21 @@ class MemoryStore:
         return None
 
 
+def ledger_file(path: str | Path) -> FileLedger:
+    """The hard caps' ledger in the SQLite file `path` (made with its folder if missing): it outlives the server, and
+    every process that opens it (the workers of `--workers N`, a restarted server) holds the same caps."""
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        db = sqlite3.connect(str(path), timeout=10, isolation_level=None, check_same_thread=False)
+        db.execute("PRAGMA journal_mode=WAL")
+    except (OSError, sqlite3.Error) as e:
+        raise ValueError(
+            f"budgets.state_dir: cannot keep the caps' ledger in {path} ({e}): set a writable folder"
+        ) from None
+    return FileLedger(db)
+
+
 class FileStore:
     """The state in a SQLite file shared by the processes of one `pyrodash serve --workers N` (they hold ONE budget,
     as replicas do through Redis; without it each worker would spend the whole budget). Each step is one
