@@ -130,6 +130,8 @@ def test_bad_input_gets_anthropics_error_shape(server, body, kind, says):
 
 def test_the_sdk_raises_its_own_errors(client):
     with pytest.raises(anthropic.BadRequestError):
-        client.messages.create(model="slm-only", max_tokens=3, messages=ASK, temperature=1.5)
+        client.messages.create(
+            model="slm-only", max_tokens=3, messages=ASK, thinking={"type": "enabled", "budget_tokens": 9}
+        )
     with pytest.raises(anthropic.NotFoundError):
         client.messages.create(model="nope", max_tokens=3, messages=ASK)

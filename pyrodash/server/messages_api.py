@@ -60,7 +60,8 @@ class MessagesRequest(FrontRequest):
 
     API_FIELDS = frozenset(
         {"model", "messages", "max_tokens", "system", "stop_sequences", "temperature", "top_p", "top_k", "stream",
-         "metadata", "service_tier", "tools", "tool_choice", "thinking", "container", "mcp_servers"}
+         "metadata", "service_tier", "tools", "tool_choice", "thinking", "container", "mcp_servers", "cache_control",
+         "diagnostics", "inference_geo", "output_config", "speed", "user_profile_id", "workspace_id"}
     )  # fmt: skip
     UNSUPPORTED = {
         "tools": ((None, []), _NO_TOOLS),
@@ -69,6 +70,9 @@ class MessagesRequest(FrontRequest):
         "top_k": ((None,), "top_k is not supported (top_p is)"),
         "container": ((None,), "containers (code execution) are not supported"),
         "mcp_servers": ((None, []), "MCP servers are not supported"),
+        "output_config": ((None,), "output configuration (structured output, effort) is not supported"),
+        "diagnostics": ((None,), "diagnostics are not supported"),
+        "speed": ((None,), "speed options are not supported"),
     }
     PARTS = (Message, TextBlock)
 
@@ -84,6 +88,10 @@ class MessagesRequest(FrontRequest):
     # Anthropic metadata fields: accepted, no effect on the answer
     metadata: dict | None = None
     service_tier: str | None = None
+    cache_control: dict | None = None  # (prompt caching is the backends' own)
+    inference_geo: str | None = None
+    user_profile_id: str | None = None
+    workspace_id: str | None = None
 
     @field_validator("system", mode="before")
     @classmethod
