@@ -128,6 +128,24 @@ def with_mode(spec: str | dict | list | None, mode: str | None) -> str | dict | 
     return {"url": ep.url, "model": ep.model, "mode": mode} if ep else {**spec, "mode": mode}
 
 
+def add_llm_arguments(parser) -> None:
+    """`--llm SPEC` and `--llm-mode`, for the commands whose LLM comes from a config (curate, train, eval): `--llm`
+    replaces the config's LLM (`llm_from_flags`)."""
+    parser.add_argument(
+        "--llm",
+        default=None,
+        metavar="SPEC",
+        help="the LLM, in place of the config's: http(s)://host:port/v1#model (e.g. an API you pay for; the key from "
+        "OPENAI_API_KEY, ANTHROPIC_API_KEY or DEEPSEEK_API_KEY), a model directory or a hub id",
+    )
+    add_llm_mode_argument(parser)
+
+
+def llm_from_flags(spec: str | dict | list | None, llm: str | None, mode: str | None) -> str | dict | list | None:
+    """The LLM a command runs with: `--llm` when given, else the config's `spec`; `--llm-mode` set on it."""
+    return with_mode(spec if llm is None else llm, mode)
+
+
 def add_llm_mode_argument(parser) -> None:
     """The `--llm-mode` flag every command that calls an LLM takes."""
     parser.add_argument(

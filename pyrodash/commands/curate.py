@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 from pyrodash.backends.chat_template import add_chat_template_argument
-from pyrodash.backends.endpoint import add_llm_mode_argument, with_mode
+from pyrodash.backends.endpoint import add_llm_arguments, llm_from_flags
 from pyrodash.jobs.library_log import library_log
 from pyrodash.train import distributed as dist
 from pyrodash.train.chat_logs import is_chat_log
@@ -33,7 +33,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="your own chat logs (.jsonl, one OpenAI `messages` conversation per line): curated turn by "
         "turn in place of the recipe's curate.conversations",
     )
-    add_llm_mode_argument(p)
+    add_llm_arguments(p)
     add_chat_template_argument(p)
     p.add_argument("--dry-run", action="store_true", help="validate the config and print the plan; load nothing")
 
@@ -53,8 +53,7 @@ def run(args: argparse.Namespace) -> int:
     if args.chat_template:
         overrides["chat_template"] = args.chat_template
     recipe = load_recipe(args.config, overrides)
-    if args.llm_mode:
-        recipe.llm = with_mode(recipe.llm, args.llm_mode)
+    recipe.llm = llm_from_flags(recipe.llm, args.llm, args.llm_mode)
     if args.dry_run:
         print_plan(recipe, args.output_dir, ["curate"])
         return 0

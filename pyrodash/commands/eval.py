@@ -3,14 +3,16 @@
 
     pyrodash eval --config configs/eval/world-quick.yaml
     pyrodash eval --config RUN/config.resolved.json --dry-run    # a run's own resolved config, checked
+    pyrodash eval --config CFG --llm https://api.openai.com/v1#gpt-5-mini   # the config's LLM replaced
 """
 
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from pathlib import Path
 
-from pyrodash.backends.endpoint import add_llm_mode_argument
+from pyrodash.backends.endpoint import add_llm_arguments
 from pyrodash.eval.build import method_specs
 from pyrodash.eval.harness import EvalConfig, check_compatible, evaluate, load_examples
 from pyrodash.jobs.library_log import library_log
@@ -23,7 +25,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", required=True, help="eval YAML (see configs/eval/)")
     p.add_argument("--run-dir", default=None, help="override run_dir of the config")
     p.add_argument("--limit", type=int, default=None, help="override limit (examples per benchmark)")
-    add_llm_mode_argument(p)
+    add_llm_arguments(p)
     p.add_argument("--no-report", action="store_true", help="do not write report.md / summary.json afterwards")
     p.add_argument(
         "--dry-run", action="store_true", help="check the config, models, prices and benchmarks; print the plan"
@@ -71,6 +73,7 @@ def dry_run(cfg: EvalConfig, console) -> int:
     prices = cfg.price_sheet()
     check_compatible(Path(cfg.run_dir), cfg)
     console.print(f"run_dir: {cfg.run_dir}", highlight=False)
+    console.print(f"llm: {cfg.models.get('llm')}", highlight=False, markup=False)
     for b in cfg.benchmarks:
         console.print(f"  {b}: {len(load_examples(cfg, b, cfg.limit))} examples", highlight=False)
     console.print("methods:")
@@ -86,6 +89,8 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     cfg = EvalConfig.from_yaml(args.config, run_dir=args.run_dir, limit=args.limit, llm_mode=args.llm_mode)
+    if args.llm is not None:  # the LLM of every method that calls one (llm, oracle, the routers, PyroDash)
+        cfg = replace(cfg, models={**cfg.models, "llm": args.llm})
     if args.dry_run:
         return dry_run(cfg, Console())
     log = Path(cfg.run_dir) / "eval.log"

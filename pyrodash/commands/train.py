@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 
 from pyrodash.backends.chat_template import add_chat_template_argument
-from pyrodash.backends.endpoint import add_llm_mode_argument, with_mode
+from pyrodash.backends.endpoint import add_llm_arguments, llm_from_flags
 from pyrodash.jobs.library_log import library_log
 from pyrodash.train import distributed as dist
 from pyrodash.train.config import load_recipe
@@ -50,7 +50,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lambda", dest="lam", type=float, default=None, help="stage3: λ (default: the recipe's)")
     p.add_argument("--lambdas", type=_lambdas, default=None, help="stage3: a sweep, e.g. 0.05,0.1,0.3,0.6")
     p.add_argument("--resume", action="store_true", help="stage3: resume from the last checkpoint in DIR")
-    add_llm_mode_argument(p)
+    add_llm_arguments(p)
     add_chat_template_argument(p)
     p.add_argument("--dry-run", action="store_true", help="validate the config and print the plan; load nothing")
 
@@ -63,8 +63,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.dry_run:
         dist.setup()  # before any TRL config is built: under a launcher the ranks join one process group
     recipe = load_recipe(args.config, {"chat_template": args.chat_template} if args.chat_template else None)
-    if args.llm_mode:
-        recipe.llm = with_mode(recipe.llm, args.llm_mode)
+    recipe.llm = llm_from_flags(recipe.llm, args.llm, args.llm_mode)
     lambdas = args.lambdas or ([args.lam] if args.lam is not None else None)
     if args.dry_run:
         print_plan(recipe, args.output_dir, [args.stage], lambdas=lambdas)
