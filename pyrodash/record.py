@@ -31,25 +31,25 @@ class Record:
     output: str  # the joint answer, in streamed order
     finish_reason: str  # "stop" | "length" | "error"
     mode: str  # "collab" (Algorithm 1), "slm" or "llm" alone
-    slm_in: int
+    slm_in: int  # SLM prompt tokens, over all its segments
     slm_out: int  # the <offload> stop token included, as billed
-    llm_in: int
-    llm_out: int
-    llm_cached_in: int
+    llm_in: int  # LLM prompt tokens (the packed trace), over all its calls
+    llm_out: int  # LLM output tokens
+    llm_cached_in: int  # the part of llm_in the provider reported as served from its cache
     llm_calls: int  # LLM calls that reached a server (retries and every endpoint of a mesh included)
-    cost_usd: float
+    cost_usd: float  # dollars of the answer at the run's price sheet
     handoff: int | None  # SLM tokens before <offload>; None: no handoff
-    offload_bias: float
-    handoff_share: float
+    offload_bias: float  # the operating point's bias on the <offload> logit
+    handoff_share: float  # and its share of requests that may hand off
     handoff_admitted: bool  # False: outside the handoff share, the SLM answered alone
     fallback: bool  # the LLM failed and the SLM finished the answer (its segment says `fallback: true`)
-    llm_errors: list[str] = field(default_factory=list)
-    usage_estimated: bool = False
-    turn: int = 1
-    trimmed: dict = field(default_factory=lambda: {"slm": 0, "llm": 0})
+    llm_errors: list[str] = field(default_factory=list)  # every failed LLM attempt, one line each
+    usage_estimated: bool = False  # a server reported no token counts: counted locally or estimated
+    turn: int = 1  # the user turn answered (1: the first)
+    trimmed: dict = field(default_factory=lambda: {"slm": 0, "llm": 0})  # history messages dropped to fit
     segments: list[dict] = field(default_factory=list)  # {"by": "slm"|"llm", "text", "endpoint"?, "fallback"?}
     llm_endpoints: list[dict] = field(default_factory=list)  # per LLM endpoint: calls, tokens, price, cost_usd
-    latency_s: float = 0.0
+    latency_s: float = 0.0  # wall time of the answer
     llm_prior_in: int = 0  # the part of llm_in an earlier LLM call of this answer already sent (a cache can serve it)
     handoffs: list[int] = field(default_factory=list)  # every handoff position, in order (relay: several)
     relay_fallback: str | None = None  # why a relay answer became a single handoff (relay.py: stop_ignored ...)

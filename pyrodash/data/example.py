@@ -7,9 +7,9 @@ from dataclasses import asdict, dataclass, field
 
 @dataclass
 class Example:
-    id: str
-    benchmark: str
-    question: str
+    id: str  # unique within the benchmark
+    benchmark: str  # where it comes from (math500, world:tier3, chat:<file>, ...)
+    question: str  # the user's message (a conversation's history is in meta.history)
     gold: str  # the reference answer, as a string (graded with pyrodash.grading.is_correct)
     meta: dict = field(default_factory=dict)  # loader-specific extras (solution, subject, world step info, ...)
 

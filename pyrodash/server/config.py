@@ -105,7 +105,7 @@ class ServeConfig:
     prompts: str = "qwen-math-v1"  # the prompt set the SLM was trained with (world-v1 for the world)
     handoff_style: str = "continue"  # how the LLM is asked to go on from the SLM's partial trace
     llm_mode: str | None = None  # None: the llm spec's mode (default auto: detected at start-up)
-    # model name -> OperatingPoint (YAML: a number, the offload_bias, or {offload_bias, handoff_share})
+    # Model name -> OperatingPoint (YAML: a number, the offload_bias, or {offload_bias, handoff_share})
     operating_points: dict[str, OperatingPoint] = field(default_factory=lambda: {"pyrodash": OperatingPoint()})
     failure: Failure = field(default_factory=Failure)  # the LLM side's retries and fallback (below)
     limits: Limits = field(default_factory=Limits)  # request size limits (below)
