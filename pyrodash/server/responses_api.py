@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import uuid
 from json.encoder import encode_basestring
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
 
@@ -78,7 +78,7 @@ class ResponsesRequest(FrontRequest):
     PARTS = (InputMessage, InputText, TextConfig, TextFormat)
     BUDGET_PARAM = "max_output_tokens"
 
-    input: str | list[InputMessage] = Field(min_length=1)
+    input: Annotated[str, Field(min_length=1)] | Annotated[list[InputMessage], Field(min_length=1)]
     instructions: str | None = None
     max_output_tokens: protocol.PositiveInt | None = Field(
         None, description="The TOTAL output budget of the joint answer (SLM + LLM tokens)."
