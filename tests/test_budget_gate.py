@@ -8,6 +8,7 @@ takeover, relay, `dollars: all`, and the LLM alone (`mode: llm`)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import tempfile
 
@@ -28,13 +29,14 @@ OPS = {
 
 
 class WorstBiller:
-    """TEST DOUBLE of an LLM provider (we cannot reach one from a test) serving a real model: every call bills its
+    """TEST DOUBLE of an LLM provider (we cannot reach one from a test) serving a real model: every answer bills its
     prompt as the model's tokenizer counts it and the whole `max_tokens` as output (a reasoning model billing hidden
-    tokens), the most the call may bill. `fail_every`: every n-th call breaks after `cut_after` chunks (billed the
-    same way, as a provider bills a stream cut mid-flight)."""
+    tokens), the most the call may bill. `fail_every`: every n-th call breaks after `cut_after` chunks (billed its
+    prompt and the chunks sent, as a provider bills a stream cut mid-flight); `stop_after`: each call ends ("stop", a
+    relay step's end) after that many chunks, billed its prompt and those chunks."""
 
-    def __init__(self, inner, fail_every: int = 0, cut_after: int = 2):
-        self.inner, self.fail_every, self.cut_after = inner, fail_every, cut_after
+    def __init__(self, inner, fail_every: int = 0, cut_after: int = 2, stop_after: int = 0):
+        self.inner, self.fail_every, self.cut_after, self.stop_after = inner, fail_every, cut_after, stop_after
         self.calls = 0
 
     def __getattr__(self, name: str):
@@ -42,17 +44,24 @@ class WorstBiller:
 
     async def stream(self, req):
         self.calls += 1
-        bill = {"prompt_tokens": len(self.inner.prompt_ids(req)), "completion_tokens": req.max_tokens}
+        prompt = len(self.inner.prompt_ids(req))
         failing = self.fail_every and self.calls % self.fail_every == 0
         sent = 0
-        async for ch in self.inner.stream(req):
-            if ch.finish_reason is not None:
-                yield dataclasses.replace(ch, cached_tokens=0, **bill)
-                return
-            yield ch
-            sent += 1
-            if failing and sent >= self.cut_after:
-                raise BackendError("upstream stream cut (test double)", usage=GenChunk(**bill))
+        async with contextlib.aclosing(self.inner.stream(req)) as it:
+            async for ch in it:
+                if ch.finish_reason is not None:
+                    yield dataclasses.replace(
+                        ch, prompt_tokens=prompt, completion_tokens=req.max_tokens, cached_tokens=0
+                    )
+                    return
+                yield ch
+                sent += 1
+                if failing and sent >= self.cut_after:
+                    cut = GenChunk(prompt_tokens=prompt, completion_tokens=sent)
+                    raise BackendError("upstream stream cut (test double)", usage=cut)
+                if self.stop_after and sent >= self.stop_after:
+                    yield GenChunk(finish_reason="stop", prompt_tokens=prompt, completion_tokens=sent)
+                    return
 
 
 def four_turns(i: int) -> list[dict]:
@@ -69,7 +78,13 @@ def one_turn(i: int) -> list[dict]:
 
 def server(models, llm, budget: dict, **failure):
     slm, _ = models
-    budgets = {"default": budget, "state_dir": tempfile.mkdtemp(prefix="budgets-")}
+    # a pacer that lets every request through at the policy's point (a head start of a whole period): the cap alone
+    # holds the budget
+    budgets = {
+        "default": budget,
+        "state_dir": tempfile.mkdtemp(prefix="budgets-"),
+        "controller": {"head_start_s": 3600.0},
+    }
     config = serve_config(api_key=None, operating_points=OPS, budgets=budgets)
     return UvicornThread(build_app(config, engine=make_engine(slm, llm, config, **failure)))
 
@@ -130,21 +145,24 @@ def test_turns_past_the_slms_range_at_the_cap_are_the_slms(models):
     assert all("past the SLM's range" in p["budget"]["reason"] for p in turned)
 
 
-@pytest.mark.parametrize(
-    "case",
-    ["retries", "mesh", "relay", "all"],
-)
+def llm_for(models, case: str, failing: bool = True):
+    """The LLM of a case: retries (every call of a failing upstream breaks), mesh (the first endpoint's streams
+    break, the second takes over mid-stream), relay (each call ends a step after two chunks)."""
+    llm = models[1]
+    if case == "mesh":
+        return MeshBackend([Member(WorstBiller(llm, fail_every=1), "a"), Member(WorstBiller(llm), "b")])
+    if case == "relay":
+        return WorstBiller(llm, stop_after=2)
+    return WorstBiller(llm, fail_every=1 if case == "retries" and failing else 0)
+
+
+@pytest.mark.parametrize("case", ["retries", "mesh", "relay", "all"])
 def test_every_llm_call_is_covered_at_the_cap(models, case):
-    failing = WorstBiller(models[1], fail_every=2 if case == "retries" else 0)
-    llm = failing
-    if case == "mesh":  # the first endpoint's streams break: the second takes over mid-stream
-        llm = MeshBackend([Member(WorstBiller(models[1], fail_every=1), "a"), Member(WorstBiller(models[1]), "b")])
     model = "relay" if case == "relay" else "offload"
     dollars = "all" if case == "all" else "llm"
-    one = one_answer_usd(models, llm, model, one_turn(0))
-    cap = 4 * one
+    cap = 4 * one_answer_usd(models, llm_for(models, case, failing=False), model, one_turn(0))
     budget = {"usd_per_hour": cap, "cap_usd": cap, "at_cap": "slm", "dollars": dollars}
-    with server(models, llm, budget, retries=2) as srv:
+    with server(models, llm_for(models, case), budget, retries=2) as srv:
         rs = burst(srv.url, [body(model, one_turn(i)) for i in range(32)], cap)
         row = httpx.get(f"{srv.url}/v1/budget").json()["data"][0]
     # (in `dollars: all` a request whose SLM dollars alone no longer fit is refused)
@@ -154,7 +172,9 @@ def test_every_llm_call_is_covered_at_the_cap(models, case):
     assert 0 < spent <= cap and row["cap_spent_usd"] == pytest.approx(spent)
     assert any(not p["llm_endpoints"] or p["fallback"] for p in got)  # the cap turned some away: it was tested
     if case == "retries":
-        assert any(len(p["llm_errors"]) for p in got if p["llm_endpoints"])
+        assert all(len(p["llm_errors"]) >= 1 for p in got if p["llm_endpoints"])
+    if case == "relay":  # a relay step after the first: made within the cap, or not made and said so
+        assert any(p["llm_calls"] >= 2 or "an LLM call's bound" in (p["budget"]["reason"] or "") for p in got)
 
 
 def test_the_llm_alone_at_the_cap_is_refused(models):

@@ -64,12 +64,16 @@ def _text_bytes(messages: list, prefix: str = "") -> int:
 
 
 def _counted(engine, req: GenRequest) -> int | None:
-    """`req`'s prompt tokens as the LLM's own tokenizer counts them (an in-process LLM), else None."""
-    count = getattr(getattr(engine, "llm", None), "prompt_ids", None)
-    if not callable(count):
+    """`req`'s prompt tokens as the LLM's own tokenizer counts them (an in-process LLM; a mesh: the most any of its
+    endpoints counts, when each can), else None."""
+    llm = getattr(engine, "llm", None)
+    members = getattr(llm, "members", None)
+    backends = [getattr(m, "backend", None) for m in members] if members else [llm]
+    counts = [getattr(b, "prompt_ids", None) for b in backends]
+    if not all(callable(c) for c in counts):
         return None
     try:
-        return len(count(req))
+        return max(len(c(req)) for c in counts)
     except Exception:  # noqa: BLE001 - a tokenizer that cannot render this prompt: the byte bound instead
         return None
 
