@@ -107,7 +107,12 @@ def machine(res: dict) -> str:
 
 
 def demo_time(res: dict) -> str:
-    t = res["times"]
+    t = res.get("times") or {}
+    if "training + evaluation (wall)" not in t:
+        raise SystemExit(
+            "the stored results have no demo times (demo_times.json): store the demo's run with "
+            "`python scripts/render_docs.py --store RUN_DIR NAME`"
+        )
     world, jobs, report = t.get("world", 0.0), t["training + evaluation (wall)"], t.get("report", 0.0)
     total = world + jobs + report
     return (
