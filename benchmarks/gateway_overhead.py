@@ -6,7 +6,9 @@
 The upstream is `engine_overhead.py`'s scripted server (a TEST DOUBLE); PyroDash serves at an operating point that
 never hands off; `--baseline` adds `pyrodash serve` run from an older revision (extracted by `git archive`) or
 checkout. The targets run interleaved in rounds, the order rotating, for a raw-socket keep-alive client; TTFT is the
-time to the first SSE event with text. Last lines, per concurrency: `c=<c> pyrodash_added_ttft_p50_ms=<a>
+time to the first SSE event with text. `pyrodash serve` is also measured through its Responses and Messages APIs (the
+same request; `--chat-only` leaves them out), with a line per concurrency `c=<c> responses_minus_chat_ttft_p50_ms=<x>
+messages_minus_chat_ttft_p50_ms=<y>`. Last lines, per concurrency: `c=<c> pyrodash_added_ttft_p50_ms=<a>
 litellm_added_ttft_p50_ms=<b> ratio=<a/b>`, with `--baseline` also `c=<c> pyrodash_ttft_p50_ms=<a>
 baseline_ttft_p50_ms=<b> tree_minus_baseline_ttft_p50_ms=<a-b>`. Method and results: docs/scaling.md.
 """
@@ -34,14 +36,33 @@ from engine_overhead import scripted_server_process  # noqa: E402
 from server_load import _free_port, _pct, _stop, serve_argv, serve_env, wait_url  # noqa: E402
 
 CONTENT = re.compile(rb'"content":\s*"[^"]')  # the first SSE event with text (the role chunk's content is "")
-TARGETS = ("direct", "litellm", "pyrodash", "baseline")
+TARGETS = ("direct", "litellm", "pyrodash", "responses", "messages", "baseline")
 KEY = "sk-gateway-bench-0123456789abcdef"  # LiteLLM's master key (it refuses to start without one); sent to all
 HEADERS = {"litellm": "x-litellm-overhead-duration-ms", "pyrodash": "x-pyrodash-overhead-ms"}
-HEADERS["baseline"] = HEADERS["pyrodash"]
+HEADERS["baseline"] = HEADERS["responses"] = HEADERS["messages"] = HEADERS["pyrodash"]
+# the same `pyrodash serve` through OpenAI's Responses API and Anthropic's Messages API: (route, the first event with
+# text, how the stream ends)
+FRONTS = {
+    "responses": (
+        "/v1/responses",
+        re.compile(rb'"delta":\s*"[^"]'),
+        re.compile(rb"event: response\.(completed|incomplete)\ndata: [^\n]*\s*$"),
+    ),
+    "messages": (
+        "/v1/messages",
+        re.compile(rb'"text_delta",\s*"text":\s*"[^"]'),
+        re.compile(rb"event: message_stop\ndata: [^\n]*\s*$"),
+    ),
+}
+CHAT = ("/v1/chat/completions", CONTENT, re.compile(rb"data: \[DONE\]\s*$"))
 
 
-async def _request(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, head: bytes, body: bytes) -> dict:
-    """One streamed request on a kept-alive connection: status, headers, TTFT and total seconds."""
+async def _request(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, head: bytes, body: bytes, wire: tuple = CHAT
+) -> dict:
+    """One streamed request on a kept-alive connection: status, headers, TTFT and total seconds (`wire`: the route,
+    its first event with text, its last event)."""
+    _, first_text, end = wire
     t0 = time.perf_counter()
     writer.write(head + body)
     await writer.drain()
@@ -57,7 +78,7 @@ async def _request(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, h
             data = (await reader.readexactly(size + 2))[:-2]
             if size == 0:
                 break
-            if ttft is None and CONTENT.search(tail + data):
+            if ttft is None and first_text.search(tail + data):
                 ttft = time.perf_counter() - t0
             tail = data[-64:]
             parts.append(data)
@@ -65,29 +86,36 @@ async def _request(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, h
         parts.append(await reader.readexactly(int(headers.get("content-length", 0))))
     total = time.perf_counter() - t0
     text = b"".join(parts)
-    ok = status == 200 and text.rstrip().endswith(b"data: [DONE]") and ttft is not None
+    ok = status == 200 and end.search(text) is not None and ttft is not None
     return {"ok": ok, "status": status, "headers": headers, "ttft": ttft, "total": total, "tail": text[-300:]}
 
 
-async def _client(port: int, model: str, n: int, max_tokens: int, out: list[dict]) -> None:
-    body = json.dumps(
-        {
-            "model": model,
-            "messages": [{"role": "user", "content": "What is 2+2?"}],
-            "stream": True,
-            "max_tokens": max_tokens,
-            "stream_options": {"include_usage": True},
-        }
-    ).encode()
+def _wire(target: str, port: int, model: str, max_tokens: int) -> tuple[bytes, bytes, tuple]:
+    """(the HTTP head, the body, the wire) of one streamed request to `target`: chat completions, or the same question
+    through the Responses or the Messages API."""
+    ask = [{"role": "user", "content": "What is 2+2?"}]
+    if target == "responses":
+        req = {"model": model, "input": ask, "stream": True, "max_output_tokens": max_tokens}
+    elif target == "messages":
+        req = {"model": model, "messages": ask, "stream": True, "max_tokens": max_tokens}
+    else:
+        req = {"model": model, "messages": ask, "stream": True, "max_tokens": max_tokens}
+        req["stream_options"] = {"include_usage": True}
+    body, wire = json.dumps(req).encode(), FRONTS.get(target, CHAT)
     head = (
-        f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
+        f"POST {wire[0]} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
         f"Authorization: Bearer {KEY}\r\nContent-Length: {len(body)}\r\n\r\n"
     ).encode()
+    return head, body, wire
+
+
+async def _client(target: str, port: int, model: str, n: int, max_tokens: int, out: list[dict]) -> None:
+    head, body, wire = _wire(target, port, model, max_tokens)
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     try:
         for _ in range(n):
             try:
-                r = await _request(reader, writer, head, body)
+                r = await _request(reader, writer, head, body, wire)
             except (OSError, ValueError, IndexError, asyncio.IncompleteReadError) as e:
                 out.append({"ok": False, "status": 0, "tail": f"{type(e).__name__}: {e}".encode()})
                 writer.close()
@@ -101,9 +129,9 @@ async def _client(port: int, model: str, n: int, max_tokens: int, out: list[dict
         writer.close()
 
 
-async def _round(port: int, model: str, concurrency: int, n: int, max_tokens: int) -> list[dict]:
+async def _round(target: str, port: int, model: str, concurrency: int, n: int, max_tokens: int) -> list[dict]:
     out: list[dict] = []
-    await asyncio.gather(*(_client(port, model, n, max_tokens, out) for _ in range(concurrency)))
+    await asyncio.gather(*(_client(target, port, model, n, max_tokens, out) for _ in range(concurrency)))
     return out
 
 
@@ -211,6 +239,12 @@ def summarise(res: dict[str, list[dict]], c: int) -> list[str]:
         bad = [r for r in rows if not r["ok"]][:3]
         for r in bad:
             lines.append(f"    {target} error: status {r['status']} {r['tail'][-200:]!r}")
+    if "responses" in added or "messages" in added:  # the other wire APIs over chat, on the same server
+        over = {t: added.get(t, float("nan")) - added.get("pyrodash", float("nan")) for t in ("responses", "messages")}
+        lines.append(
+            f"c={c} responses_minus_chat_ttft_p50_ms={over['responses']:+.3f} "
+            f"messages_minus_chat_ttft_p50_ms={over['messages']:+.3f}"
+        )
     a, b = added.get("pyrodash", float("nan")), added.get("litellm", float("nan"))
     lines.append(f"c={c} pyrodash_added_ttft_p50_ms={a:.2f} litellm_added_ttft_p50_ms={b:.2f} ratio={a / b:.3f}")
     if "baseline" in res:
@@ -227,13 +261,13 @@ async def measure(ports: dict[str, int], models: dict[str, str], args) -> None:
     for c in args.concurrency:
         n = args.requests if c == 1 else max(1, args.requests // 5)
         for target in ports:  # warm-up (connections, caches, LiteLLM's first-request set-up): not counted
-            await _round(ports[target], models[target], min(c, 8), 2, args.max_tokens)
+            await _round(target, ports[target], models[target], min(c, 8), 2, args.max_tokens)
         res: dict[str, list[dict]] = {t: [] for t in ports}
         order = list(ports)
         for i in range(args.rounds):
             for target in order[i % len(order) :] + order[: i % len(order)]:
                 await asyncio.sleep(0.05)
-                res[target] += await _round(ports[target], models[target], c, n, args.max_tokens)
+                res[target] += await _round(target, ports[target], models[target], c, n, args.max_tokens)
             print(f"  c={c} round {i + 1}/{args.rounds} done", file=sys.stderr, flush=True)
         print("\n".join(summarise(res, c)), flush=True)
 
@@ -257,6 +291,11 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
         help="the litellm executable ('' to leave LiteLLM out)",
     )
     p.add_argument("--workers", type=int, default=1, help="pyrodash serve --workers")
+    p.add_argument(
+        "--chat-only",
+        action="store_true",
+        help="measure pyrodash through chat completions only (default: also its /v1/responses and /v1/messages)",
+    )
     p.add_argument(
         "--litellm-workers",
         type=int,
@@ -287,6 +326,8 @@ def _start_gateways(a: argparse.Namespace, upstream: str, workdir: Path, procs: 
         )
     ports["pyrodash"] = _free_port()
     procs.append(start_pyrodash(upstream, ports["pyrodash"], a.workers, workdir))
+    if not a.chat_only:  # the same server through its Responses and Messages APIs
+        ports["responses"] = ports["messages"] = ports["pyrodash"]
     if a.baseline:
         root = baseline_tree(a.baseline, workdir)
         ports["baseline"] = _free_port()
@@ -301,6 +342,7 @@ def main(argv: list[str] | None = None) -> int:
     procs: list[subprocess.Popen] = []
     ports = {"direct": int(upstream.rsplit(":", 1)[1].split("/")[0])}
     models = {"direct": "direct", "litellm": "direct", "pyrodash": "pyrodash", "baseline": "pyrodash"}
+    models["responses"] = models["messages"] = "pyrodash"
     with tempfile.TemporaryDirectory(prefix="gateway-overhead-") as tmp:
         try:
             ports.update(_start_gateways(a, upstream, Path(tmp), procs))
