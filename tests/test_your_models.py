@@ -73,3 +73,12 @@ def test_every_command_of_the_page_checks_its_config_and_plans(workdir, capsys):
             assert f"LLM (frozen): {llm}" in out, (argv, out)
         if argv[0] == "eval":
             assert "math500: 1 examples" in out and (llm is None or f"llm: {llm}" in out), (argv, out)
+
+
+def test_every_paper_recipe_has_its_hardware_and_time():
+    """Each configs/paper/ recipe is named in the page's hardware section, with GPUs, memory and estimated hours."""
+    text = PAGE.read_text()
+    section = text[text.index("## Hardware and time") :]
+    recipes = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "configs" / "paper").glob("*.yaml"))
+    assert recipes and all(f"`{r}`" in section for r in recipes), recipes
+    assert all(w in section for w in ("GPUs", "memory per GPU", "GPU-hours", "On one GPU")), section[:300]
