@@ -28,6 +28,8 @@ AUTH = {"Authorization": f"Bearer {KEY}"}
 OPS = {"pyrodash": 0.0, "always-offload": 100.0}
 CHAT = "/v1/chat/completions"
 Q = [{"role": "user", "content": "3+4="}]
+# the other wire APIs (OpenAI's Responses, Anthropic's Messages): a request of each
+FRONTS = {"/v1/responses": {"input": Q, "max_output_tokens": 8}, "/v1/messages": {"messages": Q, "max_tokens": 8}}
 
 
 class Switch:
@@ -205,6 +207,8 @@ def _anonymous(c: Seen) -> None:
     assert h.status_code == 200 and h.json() == {"status": "ok", "live": True, "ready": True}
     assert c.get("/metrics", auth=False).status_code == 401
     c.post("chat without key", {"messages": Q}, auth=False)
+    for route, body in FRONTS.items():
+        c.post(f"{route} without key", body, route, auth=False)
 
 
 def _with_key(c: Seen) -> None:
@@ -229,6 +233,12 @@ def _with_key(c: Seen) -> None:
     assert r["pyrodash"]["answered_by"] == "base_slm" and r["pyrodash"]["llm_calls"] == 0
     c.post("LLM alone", {"messages": Q, "max_tokens": 8, "stream": True, "pyrodash": {"mode": "llm"}})
     c.post("completions", {"prompt": "3+4=", "max_tokens": 4}, "/v1/completions")
+    for route, body in FRONTS.items():
+        c.post(f"{route} handoff", {**body, "model": "always-offload"}, route)
+        c.post(
+            f"{route} handoff stream", {**body, "model": "always-offload", "stream": True, "pyrodash": SOURCES}, route
+        )
+        assert c.post(f"{route} unsupported", {**body, "tools": [{"name": "f"}]}, route).status_code == 400
     for label, body in [
         ("bad json", b"{not json"),
         ("unknown field", {"messages": Q, "secret_field": 1}),
@@ -254,6 +264,9 @@ def _llm_fails(c: Seen, switch, lsrv, needles, caplog) -> None:
         c.post("LLM 500 stream", {"model": "always-offload", "messages": Q, "max_tokens": 8, **usage})
         c.post("LLM alone, 500", {"messages": Q, "max_tokens": 8, "pyrodash": {"mode": "llm"}})
         c.post("LLM alone, 500, stream", {"messages": Q, "max_tokens": 8, "stream": True, "pyrodash": {"mode": "llm"}})
+        for route, body in FRONTS.items():  # the error event of each API's stream, and its error body
+            c.post(f"{route} LLM alone, 500", {**body, "pyrodash": {"mode": "llm"}}, route)
+            c.post(f"{route} LLM alone, 500, stream", {**body, "stream": True, "pyrodash": {"mode": "llm"}}, route)
     finally:
         switch.fail = None
 
