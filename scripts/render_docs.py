@@ -10,7 +10,8 @@ A span in README.md or docs/**/*.md reads
 
 and everything between the two comments is rewritten from `docs/results/NAME.json` (a run's `summary.json` trimmed to
 what the docs quote, with the machine it ran on and the demo's step times). Views: `table` (the headline table),
-`verdict` (the report's one-sentence Pareto verdict), `machine` (the platform, in words), `demo-time` (the demo's
+`verdict` (the report's one-sentence Pareto verdict), `picked` (the operating points picked on val, read on test),
+`machine` (the platform, in words), `demo-time` (the demo's
 wall time and its steps). The reference pages under docs/reference/ are generated whole (`doc_reference.py`).
 Last line printed: `rendered=N changed=M` (`--check`: `checked=N stale=M`).
 """
@@ -100,6 +101,25 @@ def verdict(res: dict) -> str:
     return verdict_sentence(ms)
 
 
+def picked(res: dict) -> str:
+    """The operating points picked on val (summary.json `selection`, `pyrodash.report.select`) and their test figures
+    beside the oracle's: the headline a user can bank on."""
+    sel = res.get("selection")
+    if not sel:
+        raise SystemExit("the stored results have no selection: store a demo run (it picks on world:val) with --store")
+    out = [
+        "| Picked on val | Criterion | Val acc. (%) / cost | Test acc. (%) / cost | Oracle on test |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for kind, s in sel.items():
+        v, t, o = s["val"], s.get("test") or {}, s.get("oracle") or {}
+        fig = lambda m: f"{100 * m['accuracy']:.2f} / {m['cost_normalized']:.3f}" if m else "--"  # noqa: E731
+        label = {"single": "single handoff", "relay": "relay"}.get(kind, kind)
+        crit = s["criterion"]["text"] + ("" if s["met"] else " (none met it: the fallback)")
+        out.append(f"| {label}: `{s['picked']}` | {crit} | {fig(v)} | {fig(t)} | {fig(o)} |")
+    return "\n".join(out)
+
+
 def machine(res: dict) -> str:
     p = res["platform"]
     cores = f"{p['cores']}-core " if p.get("cores") else ""
@@ -121,7 +141,7 @@ def demo_time(res: dict) -> str:
     )
 
 
-VIEWS = {"table": table, "verdict": verdict, "machine": machine, "demo-time": demo_time}
+VIEWS = {"table": table, "verdict": verdict, "machine": machine, "demo-time": demo_time, "picked": picked}
 
 
 def render_text(text: str) -> str:
@@ -162,9 +182,20 @@ def store(run_dir: Path, name: str) -> Path:
         "times": json.loads(times.read_text()) if times.is_file() else {},
         "methods": {n: {k: m[k] for k in KEPT if k in m} for n, m in summary["methods"].items()},
     }
+    if summary.get("selection"):  # the points picked on val (the `picked` view), without their candidate lists
+        res["selection"] = {k: _picked(run_dir, k, s) for k, s in summary["selection"].items()}
     path = RESULTS / f"{name}.json"
     path.write_text(json.dumps(res, indent=1) + "\n")
     return path
+
+
+def _picked(run_dir: Path, kind: str, sel: dict) -> dict:
+    """One kind's selection as stored: criterion, point, val and test figures, and the oracle's on test beside it."""
+    oracle, where = {"relay": ("relay_oracle", run_dir / "relay")}.get(kind, ("oracle", run_dir))
+    methods = json.loads((where / "summary.json").read_text())["methods"] if (where / "summary.json").is_file() else {}
+    keep = lambda m: {k: m[k] for k in KEPT if k in m} if m else None  # noqa: E731
+    out = {k: sel[k] for k in ("criterion", "picked", "met", "operating_point", "val_split") if k in sel}
+    return out | {"val": keep(sel["val"]), "test": keep(sel.get("test")), "oracle": keep(methods.get(oracle))}
 
 
 def main(argv: list[str] | None = None) -> int:
