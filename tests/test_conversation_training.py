@@ -39,6 +39,7 @@ def test_world_has_train_val_and_test_conversations_and_single_splits_do_not_mov
         WorldConfig.from_preset("quick"),
         n_test=4,
         n_train=6,
+        n_dev=3,
         n_val=3,
         n_multiturn=5,
         n_multiturn_val=2,
@@ -50,11 +51,11 @@ def test_world_has_train_val_and_test_conversations_and_single_splits_do_not_mov
         s: {ex.question for ex in splits[s] if ex.meta["turn"] == 1}
         for s in ("multiturn", "multiturn_val", "multiturn_train")
     }
-    singles = {ex.question for s in ("train", "val", "tier1", "tier5") for ex in splits[s]}
+    singles = {ex.question for s in ("train", "dev", "val", "tier1", "tier5") for ex in splits[s]}
     assert not (openers["multiturn"] & openers["multiturn_train"]) and not (openers["multiturn_train"] & singles)
     # more conversations change nothing else: the single-question splits and the first test conversations stay
     more = make_splits(replace(cfg, n_multiturn=8, n_multiturn_train=20), 0)
-    for s in ("train", "val", "tier1", "tier3"):
+    for s in ("train", "dev", "tier1", "tier3"):  # (val is drawn last: tests/test_world_splits.py)
         assert more[s] == splits[s]
     assert more["multiturn"][:15] == splits["multiturn"]
 

@@ -17,6 +17,7 @@ from pyrodash.world.task import STEP_SEP, make_known, make_table, sample_problem
 TINY = WorldConfig(
     n_test=4,
     n_train=12,
+    n_dev=6,
     n_val=6,
     n_continue=5,
     eval_batch_size=8,
@@ -52,6 +53,7 @@ def tok(tmp_path_factory):
 
 def test_splits_deterministic_per_seed_and_disjoint():
     from pyrodash.world.build import make_splits
+    from pyrodash.world.multiturn import LONG_SPLITS
 
     a, b, c = make_splits(TINY, 0), make_splits(TINY, 0), make_splits(TINY, 1)
     assert [e.to_dict() for s in a.values() for e in s] == [e.to_dict() for s in b.values() for e in s]
@@ -63,7 +65,9 @@ def test_splits_deterministic_per_seed_and_disjoint():
     turns = TINY.multiturn_turns
     assert {s: len(v) for s, v in a.items()} == {
         "train": 12,
+        "dev": 6,
         "val": 6,
+        **{s: n * t for s, (n, t) in LONG_SPLITS.items()},
         **{t: 4 for t in TIER_SPLITS},
         "multiturn": 3 * turns,
         "multiturn_val": 2 * turns,

@@ -40,7 +40,7 @@ class CurateConfig:
     question_field: str = "question"  # HF / JSONL column names
     answer_field: str = "gold"  # the column holding the gold answer
     limit: int | None = None  # first N examples of the source
-    heldout_source: str | None = "world:val"  # labelled easy/hard by the base SLM, for the Stage 2 offload rates
+    heldout_source: str | None = "world:dev"  # labelled easy/hard by the base SLM, for the Stage 2 offload rates
     heldout_limit: int | None = 200  # first N held-out examples
     # Conversations (pyrodash.train.chat_logs): "world:<conversation split>" (e.g. world:multiturn_train) or a chat
     # log (.jsonl of OpenAI `messages`, one conversation per line; `pyrodash curate --chats FILE`); every answered

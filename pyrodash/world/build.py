@@ -2,11 +2,12 @@
 
     pyrodash world build --out worlds/demo --quick      # or build_world(out_dir=None, quick=False, seed=0)
 
-Writes DIR/slm/, DIR/llm/ (HF dirs), DIR/data/<split>.jsonl (train, val, tier1..tier5, multiturn, multiturn_val,
-multiturn_train) and DIR/world.json (config, hash, seed, measured accuracies, timings). A directory with the same
-config hash and seed is reused (default: `$PYRODASH_CACHE/worlds/<quick|full>-seed<N>-<hash>`); a world with the same
-models (`WorldConfig.models_hash`), cached or shipped (`pyrodash.world.shipped`), lends its models instead of
-pretraining them again; `from_scratch=True` pretrains here.
+Writes DIR/slm/, DIR/llm/ (HF dirs), DIR/data/<split>.jsonl (train, dev, val, tier1..tier5, multiturn,
+multiturn_val, multiturn_train, multiturn6, multiturn6_val) and DIR/world.json (config, hash, seed, measured
+accuracies, timings). A directory with the same config hash and seed is reused (default:
+`$PYRODASH_CACHE/worlds/<quick|full>-seed<N>-<hash>`); a world with the same models (`WorldConfig.models_hash`), cached
+or shipped (`pyrodash.world.shipped`), lends its models instead of pretraining them again; `from_scratch=True`
+pretrains here.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from pyrodash.data.example import Example
 from pyrodash.prompts import get_prompts
 from pyrodash.world.config import BUILD_RECIPE, TIER_SPLITS, WorldConfig, cache_root, default_world_dir
 from pyrodash.world.evaluate import evaluate_continue, evaluate_split, first_wrong_distribution
-from pyrodash.world.multiturn import evaluate_turns, world_conversations
+from pyrodash.world.multiturn import LONG_SPLITS, evaluate_turns, world_conversations
 from pyrodash.world.pretrain import pretrain, save_model
 from pyrodash.world.shipped import SHIPPED, is_shipped, measured_on, models_source, platform
 from pyrodash.world.task import STEP_SEP, make_known, make_split, make_table
@@ -32,25 +33,31 @@ MULTITURN_SPLITS = {
     "multiturn_val": "n_multiturn_val",
     "multiturn_train": "n_multiturn_train",
 }
-SPLITS = ("train", "val", *TIER_SPLITS, *MULTITURN_SPLITS)
+SPLITS = ("train", "dev", "val", *TIER_SPLITS, *MULTITURN_SPLITS, *LONG_SPLITS)
+# the stream `val` is drawn from: its own, not the one `dev` took over (`make_splits`)
+VAL_STREAM = "val-select"
 
 
 def make_splits(cfg: WorldConfig, seed: int) -> dict[str, list[Example]]:
-    """All data splits of a world (no models needed): five test tiers, then train and val pools of mixed tiers;
-    no question appears in two splits."""
+    """All data splits of a world (no models needed): five test tiers, the `dev` and train pools of mixed tiers, the
+    conversations, then the `val` pool of mixed tiers; no question appears in two splits. `dev` draws from the stream
+    and at the place the world's validation split always did, and `val` comes last from a stream of its own, so
+    adding or resizing `val` leaves every other split as it was (`tests/test_world_splits.py`)."""
     table, known = make_table(seed), make_known(cfg.known_frac)
     seen: set[str] = set()
     out = {}
+    tiers, runs = list(cfg.tiers), cfg.lead_runs
     for name, tier in zip(TIER_SPLITS, cfg.tiers):
-        out[name] = make_split(seed, name, cfg.n_test, [tier], table, known, seen, cfg.max_addend, cfg.lead_runs)
-    out["val"] = make_split(seed, "val", cfg.n_val, list(cfg.tiers), table, known, seen, cfg.max_addend, cfg.lead_runs)
-    out["train"] = make_split(
-        seed, "train", cfg.n_train, list(cfg.tiers), table, known, seen, cfg.max_addend, cfg.lead_runs
-    )
+        out[name] = make_split(seed, name, cfg.n_test, [tier], table, known, seen, cfg.max_addend, runs)
+    out["dev"] = make_split(seed, "dev", cfg.n_dev, tiers, table, known, seen, cfg.max_addend, runs, stream="val")
+    out["train"] = make_split(seed, "train", cfg.n_train, tiers, table, known, seen, cfg.max_addend, runs)
     # conversations (one example per turn, gold history in meta): openers of tiers 1-2, follow-ups of followup_tiers;
     # test first, then validation and training conversations, each from its own RNG, no opener shared with any split
     for name, size in MULTITURN_SPLITS.items():
         out[name] = world_conversations(cfg, seed, name, getattr(cfg, size), cfg.multiturn_turns, table, known, seen)
+    for name, (n, turns) in LONG_SPLITS.items():  # as `ensure_long_split` makes them for a world built without them
+        out[name] = world_conversations(cfg, seed, name, n, turns, table, known, seen)
+    out["val"] = make_split(seed, "val", cfg.n_val, tiers, table, known, seen, cfg.max_addend, runs, stream=VAL_STREAM)
     return {name: out[name] for name in SPLITS}
 
 

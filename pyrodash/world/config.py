@@ -48,6 +48,7 @@ DATA_FIELDS = frozenset(
         "n_test",
         "n_train",
         "n_val",
+        "n_dev",
         "n_continue",
         "n_multiturn",
         "n_multiturn_train",
@@ -70,6 +71,12 @@ class WorldConfig:
     pretrain_lead_runs: tuple[int, int] = (1, 9)  # the same in pretraining (shorter runs: more lookups per token)
     n_test: int = 200  # problems per test tier
     n_train: int = 2000  # train pool (curation, SFT, GRPO), all tiers mixed
+    # Three disjoint uses of held-out data (`make_splits`): `dev` for recipe work (curation's held-out set: the Stage 2
+    # offload rates, Stage 3's held-out evaluation), `val` for picking an operating point (`pyrodash select`), the
+    # tiers for the report only. `dev` is drawn where the world's validation split always was (before `train`, same
+    # stream), `val` after every other split from its own stream, so train and test hold what they held before. `val`
+    # resolves a one-point difference: 150 questions at least (one question is 0.67 points).
+    n_dev: int = 200
     n_val: int = 200
     n_continue: int = 200  # problems for the LLM-continues-a-gold-prefix check
     system_frac: float = 0.25  # fraction of pretraining examples with a (world-v1) system message
@@ -143,7 +150,8 @@ class WorldConfig:
                 base,
                 n_test=30,
                 n_train=300,
-                n_val=50,
+                n_dev=50,
+                n_val=150,
                 n_continue=60,
                 n_multiturn=60,
                 n_multiturn_train=100,

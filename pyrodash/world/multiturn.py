@@ -182,9 +182,11 @@ def evaluate_turns(
 # "multiturn6" is the test split (world:multiturn6, world:multiturn6-self), "multiturn6_val" calibrates the range rule.
 # The test split is 120 conversations so that a turn's bar (>= 90% of the LLM alone's accuracy) is measured in steps
 # of a few percent: the LLM alone gets ~25% of sixth turns right with its own history, 10 of 40 conversations, where
-# one conversation is a whole 10% margin (docs/conversations.md). A larger split keeps a smaller one's conversations
-# as its first ones (one generator stream per split); the validation split excludes the test split's openers.
-LONG_SPLITS = {"multiturn6": (120, 6), "multiturn6_val": (40, 6)}
+# one conversation is a whole 10% margin (docs/conversations.md). The validation split is 150 conversations, as the
+# world's `val`: the range it picks is read from turns measured in steps of under a point. A larger split keeps a
+# smaller one's conversations as its first ones (one generator stream per split); the validation split excludes the
+# test split's openers. A world's build writes them (`build.make_splits`, before `val`, which excludes their openers).
+LONG_SPLITS = {"multiturn6": (120, 6), "multiturn6_val": (150, 6)}
 
 
 def ensure_long_split(world_dir: str | Path, split: str) -> Path | None:
@@ -212,10 +214,11 @@ def _holds(path: Path, examples: int) -> bool:
 
 
 def long_splits(cfg: WorldConfig, seed: int, data: Path) -> dict[str, list[Example]]:
-    """The long splits of the world (`cfg`, `seed`) whose built splits are in `data` (their questions excluded)."""
+    """The long splits of the world (`cfg`, `seed`) whose built splits are in `data` (their questions excluded, but for
+    `val`'s, drawn after the long splits: `build.make_splits`, whose long splits these are)."""
     seen: set[str] = set()
     for other in sorted(data.glob("*.jsonl")):
-        if other.stem not in LONG_SPLITS:
+        if other.stem not in LONG_SPLITS and other.stem != "val":
             seen.update(json.loads(line)["question"] for line in other.read_text().splitlines() if line.strip())
     table, known = make_table(seed), make_known(cfg.known_frac)
     out = {}

@@ -148,12 +148,14 @@ def make_split(
     exclude: set[str] | None = None,
     max_addend: int = 9,
     runs: tuple[int, int] = (7, 9),
+    stream: str | None = None,
 ) -> list[Example]:
     """`n` distinct problems for `split`, tiers cycling through `tiers`; questions in `exclude` are skipped (and
-    the new ones added to it), so splits never share a question."""
+    the new ones added to it), so splits never share a question. `stream` names the random stream they are drawn
+    from (default: the split's own name)."""
     if n < 0:
         raise ValueError(f"split size must be >= 0, got {n}")
-    rng = random.Random(f"world-split-{seed}-{split}")
+    rng = random.Random(f"world-split-{seed}-{stream or split}")
     seen = exclude if exclude is not None else set()
     out: list[Example] = []
     while len(out) < n:
