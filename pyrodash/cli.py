@@ -27,6 +27,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("pyrodash.commands.train", "training stages 1-3 (stage1 | stage2 | stage3)"),
     "eval": ("pyrodash.commands.eval", "evaluate methods x benchmarks into per-example records"),
     "report": ("pyrodash.commands.report", "tables, Pareto figure and case studies from stored records"),
+    "select": ("pyrodash.commands.select", "pick an operating point on validation data; write it to a serve config"),
     "benchmarks": ("pyrodash.commands.benchmarks", "list or load the math benchmarks"),
     "cost": ("pyrodash.commands.cost", "price token counts with a price sheet"),
     "models": ("pyrodash.commands.models", "fetch a known pretrained model (gemma3-270m) and convert it once"),

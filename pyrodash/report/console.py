@@ -77,3 +77,20 @@ def print_turns(run_dir: str | Path, console, methods: tuple[str, ...] = ("slm",
                 + (f"; dominated: {'; '.join(off)}" if off else ""),
                 markup=False,
             )
+
+
+def print_picked(run_dir: str | Path, console) -> None:
+    """The operating points picked on val (summary.json `selection`, `pyrodash.report.select`): per kind the criterion,
+    the point, its val figures and its test figures."""
+    selection = json.loads((Path(run_dir) / "summary.json").read_text()).get("selection") or {}
+    for kind, sel in selection.items():
+        v, t = sel["val"], sel.get("test") or {}
+        fell_back = "" if sel["met"] else " (none met it: the fallback)"
+        test = f"{100 * t['accuracy']:.2f}% at {t['cost_normalized']:.3f}" if t else "not evaluated"
+        console.print(
+            f"Picked on val ({'relay' if kind == 'relay' else 'single handoff'}): {sel['picked']} by "
+            f"{sel['criterion']['text']}{fell_back}: val {100 * v['accuracy']:.2f}% at {v['cost_normalized']:.3f} of "
+            f"LLM-only; test {test}",
+            style="bold",
+            markup=False,
+        )

@@ -65,7 +65,9 @@ def _style(label: str) -> tuple[str, str]:
     return STYLE.get(label, ("tab:purple", "x"))
 
 
-def pareto_png(ms: dict[str, Metrics], path: str | Path) -> Path:
+def pareto_png(ms: dict[str, Metrics], path: str | Path, picked: dict[str, str] | None = None) -> Path:
+    """The figure; `picked` ({kind: method}: the operating points picked on val, `pyrodash.report.select`) are ringed
+    and labelled with their test figures."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -87,6 +89,18 @@ def pareto_png(ms: dict[str, Metrics], path: str | Path) -> Path:
                     textcoords="offset points",
                     color=color,
                 )
+    for kind, name in (picked or {}).items():
+        if name in ms:
+            m = ms[name]
+            ax.plot([m.cost_usd], [100 * m.accuracy], "o", ms=14, mfc="none", mec="black", mew=1.5, label=None)
+            ax.annotate(
+                f"picked on val ({kind}): {name}",
+                (m.cost_usd, 100 * m.accuracy),
+                fontsize=7,
+                xytext=(-10, -14),
+                textcoords="offset points",
+                ha="right",
+            )
     if costs and max(costs) / min(costs) > 20:
         ax.set_xscale("log")
     ax.set_xlabel("total cost ($)")

@@ -21,6 +21,7 @@ from pyrodash.report.markdown import fence, md_table
 from pyrodash.report.metrics import Metrics, all_metrics, case_studies, summary_dict, trigger_positions
 from pyrodash.report.platform import platform_line, run_platform
 from pyrodash.report.plots import pareto_png
+from pyrodash.report.select import picked_section, selection_summary
 from pyrodash.report.tables import (
     mesh_table,
     oracle_distance,
@@ -183,7 +184,8 @@ def _repricing_section(ms: dict[str, Metrics], own: Prices, prices: Prices) -> l
 
 
 def _summary(ms: dict[str, Metrics], all_runs: dict[str, list[dict]], prices: Prices, duplicates: dict) -> dict:
-    """summary.json: the methods' metrics, the conversation turns and their Pareto verdict, the duplicates dropped."""
+    """summary.json: the methods' metrics, the conversation turns and their Pareto verdict, the duplicates dropped
+    (the selection, picked on val, is added by `render`)."""
     summary = summary_dict(ms, prices)
     turns = gold_history_turns(all_runs, prices)
     if turns:  # the gold-history turns, as before own-history benchmarks (tests/test_demo.py reads it)
@@ -207,14 +209,18 @@ def render(run_dir: str | Path, prices: Prices | None = None) -> tuple[str, dict
     prices = prices or own
     ms = all_metrics(runs, prices)
     platform = run_platform(run_dir)
-    out = _header(run_dir, prices, duplicates, platform) + _paper_tables(ms, prices)
+    selection = selection_summary(run_dir, prices)
+    out = _header(run_dir, prices, duplicates, platform)
+    out += ["## Picked on val", ""] + picked_section(selection) if selection else []
+    out += _paper_tables(ms, prices)
     out += ["", "## Pareto verdict", "", verdict_sentence(ms), ""] + pareto_verdict(ms) + ["", "![Pareto](pareto.png)"]
     out += ["", "## Distance to the oracle single handoff", ""] + oracle_distance(ms)
     out += ["", "## Baselines as run", ""] + baseline_notes(run_dir, runs)
     out += ["", "## Conversations: per turn", ""] + conversation_sections(all_runs, prices) + range_section(run_dir)
     out += [""] + _mesh_section(all_runs, prices) + [""] + _trigger_section(runs, ms)
     out += [""] + _case_studies_section(runs) + [""] + _repricing_section(ms, own, prices)
-    return "\n".join(out) + "\n", {**_summary(ms, all_runs, prices, duplicates), "platform": platform}, ms
+    summary = {**_summary(ms, all_runs, prices, duplicates), "platform": platform}
+    return "\n".join(out) + "\n", summary | ({"selection": selection} if selection else {}), ms
 
 
 def write_report(run_dir: str | Path, prices: Prices | None = None) -> Path:
@@ -222,6 +228,7 @@ def write_report(run_dir: str | Path, prices: Prices | None = None) -> Path:
     run_dir = Path(run_dir)
     md, summary, ms = render(run_dir, prices)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    pareto_png(ms, run_dir / "pareto.png")
+    picked = {k: s["picked"] for k, s in (summary.get("selection") or {}).items() if s.get("test_run") == "."}
+    pareto_png(ms, run_dir / "pareto.png", picked)
     (run_dir / "report.md").write_text(md)
     return run_dir / "report.md"
