@@ -10,11 +10,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
 import tempfile
+import time
 
 import httpx
 import pytest
-from test_server import UvicornThread, make_engine, serve_config
+from test_server import PRICES, UvicornThread, make_engine, serve_config
 
 from pyrodash.backends.base import BackendError, GenChunk
 from pyrodash.backends.mesh import Member, MeshBackend
@@ -184,3 +186,34 @@ def test_the_llm_alone_at_the_cap_is_refused(models):
         rs = burst(srv.url, [body("offload", one_turn(i), mode="llm") for i in range(32)], cap)
     assert {r.status_code for r in rs} == {200, 429}
     assert 0 < sum(llm_usd(r.json()["pyrodash"]) for r in rs if r.status_code == 200) <= cap
+
+
+def test_a_stream_cut_by_its_client_settles_at_what_was_generated(models):
+    """A client hanging up after the first chunks: the request settles at its calls' input and the output streamed
+    plus `CUT_TOKENS` (the stated bound on what an upstream generates before it sees the cancel), not at the whole
+    `max_tokens` it reserved."""
+    from pyrodash.server.budget.gate import CUT_TOKENS
+
+    max_tokens = 400
+    cap = 1.0
+    with server(models, WorstBiller(models[1]), {"usd_per_hour": cap, "cap_usd": cap}) as srv:
+        req = {**body("offload", one_turn(1)), "max_tokens": max_tokens, "stream": True}
+        with httpx.Client(base_url=srv.url, timeout=60) as c, c.stream("POST", "/v1/chat/completions", json=req) as r:
+            lines = r.iter_lines()
+            seen = [next(lines) for _ in range(4)]  # a few chunks of the LLM's answer, then the client goes
+        assert any("content" in line for line in seen)
+        for _ in range(100):
+            row = httpx.get(f"{srv.url}/v1/budget").json()["data"][0]
+            if row["reserved_usd"] == 0.0:
+                break
+            time.sleep(0.05)
+    in_price, out_price = PRICES.llm_in / 1e6, PRICES.llm_out / 1e6
+    assert row["reserved_usd"] == 0.0 and 0 < row["cap_spent_usd"]
+    # the prompt (under 200 tokens here) and the streamed bytes plus CUT_TOKENS, far below the 400 tokens reserved
+    text = "".join(
+        (json.loads(line[6:])["choices"] or [{}])[0].get("delta", {}).get("content") or ""
+        for line in seen
+        if line.startswith("data: {")
+    )
+    bound = 200 * in_price + (len(text.encode()) + CUT_TOKENS) * out_price
+    assert row["cap_spent_usd"] <= bound < max_tokens * out_price
