@@ -104,3 +104,22 @@ def test_every_eval_config_the_docs_show_has_only_known_keys():
     assert shown
     for b in shown:
         EvalConfig(**yaml.safe_load(b.text))
+
+
+def test_every_config_key_the_docs_name_is_a_field():
+    """`curate.X`, `stageN.X` (PyroDash's fields and TRL's), `limits.X` and `failure.X` named in the docs exist."""
+    from dataclasses import fields
+
+    from pyrodash.server.config import Failure, Limits
+    from pyrodash.train.config import CurateConfig, Stage1Config, Stage2Config, Stage3Config
+
+    schemas = {"curate": CurateConfig, "stage1": Stage1Config, "stage2": Stage2Config, "stage3": Stage3Config}
+    schemas |= {"limits": Limits, "failure": Failure}
+    named = {
+        (m.group(1), m.group(2), p.name)
+        for p in doc_files()
+        for m in re.finditer(r"\b(curate|stage[123]|limits|failure)\.([a-z_]+)\b(?!\.)", p.read_text())
+        if m.group(2) not in ("py", "log")  # curate.py, stage3.py: modules; curate.log: a file
+    }
+    missing = sorted(f"{page}: {s}.{k}" for s, k, page in named if k not in {f.name for f in fields(schemas[s])})
+    assert len(named) > 10 and not missing, missing
