@@ -3,7 +3,9 @@
 - `--llm URL#model` works in `curate`, `train` and `eval` as in `serve` and `generate`: it replaces the LLM of the
   recipe or eval config (`pyrodash.backends.endpoint.llm_from_flags`), and `--llm-mode` applies to it;
 - every `--flag` the README and docs/ quote after `pyrodash <command>` (in shell blocks and inline code) is in that
-  command's `--help`.
+  command's `--help`;
+- every `configs/...yaml` they name exists, every eval config they show loads, and every `curate.X` / `stageN.X` /
+  `limits.X` / `failure.X` key they name is a field of its schema.
 """
 
 from __future__ import annotations
