@@ -138,7 +138,8 @@ def test_select_writes_a_serve_config_that_serve_loads(run, tmp_path, capsys):
     out.write_text(yaml.safe_dump(data))
     assert main(["select", str(run), "--relay", "--max-cost", "0.9", "--out", str(out), "--name", "relay"]) == 0
     cfg = ServeConfig.from_yaml(out)
-    assert list(cfg.operating_points) == ["relay", "eco", "pyrodash"] and cfg.operating_points["relay"].max_llm_calls == 4
+    assert list(cfg.operating_points) == ["relay", "eco", "pyrodash"]
+    assert cfg.operating_points["relay"].max_llm_calls == 4
 
 
 def test_cli_errors_are_one_line_naming_the_fix(run, tmp_path, capsys):

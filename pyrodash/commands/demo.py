@@ -2,12 +2,14 @@
 
     pyrodash demo --quick            # λ in {0.6, 2, 4}; README "Time" has the minutes on 2 cores
     pyrodash demo --out runs/demo    # the larger world, λ in {0.05, 0.6, 2, 4}
+    pyrodash demo --quick --seeds 0,1,2 --out runs/seeds   # one run per world seed, the picked points' spread
 
 World build (cached; seed 0's base models ship and are copied, `--from-scratch` pretrains them) → curation →
 Stages 1-3 (per λ) and the evaluation of every method, as steps of `pyrodash.jobs.scheduler` side by side in
 `--workers` processes (logs in `DIR/jobs/`) → `DIR/report.md`, `pareto.png`, `summary.json`, `records/`. A step whose
 output is in DIR is reused, so an interrupted demo resumes. `DIR/platform.json`: the machine it ran on (the report names
-it).
+it). The PyroDash points are evaluated on world:val too (DIR/val/), where the operating point is picked
+(`DEFAULT_CRITERION`, `pyrodash.report.select`); the report reads the pick on test under "Picked on val".
 """
 
 from __future__ import annotations
@@ -23,11 +25,13 @@ from pyrodash.eval.harness import EvalConfig, evaluate
 from pyrodash.eval.long import calibrate_long, evaluate_long, with_long_conversations
 from pyrodash.jobs.library_log import library_log
 from pyrodash.jobs.scheduler import Job, default_workers, run_jobs
-from pyrodash.report.console import print_table2, print_turns
+from pyrodash.report.console import print_picked, print_table2, print_turns
 from pyrodash.report.load import load_run, run_prices, single_turn
 from pyrodash.report.metrics import all_metrics
 from pyrodash.report.platform import record_platform
 from pyrodash.report.render import write_report
+from pyrodash.report.seeds import write_seeds
+from pyrodash.report.select import Criterion, select_run, val_dir
 from pyrodash.report.tables import verdict_sentence
 from pyrodash.train.config import load_recipe
 from pyrodash.train.curate import run_curation
@@ -56,6 +60,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true", help=f"the quick world, λ {LAMBDAS['quick']} (CI)")
     p.add_argument("--out", default=None, help="output directory (default runs/demo-quick or runs/demo)")
     p.add_argument("--seed", type=int, default=0, help="world seed")
+    p.add_argument(
+        "--seeds",
+        default=None,
+        help="comma-separated world seeds (e.g. 0,1,2): one demo per seed in OUT/seed<N>/, then the picked points' "
+        "test figures as mean and min-max over them in OUT/seeds.md and seeds.json (seeds other than 0 pretrain "
+        "their world's models first)",
+    )
     p.add_argument("--lambdas", default=None, help="comma-separated λ values (default: the preset's)")
     p.add_argument("--world", default=None, help="a built world directory to use (default: build or reuse the cache)")
     p.add_argument(
@@ -84,7 +95,7 @@ def _done(path: Path) -> bool:
 
 
 def eval_jobs(
-    cfg: EvalConfig, stage3_job: dict[float, str], pending: set[str], stage2_job: str = "stage2"
+    cfg: EvalConfig, stage3_job: dict[float, str], pending: set[str], stage2_job: str = "stage2", prefix: str = ""
 ) -> list[Job]:
     """`cfg`'s evaluation as steps that can run side by side, each writing its own methods' records: the models
     alone and the oracle; the routers (neither needs the run's training); the Stage 2 model (after `stage2_job` when
@@ -109,7 +120,7 @@ def eval_jobs(
     untrained = {k: v for k, v in base_models.items() if k != "sft"}  # what runs beside training may not need it
     jobs = [
         Job(
-            f"eval {label}",
+            f"{prefix}eval {label}",
             evaluate,
             (replace(cfg, methods=ms, models=base_models if label == "slm+sft" else untrained),),
             {"quiet": True},
@@ -124,7 +135,7 @@ def eval_jobs(
             after = (stage3_job[lam],) if stage3_job.get(lam) in pending else ()
             jobs.append(
                 Job(
-                    f"eval {what} λ={lam:g}",
+                    f"{prefix}eval {what} λ={lam:g}",
                     evaluate,
                     (replace(cfg, methods=ms, models=models),),
                     {"quiet": True},
@@ -198,23 +209,54 @@ def training_jobs(recipe, out: Path, lambdas: list[float], console, prefix: str 
     return jobs
 
 
-# `--relay` (docs/relay.md): the relay recipe's λ and the learned points evaluated: the points picked on world:val (the
-# cheapest at >= 98% there), no offload bias on seed 0 and +1 on seeds 1 and 2 (docs/relay.md, "In the demo")
+# `--relay` (docs/relay.md): the relay recipe's λ and its learned points, evaluated on world:val (where one is picked:
+# `DEFAULT_CRITERION`) and on the test tiers: the policy in relay mode at offload bias -1, 0 and +1
 RELAY_LAMBDA = 0.6
 RELAY_POINTS = [
     {"pyrodash_relay": {"lambda": RELAY_LAMBDA, "calls": [4]}},
-    {"pyrodash_bias": {"lambda": RELAY_LAMBDA, "biases": [1.0], "max_llm_calls": 4}},
+    {"pyrodash_bias": {"lambda": RELAY_LAMBDA, "biases": [-1.0, 1.0], "max_llm_calls": 4}},
 ]
+# The validation split the demo picks its operating points on (`pyrodash.report.select`), and the criterion: the
+# cheapest point at >= 98% there, else the most accurate (the selection says which). The test tiers decide nothing.
+VAL_SPLIT = "world:val"
+DEFAULT_CRITERION = Criterion("min_accuracy", 0.98)
+
+
+def val_config(cfg: EvalConfig) -> EvalConfig:
+    """`cfg`'s PyroDash points (every λ and its sweeps) and the LLM alone (the cost base), on `VAL_SPLIT` in
+    RUN/val (`pyrodash.report.select.val_dir`), single questions, no range rule."""
+    keep = {"llm", "pyrodash", *SWEEPS}
+    return replace(
+        cfg,
+        run_dir=str(val_dir(cfg.run_dir)),
+        benchmarks=[VAL_SPLIT],
+        methods=[m for m, (kind, _) in zip(cfg.methods, method_specs(cfg.methods)) if kind in keep],
+        benchmark_methods={},
+        range_rule=None,
+    )
 
 
 def relay_jobs(recipe, cfg: EvalConfig, console) -> list[Job]:
     """`--relay`: the relay recipe (`configs/world/quick-relay.yaml`) from curation to Stage 3 at `RELAY_LAMBDA` as
-    steps in RUN/relay/, then its evaluation there on the test tiers: the LLM, the oracle single handoff, the relay
-    oracle and the learned relay points (RUN/relay/report.md, written after the steps). Apart from the main run: its
-    `pyrodash@0.6` is the relay recipe's policy, not the single-handoff one."""
+    steps in RUN/relay/, then its evaluation there on the test tiers (the LLM, the oracle single handoff, the relay
+    oracle and the learned relay points; RUN/relay/report.md, written after the steps) and of the relay points and the
+    LLM on `VAL_SPLIT` in RUN/relay/val/ (where one is picked). Apart from the main run: its `pyrodash@0.6` is the relay
+    recipe's policy, not the single-handoff one."""
     rdir = Path(cfg.run_dir) / "relay"
     jobs = training_jobs(recipe, rdir, [RELAY_LAMBDA], console, prefix="relay: ")
-    rcfg = replace(
+    rcfg = relay_config(cfg)
+    stage3 = f"relay: stage3 λ={RELAY_LAMBDA:g}"
+    after = (stage3,) if stage3 in {j.name for j in jobs} else ()
+    return jobs + [
+        Job("relay: eval", evaluate, (rcfg,), {"quiet": True}, after=after),
+        Job("relay: val eval", evaluate, (relay_val_config(rcfg),), {"quiet": True}, after=after),
+    ]
+
+
+def relay_config(cfg: EvalConfig) -> EvalConfig:
+    """The relay's evaluation on the test tiers in RUN/relay (`relay_jobs`)."""
+    rdir = Path(cfg.run_dir) / "relay"
+    return replace(
         cfg,
         run_dir=str(rdir),
         benchmarks=[f"world:{s}" for s in TIER_SPLITS],
@@ -224,9 +266,13 @@ def relay_jobs(recipe, cfg: EvalConfig, console) -> list[Job]:
         benchmark_methods={},
         range_rule=None,
     )
-    stage3 = f"relay: stage3 λ={RELAY_LAMBDA:g}"
-    after = (stage3,) if stage3 in {j.name for j in jobs} else ()
-    return jobs + [Job("relay: eval", evaluate, (rcfg,), {"quiet": True}, after=after)]
+
+
+def relay_val_config(rcfg: EvalConfig) -> EvalConfig:
+    """The relay points and the LLM on `VAL_SPLIT` in RUN/relay/val."""
+    return replace(
+        rcfg, run_dir=str(val_dir(Path(rcfg.run_dir))), benchmarks=[VAL_SPLIT], methods=["llm", *RELAY_POINTS]
+    )
 
 
 class _TimedSteps:
@@ -312,7 +358,10 @@ def run_demo(
     if relay:  # the relay's chain right after the main one (its steps are as long): free workers take it first
         relay_recipe = load_recipe(ROOT / "configs" / "world" / "quick-relay.yaml", {"world": {"dir": str(world)}})
         jobs += relay_jobs(relay_recipe, cfg, console)
-    evals = eval_jobs(cfg, {lam: f"stage3 λ={lam:g}" for lam in lambdas}, {j.name for j in jobs})
+    stage3_jobs = {lam: f"stage3 λ={lam:g}" for lam in lambdas}
+    evals = eval_jobs(cfg, stage3_jobs, {j.name for j in jobs})
+    # the same points on world:val (where the demo picks one): after the test's, so a free worker takes those first
+    evals += eval_jobs(val_config(cfg), stage3_jobs, {j.name for j in jobs}, prefix="val: ")
     # the range rule, calibrated for the λ 0.6 policy, on six-turn conversations (docs/conversations.md): steps beside
     # the others, listed before the evaluation's (the longest ones go first when they are ready)
     long_lam = 0.6 if 0.6 in lambdas else lambdas[0]
@@ -322,7 +371,11 @@ def run_demo(
     step.times.update(run_jobs(jobs, workers, out / "jobs", console=console))
     # every record is there: writes the run's whole eval config (config.resolved.json)
     evaluate(with_long_conversations(cfg, long_lam), quiet=True)
+    evaluate(val_config(cfg), quiet=True)
     step.times["training + evaluation (wall)"] = round(time.perf_counter() - t0, 1)
+    select_run(out, DEFAULT_CRITERION)  # picked on world:val, read on test by the report ("Picked on val")
+    if relay:
+        select_run(out, DEFAULT_CRITERION, relay=True)
     path = step("report", lambda: write_report(out))
     if relay:
         step("relay report", lambda: write_report(out / "relay"))
@@ -330,12 +383,8 @@ def run_demo(
     return path
 
 
-def run(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
-    console = Console()
-    out = Path(args.out or ("runs/demo-quick" if args.quick else "runs/demo"))
-    lambdas = [float(x) for x in args.lambdas.split(",")] if args.lambdas else None
+def _check_args(args: argparse.Namespace) -> list[int] | None:
+    """The flags' mistakes as one line naming the fix; the seeds of `--seeds` (None: one run, `--seed`)."""
     if args.from_scratch and args.world:
         raise ValueError(
             "--from-scratch builds the world's models; it cannot be combined with --world DIR (a world "
@@ -345,20 +394,50 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--relay trains the quick world's relay recipe (configs/world/quick-relay.yaml): add --quick")
     if args.workers is not None and args.workers < 1:
         raise ValueError(f"--workers {args.workers}: give 1 or more processes (1 runs the steps one after the other)")
+    if args.seeds is None:
+        return None
+    try:
+        seeds = sorted({int(x) for x in args.seeds.split(",") if x.strip()})
+    except ValueError:
+        raise ValueError(f"--seeds {args.seeds!r}: give world seeds separated by commas, e.g. --seeds 0,1,2") from None
+    if not seeds or args.world:
+        raise ValueError("--seeds builds one world per seed: give at least one seed, and no --world DIR")
+    return seeds
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    console = Console()
+    out = Path(args.out or ("runs/demo-quick" if args.quick else "runs/demo"))
+    seeds = _check_args(args)
+    if seeds is None:
+        return _one_demo(args, out, args.seed, console)
+    for seed in seeds:  # one after the other: each run takes every core it is given
+        console.rule(f"[bold]seed {seed}[/] ({out / f'seed{seed}'})")
+        _one_demo(args, out / f"seed{seed}", seed, console)
+    path = write_seeds(out, {seed: out / f"seed{seed}" for seed in seeds})
+    console.print(path.read_text(), markup=False)
+    return 0
+
+
+def _one_demo(args: argparse.Namespace, out: Path, seed: int, console) -> int:
+    """One demo into `out` on world `seed`, then its picked points, tables and verdicts on the console."""
     t0 = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
     with library_log(out / LOG_NAME):
         path = run_demo(
             out,
             quick=args.quick,
-            seed=args.seed,
-            lambdas=lambdas,
+            seed=seed,
+            lambdas=[float(x) for x in args.lambdas.split(",")] if args.lambdas else None,
             console=console,
             world_dir=args.world,
             workers=args.workers,
             from_scratch=args.from_scratch,
             relay=args.relay,
         )
+    print_picked(out, console)  # the points a user would serve first: picked on world:val, read on test
     print_table2(out, console)
     print_turns(out, console)
 
