@@ -209,3 +209,63 @@ def test_seeds_spread_reads_each_seeds_picked_point_on_test(run, tmp_path):
     assert summary["spread"]["single"]["accuracy"] == pytest.approx({"mean": 0.97, "min": 0.95, "max": 0.99})
     assert summary["spread"]["relay"]["oracle_accuracy"]["mean"] is None  # no relay oracle in these runs
     assert "97.00% (95.00-99.00)" in md
+
+
+def _conversations(n: int) -> list:
+    from pyrodash.data.example import Example
+
+    return [
+        Example(id=f"c{c}-t{t}", benchmark="chats", question="q", gold="1", meta={"conversation": c, "turn": t})
+        for c in range(n)
+        for t in (1, 2, 3)
+    ] + [Example(id=f"s{i}", benchmark="singles", question="q", gold="1", meta={}) for i in range(n)]
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.integers(1, 30), st.floats(0.05, 0.95), st.integers(0, 3), st.randoms(use_true_random=False))
+def test_carved_val_keeps_conversations_whole_and_does_not_depend_on_order(n, share, seed, rnd):
+    from pyrodash.eval.carve import carve_val, conversation_key
+
+    exs = _conversations(n)
+    val, rest = carve_val(exs, share, seed)
+    keys = {conversation_key(e) for e in val}
+    assert keys.isdisjoint({conversation_key(e) for e in rest}) and len(val) + len(rest) == len(exs)
+    assert len(keys) == min(max(round(share * 2 * n), 1), 2 * n - 1) and rest
+    shuffled = list(exs)
+    rnd.shuffle(shuffled)
+    assert {e.id for e in carve_val(shuffled, share, seed)[0]} == {e.id for e in val}
+
+
+def test_eval_carves_val_from_a_users_benchmark_and_says_so(tmp_path, capsys):
+    """`pyrodash eval --val-share`: a seeded share of the user's questions evaluated with the candidates and the LLM in
+    RUN/val (the carve in carve.json), the rest in RUN, and `pyrodash select RUN` picks on RUN/val. The models are
+    the tiny untrained ones of tests/test_server.py: the records, not their accuracy, are what is checked."""
+    from tiny_models import tiny_model_dir
+
+    slm, llm = tiny_model_dir(tmp_path / "slm", seed=0), tiny_model_dir(tmp_path / "llm", seed=1, offload=False)
+    bench = tmp_path / "mine.jsonl"  # the user's questions, in GSM8K's format
+    bench.write_text(
+        "".join(json.dumps({"question": f"{i}+1?", "answer": f"s\n#### {i + 1}"}) + "\n" for i in range(10))
+    )
+    cfg = tmp_path / "eval.yaml"
+    cfg.write_text(
+        yaml.safe_dump(
+            {
+                "run_dir": str(tmp_path / "run"),
+                "benchmarks": ["gsm8k"],
+                "benchmark_paths": {"gsm8k": str(bench)},
+                "models": {"slm": str(slm), "llm": str(llm), "pyrodash": {0.6: str(slm)}},
+                "methods": ["slm", "llm", "pyrodash"],
+                "max_tokens": 8,
+            }
+        )
+    )
+    assert main(["eval", "--config", str(cfg), "--val-share", "0.3", "--no-report"]) == 0
+    assert "val: 3 of 10 examples (3 conversations, seed 0) carved into" in capsys.readouterr().out
+    run = tmp_path / "run"
+    val_ids = {json.loads(x)["id"] for x in (run / "val" / "records" / "llm.jsonl").read_text().splitlines()}
+    test_ids = {json.loads(x)["id"] for x in (run / "records" / "llm.jsonl").read_text().splitlines()}
+    assert len(val_ids) == 3 and len(test_ids) == 7 and not val_ids & test_ids
+    assert sorted(p.stem for p in (run / "val" / "records").glob("*.jsonl")) == ["llm", "pyrodash@0.6"]  # no slm
+    assert json.loads((run / "val" / "carve.json").read_text())["val"] == 3
+    assert main(["select", str(run), "--min-accuracy", "0"]) == 0

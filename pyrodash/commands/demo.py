@@ -21,6 +21,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from pyrodash.eval.build import SWEEPS, method_specs, sweep_lambda
+from pyrodash.eval.carve import val_methods
 from pyrodash.eval.harness import EvalConfig, evaluate
 from pyrodash.eval.long import calibrate_long, evaluate_long, with_long_conversations
 from pyrodash.jobs.library_log import library_log
@@ -223,14 +224,13 @@ DEFAULT_CRITERION = Criterion("min_accuracy", 0.98)
 
 
 def val_config(cfg: EvalConfig) -> EvalConfig:
-    """`cfg`'s PyroDash points (every λ and its sweeps) and the LLM alone (the cost base), on `VAL_SPLIT` in
-    RUN/val (`pyrodash.report.select.val_dir`), single questions, no range rule."""
-    keep = {"llm", "pyrodash", *SWEEPS}
+    """`cfg`'s PyroDash points (every λ and its sweeps) and the LLM alone (the cost base; `pyrodash.eval.carve.
+    val_methods`), on `VAL_SPLIT` in RUN/val (`pyrodash.report.select.val_dir`), single questions, no range rule."""
     return replace(
         cfg,
         run_dir=str(val_dir(cfg.run_dir)),
         benchmarks=[VAL_SPLIT],
-        methods=[m for m, (kind, _) in zip(cfg.methods, method_specs(cfg.methods)) if kind in keep],
+        methods=val_methods(cfg.methods),
         benchmark_methods={},
         range_rule=None,
     )
