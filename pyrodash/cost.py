@@ -172,6 +172,8 @@ def endpoint_bill(calls: Iterable[dict], default: Prices) -> list[dict]:
         e["llm_prior_in"] = e.get("llm_prior_in", 0) + c.get("llm_prior_in", 0)  # input an earlier call sent
         if c.get("cache_reported"):
             e["cache_reported"] = True
+        if c.get("client_stop"):  # calls the client closed at a stop string the server wrote past
+            e["client_stops"] = e.get("client_stops", 0) + 1
         if u.cache_estimated(sheet):  # billed as cached from that split, not from a reported figure
             e["cache_estimated"] = True
     return list(out.values())

@@ -159,7 +159,6 @@ def test_every_framing_streams_the_same_and_a_finished_stream_keeps_its_connecti
         (["step one", "\n", "\n"], "stop", "step one"),  # returned stop string (transformers serve): dropped
         (["step one\n\n"], "stop", "step one"),
         (["step one"], "stop", "step one"),  # stripped by the server (vLLM, OpenAI): nothing held
-        (["a\n", "b\n\nc"], "stop", "a\nb\n\nc"),  # stop ignored: the text as sent (the relay sees its sep)
         (["cut at\n"], "length", "cut at\n"),  # a held prefix of a stop string is released at the end
         (["x\n\n"], "length", "x\n\n"),  # ended by the cap, not the stop string: kept
     ],
@@ -181,6 +180,27 @@ def test_a_stop_string_the_server_returns_never_reaches_the_caller(texts, finish
     assert text == want
     assert chunks[-1].finish_reason == finish and chunks[-1].completion_tokens == len(texts)
     assert all(c.text for c in chunks if c.finish_reason is None)  # no empty text chunk while holding back
+
+
+def test_a_server_that_writes_past_a_stop_string_is_cut_there_and_its_stream_closed():
+    """A server that ignores `stop`: the text up to the stop string, a "stop" marked `client_stop`, the stream closed
+    (its connection not reused), billed for what arrived (counted locally: marked estimated)."""
+    body = sse(["a\n", "b\n\nc", *[" d e f" * 200] * 2000], finish="stop")  # (a long tail: still on the wire)
+
+    async def main():
+        async with RawServer(lambda n: response(body)) as srv:
+            b = OpenAICompatBackend(srv.url, model="m")
+            outs = [await collect(b, dataclasses.replace(REQ, stop=["\n\n"])) for _ in range(2)]
+            await b.aclose()
+            return outs, srv.connections
+
+    outs, conns = asyncio.run(main())
+    for text, chunks in outs:
+        assert text == "a\nb" and [c.finish_reason for c in chunks if c.finish_reason] == ["stop", "stop"]
+        last = chunks[-1]
+        assert last.client_stop and last.usage_estimated and last.completion_tokens >= 2  # "a\n", "b\n\nc" arrived
+        assert not any(c.client_stop for c in chunks[:-2])
+    assert conns == 2  # the cut stream's connection was closed, not put back in the pool
 
 
 def test_a_body_that_ends_after_done_is_read_to_its_end_and_keeps_its_connection():

@@ -1,8 +1,8 @@
 """Relay through real HTTP servers on 127.0.0.1: `pyrodash serve-model` (continue mode) and the provider doubles
 (OpenAI: instruct form; DeepSeek: prefix completion; Anthropic: prefill), each serving the scripted LLM of
 tests/test_relay.py. One call per handoff with the stop sequence on the wire, the providers' cached-token fields
-billed, and the servers that cannot stop at a step end (one that ignores `stop`, Anthropic's prefill that loses the
-trace's trailing separator) fall back to a single handoff visibly."""
+billed; a server that ignores `stop` and Anthropic's prefill (which may not end in the trace's trailing separator) relay
+one call per step too: the client stops reading at the separator and closes the stream, said on the record."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from pyrodash.backends.hf import HFBackend
 from pyrodash.backends.model_server import build_model_app, serve_in_thread
 from pyrodash.cost import Prices
 from pyrodash.engine import CollaborateEngine
-from pyrodash.engine.relay import EMPTY_STEP, STOP_IGNORED, RelayConfig
+from pyrodash.engine.relay import STOP_IGNORED, RelayConfig
 from pyrodash.prompts import get_prompts
 from pyrodash.record import Record
 
@@ -97,21 +97,31 @@ def test_one_call_per_handoff_with_the_stop_sequence_on_the_wire(case):
         assert done.cost_usd == pytest.approx(u.cost(CACHED))
 
 
-def test_a_server_that_ignores_stop_falls_back_visibly():
-    with relay_over("openai", honours_stop=False) as (engine, _):
+def test_a_server_that_ignores_stop_is_cut_by_the_client_at_each_step_end():
+    with relay_over("openai") as (engine, _):
+        honoured = engine.run("q")
+    with relay_over("openai", honours_stop=False) as (engine, app):
         done = engine.run("q")
-    assert done.relay_fallback == STOP_IGNORED and done.usage.llm_calls == 1 and done.output == GOLD
-    assert Record.from_done(done).relay_fallback == STOP_IGNORED
+    assert all(b["stop"] == ["\n\n"] for b in generation_calls(app)[-2:])  # sent, and written past
+    assert done.relay_fallback is None and done.output == GOLD and not done.errors
+    assert done.usage.llm_calls == 2 and done.segments == honoured.segments and done.handoffs == honoured.handoffs
+    (ep,) = Record.from_done(done).llm_endpoints
+    assert ep["client_stops"] == 2 and "client_stops" not in Record.from_done(honoured).llm_endpoints[0]
+    # billed for what arrived (the text past the separator too), counted locally and marked so
+    assert done.usage.llm_out > honoured.usage.llm_out and done.usage_estimated
 
 
-def test_anthropic_prefill_loses_the_separator_and_falls_back_visibly():
+def test_anthropic_prefill_with_a_blank_line_separator_relays_one_call_per_step():
     with relay_over("anthropic") as (engine, app):
         done = engine.run("q")
-    steps = [c for c in app.state.calls if "stop_sequences" in c]  # (the start-up probe sends none)
-    assert len(steps) == 1 and steps[0]["stop_sequences"] == ["\n\n"]
-    # the prefill may not end in whitespace: the LLM's continuation starts with the separator, so the step is empty
-    assert done.relay_fallback == EMPTY_STEP and done.usage.llm_calls == 2
-    assert done.output.replace("\n", "") == GOLD.replace("\n", "")
+    steps = [c for c in app.state.calls if c.get("max_tokens", 0) > 2][-2:]  # (the start-up probe asks for 2 or less)
+    # the prefill may not end in whitespace: the blank-line stop would match the model's first characters, so the
+    # client enforces it (not sent), reading the step from its first non-blank text to the next separator
+    assert all("stop_sequences" not in c and c["messages"][-1]["role"] == "assistant" for c in steps)
+    assert done.relay_fallback is None and done.output == GOLD and not done.errors
+    assert done.usage.llm_calls == 2 and len(done.handoffs) == 2
+    assert [s["by"] for s in done.segments] == ["slm", "llm", "slm", "llm", "slm"]
+    assert Record.from_done(done).llm_endpoints[0]["client_stops"] == 2
 
 
 def test_pyrodash_serve_streams_each_segment_tagged_and_says_how_it_relayed():
@@ -225,7 +235,8 @@ def test_relay_through_transformers_serve(tiny, tmp_path):
 def test_relay_through_a_litellm_proxy(tmp_path, monkeypatch):
     """A real LiteLLM proxy (`hosted_vllm/` route) in front of `pyrodash serve-model`'s app serving the scripted LLM
     (a test double of an LLM that continues the gold trace): the proxy passes `stop` through, so each handoff is one
-    call stopped at the separator and the SLM resumes; the same upstream ignoring `stop` falls back visibly."""
+    call stopped at the separator and the SLM resumes; with the same upstream ignoring `stop` the client stops reading
+    at the separator: one call per step still, each closed by the client."""
     import json
 
     from servers import free_port
@@ -263,4 +274,5 @@ def test_relay_through_a_litellm_proxy(tmp_path, monkeypatch):
     (ep,) = Record.from_done(done).llm_endpoints
     assert ep["endpoint"] == "my-llm" and ep["calls"] == 2 and ep["llm_prior_in"] == done.usage.llm_prior_in > 0
     assert ep.get("cache_estimated") and done.cost_usd == pytest.approx(done.usage.cost(CACHED))
-    assert fell.relay_fallback == STOP_IGNORED and fell.usage.llm_calls == 1 and fell.output == GOLD
+    assert fell.relay_fallback is None and fell.usage.llm_calls == 2 and fell.output == GOLD
+    assert fell.segments == done.segments and Record.from_done(fell).llm_endpoints[0]["client_stops"] == 2

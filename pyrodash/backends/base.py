@@ -77,6 +77,9 @@ class GenChunk:
     completion_tokens: int | None = None
     cached_tokens: int | None = None
     usage_estimated: bool = False  # the server reported no usage: counted locally or estimated
+    # the client closed the stream at a stop string the server wrote past (it ignores `stop`, or was not sent it):
+    # the usage is what arrived before the close (counted locally, `usage_estimated`)
+    client_stop: bool = False
     # set by a composite backend (backends/mesh.py) on the last chunk: one dict per upstream call, in order
     # ({endpoint, calls, llm_in, llm_out, llm_cached_in, text, prices, error}); None = this backend is one endpoint
     endpoints: list[dict] | None = None

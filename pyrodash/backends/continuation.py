@@ -119,11 +119,22 @@ def _anthropic_body(wire: Wire, req: GenRequest, model: str) -> dict:
     }  # not top_p too: newer models refuse both at once
     if system:
         body["system"] = system
-    if req.stop:
-        body["stop_sequences"] = list(req.stop)
+    sent = [x for x in req.stop if x not in client_stops(wire, req)]
+    if sent:
+        body["stop_sequences"] = sent
     for f in wire.dropped:
         body.pop(f, None)
     return body
+
+
+def client_stops(wire: Wire, req: GenRequest) -> list[str]:
+    """The stop strings the client enforces alone: with an Anthropic prefill that lost trailing whitespace, a
+    whitespace stop (a relay's `"\n\n"`) would match the whitespace the model writes back first and end the call
+    empty, so it is not sent; the stream is read from the first non-blank text and cut at the next one
+    (`openai_compat._StreamReader`)."""
+    if not trimmed_prefill(wire, req):
+        return []
+    return [x for x in req.stop if x and not x.strip()]
 
 
 def trimmed_prefill(wire: Wire, req: GenRequest) -> str:

@@ -166,6 +166,7 @@ class MeshBackend:
             "prices": m.prices.to_dict() if m.prices is not None else None,
             "error": error,
             "estimated": estimated,
+            "client_stop": bool(rep is not None and rep.client_stop),
         }
 
     def token_id(self, token: str) -> int | None:

@@ -281,8 +281,8 @@ class OpenAICompatBackend:
                         yield chunk
                     if reader.ended:
                         break
-                if reader.ended:  # read the rest of the body (its end): only a fully read response's connection is
-                    await self.http.drain(resp)  # put back in the pool, else the next request opens a new one
+                if reader.ended and not reader.cut:  # read the rest of the body (its end): only a fully read response's
+                    await self.http.drain(resp)  # connection goes back to the pool; a cut one is closed on exit
         except (aiohttp.ClientConnectorError, LeanConnectError) as e:
             raise BackendError(f"cannot connect to {self.base}: {type(e).__name__}", reached_server=False) from e
         except (asyncio.TimeoutError, TimeoutError) as e:  # the clients' connect and read timeouts
@@ -312,14 +312,17 @@ class _StreamReader:
 
     A matched stop string never reaches the caller (`GenChunk.text`'s contract), also from a server that returns it in
     its text (`transformers serve` does): while `stops` are set, the text's tail that could begin one is held back
-    until the next text or the stop, and dropped when the answer stopped on it. Not with logprobs (their positions are
-    the server's): requests that ask for them send no stop strings here."""
+    until the next text or the stop, and dropped when the answer stopped on it. A server that writes on past a stop
+    string (it ignores `stop`, or was not sent it: `continuation.client_stops`) is cut there: the text before it, a
+    "stop", and the stream is closed (`cut`; billed for what arrived, `GenChunk.client_stop`). Not with logprobs
+    (their positions are the server's): requests that ask for them send no stop strings here."""
 
     def __init__(self, backend: OpenAICompatBackend, trimmed: bool, stops: list[str] | tuple[str, ...] = ()) -> None:
         self.backend, self.trimmed = backend, trimmed  # trimmed: the prefill lost its trailing space (continuation)
         self.st, self.texts, self.n_chunks = StreamState(), [], 0  # texts: as the server sent them (for its usage)
-        self.buf, self.ended = b"", False  # ended: `data: [DONE]` came
+        self.buf, self.ended = b"", False  # ended: `data: [DONE]` came (or the stream was cut)
         self.stops, self.held = [x for x in stops if x], ""
+        self.cut = False  # the client stopped reading at a stop string the server wrote past
 
     def feed(self, raw: bytes) -> list[GenChunk]:
         """The chunks of the events that the body's next bytes `raw` complete."""
@@ -343,6 +346,9 @@ class _StreamReader:
                 shown = data[:200].decode(errors="replace")
                 raise BackendError(f"unreadable event from {self.backend.base}: {shown!r}") from e
             self._event(obj, out)
+            if self.cut:
+                self.ended = True
+                break
         return out
 
     def _event(self, obj: dict, out: list[GenChunk]) -> None:
@@ -359,7 +365,10 @@ class _StreamReader:
             shown = self._hold(text) if self.stops else text
             if shown or lps:
                 out.append(GenChunk(text=shown, top_logprobs=lps))
-        if st.finish is not None and not had_finish:  # the stop, as soon as it is known
+        if self.cut and not had_finish:
+            st.finish, st.stop_reason, st.completion_tokens = "stop", None, None  # counted from what arrived
+            out.append(GenChunk(finish_reason="stop", client_stop=True))
+        elif st.finish is not None and not had_finish:  # the stop, as soon as it is known
             if self.held:
                 rest = self._release(st.finish)
                 if rest:
@@ -369,6 +378,10 @@ class _StreamReader:
     def _hold(self, text: str) -> str:
         """The part of the text so far that no stop string can still claim; the rest stays in `held`."""
         text = self.held + text
+        at = _written_past(text, self.stops)
+        if at is not None:
+            self.held, self.cut = "", True
+            return text[:at]
         keep = max((k for x in self.stops for k in range(1, len(x) + 1) if text.endswith(x[:k])), default=0)
         self.held = text[len(text) - keep :] if keep else ""
         return text[: len(text) - keep]
@@ -390,7 +403,7 @@ class _StreamReader:
                 src = str(body.get("system", "")) + "".join(str(m.get("content", "")) for m in body["messages"])
             prompt, estimated = backend._count(src)[0], True
         if completion is None:
-            counted, est = backend._count("".join(self.texts))
+            counted, est = backend._count("".join(self.texts))  # what arrived (a cut stream's too)
             completion = max(counted, self.n_chunks) if est else counted
             estimated = True
         return GenChunk(
@@ -400,6 +413,7 @@ class _StreamReader:
             completion_tokens=completion,
             cached_tokens=st.cached_tokens,
             usage_estimated=estimated,
+            client_stop=self.cut,
         )
 
 
@@ -412,6 +426,13 @@ def _json(text: str):
     if end != len(text):
         raise ValueError(f"extra data after the JSON value at {end}")
     return obj
+
+
+def _written_past(text: str, stops: list[str]) -> int | None:
+    """Where the first stop string in `text` begins when the text goes on after it (the server did not stop
+    there), else None (a stop string at the very end may still be the server's own stop: held)."""
+    found = [i for x in stops if 0 <= (i := text.find(x)) and i + len(x) < len(text)]
+    return min(found) if found else None
 
 
 def _stop_id(stop_reason: object) -> int | None:

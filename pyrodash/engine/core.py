@@ -27,7 +27,7 @@ from pyrodash.engine import conversation as conv
 from pyrodash.engine import fitting
 from pyrodash.engine.fitting import Prepared, PromptSize
 from pyrodash.engine.range_rule import ROUTED, RangeRule
-from pyrodash.engine.relay import RelayConfig, calls_for, key_relay_turns, relay_runs, relay_stream
+from pyrodash.engine.relay import RelayConfig, key_relay_turns, relay_for, relay_runs, relay_stream
 from pyrodash.engine.requests import (
     BAN,
     EngineRequest,
@@ -447,6 +447,7 @@ class CollaborateEngine:
                 "llm_out": got.completion_tokens or 0,
                 "llm_cached_in": got.cached_tokens or 0,
                 "cache_reported": got.cached_tokens is not None,  # the provider gave a cached figure (0 included)
+                "client_stop": got.client_stop,  # closed by the client at a stop string the server wrote past
                 "text": text,
                 "prices": None,
                 "error": error,
@@ -593,8 +594,9 @@ class CollaborateEngine:
         seed, stop, handoff_share)."""
         r = EngineRequest.of(question, **options)
         t = self.turn(r)
-        if t.mode == "collab" and calls_for(self.relay, r) > 1:  # several handoffs: pyrodash.engine.relay
-            async for ev in relay_stream(self, t, calls_for(self.relay, r)):
+        relay = relay_for(self.relay, r)
+        if t.mode == "collab" and relay.max_llm_calls > 1:  # several handoffs: pyrodash.engine.relay
+            async for ev in relay_stream(self, t, relay):
                 yield ev
             return
         mode = t.mode

@@ -7,8 +7,10 @@ single handoff does. The LLM reads the packed trace (no `<offload>`).
     engine = CollaborateEngine(slm, llm, prompts, prices, relay=RelayConfig(max_llm_calls=4))
     done = engine.run("...")          # or max_llm_calls=4 per request; 1 (the default) is the single handoff
 
-An LLM call that does not end at a step end (the endpoint ignored the stop sequence, or the cap was reached) turns
-the rest of the answer into a single handoff, said in `Done.relay_fallback`. When and why: docs/relay.md.
+An LLM call that does not end at a step end (an in-process LLM ignored the stop sequence, or the cap was reached)
+turns the rest of the answer into a single handoff, said in `Done.relay_fallback`; an HTTP endpoint that writes past
+the separator is cut there by its client (`GenChunk.client_stop`). Per request (a serve operating point's `relay:`):
+`step_sep` / `step_max_tokens` on the `EngineRequest` (`relay_for`). When and why: docs/relay.md.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from pyrodash.prompts import OFFLOAD_TOKEN, pack
 # why a relay answer became a single handoff (`Done.relay_fallback`)
 STOP_IGNORED = "stop_ignored"  # the LLM wrote past the step separator: the endpoint does not honour `stop`
 STEP_CAP = "step_cap"  # the LLM reached step_max_tokens before a step end
-EMPTY_STEP = "empty_step"  # the LLM stopped at once (an Anthropic prefill loses the trace's trailing separator)
+EMPTY_STEP = "empty_step"  # the LLM stopped at once, before any text
 
 
 @dataclass(frozen=True)
@@ -57,11 +59,24 @@ def calls_for(config: RelayConfig, request: EngineRequest | dict) -> int:
     return config.max_llm_calls if n is None else check_calls(n)
 
 
+def relay_for(config: RelayConfig, request: EngineRequest | dict) -> RelayConfig:
+    """The relay a request runs: its own `max_llm_calls`, `step_sep` and `step_max_tokens` where set (a serve
+    operating point's `relay:`), else the engine's (a ValueError names a bad one)."""
+    own = request if isinstance(request, dict) else vars(request)
+    sep, cap = own.get("step_sep"), own.get("step_max_tokens")
+    return dataclasses.replace(
+        config,
+        max_llm_calls=calls_for(config, request),
+        step_sep=config.step_sep if sep is None else sep,
+        step_max_tokens=config.step_max_tokens if cap is None else cap,
+    )
+
+
 class RelayRun:
     """One answer's relay from its first handoff on (`t`: the turn after the SLM's first segment)."""
 
-    def __init__(self, engine, t: Turn, n: int, raise_errors: bool = True):
-        self.e, self.t, self.n, self.cfg = engine, t, n, engine.relay
+    def __init__(self, engine, t: Turn, cfg: RelayConfig, raise_errors: bool = True):
+        self.e, self.t, self.n, self.cfg = engine, t, cfg.max_llm_calls, cfg
         self.raise_errors = raise_errors  # the stream driver raises EngineError; a batch records finish "error"
         self.segments = [{"by": "slm", "text": t.slm_text}] if t.slm_text else []
         self.handoffs = [t.handoff] if t.handoff is not None else []
@@ -250,7 +265,7 @@ async def _aiter(stream):
         await it.aclose()
 
 
-async def relay_stream(engine, t: Turn, n: int) -> AsyncIterator[Event]:
+async def relay_stream(engine, t: Turn, cfg: RelayConfig) -> AsyncIterator[Event]:
     """The stream driver's relay (`CollaborateEngine.stream` with max_llm_calls > 1): SLM, then `RelayRun`."""
     t.cache_key = object()  # the answer's SLM requests share their KV (an in-process SLM's prefix cache)
     async for ev in engine._slm_stream(t, early_call=False):
@@ -258,7 +273,7 @@ async def relay_stream(engine, t: Turn, n: int) -> AsyncIterator[Event]:
     if t.handoff is None:
         yield t.done(engine.prices)
         return
-    run = RelayRun(engine, t, n)
+    run = RelayRun(engine, t, cfg)
     yield Handoff(slm_tokens=t.handoff, packed=run.trace)
     async for ev in run.resume():
         yield ev
@@ -277,7 +292,7 @@ def relay_runs(engine, turns: list[Turn], options: list[dict]) -> dict[int, Rela
     """The batch driver's relays: a `RelayRun` per collab turn that handed off with max_llm_calls > 1 (by index)."""
     out = {}
     for i, (t, o) in enumerate(zip(turns, options)):
-        n = calls_for(engine.relay, o)
-        if t.mode == "collab" and n > 1 and t.handoff is not None and t.finish is None:
-            out[i] = RelayRun(engine, t, n, raise_errors=False)
+        cfg = relay_for(engine.relay, o)
+        if t.mode == "collab" and cfg.max_llm_calls > 1 and t.handoff is not None and t.finish is None:
+            out[i] = RelayRun(engine, t, cfg, raise_errors=False)
     return out

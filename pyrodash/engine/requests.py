@@ -57,6 +57,8 @@ class EngineRequest:
     seed: int | None = None
     stop: list[str] | None = None
     max_llm_calls: int | None = None  # LLM calls per answer (>1: relay, pyrodash.engine.relay); None: the engine's
+    step_sep: str | None = None  # a relay step's end (the LLM's stop sequence); None: the engine's RelayConfig
+    step_max_tokens: int | None = None  # a relay step's cap; None: the engine's RelayConfig
     range_rule: RangeRule | None = None  # the SLM's range (past it: the LLM alone); None: the engine's rule
     # the Turn `CollaborateEngine.prepare` built for this request (fitted, its prompt rendered once), or None
     prepared: Turn | None = None

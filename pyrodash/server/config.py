@@ -33,19 +33,22 @@ class OperatingPoint:
     handoff_share: float = 1.0  # share of requests that may hand off (a fixed hash of each), in [0, 1]
     range_rule: RangeRule = RangeRule()  # past the SLM's range the LLM answers alone (off: no limit set)
     max_llm_calls: int | None = None  # LLM calls per answer (>1: relay, pyrodash.engine.relay); None: the engine's
+    step_sep: str | None = None  # YAML `relay: {step_sep}`: a relay step's end; None: the engine's ("\n\n")
+    step_max_tokens: int | None = None  # YAML `relay: {step_max_tokens}`: a relay step's cap; None: the engine's
 
     @classmethod
     def parse(cls, name: str, value) -> OperatingPoint:
-        """A number (an offload_bias) or a mapping with offload_bias, handoff_share and/or range_rule."""
+        """A number (an offload_bias) or a mapping with offload_bias, handoff_share, range_rule, max_llm_calls and/or
+        relay ({step_sep, step_max_tokens})."""
         if isinstance(value, OperatingPoint):
             return value
         rule = None
         if isinstance(value, dict):
-            unknown = set(value) - {"offload_bias", "handoff_share", "range_rule", "max_llm_calls"}
+            unknown = set(value) - {"offload_bias", "handoff_share", "range_rule", "max_llm_calls", "relay"}
             if unknown:
                 raise ValueError(
                     f"operating_points.{name}: unknown keys {sorted(unknown)}; use offload_bias, handoff_share, "
-                    "range_rule and max_llm_calls"
+                    "range_rule, max_llm_calls and relay"
                 )
             bias, share, rule = value.get("offload_bias", 0.0), value.get("handoff_share", 1.0), value.get("range_rule")
         else:
@@ -55,11 +58,31 @@ class OperatingPoint:
             if not isinstance(v, (int, float)) or isinstance(v, bool):
                 raise ValueError(f"operating_points.{name}.{key}={v!r} must be a number")
         try:
+            sep, cap = _relay_keys(value.get("relay") if isinstance(value, dict) else None)
             return cls(
-                float(bias), check_share(share), RangeRule.of(rule), None if calls is None else check_calls(calls)
+                float(bias),
+                check_share(share),
+                RangeRule.of(rule),
+                None if calls is None else check_calls(calls),
+                sep,
+                cap,
             )
         except ValueError as e:
             raise ValueError(f"operating_points.{name}: {e}") from None
+
+
+def _relay_keys(relay: object) -> tuple[str | None, int | None]:
+    """(step_sep, step_max_tokens) of an operating point's `relay:` mapping; either may be left out (the engine's)."""
+    if relay is None:
+        return None, None
+    if not isinstance(relay, dict) or set(relay) - {"step_sep", "step_max_tokens"}:
+        raise ValueError(f"relay={relay!r} must be a mapping with step_sep and/or step_max_tokens")
+    sep, cap = relay.get("step_sep"), relay.get("step_max_tokens")
+    if sep is not None and (not isinstance(sep, str) or not sep):
+        raise ValueError(f"relay.step_sep={sep!r} must be a non-empty string (the end of a step)")
+    if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap <= 0):
+        raise ValueError(f"relay.step_max_tokens={cap!r} must be a positive integer")
+    return sep, cap
 
 
 @dataclass

@@ -342,6 +342,8 @@ def engine_request(app: FastAPI, req: protocol._Sampling, kind: str) -> tuple[st
         handoff_share=point.handoff_share,
         range_rule=point.range_rule if opts.range_rule is None else RangeRule(**opts.range_rule.model_dump()),
         max_llm_calls=point.max_llm_calls if opts.max_llm_calls is None else opts.max_llm_calls,
+        step_sep=point.step_sep,
+        step_max_tokens=point.step_max_tokens,
         max_tokens=per_model or total or config.limits.default_max_tokens,
         max_total_tokens=total or config.limits.default_max_tokens,
         explicit_budget=total is not None,
