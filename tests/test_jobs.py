@@ -272,3 +272,48 @@ def test_demo_refuses_from_scratch_with_a_built_world_in_one_line(tmp_path, caps
     err = capsys.readouterr().err
     assert "--from-scratch builds the world's models" in err and "Traceback" not in err
     assert not (tmp_path / "d").exists()
+
+
+def test_the_steps_as_they_ran_and_their_critical_path(tmp_path):
+    """run_jobs writes the step graph (seconds, what each waited for, start and end); the critical path is the chain
+    whose seconds add up to the most: `a` (1 s) then `b`, not `c` beside them; benchmarks/demo_profile.py prints it."""
+    import json
+    import subprocess
+    import sys
+
+    from pyrodash.jobs.profile import critical_path, read_steps
+
+    x = str(tmp_path / "x")
+    jobs = [Job("a", note, (x, "a", 1.0)), Job("b", note, (x, "b"), after=("a",)), Job("c", note, (x, "c"))]
+    seconds = run_jobs(jobs, 2, tmp_path / "run" / "jobs")
+    steps = read_steps(tmp_path / "run" / "jobs")
+    assert [(s["name"], s["after"], s["seconds"]) for s in steps] == [
+        (j.name, list(j.after), seconds[j.name]) for j in jobs
+    ]
+    by = {s["name"]: s for s in steps}
+    assert by["b"]["start_s"] >= by["a"]["end_s"] and by["a"]["end_s"] - by["a"]["start_s"] >= 1.0
+    assert critical_path(steps) == (["a", "b"], round(seconds["a"] + seconds["b"], 1))
+    (tmp_path / "run" / "demo_times.json").write_text(json.dumps({**seconds, "world": 2.0, "report": 0.5}))
+    script = ROOT / "benchmarks" / "demo_profile.py"
+    out = subprocess.run([sys.executable, str(script), str(tmp_path / "run")], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert [x.split()[0] for x in lines[:-1]] == ["world", "a", "c", "b", "report"]  # by start, outside steps around
+    assert [x.split()[0] for x in lines[:-1] if x.endswith("critical")] == ["world", "a", "b", "report"]
+    last = dict(kv.split("=") for kv in lines[-1].split())
+    assert last["steps"] == "3" and last["critical_steps"] == "4"
+    assert float(last["critical_s"]) == round(2.0 + 0.5 + seconds["a"] + seconds["b"], 1)
+
+
+def test_the_critical_path_of_a_diamond_takes_the_longer_side():
+    from pyrodash.jobs.profile import critical_path
+
+    def step(name, sec, *after):
+        return {"name": name, "seconds": sec, "after": list(after), "elastic": False, "start_s": 0, "end_s": 0}
+
+    steps = [step("end", 1, "left", "right"), step("left", 5, "top"), step("right", 7, "top"), step("top", 2)]
+    assert critical_path(steps) == (["top", "right", "end"], 10.0)
+    steps.append(step("alone", 11))  # a step waiting for nothing, longer than the chain
+    assert critical_path(steps) == (["alone"], 11.0)
+    steps.append(step("reused-by", 1, "not here"))  # waits for a step reused from an earlier run
+    assert critical_path(steps)[0] == ["alone"] and critical_path([]) == ([], 0.0)

@@ -157,6 +157,18 @@ def test_phase_times_quick_against_this_checkout(demo_run):
     assert all(re.search(r"this=\S+s base=\S+s ratio=\S+$", x) for x in tail), tail
 
 
+def test_demo_profile_reads_the_demo(demo_run):
+    """Every step of the demo's graph is a row; Stage 2 and the world are on the critical path, which is no longer
+    than every step's seconds added up."""
+    out = run_script("benchmarks/demo_profile.py", demo_run)
+    pairs = last_line(out, "steps critical_s critical_steps sum_s wall_s")
+    steps = json.loads((demo_run / "jobs" / "steps.json").read_text())["steps"]
+    assert int(pairs["steps"]) == len(steps) > 0
+    rows = {x.split("  ")[0].strip(): x for x in out.splitlines()[1:-1]}
+    assert {s["name"] for s in steps} <= set(rows)
+    assert 0 < float(pairs["critical_s"]) <= float(pairs["sum_s"])
+
+
 def test_budget_pacer_on_a_short_profile(demo_run):
     args = ["--run", demo_run, "--profile", "1", "--hour-s", 4, "--burst", "", "--base-rps", 1]
     out = run_script("benchmarks/budget_pacer.py", *args, timeout=400)
@@ -190,6 +202,7 @@ COVERED = {
     "benchmarks/cost_penalty_ablation.py",
     "benchmarks/phase_times.py",
     "benchmarks/budget_pacer.py",
+    "benchmarks/demo_profile.py",
     "scripts/world_economics.py",
     "scripts/ship_world.py",
     "scripts/turn_tables.py",

@@ -2,7 +2,9 @@
 done (the demo's Stage 3 per λ and evaluation methods). Results do not depend on it (measured: same weights and
 records on 1 and 2 threads). An elastic step (`Job(elastic=True)`) is called with `thread_grant=granted_threads` and
 takes the cores no other step is ready for at each training step (`pyrodash.train.common.GrantedThreads`). Each
-step's output goes to `log_dir/<step>.log`; a failed step stops the run with its name and log.
+step's output goes to `log_dir/<step>.log`; a failed step stops the run with its name and log. The step graph as it
+ran (each step's seconds, what it waited for, when it started and ended) goes to `log_dir/steps.json`
+(`pyrodash.jobs.profile` reads it: the critical path).
 
     jobs = [Job("stage3 λ=0.6", run_stage3, (recipe, out), {"lam": 0.6}),
             Job("eval pyrodash@0.6", evaluate, (cfg_06,), after=("stage3 λ=0.6",))]
@@ -11,6 +13,7 @@ step's output goes to `log_dir/<step>.log`; a failed step stops the run with its
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import sys
@@ -118,14 +121,43 @@ def _call_kwargs(j: Job) -> dict:
     return {**j.kwargs, "thread_grant": granted_threads} if j.elastic else j.kwargs
 
 
-def _run_here(order: list[Job]) -> dict[str, float]:
+def _run_here(order: list[Job], log_dir: Path) -> dict[str, float]:
     """`order` one after the other in this process, on the caller's threads; {name: seconds}."""
-    seconds = {}
+    seconds: dict[str, float] = {}
+    spans: dict[str, list[float]] = {}
+    t0 = time.perf_counter()
     for j in order:
         t = time.perf_counter()
         j.fn(*j.args, **_call_kwargs(j))
         seconds[j.name] = round(time.perf_counter() - t, 1)
+        spans[j.name] = [t - t0, time.perf_counter() - t0]
+    write_steps(log_dir, order, seconds, spans, workers=1)
     return seconds
+
+
+STEPS_FILE = "steps.json"
+
+
+def write_steps(log_dir: Path, jobs: list[Job], seconds: dict, spans: dict, workers: int) -> Path:
+    """`log_dir/steps.json`: the steps that ran, in list order, each with its seconds (in its worker), the steps it
+    waited for, whether it was elastic, and its start and end in seconds from the start of the run (as the scheduler
+    saw them); and the number of workers."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    steps = [
+        {
+            "name": j.name,
+            "seconds": seconds[j.name],
+            "after": list(j.after),
+            "elastic": j.elastic,
+            "start_s": round(spans[j.name][0], 1),
+            "end_s": round(spans[j.name][1], 1),
+        }
+        for j in jobs
+        if j.name in seconds
+    ]
+    path = log_dir / STEPS_FILE
+    path.write_text(json.dumps({"workers": workers, "steps": steps}, indent=1, ensure_ascii=False) + "\n")
+    return path
 
 
 def _start_ready(waiting: list[Job], running: dict, seconds: dict, submit: Callable, workers: int) -> None:
@@ -138,10 +170,12 @@ def _start_ready(waiting: list[Job], running: dict, seconds: dict, submit: Calla
             running[submit(j)] = j
 
 
-def _collect(done, running: dict, seconds: dict, failed: list[str], bar, rows: dict, log_dir: Path) -> None:
-    """Record each finished step's seconds, or its failure with its name and log."""
+def _collect(done, running: dict, seconds: dict, failed: list[str], bar, rows: dict, log_dir: Path, ended=None) -> None:
+    """Record each finished step's seconds, or its failure with its name and log; `ended(name)` for each."""
     for fut in done:
         j = running.pop(fut)
+        if ended is not None:
+            ended(j.name)
         try:
             seconds[j.name] = fut.result()
             bar.update(rows[j.name], completed=1, description=f"{j.name} [green]done[/]")
@@ -157,17 +191,18 @@ def run_jobs(jobs: list[Job], workers: int, log_dir: str | Path, console=None) -
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     order = _check(jobs)
+    log_dir = Path(log_dir)
     if workers <= 1:
-        return _run_here(order)
+        return _run_here(order, log_dir)
     import multiprocessing as mp
 
-    log_dir = Path(log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
     ctx = mp.get_context("spawn")  # a fresh interpreter: torch's thread pools are not fork-safe
     index = {j.name: i for i, j in enumerate(jobs)}
     grants = ctx.RawArray("i", [1] * len(jobs))  # written here, read by the step's worker at its training steps
     seconds: dict[str, float] = {}
     waiting, running, failed = list(jobs), {}, []
+    t0, spans = time.perf_counter(), {}
     with (
         Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console) as bar,
         ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker, initargs=(1, grants)) as pool,
@@ -176,6 +211,7 @@ def run_jobs(jobs: list[Job], workers: int, log_dir: str | Path, console=None) -
 
         def submit(j: Job) -> Future:
             grants[index[j.name]] = 1
+            spans[j.name] = [time.perf_counter() - t0]
             bar.start_task(rows[j.name])
             log = str(log_dir / log_name(j.name))
             return pool.submit(_run_logged, j.fn, j.args, _call_kwargs(j), log, index[j.name])
@@ -192,7 +228,10 @@ def run_jobs(jobs: list[Job], workers: int, log_dir: str | Path, console=None) -
             if not running:  # pragma: no cover - _check and list order rule this out
                 raise ValueError(f"jobs {[j.name for j in waiting]} wait for jobs that never run")
             done, _ = wait(running, return_when=FIRST_COMPLETED)
-            _collect(done, running, seconds, failed, bar, rows, log_dir)
+            _collect(
+                done, running, seconds, failed, bar, rows, log_dir, lambda n: spans[n].append(time.perf_counter() - t0)
+            )
+    write_steps(log_dir, jobs, seconds, spans, workers)
     if failed:
         raise StepFailed("a step failed: " + "; ".join(failed))
     return seconds
