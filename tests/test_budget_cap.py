@@ -127,12 +127,27 @@ async def _burst(url: str, n: int, key: str | None = None, start: int = 0) -> li
     headers = {"authorization": f"Bearer {key}"} if key else {}
     body = {"model": "always-offload", "max_tokens": MAX_TOKENS, "offload_bias": 50}
     async with httpx.AsyncClient(base_url=url, timeout=120, limits=httpx.Limits(max_connections=n)) as c:
-        rs = await asyncio.gather(
-            *(c.post("/v1/chat/completions", headers=headers, json={**body, "messages": messages(start + i)})
-              for i in range(n))
-        )  # fmt: skip
+        sent = [
+            asyncio.ensure_future(
+                c.post("/v1/chat/completions", headers=headers, json={**body, "messages": messages(start + i)})
+            )
+            for i in range(n)
+        ]
+        await poll_cap(url, sent, headers)
+        rs = [f.result() for f in sent]
     assert all(r.status_code == 200 for r in rs), [r.text for r in rs if r.status_code != 200][:2]
     return [r.json()["pyrodash"] for r in rs]
+
+
+async def poll_cap(url: str, pending: list, headers: dict) -> None:
+    """The cap's ledger while the requests run (a connection per look): spent + reserved <= cap."""
+    async with httpx.AsyncClient(base_url=url, timeout=30, limits=httpx.Limits(max_keepalive_connections=0)) as c:
+        while not all(f.done() for f in pending):
+            state = (await c.get("/v1/budget", headers=headers)).json()
+            row, cap = state["data"][0], state["data"][0]["cap_usd"] / state["store"]["replica_share"]
+            # (while Redis is down a replica shows its share of the cap, and its estimate of the shared ledger)
+            assert row["cap_spent_usd"] + row["reserved_usd"] <= cap * (1 + 1e-9), str(state)
+            await asyncio.sleep(0.02)
 
 
 def burst(url: str, n: int = BURST, key: str | None = None, start: int = 0) -> list[dict]:
@@ -163,7 +178,9 @@ def test_a_cold_burst_spends_within_the_cap(cold, worst):
     url, a, b, cap = cold
     answers = burst(url)
     spent = llm_usd(answers)
-    assert 0 < spent <= cap
+    typical = max(llm_usd([p]) for p in answers if p["llm_endpoints"])
+    assert cap >= 3 * typical  # a cap of a few answers' worth ...
+    assert 0.5 * cap <= spent <= cap  # ... admits what it can pay for, and no more
     assert_turned_openly(answers, cold)
     admitted = [p for p in answers if p["llm_endpoints"]]
     assert all(p["budget"]["reserved_usd"] == pytest.approx(worst) for p in admitted)
@@ -173,6 +190,15 @@ def test_a_cold_burst_spends_within_the_cap(cold, worst):
     # the cap's ledger: every answer settled to what it billed, nothing left reserved
     assert row["cap_spent_usd"] == pytest.approx(spent) and row["reserved_usd"] == pytest.approx(0.0)
     assert row["cap_hits"] >= sum(p["budget"]["state"] == "capped" for p in answers)
+    # the cap's utilisation: billed / reserved at admission, per replica, in /v1/budget and /metrics
+    reserved = sum(p["budget"]["reserved_usd"] for p in admitted)
+    assert 0.5 < spent / reserved <= 1.0
+    for r in (a, b):
+        mine = httpx.get(f"{r.url}/v1/budget", timeout=30).json()["data"][0]["utilisation"]
+        assert mine is None or 0 < mine <= 1.0
+        assert metric(r.url, "pyrodash_budget_overrun_usd_total", budget="default") == 0.0
+    billed_total = sum(metric(r.url, "pyrodash_budget_settled_billed_usd_total", budget="default") for r in (a, b))
+    assert billed_total == pytest.approx(spent)
 
 
 def test_three_paid_requests_then_a_burst(cold):
