@@ -154,3 +154,33 @@ def test_a_period_boundary_in_a_burst_and_a_price_change_keep_each_period_within
         assert dear[1].info["reason"].startswith("worst case $")
 
     asyncio.run(run())
+
+
+def test_billing_clamps_cached_tokens_and_counts_an_overrun_as_billed():
+    from prometheus_client import CollectorRegistry
+
+    from pyrodash.server.budget.gate import billed
+
+    price = {"llm_in": 10.0, "llm_out": 40.0, "llm_cached_in": 1.0}
+    # a provider reporting more cached than prompt tokens: billed as if every prompt token were cached, never negative
+    odd = {"cost_usd": (100 - 300) * 10e-6 + 300 * 1e-6 + 5 * 40e-6, "llm_in": 100, "llm_cached_in": 300, "llm_out": 5}
+    got = billed(SimpleNamespace(cost_usd=0.0, llm_endpoints=[{**odd, "price": price}]), "llm")
+    assert got == pytest.approx(100 * 1e-6 + 5 * 40e-6)
+
+    clock = Clock()
+    cfg = BudgetsConfig.parse(
+        {"default": {"usd_per_hour": 1.0, "cap_usd": 1.0}, "state_dir": tempfile.mkdtemp(prefix="budgets-")}
+    )
+    budgets = Budgets(cfg, registry=CollectorRegistry(), clock=clock)
+
+    async def run():
+        grant = await admit(budgets, engine(), 0)
+        over = grant.ticket.usd * 3  # usage above what the request allowed (reasoning tokens, an injected prompt)
+        await budgets.record(grant, done(over))
+        return grant, over, await budgets.store.ledger.read("default", 0)
+
+    grant, over, (spent, held) = asyncio.run(run())
+    assert spent == pytest.approx(over) and held == 0.0  # on the ledger as billed
+    assert grant.info["overrun_usd"] == pytest.approx(over - grant.info["reserved_usd"])
+    value = budgets.metrics.overrun.labels("default")._value.get()
+    assert value == pytest.approx(grant.info["overrun_usd"])
