@@ -209,6 +209,7 @@ class HFBackend:
         # the answer's next request (pyrodash.backends.prefix_cache); None turns it off, a PrefixCache sets other
         # bounds. None for a model with sliding-window layers (a cropped sliding-window cache is not a prefix's).
         self.prefix_cache: PrefixCache | None = PrefixCache() if growing(growing_cache(model.config)) else None
+        self.answers = None  # an AnswerStore (pyrodash.backends.answer_store): greedy batch decodes kept, read back
 
     # ---- prompts -------------------------------------------------------------------------------------------
     def token_id(self, token: str) -> int | None:
@@ -460,21 +461,28 @@ class HFBackend:
         """Generate for every request (blocking). Left-padded batches of `batch_size` (default: all at once);
         sampling is reproducible per request through `req.seed`. Requests that would decode the same tokens (the
         same prompt and settings, greedy or sampled with the same seed) are decoded once and each gets its own copy
-        of the result (`same_decode`); each still counts and bills as its own call."""
+        of the result (`same_decode`); each still counts and bills as its own call. With an answer store attached
+        (`answers`, pyrodash.backends.answer_store) a greedy request decoded before in the run is read back from it,
+        and the ones decoded here are kept there."""
         if not reqs:
             return []
         prompts = [self.prompt_ids(r) for r in reqs]
+        keys = [same_decode(p, r) for p, r in zip(prompts, reqs)]
         owner: list[int] = []  # the request whose decode answers each request
         first: dict[tuple, int] = {}
-        for i, (p, r) in enumerate(zip(prompts, reqs)):
-            key = same_decode(p, r)
+        for i, key in enumerate(keys):
             owner.append(i if key is None else first.setdefault(key, i))
         unique = [i for i, o in enumerate(owner) if o == i]
-        bs = batch_size or len(unique)
-        got: dict[int, GenResult] = {}
-        for start in range(0, len(unique), bs):
-            idx = unique[start : start + bs]
+        greedy = {i: keys[i] for i in unique if keys[i] is not None and reqs[i].temperature <= _GREEDY_BELOW}
+        model = self.answers.fingerprint(self.model, self.eos_ids) if self.answers is not None and greedy else ""
+        got: dict[int, GenResult] = self.answers.take(model, greedy) if model else {}
+        todo = [i for i in unique if i not in got]
+        bs = batch_size or max(len(todo), 1)
+        for start in range(0, len(todo), bs):
+            idx = todo[start : start + bs]
             got.update(zip(idx, self.generate_ids([prompts[i] for i in idx], [reqs[i] for i in idx])))
+        if model:
+            self.answers.keep(model, {i: greedy[i] for i in todo if i in greedy}, got, served=len(unique) - len(todo))
         return [got[i] if o == i else copy.deepcopy(got[o]) for i, o in enumerate(owner)]
 
     def generate_ids(self, prompts: list[list[int]], reqs: list[GenRequest]) -> list[GenResult]:

@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 from pyrodash.backends import load_backend, load_llm, load_slm
+from pyrodash.backends.answer_store import ANSWERS_OFF, AnswerStore
 from pyrodash.engine.range_rule import RangeRule
 from pyrodash.eval.methods import Env, GlimpRouter, Method, PyroDash, RouteLLM, Solo
 from pyrodash.eval.names import method_name
@@ -19,18 +20,29 @@ from pyrodash.grading import grade_batch
 
 
 class Backends:
-    """Backends loaded once per spec and shared by every method that uses them."""
+    """Backends loaded once per spec and shared by every method that uses them; `answers`: the run's answer store,
+    attached to every in-process model (`pyrodash.backends.answer_store`; None: none)."""
 
-    def __init__(self):
+    def __init__(self, answers: AnswerStore | None = None):
         self._cache: dict[str, object] = {}
+        self.answers = answers
 
     def get(self, spec, llm: bool = False, mode: str | None = None, offload: bool = False):
         """The backend of `spec`; `llm=True`: an LLM endpoint (its continuation mode probed at load, `mode`
         overriding the spec's); `offload=True`: an HTTP SLM is checked to stop at <offload>."""
         key = repr(spec) if mode is None else repr((spec, mode))  # one backend per spec, whatever its role
         if key not in self._cache:
-            self._cache[key] = load_llm(spec, mode) if llm else load_slm(spec) if offload else load_backend(spec)
+            backend = load_llm(spec, mode) if llm else load_slm(spec) if offload else load_backend(spec)
+            if self.answers is not None and hasattr(backend, "answers"):
+                backend.answers = self.answers
+            self._cache[key] = backend
         return self._cache[key]
+
+
+def run_answers(cfg) -> AnswerStore | None:
+    """The answer store of an EvalConfig-like `cfg` (its `answers` directory; None when it is "off" or unset)."""
+    where = getattr(cfg, "answers", None)
+    return None if where in (None, ANSWERS_OFF) else AnswerStore(where)
 
 
 def method_specs(methods: list) -> list[tuple[str, dict]]:
@@ -79,7 +91,7 @@ def sweep_relay(kind: str, opt: dict) -> int | None:
 def build_methods(cfg, env: Env, backends: Backends | None = None, load_examples=None) -> dict[str, Method]:
     """{name: method} for an EvalConfig-like `cfg` (fields models, methods, run_dir). `load_examples(name, limit)`
     loads a training pool for RouteLLM. Models load lazily through `backends`."""
-    be = backends or Backends()
+    be = backends or Backends(run_answers(cfg))
     models = dict(cfg.models or {})
 
     def model(key: str):

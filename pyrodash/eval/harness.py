@@ -58,6 +58,10 @@ class EvalConfig:
     # the SLM's range for the PyroDash methods: {max_turns, max_context_tokens}, past it the LLM alone (`routed:
     # "range"` in the record); None: off. `pyrodash calibrate --range` measures it (docs/conversations.md).
     range_rule: dict | None = None
+    # the answer store (pyrodash.backends.answer_store): greedy generations of the in-process models, kept on disk and
+    # read back whenever any method or step asks a model the same thing; default RUN_DIR/answers (a config made from
+    # this one with another run_dir keeps the same store), "off": none
+    answers: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("benchmarks", "methods"):  # `benchmarks: gsm8k` is a one-item list, not the letters g, s, m ...
@@ -67,6 +71,11 @@ class EvalConfig:
             if isinstance(getattr(self, name), os.PathLike):
                 setattr(self, name, os.fspath(getattr(self, name)))
         _expect("run_dir", self.run_dir, str, "a directory path")
+        if isinstance(self.answers, os.PathLike):
+            self.answers = os.fspath(self.answers)
+        _expect("answers", self.answers, (str, type(None)), 'a directory path or "off"')
+        if self.answers is None:
+            self.answers = os.path.join(self.run_dir, "answers")
         _expect("benchmarks", self.benchmarks, list, "a list such as [gsm8k, world:test]")
         if not all(isinstance(b, str) and b for b in self.benchmarks):
             raise ValueError(f"eval config: benchmarks={self.benchmarks!r} must be benchmark names (strings)")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from pyrodash.engine.calibrate import calibrate_range
 from pyrodash.engine.conversation import example_messages
-from pyrodash.eval.build import Backends
+from pyrodash.eval.build import Backends, run_answers
 from pyrodash.eval.harness import EvalConfig, evaluate, load_examples
 from pyrodash.eval.methods import Env
 from pyrodash.eval.names import method_name
@@ -42,7 +42,7 @@ def range_calibration(engine, examples: list, prompts, min_ratio: float = 0.9, *
 def calibrate_long(cfg: EvalConfig, lam: float) -> dict:
     """Calibrate the range rule for the λ policy on `VALIDATION`, written to RUN_DIR/range_calibration.json (no
     records: it can run beside any evaluation)."""
-    prompts, be = get_prompts(cfg.prompts), Backends()
+    prompts, be = get_prompts(cfg.prompts), Backends(run_answers(cfg))
     env = Env(
         prompts, cfg.price_sheet(), max_tokens=cfg.max_tokens, batch_size=cfg.batch_size, concurrency=cfg.concurrency
     )

@@ -1,0 +1,161 @@
+"""The run's answer store (pyrodash.backends.answer_store): a greedy generation decoded once in a run is read back by
+every other method and step that asks the same model the same thing, and the records are the same with and without
+it. Generations are counted by a counting wrapper around `HFBackend.generate_ids` (what the decode loop runs)."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import replace
+
+import pytest
+from tiny_models import tiny_model_dir
+
+from pyrodash.backends.answer_store import AnswerStore, answer_counts
+from pyrodash.backends.base import GenRequest
+from pyrodash.backends.hf import HFBackend
+from pyrodash.eval.build import Backends, build_methods
+from pyrodash.eval.harness import EvalConfig, evaluate
+from pyrodash.eval.methods import Env
+from pyrodash.prompts import get_prompts
+from pyrodash.world.multiturn import make_multiturn_split
+from pyrodash.world.task import make_known, make_split, make_table
+
+
+@pytest.fixture
+def decoded(monkeypatch):
+    """Counter of request rows decoded, by model name (the counting wrapper)."""
+    counts: Counter = Counter()
+    real = HFBackend.generate_ids
+
+    def counting(self, prompts, reqs):
+        counts[self.name] += len(prompts)
+        return real(self, prompts, reqs)
+
+    monkeypatch.setattr(HFBackend, "generate_ids", counting)
+    return counts
+
+
+def _reqs(n: int, **kw) -> list[GenRequest]:
+    return [
+        GenRequest(messages=[{"role": "user", "content": f"what is {i} + {i}?"}], max_tokens=8, **kw) for i in range(n)
+    ]
+
+
+def test_a_greedy_generation_is_decoded_once_across_backends_and_read_back_the_same(tmp_path, decoded):
+    """A second backend on the same model (another worker) reads every greedy answer back, bit for bit (tokens,
+    finish, usage, prompt ids); another budget, another model or a sampled request is decoded, never served."""
+    path = tiny_model_dir(tmp_path / "m", seed=3)
+    store = AnswerStore(tmp_path / "answers")
+    a, b = HFBackend(path, name="m"), HFBackend(path, name="m")
+    a.answers = b.answers = store
+    first = a.generate_batch(_reqs(3) + _reqs(3)[:1])  # the repeat in the batch: decoded once (same_decode)
+    assert decoded["m"] == 3
+    again = b.generate_batch(_reqs(3))
+    assert decoded["m"] == 3 and [r.to_json() for r in again] == [r.to_json() for r in first[:3]]
+    assert [r.prompt_ids for r in again] == [r.prompt_ids for r in first[:3]]
+    assert answer_counts(store.root) == {"served": 3, "generated": 3}
+    b.generate_batch([replace(r, max_tokens=5) for r in _reqs(2)])  # another budget: another address
+    assert decoded["m"] == 5
+    b.generate_batch(_reqs(2, temperature=0.8, seed=1))  # sampled: never stored
+    b.generate_batch(_reqs(2, temperature=0.8, seed=1))
+    assert decoded["m"] == 9
+    other = HFBackend(tiny_model_dir(tmp_path / "o", seed=5), name="m")
+    other.answers = store
+    other.generate_batch(_reqs(3))  # other weights: other addresses
+    assert decoded["m"] == 12
+    assert answer_counts(store.root) == {"served": 3, "generated": 3 + 2 + 3}
+
+
+TABLE, KNOWN = make_table(0), make_known(0.65)
+
+
+def _world(tmp_path):
+    """A world directory with a tier and gold-history conversations of three turns."""
+    data = tmp_path / "world" / "data"
+    data.mkdir(parents=True)
+    splits = {
+        "tier1": make_split(0, "tier1", 4, [1], TABLE, KNOWN),
+        "multiturn": make_multiturn_split(0, 3, 3, [1, 2], [1], TABLE, KNOWN),
+    }
+    for name, exs in splits.items():
+        (data / f"{name}.jsonl").write_text("".join(json.dumps(e.to_dict()) + "\n" for e in exs))
+    return tmp_path / "world"
+
+
+def _config(tmp_path, run: str, world, methods: list, **kw) -> EvalConfig:
+    models = {
+        "slm": str(tiny_model_dir(tmp_path / "slm", seed=1)),
+        "llm": str(tiny_model_dir(tmp_path / "llm", seed=3)),
+        "pyrodash": {0.6: str(tiny_model_dir(tmp_path / "policy", seed=9))},
+    }
+    return EvalConfig(
+        run_dir=str(tmp_path / run),
+        benchmarks=["world:tier1", "world:multiturn"],
+        methods=methods,
+        models=models,
+        world_dir=str(world),
+        prompts="world-v1",
+        max_tokens=12,
+        batch_size=4,
+        **kw,
+    )
+
+
+def _records(run_dir) -> dict[str, list[dict]]:
+    """Each method's records without what a clock decides (latency_s) or how it was batched."""
+    out = {}
+    for p in sorted((run_dir / "records").glob("*.jsonl")):
+        rows = [json.loads(x) for x in p.read_text().splitlines()]
+        out[p.stem] = [{k: v for k, v in r.items() if k not in ("latency_s", "batch")} for r in rows]
+    return out
+
+
+def test_two_steps_that_need_the_same_llm_answers_generate_each_once(tmp_path, decoded):
+    """Step 1 evaluates the LLM alone; step 2 (a fresh process's backends) the PyroDash policy under a range rule of
+    one turn, whose turns 2-3 go to the LLM alone: every routed turn's LLM answer is read from the store, none decoded
+    again. The records equal those of the same two steps without the store
+    (`answers: off`), where the routed turns are decoded a second time."""
+    world = _world(tmp_path)
+    rule = {"max_turns": 1}
+    steps = lambda run, **kw: [  # noqa: E731
+        _config(tmp_path, run, world, ["llm"], **kw),
+        _config(tmp_path, run, world, ["pyrodash"], range_rule=rule, **kw),
+    ]
+    with_store = steps("run")
+    for cfg in with_store:
+        evaluate(cfg, quiet=True)
+    llm = with_store[0].models["llm"].rsplit("/", 1)[-1]
+    llm_decodes = decoded[llm]
+    recs = _records(tmp_path / "run")
+    routed = [r for r in recs["pyrodash@0.6"] if r.get("routed") == "range"]
+    assert len(routed) == 6  # turns 2 and 3 of three conversations
+    assert llm_decodes == len(recs["llm"])  # the LLM decoded each of its own questions once, nothing for the policy
+    counts = answer_counts(tmp_path / "run" / "answers")
+    assert counts["served"] >= len(routed)
+
+    decoded.clear()
+    for cfg in steps("off", answers="off"):
+        evaluate(cfg, quiet=True)
+    assert decoded[llm] >= llm_decodes + len(routed)  # without the store the routed turns decode again
+    assert not (tmp_path / "off" / "answers").exists()
+    assert _records(tmp_path / "off") == recs
+
+
+def test_a_config_made_for_another_run_dir_keeps_the_store(tmp_path, decoded):
+    """The oracle and the LLM alone evaluated again in a run dir made from the first config (as the demo's relay run
+    re-evaluates them beside its relay points): each of their SLM and LLM generations is read back, none decoded,
+    and the records equal the first run's and those of the same evaluation without a store."""
+    world = _world(tmp_path)
+    first = replace(_config(tmp_path, "run", world, ["llm", "oracle"]), benchmarks=["world:tier1"])
+    evaluate(first, quiet=True)
+    decodes = sum(decoded.values())
+    assert decodes > 0
+    evaluate(replace(first, run_dir=str(tmp_path / "run" / "relay")), quiet=True)
+    assert sum(decoded.values()) == decodes and not (tmp_path / "run" / "relay" / "answers").exists()
+    env = Env(get_prompts(first.prompts), first.price_sheet(), first.max_tokens, first.batch_size)
+    bare = replace(first, run_dir=str(tmp_path / "bare"))
+    evaluate(bare, build_methods(bare, env, Backends()), quiet=True)  # backends without a store
+    assert sum(decoded.values()) == 2 * decodes
+    assert _records(tmp_path / "run") == _records(tmp_path / "run" / "relay") == _records(tmp_path / "bare")
+    assert answer_counts(tmp_path / "run" / "answers") == {"served": decodes, "generated": decodes}
