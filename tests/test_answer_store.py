@@ -159,3 +159,25 @@ def test_a_config_made_for_another_run_dir_keeps_the_store(tmp_path, decoded):
     assert sum(decoded.values()) == 2 * decodes
     assert _records(tmp_path / "run") == _records(tmp_path / "run" / "relay") == _records(tmp_path / "bare")
     assert answer_counts(tmp_path / "run" / "answers") == {"served": decodes, "generated": decodes}
+
+
+def test_the_report_says_how_many_generations_came_from_the_store(tmp_path):
+    """summary.json's `answers` and report.md's line are the store's counts, read through the run's resolved
+    config; a run evaluated with `answers: off` has zeros and no line."""
+    from pyrodash.report.render import write_report
+
+    world = _world(tmp_path)
+    cfg = replace(_config(tmp_path, "run", world, ["slm", "llm"]), benchmarks=["world:tier1"])
+    evaluate(cfg, quiet=True)
+    evaluate(replace(cfg, methods=["llm", "slm"]), quiet=True)  # (resumed: nothing left to answer)
+    evaluate(replace(cfg, run_dir=str(tmp_path / "run" / "again")), quiet=True)  # the same answers, read back
+    counts = answer_counts(tmp_path / "run" / "answers")
+    assert counts == {"served": 8, "generated": 8}  # 4 questions, 2 models
+    md = write_report(tmp_path / "run").read_text()
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["answers"] == counts
+    assert "Answer store: 8 of 16 greedy generations were read back" in md
+    off = replace(cfg, run_dir=str(tmp_path / "off"), answers="off")
+    evaluate(off, quiet=True)
+    md = write_report(tmp_path / "off").read_text()
+    assert json.loads((tmp_path / "off" / "summary.json").read_text())["answers"] == {"served": 0, "generated": 0}
+    assert "Answer store" not in md

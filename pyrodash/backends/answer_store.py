@@ -98,3 +98,22 @@ def answer_counts(root: str | Path) -> dict[str, int]:
                 counts["served"] += int(d["served"])
                 counts["generated"] += int(d["generated"])
     return counts
+
+
+def run_answer_counts(run_dir: str | Path) -> dict[str, int]:
+    """`answer_counts` of the store a run's evaluation used: its config.resolved.json's `answers` (a relative path
+    is the working directory's, as the run wrote it; "off": zeros), else RUN_DIR/answers."""
+    resolved = Path(run_dir) / "config.resolved.json"
+    where = json.loads(resolved.read_text()).get("answers") if resolved.exists() else None
+    if where == ANSWERS_OFF:
+        return {"served": 0, "generated": 0}
+    return answer_counts(where or Path(run_dir) / "answers")
+
+
+def answers_sentence(counts: dict[str, int]) -> str:
+    """The report's line on the answer store: how many generations came from it."""
+    total = counts["served"] + counts["generated"]
+    return (
+        f"Answer store: {counts['served']} of {total} greedy generations were read back from the run's store (a "
+        f"model asked the same thing by another method or step), {counts['generated']} decoded."
+    )

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from pyrodash.backends.answer_store import answers_sentence, run_answer_counts
 from pyrodash.cost import PRICES_DIR, Prices
 from pyrodash.eval.names import lambda_points, parse_method
 from pyrodash.record import usage_of
@@ -211,6 +212,8 @@ def render(run_dir: str | Path, prices: Prices | None = None) -> tuple[str, dict
     platform = run_platform(run_dir)
     selection = selection_summary(run_dir, prices)
     out = _header(run_dir, prices, duplicates, platform)
+    answers = run_answer_counts(run_dir)  # (pyrodash.backends.answer_store)
+    out += [answers_sentence(answers), ""] if answers["served"] or answers["generated"] else []
     out += ["## Picked on val", ""] + picked_section(selection) if selection else []
     out += _paper_tables(ms, prices)
     out += ["", "## Pareto verdict", "", verdict_sentence(ms), ""] + pareto_verdict(ms) + ["", "![Pareto](pareto.png)"]
@@ -219,7 +222,7 @@ def render(run_dir: str | Path, prices: Prices | None = None) -> tuple[str, dict
     out += ["", "## Conversations: per turn", ""] + conversation_sections(all_runs, prices) + range_section(run_dir)
     out += [""] + _mesh_section(all_runs, prices) + [""] + _trigger_section(runs, ms)
     out += [""] + _case_studies_section(runs) + [""] + _repricing_section(ms, own, prices)
-    summary = {**_summary(ms, all_runs, prices, duplicates), "platform": platform}
+    summary = {**_summary(ms, all_runs, prices, duplicates), "platform": platform, "answers": answers}
     return "\n".join(out) + "\n", summary | ({"selection": selection} if selection else {}), ms
 
 
