@@ -155,6 +155,7 @@ class RedisStore:
         self.specs: dict[str, PacerSpec] = {}  # each budget's spec, as last used (to merge its pending dollars)
         self.fallbacks = 0  # times this replica lost Redis
         self.locks: dict[str, asyncio.Lock] = {}
+        self._beater: asyncio.Task | None = None  # heartbeats (and reconnects) on a timer, from the first use on
         self.ledger = RedisLedger(self)  # the hard cap's reservations: Lua scripts on the same client
 
     # ------------------------------------------------------------ the public surface
@@ -188,6 +189,7 @@ class RedisStore:
 
     async def reconnect_when_due(self) -> None:
         """While Redis is down: try it again every `retry_s`."""
+        self._start_beating()
         if self.down_since is not None and time.monotonic() >= self._retry_at:
             await self._try_reconnect()
 
@@ -213,6 +215,8 @@ class RedisStore:
         return f"{self.prefix}{name}"
 
     async def aclose(self) -> None:
+        if self._beater is not None:
+            self._beater.cancel()
         try:
             await self.client.aclose()
         except Exception:  # noqa: BLE001 - closing a client whose server is gone
@@ -241,6 +245,24 @@ class RedisStore:
                 except WatchError:
                     continue
         raise RuntimeError(f"budget {name}: Redis state kept changing under 50 attempts")
+
+    def _start_beating(self) -> None:
+        if self._beater is None:
+            self._beater = asyncio.ensure_future(self._beat_forever())
+
+    async def _beat_forever(self) -> None:
+        """An idle replica still counts among the replicas alive, and comes back to Redis (its settlements sent)
+        without waiting for a request."""
+        while True:
+            await asyncio.sleep(HEARTBEAT_S)
+            try:
+                if self.down_since is None:
+                    await self._heartbeat()
+                else:
+                    await self.reconnect_when_due()
+            except Exception as e:  # noqa: BLE001 - a failed beat: the next request finds Redis down and says so
+                if not _redis_failure(e):
+                    log.exception("budgets: a heartbeat failed")
 
     async def _heartbeat(self) -> None:
         now = time.monotonic()
