@@ -269,3 +269,11 @@ def test_eval_carves_val_from_a_users_benchmark_and_says_so(tmp_path, capsys):
     assert sorted(p.stem for p in (run / "val" / "records").glob("*.jsonl")) == ["llm", "pyrodash@0.6"]  # no slm
     assert json.loads((run / "val" / "carve.json").read_text())["val"] == 3
     assert main(["select", str(run), "--min-accuracy", "0"]) == 0
+
+
+def test_demo_seeds_flag_mistakes_are_one_line(tmp_path, capsys):
+    assert main(["demo", "--quick", "--seeds", "0,x", "--out", str(tmp_path / "d")]) == 2
+    assert main(["demo", "--quick", "--seeds", "0,1", "--world", str(tmp_path), "--out", str(tmp_path / "d")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and "--seeds 0,1,2" in err[0] and "no --world DIR" in err[1], err
+    assert not (tmp_path / "d").exists()  # nothing started
