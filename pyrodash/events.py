@@ -29,6 +29,39 @@ class LLMDelta:
     text: str
 
 
+# what went wrong in a failed LLM attempt (`LLMFailure.kind`); the server maps each to a reason code
+FAILURE_KINDS = (
+    "http",  # the server refused the request (`status`)
+    "unreachable",  # no connection: the request never reached the model
+    "timeout",  # no chunk (or no answer) within the policy's timeout_s
+    "incomplete",  # the stream broke or ended without saying why
+    "error_event",  # the server sent an error event in the stream
+    "bad_response",  # an event that could not be read
+    "all_endpoints_failed",  # every endpoint of a mesh failed
+    "not_made",  # the budget's hard cap left no room for the call
+    "error",  # anything else the backend raised
+)
+
+
+@dataclass(frozen=True)
+class LLMFailure:
+    """One failed LLM attempt, typed: which attempt (1 = the first call), what went wrong (`FAILURE_KINDS`), the HTTP
+    status of a refused request, whether it reached the server (billed as a call), and the backend's message (may
+    name an upstream address: for logs, never for a client). `str()` is the one-line form of `Done.errors`."""
+
+    attempt: int
+    kind: str
+    message: str
+    status: int | None = None
+    reached_server: bool = True
+
+    def __post_init__(self) -> None:
+        assert self.kind in FAILURE_KINDS, self.kind
+
+    def __str__(self) -> str:
+        return f"attempt {self.attempt}: {self.message}"
+
+
 @dataclass
 class Done:
     """The final record of a request (Line 8 / 11)."""
@@ -44,7 +77,8 @@ class Done:
     handoff_share: float = 1.0  # the share of requests that may hand off, in effect for this one
     handoff_admitted: bool = True  # False: outside the handoff_share, so the SLM answered alone
     fallback: bool = False  # the LLM failed and the SLM finished the answer with <offload> banned
-    errors: list[str] = field(default_factory=list)  # messages of failed LLM attempts, in order
+    errors: list[str] = field(default_factory=list)  # failed LLM attempts, one line each (`str(LLMFailure)`)
+    failures: list[LLMFailure] = field(default_factory=list)  # the same attempts, typed
     usage_estimated: bool = False  # some counts were not reported by a server (counted locally or estimated)
     latency_s: float = 0.0
     turn: int = 1  # the number of this user turn in its conversation (1 = a single question)

@@ -55,6 +55,8 @@ class Record:
     relay_fallback: str | None = None  # why a relay answer became a single handoff (relay.py: stop_ignored ...)
     routed: str | None = None  # "range": past the SLM's range, the LLM answered alone (`mode` "llm")
     slm_cached_in: int = 0  # the part of slm_in the SLM served from its prefix cache (its KV kept: not billed)
+    # every failed LLM attempt, typed (`pyrodash.events.LLMFailure`): attempt, kind, message, status, reached_server
+    llm_failures: list[dict] = field(default_factory=list)
 
     @classmethod
     def from_done(cls, done: Done) -> Record:
@@ -87,6 +89,7 @@ class Record:
             relay_fallback=done.relay_fallback,
             routed=done.routed,
             slm_cached_in=u.slm_cached_in,
+            llm_failures=[asdict(f) for f in done.failures],
         )
 
     def to_json(self) -> dict:

@@ -129,12 +129,15 @@ class BackendError(RuntimeError):
         usage: GenChunk | None = None,
         status: int | None = None,
         param: str | None = None,
+        kind: str | None = None,
     ):
         super().__init__(message)
         self.reached_server = reached_server
         self.usage = usage
         self.status = status
         self.param = param  # the request field an OpenAI-style error names, if any
+        # what went wrong (`pyrodash.events.FAILURE_KINDS`); unset: from the status and whether it reached the server
+        self.kind = kind or ("http" if status is not None else "error" if reached_server else "unreachable")
 
     @property
     def retryable(self) -> bool:

@@ -131,6 +131,7 @@ class MeshBackend:
             f"every LLM endpoint failed ({'; '.join(errors)})",
             reached_server=any(e["calls"] for e in entries),
             usage=_usage(entries),
+            kind="all_endpoints_failed",
         )
 
     def _failed(self, m: Member, e: Exception) -> str:

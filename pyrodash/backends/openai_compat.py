@@ -286,9 +286,13 @@ class OpenAICompatBackend:
         except (aiohttp.ClientConnectorError, LeanConnectError) as e:
             raise BackendError(f"cannot connect to {self.base}: {type(e).__name__}", reached_server=False) from e
         except (asyncio.TimeoutError, TimeoutError) as e:  # the clients' connect and read timeouts
-            raise BackendError(f"timeout after {self.timeout_s}s from {self.base}: {type(e).__name__}") from e
+            raise BackendError(
+                f"timeout after {self.timeout_s}s from {self.base}: {type(e).__name__}", kind="timeout"
+            ) from e
         except (aiohttp.ClientError, LeanError) as e:
-            raise BackendError(self.redact(f"HTTP error from {self.base}: {type(e).__name__}: {e}")) from e
+            raise BackendError(
+                self.redact(f"HTTP error from {self.base}: {type(e).__name__}: {e}"), kind="incomplete"
+            ) from e
         yield reader.last(body)
 
     async def health(self) -> None:
@@ -344,7 +348,7 @@ class _StreamReader:
                 obj = _json(data.decode())
             except ValueError as e:  # (UnicodeDecodeError included)
                 shown = data[:200].decode(errors="replace")
-                raise BackendError(f"unreadable event from {self.backend.base}: {shown!r}") from e
+                raise BackendError(f"unreadable event from {self.backend.base}: {shown!r}", kind="bad_response") from e
             self._event(obj, out)
             if self.cut:
                 self.ended = True
@@ -356,7 +360,9 @@ class _StreamReader:
         had_finish = st.finish is not None
         text, lps = st.feed(obj)
         if st.error is not None:
-            raise BackendError(self.backend.redact(f"error event from {self.backend.base}: {st.error}"))
+            raise BackendError(
+                self.backend.redact(f"error event from {self.backend.base}: {st.error}"), kind="error_event"
+            )
         if text and self.trimmed and not self.texts:
             text = text.lstrip()
         if text or lps:
@@ -395,7 +401,7 @@ class _StreamReader:
         """The stream's last chunk: its stop again, with the usage (`body`: the request, to count its prompt)."""
         st, backend = self.st, self.backend
         if st.finish is None:
-            raise BackendError(f"the stream from {backend.base} ended without a finish_reason")
+            raise BackendError(f"the stream from {backend.base} ended without a finish_reason", kind="incomplete")
         prompt, completion, estimated = st.prompt_tokens, st.completion_tokens, False
         if prompt is None:  # counted locally (template tokens left out) or estimated; marked either way
             src = body.get("prompt")

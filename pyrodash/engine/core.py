@@ -40,7 +40,7 @@ from pyrodash.engine.requests import (
     total_budget,
 )
 from pyrodash.engine.turn import Fitted, Turn
-from pyrodash.events import Done, Event, Handoff, LLMDelta, SLMDelta
+from pyrodash.events import Done, Event, Handoff, LLMDelta, LLMFailure, SLMDelta
 from pyrodash.prompts import OFFLOAD_TOKEN, Prompts, pack
 
 
@@ -469,7 +469,8 @@ class CollaborateEngine:
                 await asyncio.sleep(backoff_delay(pol.backoff_s, attempt))  # the backends' own: jittered
             lreq, fit, stream = await self._attempt(t, left, early if attempt == 0 else None)
             if stream is None:  # the budget's gate: no reservation covers this call, so it is not made
-                t.errors.append(f"attempt {attempt + 1}: not made: its worst case does not fit the budget's hard cap")
+                why = "not made: its worst case does not fit the budget's hard cap"
+                t.failures.append(LLMFailure(attempt + 1, "not_made", why, reached_server=False))
                 return
             got, attempt_text = GenChunk(), ""
             streamed = 0  # tokens received in this attempt (billed if the stream breaks before reporting usage)
@@ -528,13 +529,8 @@ class CollaborateEngine:
                 cached_tokens=got.cached_tokens,
                 endpoints=got.endpoints,
             )
-        msg = (
-            f"attempt {attempt + 1}: {type(e).__name__}: {e}"
-            if str(e)
-            else f"attempt {attempt + 1}: {type(e).__name__} (no chunk within {self.failure.timeout_s}s)"
-        )
-        t.errors.append(msg)
-        t.bill_llm(got, self._calls(got, text, reached, msg), reached)
+        t.failures.append(_failure(e, attempt + 1, self.failure.timeout_s))
+        t.bill_llm(got, self._calls(got, text, reached, str(t.failures[-1])), reached)
         if not getattr(e, "retryable", True):  # a client error: the same request fails the same way
             return False
         return not (t.mode == "llm" and t.llm_text)  # alone, the LLM cannot continue its own text: no retry
@@ -819,3 +815,13 @@ class CollaborateEngine:
         await self.slm.aclose()
         if self.llm is not self.slm:
             await self.llm.aclose()
+
+
+def _failure(e: Exception, attempt: int, timeout_s: float) -> LLMFailure:
+    """A failed LLM attempt as the record keeps it: a backend's typed error, else the engine's own timeout (no chunk
+    within `timeout_s`), else whatever was raised ("error")."""
+    if not str(e):
+        return LLMFailure(attempt, "timeout", f"{type(e).__name__} (no chunk within {timeout_s}s)")
+    kind = getattr(e, "kind", None) or ("timeout" if isinstance(e, TimeoutError) else "error")
+    status = getattr(e, "status", None)
+    return LLMFailure(attempt, kind, f"{type(e).__name__}: {e}", status, bool(getattr(e, "reached_server", True)))

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from pyrodash.backends.base import GenChunk, GenRequest, Tokenized
 from pyrodash.cost import Prices, Usage, endpoint_bill
-from pyrodash.events import Done
+from pyrodash.events import Done, LLMFailure
 
 MODES = ("collab", "slm", "llm")  # the Collaborate Engine; the SLM alone; the LLM alone
 
@@ -116,7 +116,7 @@ class Turn:
     fb_text: str = ""  # the SLM's text after a failed handoff (`<offload>` banned)
     handoff: int | None = None  # SLM tokens before `<offload>`; None: no handoff
     calls: list[dict] = field(default_factory=list)  # one entry per LLM attempt (endpoint, tokens, text, error)
-    errors: list[str] = field(default_factory=list)  # failed LLM attempts, in order
+    failures: list[LLMFailure] = field(default_factory=list)  # failed LLM attempts, in order (`fail`)
     estimated: bool = False  # some token counts were not reported by a server
     finish: str | None = None  # set when the turn is over
     fallback: bool = False  # the SLM finished after the LLM failed
@@ -139,6 +139,11 @@ class Turn:
         if self.total is None:
             return own
         return min(own, self.total - self.usage.slm_out - self.usage.llm_out)
+
+    @property
+    def errors(self) -> list[str]:
+        """The failed attempts, one line each (`Done.errors`)."""
+        return [str(f) for f in self.failures]
 
     def bill_llm(self, got: GenChunk, calls: list[dict], reached: int) -> None:
         """Add one LLM attempt to the bill: `got` is its last chunk (usage), `calls` its per-endpoint entries (a mesh
@@ -180,7 +185,8 @@ class Turn:
             handoff_share=self.share,
             handoff_admitted=self.admitted,
             fallback=self.fallback,
-            errors=list(self.errors),
+            errors=self.errors,
+            failures=list(self.failures),
             usage_estimated=self.estimated,
             latency_s=time.perf_counter() - self.t0,
             turn=self.number,

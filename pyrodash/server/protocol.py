@@ -17,7 +17,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, field_validator
 
-from pyrodash.events import Done
+from pyrodash.events import Done, LLMFailure
 from pyrodash.record import Record
 
 _RECORD_FIELDS = fields(Record)
@@ -261,6 +261,7 @@ class PyroDashInfo(_Out):
     handoff_admitted: bool = True  # False: outside the engine's handoff_share, so the SLM answered alone
     fallback: bool  # the LLM failed and the SLM finished the answer
     llm_errors: list[str] = []  # every failed LLM attempt (retried, or ending in the fallback), in order
+    llm_failures: list[dict] = []  # the same attempts typed: attempt, kind, status, reached_server (no message)
     usage_estimated: bool = False  # some token counts were not reported by a server (counted locally / estimated)
     turn: int = 1  # which user turn of the conversation this response answers
     trimmed: dict[str, int] = Field(default_factory=dict)  # earlier messages dropped to fit each model's window
@@ -309,7 +310,8 @@ class PyroDashInfo(_Out):
             if isinstance(part.get("endpoint"), str):
                 part["endpoint"] = scrub(part["endpoint"])
         rec.update(
-            llm_errors=[reason(e) for e in done.errors],
+            llm_errors=[reason(f) for f in done.failures],
+            llm_failures=[{k: v for k, v in f.items() if k != "message"} for f in rec["llm_failures"]],  # no upstream
             mode=mode,
             answered_by=answered_by or mode,
             request_id=request_id if done.errors else None,
@@ -338,30 +340,25 @@ def scrub(text: str) -> str:
     return _PATH_RE.sub("<path>", text)
 
 
-_REASONS = (  # (pattern in an LLM failure's text, the reason code a client sees), first match wins
-    (re.compile(r"every LLM endpoint failed"), "all_endpoints_failed"),
-    (re.compile(r"\bHTTP (\d{3})\b"), "upstream_http_{0}"),
-    (re.compile(r"cannot connect|ConnectError|ConnectionError|Connection refused"), "upstream_unreachable"),
-    (re.compile(r"[Tt]imeout|no chunk within|timed out"), "upstream_timeout"),
-    (re.compile(r"ended without a finish_reason|RemoteProtocolError|ReadError|incomplete"), "upstream_incomplete"),
-    (re.compile(r"error event"), "upstream_error_event"),
-    (re.compile(r"unreadable event"), "upstream_bad_response"),
-)
+# the reason code a client sees for each kind of LLM failure (`pyrodash.events.FAILURE_KINDS`); {status}: the HTTP
+# status of a refused request
+REASONS = {
+    "http": "upstream_http_{status}",
+    "unreachable": "upstream_unreachable",
+    "timeout": "upstream_timeout",
+    "incomplete": "upstream_incomplete",
+    "error_event": "upstream_error_event",
+    "bad_response": "upstream_bad_response",
+    "all_endpoints_failed": "all_endpoints_failed",
+    "not_made": "budget_hard_cap",
+    "error": "upstream_error",
+}
 
 
-def reason(error: str) -> str:
-    """One LLM failure (`Done.errors`: "attempt N: Type: text") as a client may see it: "attempt N: <reason code>",
-    e.g. "attempt 1: upstream_http_500", "attempt 2: upstream_timeout"; no upstream text, address or path."""
-    head, sep, rest = error.partition(": ")
-    if not (sep and re.fullmatch(r"attempt \d+", head)):
-        head, rest = "", error
-    code = "upstream_error"
-    for pattern, name in _REASONS:
-        m = pattern.search(rest)
-        if m:
-            code = name.format(*m.groups())
-            break
-    return f"{head}: {code}" if head else code
+def reason(failure: LLMFailure) -> str:
+    """One LLM failure as a client may see it: "attempt N: <reason code>", e.g. "attempt 1: upstream_http_500",
+    "attempt 2: upstream_timeout"; no upstream text, address or path (those stay in the server's log)."""
+    return f"attempt {failure.attempt}: " + REASONS[failure.kind].format(status=failure.status)
 
 
 class PromptTokensDetails(_Out):
