@@ -317,3 +317,19 @@ def test_the_critical_path_of_a_diamond_takes_the_longer_side():
     assert critical_path(steps) == (["alone"], 11.0)
     steps.append(step("reused-by", 1, "not here"))  # waits for a step reused from an earlier run
     assert critical_path(steps)[0] == ["alone"] and critical_path([]) == ([], 0.0)
+
+
+def test_the_policys_long_conversations_wait_for_the_llms_whose_answers_they_read_back():
+    """The range rule hands the policy's turns past it to the LLM alone: the same requests as the LLM's own gold-history
+    turns, so the policy's step runs after the LLM's and reads those answers from the run's store."""
+    from pyrodash.commands.demo import long_conversation_jobs
+
+    cfg = EvalConfig(run_dir="r", benchmarks=["world:tier1"])
+    names = {"stage3 λ=0.6", "eval pyrodash λ=0.6", "eval models alone, oracle"}
+    jobs = {j.name: j for j in long_conversation_jobs(cfg, 0.6, names)}
+    assert set(jobs["long conversations: pyrodash"].after) == {
+        "range calibration",
+        "long conversations: slm, llm",
+        "eval pyrodash λ=0.6",
+    }
+    assert jobs["long conversations: slm, llm"].after == ("eval models alone, oracle",)

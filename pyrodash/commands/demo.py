@@ -149,8 +149,9 @@ def eval_jobs(
 def long_conversation_jobs(cfg: EvalConfig, lam: float, names: set[str]) -> list[Job]:
     """`pyrodash.eval.long` for the λ policy as steps: the range rule calibrated after that policy's Stage 3 (when it
     is a step); slm and llm on the six-turn conversations after the models alone (whose record files they add to:
-    the rule binds PyroDash only, so they need no calibration); the policy under the rule after its calibration and
-    its own evaluation."""
+    the rule binds PyroDash only, so they need no calibration); the policy under the rule after its calibration, its
+    own evaluation and the LLM's conversations, whose answers its turns past the range are (read back from the run's
+    answer store, `pyrodash.backends.answer_store`, not decoded again)."""
     stage3, own = f"stage3 λ={lam:g}", f"eval pyrodash λ={lam:g}"
 
     def after(*needs: str) -> tuple[str, ...]:
@@ -170,7 +171,7 @@ def long_conversation_jobs(cfg: EvalConfig, lam: float, names: set[str]) -> list
             evaluate_long,
             (cfg, lam, ("pyrodash",)),
             {"quiet": True},
-            after=("range calibration", *after(own)),
+            after=("range calibration", "long conversations: slm, llm", *after(own)),
         ),
     ]
 
