@@ -134,7 +134,8 @@ def configs_page() -> str:
     from pyrodash.engine.conversation import ContextLimits
     from pyrodash.engine.range_rule import RangeRule
     from pyrodash.eval.harness import EvalConfig
-    from pyrodash.server.config import Failure, Limits, OperatingPoint, ServeConfig
+    from pyrodash.backends.retry import FailurePolicy
+    from pyrodash.server.config import Limits, OperatingPoint, ServeConfig
     from pyrodash.train.config import CurateConfig, Recipe, Stage1Config, Stage2Config, Stage3Config
 
     sections = [
@@ -147,7 +148,7 @@ def configs_page() -> str:
         ("Serve config (`pyrodash serve --config`)", ServeConfig, None, "configs/serve/world.yaml"),
         ("Serve `operating_points.<model>:`", OperatingPoint, None, None),
         ("Serve and eval `range_rule:`", RangeRule, None, None),
-        ("Serve `failure:`", Failure, None, None),
+        ("Serve `failure:`", FailurePolicy, None, None),
         ("Serve `limits:`", Limits, None, None),
         ("Serve `context:`", ContextLimits, None, None),
     ]

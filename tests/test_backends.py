@@ -429,12 +429,12 @@ def test_the_batch_collector_retries_with_jitter_times_out_and_matches_in_proces
     """`pyrodash.backends.retry`, the one collector of eval and training: a 500 is retried, a call with no answer
     is cut at the policy's timeout and retried, and the collected result (text, usage, top-k log-probabilities) is
     what the in-process model generates."""
-    from pyrodash.backends.retry import RetryPolicy, backoff_delay, run_requests
+    from pyrodash.backends.retry import FailurePolicy, backoff_delay, run_requests
 
     _, llm = models
     req = GenRequest(messages=MSGS, max_tokens=6, top_logprobs=3)
     ref = run_requests(llm, [req])[0]
-    for mode, policy in (("500", RetryPolicy(retries=1, backoff_s=0)), ("hang", RetryPolicy(1, 0, timeout_s=2))):
+    for mode, policy in (("500", FailurePolicy(retries=1, backoff_s=0)), ("hang", FailurePolicy(1, 0, timeout_s=2))):
         app = FaultInjectingApp(build_model_app(llm, "llm"), 1, mode)
         with serve_in_thread(app) as url:
             t0 = time.perf_counter()
@@ -448,7 +448,7 @@ def test_the_batch_collector_retries_with_jitter_times_out_and_matches_in_proces
         )
         assert len(got.top_logprobs) == len(ref.top_logprobs) == ref.completion_tokens
         assert mode != "hang" or 2 <= took < 30  # cut at the timeout, not after the server's 30 s
-    failed = run_requests(load_backend("http://127.0.0.1:9/v1#llm"), [req], policy=RetryPolicy(1, 0, timeout_s=5))[0]
+    failed = run_requests(load_backend("http://127.0.0.1:9/v1#llm"), [req], policy=FailurePolicy(1, 0, timeout_s=5))[0]
     assert failed.finish_reason == "error" and failed.error.startswith("attempt 2:")
     waits = [backoff_delay(1.0, 3) for _ in range(50)]
     assert all(3.0 <= w <= 5.0 for w in waits) and len(set(waits)) > 1  # 4 s +-25%, jittered

@@ -112,11 +112,12 @@ def test_every_config_key_the_docs_name_is_a_field():
     """`curate.X`, `stageN.X` (PyroDash's fields and TRL's), `limits.X` and `failure.X` named in the docs exist."""
     from dataclasses import fields
 
-    from pyrodash.server.config import Failure, Limits
+    from pyrodash.backends.retry import FailurePolicy
+    from pyrodash.server.config import Limits
     from pyrodash.train.config import CurateConfig, Stage1Config, Stage2Config, Stage3Config
 
     schemas = {"curate": CurateConfig, "stage1": Stage1Config, "stage2": Stage2Config, "stage3": Stage3Config}
-    schemas |= {"limits": Limits, "failure": Failure}
+    schemas |= {"limits": Limits, "failure": FailurePolicy}
     named = {
         (m.group(1), m.group(2), p.name)
         for p in doc_files()

@@ -13,7 +13,7 @@ from pyrodash.backends import load_backend
 from pyrodash.backends.base import GenRequest
 from pyrodash.backends.hf import HFBackend
 from pyrodash.backends.model_server import build_model_app, serve_in_thread
-from pyrodash.backends.retry import RetryPolicy
+from pyrodash.backends.retry import FailurePolicy
 from pyrodash.cost import Prices
 from pyrodash.prompts import get_prompts
 from pyrodash.train.models import FrozenLLM
@@ -58,7 +58,7 @@ def _reqs(n: int) -> list[GenRequest]:
 
 
 def test_retries_5xx_not_4xx_and_failures_are_values(llm_model):
-    fast = RetryPolicy(retries=2, backoff_s=0.0)
+    fast = FailurePolicy(retries=2, backoff_s=0.0)
     flaky = Faults(build_model_app(llm_model, "llm"), 500, fail=lambda n: n % 2 == 1)  # every other call fails
     with serve_in_thread(flaky) as url:
         llm = FrozenLLM(load_backend(url + "#llm"), concurrency=1, policy=fast)
@@ -98,7 +98,7 @@ def test_cost_base_and_rewards_with_failing_llm_calls(llm_model, tmp_path):
     server = Faults(build_model_app(llm_model, "llm"), 503, fail=lambda n: state["fail"] and n % 2 == 0)
     with serve_in_thread(server) as url:
         llm = FrozenLLM(
-            load_backend(url + "#llm"), concurrency=1, policy=RetryPolicy(retries=0, backoff_s=0), key="tiny"
+            load_backend(url + "#llm"), concurrency=1, policy=FailurePolicy(retries=0, backoff_s=0), key="tiny"
         )
         cache = BaselineCache(tmp_path / "cost_base.json", "tiny", PROMPTS, PRICES, max_tokens=6)
         with pytest.raises(ValueError, match="2 of 4 .* failed .* run the same command again to resume"):

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, StreamingResponse
 from test_relay import ScriptSLM
 
+from pyrodash.backends.base import GenChunk, GenRequest
 from pyrodash.backends.model_server import serve_in_thread
 from pyrodash.backends.openai_compat import OpenAICompatBackend
 from pyrodash.cost import Prices
@@ -83,3 +85,46 @@ def test_an_endpoint_nobody_listens_on_is_unreachable_and_not_a_call():
     (f,) = done.failures
     assert (f.kind, f.reached_server, f.status) == ("unreachable", False, None) and done.usage.llm_calls == 0
     assert reason(f) == "attempt 1: upstream_unreachable"
+
+
+def test_one_failure_policy_from_the_serve_config_to_the_backend():
+    import pyrodash.engine
+    import pyrodash.server.config
+    from pyrodash.backends import retry
+    from pyrodash.server.config import ServeConfig
+
+    assert pyrodash.engine.FailurePolicy is retry.FailurePolicy and not hasattr(pyrodash.server.config, "Failure")
+    c = ServeConfig(failure={"retries": 1, "timeout_s": 5, "on_error": "raise"})
+    assert c.failure == retry.FailurePolicy(retries=1, backoff_s=0.2, timeout_s=5, on_error="raise")
+    for bad, says in (
+        ({"retries": -1}, "failure: retries"),
+        ({"on_error": "x"}, "failure.on_error"),
+        ({"x": 1}, "'x'"),
+    ):
+        with pytest.raises(ValueError, match=says):
+            ServeConfig(failure=bad)
+
+
+class SlowLLM:
+    """An LLM that streams a chunk every `gap_s` (a TEST DOUBLE of a slow but live endpoint)."""
+
+    def __init__(self, gap_s: float, n: int = 4):
+        self.gap_s, self.n = gap_s, n
+
+    async def stream(self, req):
+        for _ in range(self.n):
+            await asyncio.sleep(self.gap_s)
+            yield GenChunk(text="x")
+        yield GenChunk(finish_reason="stop", prompt_tokens=1, completion_tokens=self.n)
+
+
+def test_batch_work_times_out_a_stall_not_a_long_live_stream():
+    """`timeout_s` bounds each wait for the next chunk, in batch work as in the engine: a stream that keeps coming
+    for longer than it in all is answered; one that stalls fails as a value."""
+    from pyrodash.backends.retry import FailurePolicy, call_with_retry
+
+    policy = FailurePolicy(retries=0, backoff_s=0.0, timeout_s=0.3)
+    live = asyncio.run(call_with_retry(SlowLLM(0.1, n=6), GenRequest(messages=[]), policy))
+    assert live.finish_reason == "stop" and live.text == "xxxxxx"
+    stalled = asyncio.run(call_with_retry(SlowLLM(1.0), GenRequest(messages=[]), policy))
+    assert stalled.finish_reason == "error" and "no chunk within 0.3s" in stalled.error

@@ -86,5 +86,4 @@ def test_a_bad_relay_key_names_the_operating_point_and_the_key(relay, says):
 
 def test_relay_keys_parse_and_default_to_the_engines():
     c = ServeConfig(operating_points={"a": 0.0, "b": {"relay": {"step_max_tokens": 16}}})
-    assert (c.operating_points["a"].step_sep, c.operating_points["a"].step_max_tokens) == (None, None)
-    assert (c.operating_points["b"].step_sep, c.operating_points["b"].step_max_tokens) == (None, 16)
+    assert c.operating_points["a"].relay == {} and c.operating_points["b"].relay == {"step_max_tokens": 16}

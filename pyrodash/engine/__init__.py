@@ -2,10 +2,10 @@
 `batch`), the requests it runs and makes (`requests.py`), fitting prompts to context windows (`fitting.py`) and a
 request's state and record (`turn.py`)."""
 
+from pyrodash.backends.retry import FailurePolicy
 from pyrodash.engine.core import CollaborateEngine, EngineError
 from pyrodash.engine.requests import (
     EngineRequest,
-    FailurePolicy,
     check_share,
     handoff_admitted,
     handoff_request,

@@ -21,7 +21,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from pyrodash.backends.base import Backend, GenChunk, GenRequest, GenResult
 from pyrodash.backends.deadline import LazyDeadline
-from pyrodash.backends.retry import backoff_delay
+from pyrodash.backends.retry import FailurePolicy, backoff_delay
 from pyrodash.cost import Prices, Usage
 from pyrodash.engine import conversation as conv
 from pyrodash.engine import fitting
@@ -31,7 +31,6 @@ from pyrodash.engine.relay import RelayConfig, key_relay_turns, relay_for, relay
 from pyrodash.engine.requests import (
     BAN,
     EngineRequest,
-    FailurePolicy,
     check_share,
     handoff_admitted,
     handoff_request,

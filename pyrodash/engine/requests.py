@@ -1,7 +1,7 @@
 """The requests of Algorithm 1 and the knobs that shape them: the SLM's request (P_s + the query, `<offload>` as a
-stop id with `offload_bias` on its logit), the single handoff request to the LLM (Line 6), the handoff share, the
-failure policy, and the joint token budget. Pure functions of their inputs: the engine (`pyrodash.engine.core`) is
-their only caller outside tests."""
+stop id with `offload_bias` on its logit), the single handoff request to the LLM (Line 6), the handoff share and the
+joint token budget (the failure policy is `pyrodash.backends.retry.FailurePolicy`). Pure functions of their inputs:
+the engine (`pyrodash.engine.core`) is their only caller outside tests."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, fields
 
 from pyrodash.backends.base import GenRequest
+from pyrodash.backends.retry import FailurePolicy  # noqa: F401 - the one failure policy, importable from here too
 from pyrodash.engine import conversation as conv
 from pyrodash.engine.range_rule import RangeRule
 from pyrodash.engine.turn import MODES, Turn
@@ -83,20 +84,6 @@ class EngineRequest:
     def options(self) -> dict:
         """The knobs as `engine.stream`'s keyword arguments (no question, no prepared Turn)."""
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("question", "prepared", "gate")}
-
-
-@dataclass(frozen=True)
-class FailurePolicy:
-    retries: int = 2  # further attempts after the first failed LLM call
-    backoff_s: float = 0.2  # wait before retry k: backoff_s * 2**(k-1), +-25% jitter (backends.retry.backoff_delay)
-    timeout_s: float = 60.0  # longest wait for the LLM's next chunk (the first one included)
-    on_error: str = "fallback"  # "fallback" (the SLM finishes) | "raise" (EngineError; a batch records the error)
-
-    def __post_init__(self) -> None:
-        if self.on_error not in ("fallback", "raise"):
-            raise ValueError(f"FailurePolicy.on_error={self.on_error!r}: use 'fallback' or 'raise'")
-        if self.retries < 0 or self.backoff_s < 0 or self.timeout_s <= 0:
-            raise ValueError("FailurePolicy: retries >= 0, backoff_s >= 0 and timeout_s > 0 are required")
 
 
 def with_system(system: str, messages: list[dict]) -> list[dict]:

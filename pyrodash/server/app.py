@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from dataclasses import asdict
 
 from fastapi import Depends, FastAPI
 
 from pyrodash.backends import load_backend, load_llm, load_slm
-from pyrodash.engine import CollaborateEngine, FailurePolicy
+from pyrodash.engine import CollaborateEngine
 from pyrodash.prompts import get_prompts
 from pyrodash.server import errors, metrics, openapi, playground, protocol, routes, tracing
 from pyrodash.server.auth import XApiKey, check_auth
@@ -44,7 +43,7 @@ def build_engine(config: ServeConfig):
         handoff_style=config.handoff_style,
         offload_bias=config.operating_points[config.default_model].offload_bias,
         max_tokens=config.limits.default_max_tokens,
-        failure=FailurePolicy(**asdict(config.failure)),
+        failure=config.failure,
         context=config.context,
     )
 

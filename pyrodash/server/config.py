@@ -13,6 +13,7 @@ from urllib.parse import urlparse
 
 import yaml
 
+from pyrodash.backends.retry import FailurePolicy
 from pyrodash.cost import Prices
 from pyrodash.engine import check_share
 from pyrodash.engine.conversation import ContextLimits
@@ -20,8 +21,6 @@ from pyrodash.engine.range_rule import RangeRule
 from pyrodash.engine.relay import check_calls
 from pyrodash.prompts import get_prompts
 from pyrodash.server.budget.config import BudgetsConfig
-
-ON_ERROR = ("fallback", "raise")
 
 
 @dataclass(frozen=True)
@@ -33,8 +32,7 @@ class OperatingPoint:
     handoff_share: float = 1.0  # share of requests that may hand off (a fixed hash of each), in [0, 1]
     range_rule: RangeRule = RangeRule()  # past the SLM's range the LLM answers alone (off: no limit set)
     max_llm_calls: int | None = None  # LLM calls per answer (>1: relay, pyrodash.engine.relay); None: the engine's
-    step_sep: str | None = None  # YAML `relay: {step_sep}`: a relay step's end; None: the engine's ("\n\n")
-    step_max_tokens: int | None = None  # YAML `relay: {step_max_tokens}`: a relay step's cap; None: the engine's
+    relay: dict = field(default_factory=dict)  # {step_sep, step_max_tokens} of its relay steps (unset: the engine's)
 
     @classmethod
     def parse(cls, name: str, value) -> OperatingPoint:
@@ -58,23 +56,22 @@ class OperatingPoint:
             if not isinstance(v, (int, float)) or isinstance(v, bool):
                 raise ValueError(f"operating_points.{name}.{key}={v!r} must be a number")
         try:
-            sep, cap = _relay_keys(value.get("relay") if isinstance(value, dict) else None)
+            relay = _relay_keys(value.get("relay") if isinstance(value, dict) else None)
             return cls(
                 float(bias),
                 check_share(share),
                 RangeRule.of(rule),
                 None if calls is None else check_calls(calls),
-                sep,
-                cap,
+                relay,
             )
         except ValueError as e:
             raise ValueError(f"operating_points.{name}: {e}") from None
 
 
-def _relay_keys(relay: object) -> tuple[str | None, int | None]:
-    """(step_sep, step_max_tokens) of an operating point's `relay:` mapping; either may be left out (the engine's)."""
+def _relay_keys(relay: object) -> dict:
+    """An operating point's `relay:` mapping, checked: step_sep and/or step_max_tokens (left out: the engine's)."""
     if relay is None:
-        return None, None
+        return {}
     if not isinstance(relay, dict) or set(relay) - {"step_sep", "step_max_tokens"}:
         raise ValueError(f"relay={relay!r} must be a mapping with step_sep and/or step_max_tokens")
     sep, cap = relay.get("step_sep"), relay.get("step_max_tokens")
@@ -82,7 +79,7 @@ def _relay_keys(relay: object) -> tuple[str | None, int | None]:
         raise ValueError(f"relay.step_sep={sep!r} must be a non-empty string (the end of a step)")
     if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap <= 0):
         raise ValueError(f"relay.step_max_tokens={cap!r} must be a positive integer")
-    return sep, cap
+    return dict(relay)
 
 
 @dataclass
@@ -104,22 +101,6 @@ class Limits:
 
 
 @dataclass
-class Failure:
-    """The engine's failure policy for the LLM side (see `pyrodash.engine.FailurePolicy`)."""
-
-    retries: int = 2  # further attempts of a failed LLM call
-    backoff_s: float = 0.2  # wait before a retry
-    timeout_s: float = 60.0  # one LLM call's limit
-    on_error: str = "fallback"  # "fallback": the SLM finishes with <offload> banned; "raise": the request fails
-
-    def __post_init__(self) -> None:
-        if self.on_error not in ON_ERROR:
-            raise ValueError(f"failure.on_error={self.on_error!r}: choose one of {ON_ERROR}")
-        if self.retries < 0 or self.backoff_s < 0 or self.timeout_s <= 0:
-            raise ValueError("failure: retries and backoff_s must be >= 0 and timeout_s > 0")
-
-
-@dataclass
 class ServeConfig:
     slm: str | dict | None = None  # the trained SLM: a model directory, hub id, DIR#file.gguf or URL#model
     llm: str | dict | list | None = None  # the LLM: URL#model, a model directory, a spec mapping or a list (mesh)
@@ -130,7 +111,7 @@ class ServeConfig:
     llm_mode: str | None = None  # None: the llm spec's mode (default auto: detected at start-up)
     # Model name -> OperatingPoint (YAML: a number, the offload_bias, or {offload_bias, handoff_share})
     operating_points: dict[str, OperatingPoint] = field(default_factory=lambda: {"pyrodash": OperatingPoint()})
-    failure: Failure = field(default_factory=Failure)  # the LLM side's retries and fallback (below)
+    failure: FailurePolicy = field(default_factory=FailurePolicy)  # the LLM side's retries and fallback (below)
     limits: Limits = field(default_factory=Limits)  # request size limits (below)
     context: ContextLimits = field(default_factory=ContextLimits)  # the models' context windows (below)
     host: str = "127.0.0.1"  # the address to listen on
@@ -145,7 +126,12 @@ class ServeConfig:
 
     def __post_init__(self) -> None:
         if isinstance(self.failure, dict):
-            self.failure = Failure(**self.failure)
+            unknown = set(self.failure) - {f.name for f in fields(FailurePolicy)}
+            if unknown:
+                raise ValueError(
+                    f"failure: unknown keys {sorted(unknown)}; use {', '.join(f.name for f in fields(FailurePolicy))}"
+                )
+            self.failure = FailurePolicy(**self.failure)
         if isinstance(self.limits, dict):
             self.limits = Limits(**self.limits)
         if isinstance(self.context, dict):

@@ -1,6 +1,6 @@
 """Batched generation for curation, the Stage 2 measurement and the Stage 3 reward, over any backend, with a progress
 bar: `pyrodash.backends.retry.run_requests` (in-process models in left-padded batches, HTTP LLMs as concurrent calls
-under a `RetryPolicy`) over the requests a slice at a time.
+under a `FailurePolicy`) over the requests a slice at a time.
 
     gens = generate(backend, [GenRequest(messages=..., prefix=..., max_tokens=256), ...], desc="base SLM")
 

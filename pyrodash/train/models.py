@@ -26,7 +26,7 @@ from pyrodash.backends.base import GenRequest, GenResult
 from pyrodash.backends.chat_template import resolve_template
 from pyrodash.backends.gguf import local_model_path
 from pyrodash.backends.hf import HFBackend
-from pyrodash.backends.retry import RetryPolicy
+from pyrodash.backends.retry import BATCH
 from pyrodash.train.generate import generate
 
 
@@ -60,7 +60,7 @@ class FrozenLLM:
     def __init__(self, backend, batch_size: int = 32, concurrency: int = 16, key: str = "", policy=None):
         self.backend, self.batch_size, self.concurrency = backend, batch_size, concurrency
         self.key = key or getattr(backend, "name", "")  # identifies the LLM in call journals
-        self.policy = policy or RetryPolicy()
+        self.policy = policy or BATCH  # (a FailurePolicy)
         self.calls = 0  # requests issued so far (each one is an LLM call)
         self.failures = 0  # calls that failed after their retries (returned as finish_reason "error")
         self.reused = 0  # results taken from a call journal instead of a call

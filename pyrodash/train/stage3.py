@@ -12,6 +12,7 @@ DIR/stage3-lambda<λ>/log.jsonl, merges the adapters into DIR/stage3-lambda<λ>/
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 from pathlib import Path
 
@@ -124,9 +125,7 @@ def collaboration_engine(
     never fatal and never finished by the SLM (the reward skips it). `relay`: the relay's settings (None: single
     handoff)."""
     pol = llm.policy
-    failure = failure or FailurePolicy(
-        retries=pol.retries, backoff_s=pol.backoff_s, timeout_s=pol.timeout_s, on_error="raise"
-    )
+    failure = failure or dataclasses.replace(pol, on_error="raise")
     return CollaborateEngine(
         slm,
         llm.backend,
