@@ -1,6 +1,7 @@
 """Where a finished demo's time went: each step's seconds (one thread each; Stage 2 takes the cores no other step is
-ready for), whether it is on the critical path of the step graph, and the critical path's total, from the run's own
-records (`RUN/jobs/steps.json`, written by the step scheduler; `RUN/demo_times.json`; `RUN/platform.json`).
+ready for, and a step that runs alone every core: the threads column), whether it is on the critical path of the step
+graph, and the critical path's total, from the run's own records (`RUN/jobs/steps.json`, written by the step
+scheduler; `RUN/demo_times.json`; `RUN/platform.json`).
 
     python benchmarks/demo_profile.py runs/demo-quick              # a table on the console
     python benchmarks/demo_profile.py runs/demo-quick --markdown   # the same as a Markdown table
@@ -34,7 +35,7 @@ def profile(run: Path) -> tuple[list[tuple[str, float, str, bool]], dict]:
     before = [(k, v, "main", True) for k, v in outside.items() if k == "world"]
     after = [(k, v, "main", True) for k, v in outside.items() if k != "world"]
     rows = [
-        (s["name"], s["seconds"], "1+idle" if s["elastic"] else "1", s["name"] in chain)
+        (s["name"], s["seconds"], "1+idle" if s["elastic"] else str(s.get("threads") or 1), s["name"] in chain)
         for s in sorted(steps, key=lambda s: s["start_s"])
     ]
     rows = before + rows + after

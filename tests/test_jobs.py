@@ -333,3 +333,24 @@ def test_the_policys_long_conversations_wait_for_the_llms_whose_answers_they_rea
         "eval pyrodash λ=0.6",
     }
     assert jobs["long conversations: slm, llm"].after == ("eval models alone, oracle",)
+
+
+def test_a_step_that_starts_alone_takes_every_core_and_the_worker_gets_them_back(tmp_path):
+    """Two workers: `first` starts with nothing beside it and nothing else ready (2 threads); `b` and `c` become ready
+    together (1 each); `last` waits for both, so it starts alone again (2). steps.json says so."""
+    import json
+
+    def path(name):
+        return str(tmp_path / name)
+
+    jobs = [
+        Job("first", torch_threads, (path("first"),)),
+        Job("b", torch_threads, (path("b"),), after=("first",)),
+        Job("c", torch_threads, (path("c"),), after=("first",)),
+        Job("last", torch_threads, (path("last"),), after=("b", "c")),
+    ]
+    run_jobs(jobs, 2, tmp_path / "logs")
+    got = {n: (tmp_path / n).read_text() for n in ("first", "b", "c", "last")}
+    assert got == {"first": "2", "b": "1", "c": "1", "last": "2"}
+    steps = json.loads((tmp_path / "logs" / "steps.json").read_text())["steps"]
+    assert {s["name"]: s["threads"] for s in steps} == {"first": 2, "b": 1, "c": 1, "last": 2}

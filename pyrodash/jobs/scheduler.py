@@ -1,7 +1,8 @@
 """Independent steps side by side: worker processes on one torch thread each, a step starting once those it needs are
 done (the demo's Stage 3 per λ and evaluation methods). Results do not depend on it (measured: same weights and
 records on 1 and 2 threads). An elastic step (`Job(elastic=True)`) is called with `thread_grant=granted_threads` and
-takes the cores no other step is ready for at each training step (`pyrodash.train.common.GrantedThreads`). Each
+takes the cores no other step is ready for at each training step (`pyrodash.train.common.GrantedThreads`). A step
+that starts alone, with no other step ready, runs on every worker's core: nothing else can start before it ends. Each
 step's output goes to `log_dir/<step>.log`; a failed step stops the run with its name and log. The step graph as it
 ran (each step's seconds, what it waited for, when it started and ended) goes to `log_dir/steps.json`
 (`pyrodash.jobs.profile` reads it: the critical path).
@@ -72,12 +73,17 @@ def _init_worker(threads: int, grants=None) -> None:
     torch.set_num_threads(threads)
 
 
-def _run_logged(fn: Callable, args: tuple, kwargs: dict, log_path: str, index: int | None = None) -> float:
-    """In a worker: run `fn` with its stdout, stderr and library noise (`library_log`) in `log_path`; its seconds.
-    The worker is back on its own threads afterwards, whatever the step was granted."""
+def _run_logged(
+    fn: Callable, args: tuple, kwargs: dict, log_path: str, index: int | None = None, threads: int = 1
+) -> float:
+    """In a worker: run `fn` on `threads` torch threads with its stdout, stderr and library noise (`library_log`) in
+    `log_path`; its seconds. The worker is back on its own threads afterwards, whatever the step was granted."""
     global _MINE
+    import torch
+
     t = time.perf_counter()
     _MINE = index
+    torch.set_num_threads(threads)
     with open(log_path, "a", buffering=1) as log, library_log(Path(log_path)):
         saved = sys.stdout, sys.stderr
         sys.stdout = sys.stderr = log
@@ -86,20 +92,20 @@ def _run_logged(fn: Callable, args: tuple, kwargs: dict, log_path: str, index: i
         finally:
             sys.stdout, sys.stderr = saved
             _MINE = None
-            import torch
-
             torch.set_num_threads(_THREADS)
     return round(time.perf_counter() - t, 1)
 
 
-def _grant(running: dict, grants, index: dict[str, int], workers: int) -> None:
+def _grant(running: dict, grants, index: dict[str, int], workers: int, started: dict[str, int]) -> None:
     """The cores no running step holds go to the first running elastic step (in list order); every other step has
-    one thread."""
-    free = workers - len(running)
+    the threads it started with (`started`)."""
+    free = workers - sum(1 if j.elastic else started[j.name] for j in running.values())
     for j in sorted(running.values(), key=lambda j: index[j.name]):
-        n = 1 + free if j.elastic and free > 0 else 1
-        free -= n - 1
-        grants[index[j.name]] = n
+        if not j.elastic:
+            grants[index[j.name]] = started[j.name]
+            continue
+        grants[index[j.name]] = 1 + max(free, 0)
+        free = 0
 
 
 def _check(jobs: list[Job]) -> list[Job]:
@@ -131,17 +137,19 @@ def _run_here(order: list[Job], log_dir: Path) -> dict[str, float]:
         j.fn(*j.args, **_call_kwargs(j))
         seconds[j.name] = round(time.perf_counter() - t, 1)
         spans[j.name] = [t - t0, time.perf_counter() - t0]
-    write_steps(log_dir, order, seconds, spans, workers=1)
+    write_steps(log_dir, order, seconds, spans, workers=1)  # (on the caller's threads)
     return seconds
 
 
 STEPS_FILE = "steps.json"
 
 
-def write_steps(log_dir: Path, jobs: list[Job], seconds: dict, spans: dict, workers: int) -> Path:
+def write_steps(
+    log_dir: Path, jobs: list[Job], seconds: dict, spans: dict, workers: int, threads: dict | None = None
+) -> Path:
     """`log_dir/steps.json`: the steps that ran, in list order, each with its seconds (in its worker), the steps it
-    waited for, whether it was elastic, and its start and end in seconds from the start of the run (as the scheduler
-    saw them); and the number of workers."""
+    waited for, whether it was elastic, the threads it started on (`threads`; None: the caller's), and its start and
+    end in seconds from the start of the run (as the scheduler saw them); and the number of workers."""
     log_dir.mkdir(parents=True, exist_ok=True)
     steps = [
         {
@@ -149,6 +157,7 @@ def write_steps(log_dir: Path, jobs: list[Job], seconds: dict, spans: dict, work
             "seconds": seconds[j.name],
             "after": list(j.after),
             "elastic": j.elastic,
+            "threads": (threads or {}).get(j.name),
             "start_s": round(spans[j.name][0], 1),
             "end_s": round(spans[j.name][1], 1),
         }
@@ -161,13 +170,14 @@ def write_steps(log_dir: Path, jobs: list[Job], seconds: dict, spans: dict, work
 
 
 def _start_ready(waiting: list[Job], running: dict, seconds: dict, submit: Callable, workers: int) -> None:
-    """Move the waiting jobs whose needs are done to `running` (via `submit`) while workers are free."""
-    for j in list(waiting):
-        if len(running) >= workers:
-            break
-        if all(a in seconds for a in j.after):
-            waiting.remove(j)
-            running[submit(j)] = j
+    """Move the waiting jobs whose needs are done to `running` (via `submit(job, threads)`) while workers are free.
+    A job that starts with nothing running and no other job ready gets every worker's core: each job still waiting
+    needs one not done, which only its end can change, so nothing starts beside it."""
+    ready = [j for j in waiting if all(a in seconds for a in j.after)][: max(workers - len(running), 0)]
+    alone = not running and len(ready) == 1
+    for j in ready:
+        waiting.remove(j)
+        running[submit(j, workers if alone else 1)] = j
 
 
 def _collect(done, running: dict, seconds: dict, failed: list[str], bar, rows: dict, log_dir: Path, ended=None) -> None:
@@ -202,24 +212,24 @@ def run_jobs(jobs: list[Job], workers: int, log_dir: str | Path, console=None) -
     grants = ctx.RawArray("i", [1] * len(jobs))  # written here, read by the step's worker at its training steps
     seconds: dict[str, float] = {}
     waiting, running, failed = list(jobs), {}, []
-    t0, spans = time.perf_counter(), {}
+    t0, spans, started = time.perf_counter(), {}, {}
     with (
         Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console) as bar,
         ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker, initargs=(1, grants)) as pool,
     ):
         rows = {j.name: bar.add_task(f"{j.name} [dim](waiting)[/]", total=1, start=False) for j in jobs}
 
-        def submit(j: Job) -> Future:
+        def submit(j: Job, threads: int) -> Future:
             grants[index[j.name]] = 1
-            spans[j.name] = [time.perf_counter() - t0]
+            spans[j.name], started[j.name] = [time.perf_counter() - t0], threads
             bar.start_task(rows[j.name])
             log = str(log_dir / log_name(j.name))
-            return pool.submit(_run_logged, j.fn, j.args, _call_kwargs(j), log, index[j.name])
+            return pool.submit(_run_logged, j.fn, j.args, _call_kwargs(j), log, index[j.name], threads)
 
         while waiting or running:
             if not failed:
                 _start_ready(waiting, running, seconds, submit, workers)
-            _grant(running, grants, index, workers)
+            _grant(running, grants, index, workers, started)
             for j in running.values():
                 n = grants[index[j.name]]
                 bar.update(rows[j.name], description=f"{j.name} [dim](running, {n} thread{'s' if n > 1 else ''})[/]")
@@ -231,7 +241,7 @@ def run_jobs(jobs: list[Job], workers: int, log_dir: str | Path, console=None) -
             _collect(
                 done, running, seconds, failed, bar, rows, log_dir, lambda n: spans[n].append(time.perf_counter() - t0)
             )
-    write_steps(log_dir, jobs, seconds, spans, workers)
+    write_steps(log_dir, jobs, seconds, spans, workers, started)
     if failed:
         raise StepFailed("a step failed: " + "; ".join(failed))
     return seconds
