@@ -19,6 +19,7 @@ import yaml
 
 PRICES_DIR = Path(__file__).resolve().parent.parent / "configs" / "prices"
 MILLION = 1_000_000
+COMPONENTS = ("slm_in", "slm_out", "llm_in", "llm_out")  # the billed components of an answer's cost
 
 
 @dataclass(frozen=True)
@@ -168,7 +169,11 @@ def endpoint_bill(calls: Iterable[dict], default: Prices) -> list[dict]:
         e["chars"] += len(c.get("text") or "")
         e["errors"] += bool(c.get("error"))
         e["estimated"] = e["estimated"] or bool(c.get("estimated"))  # counts of a broken call: as delivered
-        e["cost_usd"] += u.cost(sheet)
+        parts = u.components(sheet)
+        e["cost_usd"] += parts["llm_in"] + parts["llm_out"]
+        split = e.setdefault("cost_usd_by_component", {"llm_in": 0.0, "llm_out": 0.0})
+        split["llm_in"] += parts["llm_in"]
+        split["llm_out"] += parts["llm_out"]
         e["llm_prior_in"] = e.get("llm_prior_in", 0) + c.get("llm_prior_in", 0)  # input an earlier call sent
         if c.get("cache_reported"):
             e["cache_reported"] = True
@@ -210,15 +215,19 @@ class Usage:
 
     def cost(self, prices: Prices) -> float:
         """Dollar cost of this usage under `prices` (`eq:cost`, with cached input billed separately)."""
+        return sum(self.components(prices).values())
+
+    def components(self, prices: Prices) -> dict[str, float]:
+        """`cost` by billed component (`COMPONENTS`; cached LLM input is part of llm_in, at its own price): the
+        terms of `eq:cost`, which `cost` sums."""
         cached_price = prices.llm_in if prices.llm_cached_in is None else prices.llm_cached_in
         cached = self.llm_prior_in if self.cache_estimated(prices) else self.llm_cached_in
-        return (
-            (self.slm_in - self.slm_cached_in) * prices.slm_in
-            + self.slm_out * prices.slm_out
-            + (self.llm_in - cached) * prices.llm_in
-            + cached * cached_price
-            + self.llm_out * prices.llm_out
-        ) / MILLION
+        return {
+            "slm_in": (self.slm_in - self.slm_cached_in) * prices.slm_in / MILLION,  # its prefix cache's: not billed
+            "slm_out": self.slm_out * prices.slm_out / MILLION,
+            "llm_in": ((self.llm_in - cached) * prices.llm_in + cached * cached_price) / MILLION,
+            "llm_out": self.llm_out * prices.llm_out / MILLION,
+        }
 
     def cache_estimated(self, prices: Prices) -> bool:
         """Whether `cost` bills the prior part of the input as cached: the sheet says the endpoint caches prefixes

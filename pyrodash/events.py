@@ -94,6 +94,8 @@ class Done:
     # became a single handoff part-way (stop_ignored, step_cap, empty_step); [] / None: not a relay answer
     handoffs: list[int] = field(default_factory=list)
     relay_fallback: str | None = None
+    # cost_usd by billed component (`pyrodash.cost.COMPONENTS`), each LLM endpoint at its own prices: sums to cost_usd
+    cost_usd_by_component: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         d = asdict(self)

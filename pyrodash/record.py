@@ -57,6 +57,7 @@ class Record:
     slm_cached_in: int = 0  # the part of slm_in the SLM served from its prefix cache (its KV kept: not billed)
     # every failed LLM attempt, typed (`pyrodash.events.LLMFailure`): attempt, kind, message, status, reached_server
     llm_failures: list[dict] = field(default_factory=list)
+    cost_usd_by_component: dict = field(default_factory=dict)  # cost_usd split: slm_in, slm_out, llm_in, llm_out
 
     @classmethod
     def from_done(cls, done: Done) -> Record:
@@ -90,6 +91,7 @@ class Record:
             routed=done.routed,
             slm_cached_in=u.slm_cached_in,
             llm_failures=[asdict(f) for f in done.failures],
+            cost_usd_by_component=dict(done.cost_usd_by_component),
         )
 
     def to_json(self) -> dict:

@@ -172,13 +172,17 @@ class Turn:
         if self.fb_text:
             segments.append({"by": "slm", "text": self.fb_text, "fallback": True})
         u = self.usage
-        slm_cost = Usage(slm_in=u.slm_in, slm_out=u.slm_out, slm_cached_in=u.slm_cached_in).cost(prices)
+        split = Usage(slm_in=u.slm_in, slm_out=u.slm_out, slm_cached_in=u.slm_cached_in).components(prices)
+        for e in bill:  # each LLM endpoint at its own prices
+            for part, usd in e["cost_usd_by_component"].items():
+                split[part] += usd
         return Done(
             output=self.slm_text + self.llm_text + self.fb_text,
             slm_text=self.slm_text + self.fb_text,
             llm_text=self.llm_text,
             usage=self.usage,
-            cost_usd=slm_cost + sum(e["cost_usd"] for e in bill),
+            cost_usd=sum(split.values()),
+            cost_usd_by_component=split,
             finish_reason=self.finish or "error",
             handoff=self.handoff,
             offload_bias=self.bias,

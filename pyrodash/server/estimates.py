@@ -1,5 +1,5 @@
-"""What a server answer cost, by component, and against the LLM alone (the `pyrodash` object's `cost_usd` split and
-`llm_only_cost_usd`).
+"""What a server answer would have cost the LLM alone (the `pyrodash` object's `llm_only_cost_usd`; its cost split by
+component is the record's own, `Done.cost_usd_by_component`).
 
 A request's `pyrodash.mode` picks the answerer: "collab" is the Collaborate Engine; "slm" and "llm" are one of the
 engine's two models answering alone (`EngineRequest.mode`), as the `slm` / `llm` baselines of `pyrodash eval` do.
@@ -13,21 +13,9 @@ In mode "llm" it is not an estimate: the LLM did answer alone and `llm_only_cost
 
 from __future__ import annotations
 
-from pyrodash.cost import MILLION, Prices, Usage
+from pyrodash.cost import MILLION, Prices
 from pyrodash.events import Done
 from pyrodash.server.protocol import LLMOnlyEstimate
-
-
-def cost_by_component(usage: Usage, prices: Prices) -> dict[str, float]:
-    """`usage.cost(prices)` split into its four components (cached LLM input is part of llm_in)."""
-    cached = prices.llm_in if prices.llm_cached_in is None else prices.llm_cached_in
-    llm_in = (usage.llm_in - usage.llm_cached_in) * prices.llm_in + usage.llm_cached_in * cached
-    return {
-        "slm_in": (usage.slm_in - usage.slm_cached_in) * prices.slm_in / MILLION,  # its prefix cache's: not billed
-        "slm_out": usage.slm_out * prices.slm_out / MILLION,
-        "llm_in": llm_in / MILLION,
-        "llm_out": usage.llm_out * prices.llm_out / MILLION,
-    }
 
 
 def llm_only_estimate(done: Done, prices: Prices, prompt: tuple[int, str] | None, mode: str = "collab"):

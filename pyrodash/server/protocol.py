@@ -295,14 +295,13 @@ class PyroDashInfo(_Out):
         cls,
         done: Done,
         mode: str = "collab",
-        cost_usd_by_component: dict[str, float] | None = None,
         llm_only_estimate: object = None,
         answered_by: str | None = None,
         request_id: str | None = None,
     ) -> PyroDashInfo:
-        """The record's numbers, the LLM's errors as a client may see them (a reason code each: `reason`; the
-        server logs the full text under `request_id`), endpoint names `scrub`bed, and what the serving layer
-        computed from the prices: the cost split and the LLM-only estimate (any object or dict with
+        """The record (`Record.from_done`: every field but `output`, the cost split included), the LLM's errors as a
+        client may see them (a reason code each: `reason`; the server logs the full text under `request_id`),
+        endpoint names `scrub`bed, and the LLM-only estimate the serving layer computed (any object or dict with
         `LLMOnlyEstimate`'s fields; `pyrodash.server.estimates`)."""
         r = Record.from_done(done)  # (its lists and dicts are copies already: no deep `to_json` copy needed)
         rec = {f.name: getattr(r, f.name) for f in _RECORD_FIELDS if f.name != "output"}
@@ -316,7 +315,8 @@ class PyroDashInfo(_Out):
             answered_by=answered_by or mode,
             request_id=request_id if done.errors else None,
         )
-        info = cls(**rec, cost_usd_by_component=cost_usd_by_component)
+        rec["cost_usd_by_component"] = rec["cost_usd_by_component"] or None  # (a Done built without prices)
+        info = cls(**rec)
         if llm_only_estimate is not None:
             est = LLMOnlyEstimate.model_validate(llm_only_estimate, from_attributes=True)
             info.llm_only_cost_usd, info.llm_only_estimate = est.cost_usd, est

@@ -100,7 +100,6 @@ class ServingCompletions:
             return protocol.PyroDashInfo.from_done(
                 done,
                 call.mode,
-                estimates.cost_by_component(done.usage, prices),
                 estimates.llm_only_estimate(done, prices, llm_only, "llm" if by == "llm" else call.mode),
                 answered_by=by,
                 request_id=rid,

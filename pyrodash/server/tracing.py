@@ -16,7 +16,6 @@ import time
 from urllib.parse import urlsplit
 
 from pyrodash.events import Done, Handoff, LLMDelta, SLMDelta
-from pyrodash.server.estimates import cost_by_component
 
 SERVICE_NAME = "pyrodash"
 
@@ -239,7 +238,7 @@ class RequestTrace:
     def _costs(self, done: Done | None) -> dict[str, float]:
         if done is None or self.prices is None:
             return {}
-        return cost_by_component(done.usage, self.prices)
+        return dict(done.cost_usd_by_component)
 
     def _totals(self, done: Done) -> dict:
         u = done.usage
