@@ -29,6 +29,18 @@ SCRATCH_TEST = "test_quick_world_from_scratch_gap_hidden_difficulty_and_the_ship
 _SCRATCH: dict = {}  # the background build: its process, directory and log
 
 
+# fixtures that train, build or fetch for minutes: a test that uses one (directly or through another fixture) is
+# marked `slow` here, so `pytest -m "not slow"` leaves out exactly those (CI runs them all)
+SLOW_FIXTURES = {"quick_demo", "demo_run", "scratch_world", "gemma_files"}
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark `slow` every test that uses a fixture of `SLOW_FIXTURES`."""
+    for item in items:
+        if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+
+
 def pytest_collection_finish(session):
     """Start the from-scratch world build when a test that reads it is selected."""
     if not any(item.name == SCRATCH_TEST for item in session.items):
