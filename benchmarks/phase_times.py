@@ -35,12 +35,14 @@ def _run(code_dir: Path, args: list[str], log: Path) -> float:
 
 
 def _eval_config(run: Path, tmp: Path, quick: bool) -> Path:
-    """The demo's eval config at the run's first λ, into tmp/eval (the other checkout may predate `prices_sheet`);
+    """The demo's eval config at the run's first λ, into tmp/eval (the other checkout may predate `prices_sheet` and
+    `answers`);
     `quick`: 2 examples of the first benchmark, the SLM and PyroDash only."""
     cfg = json.loads((run / "config.resolved.json").read_text())
     lam = sorted(cfg["models"]["pyrodash"], key=float)[0]
     methods = ["slm"] if quick else ["slm", "llm", "oracle"]
-    ecfg = {k: v for k, v in cfg.items() if k != "prices_sheet"} | {
+    # (not the run's answer store: the evaluation is measured decoding, in a store of its own under tmp/eval)
+    ecfg = {k: v for k, v in cfg.items() if k not in ("prices_sheet", "answers")} | {
         "run_dir": str(tmp / "eval"),
         "prices": cfg.get("prices_sheet") or cfg["prices"],
         "methods": [*methods, {"pyrodash": {"lambdas": [float(lam)]}}],
