@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import uuid
 from pathlib import Path
 
 from pyrodash.backends.base import GenResult
@@ -76,7 +77,7 @@ class AnswerStore:
                 continue
             path = self._path(model, decode)
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp = path.with_suffix(f".{uuid.uuid4().hex}.tmp")  # (one per writer: processes and threads)
             tmp.write_text(json.dumps(r.to_json()))
             os.replace(tmp, path)
             kept += 1
