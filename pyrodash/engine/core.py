@@ -22,7 +22,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from pyrodash.backends.base import Backend, GenChunk, GenRequest, GenResult
 from pyrodash.backends.deadline import LazyDeadline
 from pyrodash.backends.retry import FailurePolicy, backoff_delay
-from pyrodash.cost import Prices, Usage
+from pyrodash.cost import Prices
 from pyrodash.engine import conversation as conv
 from pyrodash.engine import fitting
 from pyrodash.engine.fitting import Prepared, PromptSize
@@ -409,20 +409,19 @@ class CollaborateEngine:
     def _slm_finished(self, t: Turn, text: str, final: GenChunk, seen: int) -> bool:
         """Lines 3-5 / 9-11: bill the SLM's decoding and say whether it ended in `<offload>` (a handoff; in a batch,
         an SLM result with finish_reason "offload" is a handoff told from outside: the oracle's)."""
-        slm_out = final.completion_tokens
-        if slm_out is None:  # a server that reports no usage: one streamed chunk per token, plus the stop token
-            slm_out = seen + (final.stop_token_id is not None)
-            t.estimated = True
-        t.estimated = t.estimated or final.usage_estimated
-        t.usage += Usage(slm_in=final.prompt_tokens or 0, slm_out=slm_out, slm_cached_in=final.cached_tokens or 0)
-        offload = final.finish_reason == "offload" or (
-            self.offload_id is not None and final.stop_token_id == self.offload_id
-        )
-        if t.mode == "slm" or not offload:
+        slm_out = t.bill_slm(final, seen)
+        if t.mode == "slm" or not self.offloaded(final):
             t.slm_text, t.finish = text, final.finish_reason or "length"  # Line 11: the SLM answered alone
             return False
         t.slm_text, t.handoff = text, max(slm_out - 1, 0)  # Pack(O_s) excludes <offload>
         return True
+
+    def offloaded(self, final: GenChunk) -> bool:
+        """Whether an SLM segment ended in `<offload>` (its last chunk `final`; in a batch, an SLM result with
+        finish_reason "offload" is a handoff told from outside: the oracle's)."""
+        return final.finish_reason == "offload" or (
+            self.offload_id is not None and final.stop_token_id == self.offload_id
+        )
 
     def _llm_req(self, t: Turn, left: int) -> tuple[GenRequest, Fitted]:
         """The LLM's request for what is left of the turn (as it goes to the backend, `Fitted.wire`) and its fit:
@@ -558,19 +557,17 @@ class CollaborateEngine:
             logit_bias={self.offload_id: BAN},
             **t.sampling,
         )
-        fin = GenChunk()
+        fin, seen = GenChunk(), 0
         async with contextlib.aclosing(self.slm.stream(t.slm_request(freq))) as it:
             async for ch in it:
+                seen += len(ch.token_ids) or bool(ch.text)
                 if ch.text:
                     t.fb_text += ch.text
                     yield SLMDelta(ch.text)
                 if ch.finish_reason is not None:
                     fin = ch
-        t.usage += Usage(
-            slm_in=fin.prompt_tokens or 0, slm_out=fin.completion_tokens or 0, slm_cached_in=fin.cached_tokens or 0
-        )
+        t.bill_slm(fin, seen)
         t.fallback, t.finish = True, fin.finish_reason or "length"
-        t.estimated = t.estimated or fin.usage_estimated or fin.completion_tokens is None
 
     def _failed(self, t: Turn) -> EngineError | None:
         """After every LLM attempt failed: the turn ends in "error" when it has no fallback (on_error="raise", or
@@ -713,7 +710,7 @@ class CollaborateEngine:
                 if t.finish is None:
                     await _drain(self._fallback_phase(t))
         await asyncio.gather(*(limited(_drain(run.resume())) for run in runs.values()))
-        return [runs[i].done() if i in runs else t.done(self.prices) for i, t in enumerate(turns)]
+        return [t.done(self.prices) for t in turns]
 
     async def _slm_batch(
         self, turns: list[Turn], slm_results: list | None, batch_size: int, limited, desc: str | None

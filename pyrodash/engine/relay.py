@@ -24,7 +24,7 @@ from pyrodash.backends.base import GenChunk
 from pyrodash.cost import Usage
 from pyrodash.engine.requests import EngineRequest
 from pyrodash.engine.turn import Turn
-from pyrodash.events import Done, Event, Handoff, LLMDelta, SLMDelta
+from pyrodash.events import Event, Handoff, LLMDelta, SLMDelta
 from pyrodash.prompts import OFFLOAD_TOKEN, pack
 
 # why a relay answer became a single handoff (`Done.relay_fallback`)
@@ -78,12 +78,12 @@ class RelayRun:
     def __init__(self, engine, t: Turn, cfg: RelayConfig, raise_errors: bool = True):
         self.e, self.t, self.n, self.cfg = engine, t, cfg.max_llm_calls, cfg
         self.raise_errors = raise_errors  # the stream driver raises EngineError; a batch records finish "error"
-        self.segments = [{"by": "slm", "text": t.slm_text}] if t.slm_text else []
-        self.handoffs = [t.handoff] if t.handoff is not None else []
+        # the answer's segments and handoffs, kept on the Turn (its `done` builds the relay's Done from them)
+        self.segments = t.segments = [{"by": "slm", "text": t.slm_text}] if t.slm_text else []
+        self.handoffs = t.handoffs = [t.handoff] if t.handoff is not None else []
         self.trace = pack(t.slm_text)  # everything written so far, as the next LLM request continues it
         self.context = self.trace + OFFLOAD_TOKEN  # the SLM's context: the trace with its own `<offload>` tokens
         self.llm_budget, self.base_stop = t.llm_max, list(t.sampling.get("stop") or [])
-        self.fallback: str | None = None
         self.prior = 0  # the longest prompt an earlier LLM call of this answer read
 
     async def resume(self) -> AsyncIterator[Event]:
@@ -91,7 +91,7 @@ class RelayRun:
         t, calls = self.t, 0
         while t.finish is None:
             calls += 1
-            step = calls < self.n and self.fallback is None
+            step = calls < self.n and t.relay_fallback is None
             async for ev in self._llm(step):
                 yield ev
             if t.finish is None:  # every attempt failed: the engine's failure policy
@@ -129,15 +129,15 @@ class RelayRun:
         answer ended (EOS, the joint budget) or the relay falls back to a single handoff for the rest."""
         t, text, sep = self.t, self.t.llm_text, self.cfg.step_sep
         if sep in text:  # the endpoint ignored `stop`: it may have written the whole answer
-            self.fallback = STOP_IGNORED
+            t.relay_fallback = STOP_IGNORED
             t.finish = None if t.finish == "length" and t.left() > 0 else t.finish
             return False
         if not text and t.finish != "length":  # a step end before any text: nothing to resume on
-            self.fallback, t.finish = EMPTY_STEP, None
+            t.relay_fallback, t.finish = EMPTY_STEP, None
             return False
         if t.finish == "length":
             if self.llm_budget - t.usage.llm_out > 0 and (t.total is None or t.left() > 0):
-                self.fallback, t.finish = STEP_CAP, None  # the LLM writes the rest in one more call
+                t.relay_fallback, t.finish = STEP_CAP, None  # the LLM writes the rest in one more call
             return False
         # "stop": at the step separator (or at EOS: then the SLM ends at once and the separator is taken back)
         self.trace += self.cfg.step_sep
@@ -172,15 +172,8 @@ class RelayRun:
                 yield SLMDelta(ch.text)
             if ch.finish_reason is not None:
                 fin = ch
-        out = fin.completion_tokens
-        if out is None:
-            out, t.estimated = seen + (fin.stop_token_id is not None), True
         before = t.usage.slm_out
-        t.usage += Usage(slm_in=fin.prompt_tokens or 0, slm_out=out, slm_cached_in=fin.cached_tokens or 0)
-        t.estimated = t.estimated or fin.usage_estimated
-        offload = fin.finish_reason == "offload" or (
-            self.e.offload_id is not None and fin.stop_token_id == self.e.offload_id
-        )
+        out, offload = t.bill_slm(fin, seen), self.e.offloaded(fin)
         if not text and not offload:  # the LLM's step was the answer's last: no separator after it
             self._take_back_sep()
         elif text:
@@ -206,7 +199,6 @@ class RelayRun:
         the packed trace, as after a failed single handoff."""
         err = self.e._failed(self.t)
         if err is not None and self.raise_errors:
-            err.done = self.done()
             raise err
         t = self.t
         if err is None and t.finish is None:
@@ -225,22 +217,6 @@ class RelayRun:
             c["llm_prior_in"] = prior
             self.t.usage += Usage(llm_prior_in=prior)
             self.prior = max(self.prior, c.get("llm_in", 0))
-
-    def done(self) -> Done:
-        """The answer's record: the engine's, with the relay's text, segments and handoffs."""
-        t = self.t
-        d = t.done(self.e.prices)
-        slm = "".join(s["text"] for s in self.segments if s["by"] == "slm")
-        llm = "".join(s["text"] for s in self.segments if s["by"] == "llm")
-        return dataclasses.replace(
-            d,
-            output="".join(s["text"] for s in self.segments),
-            slm_text=slm,
-            llm_text=llm,
-            segments=[dict(s) for s in self.segments],
-            handoffs=list(self.handoffs),
-            relay_fallback=self.fallback,
-        )
 
 
 def _as_text(text: str) -> str:
@@ -277,7 +253,7 @@ async def relay_stream(engine, t: Turn, cfg: RelayConfig) -> AsyncIterator[Event
     yield Handoff(slm_tokens=t.handoff, packed=run.trace)
     async for ev in run.resume():
         yield ev
-    yield run.done()
+    yield t.done(engine.prices)
 
 
 def key_relay_turns(engine, turns: list[Turn], options: list[dict]) -> None:

@@ -123,6 +123,11 @@ class Turn:
     routed: str | None = None  # "range": past the SLM's range (`pyrodash.engine.range_rule`), the LLM alone
     cache_key: object | None = None  # a relay answer's: on each of its SLM requests (`GenRequest.cache_key`)
     gate: object | None = None  # `EngineRequest.gate`: asked before each LLM call (a budget's hard cap)
+    # a relay answer (pyrodash.engine.relay): its segments as written and every handoff position, and why it became a
+    # single handoff part-way; segments None: a single handoff's, built from the texts and calls in `done`
+    segments: list[dict] | None = None
+    handoffs: list[int] = field(default_factory=list)
+    relay_fallback: str | None = None
 
     def slm_request(self, req: GenRequest | None = None) -> GenRequest:
         """An SLM request of this turn as it goes to the backend (`req`, else the first one: `fit.wire(req)`), with
@@ -145,6 +150,16 @@ class Turn:
         """The failed attempts, one line each (`Done.errors`)."""
         return [str(f) for f in self.failures]
 
+    def bill_slm(self, final: GenChunk, seen: int) -> int:
+        """Add one SLM segment to the bill and return its output tokens: `final` is its last chunk (usage), `seen`
+        the chunks it streamed (one per token), counted with its stop token when the server reported no usage."""
+        out = final.completion_tokens
+        if out is None:  # a server that reports no usage: one streamed chunk per token, plus the stop token
+            out, self.estimated = seen + (final.stop_token_id is not None), True
+        self.estimated = self.estimated or final.usage_estimated
+        self.usage += Usage(slm_in=final.prompt_tokens or 0, slm_out=out, slm_cached_in=final.cached_tokens or 0)
+        return out
+
     def bill_llm(self, got: GenChunk, calls: list[dict], reached: int) -> None:
         """Add one LLM attempt to the bill: `got` is its last chunk (usage), `calls` its per-endpoint entries (a mesh
         reports several upstream calls in one attempt, `got.endpoints`)."""
@@ -161,25 +176,16 @@ class Turn:
         """The record: joint text in streamed order (SLM, LLM, then any fallback text), one segment per stretch of
         text by one writer, each model's tokens, and dollars (every LLM call at its endpoint's price)."""
         bill = endpoint_bill(self.calls, prices)
-        segments = [{"by": "slm", "text": self.slm_text}] if self.slm_text else []
-        for c in self.calls:
-            if not c.get("text"):
-                continue
-            if segments and segments[-1]["by"] == "llm" and segments[-1]["endpoint"] == c["endpoint"]:
-                segments[-1]["text"] += c["text"]
-            else:
-                segments.append({"by": "llm", "endpoint": c["endpoint"], "text": c["text"]})
-        if self.fb_text:
-            segments.append({"by": "slm", "text": self.fb_text, "fallback": True})
+        segments = [dict(s) for s in self.segments] if self.segments is not None else self._segments()
         u = self.usage
         split = Usage(slm_in=u.slm_in, slm_out=u.slm_out, slm_cached_in=u.slm_cached_in).components(prices)
         for e in bill:  # each LLM endpoint at its own prices
             for part, usd in e["cost_usd_by_component"].items():
                 split[part] += usd
         return Done(
-            output=self.slm_text + self.llm_text + self.fb_text,
-            slm_text=self.slm_text + self.fb_text,
-            llm_text=self.llm_text,
+            output="".join(s["text"] for s in segments),
+            slm_text="".join(s["text"] for s in segments if s["by"] == "slm"),
+            llm_text="".join(s["text"] for s in segments if s["by"] == "llm"),
             usage=self.usage,
             cost_usd=sum(split.values()),
             cost_usd_by_component=split,
@@ -199,4 +205,21 @@ class Turn:
             llm_endpoints=bill,
             mode=self.mode,
             routed=self.routed,
+            handoffs=list(self.handoffs),
+            relay_fallback=self.relay_fallback,
         )
+
+    def _segments(self) -> list[dict]:
+        """A single handoff's segments, in streamed order: the SLM's text, each LLM call's (one per stretch by one
+        endpoint), then any fallback text."""
+        segments = [{"by": "slm", "text": self.slm_text}] if self.slm_text else []
+        for c in self.calls:
+            if not c.get("text"):
+                continue
+            if segments and segments[-1]["by"] == "llm" and segments[-1]["endpoint"] == c["endpoint"]:
+                segments[-1]["text"] += c["text"]
+            else:
+                segments.append({"by": "llm", "endpoint": c["endpoint"], "text": c["text"]})
+        if self.fb_text:
+            segments.append({"by": "slm", "text": self.fb_text, "fallback": True})
+        return segments
