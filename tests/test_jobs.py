@@ -107,7 +107,8 @@ def test_the_demo_evaluation_splits_into_steps_that_cover_every_method_once():
     assert by["eval pyrodash λ=2"].after == ("stage3 λ=2",) and by["eval pyrodash λ=0.6"].after == ()
     assert by["eval sweeps λ=2"].after == ("stage3 λ=2",)
     assert by["eval slm+sft"].after == ("stage2",)  # the Stage 2 model, once trained
-    assert by["eval models alone, oracle"].after == by["eval routers"].after == ()  # beside training
+    assert by["eval models alone, oracle"].after == ()  # beside training
+    assert by["eval routers"].after == ("eval models alone, oracle",)  # their models' answers: read back
     assert eval_jobs(cfg, stage3, pending=set())[2].after == ()  # Stage 2 reused
     parts = {n: j.args[0] for n, j in by.items()}
     assert parts["eval models alone, oracle"].methods == ["slm", "llm", "oracle"]

@@ -99,10 +99,11 @@ def eval_jobs(
     cfg: EvalConfig, stage3_job: dict[float, str], pending: set[str], stage2_job: str = "stage2", prefix: str = ""
 ) -> list[Job]:
     """`cfg`'s evaluation as steps that can run side by side, each writing its own methods' records: the models
-    alone and the oracle; the routers (neither needs the run's training); the Stage 2 model (after `stage2_job` when
-    it is in `pending`, still to run); per λ its PyroDash policy, and apart from it the sweeps at that λ (two steps
-    that end together pack better than one: measured, the λ 2 step with its five sweeps 22.5 s, the λ 0.6 step beside
-    it 14 s), each after `stage3_job[λ]` when that job is in `pending`."""
+    alone and the oracle; the routers after them (neither needs the run's training; the model a router picks answers
+    as it does alone, read back from the run's answer store, `pyrodash.backends.answer_store`); the Stage 2 model
+    (after `stage2_job` when it is in `pending`, still to run); per λ its PyroDash policy, and apart from it the sweeps
+    at that λ (two steps that end together pack better than one: measured, the λ 2 step with its five sweeps 22.5 s,
+    the λ 0.6 step beside it 14 s), each after `stage3_job[λ]` when that job is in `pending`."""
     lam_specs = {float(k): v for k, v in (cfg.models.get("pyrodash") or {}).items()}
     base_models = {k: v for k, v in cfg.models.items() if k != "pyrodash"}
     groups: dict[str, list] = {"models alone, oracle": [], "routers": [], "slm+sft": []}
@@ -118,6 +119,7 @@ def eval_jobs(
         else:
             groups["slm+sft" if kind == "slm+sft" else "models alone, oracle"].append(entry)
     sft_after = (stage2_job,) if stage2_job in pending else ()
+    alone = (f"{prefix}eval models alone, oracle",) if groups["models alone, oracle"] else ()
     untrained = {k: v for k, v in base_models.items() if k != "sft"}  # what runs beside training may not need it
     jobs = [
         Job(
@@ -125,7 +127,7 @@ def eval_jobs(
             evaluate,
             (replace(cfg, methods=ms, models=base_models if label == "slm+sft" else untrained),),
             {"quiet": True},
-            after=sft_after if label == "slm+sft" else (),
+            after=sft_after if label == "slm+sft" else alone if label == "routers" else (),
         )
         for label, ms in groups.items()
         if ms
