@@ -8,7 +8,7 @@ of the three non-blank lines above its opening fence, one HTML comment (invisibl
 - `<!-- needs: ... -->`: what the block needs to run, hardware first (`a CPU machine (2 cores: ~4 min)`, `4 GPUs`).
 Also: README.md at most 200 lines, its two set-up commands first, its links to files that exist; every page in the
 mkdocs nav and every nav entry a page; every `benchmarks/*` and `scripts/*` file the docs name exists; the map in
-docs/architecture.md names every folder and top-level module of the package.
+docs/architecture.md names every folder and every module of the package (each in its folder's entry).
 `mkdocs build --strict` itself runs in the README's test command, not here.
 """
 
@@ -90,9 +90,40 @@ def test_every_docs_page_is_in_the_site_nav():
 
 
 def test_the_architecture_map_names_every_part_of_the_package():
+    """Every folder and every module of the package, walked: its name in the map's tree (a module of a folder in
+    that folder's entry, which runs until the next entry at its depth or above)."""
     text = (ROOT / "docs" / "architecture.md").read_text()
+    tree = text.split("```", 2)[1]
     package = ROOT / "pyrodash"
-    parts = [f"{p.name}/" for p in package.iterdir() if (p / "__init__.py").is_file()]
-    parts += [p.name for p in package.glob("*.py") if p.name not in ("__init__.py", "__main__.py")]
-    missing = sorted(p for p in parts if not re.search(rf"(?<![\w/]){re.escape(p)}", text))
+    folders = [p for p in package.rglob("*") if p.is_dir() and (p / "__init__.py").is_file()]
+    missing = [f"{p.name}/" for p in folders if not re.search(rf"(?<![\w/]){re.escape(p.name)}/", tree)]
+    for path in sorted(package.rglob("*.py")):
+        if path.name in ("__init__.py", "__main__.py"):
+            continue
+        entry = _tree_entry(tree, path.parent.relative_to(package).parts)
+        if not re.search(rf"(?<![\w/]){re.escape(path.name)}", entry):
+            missing.append(path.relative_to(package).as_posix())
     assert not missing, f"docs/architecture.md does not name {missing}"
+
+
+def _tree_entry(tree: str, folders: tuple[str, ...]) -> str:
+    """The lines of the map's tree under `folders` (the package's top level for ()): from the line naming the
+    innermost folder that has a line of its own to the next line naming something at its indentation or less."""
+    lines, text = tree.splitlines(), tree
+    for name in folders:
+        start = next((i for i, line in enumerate(lines) if re.match(rf"\s*{re.escape(name)}/", line)), None)
+        if start is None:  # a folder named inside its parent's entry (routing/ in eval/'s): that entry names its files
+            break
+        depth = len(lines[start]) - len(lines[start].lstrip())
+        end = next(
+            (i for i in range(start + 1, len(lines)) if lines[i].strip() and _is_entry(lines[i], depth)), len(lines)
+        )
+        lines = lines[start:end]
+        text = "\n".join(lines)
+    return text
+
+
+def _is_entry(line: str, depth: int) -> bool:
+    """Whether a tree line starts an entry (a name in the first column of names) at `depth` spaces or less."""
+    indent = len(line) - len(line.lstrip())
+    return indent <= depth and re.match(r"\s*[\w./<>-]+", line) is not None

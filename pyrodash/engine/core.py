@@ -537,10 +537,8 @@ class CollaborateEngine:
         """Bill a finished LLM attempt and end the turn; the rendered prompt's tokens as the model counted them are
         kept on every fitting of that prompt."""
         t.bill_llm(got, self._calls(got, text, 1, None), 1)
-        if fit.text is not None and lreq.prefix is fit.text and not got.usage_estimated:
-            for f in t.seen:
-                if f.text is fit.text:
-                    f.tokens = got.prompt_tokens
+        if not got.usage_estimated:
+            fitting.keep_count(t.seen, fit, lreq, got.prompt_tokens)
         t.finish = got.finish_reason or "stop"
 
     async def _fallback_phase(self, t: Turn) -> AsyncIterator[SLMDelta]:

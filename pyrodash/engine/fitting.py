@@ -169,6 +169,16 @@ def prompt_size(backend, req: GenRequest, got: Fitted | None, total: int, window
     return len(backend.prompt_ids(req))
 
 
+def keep_count(seen: list[Fitted], fit: Fitted, sent: GenRequest, tokens: int | None) -> None:
+    """The prompt tokens a model reported for `sent` (its rendered prompt `fit.text`, as `Fitted.wire` sent it),
+    kept on every fitting of that prompt in `seen` (the request's `Turn.seen`), so `recount` needs no tokenizer."""
+    if fit.text is None or sent.prefix is not fit.text:
+        return
+    for f in seen:
+        if f.text is fit.text:
+            f.tokens = tokens
+
+
 def recount(turn: Turn, backend, want: GenRequest) -> int | None:
     """The tokens of `want`'s prompt for `backend` from what `turn` measured (a count made to fit it, or the model's
     own usage when it ran), else counted once from its rendered text and kept on every fitting of it; None when the
