@@ -21,6 +21,7 @@ from pyrodash.engine import CollaborateEngine
 from pyrodash.engine.relay import STOP_IGNORED, RelayConfig
 from pyrodash.prompts import get_prompts
 from pyrodash.record import Record
+from pyrodash.server.metrics import Metrics
 
 PROMPTS = get_prompts("world-v1")
 CACHED = Prices.from_yaml("cached")
@@ -109,6 +110,9 @@ def test_a_server_that_ignores_stop_is_cut_by_the_client_at_each_step_end():
     assert ep["client_stops"] == 2 and "client_stops" not in Record.from_done(honoured).llm_endpoints[0]
     # billed for what arrived (the text past the separator too), counted locally and marked so
     assert done.usage.llm_out > honoured.usage.llm_out and done.usage_estimated
+    m = Metrics()
+    m.observe_done(done, "pyrodash", 0.1, None)
+    assert f'pyrodash_llm_endpoint_client_stops_total{{endpoint="{ep["endpoint"]}"}} 2.0' in m.render()
 
 
 def test_anthropic_prefill_with_a_blank_line_separator_relays_one_call_per_step():

@@ -192,6 +192,12 @@ class Metrics:
         self.ep_cost = Counter(
             "pyrodash_llm_endpoint_cost_usd_total", "Dollars per LLM endpoint, at its own prices.", endpoint, r
         )
+        self.ep_client_stops = Counter(
+            "pyrodash_llm_endpoint_client_stops_total",
+            "LLM calls the client closed at a stop string the endpoint wrote past (it ignores stop), per endpoint.",
+            endpoint,
+            r,
+        )
 
     def observe_done(
         self, done: Done, model: str, latency_s: float, ttft_s: float | None, overhead_s: float | None = None
@@ -225,6 +231,7 @@ class Metrics:
             self.ep_calls.inc(e["calls"], endpoint=e["endpoint"])
             self.ep_errors.inc(e.get("errors", 0), endpoint=e["endpoint"])
             self.ep_cost.inc(e["cost_usd"], endpoint=e["endpoint"])
+            self.ep_client_stops.inc(e.get("client_stops", 0), endpoint=e["endpoint"])
         self.latency.observe(latency_s, model=model)
         if ttft_s is not None:
             self.ttft.observe(ttft_s, model=model)
