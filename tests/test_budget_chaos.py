@@ -7,6 +7,7 @@ period's spent dollars stay within the cap and cover every answer that came back
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -83,10 +84,14 @@ def keys(redis: RedisServer, period: int):
     return redis_py.Redis(port=redis.port), lambda what: f"pyrodash:budget:{{default:cap:{period}}}:{what}"
 
 
-async def chaos_burst(url: str, procs: list, redis: RedisServer, cap: float, period: int):
+async def chaos_burst(url: str, replicas: list[str], procs: list, redis: RedisServer, cap: float, period: int):
     """The burst's responses, and the reservations held in Redis when the replica was killed (id -> dollars)."""
     client, key = keys(redis, period)
-    async with httpx.AsyncClient(base_url=url, timeout=120, limits=httpx.Limits(max_connections=BURST)) as c:
+    async with httpx.AsyncClient(base_url=url, timeout=120, limits=httpx.Limits(max_connections=BURST + 1)) as c:
+        # an answer streaming from the replica that will die: it holds a reservation when it is killed
+        slow = {**body(BURST), "max_tokens": 40, "stream": True}
+        doomed = await c.send(c.build_request("POST", f"{replicas[0]}/v1/chat/completions", json=slow), stream=True)
+        assert doomed.status_code == 200 and await anext(doomed.aiter_lines())
         sent = [asyncio.ensure_future(c.post("/v1/chat/completions", json=body(i))) for i in range(BURST)]
         killed = restarted = False
         held_then: dict = {}
@@ -105,6 +110,8 @@ async def chaos_burst(url: str, procs: list, redis: RedisServer, cap: float, per
                 assert spent + held <= cap * (1 + 1e-9), (spent, held, cap)
             await asyncio.sleep(0.05)
         assert killed
+        with contextlib.suppress(httpx.HTTPError):
+            await doomed.aclose()
         return [f.result() for f in sent], held_then
 
 
@@ -116,7 +123,7 @@ def test_a_killed_replica_and_a_redis_restart_keep_the_period_within_the_cap(tmp
     config = serve_config(api_key=None)
     engine = make_engine(HFBackend(slm), HFBackend(llm), config)
     first = worst_case(engine, EngineRequest(body(0)["messages"], max_tokens=16, max_total_tokens=MAX_TOKENS), "llm")
-    cap = 6 * first.collab
+    cap = 10 * first.collab
     redis = RedisServer(tmp_path_factory.mktemp("redis")).start()
     tmp = tmp_path_factory.mktemp("chaos")
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
@@ -151,7 +158,8 @@ def test_a_killed_replica_and_a_redis_restart_keep_the_period_within_the_cap(tmp
         url = f"http://127.0.0.1:{lb_port}"
         wait_healthy(url, lb, "nginx", timeout=30)
         period = period_of(time.time(), 3600.0)
-        rs, held_then = asyncio.run(chaos_burst(url, procs, redis, cap, period))
+        direct = [f"http://127.0.0.1:{p}" for p in ports]
+        rs, held_then = asyncio.run(chaos_burst(url, direct, procs, redis, cap, period))
         time.sleep(TTL_S + 2.5)  # the dead replica's reservations pass their ttl; the others settle
         spent, held = ledger(redis.port, period)
         client, key = keys(redis, period)
@@ -169,4 +177,5 @@ def test_a_killed_replica_and_a_redis_restart_keep_the_period_within_the_cap(tmp
     assert held_then and all(i in settled or i in expired for i in held_then)
     dead = {i: float(v) for i, v in expired.items()}
     assert dead and all(dead[i] == pytest.approx(float(held_then[i])) for i in dead if i in held_then)
-    assert spent == pytest.approx(billed + sum(dead.values()))
+    # (an answer the dead replica settled but could not send back counts too)
+    assert spent >= billed + sum(dead.values()) - 1e-9
