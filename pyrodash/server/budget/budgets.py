@@ -81,7 +81,7 @@ class Budgets:
         else:
             self.store = MemoryStore()
         if not cfg.redis_url and any(b.cap_usd is not None for b in cfg.budgets):  # the caps outlive the server
-            state = Path(cfg.state_dir) if cfg.state_dir else cache_root() / "budgets"
+            state = Path(cfg.state_dir).expanduser() if cfg.state_dir else cache_root() / "budgets"
             self.store.ledger = ledger_file(state / "ledger.sqlite")
         self.metrics = BudgetMetrics(registry) if registry is not None else None
         self.utilisation: dict[str, list[float]] = {}  # budget -> [billed, reserved] of this replica's settled requests
