@@ -30,7 +30,9 @@ from pyrodash.engine.range_rule import ROUTED, RangeRule
 from pyrodash.engine.relay import RelayConfig, key_relay_turns, relay_for, relay_runs, relay_stream
 from pyrodash.engine.requests import (
     BAN,
+    TO_THE_END,
     EngineRequest,
+    LLMCall,
     check_share,
     handoff_admitted,
     handoff_request,
@@ -423,13 +425,19 @@ class CollaborateEngine:
             self.offload_id is not None and final.stop_token_id == self.offload_id
         )
 
-    def _llm_req(self, t: Turn, left: int) -> tuple[GenRequest, Fitted]:
-        """The LLM's request for what is left of the turn (as it goes to the backend, `Fitted.wire`) and its fit:
-        the handoff request continuing everything written so far (a retry continues the LLM text that arrived), or
-        in mode "llm" the question itself."""
+    def _llm_req(
+        self, t: Turn, left: int, call: LLMCall = TO_THE_END, so_far: str | None = None
+    ) -> tuple[GenRequest, Fitted]:
+        """The LLM's request for what is left of the call (as it goes to the backend, `Fitted.wire`) and its fit:
+        the handoff request continuing what was written (`call.written`, else Pack of the SLM's text) and the call's
+        text so far (`so_far`, else the turn's LLM text: a retry continues what arrived), or in mode "llm" the
+        question itself."""
+        sampling = t.sampling if call.stop is None else {**t.sampling, "stop": list(call.stop)}
         if t.mode == "llm":  # the fitted request again (its rendered prompt too), with what is left to decode
-            return t.fit.wire(GenRequest(messages=t.req.messages, max_tokens=left, **t.sampling)), Fitted()
-        req, fit = self.llm_request_fitted(t.messages, pack(t.slm_text) + t.llm_text, left, t.sampling, t.seen)
+            return t.fit.wire(GenRequest(messages=t.req.messages, max_tokens=left, **sampling)), Fitted()
+        written = pack(t.slm_text) if call.written is None else call.written
+        so_far = t.llm_text if so_far is None else so_far
+        req, fit = self.llm_request_fitted(t.messages, written + so_far, left, sampling, t.seen)
         return fit.wire(req), fit
 
     def _calls(self, got: GenChunk, text: str, reached: int, error: str | None) -> list[dict]:
@@ -452,12 +460,15 @@ class CollaborateEngine:
             }
         ]
 
-    async def _llm_phase(self, t: Turn, early: _EarlyCall | None = None) -> AsyncIterator[LLMDelta]:
-        """Lines 6-7: the one LLM call, under the failure policy (retries continue from what already arrived, so no
-        text is duplicated or lost). Sets `t.finish` on success; leaves it None when every attempt failed."""
-        pol = self.failure
+    async def llm_call(
+        self, t: Turn, early: _EarlyCall | None = None, call: LLMCall = TO_THE_END
+    ) -> AsyncIterator[LLMDelta]:
+        """Lines 6-7: one LLM call (`call`: what it continues, its cap and stop; the default is the single handoff's,
+        to the end of the answer), under the failure policy (retries continue from what already arrived, so no text
+        is duplicated or lost). Sets `t.finish` on success; leaves it None when every attempt failed."""
+        pol, mark = self.failure, len(t.llm_text)  # t.llm_text[mark:]: this call's text
         for attempt in range(pol.retries + 1):
-            left = t.left()
+            left = t.left() if call.cap is None else min(call.cap, t.left())
             if left <= 0:  # the joint budget is spent (by the SLM, or by LLM text that arrived before a failure)
                 if early is not None and attempt == 0:
                     await early.cancel()
@@ -465,7 +476,7 @@ class CollaborateEngine:
                 return
             if attempt:
                 await asyncio.sleep(backoff_delay(pol.backoff_s, attempt))  # the backends' own: jittered
-            lreq, fit, stream = await self._attempt(t, left, early if attempt == 0 else None)
+            lreq, fit, stream = await self._attempt(t, left, early if attempt == 0 else None, call, t.llm_text[mark:])
             if stream is None:  # the budget's gate: no reservation covers this call, so it is not made
                 why = "not made: its worst case does not fit the budget's hard cap"
                 t.failures.append(LLMFailure(attempt + 1, "not_made", why, reached_server=False))
@@ -496,7 +507,7 @@ class CollaborateEngine:
             return
 
     async def _attempt(
-        self, t: Turn, left: int, early: _EarlyCall | None
+        self, t: Turn, left: int, early: _EarlyCall | None, call: LLMCall, so_far: str
     ) -> tuple[GenRequest, Fitted, AsyncIterator[GenChunk]]:
         """(request, fit, stream) of one LLM attempt: the early call when it asked for what is left, else a new one;
         stream None when the request's gate (`EngineRequest.gate`) did not let the call be made."""
@@ -504,7 +515,7 @@ class CollaborateEngine:
             return early.req, early.fit, early.stream()
         if early is not None:  # (only if a token count was off) not the request we need
             await early.cancel()
-        lreq, fit = self._llm_req(t, left)
+        lreq, fit = self._llm_req(t, left, call, so_far)
         t.trimmed["llm"] = max(t.trimmed["llm"], fit.dropped)
         if t.gate is not None and not await t.gate(lreq):
             return lreq, fit, None
@@ -541,8 +552,9 @@ class CollaborateEngine:
             fitting.keep_count(t.seen, fit, lreq, got.prompt_tokens)
         t.finish = got.finish_reason or "stop"
 
-    async def _fallback_phase(self, t: Turn) -> AsyncIterator[SLMDelta]:
-        """After a failed handoff: the SLM resumes from everything so far with `<offload>` banned."""
+    async def slm_fallback(self, t: Turn, written: str | None = None) -> AsyncIterator[SLMDelta]:
+        """After a failed handoff: the SLM resumes from everything so far (`written`, else the SLM's and the LLM's
+        text) with `<offload>` banned."""
         slm_out = t.usage.slm_out
         left = min(max(t.per_model - slm_out, 1), t.left("slm"))
         if left <= 0:  # nothing left of the joint budget to finish with
@@ -550,7 +562,7 @@ class CollaborateEngine:
             return
         freq = GenRequest(
             messages=t.req.messages,
-            prefix=t.slm_text + t.llm_text,
+            prefix=t.slm_text + t.llm_text if written is None else written,
             max_tokens=left,
             logit_bias={self.offload_id: BAN},
             **t.sampling,
@@ -567,10 +579,10 @@ class CollaborateEngine:
         t.bill_slm(fin, seen)
         t.fallback, t.finish = True, fin.finish_reason or "length"
 
-    def _failed(self, t: Turn) -> EngineError | None:
+    def failure_outcome(self, t: Turn) -> EngineError | None:
         """After every LLM attempt failed: the turn ends in "error" when it has no fallback (on_error="raise", or
         the LLM answering alone) and this returns the error the stream raises (a batch records it instead); else
-        None, and the SLM falls back (`_fallback_phase`)."""
+        None, and the SLM falls back (`slm_fallback`)."""
         if self.failure.on_error == "raise" or t.mode == "llm":  # alone, the LLM has no SLM to fall back on
             t.finish = "error"
             return EngineError(f"the LLM failed {len(t.errors)} time(s): {t.errors[-1]}", t.done(self.prices))
@@ -593,7 +605,7 @@ class CollaborateEngine:
         if mode != "llm":
             early: _EarlyCall | None = None
             try:
-                async for ev in self._slm_stream(t):
+                async for ev in self.slm_segment(t):
                     if isinstance(ev, _EarlyCall):
                         early = ev
                     else:
@@ -608,18 +620,18 @@ class CollaborateEngine:
             yield Handoff(slm_tokens=t.handoff, packed=pack(t.slm_text))
         else:
             early = None
-        async for ev in self._llm_phase(t, early):
+        async for ev in self.llm_call(t, early):
             yield ev
         if t.finish is None:  # every LLM attempt failed
-            err = self._failed(t)
+            err = self.failure_outcome(t)
             if err is not None:
                 raise err
             if t.finish is None:
-                async for ev in self._fallback_phase(t):
+                async for ev in self.slm_fallback(t):
                     yield ev
         yield t.done(self.prices)
 
-    async def _slm_stream(self, t: Turn, early_call: bool = True) -> AsyncIterator[SLMDelta | _EarlyCall]:
+    async def slm_segment(self, t: Turn, early_call: bool = True) -> AsyncIterator[SLMDelta | _EarlyCall]:
         """Lines 1-2, 9-10: the SLM decodes, `<offload>` a stop token id. With `early_call` (the stream driver) the
         handoff request is put on the wire the moment the stop arrives (an `_EarlyCall`, yielded to the driver),
         before the SLM's stream is drained."""
@@ -701,12 +713,12 @@ class CollaborateEngine:
                     await self._llm_batch(need[k : k + batch_size], batch_size)
                     step(len(need[k : k + batch_size]))
         else:
-            await asyncio.gather(*(limited(_drain(self._llm_phase(t))) for t in need))
+            await asyncio.gather(*(limited(_drain(self.llm_call(t))) for t in need))
         for t in need:
             if t.finish is None:  # every LLM attempt failed
-                self._failed(t)  # no fallback: finish_reason "error" (never raised from a batch)
+                self.failure_outcome(t)  # no fallback: finish_reason "error" (never raised from a batch)
                 if t.finish is None:
-                    await _drain(self._fallback_phase(t))
+                    await _drain(self.slm_fallback(t))
         await asyncio.gather(*(limited(_drain(run.resume())) for run in runs.values()))
         return [t.done(self.prices) for t in turns]
 
@@ -727,7 +739,7 @@ class CollaborateEngine:
                         given[i] = r
                     step(len(part))
             todo = []
-        await asyncio.gather(*(limited(_drain(self._slm_stream(turns[i], early_call=False))) for i in todo))
+        await asyncio.gather(*(limited(_drain(self.slm_segment(turns[i], early_call=False))) for i in todo))
         for t, r in zip(turns, given):
             if r is not None and t.mode != "llm":
                 self._slm_finished(t, r.text, _final_chunk(r), len(r.token_ids))

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pyrodash.backends import literal
 from pyrodash.backends.base import GenChunk
 from pyrodash.cost import Usage
-from pyrodash.engine.requests import EngineRequest
+from pyrodash.engine.requests import EngineRequest, LLMCall
 from pyrodash.engine.turn import Turn
 from pyrodash.events import Event, Handoff, LLMDelta, SLMDelta
 from pyrodash.prompts import OFFLOAD_TOKEN, pack
@@ -85,6 +85,7 @@ class RelayRun:
         self.context = self.trace + OFFLOAD_TOKEN  # the SLM's context: the trace with its own `<offload>` tokens
         self.llm_budget, self.base_stop = t.llm_max, list(t.sampling.get("stop") or [])
         self.prior = 0  # the longest prompt an earlier LLM call of this answer read
+        self.text = ""  # the last LLM call's text
 
     async def resume(self) -> AsyncIterator[Event]:
         """LLM step, SLM, LLM step ... until the answer ends; every LLM call billed on its own."""
@@ -112,22 +113,25 @@ class RelayRun:
         if left <= 0:
             t.finish = "length"
             return
-        t.slm_text, t.llm_text = self.trace, ""
-        t.llm_max = min(left, self.cfg.step_max_tokens) if step else left
-        t.sampling = {**t.sampling, "stop": self.base_stop + ([self.cfg.step_sep] if step else [])}
-        first = len(t.calls)
-        async for ev in self.e._llm_phase(t):
+        call = LLMCall(
+            written=self.trace,
+            cap=min(left, self.cfg.step_max_tokens) if step else left,
+            stop=(*self.base_stop, self.cfg.step_sep) if step else tuple(self.base_stop),
+        )
+        first, mark = len(t.calls), len(t.llm_text)
+        async for ev in self.e.llm_call(t, call=call):
             yield ev
         self._bill_prior(first)
-        if t.llm_text:
-            self.segments.append({"by": "llm", "endpoint": t.calls[-1]["endpoint"], "text": t.llm_text})
-            self.trace += t.llm_text
-            self.context += _as_text(t.llm_text)
+        self.text = t.llm_text[mark:]
+        if self.text:
+            self.segments.append({"by": "llm", "endpoint": t.calls[-1]["endpoint"], "text": self.text})
+            self.trace += self.text
+            self.context += _as_text(self.text)
 
     def _step_ended(self) -> bool:
         """After a step call that succeeded: whether the SLM resumes (the LLM stopped at a step end). Else the
         answer ended (EOS, the joint budget) or the relay falls back to a single handoff for the rest."""
-        t, text, sep = self.t, self.t.llm_text, self.cfg.step_sep
+        t, text, sep = self.t, self.text, self.cfg.step_sep
         if sep in text:  # the endpoint ignored `stop`: it may have written the whole answer
             t.relay_fallback = STOP_IGNORED
             t.finish = None if t.finish == "length" and t.left() > 0 else t.finish
@@ -197,14 +201,12 @@ class RelayRun:
     async def _failed(self) -> AsyncIterator[SLMDelta]:
         """Every attempt of an LLM call failed: an error (on_error="raise"), else the SLM finishes (no `<offload>`) on
         the packed trace, as after a failed single handoff."""
-        err = self.e._failed(self.t)
+        err = self.e.failure_outcome(self.t)
         if err is not None and self.raise_errors:
             raise err
         t = self.t
         if err is None and t.finish is None:
-            t.slm_text, t.llm_text, t.fb_text = self.trace, "", ""
-            t.sampling = {**t.sampling, "stop": self.base_stop}  # the SLM finishes the answer, not a step
-            async for ev in self.e._fallback_phase(t):
+            async for ev in self.e.slm_fallback(t, written=self.trace):  # (the request's stop: the answer's end)
                 yield ev
             if t.fb_text:
                 self.segments.append({"by": "slm", "text": t.fb_text, "fallback": True})
@@ -244,7 +246,7 @@ async def _aiter(stream):
 async def relay_stream(engine, t: Turn, cfg: RelayConfig) -> AsyncIterator[Event]:
     """The stream driver's relay (`CollaborateEngine.stream` with max_llm_calls > 1): SLM, then `RelayRun`."""
     t.cache_key = object()  # the answer's SLM requests share their KV (an in-process SLM's prefix cache)
-    async for ev in engine._slm_stream(t, early_call=False):
+    async for ev in engine.slm_segment(t, early_call=False):
         yield ev
     if t.handoff is None:
         yield t.done(engine.prices)

@@ -86,6 +86,20 @@ class EngineRequest:
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("question", "prepared", "gate")}
 
 
+@dataclass(frozen=True)
+class LLMCall:
+    """One LLM call of a turn: what it continues (`written`; None: Pack of the SLM's text, the single handoff), its
+    cap (None: what is left of the LLM's budget) and its stop strings (None: the request's). A relay step continues
+    the trace so far, capped at `step_max_tokens`, with the step separator added to the stop strings."""
+
+    written: str | None = None
+    cap: int | None = None
+    stop: tuple[str, ...] | None = None
+
+
+TO_THE_END = LLMCall()  # the single handoff's call: the LLM writes the rest of the answer
+
+
 def with_system(system: str, messages: list[dict]) -> list[dict]:
     """Put `system` first; a caller's own system message is kept after it in the same system turn."""
     if not system:
