@@ -23,7 +23,8 @@ from pathlib import Path
 from pyrodash.eval.build import SWEEPS, method_specs, sweep_lambda
 from pyrodash.eval.carve import val_methods
 from pyrodash.eval.harness import EvalConfig, evaluate
-from pyrodash.eval.long import calibrate_long, evaluate_long, with_long_conversations
+from pyrodash.eval.long import CALIBRATION_FILE, VALIDATION, calibrate_long, evaluate_long, with_long_conversations
+from pyrodash.eval.names import method_name
 from pyrodash.jobs.library_log import library_log
 from pyrodash.jobs.scheduler import Job, default_workers, run_jobs
 from pyrodash.report.console import print_picked, print_table2, print_turns
@@ -159,8 +160,10 @@ def long_conversation_jobs(cfg: EvalConfig, lam: float, names: set[str]) -> list
     def after(*needs: str) -> tuple[str, ...]:
         return tuple(n for n in needs if n in names)
 
-    return [
-        Job("range calibration", calibrate_long, (cfg, lam), after=after(stage3)),
+    # a resumed run whose policy is not trained again keeps its calibration (150 six-turn conversations: minutes)
+    calibrated = stage3 not in names and _calibrated(Path(cfg.run_dir), lam)
+    calibration = [] if calibrated else [Job("range calibration", calibrate_long, (cfg, lam), after=after(stage3))]
+    return calibration + [
         Job(
             "long conversations: slm, llm",
             evaluate_long,
@@ -173,9 +176,18 @@ def long_conversation_jobs(cfg: EvalConfig, lam: float, names: set[str]) -> list
             evaluate_long,
             (cfg, lam, ("pyrodash",)),
             {"quiet": True},
-            after=("range calibration", "long conversations: slm, llm", *after(own)),
+            after=(*[j.name for j in calibration], "long conversations: slm, llm", *after(own)),
         ),
     ]
+
+
+def _calibrated(run_dir: Path, lam: float) -> bool:
+    """Whether RUN holds the range calibration of the λ policy on the validation conversations (`eval.long`)."""
+    path = run_dir / CALIBRATION_FILE
+    if not path.is_file():
+        return False
+    cal = json.loads(path.read_text())
+    return cal.get("policy") == method_name("pyrodash", lam) and cal.get("benchmark") == VALIDATION
 
 
 def training_jobs(recipe, out: Path, lambdas: list[float], console, prefix: str = "") -> list[Job]:
