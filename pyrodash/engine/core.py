@@ -27,7 +27,7 @@ from pyrodash.engine import conversation as conv
 from pyrodash.engine import fitting
 from pyrodash.engine.fitting import Prepared, PromptSize
 from pyrodash.engine.range_rule import ROUTED, RangeRule
-from pyrodash.engine.relay import RelayConfig, key_relay_turns, relay_for, relay_runs, relay_stream
+from pyrodash.engine.relay import RelayConfig, RelayRun, key_relay_turns, relay_for, relay_runs
 from pyrodash.engine.requests import (
     BAN,
     TO_THE_END,
@@ -596,39 +596,34 @@ class CollaborateEngine:
         seed, stop, handoff_share)."""
         r = EngineRequest.of(question, **options)
         t = self.turn(r)
-        relay = relay_for(self.relay, r)
-        if t.mode == "collab" and relay.max_llm_calls > 1:  # several handoffs: pyrodash.engine.relay
-            async for ev in relay_stream(self, t, relay):
+        if t.mode == "llm":  # the LLM alone (asked for, or past the SLM's range): one call, no SLM to fall back on
+            async for ev in self.llm_call(t):
                 yield ev
+            if t.finish is None:  # every LLM attempt failed
+                raise self.failure_outcome(t)
+            yield t.done(self.prices)
             return
-        mode = t.mode
-        if mode != "llm":
-            early: _EarlyCall | None = None
-            try:
-                async for ev in self.slm_segment(t):
-                    if isinstance(ev, _EarlyCall):
-                        early = ev
-                    else:
-                        yield ev
-            except BaseException:
-                if early is not None:
-                    await early.cancel()
-                raise
-            if t.handoff is None:
-                yield t.done(self.prices)
-                return
-            yield Handoff(slm_tokens=t.handoff, packed=pack(t.slm_text))
-        else:
-            early = None
-        async for ev in self.llm_call(t, early):
-            yield ev
-        if t.finish is None:  # every LLM attempt failed
-            err = self.failure_outcome(t)
-            if err is not None:
-                raise err
-            if t.finish is None:
-                async for ev in self.slm_fallback(t):
+        relay = relay_for(self.relay, r)
+        if t.mode == "collab" and relay.max_llm_calls > 1:
+            t.cache_key = object()  # the answer's SLM requests share their KV (an in-process SLM's prefix cache)
+        early: _EarlyCall | None = None  # the single handoff's call, put on the wire as `<offload>` arrives
+        try:
+            async for ev in self.slm_segment(t, early_call=relay.max_llm_calls == 1):
+                if isinstance(ev, _EarlyCall):
+                    early = ev
+                else:
                     yield ev
+        except BaseException:
+            if early is not None:
+                await early.cancel()
+            raise
+        if t.handoff is None:
+            yield t.done(self.prices)
+            return
+        run = RelayRun(self, t, relay)  # the handoffs: LLM call, SLM resumes, ... (one call: Algorithm 1's)
+        yield Handoff(slm_tokens=t.handoff, packed=run.trace)
+        async for ev in run.resume(early):
+            yield ev
         yield t.done(self.prices)
 
     async def slm_segment(self, t: Turn, early_call: bool = True) -> AsyncIterator[SLMDelta | _EarlyCall]:
@@ -701,13 +696,15 @@ class CollaborateEngine:
             if not stop_at_handoff:
                 key_relay_turns(self, turns, options)
             await self._slm_batch(turns, slm_results, batch_size, limited, desc)
-        runs = {} if stop_at_handoff else relay_runs(self, turns, options)  # relay answers (max_llm_calls > 1)
-        need = [t for i, t in enumerate(turns) if t.finish is None and i not in runs]  # handoffs, or mode "llm"
+        # the handoffs, as the stream driver runs them; an in-process LLM's single handoffs in batches (`_llm_batch`)
+        batched = hasattr(self.llm, "generate_batch")
+        runs = {} if stop_at_handoff else relay_runs(self, turns, options, single=not batched)
+        need = [t for i, t in enumerate(turns) if t.finish is None and i not in runs]  # batched handoffs, mode "llm"
         if stop_at_handoff:
             for t in need:
                 t.finish = "handoff"
             return [t.done(self.prices) for t in turns]
-        if hasattr(self.llm, "generate_batch"):
+        if batched:
             with _progress(desc, "LLM", len(need)) as step:
                 for k in range(0, len(need), batch_size):
                     await self._llm_batch(need[k : k + batch_size], batch_size)

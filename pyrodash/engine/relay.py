@@ -1,8 +1,11 @@
-"""Relay: several handoffs per answer. After `<offload>` the LLM continues the packed trace only up to the end of the
-step (`step_sep` as the API's stop sequence, at most `step_max_tokens`), its text is appended and the SLM resumes on
-its own context (its text and the `<offload>` tokens it emitted, with the LLM's steps: one token sequence, as a tool
-call stays in a model's context); up to `max_llm_calls` LLM calls per answer, the last one writing the rest as a
-single handoff does. The LLM reads the packed trace (no `<offload>`).
+"""The engine's handoff loop (`RelayRun`), from an answer's first `<offload>` on: LLM call, SLM resumes, LLM call ...
+With `max_llm_calls` 1 it is Algorithm 1's single handoff (one call writes the rest of the answer; the stream driver
+puts it on the wire as `<offload>` arrives). Above 1, relay: the LLM continues the packed trace only up to the end of
+the step (`step_sep` as the API's stop sequence, at most `step_max_tokens`), its text is appended and the SLM resumes
+on its own context (its text and the `<offload>` tokens it emitted, with the LLM's steps: one token sequence, as a tool
+call stays in a model's context); the last allowed call writes the rest. The LLM reads the packed trace (no
+`<offload>`). The loop drives the engine's public steps (`llm_call` with a typed `LLMCall`, `failure_outcome`,
+`slm_fallback`) and keeps the answer's segments and handoffs on its `Turn`, whose `done` builds the `Done`.
 
     engine = CollaborateEngine(slm, llm, prompts, prices, relay=RelayConfig(max_llm_calls=4))
     done = engine.run("...")          # or max_llm_calls=4 per request; 1 (the default) is the single handoff
@@ -23,7 +26,7 @@ from pyrodash.backends import literal
 from pyrodash.backends.base import GenChunk
 from pyrodash.cost import Usage
 from pyrodash.engine.requests import EngineRequest, LLMCall
-from pyrodash.engine.turn import Turn
+from pyrodash.engine.turn import Turn, llm_segments
 from pyrodash.events import Event, Handoff, LLMDelta, SLMDelta
 from pyrodash.prompts import OFFLOAD_TOKEN, pack
 
@@ -73,27 +76,30 @@ def relay_for(config: RelayConfig, request: EngineRequest | dict) -> RelayConfig
 
 
 class RelayRun:
-    """One answer's relay from its first handoff on (`t`: the turn after the SLM's first segment)."""
+    """One answer's handoffs from its first on (`t`: the turn after the SLM's first segment); `cfg.max_llm_calls` 1:
+    the single handoff."""
 
     def __init__(self, engine, t: Turn, cfg: RelayConfig, raise_errors: bool = True):
         self.e, self.t, self.n, self.cfg = engine, t, cfg.max_llm_calls, cfg
         self.raise_errors = raise_errors  # the stream driver raises EngineError; a batch records finish "error"
         # the answer's segments and handoffs, kept on the Turn (its `done` builds the relay's Done from them)
         self.segments = t.segments = [{"by": "slm", "text": t.slm_text}] if t.slm_text else []
-        self.handoffs = t.handoffs = [t.handoff] if t.handoff is not None else []
+        self.handoffs = [t.handoff] if t.handoff is not None else []
+        t.handoffs = self.handoffs if self.n > 1 else []  # (a single handoff's Done lists none: `Done.handoff`)
         self.trace = pack(t.slm_text)  # everything written so far, as the next LLM request continues it
         self.context = self.trace + OFFLOAD_TOKEN  # the SLM's context: the trace with its own `<offload>` tokens
         self.llm_budget, self.base_stop = t.llm_max, list(t.sampling.get("stop") or [])
         self.prior = 0  # the longest prompt an earlier LLM call of this answer read
-        self.text = ""  # the last LLM call's text
+        self.text, self.calls = "", 0  # the last LLM call's text; LLM calls made
 
-    async def resume(self) -> AsyncIterator[Event]:
-        """LLM step, SLM, LLM step ... until the answer ends; every LLM call billed on its own."""
-        t, calls = self.t, 0
+    async def resume(self, early=None) -> AsyncIterator[Event]:
+        """LLM step, SLM, LLM step ... until the answer ends; every LLM call billed on its own. `early`: the first
+        call, put on the wire by the SLM's segment as `<offload>` arrived (the engine's `_EarlyCall`), or None."""
+        t = self.t
         while t.finish is None:
-            calls += 1
-            step = calls < self.n and t.relay_fallback is None
-            async for ev in self._llm(step):
+            self.calls += 1
+            step = self.calls < self.n and t.relay_fallback is None
+            async for ev in self._llm(step, early if self.calls == 1 else None):
                 yield ev
             if t.finish is None:  # every attempt failed: the engine's failure policy
                 async for ev in self._failed():
@@ -106,11 +112,13 @@ class RelayRun:
             if t.finish is None:
                 yield Handoff(slm_tokens=self.handoffs[-1], packed=self.trace)
 
-    async def _llm(self, step: bool) -> AsyncIterator[LLMDelta]:
+    async def _llm(self, step: bool, early=None) -> AsyncIterator[LLMDelta]:
         """One LLM call continuing the trace: to the step's end (`step`), else to the end of the answer."""
         t = self.t
         left = self.llm_budget - t.usage.llm_out
         if left <= 0:
+            if early is not None:
+                await early.cancel()
             t.finish = "length"
             return
         call = LLMCall(
@@ -119,12 +127,12 @@ class RelayRun:
             stop=(*self.base_stop, self.cfg.step_sep) if step else tuple(self.base_stop),
         )
         first, mark = len(t.calls), len(t.llm_text)
-        async for ev in self.e.llm_call(t, call=call):
+        async for ev in self.e.llm_call(t, early, call=call):
             yield ev
         self._bill_prior(first)
         self.text = t.llm_text[mark:]
+        self.segments += llm_segments(t.calls[first:])
         if self.text:
-            self.segments.append({"by": "llm", "endpoint": t.calls[-1]["endpoint"], "text": self.text})
             self.trace += self.text
             self.context += _as_text(self.text)
 
@@ -206,7 +214,10 @@ class RelayRun:
             raise err
         t = self.t
         if err is None and t.finish is None:
-            async for ev in self.e.slm_fallback(t, written=self.trace):  # (the request's stop: the answer's end)
+            # after the first call the SLM finishes on its text and the LLM's, as a single handoff's does; after a
+            # resume, on the packed trace (the request's stop strings: the answer's end, not a step's)
+            written = None if self.calls == 1 else self.trace
+            async for ev in self.e.slm_fallback(t, written=written):
                 yield ev
             if t.fb_text:
                 self.segments.append({"by": "slm", "text": t.fb_text, "fallback": True})
@@ -243,34 +254,21 @@ async def _aiter(stream):
         await it.aclose()
 
 
-async def relay_stream(engine, t: Turn, cfg: RelayConfig) -> AsyncIterator[Event]:
-    """The stream driver's relay (`CollaborateEngine.stream` with max_llm_calls > 1): SLM, then `RelayRun`."""
-    t.cache_key = object()  # the answer's SLM requests share their KV (an in-process SLM's prefix cache)
-    async for ev in engine.slm_segment(t, early_call=False):
-        yield ev
-    if t.handoff is None:
-        yield t.done(engine.prices)
-        return
-    run = RelayRun(engine, t, cfg)
-    yield Handoff(slm_tokens=t.handoff, packed=run.trace)
-    async for ev in run.resume():
-        yield ev
-    yield t.done(engine.prices)
-
-
 def key_relay_turns(engine, turns: list[Turn], options: list[dict]) -> None:
     """The batch driver's turns that may relay (collab, max_llm_calls > 1) get a `cache_key` before their first SLM
-    segment, as `relay_stream` gives its turn: the SLM keeps that segment's KV for the resumes."""
+    segment, as the stream driver gives its turn: the SLM keeps that segment's KV for the resumes."""
     for t, o in zip(turns, options):
         if t.mode == "collab" and calls_for(engine.relay, o) > 1:
             t.cache_key = object()
 
 
-def relay_runs(engine, turns: list[Turn], options: list[dict]) -> dict[int, RelayRun]:
-    """The batch driver's relays: a `RelayRun` per collab turn that handed off with max_llm_calls > 1 (by index)."""
+def relay_runs(engine, turns: list[Turn], options: list[dict], single: bool = False) -> dict[int, RelayRun]:
+    """The batch driver's handoffs run as the stream driver's (by index): a `RelayRun` per collab turn that handed off
+    with max_llm_calls > 1, and with `single` (an LLM that does not generate in batches) with one call too."""
     out = {}
     for i, (t, o) in enumerate(zip(turns, options)):
         cfg = relay_for(engine.relay, o)
-        if t.mode == "collab" and cfg.max_llm_calls > 1 and t.handoff is not None and t.finish is None:
+        calls_ok = cfg.max_llm_calls > 1 or single
+        if t.mode == "collab" and calls_ok and t.handoff is not None and t.finish is None:
             out[i] = RelayRun(engine, t, cfg, raise_errors=False)
     return out

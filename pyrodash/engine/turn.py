@@ -16,7 +16,21 @@ from pyrodash.backends.base import GenChunk, GenRequest, Tokenized
 from pyrodash.cost import Prices, Usage, endpoint_bill
 from pyrodash.events import Done, LLMFailure
 
-MODES = ("collab", "slm", "llm")  # the Collaborate Engine; the SLM alone; the LLM alone
+MODES = ("collab", "slm", "llm")
+
+
+def llm_segments(calls: list[dict]) -> list[dict]:
+    """The segments of an LLM call's attempts (`Turn.calls` entries), in streamed order: one per stretch of text by
+    one endpoint (a retry on the same endpoint continues its segment; a mesh's next endpoint starts one)."""
+    segments: list[dict] = []
+    for c in calls:
+        if not c.get("text"):
+            continue
+        if segments and segments[-1]["endpoint"] == c["endpoint"]:
+            segments[-1]["text"] += c["text"]
+        else:
+            segments.append({"by": "llm", "endpoint": c["endpoint"], "text": c["text"]})
+    return segments  # the Collaborate Engine; the SLM alone; the LLM alone
 
 
 @dataclass
@@ -210,16 +224,9 @@ class Turn:
         )
 
     def _segments(self) -> list[dict]:
-        """A single handoff's segments, in streamed order: the SLM's text, each LLM call's (one per stretch by one
-        endpoint), then any fallback text."""
+        """A turn's segments without a relay: the SLM's text, the LLM's (`llm_segments`), then any fallback text."""
         segments = [{"by": "slm", "text": self.slm_text}] if self.slm_text else []
-        for c in self.calls:
-            if not c.get("text"):
-                continue
-            if segments and segments[-1]["by"] == "llm" and segments[-1]["endpoint"] == c["endpoint"]:
-                segments[-1]["text"] += c["text"]
-            else:
-                segments.append({"by": "llm", "endpoint": c["endpoint"], "text": c["text"]})
+        segments += llm_segments(self.calls)
         if self.fb_text:
             segments.append({"by": "slm", "text": self.fb_text, "fallback": True})
         return segments
