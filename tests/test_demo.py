@@ -32,23 +32,13 @@ def _records(out, turns: bool = False, benchmark: str = "world:multiturn"):
 
 
 def verdict_failures(summary: dict, points: float = 1.0, cost: float = 0.05) -> list[str]:
-    """The quick demo's verdicts, from summary.json: the single-handoff point picked on world:val (`selection.single`,
-    `pyrodash.report.select`) within `points` accuracy points of the oracle single handoff on test at <= its cost /
-    LLM-only + `cost`, and every RouteLLM-MF / GlimpRouter point at or above PyroDash's cheapest cost matched or
-    beaten by a PyroDash point at no higher cost (the curve, as `report.tables.verdict_sentence` reads it). Each
-    verdict that fails, in words (empty: they hold)."""
+    """The quick demo's verdicts, from summary.json: the single-handoff point picked on world:val (`picked_failures`),
+    and every RouteLLM-MF / GlimpRouter point at or above PyroDash's cheapest cost matched or beaten by a PyroDash
+    point at no higher cost (the curve, as `report.tables.verdict_sentence` reads it). Each verdict that fails, in
+    words (empty: they hold)."""
     ms = summary["methods"]
     ours = {n: m for n, m in ms.items() if parse_method(n)[0] == "pyrodash"}
-    o, out = ms["oracle"], []
-    sel = summary["selection"]["single"]
-    t, v = sel["test"], sel["val"]
-    if not (t["accuracy"] >= o["accuracy"] - points / 100 and t["cost_normalized"] <= o["cost_normalized"] + cost):
-        out.append(
-            f"the point picked on val, {sel['picked']} ({sel['criterion']['text']}; val {100 * v['accuracy']:.2f}% "
-            f"at {v['cost_normalized']:.3f}), is at {100 * t['accuracy']:.2f}% ({t['cost_normalized']:.3f}) on test: "
-            f"not within {points:g} point of the oracle ({100 * o['accuracy']:.2f}% at {o['cost_normalized']:.3f}) at "
-            f"<= its cost + {cost:g}"
-        )
+    out = picked_failures(ms, summary["selection"]["single"], points, cost)
     floor = min(m["cost_usd"] for m in ours.values())
     for n, m in ms.items():
         if parse_method(n)[0] in ("routellm", "glimprouter") and m["cost_usd"] >= floor:
@@ -57,18 +47,31 @@ def verdict_failures(summary: dict, points: float = 1.0, cost: float = 0.05) -> 
     return out
 
 
-def relay_failures(summary: dict, relay_summary: dict, cost: float = 0.04, accuracy: float = 0.98) -> list[str]:
-    """The relay's verdict (`pyrodash demo --quick --relay`): the relay point picked on world:val at <= the relay
-    oracle's cost / LLM-only + `cost` and >= `accuracy` on test. The default demo, this module's, trains no relay:
-    the check runs on a `--relay` run's summaries (RUN/summary.json, RUN/relay/summary.json)."""
-    sel, o = summary["selection"]["relay"], relay_summary["methods"]["relay_oracle"]
+def picked_failures(methods: dict, sel: dict, points: float = 1.0, cost: float = 0.05) -> list[str]:
+    """The single-handoff point picked on val (`sel`, summary.json `selection.single`) within `points` accuracy points
+    of the oracle single handoff on test at <= its cost / LLM-only + `cost`; the failure in words, or []."""
+    o, t, v = methods["oracle"], sel["test"], sel["val"]
+    if t["accuracy"] >= o["accuracy"] - points / 100 and t["cost_normalized"] <= o["cost_normalized"] + cost:
+        return []
+    return [
+        f"the point picked on val, {sel['picked']} ({sel['criterion']['text']}; val {100 * v['accuracy']:.2f}% "
+        f"at {v['cost_normalized']:.3f}), is at {100 * t['accuracy']:.2f}% ({t['cost_normalized']:.3f}) on test: "
+        f"not within {points:g} point of the oracle ({100 * o['accuracy']:.2f}% at {o['cost_normalized']:.3f}) at "
+        f"<= its cost + {cost:g}"
+    ]
+
+
+def relay_failures(sel: dict, relay_oracle: dict, cost: float = 0.04, accuracy: float = 0.98) -> list[str]:
+    """The relay's verdict (`pyrodash demo --quick --relay`): the relay point picked on world:val (`sel`, summary.json
+    `selection.relay`) at <= the relay oracle's cost / LLM-only + `cost` and >= `accuracy` on test. The default demo,
+    this module's, trains no relay: tests/test_select.py checks it on the stored `--relay` run the docs quote."""
     t = sel["test"]
-    if t["accuracy"] >= accuracy and t["cost_normalized"] <= o["cost_normalized"] + cost:
+    if t["accuracy"] >= accuracy and t["cost_normalized"] <= relay_oracle["cost_normalized"] + cost:
         return []
     return [
         f"the relay point picked on val, {sel['picked']}, is at {100 * t['accuracy']:.2f}% "
         f"({t['cost_normalized']:.3f}) on test: not >= {100 * accuracy:g}% at <= the relay oracle's "
-        f"{o['cost_normalized']:.3f} + {cost:g}"
+        f"{relay_oracle['cost_normalized']:.3f} + {cost:g}"
     ]
 
 
