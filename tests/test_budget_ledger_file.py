@@ -62,6 +62,7 @@ def test_a_restart_without_redis_continues_the_period_from_its_spent_dollars(mod
     with serve(models, tmp_path, cap) as srv:
         before = sum(e["cost_usd"] for i in range(3) for e in ask(srv.url, i)["llm_endpoints"])
         assert before > 0 and row(srv.url)["cap_spent_usd"] == pytest.approx(before)
+        assert httpx.get(f"{srv.url}/v1/budget", timeout=30).json()["ledger"] == "file"
     with serve(models, tmp_path, cap) as srv:  # a new process state, the same state_dir
         assert row(srv.url)["cap_spent_usd"] == pytest.approx(before)
         more = sum(e["cost_usd"] for e in ask(srv.url, 9)["llm_endpoints"])

@@ -397,7 +397,9 @@ class Budgets:
         if self.metrics is not None:
             self.metrics.fallback.set(1 if view["fallback"] else 0)
             self.metrics.replica_share.set(view["replica_share"])
-        return {"object": "budgets", "store": view, "time_compression": self.cfg.time_compression, "data": rows}
+        ledger = self.store.ledger.kind  # where the caps' ledger lives: redis, file (state_dir), memory
+        out = {"object": "budgets", "store": view, "ledger": ledger, "time_compression": self.cfg.time_compression}
+        return {**out, "data": rows}
 
     def _utilisation(self, name: str) -> float | None:
         """Billed / reserved dollars of this replica's settled requests (None: none settled yet)."""
