@@ -131,10 +131,10 @@ def configs_page() -> str:
     """The eval config, the recipe (curation and the three stages) and the serve config."""
     from trl import GRPOConfig, SFTConfig
 
+    from pyrodash.backends.retry import FailurePolicy
     from pyrodash.engine.conversation import ContextLimits
     from pyrodash.engine.range_rule import RangeRule
     from pyrodash.eval.harness import EvalConfig
-    from pyrodash.backends.retry import FailurePolicy
     from pyrodash.server.config import Limits, OperatingPoint, ServeConfig
     from pyrodash.train.config import CurateConfig, Recipe, Stage1Config, Stage2Config, Stage3Config
 
