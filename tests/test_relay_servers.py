@@ -27,6 +27,7 @@ PROMPTS = get_prompts("world-v1")
 CACHED = Prices.from_yaml("cached")
 PAPER = Prices.from_yaml("paper")
 OPENAI_KEY = "sk-double-0123456789abcdefXYZ"
+KEY_ANT = "sk-ant-double-0123456789abcdef"  # the Anthropic double's default key
 
 # case -> (app factory over the scripted LLM, spec overrides, the stop field in the body)
 CASES = {
@@ -280,3 +281,40 @@ def test_relay_through_a_litellm_proxy(tmp_path, monkeypatch):
     assert ep.get("cache_estimated") and done.cost_usd == pytest.approx(done.usage.cost(CACHED))
     assert fell.relay_fallback is None and fell.usage.llm_calls == 2 and fell.output == GOLD
     assert fell.segments == done.segments and Record.from_done(fell).llm_endpoints[0]["client_stops"] == 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["anthropic", "auto"])
+def test_relay_through_a_litellm_proxy_in_front_of_the_anthropic_double(tmp_path, monkeypatch, mode):
+    """A real LiteLLM proxy (`anthropic/` route) in front of the Anthropic test double serving the scripted LLM, with
+    the blank-line separator: one call per step, no `empty_step`."""
+    import json
+
+    from servers import free_port
+    from test_readme_endpoints import _process, litellm_bin
+
+    exe = litellm_bin()
+    if exe is None:
+        pytest.skip("LiteLLM is not installed: .venv-litellm (or set LITELLM_BIN); .ci/run does this")
+    double = anthropic_double(ScriptLLM())
+    with serve_in_thread(double) as upstream:
+        params = {"model": "anthropic/claude-double", "api_base": upstream.removesuffix("/v1"), "api_key": KEY_ANT}
+        cfg = tmp_path / "litellm.yaml"
+        cfg.write_text(json.dumps({"model_list": [{"model_name": "my-claude", "litellm_params": params}]}))
+        port, master = free_port(), "sk-litellm-master-0123456789abcdef"
+        env = {"LITELLM_LOCAL_MODEL_COST_MAP": "True", "NO_DOCS": "True", "DISABLE_ADMIN_UI": "True"}
+        env = {**os.environ, **env, "LITELLM_MASTER_KEY": master}
+        monkeypatch.setenv("PD_PROXY_KEY", master)
+        cmd = [exe, "--config", str(cfg), "--host", "127.0.0.1", "--port", str(port)]
+        with _process(cmd, f"http://127.0.0.1:{port}/health/liveliness", env, tmp_path / "litellm.log", 180):
+            spec = {"url": f"http://127.0.0.1:{port}/v1", "model": "my-claude", "api_key_env": "PD_PROXY_KEY"}
+            llm = load_llm({**spec, "mode": mode})
+            relay = RelayConfig(max_llm_calls=8)
+            done = CollaborateEngine(ScriptSLM(), llm, PROMPTS, CACHED, max_tokens=200, relay=relay).run("q")
+    # auto: the probe finds the Anthropic model behind the proxy and takes the proxy's Messages API
+    assert llm.report.mode == "anthropic"
+    steps = [c for c in double.state.calls if c.get("max_tokens", 0) > 2]  # (the start-up probe asks for 2 or less)
+    assert len(steps) == 2 and all("stop_sequences" not in c for c in steps)  # the blank line: enforced by the client
+    assert done.output == GOLD and done.relay_fallback is None and not done.errors
+    assert done.usage.llm_calls == 2 and [s["by"] for s in done.segments] == ["slm", "llm", "slm", "llm", "slm"]
+    assert Record.from_done(done).llm_endpoints[0]["client_stops"] == 2
