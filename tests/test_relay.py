@@ -274,14 +274,16 @@ def test_relay_oracle_hands_off_before_every_untaught_step_through_the_engine():
     assert all(r.stop == ["\n\n"] for r in llm.requests)
 
 
-def test_the_budget_worst_case_counts_every_relay_call():
+def test_admission_reserves_a_relays_first_call_and_the_gate_each_further_one():
+    """Admission reserves one call's bound whatever `max_llm_calls` is; every further relay call is reserved by the
+    budget's gate before it is made (tests/test_budget_gate.py drives that through a capped server)."""
     from pyrodash.engine import EngineRequest
-    from pyrodash.server.budget.reserve import worst_case
+    from pyrodash.server.budget.reserve import call_bound, worst_case
 
     call = EngineRequest("q", max_tokens=200, max_total_tokens=200)
-    one, four = (worst_case(engine(calls=n), call, "llm").llm for n in (1, 4))
-    out = 200 * PAPER.llm_out / 1e6  # the output over all calls is at most the budget
-    assert four - out == pytest.approx(4 * (one - out))
+    one, four = (worst_case(engine(calls=n), call, "llm") for n in (1, 4))
+    assert one.llm == pytest.approx(four.llm) and one.collab == pytest.approx(four.collab)
+    assert four.llm >= call_bound(engine(calls=4), 0, 200).usd  # at least the call's whole output budget
 
 
 def test_a_relay_sweep_point_is_the_policy_in_relay_mode():
