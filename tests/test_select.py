@@ -277,3 +277,25 @@ def test_demo_seeds_flag_mistakes_are_one_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2 and "--seeds 0,1,2" in err[0] and "no --world DIR" in err[1], err
     assert not (tmp_path / "d").exists()  # nothing started
+
+
+def test_the_readme_headline_quotes_the_points_picked_on_val():
+    """README's headline table is the stored demo run's selection (docs/results/quick-seed0.json, its summary.json
+    trimmed by `scripts/render_docs.py --store`): per kind the point picked on val and its val and test figures, not
+    the best point on test; and the picks hold the demo's bars on test (tests/test_demo.py: the single handoff within
+    1 point of the oracle at <= its cost + 0.05, the relay >= 98% at <= the relay oracle's + 0.04)."""
+    from test_demo import picked_failures, relay_failures
+
+    root = Path(__file__).resolve().parent.parent
+    res = json.loads((root / "docs" / "results" / "quick-seed0.json").read_text())
+    span = (root / "README.md").read_text().split("<!-- rendered: picked quick-seed0 -->")[1].split("<!-- /rendered")[0]
+    rows = [line for line in span.splitlines() if line.startswith("| ") and "`" in line]
+    assert len(rows) == len(res["selection"]) >= 1
+    for row, (kind, sel) in zip(rows, res["selection"].items()):
+        v, t = sel["val"], sel["test"]
+        assert f"`{sel['picked']}`" in row and sel["criterion"]["text"] in row, (kind, row)
+        assert f"{100 * v['accuracy']:.2f} / {v['cost_normalized']:.3f}" in row, (kind, row)
+        assert f"{100 * t['accuracy']:.2f} / {t['cost_normalized']:.3f}" in row, (kind, row)
+    assert picked_failures(res["methods"], res["selection"]["single"]) == []
+    relay = res["selection"].get("relay")
+    assert relay is None or relay_failures(relay, relay["oracle"]) == []

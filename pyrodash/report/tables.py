@@ -147,7 +147,8 @@ def pareto_verdict(ms: dict[str, Metrics]) -> list[str]:
 
 def verdict_sentence(ms: dict[str, Metrics]) -> str:
     """The Pareto verdict in one sentence: how many routing points PyroDash matches or beats at no higher cost
-    (among those at or above its cheapest point's cost), and its closest point to the oracle."""
+    (among those at or above its cheapest point's cost), and its most accurate point near the oracle's cost on these
+    same problems (a best-on-this-set figure: the point to serve is picked on val, `pyrodash.report.select`)."""
     ours = [m for n, m in ms.items() if parse_method(n)[0] == "pyrodash"]
     if not ours:
         return "No PyroDash records in this run."
@@ -170,8 +171,8 @@ def verdict_sentence(ms: dict[str, Metrics]) -> str:
             f"; the oracle single handoff reaches {pct(o.accuracy)}% at {o.cost_normalized:.3f} of LLM-only "
             "cost, and "
             + (
-                f"the best PyroDash point within +0.10 of its cost is {best.name} at "
-                f"{pct(best.accuracy)}% ({best.cost_normalized:.3f})"
+                f"the most accurate PyroDash point on these problems within +0.10 of its cost (read here, not "
+                f"picked on held-out data) is {best.name} at {pct(best.accuracy)}% ({best.cost_normalized:.3f})"
                 if best
                 else "no PyroDash point comes within +0.10 of its cost"
             )
