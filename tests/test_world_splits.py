@@ -57,3 +57,17 @@ def test_a_build_writes_the_long_splits_a_world_without_them_would_make(tmp_path
     for name in LONG_SPLITS:
         made = [json.loads(x) for x in ensure_long_split(tmp_path, name).read_text().splitlines()]
         assert made == [ex.to_dict() for ex in splits[name]], name
+
+
+def test_val_size_keeps_a_worlds_measurements_and_an_older_world_json_reads_its_dev():
+    """The build's measurements (tiers, continuations, conversation turns) do not read `val`, so its size keeps them
+    reusable (`build.reusable_measurements`); `dev` moves the splits after it, so its size does not. A world.json from
+    before `dev` existed (the shipped base models') had its dev under `n_val`, and reads as the quick preset."""
+    from pyrodash.world.shipped import SHIPPED
+
+    quick = WorldConfig.from_preset("quick")
+    assert quick.measurements_hash() == replace(quick, n_val=7).measurements_hash()
+    assert quick.measurements_hash() != replace(quick, n_dev=7).measurements_hash()
+    shipped = json.loads((SHIPPED / "seed0" / "world.json").read_text())["config"]
+    if "n_dev" not in shipped:
+        assert WorldConfig.from_stored(shipped).measurements_hash() == quick.measurements_hash()

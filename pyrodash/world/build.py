@@ -431,15 +431,20 @@ def build_platform() -> dict:
 
 def reusable_measurements(donor: Path | None, cfg: WorldConfig, seed: int) -> tuple[dict | None, str]:
     """(the donor world's `MEASUREMENTS`, why) when measuring its copied models here would repeat them: the same
-    config hash and seed (so the same splits), build recipe, and platform and threads (`shipped.measured_on`);
+    measured splits (`WorldConfig.measurements_hash`: the config but for `val`'s size) and seed, build recipe, and
+    platform and threads (`shipped.measured_on`);
     (None, why not) otherwise. Within one platform the build's evaluation is bitwise repeatable; across CPU kinds a
     float sum can differ, hence a few answers."""
     if donor is None:
         return None, "no models copied"
     info = read_world_info(donor)
-    key = (info.get("config_hash"), info.get("seed"), info.get("build_recipe"))
-    if key != (cfg.config_hash(), seed, BUILD_RECIPE) or any(k not in info for k in MEASUREMENTS):
-        return None, f"the world at {donor} measured other splits or an older build (config hash, seed, recipe: {key})"
+    stored = WorldConfig.from_stored(info["config"]).measurements_hash() if info.get("config") else None
+    key = (stored, info.get("seed"), info.get("build_recipe"))
+    if key != (cfg.measurements_hash(), seed, BUILD_RECIPE) or any(k not in info for k in MEASUREMENTS):
+        return (
+            None,
+            f"the world at {donor} measured other splits or an older build (measured-splits hash, seed, recipe: {key})",
+        )
     here, there = build_platform(), measured_on(info)
     if there != here:
         return None, f"they were measured on {_platform_words(there)}, this build runs on {_platform_words(here)}"

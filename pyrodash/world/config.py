@@ -167,6 +167,21 @@ class WorldConfig:
         blob = json.dumps({**self.to_dict(), "build_recipe": BUILD_RECIPE}, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:10]
 
+    def measurements_hash(self) -> str:
+        """The hash of what a build's measurements depend on: the config without `n_val` (`val` is drawn after every
+        other split, so its size moves nothing they measure; `build.reusable_measurements`)."""
+        d = {k: v for k, v in self.to_dict().items() if k != "n_val"}
+        return hashlib.sha256(json.dumps({**d, "build_recipe": BUILD_RECIPE}, sort_keys=True).encode()).hexdigest()[:10]
+
+    @classmethod
+    def from_stored(cls, d: dict) -> WorldConfig:
+        """`from_dict` of a world.json's config, also one written before the `dev` split existed: its validation split
+        was drawn where `dev` is, so its `n_val` is that world's `n_dev` (its `val` was none)."""
+        d = dict(d)
+        if "n_dev" not in d:
+            d["n_dev"], d["n_val"] = d.get("n_val", cls.n_dev), 0
+        return cls.from_dict(d)
+
     def models_hash(self) -> str:
         """The hash of what the two pretrained models depend on: the config without the fields that only size the
         data splits or the build's evaluation (`DATA_FIELDS`). Two configs with the same models hash and seed train
