@@ -157,9 +157,9 @@ def test_the_demo_training_is_a_chain_of_steps_with_cost_base_beside_it(tmp_path
 
 
 def test_demo_relay_is_a_second_chain_in_its_own_run_dir_then_its_evaluation(tmp_path):
-    """`pyrodash demo --quick --relay`: the relay recipe's chain under "relay: " names (its own cost base), then one
-    evaluation step after its Stage 3, into RUN/relay/ with the relay oracle and the learned relay points (the main
-    run's λ 0.6 policy is not among its models)."""
+    """`pyrodash demo --quick --relay`: the relay recipe's chain under "relay: " names (its own cost base), then two
+    evaluation steps after its Stage 3: into RUN/relay/ with the relay oracle and the learned relay points (the main
+    run's λ 0.6 policy is not among its models), and the relay points with the LLM on world:val in RUN/relay/val."""
     from rich.console import Console
 
     from pyrodash.commands.demo import RELAY_POINTS, relay_jobs
@@ -173,13 +173,16 @@ def test_demo_relay_is_a_second_chain_in_its_own_run_dir_then_its_evaluation(tmp
     jobs = relay_jobs("relay-recipe", cfg, console)
     main_chain = training_jobs("recipe", tmp_path / "main", [0.6], console)  # the main chain at λ 0.6, prefixed
     want = [(f"relay: {j.name}", tuple(f"relay: {a}" for a in j.after)) for j in main_chain]
-    assert [(j.name, j.after) for j in jobs] == [*want, ("relay: eval", ("relay: stage3 λ=0.6",))]
+    evals = [("relay: eval", ("relay: stage3 λ=0.6",)), ("relay: val eval", ("relay: stage3 λ=0.6",))]
+    assert [(j.name, j.after) for j in jobs] == [*want, *evals]
     assert [j.name for j in jobs][:3] == ["relay: curation", "relay: stage1", "relay: stage2"]
-    assert all(j.args[1] == tmp_path / "relay" for j in jobs[:-1])  # the training writes RUN/relay/
-    ev = jobs[-1].args[0]
+    assert all(j.args[1] == tmp_path / "relay" for j in jobs[:-2])  # the training writes RUN/relay/
+    ev, val = jobs[-2].args[0], jobs[-1].args[0]
     assert ev.run_dir == str(tmp_path / "relay") and ev.methods == ["llm", "oracle", "relay_oracle", *RELAY_POINTS]
     assert ev.models["pyrodash"] == {0.6: str(tmp_path / "relay" / "stage3-lambda0.6")} and "sft" not in ev.models
     assert ev.benchmarks == [f"world:tier{i}" for i in range(1, 6)] and ev.range_rule is None
+    assert val.run_dir == str(tmp_path / "relay" / "val") and val.benchmarks == ["world:val"]
+    assert val.methods == ["llm", *RELAY_POINTS] and val.models == ev.models
 
 
 def test_demo_relay_needs_the_quick_world_in_one_line(tmp_path, capsys):
