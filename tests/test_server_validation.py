@@ -90,6 +90,15 @@ def test_the_error_handler_survives_a_surrogate_it_must_echo(http):
     assert r.status_code == 400 and _err(r)["param"] == "prompt"
 
 
+def test_an_unknown_key_in_the_requests_range_rule_is_a_400_naming_it(http):
+    """Found by schemathesis: an extra key in `pyrodash.range_rule` reached `RangeRule(...)` as a keyword (a 500)."""
+    body = {"messages": [{"role": "user", "content": "x"}], "pyrodash": {"range_rule": {"max_turns": 2, "turns": 1}}}
+    r = _post(http, body)
+    assert r.status_code == 400, r.text
+    err = _err(r)
+    assert err["param"].startswith("pyrodash.range_rule") and "turns" in err["message"]
+
+
 # ---------------------------------------------------------------- metrics cardinality
 
 

@@ -122,7 +122,10 @@ class ResponseFormatText(_Strict):
 
 
 class RangeRuleOptions(_Strict):
-    """A request's own range rule (`pyrodash.engine.range_rule`): both unset turns the rule off for it."""
+    """A request's own range rule (`pyrodash.engine.range_rule`): both unset turns the rule off for it. Its keys are
+    the rule's own fields, so any other key is a 400 (it would otherwise reach `RangeRule(...)`)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     max_turns: _int(0) | None = None  # the last user turn the SLM may take (0: none)
     max_context_tokens: PositiveInt | None = None  # the most tokens the SLM's prompt may hold

@@ -256,7 +256,8 @@ def parse(model: type[BaseModel], obj: object, allow_unknown: bool = False) -> B
         # OpenAI-style param path: field names and list indices, without pydantic's union-branch tags
         param = ".".join(str(x) for x in err["loc"] if isinstance(x, int) or x in known) or None
         where = f"{param}: " if param else ""
-        raise protocol.APIError(400, f"{where}{err['msg']}", param=param, code="invalid_value") from None
+        extra = f" ('{str(err['loc'][-1])[:40]}')" if err["type"] == "extra_forbidden" else ""  # the key refused
+        raise protocol.APIError(400, f"{where}{err['msg']}{extra}", param=param, code="invalid_value") from None
     _missing_content(req)
     return req
 
