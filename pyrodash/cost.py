@@ -222,6 +222,7 @@ class Usage:
         terms of `eq:cost`, which `cost` sums."""
         cached_price = prices.llm_in if prices.llm_cached_in is None else prices.llm_cached_in
         cached = self.llm_prior_in if self.cache_estimated(prices) else self.llm_cached_in
+        cached = min(cached, self.llm_in)  # a provider reporting more cached than input tokens: never a negative bill
         return {
             "slm_in": (self.slm_in - self.slm_cached_in) * prices.slm_in / MILLION,  # its prefix cache's: not billed
             "slm_out": self.slm_out * prices.slm_out / MILLION,

@@ -159,12 +159,14 @@ def test_a_period_boundary_in_a_burst_and_a_price_change_keep_each_period_within
 def test_billing_clamps_cached_tokens_and_counts_an_overrun_as_billed():
     from prometheus_client import CollectorRegistry
 
+    from pyrodash.cost import endpoint_bill
     from pyrodash.server.budget.gate import billed
 
-    price = {"llm_in": 10.0, "llm_out": 40.0, "llm_cached_in": 1.0}
+    price = {"slm_in": 0.0, "slm_out": 0.0, "llm_in": 10.0, "llm_out": 40.0, "llm_cached_in": 1.0}
     # a provider reporting more cached than prompt tokens: billed as if every prompt token were cached, never negative
-    odd = {"cost_usd": (100 - 300) * 10e-6 + 300 * 1e-6 + 5 * 40e-6, "llm_in": 100, "llm_cached_in": 300, "llm_out": 5}
-    got = billed(SimpleNamespace(cost_usd=0.0, llm_endpoints=[{**odd, "price": price}]), "llm")
+    odd = {"endpoint": "llm", "calls": 1, "llm_in": 100, "llm_cached_in": 300, "llm_out": 5, "prices": price}
+    sheet = Prices(slm_in=0.0, slm_out=0.0, llm_in=0.0, llm_out=0.0)  # (the call's own prices bill it)
+    got = billed(SimpleNamespace(cost_usd=0.0, llm_endpoints=endpoint_bill([odd], sheet)), "llm")
     assert got == pytest.approx(100 * 1e-6 + 5 * 40e-6)
 
     clock = Clock()

@@ -49,6 +49,10 @@ def test_cached_input_billing(paper):
     assert u.cost(paper) == pytest.approx(0.90)  # no cached price in the sheet: billed at llm_in
     cached = Prices.from_yaml("cached")
     assert u.cost(cached) == pytest.approx(0.45 + 0.045)
+    # more cached than input tokens (a provider's odd report): every input token cached, never a negative bill
+    assert Usage(llm_in=M, llm_cached_in=3 * M).cost(cached) == pytest.approx(
+        Usage(llm_in=M, llm_cached_in=M).cost(cached)
+    )
 
 
 def test_token_ratio_and_normalised(paper):

@@ -3,7 +3,7 @@ engine before each LLM call (the handoff, a retry, a relay step, the LLM alone),
 
     gate = Gate(ledger, ticket_of, engine, cap, ttl_s, pool_usd)    # pool: what admission reserved for the first call
     ok = await gate(req)               # the call's bound fits what is reserved, or a new reservation for the rest
-    usd = billed(done, "llm")          # the Done's dollars (cached tokens at most the prompt tokens)
+    usd = billed(done, "llm")          # the Done's dollars
 
 A call the cap cannot cover is not made: the engine then lets the SLM finish, as after a failed call. A request that
 ends without a Done (its client went away) settles at `Gate.cut_usd`: every call's input bound plus the output it
@@ -83,23 +83,10 @@ def new_ticket(budget: str, period: int) -> Callable[[float], Ticket]:
     return lambda usd: Ticket(budget, period, uuid.uuid4().hex, usd)
 
 
-def _endpoint_usd(e: dict) -> float:
-    """An endpoint's billed dollars with its cached input at most its input (a provider reporting more cached than
-    prompt tokens would otherwise bill a negative input)."""
-    usd = float(e.get("cost_usd", 0.0))
-    cached, tokens_in = e.get("llm_cached_in", 0) or 0, e.get("llm_in", 0) or 0
-    if cached > tokens_in:
-        price = e.get("price") or {}
-        cached_price = price.get("llm_cached_in")
-        cached_price = price.get("llm_in", 0.0) if cached_price is None else cached_price
-        clamped = (tokens_in * cached_price + (e.get("llm_out", 0) or 0) * price.get("llm_out", 0.0)) / 1e6
-        usd = max(usd, clamped)
-    return usd
-
-
 def billed(done: Done, dollars: str) -> float:
-    """The Done's dollars on a budget: its LLM endpoints' (`dollars: llm`), or with the SLM's too (`all`)."""
-    llm = sum(_endpoint_usd(e) for e in done.llm_endpoints)
+    """The Done's dollars on a budget: its LLM endpoints' (`dollars: llm`), or with the SLM's too (`all`); cached
+    tokens count at most the input tokens (`pyrodash.cost.Usage.components`)."""
+    llm = sum(float(e.get("cost_usd", 0.0)) for e in done.llm_endpoints)
     if dollars == "llm":
         return llm
     slm = done.cost_usd - sum(float(e.get("cost_usd", 0.0)) for e in done.llm_endpoints)
