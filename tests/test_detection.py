@@ -16,7 +16,7 @@ import httpx
 import pytest
 from provider_doubles import anthropic_double, deepseek_double
 from servers import free_port
-from test_readme_endpoints import _process, litellm_bin
+from test_readme_endpoints import _process, litellm_or_skip
 from tiny_models import CLEAN_LLM_SEEDS, HANDOFF_SLM_SEED, tiny_model_dir
 from tiny_models import mid_trace_bias as tiny_mid_trace_bias
 
@@ -151,12 +151,7 @@ def test_auto_on_an_anthropic_shaped_api_at_any_url(models, monkeypatch):
 def litellm_chain(models, tmp_path_factory):
     """(proxy base URL, the double's app): LiteLLM routes `my-llm` as is and `my-llm-drop` with
     `drop_params` + `additional_drop_params: [top_p]` (LiteLLM drops top_p), both to the Anthropic double."""
-    exe = litellm_bin()
-    if exe is None:
-        pytest.skip(
-            "LiteLLM is not installed: python3 -m venv .venv-litellm && .venv-litellm/bin/pip install "
-            "'litellm[proxy]' (or set LITELLM_BIN); .ci/run does this"
-        )
+    exe = litellm_or_skip()
     tmp = tmp_path_factory.mktemp("litellm")
     app = anthropic_double(models[1], model="claude-double", key=ANT_KEY)
     with serve_in_thread(app) as upstream:

@@ -13,7 +13,7 @@ import openai
 import pytest
 from front_stack import QUESTION, assert_mid_handoff, front_stack
 from servers import free_port
-from test_readme_endpoints import _process, litellm_bin
+from test_readme_endpoints import _process, litellm_or_skip
 from test_server import KEY
 
 MASTER = "sk-litellm-master-0123456789abcdef"  # the proxy's key; clients send it as their API key
@@ -21,12 +21,7 @@ MASTER = "sk-litellm-master-0123456789abcdef"  # the proxy's key; clients send i
 
 @pytest.fixture(scope="module")
 def proxy(tmp_path_factory):
-    exe = litellm_bin()
-    if exe is None:
-        pytest.skip(
-            "LiteLLM is not installed: python3 -m venv .venv-litellm && .venv-litellm/bin/pip install "
-            "'litellm[proxy]' (or set LITELLM_BIN); .ci/run does this"
-        )
+    exe = litellm_or_skip()
     tmp = tmp_path_factory.mktemp("litellm")
     with front_stack(tmp_path_factory) as (srv, _):
         routes = {"claude-pd": ("anthropic/mid", srv.url), "gpt-pd": ("openai/mid", f"{srv.url}/v1")}

@@ -171,14 +171,20 @@ def litellm_bin(wait_s: float = 600.0) -> str | None:
     return None
 
 
-@pytest.mark.slow
-def test_litellm_proxy_example(tiny, capsys, tmp_path, monkeypatch):
+def litellm_or_skip() -> str:
+    """LiteLLM's executable (`litellm_bin`), or the test is skipped saying how to install it."""
     exe = litellm_bin()
     if exe is None:
         pytest.skip(
             "LiteLLM is not installed: python3 -m venv .venv-litellm && .venv-litellm/bin/pip install "
             "'litellm[proxy]' (or set LITELLM_BIN); .ci/run does this"
         )
+    return exe
+
+
+@pytest.mark.slow
+def test_litellm_proxy_example(tiny, capsys, tmp_path, monkeypatch):
+    exe = litellm_or_skip()
     readme_llm = _by_host(":4000/")
     name = readme_llm.split("#")[1]
     with serve_in_thread(build_model_app(tiny[2], "llm")) as upstream:

@@ -245,14 +245,9 @@ def test_relay_through_a_litellm_proxy(tmp_path, monkeypatch):
     import json
 
     from servers import free_port
-    from test_readme_endpoints import _process, litellm_bin
+    from test_readme_endpoints import _process, litellm_or_skip
 
-    exe = litellm_bin()
-    if exe is None:
-        pytest.skip(
-            "LiteLLM is not installed: python3 -m venv .venv-litellm && .venv-litellm/bin/pip install "
-            "'litellm[proxy]' (or set LITELLM_BIN); .ci/run does this"
-        )
+    exe = litellm_or_skip()
     script = ScriptLLM()
     with serve_in_thread(build_model_app(script, "llm")) as upstream:
         params = {"model": "hosted_vllm/llm", "api_base": upstream, "api_key": "none"}
@@ -291,11 +286,9 @@ def test_relay_through_a_litellm_proxy_in_front_of_the_anthropic_double(tmp_path
     import json
 
     from servers import free_port
-    from test_readme_endpoints import _process, litellm_bin
+    from test_readme_endpoints import _process, litellm_or_skip
 
-    exe = litellm_bin()
-    if exe is None:
-        pytest.skip("LiteLLM is not installed: .venv-litellm (or set LITELLM_BIN); .ci/run does this")
+    exe = litellm_or_skip()
     double = anthropic_double(ScriptLLM())
     with serve_in_thread(double) as upstream:
         params = {"model": "anthropic/claude-double", "api_base": upstream.removesuffix("/v1"), "api_key": KEY_ANT}
