@@ -79,6 +79,18 @@ def scratch_world():
     return _SCRATCH["world"]
 
 
+@pytest.fixture(scope="module")
+def redis_server(tmp_path_factory):
+    """Debian's redis-server for a module's tests (tests/test_budget_redis.py has a fresh one per test instead)."""
+    from test_budget_redis import REDIS, RedisServer
+
+    if REDIS is None:
+        pytest.skip("needs Debian's redis-server: apt-get install -y redis-server")
+    srv = RedisServer(tmp_path_factory.mktemp("redis")).start()
+    yield srv
+    srv.kill()
+
+
 @pytest.fixture(scope="session")
 def quick_demo(tmp_path_factory):
     from pyrodash.cli import main

@@ -14,17 +14,6 @@ from pyrodash.server.budget.pacer import PacerSpec
 pytest.importorskip("redis", reason="the budgets' Redis store needs the redis package: pip install 'pyrodash[budget]'")
 
 
-@pytest.fixture(scope="module")
-def redis_server(tmp_path_factory):
-    from test_budget_redis import REDIS, RedisServer
-
-    if REDIS is None:
-        pytest.skip("needs Debian's redis-server: apt-get install -y redis-server")
-    srv = RedisServer(tmp_path_factory.mktemp("redis")).start()
-    yield srv
-    srv.kill()
-
-
 def test_an_idle_replica_keeps_counting_and_comes_back_on_its_own(redis_server, monkeypatch):
     monkeypatch.setattr(budget_store, "HEARTBEAT_S", 0.1)
     monkeypatch.setattr(budget_store, "ALIVE_S", 0.5)

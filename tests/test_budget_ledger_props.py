@@ -125,17 +125,6 @@ def test_the_file_ledger_never_passes_a_cap(ops):
             ledger.db.close()
 
 
-@pytest.fixture(scope="module")
-def redis_server(tmp_path_factory):
-    from test_budget_redis import REDIS, RedisServer
-
-    if REDIS is None:
-        pytest.skip("needs Debian's redis-server: apt-get install -y redis-server")
-    srv = RedisServer(tmp_path_factory.mktemp("redis")).start()
-    yield srv
-    srv.kill()
-
-
 def test_the_redis_ledger_never_passes_a_cap(redis_server):
     pytest.importorskip("redis")
     from pyrodash.server.budget.store import RedisStore
