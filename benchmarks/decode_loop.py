@@ -1,11 +1,11 @@
 """Our batched decode loop (`HFBackend.generate_batch`) against transformers' own `generate` on the world's models,
-and with its lean step (`pyrodash/backends/lean_step.py`) against the same loop calling the model's forward.
+and with its lean step (`pyrodash/backends/hf/lean_step.py`) against the same loop calling the model's forward.
 
     .venv/bin/python benchmarks/decode_loop.py [--model slm|llm] [--batch 64] [--runs 3] [--seed 0]
 
 The prompts mix single questions of every tier and conversation turns 2 and 3 (~60 to ~600 tokens), greedy, up to
 `--max-tokens` new tokens, left-padded. Our loop writes its KV cache in place and drops finished rows
-(`pyrodash/backends/kv_cache.py`); "forward" is the loop with `HFBackend.lean = False`. All three must write the
+(`pyrodash/backends/hf/kv_cache.py`); "forward" is the loop with `HFBackend.lean = False`. All three must write the
 same tokens (checked; exit 1 otherwise). Builds or reuses the quick world of `--seed`. The last line is exactly:
 `ours_s=<a> forward_s=<f> generate_s=<b> speedup=<b/a> lean_speedup=<f/a> same_tokens=<True|False>`.
 """
@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from pyrodash.backends.base import GenRequest
-    from pyrodash.backends.hf import HFBackend
+    from pyrodash.backends.hf.backend import HFBackend
     from pyrodash.world.build import build_world
 
     world = build_world(None, quick=True, seed=a.seed)

@@ -141,7 +141,7 @@ async def _handoff_times(url: str, llm, tslm: _Timed, tllm: _Timed) -> tuple[flo
 
 
 async def measure(url: str, runs: int, handoff_at: int) -> dict:
-    from pyrodash.backends.openai_compat import OpenAICompatBackend
+    from pyrodash.backends.http.openai_compat import OpenAICompatBackend
     from pyrodash.cost import Prices
     from pyrodash.engine import CollaborateEngine
     from pyrodash.events import Handoff, LLMDelta, SLMDelta

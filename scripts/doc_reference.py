@@ -7,7 +7,8 @@
 - `formats.md`: the files PyroDash reads (questions, evaluation splits, chat logs), each example read back by its
   loader, and the fields of an example and of a record;
 - `configs.md`: every key of the eval config, the training recipe and the serve config: name, type, default and
-  meaning, read from the dataclasses (`dataclasses.fields`) and the comments beside their fields in the source.
+  meaning, read from the pydantic models' schemas (the eval config) and from the dataclasses (`dataclasses.fields`)
+  and the comments beside their fields in the source (the recipe, the serve config).
 """
 
 from __future__ import annotations
@@ -109,9 +110,37 @@ def _default(f: dataclasses.Field) -> str:
     return f"`{value!r}`"
 
 
+def _schema_type(prop: dict) -> str:
+    """A JSON-schema property's type in words: `integer > 0`, `list of string`, `string or null`, ..."""
+    if "anyOf" in prop:
+        return " or ".join(_schema_type(p) for p in prop["anyOf"])
+    kind = {"array": "list", "object": "mapping", "number": "float"}.get(prop.get("type"), prop.get("type", "any"))
+    if kind == "list" and prop.get("items"):
+        kind += f" of {_schema_type(prop['items'])}"
+    if kind == "mapping" and isinstance(prop.get("additionalProperties"), dict):
+        kind += f" to {_schema_type(prop['additionalProperties'])}"
+    bounds = [(k, s) for k, s in (("exclusiveMinimum", ">"), ("minimum", ">=")) if k in prop]
+    return kind + "".join(f" {s} {prop[k]}" for k, s in bounds)
+
+
+def schema_table(cls: type) -> list[str]:
+    """A markdown table of a pydantic model's keys, from its JSON schema and its fields' descriptions."""
+    from pydantic import TypeAdapter
+
+    props = TypeAdapter(cls).json_schema()["properties"]
+    rows = ["| key | type | default | meaning |", "| --- | --- | --- | --- |"]
+    for name, info in cls.__pydantic_fields__.items():
+        default = "required" if info.is_required() else f"`{info.get_default(call_default_factory=True)!r}`"
+        meaning = _escaped(info.description or "(no description in the code)").replace("|", "or")
+        rows.append(f"| `{name}` | `{_schema_type(props[name])}` | {default.replace('|', 'or')} | {meaning} |")
+    return rows
+
+
 def fields_table(cls: type, own_only_below: type | None = None) -> list[str]:
     """A markdown table of `cls`'s fields (only those declared by PyroDash's classes when `own_only_below` is the
-    first foreign base, e.g. TRL's SFTConfig)."""
+    first foreign base, e.g. TRL's SFTConfig); a pydantic model's from its schema (`schema_table`)."""
+    if hasattr(cls, "__pydantic_fields__"):
+        return schema_table(cls)
     notes: dict[str, str] = {}
     for klass in reversed(cls.__mro__):
         if klass.__module__.startswith("pyrodash"):
@@ -157,8 +186,9 @@ def configs_page() -> str:
         "",
         GENERATED,
         "",
-        "Every key the YAML files take, read from the dataclasses that load them; a key not listed is refused with a",
-        "message naming the known ones. The `budgets:` section of the serve config: [Hold a budget](../budgets.md).",
+        "Every key the YAML files take, read from the classes that load them (the eval config's pydantic schema, the",
+        "recipe's and the serve config's dataclasses); a key not listed is refused with a message naming the known",
+        "ones. The `budgets:` section of the serve config: [Hold a budget](../budgets.md).",
     ]
     for title, cls, foreign, example in sections:
         out += ["", f"## {title}", ""]

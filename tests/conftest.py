@@ -1,22 +1,26 @@
-"""Fixtures shared by test modules: the quick demo, run once per test session, and the from-scratch quick world,
-built in the background.
+"""Fixtures shared by test modules: the quick demo and the from-scratch quick world, each built once per test session
+in the background, and the tiny models and Redis server that several modules share.
 
 `quick_demo` is `pyrodash demo --quick` into a temporary directory (the world from the cache; on a fresh machine built
 there from the base models that ship with PyroDash, which `tests/test_world.py` rebuilds from scratch).
 tests/test_demo.py checks its report; tests/test_train.py starts from its curated corpora and its Stage 1 and Stage 2
-checkpoints (the same recipe makes the same ones), so CI trains them once.
+checkpoints (the same recipe makes the same ones), and tests/test_scripts_smoke.py runs the scripts that read a demo
+on it, so CI trains them once.
 
-`scratch_world` is `build_world(quick=True, seed=0, from_scratch=True)` (~4.5 min of pretraining on 2 cores) started
-in a process of its own at nice 19 as soon as the session knows it will need it: the suite leaves ~40% of its CPU idle
-(measured, `.ci/run` on 2 cores: 2,745 CPU-s in 2,245 s of wall), servers starting and requests waiting, and the
-build takes that time instead of 4.5 min of its own; at nice 19 it yields the cores to every test. The test that reads
-it waits for it.
+`scratch_world` is `build_world(quick=True, seed=0, from_scratch=True)` (~4.5 min of pretraining on 2 cores).
+
+Both start in processes of their own at nice 19 as soon as collection shows a selected test needs them, and the
+tests that read the demo run last: the suite leaves ~40% of its CPU idle (measured, `.ci/run` on 2 cores: 2,745 CPU-s
+in 2,245 s of wall), servers starting and requests waiting, and the two builds take that time instead of minutes of
+their own; at nice 19 they yield the cores to every test. A test that reads one waits for it and fails with the tail
+of its log when it failed.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -26,57 +30,107 @@ from pathlib import Path
 import pytest
 
 SCRATCH_TEST = "test_quick_world_from_scratch_gap_hidden_difficulty_and_the_shipped_models"
-_SCRATCH: dict = {}  # the background build: its process, directory and log
 
 
 # fixtures that train, build or fetch for minutes: a test that uses one (directly or through another fixture) is
 # marked `slow` here, so `pytest -m "not slow"` leaves out exactly those (CI runs them all)
 SLOW_FIXTURES = {"quick_demo", "demo_run", "scratch_world", "gemma_files"}
+# the quick demo, through the fixture or through tests/test_scripts_smoke.py's `demo_run` (which asks for it by name
+# unless PYRODASH_DEMO_RUN names a finished one)
+DEMO_FIXTURES = {"quick_demo", "demo_run"}
+
+
+class Background:
+    """One build in a process of its own at nice 19 (and its own session, so that a kill reaches its workers too),
+    its output in `root/build.log`."""
+
+    def __init__(self, name: str, code: str, out: str):
+        """Runs `code` with `sys.argv[1]` = `self.out`, the directory `out` inside its own temporary one."""
+        self.name = name
+        self.root = Path(tempfile.mkdtemp(prefix=f"pyrodash-{name}-"))
+        self.out, self.log = self.root / out, self.root / "build.log"
+        cmd = [sys.executable, "-c", code, str(self.out)]
+        with self.log.open("w") as log:  # (the child keeps its own handle)
+            self.proc = subprocess.Popen(
+                cmd, stdout=log, stderr=subprocess.STDOUT, preexec_fn=lambda: os.nice(19), start_new_session=True
+            )
+        self.t0 = time.perf_counter()
+
+    def wait(self) -> Path:
+        """`self.out` once the build has exited; fails with its log's tail unless it exited 0."""
+        t0 = time.perf_counter()
+        code = self.proc.wait()
+        waited, ran = time.perf_counter() - t0, time.perf_counter() - self.t0
+        assert code == 0, f"the {self.name} build failed ({code}):\n{self.log.read_text()[-3000:]}"
+        print(f"{self.name}: waited {waited:.0f}s for its background build ({ran:.0f}s since it started)")
+        return self.out
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:  # a session that ended before its test (-x, a failure, Ctrl-C)
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+_BACKGROUND: dict[str, Background] = {}  # "scratch_world", "quick_demo": the builds this session started
+
+
+def _reads_demo(item) -> bool:
+    return bool(DEMO_FIXTURES & set(getattr(item, "fixturenames", ())))
+
+
+def _needs_demo_built(item) -> bool:
+    names = set(getattr(item, "fixturenames", ()))
+    return "quick_demo" in names or ("demo_run" in names and not os.environ.get("PYRODASH_DEMO_RUN"))
 
 
 def pytest_collection_modifyitems(config, items):
-    """Mark `slow` every test that uses a fixture of `SLOW_FIXTURES`."""
+    """Mark `slow` every test that uses a fixture of `SLOW_FIXTURES`; move the tests that read the quick demo to the
+    end (in their order), so that the demo builds in the background while the others run."""
     for item in items:
         if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
+    items[:] = [i for i in items if not _reads_demo(i)] + [i for i in items if _reads_demo(i)]
 
 
 def pytest_collection_finish(session):
-    """Start the from-scratch world build when a test that reads it is selected."""
-    if not any(item.name == SCRATCH_TEST for item in session.items):
+    """Start the from-scratch world build and the quick demo when a selected test reads them."""
+    if session.config.option.collectonly:
         return
-    root = Path(tempfile.mkdtemp(prefix="pyrodash-scratch-world-"))
-    code = (
-        "import sys\nfrom pyrodash.world.build import build_world\n"
-        "build_world(sys.argv[1], quick=True, seed=0, verbose=False, from_scratch=True)"
-    )
-    cmd = [sys.executable, "-c", code, str(root / "quick")]
-    with (root / "build.log").open("w") as log:  # (the child keeps its own handle)
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, preexec_fn=lambda: os.nice(19))
-    _SCRATCH.update(proc=proc, world=root / "quick", log=root / "build.log", root=root)
+    if any(item.name == SCRATCH_TEST for item in session.items):
+        code = (
+            "import sys\nfrom pyrodash.world.build import build_world\n"
+            "build_world(sys.argv[1], quick=True, seed=0, verbose=False, from_scratch=True)"
+        )
+        _BACKGROUND["scratch_world"] = Background("scratch-world", code, "quick")
+    if any(_needs_demo_built(item) for item in session.items):
+        _BACKGROUND["quick_demo"] = _demo()
+
+
+def _demo() -> Background:
+    code = "import sys\nfrom pyrodash.cli import main\nsys.exit(main(['demo', '--quick', '--out', sys.argv[1]]))"
+    return Background("quick-demo", code, "demo")
 
 
 def pytest_sessionfinish(session):
-    proc = _SCRATCH.get("proc")
-    if proc is None:
-        return
-    if proc.poll() is None:  # a session that ended before its test (-x, a failure, Ctrl-C)
-        proc.kill()
-        proc.wait()
-    shutil.rmtree(_SCRATCH["root"], ignore_errors=True)
+    for bg in _BACKGROUND.values():
+        bg.stop()
 
 
 @pytest.fixture(scope="session")
-def scratch_world():
+def scratch_world() -> Path:
     """The from-scratch quick world's directory, once its background build has finished (tests/test_world.py)."""
-    if "proc" not in _SCRATCH:  # (collected without its test: e.g. run by name from another module)
+    if "scratch_world" not in _BACKGROUND:  # (collected without its test: e.g. run by name from another module)
         pytest.skip(f"the from-scratch world is built for {SCRATCH_TEST} only")
-    t0 = time.perf_counter()
-    code = _SCRATCH["proc"].wait()
-    log = _SCRATCH["log"].read_text()
-    assert code == 0, f"the from-scratch world build failed ({code}):\n{log[-3000:]}"
-    print(f"from-scratch world: waited {time.perf_counter() - t0:.0f}s for its background build")
-    return _SCRATCH["world"]
+    return _BACKGROUND["scratch_world"].wait()
+
+
+@pytest.fixture(scope="session")
+def quick_demo() -> Path:
+    """The output directory of `pyrodash demo --quick`, once its background run has finished."""
+    if "quick_demo" not in _BACKGROUND:  # (asked for by name by a fixture outside DEMO_FIXTURES: started now)
+        _BACKGROUND["quick_demo"] = _demo()
+    return _BACKGROUND["quick_demo"].wait()
 
 
 @pytest.fixture(scope="module")
@@ -89,17 +143,6 @@ def redis_server(tmp_path_factory):
     srv = RedisServer(tmp_path_factory.mktemp("redis")).start()
     yield srv
     srv.kill()
-
-
-@pytest.fixture(scope="session")
-def quick_demo(tmp_path_factory):
-    from pyrodash.cli import main
-
-    out = tmp_path_factory.mktemp("demo")
-    t0 = time.perf_counter()
-    assert main(["demo", "--quick", "--out", str(out)]) == 0
-    print(f"quick demo wall time: {time.perf_counter() - t0:.0f}s")
-    return out
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from test_server import OPS, UvicornThread, llm_server, make_engine, remote, serve_config
 from tiny_models import CLEAN_LLM_SEEDS, HANDOFF_SLM_SEED, mid_trace_bias, tiny_model_dir
 
-from pyrodash.backends.hf import HFBackend
+from pyrodash.backends.hf.backend import HFBackend
 from pyrodash.prompts import get_prompts
 from pyrodash.server.app import build_app
 

@@ -26,8 +26,7 @@ from servers import free_port, stop, wait_healthy  # noqa: E402
 from test_server import UvicornThread  # noqa: E402
 from test_server_faults import FaultInjectingLLM  # noqa: E402
 
-from pyrodash.backends.hf import HFBackend  # noqa: E402
-from pyrodash.backends.model_server import build_model_app  # noqa: E402
+from pyrodash.backends.hf.backend import HFBackend  # noqa: E402
 from pyrodash.cost import Prices  # noqa: E402
 from pyrodash.data.benchmarks import load_benchmark  # noqa: E402
 from pyrodash.engine.conversation import example_messages  # noqa: E402
@@ -37,6 +36,7 @@ from pyrodash.eval.names import method_name  # noqa: E402
 from pyrodash.prompts import get_prompts  # noqa: E402
 from pyrodash.record import Record  # noqa: E402
 from pyrodash.report.load import read_records  # noqa: E402
+from pyrodash.server.model_server import build_model_app  # noqa: E402
 from pyrodash.train.models import FrozenLLM, load_local  # noqa: E402
 from pyrodash.train.stage3 import collaborate  # noqa: E402
 

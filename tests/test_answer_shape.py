@@ -11,13 +11,13 @@ import pytest
 from test_relay import ScriptLLM, ScriptSLM
 
 from pyrodash.backends import load_llm
-from pyrodash.backends.model_server import build_model_app, serve_in_thread
 from pyrodash.cost import COMPONENTS, Prices, Usage
 from pyrodash.engine import CollaborateEngine
 from pyrodash.engine.relay import RelayConfig
 from pyrodash.events import Done, LLMFailure
 from pyrodash.prompts import get_prompts
 from pyrodash.record import Record
+from pyrodash.server.model_server import build_model_app, serve_in_thread
 from pyrodash.server.protocol import PyroDashInfo
 
 PROMPTS, CACHED = get_prompts("world-v1"), Prices.from_yaml("cached")

@@ -13,7 +13,7 @@ from tiny_models import tiny_model_dir
 
 from pyrodash.backends.answer_store import AnswerStore, answer_counts
 from pyrodash.backends.base import GenRequest
-from pyrodash.backends.hf import HFBackend
+from pyrodash.backends.hf.backend import HFBackend
 from pyrodash.eval.build import Backends, build_methods
 from pyrodash.eval.harness import EvalConfig, evaluate
 from pyrodash.eval.methods import Env

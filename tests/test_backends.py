@@ -16,12 +16,12 @@ from tiny_models import tiny_model_dir
 
 from pyrodash.backends import load_backend
 from pyrodash.backends.base import GenRequest
-from pyrodash.backends.hf import HFBackend
-from pyrodash.backends.model_server import build_model_app, serve_in_thread
-from pyrodash.backends.openai_compat import OpenAICompatBackend
+from pyrodash.backends.hf.backend import HFBackend
+from pyrodash.backends.http.openai_compat import OpenAICompatBackend
 from pyrodash.cost import Prices
 from pyrodash.engine import CollaborateEngine, EngineError, FailurePolicy
 from pyrodash.prompts import OFFLOAD_TOKEN, get_prompts
+from pyrodash.server.model_server import build_model_app, serve_in_thread
 
 PROMPTS = get_prompts("world-v1")
 PRICES = Prices(slm_in=1.0, slm_out=2.0, llm_in=10.0, llm_out=40.0, llm_cached_in=1.0)

@@ -118,7 +118,7 @@ async def chaos_burst(url: str, replicas: list[str], procs: list, redis: RedisSe
 def test_a_killed_replica_and_a_redis_restart_keep_the_period_within_the_cap(tmp_path_factory):
     slm = tiny_model_dir(tmp_path_factory.mktemp("slm"), seed=0)
     llm = tiny_model_dir(tmp_path_factory.mktemp("llm"), seed=1, offload=False)
-    from pyrodash.backends.hf import HFBackend
+    from pyrodash.backends.hf.backend import HFBackend
 
     config = serve_config(api_key=None)
     engine = make_engine(HFBackend(slm), HFBackend(llm), config)

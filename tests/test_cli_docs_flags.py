@@ -1,7 +1,7 @@
 """The command line is what the docs say it is.
 
 - `--llm URL#model` works in `curate`, `train` and `eval` as in `serve` and `generate`: it replaces the LLM of the
-  recipe or eval config (`pyrodash.backends.endpoint.llm_from_flags`), and `--llm-mode` applies to it;
+  recipe or eval config (`pyrodash.backends.http.endpoint.llm_from_flags`), and `--llm-mode` applies to it;
 - every `--flag` the README and docs/ quote after `pyrodash <command>` (in shell blocks and inline code) is in that
   command's `--help`;
 - every `configs/...yaml` they name exists, every eval config they show loads, and every `curate.X` / `stageN.X` /

@@ -196,7 +196,7 @@ def test_generate_conversation_and_mesh_flags(tmp_path, capsys):
 
     from tiny_models import tiny_model_dir
 
-    from pyrodash.backends.hf import HFBackend
+    from pyrodash.backends.hf.backend import HFBackend
     from pyrodash.cli import main
     from pyrodash.cost import Prices
     from pyrodash.engine import CollaborateEngine

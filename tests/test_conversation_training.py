@@ -234,7 +234,7 @@ def test_stage3_mixes_conversation_turns_in(tmp_path):
 
 
 def test_reward_hands_a_turn_off_with_its_history(tmp_path):
-    from pyrodash.backends.hf import HFBackend
+    from pyrodash.backends.hf.backend import HFBackend
     from pyrodash.cost import Prices
     from pyrodash.engine import handoff_request
     from pyrodash.train.models import FrozenLLM

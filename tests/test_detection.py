@@ -22,13 +22,13 @@ from tiny_models import mid_trace_bias as tiny_mid_trace_bias
 
 from pyrodash.backends import load_llm
 from pyrodash.backends.base import BackendError, GenRequest
-from pyrodash.backends.continuation import Wire, build_request
-from pyrodash.backends.hf import HFBackend
-from pyrodash.backends.model_server import serve_in_thread
-from pyrodash.backends.probe import rejected_fields
+from pyrodash.backends.hf.backend import HFBackend
+from pyrodash.backends.http.continuation import Wire, build_request
+from pyrodash.backends.http.probe import rejected_fields
 from pyrodash.cost import Prices
 from pyrodash.engine import CollaborateEngine
 from pyrodash.prompts import get_prompts
+from pyrodash.server.model_server import serve_in_thread
 
 PROMPTS = get_prompts("world-v1")
 PRICES = Prices(slm_in=1.0, slm_out=2.0, llm_in=10.0, llm_out=40.0)

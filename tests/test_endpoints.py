@@ -19,14 +19,14 @@ from tiny_models import HANDOFF_SLM_SEED, tiny_model_dir
 from tiny_models import mid_trace_bias as tiny_mid_trace_bias
 
 from pyrodash.backends import load_backend, load_llm, load_slm
-from pyrodash.backends.endpoint import LLMEndpoint, redact
-from pyrodash.backends.hf import HFBackend
-from pyrodash.backends.model_server import build_model_app, serve_in_thread
-from pyrodash.backends.openai_compat import OpenAICompatBackend
-from pyrodash.backends.slm_probe import probe_slm
+from pyrodash.backends.hf.backend import HFBackend
+from pyrodash.backends.http.endpoint import LLMEndpoint, redact
+from pyrodash.backends.http.openai_compat import OpenAICompatBackend
+from pyrodash.backends.http.slm_probe import probe_slm
 from pyrodash.cost import Prices
 from pyrodash.engine import CollaborateEngine, FailurePolicy
 from pyrodash.prompts import OFFLOAD_TOKEN, get_prompts
+from pyrodash.server.model_server import build_model_app, serve_in_thread
 
 PROMPTS = get_prompts("world-v1")
 PRICES = Prices(slm_in=1.0, slm_out=2.0, llm_in=10.0, llm_out=40.0)

@@ -12,7 +12,7 @@ import pytest
 from tiny_models import tiny_model_dir
 
 from pyrodash.backends.base import GenRequest
-from pyrodash.backends.hf import HFBackend
+from pyrodash.backends.hf.backend import HFBackend
 from pyrodash.cost import Prices
 from pyrodash.engine import CollaborateEngine, EngineRequest, FailurePolicy
 from pyrodash.events import Done, Handoff, LLMDelta, SLMDelta

@@ -41,7 +41,7 @@ def examples(n: int) -> list[Example]:
 
 @pytest.fixture(scope="module")
 def backends(tmp_path_factory):
-    from pyrodash.backends.hf import HFBackend
+    from pyrodash.backends.hf.backend import HFBackend
 
     d = tmp_path_factory.mktemp("models")
     return HFBackend(tiny_model_dir(d / "slm", seed=1)), HFBackend(tiny_model_dir(d / "llm", seed=2))
@@ -97,7 +97,7 @@ def test_batched_pyrodash_equals_engine(backends, bias):
 SCRIPT = textwrap.dedent("""
     import sys, time
     sys.path[:0] = [{root!r}, {root!r} + "/tests"]
-    from pyrodash.backends.hf import HFBackend
+    from pyrodash.backends.hf.backend import HFBackend
     from pyrodash.eval.harness import EvalConfig, evaluate
     from pyrodash.eval.methods import Solo
     from test_evaluate import env, examples
@@ -147,7 +147,7 @@ def test_resume_after_sigkill(tmp_path):
     assert sorted(ids) == sorted(ex.id for ex in examples(24)) and len(set(ids)) == 24
     assert path.read_bytes().startswith(before)
     # the resumed records equal those of one uninterrupted run
-    from pyrodash.backends.hf import HFBackend
+    from pyrodash.backends.hf.backend import HFBackend
     from pyrodash.eval.methods import Solo
 
     e = env()

@@ -11,7 +11,7 @@ import textwrap
 import pytest
 from tiny_models import HANDOFF_SLM_SEED, tiny_model_dir
 
-from pyrodash.backends.hf import HFBackend
+from pyrodash.backends.hf.backend import HFBackend
 from pyrodash.cli import main
 from pyrodash.cost import Prices
 from pyrodash.engine import CollaborateEngine
@@ -192,7 +192,7 @@ def test_a_stream_left_mid_decode_does_not_abort_the_interpreter(dirs, tmp_path)
         textwrap.dedent(f"""
         import asyncio
         from pyrodash.backends.base import GenRequest
-        from pyrodash.backends.hf import HFBackend
+        from pyrodash.backends.hf.backend import HFBackend
 
         backend = HFBackend({dirs[1]!r})
 

@@ -9,7 +9,7 @@ import json
 import pytest
 from tiny_models import HANDOFF_SLM_SEED, tiny_model_dir
 
-from pyrodash.backends.hf import HFBackend
+from pyrodash.backends.hf.backend import HFBackend
 from pyrodash.cli import main
 from pyrodash.cost import Prices
 from pyrodash.engine import CollaborateEngine

@@ -1,4 +1,4 @@
-"""The lean HTTP/1.1 client of plain-http upstreams (`pyrodash/backends/http_lean.py`) on its own, against the raw TCP
+"""The lean HTTP/1.1 client of plain-http upstreams (`backends/http/lean_client.py`) on its own, against the raw TCP
 TEST DOUBLE of `test_openai_compat_http.py` (what the backend sees through it, with every framing, is tested there
 for both clients): which URLs it takes, interim and malformed responses, a large body under back-pressure, warming,
 the keep-alive limit, and its connections closed as the event loop ends."""
@@ -11,8 +11,8 @@ import threading
 import pytest
 from test_openai_compat_http import RawServer, response
 
-from pyrodash.backends import http_lean
-from pyrodash.backends.http_lean import LeanClient, LeanError, lean_ok
+from pyrodash.backends.http import lean_client
+from pyrodash.backends.http.lean_client import LeanClient, LeanError, lean_ok
 
 BODY = b'{"model":"m"}'
 HEADERS = {"content-type": "application/json"}
@@ -91,7 +91,7 @@ def test_warm_opens_one_connection_that_the_next_request_uses():
 
 
 def test_a_connection_idle_past_the_keep_alive_limit_is_not_reused(monkeypatch):
-    monkeypatch.setattr(http_lean, "KEEPALIVE_S", 0.0)
+    monkeypatch.setattr(lean_client, "KEEPALIVE_S", 0.0)
 
     async def main():
         async with RawServer(lambda n: response(b"ok", "length")) as srv:

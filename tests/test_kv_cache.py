@@ -9,10 +9,10 @@ from tiny_models import tiny_model_dir
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from pyrodash.backends import hf
 from pyrodash.backends.base import GenRequest
-from pyrodash.backends.hf import HFBackend
-from pyrodash.backends.kv_cache import GrowingLayer, growing_cache
+from pyrodash.backends.hf import backend as hf
+from pyrodash.backends.hf.backend import HFBackend
+from pyrodash.backends.hf.kv_cache import GrowingLayer, growing_cache
 
 
 def test_growing_layer_holds_what_concatenation_holds():

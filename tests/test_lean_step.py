@@ -1,4 +1,4 @@
-"""The decode loop's lean step (`pyrodash.backends.lean_step`) gives the model's own logits bit for bit: with and
+"""The decode loop's lean step (`pyrodash.backends.hf.lean_step`) gives the model's own logits bit for bit: with and
 without padding, with grouped-query attention, with PEFT LoRA layers; the loop writes the same tokens with it as
 without it; models it does not reproduce keep their own forward."""
 
@@ -10,9 +10,9 @@ from tiny_models import tiny_model
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from pyrodash.backends.base import GenRequest
-from pyrodash.backends.hf import HFBackend
-from pyrodash.backends.kv_cache import growing_cache
-from pyrodash.backends.lean_step import lean_step
+from pyrodash.backends.hf.backend import HFBackend
+from pyrodash.backends.hf.kv_cache import growing_cache
+from pyrodash.backends.hf.lean_step import lean_step
 
 
 def _model(kv_heads: int, attn: str = "sdpa", seed: int = 0) -> Qwen3ForCausalLM:

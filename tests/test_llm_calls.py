@@ -11,11 +11,11 @@ from tiny_models import tiny_model, tiny_model_dir
 
 from pyrodash.backends import load_backend
 from pyrodash.backends.base import GenRequest
-from pyrodash.backends.hf import HFBackend
-from pyrodash.backends.model_server import build_model_app, serve_in_thread
+from pyrodash.backends.hf.backend import HFBackend
 from pyrodash.backends.retry import FailurePolicy
 from pyrodash.cost import Prices
 from pyrodash.prompts import get_prompts
+from pyrodash.server.model_server import build_model_app, serve_in_thread
 from pyrodash.train.models import FrozenLLM
 
 PROMPTS = get_prompts("world-v1")

@@ -12,13 +12,13 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from test_relay import ScriptSLM
 
 from pyrodash.backends.base import GenChunk, GenRequest
-from pyrodash.backends.model_server import serve_in_thread
-from pyrodash.backends.openai_compat import OpenAICompatBackend
+from pyrodash.backends.http.openai_compat import OpenAICompatBackend
 from pyrodash.cost import Prices
 from pyrodash.engine import CollaborateEngine, FailurePolicy
 from pyrodash.events import FAILURE_KINDS, LLMFailure
 from pyrodash.prompts import get_prompts
 from pyrodash.record import Record
+from pyrodash.server.model_server import serve_in_thread
 from pyrodash.server.protocol import REASONS, PyroDashInfo, reason
 
 PROMPTS, PAPER = get_prompts("world-v1"), Prices.from_yaml("paper")

@@ -28,11 +28,11 @@ from tiny_models import CLEAN_LLM_SEEDS, HANDOFF_SLM_SEED, mid_trace_bias, tiny_
 import pyrodash
 from pyrodash.backends import load_backend, load_llm
 from pyrodash.backends.base import GenRequest
-from pyrodash.backends.hf import HFBackend
+from pyrodash.backends.hf.backend import HFBackend
+from pyrodash.backends.http.openai_compat import OpenAICompatBackend
 from pyrodash.backends.mesh import MeshBackend
-from pyrodash.backends.model_server import build_model_app, serve_in_thread
-from pyrodash.backends.openai_compat import OpenAICompatBackend
 from pyrodash.prompts import get_prompts
+from pyrodash.server.model_server import build_model_app, serve_in_thread
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMPTS = get_prompts("world-v1")
@@ -171,7 +171,7 @@ def _own_imports(path: Path) -> list[tuple[str, bool]]:
 
 
 # imports that stay inside a function: `hf` imports torch (seconds), loaded only when a local model is
-IN_FUNCTION = {("loader.py", "pyrodash.backends.hf")}
+IN_FUNCTION = {("loader.py", "pyrodash.backends.hf.backend")}
 
 
 def test_backends_import_only_leaf_modules_and_at_module_top():

@@ -35,7 +35,7 @@ from tiny_models import CLEAN_LLM_SEEDS, tiny_model_dir
 
 from pyrodash.backends import load_llm
 from pyrodash.backends.base import BackendError, GenRequest
-from pyrodash.backends.hf import HFBackend
+from pyrodash.backends.hf.backend import HFBackend
 from pyrodash.backends.mesh import MeshBackend, spec_from_flags
 from pyrodash.cost import Prices, Usage, endpoint_bill
 from pyrodash.engine import CollaborateEngine, FailurePolicy
@@ -170,7 +170,7 @@ def test_cheapest_uses_the_cheap_endpoint_and_cools_down_a_failing_one(llm_up):
             ],
         }
         mesh = load_llm(spec)
-        flaky.calls = 0  # loading probed each endpoint's continuation mode (pyrodash.backends.endpoint)
+        flaky.calls = 0  # loading probed each endpoint's continuation mode (pyrodash.backends.http.endpoint)
         req = GenRequest(messages=MSGS, max_tokens=8, temperature=0.0)
         text, last = _collect(mesh, req)
         assert [e["endpoint"] for e in last.endpoints] == ["cheap"] and flaky.calls == 1

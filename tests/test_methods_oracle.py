@@ -15,7 +15,7 @@ GREEDY = {"temperature": 0.0, "top_p": 1.0, "seed": None}
 
 @pytest.fixture(scope="module")
 def backends(tmp_path_factory):
-    from pyrodash.backends.hf import HFBackend
+    from pyrodash.backends.hf.backend import HFBackend
 
     d = tmp_path_factory.mktemp("models")
     return HFBackend(tiny_model_dir(d / "slm", seed=1)), HFBackend(tiny_model_dir(d / "llm", seed=2))

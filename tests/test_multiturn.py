@@ -88,7 +88,7 @@ def test_pretrain_conversations_train_every_turn_and_mask_untaught_lookups(which
 
 @pytest.fixture(scope="module")
 def backends(tmp_path_factory):
-    from pyrodash.backends.hf import HFBackend
+    from pyrodash.backends.hf.backend import HFBackend
 
     d = tmp_path_factory.mktemp("models")
     return HFBackend(tiny_model_dir(d / "slm", seed=1)), HFBackend(tiny_model_dir(d / "llm", seed=2))

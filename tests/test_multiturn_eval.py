@@ -184,7 +184,7 @@ def test_own_history_reaches_the_model(tmp_path):
     from tiny_models import tiny_model_dir
 
     from pyrodash.backends.base import GenRequest
-    from pyrodash.backends.hf import HFBackend
+    from pyrodash.backends.hf.backend import HFBackend
     from pyrodash.eval.methods import Env, Solo
     from pyrodash.eval.oracle import Oracle
     from pyrodash.prompts import get_prompts

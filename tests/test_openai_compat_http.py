@@ -1,10 +1,10 @@
-"""The upstream HTTP clients of `OpenAICompatBackend` (the lean client of plain-http upstreams, `backends/http_lean.py`,
-and aiohttp, `backends/http_client.py`: every test runs with each), against a raw TCP TEST DOUBLE that answers each
-request with scripted bytes: connections are reused once a stream ended with `data: [DONE]` (the body is read to its
-end), a stream closed early closes its connection, every framing (chunked with odd chunk boundaries, extensions and
-trailers; Content-Length; read to close; gzip) reads the same, and failures are BackendErrors (refused connection,
-timeout, HTTP error status, a server gone mid-stream). A kept-alive connection the server closed meanwhile is not used
-again; one it closed as the request went out is retried once."""
+"""The upstream HTTP clients of `OpenAICompatBackend` (the lean client of plain-http upstreams,
+`backends/http/lean_client.py`, and aiohttp, `backends/http/aiohttp_client.py`: every test runs with each), against a
+raw TCP TEST DOUBLE that answers each request with scripted bytes: connections are reused once a stream ended with
+`data: [DONE]` (the body is read to its end), a stream closed early closes its connection, every framing (chunked with
+odd chunk boundaries, extensions and trailers; Content-Length; read to close; gzip) reads the same, and failures are
+BackendErrors (refused connection, timeout, HTTP error status, a server gone mid-stream). A kept-alive connection the
+server closed meanwhile is not used again; one it closed as the request went out is retried once."""
 
 from __future__ import annotations
 
@@ -15,11 +15,11 @@ import json
 
 import pytest
 
-from pyrodash.backends import openai_compat
 from pyrodash.backends.base import BackendError, GenRequest
-from pyrodash.backends.http_client import UpstreamClient
-from pyrodash.backends.http_lean import LeanClient
-from pyrodash.backends.openai_compat import OpenAICompatBackend
+from pyrodash.backends.http import openai_compat
+from pyrodash.backends.http.aiohttp_client import UpstreamClient
+from pyrodash.backends.http.lean_client import LeanClient
+from pyrodash.backends.http.openai_compat import OpenAICompatBackend
 
 REQ = GenRequest(messages=[{"role": "user", "content": "q"}], max_tokens=8)
 

@@ -44,7 +44,7 @@ from selenium.webdriver.support.ui import Select, WebDriverWait  # noqa: E402
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     """(pyrodash serve URL, the LLM's server): `pyrodash serve` as a process, stopped at the end."""
-    from pyrodash.backends.model_server import build_model_app
+    from pyrodash.server.model_server import build_model_app
 
     tmp = tmp_path_factory.mktemp("playground")
     slm_dir = tiny_model_dir(tmp / "slm", seed=HANDOFF_SLM_SEED)

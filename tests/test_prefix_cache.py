@@ -1,4 +1,4 @@
-"""The in-process backend's prefix cache (pyrodash.backends.prefix_cache): a request that continues a decoded sequence
+"""The in-process backend's prefix cache (backends/hf/prefix_cache.py): a request that continues a decoded sequence
 prefills only what is new, decodes the same greedy tokens as a fresh prefill (on the world's shipped SLM, in the shape
 of a relay's resumes, after a streamed or a batched first segment), reports the tokens it served, and the engine bills
 the SLM only for the rest."""
@@ -12,8 +12,8 @@ import pytest
 from tiny_models import tiny_model
 
 from pyrodash.backends.base import GenChunk, GenRequest
-from pyrodash.backends.hf import HFBackend
-from pyrodash.backends.prefix_cache import PrefixCache
+from pyrodash.backends.hf.backend import HFBackend
+from pyrodash.backends.hf.prefix_cache import PrefixCache
 from pyrodash.cost import Prices, Usage
 from pyrodash.engine import CollaborateEngine
 from pyrodash.engine.relay import RelayConfig

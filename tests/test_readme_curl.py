@@ -68,7 +68,7 @@ def _answer(out: str) -> None:
 @pytest.mark.skipif(not shutil.which("curl"), reason="curl is not installed")
 @pytest.mark.parametrize("title", list(SECTIONS))
 def test_readme_curl_lines_run_as_written(title, tiny, tmp_path):
-    from pyrodash.backends.model_server import build_model_app
+    from pyrodash.server.model_server import build_model_app
 
     (serve,), curls = SECTIONS[title]
     slm_dir, llm = tiny

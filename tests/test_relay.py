@@ -314,7 +314,7 @@ def test_the_hf_backend_reads_the_engines_offload_as_the_token_and_a_clients_as_
     from tiny_models import tiny_model
 
     from pyrodash.backends import literal
-    from pyrodash.backends.hf import HFBackend
+    from pyrodash.backends.hf.backend import HFBackend
 
     slm = HFBackend(*tiny_model(seed=0), name="tiny-slm")
     oid = slm.token_id(OFFLOAD_TOKEN)

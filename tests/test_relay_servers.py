@@ -14,14 +14,14 @@ from provider_doubles import anthropic_double, deepseek_double, openai_double
 from test_relay import GOLD, ScriptLLM, ScriptSLM
 
 from pyrodash.backends import load_llm
-from pyrodash.backends.hf import HFBackend
-from pyrodash.backends.model_server import build_model_app, serve_in_thread
+from pyrodash.backends.hf.backend import HFBackend
 from pyrodash.cost import Prices
 from pyrodash.engine import CollaborateEngine
 from pyrodash.engine.relay import STOP_IGNORED, RelayConfig
 from pyrodash.prompts import get_prompts
 from pyrodash.record import Record
 from pyrodash.server.metrics import Metrics
+from pyrodash.server.model_server import build_model_app, serve_in_thread
 
 PROMPTS = get_prompts("world-v1")
 CACHED = Prices.from_yaml("cached")

@@ -267,7 +267,7 @@ def test_one_grpo_step_on_relay_rollouts_masks_the_llms_tokens_from_the_loss(tmp
     import datasets
     from test_train import tiny_slm_dir
 
-    from pyrodash.backends.hf import HFBackend
+    from pyrodash.backends.hf.backend import HFBackend
     from pyrodash.cost import Prices
     from pyrodash.train.config import Stage3Config
     from pyrodash.train.models import FrozenLLM

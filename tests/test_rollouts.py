@@ -9,7 +9,7 @@ import pytest
 import torch
 from tiny_models import tiny_model
 
-from pyrodash.backends.hf import HFBackend
+from pyrodash.backends.hf.backend import HFBackend
 from pyrodash.prompts import OFFLOAD_TOKEN
 from pyrodash.train.rollouts import ExploreBranches, decode_rollouts, sampling_logprobs, unsupported_sampling
 

@@ -23,7 +23,7 @@ PROMPTS = get_prompts("world-v1")
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    from pyrodash.backends.hf import HFBackend
+    from pyrodash.backends.hf.backend import HFBackend
 
     d = tmp_path_factory.mktemp("models")
     return HFBackend(tiny_model_dir(d / "slm", seed=3)), HFBackend(tiny_model_dir(d / "llm", seed=4))

@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tiny_models import tiny_model_dir
 
-from pyrodash.backends.hf import HFBackend
+from pyrodash.backends.hf.backend import HFBackend
 from pyrodash.cost import Prices, Usage
 from pyrodash.engine import CollaborateEngine, FailurePolicy
 from pyrodash.prompts import get_prompts
@@ -86,7 +86,7 @@ def tiny_llm(tmp_path_factory) -> HFBackend:
 @contextmanager
 def llm_server(llm_backend: HFBackend, model: str = "tiny-llm"):
     """The LLM behind `pyrodash serve-model`'s OpenAI-compatible app on 127.0.0.1."""
-    from pyrodash.backends.model_server import build_model_app
+    from pyrodash.server.model_server import build_model_app
 
     with UvicornThread(build_model_app(llm_backend, model_name=model)) as srv:
         yield srv

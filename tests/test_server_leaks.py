@@ -53,7 +53,7 @@ class Switch:
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory):
     """(server, LLM server, its fault switch, the strings that must never reach a client)."""
-    from pyrodash.backends.model_server import build_model_app
+    from pyrodash.server.model_server import build_model_app
 
     root = tmp_path_factory.mktemp("deploy")
     slm_dir = tiny_model_dir(root / "models" / "slm-stage3", seed=0)

@@ -18,7 +18,7 @@ from test_server import KEY, OPS, UvicornThread, llm_server, make_engine, remote
 
 from pyrodash.backends import literal
 from pyrodash.backends.base import GenRequest
-from pyrodash.backends.openai_compat import OpenAICompatBackend
+from pyrodash.backends.http.openai_compat import OpenAICompatBackend
 from pyrodash.server.app import build_app
 
 AUTH = {"Authorization": f"Bearer {KEY}"}

@@ -250,7 +250,7 @@ def test_stage1_refuses_weight_decay(tmp_path):
 
 
 def test_reward_hands_off_to_the_llm_and_prices_each_rollout(tmp_path):
-    from pyrodash.backends.hf import HFBackend
+    from pyrodash.backends.hf.backend import HFBackend
     from pyrodash.cost import Prices, grpo_cost_actual, grpo_cost_base
     from pyrodash.engine import handoff_request as engine_handoff
     from pyrodash.prompts import get_prompts, pack

@@ -1,5 +1,7 @@
-"""Model backends: in-process transformers (`hf.py`), OpenAI-compatible HTTP (`openai_compat.py`) and LLM meshes
-(`mesh.py`), behind one protocol (`base.py`), loaded from command-line or YAML specs (`loader.py`):
+"""Model backends in rooms: the interface at the top (`base.py`: `Backend` and the optional capabilities callers
+check), the in-process model stack (`hf/`: transformers and our decode loop), the OpenAI-compatible client stack
+(`http/`: continuation modes, probes, the lean client), LLM meshes (`mesh.py`), the one failure policy (`retry.py`),
+loaded from command-line or YAML specs (`loader.py`):
 
     llm = load_llm("http://127.0.0.1:8001/v1#llm")    # THE LLM loader: an endpoint (probed), a local model, a mesh
     slm = load_slm("runs/q/stage1")                    # the SLM (an HTTP SLM server is checked to stop at <offload>)
@@ -9,7 +11,7 @@ Every command, the server, evaluation and training load their LLM with `load_llm
 for the spec forms); `load_backend` never runs the LLM's start-up continuation-mode probe.
 
 Layering: this package imports only the leaf modules (`pyrodash.cost`) besides its own, never the engine, the server,
-training or the commands.
+training or the commands; `hf/` and `http/` never import each other (import-linter's `backend-rooms`).
 """
 
 from __future__ import annotations

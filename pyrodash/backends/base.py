@@ -37,7 +37,7 @@ class GenRequest:
     tokenized = None
     # Not a field either: the answer this request belongs to (any object; set by the engine on the SLM requests of a
     # relay answer, `Turn.cache_key`). An in-process backend with a prefix cache keeps the KV of keyed sequences and
-    # reuses it for the next request with the same key (pyrodash.backends.prefix_cache); None: no cache is used.
+    # reuses it for the next request with the same key (pyrodash.backends.hf.prefix_cache); None: no cache is used.
     cache_key = None
 
 

@@ -18,11 +18,11 @@ from collections import Counter
 from collections.abc import Callable
 
 from pyrodash.backends.base import Backend
-from pyrodash.backends.endpoint import SPEC_KEYS, LLMEndpoint, is_http_spec
-from pyrodash.backends.gguf import local_model_path
+from pyrodash.backends.hf.gguf import local_model_path
+from pyrodash.backends.http.endpoint import SPEC_KEYS, LLMEndpoint, is_http_spec
+from pyrodash.backends.http.openai_compat import OpenAICompatBackend
+from pyrodash.backends.http.slm_probe import probe_slm
 from pyrodash.backends.mesh import OPTIONS, Member, MeshBackend, is_mesh_spec
-from pyrodash.backends.openai_compat import OpenAICompatBackend
-from pyrodash.backends.slm_probe import probe_slm
 from pyrodash.cost import Prices
 
 log = logging.getLogger("pyrodash.mesh")
@@ -50,7 +50,7 @@ def load_backend(spec: str | dict) -> Backend:
         unknown = set(spec) - HF_KEYS
         if unknown:
             raise ValueError(f"backend spec: unknown keys {sorted(unknown)} for a local model; use {sorted(HF_KEYS)}")
-        from pyrodash.backends.hf import HFBackend  # torch + transformers: only when a local model is loaded
+        from pyrodash.backends.hf.backend import HFBackend  # torch + transformers: only when a local model is loaded
 
         return HFBackend(
             local_model_path(spec["path"]),

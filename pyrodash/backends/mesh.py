@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from pyrodash.backends.base import Backend, BackendError, GenChunk, GenRequest, estimate_tokens
-from pyrodash.backends.probe import reachability
+from pyrodash.backends.http.probe import reachability
 from pyrodash.cost import Prices
 
 POLICIES = ("fallback", "cheapest")

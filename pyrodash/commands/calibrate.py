@@ -20,7 +20,7 @@ import json
 from pathlib import Path
 
 from pyrodash.backends import load_llm, load_slm
-from pyrodash.backends.endpoint import add_llm_mode_argument
+from pyrodash.backends.http.endpoint import add_llm_mode_argument
 from pyrodash.cost import Prices
 from pyrodash.data.benchmarks import load_benchmark
 from pyrodash.engine import CollaborateEngine

@@ -16,12 +16,12 @@ import argparse
 import json
 
 from pyrodash.backends import load_backend
-from pyrodash.backends.chat_template import add_chat_template_argument
-from pyrodash.backends.endpoint import LLMEndpoint, add_llm_mode_argument, is_http_spec, with_mode
+from pyrodash.backends.hf.chat_template import add_chat_template_argument
+from pyrodash.backends.http.endpoint import LLMEndpoint, add_llm_mode_argument, is_http_spec, with_mode
+from pyrodash.backends.http.openai_compat import OpenAICompatBackend
+from pyrodash.backends.http.probe import probe_llm
+from pyrodash.backends.http.slm_probe import probe_slm
 from pyrodash.backends.loader import with_chat_template
-from pyrodash.backends.openai_compat import OpenAICompatBackend
-from pyrodash.backends.probe import probe_llm
-from pyrodash.backends.slm_probe import probe_slm
 
 
 def _spec(text: str):

@@ -11,8 +11,8 @@ import argparse
 import json
 from pathlib import Path
 
-from pyrodash.backends.chat_template import add_chat_template_argument
-from pyrodash.backends.endpoint import add_llm_arguments, llm_from_flags
+from pyrodash.backends.hf.chat_template import add_chat_template_argument
+from pyrodash.backends.http.endpoint import add_llm_arguments, llm_from_flags
 from pyrodash.jobs.library_log import library_log
 from pyrodash.train import distributed as dist
 from pyrodash.train.chat_logs import is_chat_log

@@ -13,7 +13,7 @@ import argparse
 from dataclasses import replace
 from pathlib import Path
 
-from pyrodash.backends.endpoint import add_llm_arguments
+from pyrodash.backends.http.endpoint import add_llm_arguments
 from pyrodash.eval.build import method_specs
 from pyrodash.eval.carve import carve_val, conversation_key, val_methods
 from pyrodash.eval.harness import EvalConfig, check_compatible, evaluate, load_examples

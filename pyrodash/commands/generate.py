@@ -19,8 +19,8 @@ from pathlib import Path
 from rich.console import Console
 
 from pyrodash.backends import load_llm, load_slm
-from pyrodash.backends.chat_template import add_chat_template_argument
-from pyrodash.backends.endpoint import add_llm_mode_argument
+from pyrodash.backends.hf.chat_template import add_chat_template_argument
+from pyrodash.backends.http.endpoint import add_llm_mode_argument
 from pyrodash.backends.loader import with_chat_template
 from pyrodash.backends.mesh import spec_from_flags
 from pyrodash.cost import Prices

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-from pyrodash.backends.gguf import KNOWN, fetch_known
+from pyrodash.backends.hf.gguf import KNOWN, fetch_known
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import argparse
 
-from pyrodash.backends.chat_template import add_chat_template_argument
-from pyrodash.backends.endpoint import add_llm_mode_argument
+from pyrodash.backends.hf.chat_template import add_chat_template_argument
+from pyrodash.backends.http.endpoint import add_llm_mode_argument
 from pyrodash.backends.loader import with_chat_template
 from pyrodash.backends.mesh import spec_from_flags
 from pyrodash.engine.conversation import ContextLimits

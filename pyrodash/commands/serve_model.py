@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import argparse
 
-from pyrodash.backends.hf import HFBackend
-from pyrodash.backends.model_server import build_model_app
+from pyrodash.backends.hf.backend import HFBackend
+from pyrodash.server.model_server import build_model_app
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

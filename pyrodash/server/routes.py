@@ -17,7 +17,7 @@ from dataclasses import asdict
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
-from pyrodash.backends.probe import reachability
+from pyrodash.backends.http.probe import reachability
 from pyrodash.server import front, messages_api, metrics, openapi, protocol, responses_api
 from pyrodash.server.auth import authorized, check_auth
 from pyrodash.server.budget import budgets

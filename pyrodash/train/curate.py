@@ -17,7 +17,7 @@ from collections import Counter
 from pathlib import Path
 
 from pyrodash.backends.base import GenRequest
-from pyrodash.backends.hf import HFBackend
+from pyrodash.backends.hf.backend import HFBackend
 from pyrodash.data.benchmarks import load_world_split
 from pyrodash.data.example import Example
 from pyrodash.engine import slm_chat

@@ -23,16 +23,16 @@ import torch
 
 from pyrodash.backends import load_llm
 from pyrodash.backends.base import GenRequest, GenResult
-from pyrodash.backends.chat_template import resolve_template
-from pyrodash.backends.gguf import local_model_path
-from pyrodash.backends.hf import HFBackend
+from pyrodash.backends.hf.backend import HFBackend
+from pyrodash.backends.hf.chat_template import resolve_template
+from pyrodash.backends.hf.gguf import local_model_path
 from pyrodash.backends.retry import BATCH
 from pyrodash.train.generate import generate
 
 
 def load_local(path: str | Path, device: str | None = None, chat_template: str | None = None):
     """An in-process causal LM and its tokenizer (float32 on CPU, the checkpoint's dtype on GPU). `path`: a model
-    directory, hub id or GGUF file (`pyrodash.backends.gguf`); the tokenizer gets `chat_template` (a recipe's text or
+    directory, hub id or GGUF file (`pyrodash.backends.hf.gguf`); the tokenizer gets `chat_template` (a recipe's text or
     file) when given, else keeps its own, else PyroDash's default (`pyrodash.train.chat_template`)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -19,7 +19,7 @@ import random
 from dataclasses import replace
 from pathlib import Path
 
-from pyrodash.backends.hf import HFBackend
+from pyrodash.backends.hf.backend import HFBackend
 from pyrodash.cost import Prices
 from pyrodash.engine import CollaborateEngine
 from pyrodash.grading import grade_batch

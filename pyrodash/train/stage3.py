@@ -18,7 +18,7 @@ from pathlib import Path
 
 from trl import GRPOTrainer
 
-from pyrodash.backends.hf import HFBackend
+from pyrodash.backends.hf.backend import HFBackend
 from pyrodash.cost import Prices
 from pyrodash.engine import CollaborateEngine, FailurePolicy, slm_chat
 from pyrodash.engine.relay import RelayConfig

@@ -49,7 +49,7 @@ def greedy_generate(
     prompt go through `lean_step`). Before, transformers' `generate`: the same texts on the quick world of seed 0
     (every split the build evaluates), the build's evaluation 16 -> 6 s (`world.json` timings); the two decoders
     side by side on evaluation prompts: `benchmarks/decode_loop.py`."""
-    from pyrodash.backends.hf import HFBackend
+    from pyrodash.backends.hf.backend import HFBackend
 
     backend = HFBackend(model, build_tokenizer())
     order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))

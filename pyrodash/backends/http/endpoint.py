@@ -17,7 +17,7 @@ import os
 from dataclasses import dataclass, field
 from urllib.parse import urlparse
 
-from pyrodash.backends.continuation import MODES
+from pyrodash.backends.http.continuation import MODES
 
 log = logging.getLogger("pyrodash.llm")
 LLM_MODES = ("auto",) + MODES

@@ -26,10 +26,10 @@ import torch
 
 from pyrodash.backends import literal
 from pyrodash.backends.base import GenChunk, GenRequest, GenResult, public_name
-from pyrodash.backends.chat_template import resolve_template
-from pyrodash.backends.kv_cache import growing, growing_cache, row_cache
-from pyrodash.backends.lean_step import lean_step
-from pyrodash.backends.prefix_cache import PrefixCache
+from pyrodash.backends.hf.chat_template import resolve_template
+from pyrodash.backends.hf.kv_cache import growing, growing_cache, row_cache
+from pyrodash.backends.hf.lean_step import lean_step
+from pyrodash.backends.hf.prefix_cache import PrefixCache
 
 _END = object()
 _BIG = 1e9  # +-inf biases are clamped to this, so sampling stays finite
@@ -169,7 +169,7 @@ class HFBackend:
         chat_template: str | None = None,
     ):
         """`chat_template`: template text or file for a model loaded from its path (else its tokenizer's own, else
-        PyroDash's default for a base model: `pyrodash.backends.chat_template`)."""
+        PyroDash's default for a base model: `pyrodash.backends.hf.chat_template`)."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         if isinstance(model_or_path, (str, Path)):
@@ -206,7 +206,7 @@ class HFBackend:
         self.lean = True  # decode steps through `lean_step` where it covers the model (same logits, less overhead)
         self._pieces: dict[int, str] = {}  # token id -> its text alone (top-k logprobs)
         # the KV of the sequences of keyed requests (`GenRequest.cache_key`: one relay answer's SLM requests), reused by
-        # the answer's next request (pyrodash.backends.prefix_cache); None turns it off, a PrefixCache sets other
+        # the answer's next request (pyrodash.backends.hf.prefix_cache); None turns it off, a PrefixCache sets other
         # bounds. None for a model with sliding-window layers (a cropped sliding-window cache is not a prefix's).
         self.prefix_cache: PrefixCache | None = PrefixCache() if growing(growing_cache(model.config)) else None
         self.answers = None  # an AnswerStore (pyrodash.backends.answer_store): greedy batch decodes kept, read back

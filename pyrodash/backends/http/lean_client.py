@@ -1,7 +1,7 @@
 """The upstream HTTP client of generation requests to plain-http servers (vLLM, SGLang, `pyrodash serve-model`):
 HTTP/1.1 on kept-alive connections, a request's head and JSON body in one socket write of bytes prepared once per
 path, the response parsed straight from the socket buffer. https, a proxy or credentials in the URL go through
-aiohttp instead (`backends/http_client.py`); both have the same interface:
+aiohttp instead (`backends/http/aiohttp_client.py`); both have the same interface:
 
     client = LeanClient("http://127.0.0.1:8000/v1", timeout_s=60)  # when lean_ok(url)
     async with client.post_stream("/chat/completions", body_bytes, headers) as resp:  # a LeanResponse
@@ -24,7 +24,7 @@ from urllib.parse import urlparse
 from multidict import CIMultiDict
 
 from pyrodash.backends.deadline import LazyDeadline
-from pyrodash.backends.http_client import KEEPALIVE_S, at_loop_end, drain, env_proxy
+from pyrodash.backends.http.aiohttp_client import KEEPALIVE_S, at_loop_end, drain, env_proxy
 
 MAX_HEAD = 64 * 1024  # a response's status line and headers
 PAUSE_AT = 1 << 20  # unread response bytes above which the socket is not read (back-pressure)

@@ -1,4 +1,4 @@
-"""The in-process backend's prefix cache (`pyrodash.backends.hf`): the KV of the sequences decoded for one answer,
+"""The in-process backend's prefix cache (`hf/backend.py`): the KV of the sequences decoded for one answer,
 keyed by token ids, so that the answer's next request (a relay's SLM resuming after the LLM's step) prefills only
 the tokens that are new to it, as vLLM's automatic prefix caching does within one sequence's requests.
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from pyrodash.backends.kv_cache import growing
+from pyrodash.backends.hf.kv_cache import growing
 
 
 @dataclass

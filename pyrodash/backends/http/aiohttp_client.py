@@ -1,6 +1,6 @@
 """The upstream HTTP client of `OpenAICompatBackend`'s generation requests to https upstreams, through a proxy, or
 with credentials in the URL: aiohttp, one `ClientSession` per event loop, kept-alive connections. Plain-http upstreams
-go through the lean client (`backends/http_lean.py`, same interface); GET /models and the probe through httpx.
+go through the lean client (`backends/http/lean_client.py`, same interface); GET /models and the probe through httpx.
 
     client = UpstreamClient("https://api.openai.com/v1", timeout_s=60)
     async with client.post_stream("/chat/completions", body_bytes, headers) as resp:  # an aiohttp.ClientResponse

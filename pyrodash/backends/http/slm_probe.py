@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pyrodash.backends.base import BackendError, GenChunk, GenRequest
-from pyrodash.backends.continuation import Wire
-from pyrodash.backends.probe import PROBE_MSGS, generate_with, run_sync
+from pyrodash.backends.http.continuation import Wire
+from pyrodash.backends.http.probe import PROBE_MSGS, generate_with, run_sync
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """HTTP LLM/SLM backend: OpenAI-compatible servers (vLLM, SGLang, `pyrodash serve-model`, LiteLLM, OpenAI, DeepSeek,
-...) and Anthropic's Messages API; generations through the lean client on plain http (`backends/http_lean.py`), else
-aiohttp (`backends/http_client.py`); the rest through httpx.
+...) and Anthropic's Messages API; generations through the lean client on plain http (`lean_client.py`), else
+aiohttp (`aiohttp_client.py`); the rest through httpx.
 
     backend = OpenAICompatBackend("http://127.0.0.1:8000/v1", model="slm", api_key_env="OPENAI_API_KEY")
     async for chunk in backend.stream(GenRequest(messages=[...], stop_token_ids=[offload_id])): ...
@@ -9,7 +9,7 @@ aiohttp (`backends/http_client.py`); the rest through httpx.
 A chunk with `finish_reason` is yielded as soon as the server sends it (its stop token from vLLM's `stop_reason`),
 and the last chunk repeats it with the usage: the server's (`stream_options.include_usage`, cached tokens included),
 else counted with a local tokenizer or estimated (4 characters a token), marked `usage_estimated=True`. The
-continuation mode is `backends/continuation.py` (`mode="auto"`: detected by `resolve()`, `backends/probe.py`).
+continuation mode is `continuation.py` (`mode="auto"`: detected by `resolve()`, `probe.py`).
 Errors are `BackendError`s with the HTTP status (4xx other than 408/429 not retryable), never showing the key.
 """
 
@@ -28,11 +28,11 @@ import httpx
 
 from pyrodash.backends import literal
 from pyrodash.backends.base import BackendError, GenChunk, GenRequest, public_name
-from pyrodash.backends.continuation import ANTHROPIC_VERSION, StreamState, Wire, build_request, trimmed_prefill
-from pyrodash.backends.endpoint import LLMEndpoint, redact
-from pyrodash.backends.http_client import UpstreamClient
-from pyrodash.backends.http_lean import LeanClient, LeanConnectError, LeanError, lean_ok
-from pyrodash.backends.probe import probe_llm
+from pyrodash.backends.http.aiohttp_client import UpstreamClient
+from pyrodash.backends.http.continuation import ANTHROPIC_VERSION, StreamState, Wire, build_request, trimmed_prefill
+from pyrodash.backends.http.endpoint import LLMEndpoint, redact
+from pyrodash.backends.http.lean_client import LeanClient, LeanConnectError, LeanError, lean_ok
+from pyrodash.backends.http.probe import probe_llm
 
 log = logging.getLogger("pyrodash.llm")
 CHARS_PER_TOKEN = 4  # the estimate when neither the server nor a local tokenizer counts

@@ -1,4 +1,4 @@
-"""The KV cache of our decode loop (`pyrodash.backends.hf`): transformers' `DynamicCache` whose layers write each
+"""The KV cache of our decode loop (`hf/backend.py`): transformers' `DynamicCache` whose layers write each
 step's keys and values into a buffer that grows by doubling, instead of concatenating the whole cache every step.
 
 transformers' `DynamicLayer.update` does `torch.cat([keys, new])`, which copies every cached position once per

@@ -9,7 +9,7 @@ Mode auto tries `continue` (vLLM/SGLang), `completion` (a local tokenizer render
 adapted and the request sent again. A mode that continues a prefix must show it (fewer prompt tokens than the same
 text as a closed turn); when counts cannot tell, the provider's shape (`ProbeReport.seen`) picks, and
 `ProbeReport.warning` says so. A wrong key, model or mode is `error`: one line naming the fix. The SLM's check is
-`pyrodash.backends.slm_probe`.
+`pyrodash.backends.http.slm_probe`.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from urllib.parse import urlparse
 import httpx
 
 from pyrodash.backends.base import BackendError, GenChunk, GenRequest
-from pyrodash.backends.continuation import Wire
+from pyrodash.backends.http.continuation import Wire
 
 PROBE_MSGS = [{"role": "user", "content": "Count on: 1, 2, 3"}]
 PROBE_PREFIX = "1, 2, 3, 4"

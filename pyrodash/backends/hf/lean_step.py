@@ -1,6 +1,6 @@
 """One decode step of a Qwen3 decoder without transformers' module machinery: the same torch ops, in the same order,
 on the same weights, so the logits are bit for bit those of `model(...)` (`tests/test_lean_step.py` checks it, on a
-plain model and with PEFT LoRA layers). Used by the decode loop (`pyrodash.backends.hf`) for every token after the
+plain model and with PEFT LoRA layers). Used by the decode loop (`hf/backend.py`) for every token after the
 prompt; the prompt itself (prefill) still goes through `model(...)`. A model it does not cover gets `None` from
 `lean_step` and keeps its own forward.
 
