@@ -6,215 +6,28 @@ Records go to `RUN_DIR/records/<method>.jsonl`: id, benchmark, sample, question,
 (`pyrodash.record.Record`), method extras, latency_s and the example's meta. Lines are appended and fsync'ed one by
 one; a restarted run skips the (benchmark, id, sample) keys already present and first cuts a torn last line, so a
 run killed at any point (kill -9) loses and duplicates nothing. The resolved config is saved as
-`RUN_DIR/config.resolved.json` (accepted back by `EvalConfig.from_yaml`). Accuracy is pass@1 with greedy decoding,
-or avg@k for benchmarks listed under `samples`. Conversations and own history: `evaluate`; metrics and tables come
-from the records (`pyrodash.report.core`).
+`RUN_DIR/config.resolved.json` (accepted back by `EvalConfig.from_yaml`; the config: `pyrodash.eval.config`).
+Accuracy is pass@1 with greedy decoding, or avg@k for benchmarks listed under `samples`. Conversations and own
+history: `evaluate`; metrics and tables come from the records (`pyrodash.report.core`).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
-import yaml
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from pyrodash.cost import Prices
 from pyrodash.data.benchmarks import SELF_SUFFIX, load_benchmark, own_history_benchmark
 from pyrodash.data.example import Example
-from pyrodash.engine.range_rule import RangeRule
 from pyrodash.eval.build import build_methods
+from pyrodash.eval.config import EvalConfig
 from pyrodash.eval.methods import Env, timed
 from pyrodash.grading import grade_batch
 from pyrodash.prompts import get_prompts
 from pyrodash.world.multiturn import ensure_long_split
-
-
-@dataclass
-class EvalConfig:
-    run_dir: str  # where records/<method>.jsonl, report.md and summary.json go
-    benchmarks: list[str]  # world:<split>, a known benchmark name (gsm8k, math500, ...) or one in benchmark_paths
-    methods: list = field(default_factory=lambda: ["slm", "llm"])  # names or {name: options}: docs/evaluation.md
-    models: dict = field(default_factory=dict)  # slm, llm, sft: backend specs; pyrodash: {λ: spec}
-    llm_mode: str | None = None  # continuation mode of an HTTP LLM (None: the spec's, else auto-detected)
-    world_dir: str | None = None  # for world:<split> benchmarks
-    benchmark_paths: dict = field(default_factory=dict)  # name -> local JSONL for real benchmarks
-    limit: int | None = None  # examples per benchmark
-    samples: dict = field(default_factory=dict)  # name -> k for avg@k (the paper: aime24/aime25 -> 32)
-    # Benchmark -> the methods that run on it (regular expressions matched against the whole method name, e.g.
-    # "pyrodash@[0-9.]+" for every λ but no sweep point); a benchmark not listed runs every method. E.g.
-    # conversations only for the methods whose per-turn rows the demo shows.
-    benchmark_methods: dict = field(default_factory=dict)
-    sample_temperature: float = 0.6  # sampling of the avg@k benchmarks (the others decode greedily)
-    sample_top_p: float = 0.95  # and their nucleus
-    prices: str | dict = "paper"  # a sheet under configs/prices/ (paper, cached), a YAML path or a mapping
-    prompts: str = "qwen-math-v1"  # the prompt set (world-v1 for the built-in world)
-    max_tokens: int = 256  # new tokens per answer
-    batch_size: int = 16  # questions decoded together by an in-process model
-    concurrency: int = 8  # requests in flight to an HTTP model
-    # the SLM's range for the PyroDash methods: {max_turns, max_context_tokens}, past it the LLM alone (`routed:
-    # "range"` in the record); None: off. `pyrodash calibrate --range` measures it (docs/conversations.md).
-    range_rule: dict | None = None
-    # the answer store (pyrodash.backends.answer_store): greedy generations of the in-process models, kept on disk and
-    # read back whenever any method or step asks a model the same thing; default RUN_DIR/answers (a config made from
-    # this one with another run_dir keeps the same store), "off": none
-    answers: str | None = None
-
-    def __post_init__(self) -> None:
-        for name in ("benchmarks", "methods"):  # `benchmarks: gsm8k` is a one-item list, not the letters g, s, m ...
-            if isinstance(getattr(self, name), (str, dict)):
-                setattr(self, name, [getattr(self, name)])
-        for name in ("run_dir", "world_dir"):  # a Path from Python callers is a path too
-            if isinstance(getattr(self, name), os.PathLike):
-                setattr(self, name, os.fspath(getattr(self, name)))
-        _expect("run_dir", self.run_dir, str, "a directory path")
-        if isinstance(self.answers, os.PathLike):
-            self.answers = os.fspath(self.answers)
-        _expect("answers", self.answers, (str, type(None)), 'a directory path or "off"')
-        if self.answers is None:
-            self.answers = os.path.join(self.run_dir, "answers")
-        _expect("benchmarks", self.benchmarks, list, "a list such as [gsm8k, world:test]")
-        if not all(isinstance(b, str) and b for b in self.benchmarks):
-            raise ValueError(f"eval config: benchmarks={self.benchmarks!r} must be benchmark names (strings)")
-        _expect("methods", self.methods, list, "a list such as [slm, llm, pyrodash]")
-        for name in ("models", "benchmark_paths", "samples", "benchmark_methods"):
-            _expect(name, getattr(self, name), dict, "a mapping (key: value lines)")
-        for b, pats in self.benchmark_methods.items():
-            if not isinstance(pats, list) or not all(isinstance(x, str) and x for x in pats):
-                raise ValueError(
-                    f"eval config: benchmark_methods.{b}={pats!r} must be a list of method names or "
-                    "regular expressions, e.g. [slm, llm, 'pyrodash@[0-9.]+']"
-                )
-            for x in pats:
-                try:
-                    re.compile(x)
-                except re.error as e:
-                    raise ValueError(
-                        f"eval config: benchmark_methods.{b}: {x!r} is not a regular expression ({e})"
-                    ) from None
-        _expect("world_dir", self.world_dir, (str, type(None)), "a directory path")
-        _expect("prices", self.prices, (str, dict), "a price sheet name, a YAML path or a mapping")
-        _expect("prompts", self.prompts, str, "a prompt set name such as qwen-math-v1")
-        for name in ("max_tokens", "batch_size", "concurrency"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-                raise ValueError(f"eval config: {name}={v!r} must be a positive integer, e.g. {name}: 256")
-        if self.limit is not None and (
-            not isinstance(self.limit, int) or isinstance(self.limit, bool) or self.limit < 1
-        ):
-            raise ValueError(f"eval config: limit={self.limit!r} must be a positive integer or null (every example)")
-        for name in ("sample_temperature", "sample_top_p"):
-            v = getattr(self, name)
-            if not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0:
-                raise ValueError(f"eval config: {name}={v!r} must be a non-negative number")
-        try:  # stored whole ({max_turns, max_context_tokens}): the same rule compares equal however it was written
-            self.range_rule = None if self.range_rule is None else RangeRule.of(self.range_rule).to_dict()
-        except ValueError as e:
-            raise ValueError(f"eval config: {e}") from None
-        if not self.benchmarks:
-            raise ValueError("eval config: benchmarks must list at least one benchmark (e.g. world:test)")
-        for b, k in self.samples.items():
-            if not isinstance(k, int) or isinstance(k, bool) or k < 1:
-                raise ValueError(f"eval config: samples.{b}={k!r} must be a positive integer (k of avg@k)")
-
-    @classmethod
-    def from_yaml(cls, path: str | Path, **overrides) -> EvalConfig:
-        p = Path(path)
-        if not p.exists():
-            raise ValueError(f"eval config {path} not found; see configs/eval/ for examples")
-        if not p.is_file():
-            raise ValueError(
-                f"eval config {path} is a directory: pass the YAML file, e.g. configs/eval/world-quick.yaml"
-            )
-        try:
-            data = yaml.safe_load(p.read_text(encoding="utf-8"))
-        except (yaml.YAMLError, UnicodeDecodeError) as e:
-            where = getattr(e, "problem_mark", None)
-            at = f" at line {where.line + 1}, column {where.column + 1}" if where is not None else ""
-            what = getattr(e, "problem", None) or type(e).__name__
-            raise ValueError(f"eval config {p} is not valid YAML{at} ({what}); fix the file") from None
-        if data is None:
-            data = {}
-        if not isinstance(data, dict):
-            raise ValueError(
-                f"eval config {p}: the top level must be a mapping (run_dir: ..., benchmarks: [...]), "
-                f"not a {type(data).__name__}"
-            )
-        data = _from_resolved(data, p) | {k: v for k, v in overrides.items() if v is not None}
-        known = {f.name for f in fields(cls)}
-        if set(data) - known:
-            raise ValueError(
-                f"eval config {p}: unknown keys {sorted(set(data) - known, key=str)}; expected {sorted(known)}"
-            )
-        missing = [f.name for f in fields(cls) if f.name in ("run_dir", "benchmarks") and f.name not in data]
-        if missing:
-            raise ValueError(
-                f"eval config {p}: missing {', '.join(missing)}; e.g. run_dir: runs/x, benchmarks: [gsm8k]"
-            )
-        try:
-            return cls(**data)
-        except ValueError as e:
-            raise ValueError(f"{e} (in {p})") from None
-
-    def check_models(self) -> None:
-        """Fail before anything is written when a model spec names a local directory that is not there (URLs and
-        hub ids such as Qwen/Qwen3-1.7B are not checked here)."""
-        models = self.models or {}
-        specs = [(f"models.{k}", v) for k, v in models.items() if k != "pyrodash"]
-        pyro = models.get("pyrodash") or {}
-        if not isinstance(pyro, dict):
-            raise ValueError("eval config: models.pyrodash must map each λ to a checkpoint, e.g. {0.6: runs/x/lam0.6}")
-        specs += [(f"models.pyrodash.{lam}", v) for lam, v in pyro.items()]
-        for key, spec in specs:
-            path = spec.get("path") if isinstance(spec, dict) else spec
-            if isinstance(spec, dict) and "url" in spec:
-                continue
-            if not isinstance(path, str) or not path:
-                raise ValueError(f"eval config: {key}={spec!r} must be a model path, hub id or backend spec")
-            if "://" in path or Path(path).exists():
-                continue
-            if path.count("/") == 1 and not path.startswith((".", "/", "~")):
-                continue  # a hub id
-            raise ValueError(
-                f"eval config: {key}={path} does not exist; build or train that model first or fix the "
-                "path (nothing was written)"
-            )
-
-    def runs_on(self, method: str, benchmark: str) -> bool:
-        """Whether `method` runs on `benchmark` (`benchmark_methods`)."""
-        pats = self.benchmark_methods.get(benchmark)
-        return pats is None or any(re.fullmatch(p, method) for p in pats)
-
-    def price_sheet(self):
-        return Prices(**self.prices) if isinstance(self.prices, dict) else Prices.from_yaml(self.prices)
-
-
-def _from_resolved(data: dict, path: Path) -> dict:
-    """A run's `config.resolved.json` as a config: it is evaluated with the numbers in `prices`, the ones the run used;
-    `prices_sheet` (the sheet as configured) stays the config's `prices` while it still resolves to those numbers, so
-    the run resolves to the same file again."""
-    if "prices_sheet" not in data:
-        return data
-    sheet, numbers = data["prices_sheet"], data.get("prices")
-    if not isinstance(numbers, dict):
-        raise ValueError(
-            f"eval config {path}: prices_sheet is written by `pyrodash eval` into config.resolved.json beside the "
-            "resolved prices (a mapping: slm_in, slm_out, llm_in, llm_out); give prices instead"
-        )
-    try:
-        same = (Prices(**sheet) if isinstance(sheet, dict) else Prices.from_yaml(sheet)).to_dict() == numbers
-    except (TypeError, ValueError, OSError, yaml.YAMLError):
-        same = False  # a sheet gone or changed: the numbers the run used
-    return {k: v for k, v in data.items() if k != "prices_sheet"} | {"prices": sheet if same else numbers}
-
-
-def _expect(name: str, value: object, types: type | tuple, what: str) -> None:
-    if not isinstance(value, types):
-        raise ValueError(f"eval config: {name}={value!r} must be {what}")
-
 
 # --- resumable JSONL ---------------------------------------------------------------------------------------------
 
