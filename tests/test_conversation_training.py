@@ -290,7 +290,7 @@ def test_curate_chats_runs_each_logged_turn_through_curation(tmp_path, capsys):
     recipe = tmp_path / "r.yaml"
     recipe.write_text(
         f"name: t\nslm: {slm}\nllm: {llm}\nprompts: world-v1\ncurate: {{source: null, "
-        "heldout_source: null, slm_max_new_tokens: 6, llm_max_new_tokens: 6, batch_size: 4}\n"
+        "heldout_source: null, val_share: 0, slm_max_new_tokens: 6, llm_max_new_tokens: 6, batch_size: 4}\n"
     )
     assert main(["curate", "--config", str(recipe), "--output-dir", str(tmp_path / "o"), "--chats", str(log)]) == 0
     stats = json.loads((tmp_path / "o" / "curated" / "stats.json").read_text())

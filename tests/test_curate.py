@@ -155,3 +155,74 @@ def test_curate_config_validation():
         CurateConfig(offload_min=3, offload_max=2).validate()
     with pytest.raises(ValueError, match="before_hard"):
         CurateConfig(placement="middle").validate()
+
+
+def _user_data(tmp_path: Path) -> tuple[Path, Path]:
+    """12 questions (train.jsonl) and 6 chat conversations of 1-3 answered turns (chats.jsonl), in the documented
+    formats (docs/reference/formats.md)."""
+    qs = tmp_path / "train.jsonl"
+    qs.write_text("".join(json.dumps({"id": f"q{i}", "question": f"What is {i}+1?", "gold": str(i + 1)}) + "\n"
+                          for i in range(12)))  # fmt: skip
+    chats = tmp_path / "chats.jsonl"
+    lines = []
+    for c in range(6):
+        msgs = []
+        for t in range(1 + c % 3):
+            msgs += [{"role": "user", "content": f"conv {c} turn {t}: {c}*{t}?"},
+                     {"role": "assistant", "content": f"\\boxed{{{c * t}}}"}]  # fmt: skip
+        lines.append(json.dumps({"messages": msgs}))
+    chats.write_text("\n".join(lines) + "\n")
+    return qs, chats
+
+
+def _user_examples(cfg: CurateConfig) -> list:
+    from pyrodash.train.curate import load_conversations
+
+    return load_examples(cfg.source) + load_conversations(cfg.conversations)[0]
+
+
+def test_curation_carves_val_from_your_data_by_conversation_and_says_so(tmp_path, capsys):
+    """A user's questions and chat logs with no heldout_source: `val_share` of the conversations (a question is one)
+    go to val whole, seeded, out of the examples curated; the carve is printed and returned for stats.json; val.jsonl
+    reads back as a benchmark file with the carved questions and golds."""
+    from pyrodash.data.benchmarks import load_benchmark
+    from pyrodash.eval.carve import conversation_key
+    from pyrodash.train.curate import carve_user_val, write_val
+
+    qs, chats = _user_data(tmp_path)
+    cfg = CurateConfig(source=str(qs), conversations=str(chats), heldout_source=None, val_share=0.25, val_seed=1)
+    examples = _user_examples(cfg)
+    assert len(examples) == 12 + sum(1 + c % 3 for c in range(6))
+    rest, val, carve = carve_user_val(cfg, examples)
+    out = capsys.readouterr().out
+    convs = lambda part: {conversation_key(e) for e in part}  # noqa: E731
+    assert convs(val).isdisjoint(convs(rest)) and len(val) + len(rest) == len(examples)
+    assert len(convs(val)) == round(0.25 * 18) and any(e.meta.get("conversation") is not None for e in examples)
+    assert carve == {"carved": True, "share": 0.25, "seed": 1, "from": [str(qs), str(chats)], "val": len(val),
+                     "train": len(rest), "val_conversations": 4, "train_conversations": 14}  # fmt: skip
+    assert f"val: {len(val)} of {len(examples)} examples (4 of 18 conversations, share 0.25, seed 1) carved" in out
+    assert "kept out of training" in out
+    again = carve_user_val(cfg, list(reversed(examples)))
+    assert {e.id for e in again[1]} == {e.id for e in val}  # seeded: the same conversations, in any order
+    other = carve_user_val(CurateConfig(**{**cfg.__dict__, "val_seed": 2}), examples)
+    assert {e.id for e in other[1]} != {e.id for e in val}
+    write_val(tmp_path / "val.jsonl", val, carve)
+    back = load_benchmark("math500", path=tmp_path / "val.jsonl")
+    assert [(b.question, b.gold) for b in back] == [(e.question, e.gold) for e in val]
+    assert json.loads((tmp_path / "val.carve.json").read_text()) == carve
+
+
+@pytest.mark.parametrize("change", [{"heldout_source": "my-val.jsonl"}, {"val_share": 0.0}, {"source": "world:train"}])
+def test_no_carve_with_your_own_val_a_zero_share_or_the_world(tmp_path, capsys, change):
+    from pyrodash.train.curate import carve_user_val
+
+    qs, chats = _user_data(tmp_path)
+    cfg = CurateConfig(**{"source": str(qs), "conversations": str(chats), "heldout_source": None, **change})
+    examples = ["a", "b"]  # not read when there is no carve
+    assert carve_user_val(cfg, examples) == (examples, [], None) and not cfg.carves_val()
+    assert capsys.readouterr().out == ""
+
+
+def test_val_share_must_be_a_fraction():
+    with pytest.raises(ValueError, match=r"curate.val_share=1.0: give a fraction in \[0, 1\)"):
+        CurateConfig(val_share=1.0).validate()

@@ -215,7 +215,7 @@ def gemma_run(gemma_files, tmp_path_factory, monkeypatch_module):
             "llm": {"url": url, "model": "gpt-double", "api_key_env": "H8_DOUBLE_KEY", "mode": "instruct"},
             "chat_template": GEMMA_TEMPLATE,
             "prompts": "qwen-math-v1",
-            "curate": {"source": str(data), "heldout_source": None, "slm_max_new_tokens": 16,
+            "curate": {"source": str(data), "heldout_source": None, "val_share": 0, "slm_max_new_tokens": 16,
                        "llm_max_new_tokens": 256, "batch_size": N_ROWS, "reconstruct_with_gold": True},
             "stage1": {**train, "learning_rate": 1e-2},
             "stage2": {**train, "learning_rate": 1e-4},

@@ -6,7 +6,8 @@ on questions the report's figures do not come from.
 The built-in world has its own `world:val` split; a user's benchmark (a JSONL file, a chat log) has one set of
 examples, so `pyrodash eval --val-share X` carves a seeded share of its conversations (an example without
 `meta.conversation` is a conversation of one) into RUN/val, evaluated with the candidates `val_methods` keeps, and
-the rest into RUN.
+the rest into RUN. `pyrodash curate` carves the same way from the data it is given (`curate.val_share`), into
+DIR/curated/val.jsonl, kept out of training.
 """
 
 from __future__ import annotations
@@ -31,15 +32,17 @@ def conversation_key(ex: Example) -> str:
     return f"{ex.benchmark}\x00{'c:' + str(conv) if conv is not None else 'q:' + str(ex.id)}"
 
 
-def carve_val(examples: list[Example], share: float, seed: int = 0) -> tuple[list[Example], list[Example]]:
+def carve_val(
+    examples: list[Example], share: float, seed: int = 0, knob: str = "--val-share"
+) -> tuple[list[Example], list[Example]]:
     """(val, rest): round(share x conversations) of the conversations, the ones whose seeded hash ranks lowest, each
     with every turn; both lists keep the examples' order. Neither side is empty when share is in (0, 1) and there are
-    two conversations or more."""
+    two conversations or more. `knob`: what the user set, named in the errors (`--val-share`, `curate.val_share`)."""
     if not 0.0 < share < 1.0:
-        raise ValueError(f"--val-share {share:g}: give a fraction between 0 and 1, e.g. 0.2")
+        raise ValueError(f"{knob} {share:g}: give a fraction between 0 and 1, e.g. 0.2")
     keys = list(dict.fromkeys(conversation_key(ex) for ex in examples))
     if len(keys) < 2:
-        raise ValueError(f"--val-share needs two conversations or more to carve from; the benchmarks hold {len(keys)}")
+        raise ValueError(f"{knob} needs two conversations or more to carve from; the data holds {len(keys)}")
     n = min(max(round(share * len(keys)), 1), len(keys) - 1)
     rank = sorted(keys, key=lambda k: hashlib.sha256(f"{seed}\x00{k}".encode()).hexdigest())
     chosen = set(rank[:n])

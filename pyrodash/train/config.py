@@ -42,6 +42,11 @@ class CurateConfig:
     limit: int | None = None  # first N examples of the source
     heldout_source: str | None = "world:dev"  # labelled easy/hard by the base SLM, for the Stage 2 offload rates
     heldout_limit: int | None = 200  # first N held-out examples
+    # your own data (no world split in source or conversations) and no heldout_source: this share of its
+    # conversations (a question is a conversation of one) is carved into DIR/curated/val.jsonl, seeded by val_seed,
+    # every turn of a conversation on one side, kept out of training and used as the held-out set; 0: no carve
+    val_share: float = 0.2
+    val_seed: int = 0  # the seed of that carve
     # Conversations (pyrodash.train.chat_logs): "world:<conversation split>" (e.g. world:multiturn_train) or a chat
     # log (.jsonl of OpenAI `messages`, one conversation per line; `pyrodash curate --chats FILE`); every answered
     # turn is curated after its history, as one more example. None: single questions only.
@@ -69,6 +74,11 @@ class CurateConfig:
     relay: bool = False
     seed: int = 0  # the placement's and the sampling's seed
 
+    def carves_val(self) -> bool:
+        """Whether curation carves val from the data (`val_share` > 0, no `heldout_source`, no world split)."""
+        sources = [s for s in (self.source, self.conversations) if s]
+        return bool(self.val_share) and not self.heldout_source and not any(s.startswith("world:") for s in sources)
+
     def validate(self) -> None:
         if not 1 <= self.offload_min <= self.offload_max:
             raise ValueError(f"curate: need 1 <= offload_min ({self.offload_min}) <= offload_max ({self.offload_max})")
@@ -83,6 +93,8 @@ class CurateConfig:
                 f"curate.relay writes each hard target as a relay row and keeps hard examples out of Corpus A; "
                 f"hard_target={self.hard_target!r} asks for full targets in Corpus A: set hard_target: to_first_offload"
             )
+        if not 0.0 <= self.val_share < 1.0:
+            raise ValueError(f"curate.val_share={self.val_share!r}: give a fraction in [0, 1), e.g. 0.2 (0: no carve)")
         for name in ("slm_max_new_tokens", "llm_max_new_tokens", "batch_size", "llm_concurrency"):
             if getattr(self, name) < 1:
                 raise ValueError(f"curate.{name} must be >= 1")

@@ -5,8 +5,10 @@ and Corpus B (read by Stages 1 and 2).
 
 The base SLM labels each example easy (right) or hard (wrong); the frozen LLM reconstructs the hard ones; Corpus A
 has no `<offload>`, Corpus B has P_s and `<offload>` in its hard targets. Conversations go the same path, one turn
-at a time. Writes DIR/curated/{corpus_a,corpus_b,heldout}.jsonl, DIR/curated/dataset/, stats.json and
-config.resolved.json. The steps, `hard_target`, conversations and the outputs: docs/internals.md.
+at a time. Your own data with no held-out source gives a seeded share of its conversations to val first
+(`carve_user_val`: DIR/curated/val.jsonl, out of training). Writes DIR/curated/{corpus_a,corpus_b,heldout}.jsonl,
+DIR/curated/dataset/, stats.json and config.resolved.json. The steps, `hard_target`, conversations and the
+outputs: docs/internals.md.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from pyrodash.backends.hf.backend import HFBackend
 from pyrodash.data.benchmarks import load_world_split
 from pyrodash.data.example import Example
 from pyrodash.engine import slm_chat
+from pyrodash.eval.carve import carve_val, conversation_key
 from pyrodash.grading import grade_batch
 from pyrodash.prompts import OFFLOAD_TOKEN, Prompts, get_prompts
 from pyrodash.train.chat_logs import is_chat_log, load_chat_turns, turn_messages
@@ -330,6 +333,7 @@ def run_curation(recipe, out_dir: str | Path) -> Path:
     prompts = get_prompts(recipe.prompts)
     world = resolve_world(recipe)
     examples, conv_counts = _curation_examples(cfg, world)
+    examples, val, carve = carve_user_val(cfg, examples)
     slm = HFBackend(*load_local(slm_spec(recipe), chat_template=recipe.chat_template))
     llm = FrozenLLM.from_spec(llm_spec(recipe), batch_size=cfg.batch_size, concurrency=cfg.llm_concurrency)
     solutions, difficulty, counts = label_and_reconstruct(
@@ -342,9 +346,11 @@ def run_curation(recipe, out_dir: str | Path) -> Path:
             flush=True,
         )
     rows_a, rows_b, inserted = build_corpora(examples, solutions, difficulty, prompts, cfg)
-    heldout = _heldout_rows(cfg, world, slm, llm, prompts, counts)
+    heldout = _heldout_rows(cfg, world, slm, llm, prompts, counts, val)
     out = curated_dir(out_dir)
     _write_corpora(out, rows_a, rows_b, heldout)
+    if carve:
+        write_val(out / "val.jsonl", val, carve)
     if cfg.conversations:
         conv_counts |= _turn_counts(rows_a + rows_b, examples, difficulty)
     hard_b = [r for r in rows_b if r["difficulty"] == "hard"]
@@ -359,6 +365,7 @@ def run_curation(recipe, out_dir: str | Path) -> Path:
         "mean_insertions": sum(r["n_offload"] for r in hard_b) / max(1, len(hard_b)),
         "hard_target": "relay" if cfg.relay else cfg.hard_target,
         "llm_calls": llm.calls,
+        "val": carve or {"carved": False, "heldout_source": cfg.heldout_source},
     }
     (out / "stats.json").write_text(json.dumps(stats, indent=2))
     save_resolved(out, recipe, cfg, {"world_dir": str(world) if world else None})
@@ -384,11 +391,46 @@ def _curation_examples(cfg, world) -> tuple[list, dict]:
     return examples, conv_counts
 
 
-def _heldout_rows(cfg, world, slm, llm, prompts, counts: dict) -> list[dict]:
-    """The held-out examples with their difficulty labels (no reconstruction); their counts go into `counts`."""
-    if not cfg.heldout_source:
+def carve_user_val(cfg, examples: list[Example]) -> tuple[list[Example], list[Example], dict | None]:
+    """(examples to curate, val, what was carved or None): a user's data (no world split named) with no
+    `heldout_source` gives `val_share` of its conversations to val (`pyrodash.eval.carve.carve_val`, seeded by
+    `val_seed`, whole conversations), kept out of training; printed, and recorded in stats.json."""
+    if not cfg.carves_val():
+        return examples, [], None
+    sources = [s for s in (cfg.source, cfg.conversations) if s]
+    val, rest = carve_val(examples, cfg.val_share, cfg.val_seed, knob="curate.val_share")
+    convs = {k: len({conversation_key(ex) for ex in part}) for k, part in (("val", val), ("train", rest))}
+    carve = {"carved": True, "share": cfg.val_share, "seed": cfg.val_seed, "from": sources, "val": len(val),
+             "train": len(rest), "val_conversations": convs["val"], "train_conversations": convs["train"]}  # fmt: skip
+    print(
+        f"pyrodash curate: val: {len(val)} of {len(examples)} examples ({convs['val']} of {sum(convs.values())} "
+        f"conversations, share {cfg.val_share:g}, seed {cfg.val_seed}) carved from {', '.join(sources)} into "
+        "curated/val.jsonl and kept out of training; evaluate on it and pick your operating point there "
+        "(curate.heldout_source names your own val instead)",
+        flush=True,
+    )
+    return rest, val, carve
+
+
+def write_val(path: Path, val: list[Example], carve: dict) -> None:
+    """The carved val as a benchmark file (`problem`, `answer`, the example's id and meta): `pyrodash eval` reads it
+    through `benchmark_paths`; a conversation's turn is read as its question alone."""
+    path.write_text("".join(json.dumps({"id": ex.id, "problem": ex.question, "answer": ex.gold, "meta": ex.meta})
+                            + "\n" for ex in val))  # fmt: skip
+    path.with_name("val.carve.json").write_text(json.dumps(carve, indent=2) + "\n")
+
+
+def _heldout_rows(cfg, world, slm, llm, prompts, counts: dict, carved: list[Example]) -> list[dict]:
+    """The held-out examples (`heldout_source`, else the carved val: `carve_user_val`) with their difficulty labels
+    (no reconstruction); their counts go into `counts`."""
+    if not cfg.heldout_source and not carved:
         return []
-    held = load_examples(cfg.heldout_source, world, cfg.split, cfg.question_field, cfg.answer_field, cfg.heldout_limit)
+    if not cfg.heldout_source:
+        held = carved[: cfg.heldout_limit] if cfg.heldout_limit else list(carved)
+    else:
+        held = load_examples(
+            cfg.heldout_source, world, cfg.split, cfg.question_field, cfg.answer_field, cfg.heldout_limit
+        )
     if cfg.heldout_conversations:
         held += load_conversations(cfg.heldout_conversations, world, cfg.heldout_conversation_limit)[0]
     _, hdiff, hcounts = label_and_reconstruct(held, slm, llm, prompts, cfg, reconstruct=False, tag="(held-out)")

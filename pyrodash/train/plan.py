@@ -63,7 +63,10 @@ def plan(recipe: Recipe, out_dir: str | Path, stages: list[str], lambdas: list[f
             steps.append(
                 {
                     "step": "curate",
-                    "reads": f"{c.source} (+ held-out {c.heldout_source})",
+                    "reads": f"{c.source} (+ held-out {c.heldout_source})"
+                    if not c.carves_val()
+                    else f"{c.source or ''} {c.conversations or ''}".strip()
+                    + f" (val_share {c.val_share:g} carved into curated/val.jsonl, seed {c.val_seed})",
                     "writes": str(curated_dir(out_dir)),
                     "settings": {
                         "slm": slm,
