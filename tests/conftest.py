@@ -5,7 +5,7 @@ in the background, and the tiny models and Redis server that several modules sha
 there from the base models that ship with PyroDash, which `tests/test_world.py` rebuilds from scratch).
 tests/test_demo.py checks its report; tests/test_train.py starts from its curated corpora and its Stage 1 and Stage 2
 checkpoints (the same recipe makes the same ones), and tests/test_scripts_smoke.py runs the scripts that read a demo
-on it, so CI trains them once.
+on it, so CI trains them once. `PYRODASH_DEMO_RUN=DIR` names a finished quick demo to read instead.
 
 `scratch_world` is `build_world(quick=True, seed=0, from_scratch=True)` (~4.5 min of pretraining on 2 cores).
 
@@ -35,8 +35,7 @@ SCRATCH_TEST = "test_quick_world_from_scratch_gap_hidden_difficulty_and_the_ship
 # fixtures that train, build or fetch for minutes: a test that uses one (directly or through another fixture) is
 # marked `slow` here, so `pytest -m "not slow"` leaves out exactly those (CI runs them all)
 SLOW_FIXTURES = {"quick_demo", "demo_run", "scratch_world", "gemma_files"}
-# the quick demo, through the fixture or through tests/test_scripts_smoke.py's `demo_run` (which asks for it by name
-# unless PYRODASH_DEMO_RUN names a finished one)
+# the quick demo, through the fixture or through tests/test_scripts_smoke.py's `demo_run` (which asks for it by name)
 DEMO_FIXTURES = {"quick_demo", "demo_run"}
 
 
@@ -79,11 +78,6 @@ def _reads_demo(item) -> bool:
     return bool(DEMO_FIXTURES & set(getattr(item, "fixturenames", ())))
 
 
-def _needs_demo_built(item) -> bool:
-    names = set(getattr(item, "fixturenames", ()))
-    return "quick_demo" in names or ("demo_run" in names and not os.environ.get("PYRODASH_DEMO_RUN"))
-
-
 def pytest_collection_modifyitems(config, items):
     """Mark `slow` every test that uses a fixture of `SLOW_FIXTURES`; move the tests that read the quick demo to the
     end (in their order), so that the demo builds in the background while the others run."""
@@ -103,7 +97,7 @@ def pytest_collection_finish(session):
             "build_world(sys.argv[1], quick=True, seed=0, verbose=False, from_scratch=True)"
         )
         _BACKGROUND["scratch_world"] = Background("scratch-world", code, "quick")
-    if any(_needs_demo_built(item) for item in session.items):
+    if not os.environ.get("PYRODASH_DEMO_RUN") and any(_reads_demo(item) for item in session.items):
         _BACKGROUND["quick_demo"] = _demo()
 
 
@@ -127,7 +121,9 @@ def scratch_world() -> Path:
 
 @pytest.fixture(scope="session")
 def quick_demo() -> Path:
-    """The output directory of `pyrodash demo --quick`, once its background run has finished."""
+    """The output directory of `pyrodash demo --quick`, once its background run has finished (or PYRODASH_DEMO_RUN)."""
+    if os.environ.get("PYRODASH_DEMO_RUN"):
+        return Path(os.environ["PYRODASH_DEMO_RUN"])
     if "quick_demo" not in _BACKGROUND:  # (asked for by name by a fixture outside DEMO_FIXTURES: started now)
         _BACKGROUND["quick_demo"] = _demo()
     return _BACKGROUND["quick_demo"].wait()
