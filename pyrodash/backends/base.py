@@ -166,7 +166,10 @@ def estimate_tokens(messages: list[dict], prefix: str = "") -> int:
 
 @runtime_checkable
 class Backend(Protocol):
-    name: str
+    """What every backend offers. What only some offer is an optional capability below, which a caller checks with
+    `isinstance(backend, Capability)` before using it (an in-process model has most; an HTTP endpoint a few)."""
+
+    name: str  # a public name (never a URL or a local path: `public_name`)
 
     def stream(self, req: GenRequest) -> AsyncIterator[GenChunk]:
         """Generate for `req`, yielding text deltas; cancelling the iterator stops generation upstream."""
@@ -177,3 +180,83 @@ class Backend(Protocol):
         ...
 
     async def aclose(self) -> None: ...
+
+
+# ---- optional capabilities (each checked with isinstance where a caller uses it) --------------------------------
+
+
+@runtime_checkable
+class Tokenizes(Protocol):
+    """The model's own tokenizer is here (an in-process model): a request's prompt token ids, as the model sees them."""
+
+    def prompt_ids(self, req: GenRequest) -> list[int]: ...
+
+
+@runtime_checkable
+class CountsText(Protocol):
+    """Tokens of a plain text in the model's own tokenizer (the oracle bills an SLM prefix with it)."""
+
+    def count_tokens(self, text: str) -> int: ...
+
+
+@runtime_checkable
+class Renders(Protocol):
+    """The chat template is rendered here: `render(req)` is the raw prompt text, which as `GenRequest(messages=[],
+    prefix=text)` is the same prompt."""
+
+    def render(self, req: GenRequest) -> str: ...
+
+
+@runtime_checkable
+class KnowsWindow(Protocol):
+    """The model's context window in tokens (None: not known)."""
+
+    def context_window(self) -> int | None: ...
+
+
+@runtime_checkable
+class KnowsSpecials(Protocol):
+    """The special-token strings of the model's vocabulary (what client text may not produce as tokens)."""
+
+    def special_tokens(self) -> list[str]: ...
+
+
+@runtime_checkable
+class ContinuesPrefix(Protocol):
+    """Whether the model continues an assistant prefix (False: the engine hands off in the instruct style). A
+    backend without it continues one."""
+
+    continues_prefix: bool
+
+
+@runtime_checkable
+class Warms(Protocol):
+    """Opens its connections ahead of a call (best effort)."""
+
+    async def warm(self) -> None: ...
+
+
+@runtime_checkable
+class ChecksHealth(Protocol):
+    """Raises unless the model answers (the server's /health, a mesh's reachability)."""
+
+    async def health(self) -> None: ...
+
+
+@runtime_checkable
+class Batches(Protocol):
+    """Decodes many requests as one batch (an in-process model); `eos_ids` tells an EOS from a stop id."""
+
+    eos_ids: set[int]
+
+    def generate_batch(self, reqs: list[GenRequest], batch_size: int | None = None) -> list[GenResult]: ...
+
+
+@runtime_checkable
+class Meshed(Protocol):
+    """Several endpoints behind one backend (`pyrodash.backends.mesh`): its members (each with `.backend`, `.name`
+    and its own `.prices` or None) and their status."""
+
+    members: list
+
+    def status(self) -> list[dict]: ...

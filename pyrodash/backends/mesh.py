@@ -19,7 +19,16 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from pyrodash.backends.base import Backend, BackendError, GenChunk, GenRequest, estimate_tokens
+from pyrodash.backends.base import (
+    Backend,
+    BackendError,
+    ContinuesPrefix,
+    GenChunk,
+    GenRequest,
+    Tokenizes,
+    Warms,
+    estimate_tokens,
+)
 from pyrodash.backends.http.probe import reachability
 from pyrodash.cost import Prices
 
@@ -154,9 +163,9 @@ class MeshBackend:
         if llm_out is None:
             llm_out, estimated = n, bool(n)
         if llm_in is None and reached:
-            count = getattr(m.backend, "prompt_ids", None)
-            llm_in = len(count(req)) if callable(count) else estimate_tokens(req.messages, req.prefix)
-            estimated = estimated or not callable(count)
+            counts = isinstance(m.backend, Tokenizes)
+            llm_in = len(m.backend.prompt_ids(req)) if counts else estimate_tokens(req.messages, req.prefix)
+            estimated = estimated or not counts
         return {
             "endpoint": m.name,
             "calls": reached,
@@ -177,12 +186,12 @@ class MeshBackend:
     def continues_prefix(self) -> bool:
         """Every endpoint continues an assistant prefix (else the engine hands off in its instruct style; a
         takeover still continues the streamed text as the new endpoint's prefix)."""
-        return all(getattr(m.backend, "continues_prefix", True) for m in self.members)
+        return all(m.backend.continues_prefix for m in self.members if isinstance(m.backend, ContinuesPrefix))
 
     async def warm(self) -> None:
         """Open connections to every HTTP endpoint ahead of a handoff (best effort, as each backend's `warm`)."""
         await asyncio.gather(
-            *(m.backend.warm() for m in self.members if hasattr(m.backend, "warm")), return_exceptions=True
+            *(m.backend.warm() for m in self.members if isinstance(m.backend, Warms)), return_exceptions=True
         )
 
     async def health(self) -> None:

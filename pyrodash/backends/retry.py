@@ -16,7 +16,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from pyrodash.backends.base import GenChunk, GenRequest, GenResult
+from pyrodash.backends.base import Batches, GenChunk, GenRequest, GenResult
 
 ON_ERROR = ("fallback", "raise")
 
@@ -129,9 +129,9 @@ def run_requests(
     told from its `eos_ids`), else `concurrency` streams at a time under `policy` (`arun_requests`)."""
     if not reqs:
         return []
-    if not hasattr(backend, "generate_batch"):
+    if not isinstance(backend, Batches):
         return asyncio.run(arun_requests(backend, reqs, concurrency, policy, on_result))
-    eos_ids = getattr(backend, "eos_ids", set())
+    eos_ids = backend.eos_ids
     out = backend.generate_batch(reqs, batch_size=batch_size)
     for i, r in enumerate(out):
         r.eos = (

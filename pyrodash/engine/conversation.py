@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from pyrodash.backends.base import GenRequest
+from pyrodash.backends.base import GenRequest, KnowsWindow, Tokenizes
 from pyrodash.backends.literal import CLOSE, OPEN
 from pyrodash.prompts import OFFLOAD_TOKEN
 
@@ -130,24 +130,15 @@ def estimate_tokens(messages: list[dict], prefix: str = "") -> int:
 def token_counter(backend, prefix: str = "") -> tuple[Callable[[list[dict]], int], bool]:
     """(count(messages) -> prompt tokens of a request with `prefix`, estimated?): the backend's own tokenizer when it
     has one (`prompt_ids`), else `estimate_tokens`."""
-    ids = getattr(backend, "prompt_ids", None)
-    if callable(ids):
-        return (lambda msgs: len(ids(GenRequest(messages=msgs, prefix=prefix)))), False
+    if isinstance(backend, Tokenizes):
+        return (lambda msgs: len(backend.prompt_ids(GenRequest(messages=msgs, prefix=prefix)))), False
     return (lambda msgs: estimate_tokens(msgs, prefix)), True
 
 
 def backend_context(backend) -> int | None:
-    """A backend's context window when it knows one (`context_window`, a number or a method such as
-    `HFBackend.context_window()`, or an in-process model's `max_position_embeddings`); None otherwise."""
-    n = getattr(backend, "context_window", None)
-    if callable(n):
-        n = n()
-    if isinstance(n, int) and n > 0:
-        return n
-    if not callable(getattr(backend, "prompt_ids", None)):  # only in-process models (an HTTP `model` is a name)
-        return None
-    model = getattr(backend, "model", None)
-    n = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    """A backend's context window when it knows one (`KnowsWindow`: an in-process model's
+    `max_position_embeddings`); None otherwise."""
+    n = backend.context_window() if isinstance(backend, KnowsWindow) else None
     return n if isinstance(n, int) and n > 0 else None
 
 

@@ -19,7 +19,17 @@ from collections.abc import AsyncIterator, Awaitable
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from pyrodash.backends.base import Backend, GenChunk, GenRequest, GenResult
+from pyrodash.backends.base import (
+    Backend,
+    Batches,
+    ContinuesPrefix,
+    GenChunk,
+    GenRequest,
+    GenResult,
+    Renders,
+    Tokenizes,
+    Warms,
+)
 from pyrodash.backends.deadline import LazyDeadline
 from pyrodash.backends.retry import FailurePolicy, backoff_delay
 from pyrodash.cost import Prices
@@ -192,7 +202,7 @@ class CollaborateEngine:
             self.offload_id = None
         if self.offload_id is None and require_offload:
             raise ValueError(
-                f"the SLM {getattr(slm, 'name', slm)!r} has no {OFFLOAD_TOKEN} token in its vocabulary: "
+                f"the SLM {slm.name!r} has no {OFFLOAD_TOKEN} token in its vocabulary: "
                 "run Stage 1 (pyrodash train stage1) or pyrodash.tokens.add_offload_token first"
             )
 
@@ -217,7 +227,8 @@ class CollaborateEngine:
     @property
     def llm_style(self) -> str:
         """The handoff style in use: "instruct" when the LLM endpoint cannot continue a prefix."""
-        return self.handoff_style if getattr(self.llm, "continues_prefix", True) else "instruct"
+        prefix = not isinstance(self.llm, ContinuesPrefix) or self.llm.continues_prefix
+        return self.handoff_style if prefix else "instruct"
 
     def llm_request(self, messages: list[dict], partial: str, max_tokens: int, sampling: dict) -> GenRequest:
         """The single handoff request (Line 6) in the style in use (`llm_style`), trimmed to the LLM's window."""
@@ -297,10 +308,12 @@ class CollaborateEngine:
         rule = self.range_rule if r.range_rule is None else r.range_rule
         if r.mode != "collab" or not rule.active:
             return r.mode, None
-        count = getattr(self.slm, "prompt_ids", None)
+        slm = self.slm
 
         def prompt_tokens() -> int | None:
-            return len(count(GenRequest(messages=slm_chat(self.prompts, messages)))) if callable(count) else None
+            if not isinstance(slm, Tokenizes):
+                return None
+            return len(slm.prompt_ids(GenRequest(messages=slm_chat(self.prompts, messages))))
 
         return ("llm", ROUTED) if rule.reason(conv.turn_number(messages), prompt_tokens) else ("collab", None)
 
@@ -358,11 +371,10 @@ class CollaborateEngine:
             *([] if routed else [("SLM", self.slm, lambda: first)]),
             ("LLM", self.llm, lambda: self.llm_request_fitted(messages, "", budget, {}, seen)),
         ):
-            window = getattr(backend, "context_window", None)
-            if not fitting.counts_prompts(backend) or window() is None:
+            if not fitting.counts_prompts(backend) or (window := backend.context_window()) is None:
                 continue
             req, fit = build()
-            sizes.append(PromptSize(side, fitting.prompt_size(backend, req, fit, total, window()), window()))
+            sizes.append(PromptSize(side, fitting.prompt_size(backend, req, fit, total, window), window))
             if seen is not None and fit.text is not None and all(f is not fit for f in seen):
                 seen.append(fit)
         return Prepared(turn, sizes)
@@ -380,19 +392,19 @@ class CollaborateEngine:
         - an endpoint LLM, the SLM's tokenizer counts it: when this engine's in-process SLM answered alone (mode
           "slm", `solo` its Done) and nothing was dropped to fit, its billed input is that count. Else it is counted
           here (history dropped: the estimate counts the whole conversation)."""
-        ids = getattr(self.llm, "prompt_ids", None)
-        if solo is not None and not callable(ids) and self._billed_alone(solo):
+        counts = isinstance(self.llm, Tokenizes)
+        if solo is not None and not counts and self._billed_alone(solo):
             return solo.usage.slm_in, "slm"
         messages = self.messages(request.question)
-        if request.prepared is not None and callable(ids):
+        if request.prepared is not None and counts:
             n = fitting.recount(request.prepared, self.llm, GenRequest(messages=messages))
             if n is not None:
                 return n, "llm"
         for side in ("llm", "slm"):
-            count = getattr(getattr(self, side), "prompt_ids", None)
-            if callable(count):
+            backend = getattr(self, side)
+            if isinstance(backend, Tokenizes):
                 with contextlib.suppress(Exception):  # a tokenizer that cannot render this conversation
-                    return len(count(GenRequest(messages=messages))), side
+                    return len(backend.prompt_ids(GenRequest(messages=messages))), side
         return None
 
     def _billed_alone(self, solo: Done) -> bool:
@@ -403,8 +415,8 @@ class CollaborateEngine:
             and not solo.trimmed.get("slm")
             and not solo.usage_estimated
             and solo.usage.slm_in > 0
-            and callable(getattr(slm, "prompt_ids", None))
-            and callable(getattr(type(slm), "render", None))
+            and isinstance(slm, Tokenizes)
+            and issubclass(type(slm), Renders)
         )
 
     # ---- the steps of Algorithm 1, shared by both drivers ---------------------------------------------------
@@ -447,7 +459,7 @@ class CollaborateEngine:
             return [dict(e) for e in got.endpoints]
         return [
             {
-                "endpoint": getattr(self.llm, "name", "llm"),
+                "endpoint": self.llm.name,
                 "calls": reached,
                 "llm_in": got.prompt_tokens or 0,
                 "llm_out": got.completion_tokens or 0,
@@ -697,7 +709,7 @@ class CollaborateEngine:
                 key_relay_turns(self, turns, options)
             await self._slm_batch(turns, slm_results, batch_size, limited, desc)
         # the handoffs, as the stream driver runs them; an in-process LLM's single handoffs in batches (`_llm_batch`)
-        batched = hasattr(self.llm, "generate_batch")
+        batched = isinstance(self.llm, Batches)
         runs = {} if stop_at_handoff else relay_runs(self, turns, options, single=not batched)
         need = [t for i, t in enumerate(turns) if t.finish is None and i not in runs]  # batched handoffs, mode "llm"
         if stop_at_handoff:
@@ -726,7 +738,7 @@ class CollaborateEngine:
         SLM runs in process, else as streams (`limited`: at most `concurrency` at a time)."""
         given = slm_results or [None] * len(turns)
         todo = [i for i, r in enumerate(given) if r is None and turns[i].mode != "llm"]  # routed: the LLM's
-        if todo and hasattr(self.slm, "generate_batch"):
+        if todo and isinstance(self.slm, Batches):
             given = list(given)
             with _progress(desc, "SLM", len(todo)) as step:
                 for k in range(0, len(todo), batch_size):
@@ -772,17 +784,15 @@ class CollaborateEngine:
     # ---- helpers -------------------------------------------------------------------------------------------
     def _warm_llm(self) -> None:
         """Keep a connection to an HTTP LLM open ahead of the handoff (`llm.warm()`, best effort, in background)."""
-        warm = getattr(self.llm, "warm", None)
-        if warm is not None:
-            task = asyncio.ensure_future(warm())
+        if isinstance(self.llm, Warms):
+            task = asyncio.ensure_future(self.llm.warm())
             self._bg.add(task)
             task.add_done_callback(self._bg.discard)
 
     @staticmethod
     def _prompt_tokens(backend: Backend, req: GenRequest) -> int | None:
         """Input tokens of a request that broke before the server reported usage, when the backend can count."""
-        count = getattr(backend, "prompt_ids", None)
-        return len(count(req)) if callable(count) else None
+        return len(backend.prompt_ids(req)) if isinstance(backend, Tokenizes) else None
 
     # ---- conveniences --------------------------------------------------------------------------------------
     async def arun(self, question: str | list[dict], **kw) -> Done:

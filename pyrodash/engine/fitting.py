@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass
 
-from pyrodash.backends.base import GenRequest, Tokenized
+from pyrodash.backends.base import GenRequest, KnowsWindow, Renders, Tokenized, Tokenizes
 from pyrodash.engine import conversation as conv
 from pyrodash.engine.turn import Candidate, Fitted, Turn
 
@@ -47,7 +47,7 @@ def fit(backend, limit: int | None, req: GenRequest, seen: list[Fitted] | None =
         backend=backend,
         prefix=req.prefix,
         asked=req.messages,
-        raw=callable(getattr(type(backend), "render", None)),
+        raw=issubclass(type(backend), Renders),  # (its class: a wrapper forwarding `render` gets messages)
     )
     if limit is None:  # nothing to fit to (the server's check may have rendered this prompt: sent as it is)
         known = next((f for f in seen or () if f.same_prompt(backend, req)), None)
@@ -55,9 +55,9 @@ def fit(backend, limit: int | None, req: GenRequest, seen: list[Fitted] | None =
             got.text, got.messages, got.tokenized = known.text, req.messages, known.tokenized
         return got
     # in-process: a prompt never has more tokens than UTF-8 bytes, so no tokenizing when it fits
-    if callable(getattr(backend, "render", None)) and callable(getattr(backend, "prompt_ids", None)):
+    if isinstance(backend, Renders) and isinstance(backend, Tokenizes):
         return _fit_rendered(got, backend, limit, req, seen)
-    if callable(getattr(backend, "render", None)):
+    if isinstance(backend, Renders):
         _share_candidates(got, backend, req, seen)
         whole = _Candidates(got, backend, req).get(req.messages, True)
         got.text, got.messages, got.tokenized = whole.text, req.messages, whole.tokenized
@@ -144,7 +144,7 @@ class _Candidates:
 
 def counts_prompts(backend) -> bool:
     """Whether `backend` counts its prompts against a context window (an in-process model)."""
-    return callable(getattr(backend, "context_window", None)) and callable(getattr(backend, "prompt_ids", None))
+    return isinstance(backend, KnowsWindow) and isinstance(backend, Tokenizes)
 
 
 def prompt_size(backend, req: GenRequest, got: Fitted | None, total: int, window: int) -> int:
@@ -157,9 +157,8 @@ def prompt_size(backend, req: GenRequest, got: Fitted | None, total: int, window
             return got.prompt
         if got.text is not None and got.messages is req.messages and got.prefix == req.prefix:
             text = got.text
-    render = getattr(backend, "render", None)
-    if text is None and callable(render):
-        text = render(req)
+    if text is None and isinstance(backend, Renders):
+        text = backend.render(req)
         if got is not None and got.backend is backend and got.text is None:  # (no window to fit to when it was
             got.text, got.messages, got.prefix = text, req.messages, req.prefix  # fitted): it sends this text as is
         if len(text.encode()) + total <= window:

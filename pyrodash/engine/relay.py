@@ -162,7 +162,7 @@ class RelayRun:
         if self.segments and self.segments[-1]["by"] == "llm":
             self.segments[-1]["text"] += text
         else:
-            self.segments.append({"by": "llm", "endpoint": getattr(self.e.llm, "name", "llm"), "text": text})
+            self.segments.append({"by": "llm", "endpoint": self.e.llm.name, "text": text})
 
     async def _slm(self) -> AsyncIterator[SLMDelta | LLMDelta]:
         """The SLM resumes on its own context under P_s (`<offload>` a stop id, as in its first segment). The step's

@@ -30,7 +30,7 @@ Item = tuple[Example, dict]  # (example, sampling: temperature / top_p / seed)
 
 
 def _ban_offload(backend) -> dict[int, float]:
-    tid = backend.token_id(OFFLOAD_TOKEN) if hasattr(backend, "token_id") else None
+    tid = backend.token_id(OFFLOAD_TOKEN)
     return {} if tid is None else {tid: float("-inf")}
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from pyrodash.backends.base import GenChunk, GenRequest, GenResult
+from pyrodash.backends.base import CountsText, GenChunk, GenRequest, GenResult
 from pyrodash.engine.conversation import clean_history
 from pyrodash.engine.relay import RelayConfig, without_offload
 from pyrodash.engine.requests import slm_chat
@@ -33,7 +33,7 @@ class Oracle(Method):
     """Hands off right before `meta["hard_steps"][0]` (no handoff when the list is empty)."""
 
     def __init__(self, name: str, slm, llm, env: Env):
-        if not hasattr(slm, "count_tokens"):
+        if not isinstance(slm, CountsText):
             raise ValueError(
                 "the oracle bills the SLM's prefix in tokens: the SLM backend needs count_tokens (use "
                 "an in-process model path for models.slm)"
@@ -82,7 +82,7 @@ class GoldPlacement:
 
     def __init__(self, slm, plan: dict[str, list[int]], sep: str = STEP_SEP):
         self.slm, self.plan, self.sep = slm, plan, sep
-        self.name = getattr(slm, "name", "slm")
+        self.name = slm.name
 
     def token_id(self, token: str) -> int | None:
         return None  # the base SLM has no `<offload>`: the plan hands off
@@ -125,7 +125,7 @@ class RelayOracle(Method):
     `max_llm_calls` above the most untaught steps of any item, so no call writes more than its step)."""
 
     def __init__(self, name: str, slm, llm, env: Env, step_max_tokens: int = 64):
-        if not hasattr(slm, "count_tokens"):
+        if not isinstance(slm, CountsText):
             raise ValueError("the relay oracle bills the SLM's prefixes in tokens: the SLM backend needs count_tokens")
         self.name, self.slm, self.llm, self.env, self.cap = name, slm, llm, env, step_max_tokens
 

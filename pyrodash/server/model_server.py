@@ -343,7 +343,7 @@ def build_model_app(backend, model_name: str | None = None, default_max_tokens: 
     from fastapi import FastAPI
     from fastapi.exceptions import RequestValidationError
 
-    name = model_name or getattr(backend, "name", "model")
+    name = model_name or backend.name
     app = FastAPI(title="pyrodash model server")
     app.state.backend = backend
     app.state.model_name = name

@@ -22,6 +22,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.requests import ClientDisconnect
 
 from pyrodash.backends import literal
+from pyrodash.backends.base import KnowsSpecials
 from pyrodash.engine import EngineRequest
 from pyrodash.engine.conversation import ContextLengthError
 from pyrodash.engine.range_rule import RangeRule
@@ -287,9 +288,9 @@ def specials(app: FastAPI) -> tuple[str, ...]:
     if cached is None:
         found = set(DEFAULT_SPECIALS)
         for side in ("slm", "llm"):
-            get = getattr(getattr(app.state.engine, side, None), "special_tokens", None)
-            if callable(get):
-                found |= set(get())
+            backend = getattr(app.state.engine, side, None)  # (an engine without that side: a test double's)
+            if isinstance(backend, KnowsSpecials):
+                found |= set(backend.special_tokens())
         cached = app.state.specials = tuple(sorted(found, key=len, reverse=True))
     return cached
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from pyrodash.backends.base import GenRequest, GenResult
+from pyrodash.backends.base import Batches, GenRequest, GenResult
 from pyrodash.backends.retry import run_requests
 
 
@@ -32,7 +32,7 @@ def generate(backend, reqs: list[GenRequest], desc: str | None = None, **options
     options = {"batch_size": 32, "concurrency": 16, **options}
     on_result: Callable[[int, GenResult], None] | None = options.pop("on_result", None)
     size, concurrency = options["batch_size"], options["concurrency"]
-    step = size if hasattr(backend, "generate_batch") else max(size, concurrency) * 4
+    step = size if isinstance(backend, Batches) else max(size, concurrency) * 4
     out: list[GenResult] = []
     with progress(desc) as bar:
         task = bar.add_task("", total=len(reqs))

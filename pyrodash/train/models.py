@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from pyrodash.backends import load_llm
-from pyrodash.backends.base import GenRequest, GenResult
+from pyrodash.backends.base import ContinuesPrefix, GenRequest, GenResult
 from pyrodash.backends.hf.backend import HFBackend
 from pyrodash.backends.hf.chat_template import resolve_template
 from pyrodash.backends.hf.gguf import local_model_path
@@ -59,7 +59,7 @@ class FrozenLLM:
 
     def __init__(self, backend, batch_size: int = 32, concurrency: int = 16, key: str = "", policy=None):
         self.backend, self.batch_size, self.concurrency = backend, batch_size, concurrency
-        self.key = key or getattr(backend, "name", "")  # identifies the LLM in call journals
+        self.key = key or backend.name  # identifies the LLM in call journals
         self.policy = policy or BATCH  # (a FailurePolicy)
         self.calls = 0  # requests issued so far (each one is an LLM call)
         self.failures = 0  # calls that failed after their retries (returned as finish_reason "error")
@@ -68,7 +68,8 @@ class FrozenLLM:
     @property
     def style(self) -> str:
         """The handoff style this LLM needs: "instruct" when its endpoint cannot continue a prefix."""
-        return "continue" if getattr(self.backend, "continues_prefix", True) else "instruct"
+        prefix = not isinstance(self.backend, ContinuesPrefix) or self.backend.continues_prefix
+        return "continue" if prefix else "instruct"
 
     @classmethod
     def from_spec(cls, spec: Any, batch_size: int = 32, concurrency: int = 16, mode: str | None = None) -> FrozenLLM:

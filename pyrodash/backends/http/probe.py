@@ -22,7 +22,7 @@ from urllib.parse import urlparse
 
 import httpx
 
-from pyrodash.backends.base import BackendError, GenChunk, GenRequest
+from pyrodash.backends.base import BackendError, ChecksHealth, GenChunk, GenRequest, Meshed
 from pyrodash.backends.http.continuation import Wire
 
 PROBE_MSGS = [{"role": "user", "content": "Count on: 1, 2, 3"}]
@@ -497,23 +497,16 @@ def probe_llm(backend) -> ProbeReport:
 
 
 async def reachability(backend) -> dict:
-    """Whether a backend answers (what `pyrodash serve`'s /health and an LLM mesh report): `backend.health()` when it
-    has one; an HTTP backend must list its models (GET <base>/models) within 5 s; an in-process backend is up when
-    it exists."""
+    """Whether a backend answers (what `pyrodash serve`'s /health and an LLM mesh report): `backend.health()` within
+    5 s when it has one (`ChecksHealth`: an HTTP endpoint lists its models, a mesh needs one member up); an
+    in-process backend is up when it exists. A mesh adds its members' status."""
     if backend is None:
         return {"name": None, "reachable": False, "error": "no backend"}
-    name = getattr(backend, "name", None)
-    check = getattr(backend, "health", None)
-    base = getattr(backend, "base", None)
+    name = backend.name
     try:
-        if check is not None:
-            await asyncio.wait_for(check(), timeout=5)
-        elif isinstance(base, str) and base.startswith(("http://", "https://")):
-            async with httpx.AsyncClient(timeout=5, headers=getattr(backend, "headers", None) or {}) as client:
-                r = await client.get(f"{base}/models")
-            if r.status_code != 200:
-                raise ConnectionError(f"GET {base}/models answered {r.status_code}")
-        mesh = getattr(backend, "status", None)
-        return {"name": name, "reachable": True, **({"endpoints": mesh()} if callable(mesh) else {})}
+        if isinstance(backend, ChecksHealth):
+            await asyncio.wait_for(backend.health(), timeout=5)
+        mesh = {"endpoints": backend.status()} if isinstance(backend, Meshed) else {}
+        return {"name": name, "reachable": True, **mesh}
     except Exception as e:  # noqa: BLE001 - any failure means unreachable
         return {"name": name, "reachable": False, "error": f"{type(e).__name__}: {e}"}

@@ -88,7 +88,7 @@ async def _check_stops(backend, rep: SLMReport, oid: int, offload_token: str) ->
 def probe_slm(backend, offload_token: str = "<offload>") -> SLMReport:
     """Check that the SLM stops at `<offload>` and says so: one request with `<offload>` pushed to the top
     (stop_token_ids + logit_bias) must stop after one token with `stop_reason` = its id and no text."""
-    rep = SLMReport(name=getattr(backend, "name", str(backend)))
+    rep = SLMReport(name=backend.name)
     try:
         rep.offload_id = backend.token_id(offload_token)
     except ValueError as e:

@@ -17,7 +17,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from pyrodash.backends.base import GenRequest
+from pyrodash.backends.base import GenRequest, Meshed, Tokenizes
 from pyrodash.engine.requests import EngineRequest
 
 MSG_OVERHEAD = 16  # chat-template tokens around one message (role markers, separators), counted generously
@@ -66,14 +66,12 @@ def _text_bytes(messages: list, prefix: str = "") -> int:
 def _counted(engine, req: GenRequest) -> int | None:
     """`req`'s prompt tokens as the LLM's own tokenizer counts them (an in-process LLM; a mesh: the most any of its
     endpoints counts, when each can), else None."""
-    llm = getattr(engine, "llm", None)
-    members = getattr(llm, "members", None)
-    backends = [getattr(m, "backend", None) for m in members] if members else [llm]
-    counts = [getattr(b, "prompt_ids", None) for b in backends]
-    if not all(callable(c) for c in counts):
+    llm = getattr(engine, "llm", None)  # (an engine without an LLM: a test double's)
+    backends = [m.backend for m in llm.members] if isinstance(llm, Meshed) else [llm]
+    if not all(isinstance(b, Tokenizes) for b in backends):
         return None
     try:
-        return max(len(c(req)) for c in counts)
+        return max(len(b.prompt_ids(req)) for b in backends)
     except Exception:  # noqa: BLE001 - a tokenizer that cannot render this prompt: the byte bound instead
         return None
 
@@ -81,8 +79,9 @@ def _counted(engine, req: GenRequest) -> int | None:
 def _llm_prices(engine) -> tuple[float, float, int]:
     """(dearest input price, dearest output price, endpoints) of the LLM, over a mesh's endpoints (USD per token)."""
     sheet = engine.prices
-    members = getattr(getattr(engine, "llm", None), "members", None) or [None]
-    sheets = [getattr(m, "prices", None) or sheet for m in members]
+    llm = getattr(engine, "llm", None)
+    members = llm.members if isinstance(llm, Meshed) else [None]
+    sheets = [(m.prices if m is not None else None) or sheet for m in members]
     p_in = max(max(s.llm_in, s.llm_cached_in or 0.0) for s in sheets)
     return p_in / 1e6, max(s.llm_out for s in sheets) / 1e6, len(members)
 
