@@ -255,6 +255,9 @@ def test_refuses_records_from_other_settings(tmp_path, backends):
         ("benchmarks: [toy]\n", "missing run_dir"),
         ("run_dir: x\nbenchmarks: [toy]\nlimit: 0\n", "limit=0 must be a positive integer"),
         ("run_dir: x\nbenchmarks: [toy]\nsamples: {toy: true}\n", "samples.toy=True"),
+        ("run_dir: x\nbenchmarks: [toy]\nmax_tokns: 9\n", "unknown keys \\['max_tokns'\\]; expected \\['answers'"),
+        ("run_dir: x\nbenchmarks: [toy]\nsample_top_p: -1\n", "sample_top_p=-1 must be a non-negative number"),
+        ("run_dir: x\nbenchmarks: [toy]\nbenchmark_methods: {toy: ['(']}\n", "'\\(' is not a regular expression"),
     ],
 )
 def test_cli_eval_bad_configs_are_one_line_errors(tmp_path, capsys, text, message):
