@@ -101,7 +101,8 @@ def print_candidates(sel: dict, console) -> None:
 
 def write_serve_config(path: Path, sel: dict, run_dir: Path, name: str) -> None:
     """The picked point as `name`, first in `operating_points` of `path` (created from the run's models and sheet, or
-    updated), its val figures in the comment above; the result must load as `pyrodash serve` loads it."""
+    updated: its own keys, e.g. `budgets:`, stay; the run's fill what it lacks), its val figures in the comment above;
+    the result must load as `pyrodash serve` loads it."""
     resolved_path = run_dir / sel["test_run"] / "config.resolved.json"
     if not resolved_path.is_file():
         raise ValueError(f"{resolved_path} is missing: the run's models are named there; re-run `pyrodash eval` for it")
@@ -116,11 +117,8 @@ def write_serve_config(path: Path, sel: dict, run_dir: Path, name: str) -> None:
     if slm is None:
         raise ValueError(f"{run_dir}: its config.resolved.json names no checkpoint for λ {v['lam']:g}; re-run eval")
     data = yaml.safe_load(path.read_text()) if path.is_file() else None
-    data = (
-        data
-        if isinstance(data, dict)
-        else {"llm": models.get("llm")} | {k: resolved.get(k) for k in ("prices", "prompts")}
-    )
+    run = {"llm": models.get("llm")} | {k: resolved.get(k) for k in ("prices", "prompts")}
+    data = run | (data if isinstance(data, dict) else {})  # a file's own keys (its budgets, its LLM) stay
     data["slm"] = slm
     data["operating_points"] = {name: sel["operating_point"]} | {
         k: p for k, p in (data.get("operating_points") or {}).items() if k != name
