@@ -30,6 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from doc_reference import generated_pages  # noqa: E402
 
+from pyrodash.report.seeds import ORACLE  # noqa: E402
+
 from pyrodash.eval.names import parse_method  # noqa: E402
 from pyrodash.report.tables import verdict_sentence  # noqa: E402
 
@@ -191,8 +193,8 @@ def store(run_dir: Path, name: str) -> Path:
 
 def _picked(run_dir: Path, kind: str, sel: dict) -> dict:
     """One kind's selection as stored: criterion, point, val and test figures, and the oracle's on test beside it."""
-    oracle, where = {"relay": ("relay_oracle", run_dir / "relay")}.get(kind, ("oracle", run_dir))
-    methods = json.loads((where / "summary.json").read_text())["methods"] if (where / "summary.json").is_file() else {}
+    methods = json.loads((run_dir / "summary.json").read_text())["methods"]
+    oracle = ORACLE[kind]
     keep = lambda m: {k: m[k] for k in KEPT if k in m} if m else None  # noqa: E731
     out = {k: sel[k] for k in ("criterion", "picked", "met", "operating_point", "val_split") if k in sel}
     return out | {"val": keep(sel["val"]), "test": keep(sel.get("test")), "oracle": keep(methods.get(oracle))}

@@ -33,12 +33,13 @@ def _records(out, turns: bool = False, benchmark: str = "world:multiturn"):
 
 def verdict_failures(summary: dict, points: float = 1.0, cost: float = 0.05) -> list[str]:
     """The quick demo's verdicts, from summary.json: the single-handoff point picked on world:val (`picked_failures`),
-    and every RouteLLM-MF / GlimpRouter point at or above PyroDash's cheapest cost matched or beaten by a PyroDash
-    point at no higher cost (the curve, as `report.tables.verdict_sentence` reads it). Each verdict that fails, in
-    words (empty: they hold)."""
+    the relay point picked there (`relay_failures`), and every RouteLLM-MF / GlimpRouter point at or above PyroDash's
+    cheapest cost matched or beaten by a PyroDash point at no higher cost (the curve, as
+    `report.tables.verdict_sentence` reads it). Each verdict that fails, in words (empty: they hold)."""
     ms = summary["methods"]
     ours = {n: m for n, m in ms.items() if parse_method(n)[0] == "pyrodash"}
     out = picked_failures(ms, summary["selection"]["single"], points, cost)
+    out += relay_failures(summary["selection"]["relay"], ms["relay_oracle"])
     floor = min(m["cost_usd"] for m in ours.values())
     for n, m in ms.items():
         if parse_method(n)[0] in ("routellm", "glimprouter") and m["cost_usd"] >= floor:
@@ -62,9 +63,8 @@ def picked_failures(methods: dict, sel: dict, points: float = 1.0, cost: float =
 
 
 def relay_failures(sel: dict, relay_oracle: dict, cost: float = 0.04, accuracy: float = 0.98) -> list[str]:
-    """The relay's verdict (`pyrodash demo --quick --relay`): the relay point picked on world:val (`sel`, summary.json
-    `selection.relay`) at <= the relay oracle's cost / LLM-only + `cost` and >= `accuracy` on test. The default demo,
-    this module's, trains no relay: tests/test_select.py checks it on the stored `--relay` run the docs quote."""
+    """The relay's verdict: the relay point picked on world:val (`sel`, summary.json `selection.relay`) at <= the relay
+    oracle's cost / LLM-only + `cost` and >= `accuracy` on test."""
     t = sel["test"]
     if t["accuracy"] >= accuracy and t["cost_normalized"] <= relay_oracle["cost_normalized"] + cost:
         return []

@@ -103,6 +103,7 @@ def test_the_demo_evaluation_splits_into_steps_that_cover_every_method_once():
         "eval pyrodash λ=2",
         "eval pyrodash λ=4",
         "eval sweeps λ=2",
+        "eval sweeps λ=0.6",
     }
     assert by["eval pyrodash λ=2"].after == ("stage3 λ=2",) and by["eval pyrodash λ=0.6"].after == ()
     assert by["eval sweeps λ=2"].after == ("stage3 λ=2",)
@@ -111,11 +112,12 @@ def test_the_demo_evaluation_splits_into_steps_that_cover_every_method_once():
     assert by["eval routers"].after == ("eval models alone, oracle",)  # their models' answers: read back
     assert eval_jobs(cfg, stage3, pending=set())[2].after == ()  # Stage 2 reused
     parts = {n: j.args[0] for n, j in by.items()}
-    assert parts["eval models alone, oracle"].methods == ["slm", "llm", "oracle"]
+    assert parts["eval models alone, oracle"].methods == ["slm", "llm", "oracle", "relay_oracle"]
     assert parts["eval slm+sft"].methods == ["slm+sft"]
     assert [next(iter(m)) for m in parts["eval routers"].methods] == ["routellm", "glimprouter"]
     assert parts["eval pyrodash λ=2"].methods == [{"pyrodash": {"lambdas": [2.0]}}]
-    assert parts["eval sweeps λ=2"].methods == cfg.methods[-2:]  # the sweeps, a step of their own
+    assert parts["eval sweeps λ=2"].methods == cfg.methods[-5:-3]  # the sweeps, a step of their own
+    assert parts["eval sweeps λ=0.6"].methods == cfg.methods[-2:]  # the relay points
     assert parts["eval sweeps λ=2"].models == parts["eval pyrodash λ=2"].models
     assert parts["eval pyrodash λ=4"].models == {"slm": "s", "llm": "l", "sft": "f", "pyrodash": {4.0: "p4.0"}}
     assert "pyrodash" not in parts["eval routers"].models  # a step never needs a checkpoint not yet trained
@@ -156,33 +158,27 @@ def test_the_demo_training_is_a_chain_of_steps_with_cost_base_beside_it(tmp_path
     assert [(j.name, j.after) for j in jobs] == [("cost base", ()), ("stage3 λ=0.6", ("cost base",))]
 
 
-def test_demo_relay_is_a_second_chain_in_its_own_run_dir_then_its_evaluation(tmp_path):
-    """`pyrodash demo --quick --relay`: the relay recipe's chain under "relay: " names (its own cost base), then two
-    evaluation steps after its Stage 3: into RUN/relay/ with the relay oracle and the learned relay points (the main
-    run's λ 0.6 policy is not among its models), and the relay points with the LLM on world:val in RUN/relay/val."""
-    from rich.console import Console
-
-    from pyrodash.commands.demo import RELAY_POINTS, relay_jobs
+def test_demo_evaluates_one_chain_with_one_llm_call_and_as_a_relay(tmp_path):
+    """One training chain serves both kinds of point: the quick demo's eval config holds the relay oracle and relay
+    points of the λ 0.6 policy (the same checkpoint its single-handoff points use), evaluated after that policy's
+    Stage 3 on the test tiers and on world:val, where the relay point is picked."""
+    from pyrodash.commands.demo import relay_points_in, val_config
 
     cfg = EvalConfig.from_yaml(
         ROOT / "configs" / "eval" / "world-quick.yaml",
         run_dir=str(tmp_path),
-        models={"slm": "s", "llm": "l", "sft": "f", "pyrodash": {0.6: "main-policy"}},
+        models={"slm": "s", "llm": "l", "sft": "f", "pyrodash": {0.6: "p06", 2.0: "p2"}},
     )
-    console = Console(file=io.StringIO())
-    jobs = relay_jobs("relay-recipe", cfg, console)
-    main_chain = training_jobs("recipe", tmp_path / "main", [0.6], console)  # the main chain at λ 0.6, prefixed
-    want = [(f"relay: {j.name}", tuple(f"relay: {a}" for a in j.after)) for j in main_chain]
-    evals = [("relay: eval", ("relay: stage3 λ=0.6",)), ("relay: val eval", ("relay: stage3 λ=0.6",))]
-    assert [(j.name, j.after) for j in jobs] == [*want, *evals]
-    assert [j.name for j in jobs][:3] == ["relay: curation", "relay: stage1", "relay: stage2"]
-    assert all(j.args[1] == tmp_path / "relay" for j in jobs[:-2])  # the training writes RUN/relay/
-    ev, val = jobs[-2].args[0], jobs[-1].args[0]
-    assert ev.run_dir == str(tmp_path / "relay") and ev.methods == ["llm", "oracle", "relay_oracle", *RELAY_POINTS]
-    assert ev.models["pyrodash"] == {0.6: str(tmp_path / "relay" / "stage3-lambda0.6")} and "sft" not in ev.models
-    assert ev.benchmarks == [f"world:tier{i}" for i in range(1, 6)] and ev.range_rule is None
-    assert val.run_dir == str(tmp_path / "relay" / "val") and val.benchmarks == ["world:val"]
-    assert val.methods == ["llm", *RELAY_POINTS] and val.models == ev.models
+    assert relay_points_in(cfg) and "relay_oracle" in cfg.methods
+    stage3 = {0.6: "stage3 λ=0.6", 2.0: "stage3 λ=2"}
+    jobs = {j.name: j for j in eval_jobs(cfg, stage3, set(stage3.values()))}
+    sweeps = jobs["eval sweeps λ=0.6"]
+    assert sweeps.after == ("stage3 λ=0.6",)
+    names = [list(m)[0] for m in sweeps.args[0].methods]
+    assert "pyrodash_relay" in names and sweeps.args[0].models["pyrodash"] == {0.6: "p06"}
+    assert any(m == "relay_oracle" for m in jobs["eval models alone, oracle"].args[0].methods)
+    val = val_config(cfg)
+    assert val.benchmarks == ["world:val"] and relay_points_in(val) and "relay_oracle" not in val.methods
 
 
 def test_demo_relay_needs_the_quick_world_in_one_line(tmp_path, capsys):
@@ -337,6 +333,9 @@ def test_the_policys_long_conversations_wait_for_the_llms_whose_answers_they_rea
         "eval pyrodash λ=0.6",
     }
     assert jobs["long conversations: slm, llm"].after == ("eval models alone, oracle",)
+    # the calibration's LLM half needs no training: it waits for nothing, the calibration waits for it
+    assert jobs["range calibration: llm"].after == ()
+    assert set(jobs["range calibration"].after) == {"stage3 λ=0.6", "range calibration: llm"}
 
 
 def test_a_step_that_starts_alone_takes_every_core_and_the_worker_gets_them_back(tmp_path):

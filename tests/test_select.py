@@ -68,18 +68,15 @@ def _write_run(run: Path, table: dict, benchmark: str, models: dict | None = Non
 
 @pytest.fixture
 def run(tmp_path) -> Path:
-    """A run: its test evaluation in RUN, its validation one in RUN/val, its relay's in RUN/relay and RUN/relay/val."""
+    """A run: its test evaluation in RUN and its validation one in RUN/val, single-handoff and relay points side by
+    side (one training chain serves both)."""
     run = tmp_path / "run"
     policies = {lam: str(tmp_path / f"stage3-lambda{lam}") for lam in ("0.6", "2.0")}
     for p in policies.values():
         Path(p).mkdir()
     models = {"slm": "slm", "llm": str(tmp_path / "llm"), "pyrodash": policies}
-    single = {k: v for k, v in TEST.items() if "relay" not in k}
-    relay = {k: v for k, v in TEST.items() if "relay" in k or k == "llm"}
-    _write_run(run, single, "world:tier1", models)
-    _write_run(run / "val", {k: v for k, v in VAL.items() if k in single}, "world:val", models)
-    _write_run(run / "relay", relay, "world:tier1", models)
-    _write_run(run / "relay" / "val", {k: v for k, v in VAL.items() if k in relay}, "world:val", models)
+    _write_run(run, TEST, "world:tier1", models)
+    _write_run(run / "val", VAL, "world:val", models)
     return run
 
 
@@ -200,7 +197,6 @@ def test_seeds_spread_reads_each_seeds_picked_point_on_test(run, tmp_path):
         select_run(runs[seed], Criterion("min_accuracy", 0.98 + seed / 100))  # seed 1: 99% -> pyrodash@0.6
         select_run(runs[seed], Criterion("min_accuracy", 0.98), relay=True)
         write_report(runs[seed])
-        write_report(runs[seed] / "relay")
     md = write_seeds(tmp_path / "seeds", runs).read_text()
     summary = json.loads((tmp_path / "seeds" / "seeds.json").read_text())
     single = [r for r in summary["rows"] if r["kind"] == "single"]

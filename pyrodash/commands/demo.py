@@ -20,10 +20,17 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from pyrodash.eval.build import SWEEPS, method_specs, sweep_lambda
+from pyrodash.eval.build import SWEEPS, method_specs, sweep_lambda, sweep_relay
 from pyrodash.eval.carve import val_methods
 from pyrodash.eval.harness import EvalConfig, evaluate
-from pyrodash.eval.long import CALIBRATION_FILE, VALIDATION, calibrate_long, evaluate_long, with_long_conversations
+from pyrodash.eval.long import (
+    CALIBRATION_FILE,
+    VALIDATION,
+    calibrate_long,
+    evaluate_long,
+    llm_validation_answers,
+    with_long_conversations,
+)
 from pyrodash.eval.names import method_name
 from pyrodash.jobs.library_log import library_log
 from pyrodash.jobs.scheduler import Job, default_workers, run_jobs
@@ -80,8 +87,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--relay",
         action="store_true",
-        help="also train the relay recipe (several LLM calls per answer, docs/relay.md) and evaluate it against the "
-        "relay oracle in DIR/relay/ (--quick only; its time: docs/relay.md)",
+        help="does nothing: every demo trains one chain and evaluates it with one LLM call per answer and as a relay",
     )
     p.add_argument(
         "--workers",
@@ -162,7 +168,15 @@ def long_conversation_jobs(cfg: EvalConfig, lam: float, names: set[str]) -> list
 
     # a resumed run whose policy is not trained again keeps its calibration (150 six-turn conversations: minutes)
     calibrated = stage3 not in names and _calibrated(Path(cfg.run_dir), lam)
-    calibration = [] if calibrated else [Job("range calibration", calibrate_long, (cfg, lam), after=after(stage3))]
+    # its LLM half (the LLM alone on the validation turns, into the answer store) needs no training: beside it
+    calibration = (
+        []
+        if calibrated
+        else [
+            Job("range calibration: llm", llm_validation_answers, (cfg,)),
+            Job("range calibration", calibrate_long, (cfg, lam), after=(*after(stage3), "range calibration: llm")),
+        ]
+    )
     return calibration + [
         Job(
             "long conversations: slm, llm",
@@ -176,7 +190,7 @@ def long_conversation_jobs(cfg: EvalConfig, lam: float, names: set[str]) -> list
             evaluate_long,
             (cfg, lam, ("pyrodash",)),
             {"quiet": True},
-            after=(*[j.name for j in calibration], "long conversations: slm, llm", *after(own)),
+            after=(*[j.name for j in calibration[1:]], "long conversations: slm, llm", *after(own)),
         ),
     ]
 
@@ -190,12 +204,11 @@ def _calibrated(run_dir: Path, lam: float) -> bool:
     return cal.get("policy") == method_name("pyrodash", lam) and cal.get("benchmark") == VALIDATION
 
 
-def training_jobs(recipe, out: Path, lambdas: list[float], console, prefix: str = "") -> list[Job]:
+def training_jobs(recipe, out: Path, lambdas: list[float], console) -> list[Job]:
     """Curation -> Stage 1 -> Stage 2 -> Stage 3 per λ as steps, each after the one before it; a step whose output
     is in `out` already is reused (not a step). Stage 2 is elastic (`pyrodash.jobs.scheduler`): it takes the core the
     evaluation beside it leaves idle. Its weights do not depend on its threads: measured, quick world seed 0, the
-    same bytes on 1 and on 2 threads (and its offload rates), 98 s on 1 thread beside the evaluation, 72 s on 2.
-    `prefix` goes before every step's name (a second chain beside the first: the relay's)."""
+    same bytes on 1 and on 2 threads (and its offload rates), 98 s on 1 thread beside the evaluation, 72 s on 2."""
     chain = [
         ("curation", run_curation, curated_dir(out), {}),
         ("stage1", run_stage1, stage_dir(out, "stage1"), {}),
@@ -206,15 +219,15 @@ def training_jobs(recipe, out: Path, lambdas: list[float], console, prefix: str 
     needs = {"curation": (), "stage1": ("curation",), "stage2": ("stage1",)}
     for name, fn, dest, kw in chain:
         if _done(dest):
-            console.print(f"[dim]{prefix}{name}: reused[/]")
+            console.print(f"[dim]{name}: reused[/]")
             continue
-        if name.startswith("stage3") and prefix + "cost base" not in {j.name for j in jobs}:
+        if name.startswith("stage3") and "cost base" not in {j.name for j in jobs}:
             # Cost_base (the LLM alone on Stage 3's prompts) once, beside Stages 1-2, not in each λ's run
-            jobs.append(Job(prefix + "cost base", fill_cost_base, (recipe, out)))
-        before = [prefix + b for b in needs.get(name, ("stage2", "cost base"))]
+            jobs.append(Job("cost base", fill_cost_base, (recipe, out)))
+        before = needs.get(name, ("stage2", "cost base"))
         jobs.append(
             Job(
-                prefix + name,
+                name,
                 fn,
                 (recipe, out),
                 kw,
@@ -225,13 +238,6 @@ def training_jobs(recipe, out: Path, lambdas: list[float], console, prefix: str 
     return jobs
 
 
-# `--relay` (docs/relay.md): the relay recipe's λ and its learned points, evaluated on world:val (where one is picked:
-# `DEFAULT_CRITERION`) and on the test tiers: the policy in relay mode at offload bias -1, 0 and +1
-RELAY_LAMBDA = 0.6
-RELAY_POINTS = [
-    {"pyrodash_relay": {"lambda": RELAY_LAMBDA, "calls": [4]}},
-    {"pyrodash_bias": {"lambda": RELAY_LAMBDA, "biases": [-1.0, 1.0], "max_llm_calls": 4}},
-]
 # The validation split the demo picks its operating points on (`pyrodash.report.select`), and the criterion: the
 # cheapest point at >= 98% there, else the most accurate (the selection says which). The test tiers decide nothing.
 VAL_SPLIT = "world:val"
@@ -248,45 +254,6 @@ def val_config(cfg: EvalConfig) -> EvalConfig:
         methods=val_methods(cfg.methods),
         benchmark_methods={},
         range_rule=None,
-    )
-
-
-def relay_jobs(recipe, cfg: EvalConfig, console) -> list[Job]:
-    """`--relay`: the relay recipe (`configs/world/quick-relay.yaml`) from curation to Stage 3 at `RELAY_LAMBDA` as
-    steps in RUN/relay/, then its evaluation there on the test tiers (the LLM, the oracle single handoff, the relay
-    oracle and the learned relay points; RUN/relay/report.md, written after the steps) and of the relay points and the
-    LLM on `VAL_SPLIT` in RUN/relay/val/ (where one is picked). Apart from the main run: its `pyrodash@0.6` is the relay
-    recipe's policy, not the single-handoff one."""
-    rdir = Path(cfg.run_dir) / "relay"
-    jobs = training_jobs(recipe, rdir, [RELAY_LAMBDA], console, prefix="relay: ")
-    rcfg = relay_config(cfg)
-    stage3 = f"relay: stage3 λ={RELAY_LAMBDA:g}"
-    after = (stage3,) if stage3 in {j.name for j in jobs} else ()
-    return jobs + [
-        Job("relay: eval", evaluate, (rcfg,), {"quiet": True}, after=after),
-        Job("relay: val eval", evaluate, (relay_val_config(rcfg),), {"quiet": True}, after=after),
-    ]
-
-
-def relay_config(cfg: EvalConfig) -> EvalConfig:
-    """The relay's evaluation on the test tiers in RUN/relay (`relay_jobs`)."""
-    rdir = Path(cfg.run_dir) / "relay"
-    return replace(
-        cfg,
-        run_dir=str(rdir),
-        benchmarks=[f"world:{s}" for s in TIER_SPLITS],
-        methods=["llm", "oracle", "relay_oracle", *RELAY_POINTS],
-        models={k: cfg.models[k] for k in ("slm", "llm")}
-        | {"pyrodash": {RELAY_LAMBDA: str(stage_dir(rdir, "stage3", RELAY_LAMBDA))}},
-        benchmark_methods={},
-        range_rule=None,
-    )
-
-
-def relay_val_config(rcfg: EvalConfig) -> EvalConfig:
-    """The relay points and the LLM on `VAL_SPLIT` in RUN/relay/val."""
-    return replace(
-        rcfg, run_dir=str(val_dir(Path(rcfg.run_dir))), benchmarks=[VAL_SPLIT], methods=["llm", *RELAY_POINTS]
     )
 
 
@@ -347,12 +314,11 @@ def run_demo(
     world_dir: str | Path | None = None,
     workers: int | None = None,
     from_scratch: bool = False,
-    relay: bool = False,
 ) -> Path:
     """Build, curate, train and evaluate into `out`; returns the report path. `workers`: processes for the steps
     that run side by side (Stage 3 per λ, the evaluation's methods; default
-    `pyrodash.jobs.scheduler.default_workers()`). `relay`: also the relay recipe and its evaluation (`relay_jobs`,
-    quick world only)."""
+    `pyrodash.jobs.scheduler.default_workers()`). One training chain serves both kinds of point: each λ policy is
+    evaluated with one LLM call per answer (Algorithm 1) and as a relay (the eval config's relay points)."""
     from rich.console import Console
 
     console = console or Console()
@@ -370,9 +336,6 @@ def run_demo(
     # after what it needs; the models alone, the oracle and the routers need no training, so they run beside it.
     # Training's chain comes first in the list: a free worker takes its next step before any evaluation.
     jobs = training_jobs(recipe, out, lambdas, console)
-    if relay:  # the relay's chain right after the main one (its steps are as long): free workers take it first
-        relay_recipe = load_recipe(ROOT / "configs" / "world" / "quick-relay.yaml", {"world": {"dir": str(world)}})
-        jobs += relay_jobs(relay_recipe, cfg, console)
     stage3_jobs = {lam: f"stage3 λ={lam:g}" for lam in lambdas}
     evals = eval_jobs(cfg, stage3_jobs, {j.name for j in jobs})
     # the same points on world:val (where the demo picks one): after the test's, so a free worker takes those first
@@ -388,12 +351,10 @@ def run_demo(
     evaluate(with_long_conversations(cfg, long_lam), quiet=True)
     evaluate(val_config(cfg), quiet=True)
     step.times["training + evaluation (wall)"] = round(time.perf_counter() - t0, 1)
-    select_run(out, DEFAULT_CRITERION)  # picked on world:val, read on test by the report ("Picked on val")
-    if relay:
-        select_run(out, DEFAULT_CRITERION, relay=True)
+    for relay in (False, True):  # picked on world:val, read on test by the report ("Picked on val")
+        if relay_points_in(cfg) or not relay:
+            select_run(out, DEFAULT_CRITERION, relay=relay)
     path = step("report", lambda: write_report(out))
-    if relay:
-        step("relay report", lambda: write_report(out / "relay"))
     (out / "demo_times.json").write_text(json.dumps(step.times, indent=2) + "\n")
     return path
 
@@ -405,8 +366,6 @@ def _check_args(args: argparse.Namespace) -> list[int] | None:
             "--from-scratch builds the world's models; it cannot be combined with --world DIR (a world "
             "already built): drop one of the two"
         )
-    if args.relay and not args.quick:
-        raise ValueError("--relay trains the quick world's relay recipe (configs/world/quick-relay.yaml): add --quick")
     if args.workers is not None and args.workers < 1:
         raise ValueError(f"--workers {args.workers}: give 1 or more processes (1 runs the steps one after the other)")
     if args.seeds is None:
@@ -450,7 +409,6 @@ def _one_demo(args: argparse.Namespace, out: Path, seed: int, console) -> int:
             world_dir=args.world,
             workers=args.workers,
             from_scratch=args.from_scratch,
-            relay=args.relay,
         )
     print_picked(out, console)  # the points a user would serve first: picked on world:val, read on test
     print_table2(out, console)
@@ -459,7 +417,10 @@ def _one_demo(args: argparse.Namespace, out: Path, seed: int, console) -> int:
     verdict = verdict_sentence(all_metrics(single_turn(load_run(out)), run_prices(out)))
     console.print(f"[bold]Verdict:[/] {verdict}")
     if args.relay:
-        console.print(f"[bold]Relay:[/] {relay_sentence(out / 'relay')}")
+        console.print("[dim]--relay does nothing: the relay points are in every demo's report[/]")
+    sentence = relay_sentence(out)
+    if sentence:
+        console.print(f"[bold]Relay:[/] {sentence}")
     console.print(
         f"report: [bold]{path}[/] (pareto.png, summary.json, records/ beside it; library logs in "
         f"{out / LOG_NAME}) in {time.perf_counter() - t0:.0f}s"
@@ -467,10 +428,18 @@ def _one_demo(args: argparse.Namespace, out: Path, seed: int, console) -> int:
     return 0
 
 
+def relay_points_in(cfg: EvalConfig) -> bool:
+    """Whether `cfg` evaluates relay points (a sweep with `max_llm_calls` or `calls` above 1)."""
+    specs = method_specs(cfg.methods)
+    return any(kind == "pyrodash_relay" or (kind in SWEEPS and sweep_relay(kind, opt)) for kind, opt in specs)
+
+
 def relay_sentence(run_dir: Path) -> str:
-    """The `--relay` run in one sentence: the relay oracle and each learned relay point, accuracy and cost / LLM-only
-    (the run's sheet), and where its report is."""
+    """The relay in one sentence: the relay oracle and each learned relay point, accuracy and cost / LLM-only (the
+    run's sheet), and where its report is."""
     ms = all_metrics(single_turn(load_run(run_dir)), run_prices(run_dir))
-    points = [n for n in ms if n == "relay_oracle" or n.startswith("pyrodash@")]
+    points = [n for n in ms if n == "relay_oracle" or (n.startswith("pyrodash@") and "+relay" in n)]
+    if not points:
+        return ""
     text = "; ".join(f"{n} {100 * ms[n].accuracy:.2f}% at {ms[n].cost_normalized:.3f} of LLM-only" for n in points)
     return f"{text} ({run_dir / 'report.md'}; the cached-input sheet: pyrodash report --prices cached {run_dir})"

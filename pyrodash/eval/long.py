@@ -39,19 +39,26 @@ def range_calibration(engine, examples: list, prompts, min_ratio: float = 0.9, *
     return cal.to_dict()
 
 
-def calibrate_long(cfg: EvalConfig, lam: float) -> dict:
-    """Calibrate the range rule for the λ policy on `VALIDATION`, written to RUN_DIR/range_calibration.json (no
-    records: it can run beside any evaluation)."""
+def _calibration_env(cfg: EvalConfig) -> tuple[Env, Backends]:
+    """The evaluation environment and the models (with the run's answer store) the range calibration runs in."""
     prompts, be = get_prompts(cfg.prompts), Backends(run_answers(cfg))
     env = Env(
         prompts, cfg.price_sheet(), max_tokens=cfg.max_tokens, batch_size=cfg.batch_size, concurrency=cfg.concurrency
     )
+    return env, be
+
+
+def calibrate_long(cfg: EvalConfig, lam: float) -> dict:
+    """Calibrate the range rule for the λ policy on `VALIDATION`, written to RUN_DIR/range_calibration.json (no
+    records: it can run beside any evaluation). The LLM's answers come from the run's answer store where
+    `llm_validation_answers` put them first."""
+    env, be = _calibration_env(cfg)
     policy = be.get(policy_spec(cfg, lam), offload=True)
     engine = env.engine(policy, be.get(cfg.models["llm"], llm=True, mode=cfg.llm_mode))
     out = range_calibration(
         engine,
         load_examples(cfg, VALIDATION, cfg.limit),
-        prompts,
+        env.prompts,
         batch_size=cfg.batch_size,
         concurrency=cfg.concurrency,
     )
@@ -59,6 +66,18 @@ def calibrate_long(cfg: EvalConfig, lam: float) -> dict:
     Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
     (Path(cfg.run_dir) / CALIBRATION_FILE).write_text(json.dumps(out, indent=1) + "\n")
     return out
+
+
+def llm_validation_answers(cfg: EvalConfig) -> int:
+    """The LLM alone on every `VALIDATION` turn (after its gold history), decoded into the run's answer store and
+    nothing else: the half of `calibrate_long` that needs no trained policy, so the demo runs it beside training and
+    the calibration reads these answers back. The number of turns."""
+    env, be = _calibration_env(cfg)
+    llm = be.get(cfg.models["llm"], llm=True, mode=cfg.llm_mode)
+    examples = load_examples(cfg, VALIDATION, cfg.limit)
+    chats = [example_messages(env.prompts, ex.question, ex.meta.get("history")) for ex in examples]
+    env.engine(llm, llm).batch(chats, mode="llm", batch_size=cfg.batch_size, concurrency=cfg.concurrency)
+    return len(chats)
 
 
 def policy_spec(cfg: EvalConfig, lam: float):

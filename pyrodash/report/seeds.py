@@ -10,8 +10,8 @@ from pathlib import Path
 
 from pyrodash.report.markdown import md_table
 
-# per kind: the oracle it is read beside, in the run that holds the picked point (single: RUN, relay: RUN/relay)
-ORACLE = {"single": ("oracle", "."), "relay": ("relay_oracle", "relay")}
+# per kind: the oracle it is read beside, in the same run as the picked point
+ORACLE = {"single": "oracle", "relay": "relay_oracle"}
 
 
 def seed_rows(runs: dict[int, Path]) -> list[dict]:
@@ -20,11 +20,7 @@ def seed_rows(runs: dict[int, Path]) -> list[dict]:
     for seed, run in sorted(runs.items()):
         summary = json.loads((Path(run) / "summary.json").read_text())
         for kind, sel in (summary.get("selection") or {}).items():
-            oracle_name, where = ORACLE[kind]
-            methods = summary["methods"]
-            if where != ".":
-                methods = json.loads((Path(run) / where / "summary.json").read_text())["methods"]
-            test, oracle = sel.get("test") or {}, methods.get(oracle_name) or {}
+            test, oracle = sel.get("test") or {}, summary["methods"].get(ORACLE[kind]) or {}
             rows.append(
                 {
                     "seed": seed,

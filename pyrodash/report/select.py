@@ -2,7 +2,7 @@
 "Picked on val" section.
 
     sel = select_run("runs/demo-quick", Criterion("min_accuracy", 0.98))          # reads runs/demo-quick/val
-    sel = select_run("runs/demo-quick", Criterion("max_cost", 0.5), relay=True)   # runs/demo-quick/relay/val
+    sel = select_run("runs/demo-quick", Criterion("max_cost", 0.5), relay=True)   # the relay points in RUN/val
 
 A run's PyroDash points (every `pyrodash@<λ>` and its offload_bias / handoff_share / relay sweeps,
 `pyrodash.eval.names`) evaluated on a validation split are the candidates; the criterion picks one on those figures
@@ -141,14 +141,9 @@ def pick(cands: list[Candidate], criterion: Criterion) -> tuple[Candidate, bool]
     return max(cands, key=criterion.fallback), False
 
 
-def val_dir(run_dir: str | Path, relay: bool = False) -> Path:
-    """Where a run's validation evaluation is: RUN/val, or RUN/relay/val for the relay (the demo's layout)."""
-    return Path(run_dir) / ("relay" if relay else "") / "val"
-
-
-def report_dir(run_dir: str | Path, relay: bool = False) -> Path:
-    """Where the picked point's test figures are read: RUN, or RUN/relay."""
-    return Path(run_dir) / ("relay" if relay else "")
+def val_dir(run_dir: str | Path) -> Path:
+    """Where a run's validation evaluation is: RUN/val (single-handoff and relay points side by side)."""
+    return Path(run_dir) / "val"
 
 
 def _split_names(runs: dict[str, list[dict]]) -> list[str]:
@@ -179,7 +174,7 @@ def select_run(run_dir: str | Path, criterion: Criterion, relay: bool = False, v
     """`select` on RUN's validation evaluation (`val`, default `val_dir`), recorded in RUN/selection.json under its
     kind (a later selection of that kind replaces it); the selection."""
     run_dir = Path(run_dir)
-    val = Path(val) if val is not None else val_dir(run_dir, relay)
+    val = Path(val) if val is not None else val_dir(run_dir)
     if not (val / "records").is_dir():
         raise ValueError(
             f"no validation evaluation in {val}: evaluate the run's PyroDash points and `llm` on a validation split "
@@ -187,7 +182,7 @@ def select_run(run_dir: str | Path, criterion: Criterion, relay: bool = False, v
         )
     sel = select(val, criterion, relay)
     rel = lambda p: str(Path(p).resolve().relative_to(run_dir.resolve())) if _under(p, run_dir) else str(p)  # noqa: E731
-    sel["val_run"], sel["test_run"] = rel(val), rel(report_dir(run_dir, relay))
+    sel["val_run"], sel["test_run"] = rel(val), rel(run_dir)
     path = run_dir / SELECTION_FILE
     stored = json.loads(path.read_text()) if path.is_file() else {}
     path.write_text(json.dumps({**stored, sel["kind"]: sel}, indent=2) + "\n")
