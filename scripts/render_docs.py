@@ -30,9 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from doc_reference import generated_pages  # noqa: E402
 
-from pyrodash.report.seeds import ORACLE  # noqa: E402
-
 from pyrodash.eval.names import parse_method  # noqa: E402
+from pyrodash.report.seeds import ORACLE  # noqa: E402
 from pyrodash.report.tables import verdict_sentence  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
