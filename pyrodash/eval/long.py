@@ -76,7 +76,8 @@ def llm_validation_answers(cfg: EvalConfig) -> int:
     llm = be.get(cfg.models["llm"], llm=True, mode=cfg.llm_mode)
     examples = load_examples(cfg, VALIDATION, cfg.limit)
     chats = [example_messages(env.prompts, ex.question, ex.meta.get("history")) for ex in examples]
-    env.engine(llm, llm).batch(chats, mode="llm", batch_size=cfg.batch_size, concurrency=cfg.concurrency)
+    engine = env.engine(llm, llm, require_offload=False)  # the LLM alone: no policy, no <offload>
+    engine.batch(chats, mode="llm", batch_size=cfg.batch_size, concurrency=cfg.concurrency)
     return len(chats)
 
 
