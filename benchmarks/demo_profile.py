@@ -21,32 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from pyrodash.jobs.profile import critical_path, read_steps  # noqa: E402
-
-WALL = "training + evaluation (wall)"  # demo_times.json: the graph's wall time, not a step
-
-
-def profile(run: Path) -> tuple[list[tuple[str, float, str, bool]], dict]:
-    """([(step, seconds, threads, on the critical path)] in the order they ran, totals)."""
-    steps = read_steps(run / "jobs")
-    times = json.loads((run / "demo_times.json").read_text()) if (run / "demo_times.json").exists() else {}
-    outside = {k: v for k, v in times.items() if k != WALL and k not in {s["name"] for s in steps}}
-    chain, graph_s = critical_path(steps)
-    before = [(k, v, "main", True) for k, v in outside.items() if k == "world"]
-    after = [(k, v, "main", True) for k, v in outside.items() if k != "world"]
-    rows = [
-        (s["name"], s["seconds"], "1+idle" if s["elastic"] else str(s.get("threads") or 1), s["name"] in chain)
-        for s in sorted(steps, key=lambda s: s["start_s"])
-    ]
-    rows = before + rows + after
-    totals = {
-        "steps": len(steps),
-        "critical_s": round(graph_s + sum(v for _, v, _, _ in before + after), 1),
-        "critical_steps": len(chain) + len(before + after),
-        "sum_s": round(sum(v for _, v, _, _ in rows), 1),
-        "wall_s": round(times[WALL] + sum(v for _, v, _, _ in before + after), 1) if WALL in times else "unknown",
-    }
-    return rows, totals
+from pyrodash.jobs.profile import demo_profile, profile_markdown  # noqa: E402
 
 
 def main() -> None:
@@ -55,7 +30,7 @@ def main() -> None:
     ap.add_argument("--markdown", action="store_true", help="print the table as Markdown (docs/results.md)")
     a = ap.parse_args()
     try:
-        rows, totals = profile(a.run)
+        rows, totals = demo_profile(a.run)
     except ValueError as e:
         sys.exit(f"{e} (a demo run: pyrodash demo --quick --out {a.run})")
     plat = a.run / "platform.json"
@@ -64,9 +39,7 @@ def main() -> None:
         print(f"machine: {p.get('cpu')} ({p.get('cpu_capability')}), {p.get('threads')} threads, ", end="")
         print(f"{p.get('workers')} workers")
     if a.markdown:
-        print("| step | seconds | threads | critical path |\n|---|---:|---|---|")
-        for name, sec, threads, crit in rows:
-            print(f"| {name} | {sec:.1f} | {threads} | {'yes' if crit else ''} |")
+        print(profile_markdown(rows))
     else:
         width = max(len(r[0]) for r in rows)
         for name, sec, threads, crit in rows:

@@ -12,7 +12,9 @@ and everything between the two comments is rewritten from `docs/results/NAME.jso
 what the docs quote, with the machine it ran on and the demo's step times). Views: `table` (the headline table),
 `verdict` (the report's one-sentence Pareto verdict), `picked` (the operating points picked on val, read on test),
 `machine` (the platform, in words), `demo-time` (the demo's
-wall time and its steps). The reference pages under docs/reference/ are generated whole (`doc_reference.py`).
+wall time and its steps), `profile` (each step's seconds and whether it is on the critical path), `seeds` (the picked
+points over world seeds: a `pyrodash demo --seeds` output directory stored with `--store`). The reference pages under
+docs/reference/ are generated whole (`doc_reference.py`).
 Last line printed: `rendered=N changed=M` (`--check`: `checked=N stale=M`).
 """
 
@@ -31,7 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from doc_reference import generated_pages  # noqa: E402
 
 from pyrodash.eval.names import parse_method  # noqa: E402
-from pyrodash.report.seeds import ORACLE  # noqa: E402
+from pyrodash.jobs.profile import demo_profile, profile_markdown  # noqa: E402
+from pyrodash.report.seeds import ORACLE, seeds_markdown  # noqa: E402
 from pyrodash.report.tables import verdict_sentence  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -142,7 +145,29 @@ def demo_time(res: dict) -> str:
     )
 
 
-VIEWS = {"table": table, "verdict": verdict, "machine": machine, "demo-time": demo_time, "picked": picked}
+def profile(res: dict) -> str:
+    """The stored demo's steps: seconds, threads, on the critical path (`pyrodash.jobs.profile.demo_profile`)."""
+    if not res.get("profile"):
+        raise SystemExit("the stored results have no step profile: store a demo run whose jobs/steps.json exists")
+    return profile_markdown([tuple(r) for r in res["profile"]])
+
+
+def seeds(res: dict) -> str:
+    """The picked points per world seed and their spread (`pyrodash.report.seeds`)."""
+    if not res.get("seeds"):
+        raise SystemExit("the stored results have no seeds: store a `pyrodash demo --seeds` output directory")
+    return "\n".join(seeds_markdown(res["seeds"]))
+
+
+VIEWS = {
+    "table": table,
+    "verdict": verdict,
+    "machine": machine,
+    "demo-time": demo_time,
+    "picked": picked,
+    "profile": profile,
+    "seeds": seeds,
+}
 
 
 def render_text(text: str) -> str:
@@ -172,7 +197,13 @@ def targets() -> dict[Path, str]:
 
 
 def store(run_dir: Path, name: str) -> Path:
-    """docs/results/NAME.json from a run: its summary's methods (the quoted fields), platform and demo times."""
+    """docs/results/NAME.json from a run: its summary's methods (the quoted fields), platform, demo times and step
+    profile; or from a `pyrodash demo --seeds` directory (its seeds.json), the seeds' picks with seed 0's platform."""
+    if (run_dir / "seeds.json").is_file():
+        spread = json.loads((run_dir / "seeds.json").read_text())
+        first = run_dir / f"seed{spread['seeds'][0]}" / "summary.json"
+        platform = {**json.loads(first.read_text()).get("platform", {}), "cores": os.cpu_count()}
+        return _write({"what": f"the seeds run {run_dir.name}", "platform": platform, "seeds": spread}, name)
     summary = json.loads((run_dir / "summary.json").read_text())
     times = run_dir / "demo_times.json"
     platform = {**summary.get("platform", {}), "cores": os.cpu_count()}
@@ -181,10 +212,15 @@ def store(run_dir: Path, name: str) -> Path:
         "source": f"{run_dir.name}/summary.json; cores: the machine that stored it",
         "platform": platform,
         "times": json.loads(times.read_text()) if times.is_file() else {},
+        "profile": demo_profile(run_dir)[0] if (run_dir / "jobs" / "steps.json").is_file() else [],
         "methods": {n: {k: m[k] for k in KEPT if k in m} for n, m in summary["methods"].items()},
     }
     if summary.get("selection"):  # the points picked on val (the `picked` view), without their candidate lists
         res["selection"] = {k: _picked(run_dir, k, s) for k, s in summary["selection"].items()}
+    return _write(res, name)
+
+
+def _write(res: dict, name: str) -> Path:
     path = RESULTS / f"{name}.json"
     path.write_text(json.dumps(res, indent=1) + "\n")
     return path

@@ -4,6 +4,7 @@ workers finishes the steps sooner than that chain's total; a step off it can tak
 
     steps = read_steps(Path("runs/demo-quick/jobs"))
     path, total = critical_path(steps)
+    rows, totals = demo_profile(Path("runs/demo-quick"))   # with the demo's steps outside the graph
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import json
 from pathlib import Path
 
 from pyrodash.jobs.scheduler import STEPS_FILE
+
+WALL = "training + evaluation (wall)"  # demo_times.json: the graph's wall time, not a step
 
 
 def read_steps(log_dir: Path) -> list[dict]:
@@ -63,3 +66,36 @@ def _ordered(steps: list[dict], by_name: dict[str, dict]) -> list[dict]:
     for s in steps:
         visit(s)
     return out
+
+
+def demo_profile(run: Path) -> tuple[list[tuple[str, float, str, bool]], dict]:
+    """A finished demo's steps as ([(step, seconds, threads, on the critical path)] in the order they ran, totals):
+    the graph's (`RUN/jobs/steps.json`) and the ones outside it (`RUN/demo_times.json`: the world before, the reports
+    after, one after the other, so on the critical path). Totals: steps, critical_s, critical_steps, sum_s, wall_s."""
+    steps = read_steps(Path(run) / "jobs")
+    times_path = Path(run) / "demo_times.json"
+    times = json.loads(times_path.read_text()) if times_path.exists() else {}
+    outside = {k: v for k, v in times.items() if k != WALL and k not in {s["name"] for s in steps}}
+    chain, graph_s = critical_path(steps)
+    before = [(k, v, "main", True) for k, v in outside.items() if k == "world"]
+    after = [(k, v, "main", True) for k, v in outside.items() if k != "world"]
+    rows = [
+        (s["name"], s["seconds"], "1+idle" if s["elastic"] else str(s.get("threads") or 1), s["name"] in chain)
+        for s in sorted(steps, key=lambda s: s["start_s"])
+    ]
+    rows = before + rows + after
+    totals = {
+        "steps": len(steps),
+        "critical_s": round(graph_s + sum(v for _, v, _, _ in before + after), 1),
+        "critical_steps": len(chain) + len(before + after),
+        "sum_s": round(sum(v for _, v, _, _ in rows), 1),
+        "wall_s": round(times[WALL] + sum(v for _, v, _, _ in before + after), 1) if WALL in times else "unknown",
+    }
+    return rows, totals
+
+
+def profile_markdown(rows: list[tuple[str, float, str, bool]]) -> str:
+    """`demo_profile`'s rows as a Markdown table (docs/results.md, "Time")."""
+    out = ["| step | seconds | threads | critical path |", "| --- | ---: | --- | --- |"]
+    out += [f"| {name} | {sec:.1f} | {threads} | {'yes' if crit else ''} |" for name, sec, threads, crit in rows]
+    return "\n".join(out)
