@@ -46,9 +46,10 @@ class Background:
     """One build in a process of its own at nice 19 (and its own session, so that a kill reaches its workers too),
     its output in `root/build.log`."""
 
-    def __init__(self, name: str, code: str, out: str):
-        """Runs `code` with `sys.argv[1]` = `self.out`, the directory `out` inside its own temporary one."""
-        self.name = name
+    def __init__(self, name: str, code: str, out: str, finish_at_end: bool = False):
+        """Runs `code` with `sys.argv[1]` = `self.out`, the directory `out` inside its own temporary one;
+        `finish_at_end`: a session that ends first waits for it (a pip install killed half-way would stay half-done)."""
+        self.name, self.finish_at_end = name, finish_at_end
         self.root = Path(tempfile.mkdtemp(prefix=f"pyrodash-{name}-"))
         self.out, self.log = self.root / out, self.root / "build.log"
         cmd = [sys.executable, "-c", code, str(self.out)]
@@ -73,6 +74,11 @@ class Background:
         return self.out
 
     def stop(self) -> None:
+        if self.proc.poll() is None and self.finish_at_end:
+            try:
+                self.proc.wait(timeout=600)
+            except subprocess.TimeoutExpired:
+                pass
         if self.proc.poll() is None:  # a session that ended before its test (-x, a failure, Ctrl-C)
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
@@ -109,7 +115,7 @@ def pytest_collection_finish(session):
         _BACKGROUND["quick_demo"] = _demo()
     if any("gemma_files" in getattr(item, "fixturenames", ()) for item in session.items):
         code = "import sys\nfrom pyrodash.cli import main\nsys.exit(main(['models', 'fetch', 'gemma3-270m']))"
-        _BACKGROUND["gemma"] = Background("gemma-fetch", code, "unused")
+        _BACKGROUND["gemma"] = Background("gemma-fetch", code, "unused", finish_at_end=True)
 
 
 def _demo() -> Background:
