@@ -181,3 +181,26 @@ def test_the_report_says_how_many_generations_came_from_the_store(tmp_path):
     md = write_report(tmp_path / "off").read_text()
     assert json.loads((tmp_path / "off" / "summary.json").read_text())["answers"] == {"served": 0, "generated": 0}
     assert "Answer store" not in md
+
+
+def test_the_range_calibration_reads_the_llm_half_decoded_beside_training(tmp_path, decoded, monkeypatch):
+    """`llm_validation_answers` (the demo's step beside training) decodes the LLM alone on every validation turn into
+    the run's store; `calibrate_long` after it decodes the policy's turns only and reads each LLM answer back. Without
+    that step the calibration decodes them itself, and both calibrations are the same."""
+    import pyrodash.world.multiturn as multiturn
+    from pyrodash.eval.long import VALIDATION, calibrate_long, llm_validation_answers
+
+    world = _world(tmp_path)
+    data, split = world / "data", VALIDATION.split(":")[1]
+    (data / f"{split}.jsonl").write_text((data / "multiturn.jsonl").read_text())
+    monkeypatch.setattr(multiturn, "LONG_SPLITS", {split: (3, 3)})  # the tiny world's: 3 conversations of 3 turns
+    cfg = _config(tmp_path, "run", world, ["llm"])
+    llm = cfg.models["llm"].rsplit("/", 1)[-1]
+    turns = llm_validation_answers(cfg)
+    assert turns == 9 and decoded[llm] == turns  # three conversations of three turns
+    decoded.clear()
+    read_back = calibrate_long(cfg, 0.6)
+    assert decoded[llm] == 0  # the policy's own handoffs aside, every LLM answer came from the store
+    decoded.clear()
+    alone = calibrate_long(replace(cfg, run_dir=str(tmp_path / "alone"), answers="off"), 0.6)
+    assert decoded[llm] >= turns and alone["by_turn"] == read_back["by_turn"]
