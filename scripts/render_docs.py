@@ -11,9 +11,9 @@ A span in README.md or docs/**/*.md reads
 and everything between the two comments is rewritten from `docs/results/NAME.json` (a run's `summary.json` trimmed to
 what the docs quote, with the machine it ran on and the demo's step times). Views: `table` (the headline table),
 `verdict` (the report's one-sentence Pareto verdict), `picked` (the operating points picked on val, read on test),
-`machine` (the platform, in words), `demo-time` (the demo's
-wall time and its steps), `profile` (each step's seconds and whether it is on the critical path), `seeds` (the picked
-points over world seeds: a `pyrodash demo --seeds` output directory stored with `--store`). The reference pages under
+`machine` (the platform, in words), `demo-time` (the demo's wall time and its steps), `profile` (each step's seconds
+and whether it is on the critical path), `seeds` (the picked points over world seeds: a `pyrodash demo --seeds`
+output directory stored with `--store`), `spread` (their mean and min-max in a sentence). The reference pages under
 docs/reference/ are generated whole (`doc_reference.py`).
 Last line printed: `rendered=N changed=M` (`--check`: `checked=N stale=M`).
 """
@@ -149,7 +149,12 @@ def profile(res: dict) -> str:
     """The stored demo's steps: seconds, threads, on the critical path (`pyrodash.jobs.profile.demo_profile`)."""
     if not res.get("profile"):
         raise SystemExit("the stored results have no step profile: store a demo run whose jobs/steps.json exists")
-    return profile_markdown([tuple(r) for r in res["profile"]])
+    t = res["profile"]["totals"]
+    return (
+        f"{profile_markdown([tuple(r) for r in res['profile']['rows']])}\n\n{t['sum_s']:.0f} one-thread seconds over "
+        f"{t['steps']} steps in the graph; a critical path of {t['critical_s']:.0f} s over {t['critical_steps']} "
+        f"steps; {t['wall_s']} s of demo from the world to the report."
+    )
 
 
 def seeds(res: dict) -> str:
@@ -159,7 +164,14 @@ def seeds(res: dict) -> str:
     return "\n".join(seeds_markdown(res["seeds"]))
 
 
+def spread(res: dict) -> str:
+    """The picks' spread over the seeds in one sentence per kind (the lines under `seeds`' table)."""
+    lines = [ln[2:] for ln in seeds(res).splitlines() if ln.startswith("- ")]
+    return "; ".join(lines)
+
+
 VIEWS = {
+    "spread": spread,
     "table": table,
     "verdict": verdict,
     "machine": machine,
@@ -212,12 +224,20 @@ def store(run_dir: Path, name: str) -> Path:
         "source": f"{run_dir.name}/summary.json; cores: the machine that stored it",
         "platform": platform,
         "times": json.loads(times.read_text()) if times.is_file() else {},
-        "profile": demo_profile(run_dir)[0] if (run_dir / "jobs" / "steps.json").is_file() else [],
+        "profile": _profile(run_dir),
         "methods": {n: {k: m[k] for k in KEPT if k in m} for n, m in summary["methods"].items()},
     }
     if summary.get("selection"):  # the points picked on val (the `picked` view), without their candidate lists
         res["selection"] = {k: _picked(run_dir, k, s) for k, s in summary["selection"].items()}
     return _write(res, name)
+
+
+def _profile(run_dir: Path) -> dict:
+    """The demo's step profile as stored: its rows and totals (`pyrodash.jobs.profile.demo_profile`), or {}."""
+    if not (run_dir / "jobs" / "steps.json").is_file():
+        return {}
+    rows, totals = demo_profile(run_dir)
+    return {"rows": rows, "totals": totals}
 
 
 def _write(res: dict, name: str) -> Path:
