@@ -474,7 +474,8 @@ def test_stream_and_non_stream_agree(client, bias, seed, temperature, max_tokens
 def test_each_prompt_is_tokenized_once_per_request(stack, client):
     """Drift bug: the server tokenized each prompt 3-4 times per request (validation built both models' requests to
     count their tokens, then the LLM-only estimate counted again). Now each distinct text reaches the SLM's
-    tokenizer at most once per request (the SLM's prompt, and the LLM-only request for the estimate)."""
+    tokenizer at most once per request (the SLM's prompt, and the LLM-only request for the estimate). Each request
+    starts with the model's prompt memo empty (`HFBackend.prompts`), so the counts are its own."""
     from collections import Counter
 
     tok = stack[2].tokenizer
@@ -489,6 +490,7 @@ def test_each_prompt_is_tokenized_once_per_request(stack, client):
     try:
         for model in ("pyrodash", "always-offload"):
             seen.clear()
+            stack[2].prompts.clear()
             r = client.chat.completions.create(model=model, messages=Q, max_tokens=12)
             assert r.choices[0].message.content is not None and seen
             assert max(seen.values()) == 1, {t[-60:]: n for t, n in seen.items() if n > 1}

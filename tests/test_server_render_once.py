@@ -3,23 +3,21 @@ when the conversation had to be trimmed to a model's context window.
 
 Drift bug: with in-process models the server rendered the SLM's chat template three times per request (the context
 check's request, the check's own `render`, the engine's fitting of the same request) and once more in the backend,
-and the LLM's check prompt twice. Now the engine prepares the request's Turn once (`engine.prepare`: the prompts'
-sizes from its own fitting), the server hands it back in the request (`EngineRequest.prepared`) and the engine runs
-it; the backend gets the rendered prompt (`Fitted.wire`).
+and the LLM's check prompt twice. Second drift bug: a prompt that had to be counted to fit its window (trimmed, or
+fitting by its tokens only) was tokenized by the fitting and again by the model, and the LLM's handoff request,
+fitted once by the context check and once by the engine, was rendered twice and tokenized three times.
 
-Second drift bug: a prompt that had to be counted to fit its window (trimmed, or fitting by its tokens only) was
-tokenized by the fitting and again by the model (2 tokenizations of the kept prompt), and the LLM's handoff request,
-fitted once by the context check and once by the engine, was rendered twice and tokenized three times. Now the
-fitting keeps the ids it counted (`Fitted.tokenized`), the model runs on them (`GenRequest.tokenized`), and a request
-fitted twice in one turn shares its candidates (`Fitted.candidates`): 1 render and 1 tokenization per prompt.
+Now the model that renders keeps what it made (`HFBackend.prompts`, a `PromptMemo`: templates keyed by the messages
+and the template, ids keyed by the prompt text), so the check, the engine's fitting, the LLM-only estimate and the
+decode ask for the same prompt at the cost of a lookup: 1 chat-template pass and 1 tokenization per prompt. Each
+test starts every request with the models' memos empty, so the counts are per request.
 
-Both models run in process (HFBackend), so each side's renders and tokenizations are counted where they happen
-(except in the test of the SLM answering alone beside an LLM endpoint).
+Both models run in process (HFBackend), so each side's chat-template passes and tokenizations are counted where they
+happen (except in the test of the SLM answering alone beside an LLM endpoint).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections import Counter
 from contextlib import contextmanager
@@ -28,7 +26,8 @@ import httpx
 import pytest
 from test_server import AUTH, UvicornThread, llm_server, make_engine, remote, serve_config
 
-from pyrodash.backends.base import GenRequest, Tokenized
+from pyrodash.backends.base import GenRequest
+from pyrodash.backends.hf.prompt_memo import PromptMemo
 from pyrodash.engine import conversation as conv
 from pyrodash.server.app import build_app
 
@@ -43,8 +42,8 @@ CHAT = [
 
 
 class Counts:
-    """Per model: chat-template renders keyed by the prompt (messages, assistant prefix), tokenizer calls keyed by
-    text. Wraps each backend's `render` (which `prompt_ids` calls too) and its tokenizer's `encode`."""
+    """Per model: chat-template passes keyed by the messages, tokenizer calls keyed by text. Wraps each backend's
+    tokenizer (`apply_chat_template`, `encode`); `clear` also empties the models' memos (a request starts cold)."""
 
     def __init__(self, backends: dict):
         self.renders = {name: Counter() for name in backends}
@@ -53,28 +52,31 @@ class Counts:
 
     @contextmanager
     def counting(self):
+        self.clear()
         for name, b in self.backends.items():
-            render, encode = b.render, b.tokenizer.encode
+            tok = b.tokenizer
+            apply, encode = tok.apply_chat_template, tok.encode
 
-            def counted_render(req, _render=render, _seen=self.renders[name]):
-                if req.messages:  # a raw prompt (no messages) goes through no chat template
-                    _seen[json.dumps(req.messages, sort_keys=True), req.prefix] += 1
-                return _render(req)
+            def counted_apply(messages, *a, _apply=apply, _seen=self.renders[name], **kw):
+                _seen[json.dumps(messages, sort_keys=True)] += 1
+                return _apply(messages, *a, **kw)
 
             def counted_encode(text, *a, _encode=encode, _seen=self.encodes[name], **kw):
                 _seen[text] += 1
                 return _encode(text, *a, **kw)
 
-            b.render, b.tokenizer.encode = counted_render, counted_encode
+            tok.apply_chat_template, tok.encode = counted_apply, counted_encode
         try:
             yield self
         finally:
             for b in self.backends.values():
-                del b.render, b.tokenizer.encode
+                del b.tokenizer.apply_chat_template, b.tokenizer.encode
 
     def clear(self) -> None:
         for c in (*self.renders.values(), *self.encodes.values()):
             c.clear()
+        for b in self.backends.values():
+            b.prompts.clear()
 
     def most(self, kind: str) -> dict[str, int]:
         return {name: max(c.values(), default=0) for name, c in getattr(self, kind).items()}
@@ -149,17 +151,18 @@ def _windows(models) -> dict[str, dict[str, int]]:
 
 
 def _fresh_count(backend, req: GenRequest) -> int:
-    """`req`'s prompt tokens, rendered and tokenized from scratch (no ids handed over)."""
-    return len(backend.prompt_ids(dataclasses.replace(req)))  # (a copy carries no ids)
+    """`req`'s prompt tokens, rendered and tokenized from scratch (the model's memo emptied first)."""
+    backend.prompts.clear()
+    return len(backend.prompt_ids(req))
 
 
 @pytest.mark.parametrize("fit", ["trimmed", "counted"])
 @pytest.mark.parametrize("side", ["slm", "llm", "both"])
 def test_a_fitted_prompt_is_rendered_and_tokenized_once(models, side, fit):
     """A window that the prompt fits only by its token count (or not at all with its history): each candidate message
-    list is rendered once and tokenized once; the model runs on the ids the fitting counted (`Fitted.tokenized`, sent
-    in `GenRequest.tokenized`), so the prompt it keeps is not tokenized a second time. Before: the kept SLM prompt
-    tokenized 2 times; the LLM's handoff prompt rendered 2 times (trimmed) and tokenized 3 times."""
+    list is rendered once and tokenized once; the model runs on the ids the fitting counted (its memo has them), so
+    the prompt it keeps is not tokenized a second time. Before: the kept SLM prompt tokenized 2 times; the LLM's
+    handoff prompt rendered 2 times (trimmed) and tokenized 3 times."""
     slm, llm = models
     w = _windows(models)[fit]
     window = {s: w[s] if side in (s, "both") else 100_000 for s in ("slm", "llm")}
@@ -196,43 +199,52 @@ def test_a_fitted_prompt_is_rendered_and_tokenized_once(models, side, fit):
 
 def test_a_batch_runs_on_the_ids_its_fitting_counted(models):
     """`abatch` (evaluation): a trimmed SLM prompt is tokenized once, by the fitting; `generate_batch` decodes from
-    those ids, and they are the ids of the text it was given."""
+    those ids (the model's memo), and they are the ids of the prompt it was given."""
     slm, llm = models
     engine = make_engine(slm, llm, serve_config())
     engine.context = conv.ContextLimits(slm=_fresh_count(slm, GenRequest(messages=CHAT)) + 8 - 1, llm=100_000)
-    t = engine.turn(CHAT, mode="slm", max_tokens=8)
-    wire = t.fit.wire(t.req)
-    assert t.trimmed["slm"] >= 2 and wire.messages == [] and wire.tokenized is not None
-    assert list(wire.tokenized.ids) == slm.prompt_ids(GenRequest(messages=[], prefix=wire.prefix))
-    assert list(wire.tokenized.ids) == slm.prompt_ids(GenRequest(messages=t.req.messages))
-    plain = dataclasses.replace(wire)
-    assert plain.tokenized is None and plain == wire, "the ids are a cache: no part of the request's identity"
-    assert "tokenized" not in dataclasses.asdict(wire), "journal keys (asdict of a request) are unchanged"
     counts = Counts({"slm": slm, "llm": llm})
     with counts.counting():
+        t = engine.turn(CHAT, mode="slm", max_tokens=8)
         (done,) = engine.batch([CHAT], mode="slm", options=[{"max_tokens": 8}])
-    assert done.trimmed["slm"] >= 2 and done.usage.slm_in == len(wire.tokenized.ids)
+    assert t.trimmed["slm"] >= 2 and done.trimmed["slm"] == t.trimmed["slm"]
+    assert done.usage.slm_in == _fresh_count(slm, t.req), "the decode ran on the ids of its fitted prompt"
     assert counts.most("renders")["slm"] == 1 and counts.most("encodes")["slm"] == 1, counts.encodes
 
 
-def test_counted_ids_go_only_with_their_text_and_model(models):
-    """`GenRequest.tokenized` is used only by the backend that counted it and only for the very text it is of: a copy
-    of the request (a mesh continuing a broken stream with a longer prefix) carries none, and a request with another
-    prefix or messages, or sent to another model, is tokenized anew."""
-    slm, llm = models
-    text = slm.render(GenRequest(messages=CHAT))
-    wire = GenRequest(messages=[], prefix=text)
-    wire.tokenized = Tokenized(text, (7, 8, 9), slm)
-    assert slm.prompt_ids(wire) == [7, 8, 9]  # (taken as given: they are what this model counted for this text)
-    assert slm.generate_batch([wire])[0].prompt_ids == [7, 8, 9]
-    assert dataclasses.replace(wire, prefix=text + "4").tokenized is None  # (a copy carries none)
-    for changed in (GenRequest(messages=[], prefix=text + "4"), GenRequest(messages=Q, prefix=text)):
-        fresh = slm.prompt_ids(changed)
-        changed.tokenized = wire.tokenized  # (even handed over by hand: not the text they are of)
-        assert slm.prompt_ids(changed) == fresh != [7, 8, 9]
-    assert llm.prompt_ids(wire) == llm.prompt_ids(GenRequest(messages=[], prefix=text)) != [7, 8, 9]
-    wire.prefix += "4"  # (changed in place)
-    assert slm.prompt_ids(wire) == slm.prompt_ids(GenRequest(messages=[], prefix=text + "4"))
+def test_the_memo_serves_only_what_decides_it(models):
+    """The ids the memo serves are those of a fresh tokenization of the same text; a changed chat template or another
+    assistant prefix is rendered anew, never served stale."""
+    slm, _llm = models
+    req = GenRequest(messages=CHAT)
+    fresh = _fresh_count(slm, req)
+    assert len(slm.prompt_ids(req)) == fresh and slm.prompt_ids(req) is not slm.prompt_ids(req)  # (copies)
+    longer = GenRequest(messages=CHAT, prefix="4")
+    assert slm.render(longer) == slm.render(req) + "4" and slm.prompt_ids(longer) != slm.prompt_ids(req)
+    template = slm.tokenizer.chat_template
+    try:
+        slm.tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }}|{% endfor %}"
+        assert slm.render(req) == "1+1=|2|2+3=|5|3+4=|"
+    finally:
+        slm.tokenizer.chat_template = template
+    assert slm.render(req) != "1+1=|2|2+3=|5|3+4=|" and len(slm.prompt_ids(req)) == fresh
+
+
+def test_the_memo_is_bounded():
+    """Least recently used out first once the sizes it holds pass its bound; a value larger than the bound is
+    returned, not kept."""
+    memo, made = PromptMemo(max_size=10), []
+
+    def make(v: str):
+        return lambda: made.append(v) or v
+
+    for k in "abc":
+        memo.get(k, make(k * 4))
+    assert len(memo) == 2 and memo.size == 8 and made == ["aaaa", "bbbb", "cccc"]
+    assert memo.get("b", make("x")) == "bbbb" and made[-1] == "cccc"  # kept: not made again
+    memo.get("d", make("dddd"))  # "c" was used less recently than "b"
+    assert memo.get("b", make("y")) == "bbbb" and memo.get("c", make("cc")) == "cc"
+    assert memo.get("e", make("e" * 11)) == "e" * 11 and "e" not in memo._items
 
 
 @pytest.mark.parametrize("window", ["model window", "trimmed"])
@@ -240,9 +252,8 @@ def test_the_slm_alone_beside_an_llm_endpoint(models, window):
     """Mode "slm" with an LLM behind HTTP: the LLM-only estimate counts the conversation with the SLM's tokenizer,
     which is the SLM's own prompt in this mode. Untrimmed, the SLM's billed input is that count: 1 render and 1
     tokenization (before: 2 and 2, the server's LLM-only count rendered and tokenized it again). Trimmed, the estimate
-    counts the whole conversation while the SLM ran on its tail: the whole one is rendered and tokenized again for
-    the estimate (its count from the engine's fitting stays in the engine's Turn, which the server does not see in
-    the solo modes)."""
+    counts the whole conversation while the SLM ran on its tail: the whole one was rendered by the fitting already,
+    and is not rendered again for the estimate (before: 2)."""
     slm, llm = models
     solo = GenRequest(messages=CHAT)  # the SLM's prompt in mode "slm", and the LLM-only request
     n_solo = _fresh_count(slm, solo)
@@ -254,13 +265,13 @@ def test_the_slm_alone_beside_an_llm_endpoint(models, window):
             p = chat(srv, CHAT, "pyrodash", 8, stream, mode="slm")
             est = p["llm_only_estimate"]
             assert est["prompt_tokens"] == n_solo and "SLM's tokenizer" in est["method"], est
-            key = json.dumps(CHAT, sort_keys=True), ""
+            key = json.dumps(CHAT, sort_keys=True)
             if window == "model window":
                 assert not p["trimmed"]["slm"] and p["slm_in"] == n_solo
                 assert counts.renders["slm"][key] == 1 and counts.most("encodes")["slm"] == 1, counts.encodes
             else:
                 assert p["trimmed"]["slm"] >= 2 and p["slm_in"] < n_solo
-                assert counts.renders["slm"][key] == 2, "the fitting's render and the estimate's"
+                assert counts.renders["slm"][key] == 1, "the fitting's render, which the estimate reuses"
 
 
 def test_the_context_error_is_unchanged(models):

@@ -1,10 +1,10 @@
-"""Issue 37: a chat request reaches the engine as one typed object (`EngineRequest`), and only the engine writes
-its own state (`Turn`, `Fitted`, `Candidate`).
+"""Issue 37: a chat request reaches the engine as one typed object (`EngineRequest`), immutable (it carries no engine
+state), and only the engine writes its own state (`Turn`).
 
 Before, the request crossed validation, the app and the budget as a kwargs dict with private keys (`_explicit_budget`,
 `_param`), and the server wrote into the engine's state (`fit.text` in the context check, `f.tokens` in the LLM-only
-estimate). Both models run in process (tiny HF models), so the context check, the engine's fitting, the prepared
-Turn and the LLM-only count all run.
+estimate); later the frozen request carried the mutable Turn the context check had prepared. Both models run in
+process (tiny HF models), so the context check, the engine's fitting and the LLM-only count all run.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from test_server import AUTH, serve_config
 
 from pyrodash.engine import CollaborateEngine, EngineRequest, FailurePolicy, Turn
 from pyrodash.engine.conversation import ContextLimits
-from pyrodash.engine.turn import Candidate, Fitted
 from pyrodash.prompts import get_prompts
 from pyrodash.server.app import build_app
 
@@ -86,22 +85,23 @@ def test_a_chat_request_reaches_the_engine_as_one_typed_object(app_and_engine):
     assert (call.mode, call.max_total_tokens, call.max_tokens, call.explicit_budget) == ("collab", 12, 9, True)
     assert (call.temperature, call.seed, call.stop, call.offload_bias) == (0.5, 3, ["\n\n"], 100.0)
     assert [m["content"] for m in call.question] == [m["content"] for m in CHAT]
-    # the Turn the engine prepared for the context check travels in it, and is the one the engine ran
-    assert isinstance(call.prepared, Turn) and call.prepared.fit.budget == 9
+    # nothing the engine built for the context check travels in it: every field is the request's own
+    assert not any(isinstance(getattr(call, f.name), Turn) for f in dataclasses.fields(call))
+    assert {f.name for f in dataclasses.fields(EngineRequest)}.isdisjoint({"prepared", "turn", "fit"})
 
     engine.got.clear()
     post(app, {"model": "pyrodash", "messages": CHAT, "pyrodash": {"mode": "slm"}, "stream": True})
     [(call, options)] = engine.got
     assert options == {} and isinstance(call, EngineRequest)
-    assert (call.mode, call.explicit_budget, call.prepared) == ("slm", False, None)  # default budget, may shrink
+    assert (call.mode, call.explicit_budget) == ("slm", False)  # default budget, may shrink
     assert call.max_total_tokens == app.state.config.limits.default_max_tokens
 
 
 class Writes:
-    """Every attribute write on an engine state object (Turn, Fitted, Candidate) after its construction, with the
-    module of the code that made it."""
+    """Every attribute write on an engine state object (Turn) after its construction, with the module of the code
+    that made it."""
 
-    TYPES = (Turn, Fitted, Candidate)
+    TYPES = (Turn,)
 
     def __init__(self):
         self.by: list[tuple[str, str, str]] = []
@@ -128,13 +128,12 @@ class Writes:
 
 @pytest.mark.parametrize("case", ["windows", "no LLM system prompt", "no windows"])
 def test_no_module_outside_the_engine_writes_the_engines_state(models, case):
-    """Sound for what it runs: every attribute write on a Turn, Fitted or Candidate (the dataclasses' own
-    `__init__` included: its code lives in the engine's modules) is logged with its caller's module while the server
-    answers requests that take every path of the context check, the fitting, the prepared Turn and the LLM-only
-    count (collab with and without handoff, each model alone, unary and stream, a conversation, an implicit budget;
-    an LLM prompt that is the LLM-only request; no window to fit to); none may come from outside
-    `pyrodash.engine`. The static half: no module outside `pyrodash/engine/` names those
-    types (so none builds one or reads it by type)."""
+    """Sound for what it runs: every attribute write on a Turn (the dataclass's own `__init__` included: its code
+    lives in the engine's modules) is logged with its caller's module while the server answers requests that take
+    every path of the context check, the fitting and the LLM-only count (collab with and without handoff, each model
+    alone, unary and stream, a conversation, an implicit budget; an LLM prompt that is the LLM-only request; no window
+    to fit to); none may come from outside `pyrodash.engine`. The static half: no module outside `pyrodash/engine/`
+    names the engine's state types (so none builds one or reads it by type)."""
     prompts = get_prompts(serve_config().prompts)
     if case == "no LLM system prompt":  # the LLM's check prompt is the LLM-only request: its count is reused
         prompts = dataclasses.replace(prompts, completion_system="")
@@ -148,8 +147,8 @@ def test_no_module_outside_the_engine_writes_the_engines_state(models, case):
             ("always-offload", {"stream": True, "stream_options": {"include_usage": True}}),
         ]:
             post(app, {"model": model, "messages": CHAT, **extra})
-        Fitted().tokens = 1  # the log catches a write from outside the engine (this test module)
-    assert writes.by and writes.outside_engine() == {("Fitted", "tokens", __name__)}
+        Turn.__new__(Turn).finish = "stop"  # the log catches a write from outside the engine (this test module)
+    assert writes.by and writes.outside_engine() == {("Turn", "finish", __name__)}
 
     named = {}
     for path in sorted((ROOT / "pyrodash").rglob("*.py")):
@@ -157,7 +156,7 @@ def test_no_module_outside_the_engine_writes_the_engines_state(models, case):
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("pyrodash.engine"):
-                hits = {a.name for a in node.names} & {"Turn", "Fitted", "Candidate", "Prepared", "PromptSize"}
+                hits = {a.name for a in node.names} & {"Turn", "PromptSize"}
                 if hits:
                     named[str(path.relative_to(ROOT))] = sorted(hits)
     assert named == {}

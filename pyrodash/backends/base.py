@@ -29,39 +29,11 @@ class GenRequest:
     stop_token_ids: list[int] = field(default_factory=list)  # e.g. the SLM's <offload> id
     logit_bias: dict[int, float] = field(default_factory=dict)  # added to these token logits while decoding
     top_logprobs: int = 0  # >0: report the top-k log-probabilities at every generated position
-    # Not a field (no annotation): the raw prompt's token ids as an in-process backend counted them already, set on
-    # the request handed to that backend (`engine.turn.Fitted.wire`) so it does not tokenize `prefix` again; used only
-    # by that backend and only for the very text they are of (`Tokenized.ids_for`). No copy carries it
-    # (`dataclasses.replace`: a request with another prefix or messages has none), `asdict` and `==` never see it
-    # (journal keys unchanged), and HTTP backends send text and never read it.
-    tokenized = None
-    # Not a field either: the answer this request belongs to (any object; set by the engine on the SLM requests of a
-    # relay answer, `Turn.cache_key`). An in-process backend with a prefix cache keeps the KV of keyed sequences and
-    # reuses it for the next request with the same key (pyrodash.backends.hf.prefix_cache); None: no cache is used.
+    # Not a field (no annotation): the answer this request belongs to (any object; set by the engine on the SLM
+    # requests of a relay answer, `Turn.cache_key`). An in-process backend with a prefix cache keeps the KV of keyed
+    # sequences and reuses it for the next request with the same key (pyrodash.backends.hf.prefix_cache); None: no
+    # cache is used. `asdict` and `==` never see it.
     cache_key = None
-
-
-@dataclass(frozen=True, eq=False)
-class Tokenized:
-    """The token ids of one raw prompt (`text`: a rendered chat template and prefix) as backend `by` counted them,
-    bound to that text (vLLM's TokensPrompt, checked): `ids_for` hands them only to `by` and only for a request whose
-    raw prompt is still `text` (`messages=[]`, `prefix == text`), so a request whose prefix or messages changed after
-    the count is never run on stale ids: it is tokenized again."""
-
-    text: str
-    ids: tuple[int, ...]
-    by: object
-
-    def ids_for(self, backend: object, req: GenRequest) -> list[int] | None:
-        if self.by is backend and not req.messages and req.prefix == self.text:
-            return list(self.ids)
-        return None
-
-    def __deepcopy__(self, memo: dict) -> Tokenized:  # immutable, and `by` is an identity: never a copied model
-        return self
-
-    def __reduce__(self):  # pickled, it is None: in another process no backend is `by` (and no model is pickled)
-        return type(None), ()
 
 
 @dataclass

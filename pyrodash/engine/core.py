@@ -35,7 +35,7 @@ from pyrodash.backends.retry import FailurePolicy, backoff_delay
 from pyrodash.cost import Prices
 from pyrodash.engine import conversation as conv
 from pyrodash.engine import fitting
-from pyrodash.engine.fitting import Prepared, PromptSize
+from pyrodash.engine.fitting import PromptSize
 from pyrodash.engine.range_rule import ROUTED, RangeRule
 from pyrodash.engine.relay import RelayConfig, RelayRun, key_relay_turns, relay_for, relay_runs
 from pyrodash.engine.requests import (
@@ -50,7 +50,7 @@ from pyrodash.engine.requests import (
     slm_chat,
     total_budget,
 )
-from pyrodash.engine.turn import Fitted, Turn
+from pyrodash.engine.turn import Turn
 from pyrodash.events import Done, Event, Handoff, LLMDelta, LLMFailure, SLMDelta
 from pyrodash.prompts import OFFLOAD_TOKEN, Prompts, pack
 
@@ -60,8 +60,8 @@ class _EarlyCall:
     the wire while the SLM stream is still being drained (its usage chunk, [DONE]). `stream()` replays the first
     chunk (or its exception) and then continues the same backend stream."""
 
-    def __init__(self, llm: Backend, req: GenRequest, fit: Fitted):
-        self.req, self.fit = req, fit
+    def __init__(self, llm: Backend, req: GenRequest):
+        self.req = req
         self._it = llm.stream(req)
         self._first = asyncio.ensure_future(anext(self._it, None))
 
@@ -215,9 +215,9 @@ class CollaborateEngine:
             raise ValueError("a question is a str or a non-empty list of chat messages ({'role', 'content'} dicts)")
         return conv.clean_history(question)
 
-    def _fit(self, side: str, req: GenRequest, seen: list[Fitted] | None = None) -> Fitted:
-        """Trim `req.messages` (in place) to `side`'s context window (`pyrodash.engine.fitting.fit`)."""
-        return fitting.fit(self.slm if side == "slm" else self.llm, getattr(self.context, side), req, seen)
+    def _fit(self, side: str, req: GenRequest) -> int:
+        """Trim `req.messages` (in place) to `side`'s context window; the messages dropped (`fitting.fit`)."""
+        return fitting.fit(self.slm if side == "slm" else self.llm, getattr(self.context, side), req)
 
     @property
     def max_llm_calls(self) -> int:
@@ -235,12 +235,11 @@ class CollaborateEngine:
         return self.llm_request_fitted(messages, partial, max_tokens, sampling)[0]
 
     def llm_request_fitted(
-        self, messages: list[dict], partial: str, max_tokens: int, sampling: dict, seen: list[Fitted] | None = None
-    ) -> tuple[GenRequest, Fitted]:
-        """(`llm_request`, how it was fitted to the LLM's context window: messages dropped, the prompt's size).
-        `seen`: the prompts the request rendered already (`Turn.seen`), see `_fit`."""
+        self, messages: list[dict], partial: str, max_tokens: int, sampling: dict
+    ) -> tuple[GenRequest, int]:
+        """(`llm_request`, the earlier messages dropped to fit it to the LLM's context window)."""
         req = handoff_request(self.prompts, self.llm_style, messages, partial, max_tokens, sampling)
-        return req, self._fit("llm", req, seen)
+        return req, self._fit("llm", req)
 
     def _share(self, handoff_share: float | None) -> float:
         """A request's handoff share: the one asked for (checked), else the engine's."""
@@ -255,8 +254,7 @@ class CollaborateEngine:
         """A request's `Turn`: its messages, the first model's request, budgets and knobs (`options`: the fields of
         `EngineRequest`). Mode "collab" runs Algorithm 1; "slm" / "llm" is one model answering alone (the
         conversation as given, no system prompt added, `<offload>` banned where the SLM has it, as the `slm` / `llm`
-        baselines of `pyrodash eval` do). A request that carries the Turn `prepare` built for it runs that one's
-        fitted, rendered first request as it is."""
+        baselines of `pyrodash eval` do)."""
         r = question if isinstance(question, EngineRequest) else EngineRequest.of(question, mode=mode, **options)
         messages = self.messages(r.question)
         total = total_budget(r.max_total_tokens)
@@ -270,12 +268,7 @@ class CollaborateEngine:
         mode, routed = self._route(r, messages)
         admitted = mode != "collab" or handoff_admitted(messages, share)
         req, side = self._first_request(mode, messages, first, bias if admitted else BAN, sampling)
-        asked = len(req.messages)
-        prep = r.prepared
-        if self._fitted_alike(prep, mode, side, messages, req):
-            req.messages, fit = prep.req.messages, prep.fit  # the same request fitted the same way: no second render
-        else:
-            fit = self._fit(side, req, prep.seen if prep is not None else None)
+        dropped = self._fit(side, req)
         llm_max = per_model if self.llm_max_tokens is None or r.max_tokens is not None else self.llm_max_tokens
         if mode == "llm":
             req.max_tokens = llm_max if total is None else min(llm_max, total)
@@ -292,9 +285,7 @@ class CollaborateEngine:
             admitted=admitted,
             number=conv.turn_number(messages),
             sampling={k: getattr(req, k) for k in ("seed", "stop", "temperature", "top_p")},
-            trimmed={"slm": 0, "llm": 0} | {side: asked - len(req.messages)},
-            fit=fit,
-            seen=prep.seen if prep is not None else [fit],
+            trimmed={"slm": 0, "llm": 0} | {side: dropped},
             gate=r.gate,
         )
 
@@ -336,48 +327,30 @@ class CollaborateEngine:
         ban = {self.offload_id: BAN} if mode == "slm" and self.offload_id is not None else {}
         return GenRequest(messages=list(messages), max_tokens=first, logit_bias=ban, **sampling), mode
 
-    def _fitted_alike(self, prep: Turn | None, mode: str, side: str, messages: list[dict], req: GenRequest) -> bool:
-        """Whether `prep` (this request's Turn from `prepare`) fitted the same first request: the same model and
-        window, mode, messages and decode budget (a budget that moved knobs after `prepare` changes none of them)."""
-        return (
-            prep is not None
-            and prep.fit.backend is (self.slm if side == "slm" else self.llm)
-            and prep.fit.limit == getattr(self.context, side)
-            and (prep.mode, prep.fit.budget, prep.req.prefix) == (mode, req.max_tokens, req.prefix)
-            and prep.messages == messages
-        )
-
     # ---- what the server asks before and after a request: its prompts' sizes, the LLM-only prompt ----------
-    def prepare(self, request: EngineRequest) -> Prepared:
+    def prepare(self, request: EngineRequest) -> list[PromptSize]:
         """The request's prompts fitted to their models' windows and measured for a context-length check: each
         in-process model that counts its prompt gets a `PromptSize` (its first request, and the LLM's handoff
         request without a partial answer; a long conversation is trimmed first, so only what is still too long is
-        over its window). In mode "collab" the request's Turn comes back too: carried as `request.prepared`, it
-        is run as it is (each prompt rendered once per request). Raises `ContextLengthError` when the current
+        over its window). The request itself stays as it is: when it runs, its prompts are fitted again, and the
+        models render and tokenize each once (`pyrodash.engine.fitting`). Raises `ContextLengthError` when the current
         message alone is too long, ValueError when a prompt cannot be rendered for its model."""
         messages = self.messages(request.question)
         budget = request.max_tokens or 1
         if request.mode == "collab":
-            turn = self.turn(request)
-            seen, first = turn.seen, (turn.req, turn.fit)
+            first = self.turn(request)
         else:  # a model answering alone: the collaborative requests bound its prompt
-            turn, seen = None, None
-            solo = self.turn(messages, max_tokens=budget, range_rule=RangeRule())
-            first = (solo.req, solo.fit)
-        routed = turn is not None and turn.routed  # past the SLM's range: the SLM never reads this prompt
+            first = self.turn(messages, max_tokens=budget, range_rule=RangeRule())
+        routed = request.mode == "collab" and first.routed  # past the SLM's range: the SLM never reads this prompt
         total = min(budget, request.max_total_tokens or budget)  # the most one model decodes
         sizes = []
         for side, backend, build in (
-            *([] if routed else [("SLM", self.slm, lambda: first)]),
-            ("LLM", self.llm, lambda: self.llm_request_fitted(messages, "", budget, {}, seen)),
+            *([] if routed else [("SLM", self.slm, lambda: first.req)]),
+            ("LLM", self.llm, lambda: self.llm_request_fitted(messages, "", budget, {})[0]),
         ):
-            if not fitting.counts_prompts(backend) or (window := backend.context_window()) is None:
-                continue
-            req, fit = build()
-            sizes.append(PromptSize(side, fitting.prompt_size(backend, req, fit, total, window), window))
-            if seen is not None and fit.text is not None and all(f is not fit for f in seen):
-                seen.append(fit)
-        return Prepared(turn, sizes)
+            if fitting.counts_prompts(backend) and (window := backend.context_window()) is not None:
+                sizes.append(PromptSize(side, fitting.prompt_size(backend, build(), total, window), window))
+        return sizes
 
     def counts_prompts(self) -> bool:
         """Whether a model of this engine counts its prompts against a context window (in-process models): only
@@ -387,8 +360,8 @@ class CollaborateEngine:
     def llm_only_prompt(self, request: EngineRequest, solo: Done | None = None) -> tuple[int, str] | None:
         """(input tokens of the LLM-only request: the conversation without P_s, whose tokenizer counted them), or
         None when no backend can count; from what this request measured already when it can:
-        - an in-process LLM: the LLM's prompt without P_l, which the context check (or the handoff) rendered, and
-          maybe counted, when the prompt set has no LLM system prompt;
+        - an in-process LLM counts it (a prompt the context check or the handoff rendered or counted already, as
+          when the prompt set has no LLM system prompt, comes from the model's memo);
         - an endpoint LLM, the SLM's tokenizer counts it: when this engine's in-process SLM answered alone (mode
           "slm", `solo` its Done) and nothing was dropped to fit, its billed input is that count. Else it is counted
           here (history dropped: the estimate counts the whole conversation)."""
@@ -396,10 +369,6 @@ class CollaborateEngine:
         if solo is not None and not counts and self._billed_alone(solo):
             return solo.usage.slm_in, "slm"
         messages = self.messages(request.question)
-        if request.prepared is not None and counts:
-            n = fitting.recount(request.prepared, self.llm, GenRequest(messages=messages))
-            if n is not None:
-                return n, "llm"
         for side in ("llm", "slm"):
             backend = getattr(self, side)
             if isinstance(backend, Tokenizes):
@@ -439,18 +408,16 @@ class CollaborateEngine:
 
     def _llm_req(
         self, t: Turn, left: int, call: LLMCall = TO_THE_END, so_far: str | None = None
-    ) -> tuple[GenRequest, Fitted]:
-        """The LLM's request for what is left of the call (as it goes to the backend, `Fitted.wire`) and its fit:
-        the handoff request continuing what was written (`call.written`, else Pack of the SLM's text) and the call's
-        text so far (`so_far`, else the turn's LLM text: a retry continues what arrived), or in mode "llm" the
-        question itself."""
+    ) -> tuple[GenRequest, int]:
+        """The LLM's request for what is left of the call and the earlier messages dropped to fit it: the handoff
+        request continuing what was written (`call.written`, else Pack of the SLM's text) and the call's text so far
+        (`so_far`, else the turn's LLM text: a retry continues what arrived), or in mode "llm" the question itself."""
         sampling = t.sampling if call.stop is None else {**t.sampling, "stop": list(call.stop)}
-        if t.mode == "llm":  # the fitted request again (its rendered prompt too), with what is left to decode
-            return t.fit.wire(GenRequest(messages=t.req.messages, max_tokens=left, **sampling)), Fitted()
+        if t.mode == "llm":  # the fitted request again, with what is left to decode
+            return GenRequest(messages=t.req.messages, max_tokens=left, **sampling), 0
         written = pack(t.slm_text) if call.written is None else call.written
         so_far = t.llm_text if so_far is None else so_far
-        req, fit = self.llm_request_fitted(t.messages, written + so_far, left, sampling, t.seen)
-        return fit.wire(req), fit
+        return self.llm_request_fitted(t.messages, written + so_far, left, sampling)
 
     def _calls(self, got: GenChunk, text: str, reached: int, error: str | None) -> list[dict]:
         """The per-endpoint entries of one LLM attempt: a composite backend's own (`GenChunk.endpoints`), else one
@@ -488,7 +455,7 @@ class CollaborateEngine:
                 return
             if attempt:
                 await asyncio.sleep(backoff_delay(pol.backoff_s, attempt))  # the backends' own: jittered
-            lreq, fit, stream = await self._attempt(t, left, early if attempt == 0 else None, call, t.llm_text[mark:])
+            lreq, stream = await self._attempt(t, left, early if attempt == 0 else None, call, t.llm_text[mark:])
             if stream is None:  # the budget's gate: no reservation covers this call, so it is not made
                 why = "not made: its worst case does not fit the budget's hard cap"
                 t.failures.append(LLMFailure(attempt + 1, "not_made", why, reached_server=False))
@@ -515,23 +482,23 @@ class CollaborateEngine:
                 continue
             finally:
                 within.close()
-            self._attempt_done(t, got, attempt_text, lreq, fit)
+            self._attempt_done(t, got, attempt_text)
             return
 
     async def _attempt(
         self, t: Turn, left: int, early: _EarlyCall | None, call: LLMCall, so_far: str
-    ) -> tuple[GenRequest, Fitted, AsyncIterator[GenChunk]]:
-        """(request, fit, stream) of one LLM attempt: the early call when it asked for what is left, else a new one;
+    ) -> tuple[GenRequest, AsyncIterator[GenChunk] | None]:
+        """(request, stream) of one LLM attempt: the early call when it asked for what is left, else a new one;
         stream None when the request's gate (`EngineRequest.gate`) did not let the call be made."""
         if early is not None and early.req.max_tokens == left:
-            return early.req, early.fit, early.stream()
+            return early.req, early.stream()
         if early is not None:  # (only if a token count was off) not the request we need
             await early.cancel()
-        lreq, fit = self._llm_req(t, left, call, so_far)
-        t.trimmed["llm"] = max(t.trimmed["llm"], fit.dropped)
+        lreq, dropped = self._llm_req(t, left, call, so_far)
+        t.trimmed["llm"] = max(t.trimmed["llm"], dropped)
         if t.gate is not None and not await t.gate(lreq):
-            return lreq, fit, None
-        return lreq, fit, self.llm.stream(lreq)
+            return lreq, None
+        return lreq, self.llm.stream(lreq)
 
     def _attempt_failed(
         self, t: Turn, e: Exception, got: GenChunk, streamed: int, text: str, lreq: GenRequest, attempt: int
@@ -556,12 +523,9 @@ class CollaborateEngine:
             return False
         return not (t.mode == "llm" and t.llm_text)  # alone, the LLM cannot continue its own text: no retry
 
-    def _attempt_done(self, t: Turn, got: GenChunk, text: str, lreq: GenRequest, fit: Fitted) -> None:
-        """Bill a finished LLM attempt and end the turn; the rendered prompt's tokens as the model counted them are
-        kept on every fitting of that prompt."""
+    def _attempt_done(self, t: Turn, got: GenChunk, text: str) -> None:
+        """Bill a finished LLM attempt and end the turn."""
         t.bill_llm(got, self._calls(got, text, 1, None), 1)
-        if not got.usage_estimated:
-            fitting.keep_count(t.seen, fit, lreq, got.prompt_tokens)
         t.finish = got.finish_reason or "stop"
 
     async def slm_fallback(self, t: Turn, written: str | None = None) -> AsyncIterator[SLMDelta]:
@@ -665,11 +629,11 @@ class CollaborateEngine:
                         and ch.stop_token_id == self.offload_id
                         and left_now > 0
                     ):
-                        ereq, fit = self.llm_request_fitted(t.messages, pack(text), left_now, t.sampling, t.seen)
-                        t.trimmed["llm"] = max(t.trimmed["llm"], fit.dropped)
+                        ereq, dropped = self.llm_request_fitted(t.messages, pack(text), left_now, t.sampling)
+                        t.trimmed["llm"] = max(t.trimmed["llm"], dropped)
                         early = True
-                        if t.gate is None or await t.gate(fit.wire(ereq)):  # (denied: `_attempt` asks again)
-                            yield _EarlyCall(self.llm, fit.wire(ereq), fit)
+                        if t.gate is None or await t.gate(ereq):  # (denied: `_attempt` asks again)
+                            yield _EarlyCall(self.llm, ereq)
                             await asyncio.sleep(0)  # let it put the request on the wire before the SLM is drained
         self._slm_finished(t, text, final, seen)
 
@@ -764,8 +728,8 @@ class CollaborateEngine:
                 todo.append(t)
         reqs = []
         for t in todo:
-            req, fit = self._llm_req(t, t.left())
-            t.trimmed["llm"] = max(t.trimmed["llm"], fit.dropped)
+            req, dropped = self._llm_req(t, t.left())
+            t.trimmed["llm"] = max(t.trimmed["llm"], dropped)
             reqs.append(req)
         for t, r in zip(todo, self.llm.generate_batch(reqs, batch_size=batch_size) if reqs else [], strict=True):
             got = _final_chunk(r)

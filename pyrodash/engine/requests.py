@@ -15,7 +15,7 @@ from pyrodash.backends.base import GenRequest
 from pyrodash.backends.retry import FailurePolicy  # noqa: F401 - the one failure policy, importable from here too
 from pyrodash.engine import conversation as conv
 from pyrodash.engine.range_rule import RangeRule
-from pyrodash.engine.turn import MODES, Turn
+from pyrodash.engine.turn import MODES
 from pyrodash.prompts import Prompts
 
 BAN = float("-inf")
@@ -61,8 +61,6 @@ class EngineRequest:
     step_sep: str | None = None  # a relay step's end (the LLM's stop sequence); None: the engine's RelayConfig
     step_max_tokens: int | None = None  # a relay step's cap; None: the engine's RelayConfig
     range_rule: RangeRule | None = None  # the SLM's range (past it: the LLM alone); None: the engine's rule
-    # the Turn `CollaborateEngine.prepare` built for this request (fitted, its prompt rendered once), or None
-    prepared: Turn | None = None
     # asked before each LLM call with the call's request (a budget's reservation on its hard cap): False, and the
     # call is not made (the SLM finishes, as after a failed call; the LLM alone fails); None: every call is made
     gate: Callable[[GenRequest], Awaitable[bool]] | None = None
@@ -82,8 +80,8 @@ class EngineRequest:
         return cls(question, **options)
 
     def options(self) -> dict:
-        """The knobs as `engine.stream`'s keyword arguments (no question, no prepared Turn)."""
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("question", "prepared", "gate")}
+        """The knobs as `engine.stream`'s keyword arguments (no question, no gate)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("question", "gate")}
 
 
 @dataclass(frozen=True)

@@ -8,11 +8,10 @@ the same text, segments in streamed order (each piece of text once), token count
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from dataclasses import dataclass, field
 
-from pyrodash.backends.base import GenChunk, GenRequest, Tokenized
+from pyrodash.backends.base import GenChunk, GenRequest
 from pyrodash.cost import Prices, Usage, endpoint_bill
 from pyrodash.events import Done, LLMFailure
 
@@ -34,78 +33,6 @@ def llm_segments(calls: list[dict]) -> list[dict]:
 
 
 @dataclass
-class Candidate:
-    """One message list that fitting a request to its window considered (the request's own, or one with earlier
-    turns dropped): its rendered prompt and token ids once made, shared by every fitting of that same request in a
-    turn (`Fitted.candidates`), so none is rendered or tokenized twice. Only the request's own list and the one kept
-    keep their text and ids; the others keep their count."""
-
-    messages: list
-    text: str | None = None
-    tokenized: Tokenized | None = None
-    n: int | None = None  # its token count
-
-
-@dataclass
-class Fitted:
-    """What fitting one request to its model's context window found (`CollaborateEngine._fit`), kept so that nobody
-    renders or counts that prompt again: the server's context check reads `prompt`, and `wire` hands an in-process
-    backend the text already rendered (each prompt goes through the chat template once per request) and, when the
-    fitting tokenized it, its ids (`tokenized`: the backend does not tokenize it again)."""
-
-    dropped: int = 0  # earlier messages dropped to fit
-    prompt: int | None = None  # the prompt's size: its token count (`counted`) or its UTF-8 bytes (an in-process
-    counted: bool = False  # prompt never has more tokens than bytes); None: not measured (no context limit)
-    budget: int = 0  # the decode budget it was fitted for (`req.max_tokens` then)
-    limit: int | None = None  # the context window it was fitted to
-    backend: object = field(default=None, compare=False, repr=False)  # the model it was fitted for
-    text: str | None = field(default=None, compare=False, repr=False)  # the prompt as `backend.render` gave it,
-    messages: list | None = field(default=None, compare=False, repr=False)  # for this message list (identity)
-    prefix: str = field(default="", compare=False, repr=False)  # and this assistant prefix
-    tokens: int | None = None  # the prompt's tokens as its backend counted them when it ran (usage), if it did
-    raw: bool = False  # `backend` renders its own prompts (its class defines `render`): it may get `text` as is
-    tokenized: Tokenized | None = field(default=None, compare=False, repr=False)  # `text`'s ids, if it was counted
-    asked: list | None = field(default=None, compare=False, repr=False)  # the message list it was asked to fit
-    candidates: dict = field(default_factory=dict, compare=False, repr=False)  # len(messages) -> Candidate
-
-    def same_prompt(self, backend: object, req: GenRequest) -> bool:
-        """Whether `text` is `req`'s prompt for `backend` (the same model, message contents and prefix)."""
-        return (
-            self.text is not None
-            and self.backend is backend
-            and self.prefix == req.prefix
-            and self.messages == req.messages
-        )
-
-    def same_request(self, backend: object, req: GenRequest) -> bool:
-        """Whether this fitted `req` as it was before fitting (the same model, message contents and prefix): its
-        `candidates` are `req`'s."""
-        return (
-            self.asked is not None
-            and self.backend is backend
-            and self.prefix == req.prefix
-            and self.asked == req.messages
-        )
-
-    def wire(self, req: GenRequest) -> GenRequest:
-        """`req` as it goes to its backend: when `text` is its prompt (the same message list and prefix), the
-        pre-rendered raw-prompt form (`messages=[]`, `prefix=text`: no chat template applied again, same tokens),
-        with the ids the fitting counted for `text` (`GenRequest.tokenized`); else `req` itself."""
-        if (
-            not self.raw
-            or self.text is None
-            or not req.messages
-            or req.messages is not self.messages
-            or req.prefix != self.prefix
-        ):
-            return req  # (a wrapper that forwards `render` may read the messages: it gets them)
-        out = dataclasses.replace(req, messages=[], prefix=self.text)
-        if self.tokenized is not None and self.tokenized.text is self.text:
-            out.tokenized = self.tokenized
-        return out
-
-
-@dataclass
 class Turn:
     """The state of one request: what was asked, what each model wrote so far, and what it was billed."""
 
@@ -121,8 +48,6 @@ class Turn:
     sampling: dict  # temperature, top_p, seed, stop: shared by every request of this turn
     number: int  # which user turn of its conversation (1: a single question)
     trimmed: dict  # earlier messages dropped to fit each model's window
-    fit: Fitted = field(default_factory=Fitted)  # how `req` was fitted to its model's window (`req.messages` as sent)
-    seen: list = field(default_factory=list)  # every prompt rendered for this request (`Fitted`), either model
     t0: float = field(default_factory=time.perf_counter)
     usage: Usage = field(default_factory=Usage)
     slm_text: str = ""  # the SLM's text before a handoff (or its whole answer)
@@ -144,9 +69,9 @@ class Turn:
     relay_fallback: str | None = None
 
     def slm_request(self, req: GenRequest | None = None) -> GenRequest:
-        """An SLM request of this turn as it goes to the backend (`req`, else the first one: `fit.wire(req)`), with
-        the answer's `cache_key`: an in-process SLM keeps its KV for the answer's next request (relay)."""
-        out = self.fit.wire(self.req) if req is None else req
+        """An SLM request of this turn (`req`, else the first one), with the answer's `cache_key`: an in-process SLM
+        keeps its KV for the answer's next request (relay)."""
+        out = self.req if req is None else req
         if self.cache_key is not None:
             out.cache_key = self.cache_key
         return out

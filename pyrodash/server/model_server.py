@@ -25,13 +25,12 @@ from pydantic import BaseModel, ConfigDict
 from pyrodash.backends.base import GenChunk, GenRequest
 
 
-class ChatRequest(BaseModel):
+class _Sampling(BaseModel):
+    """The fields both generation routes take (OpenAI's, and vLLM's `stop_token_ids`)."""
+
     model_config = ConfigDict(extra="allow")
 
     model: str | None = None
-    messages: list[dict]
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = None
     temperature: float = 1.0
     top_p: float = 1.0
     n: int = 1
@@ -39,31 +38,25 @@ class ChatRequest(BaseModel):
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: dict | None = None
+    logit_bias: dict[str, float] | None = None
+    stop_token_ids: list[int] | None = None  # a vLLM extra
+
+
+class ChatRequest(_Sampling):
+    messages: list[dict]
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = None
-    logit_bias: dict[str, float] | None = None
     # vLLM extras
-    stop_token_ids: list[int] | None = None
     continue_final_message: bool = False
     add_generation_prompt: bool = True
 
 
-class CompletionRequest(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-    model: str | None = None
+class CompletionRequest(_Sampling):
     prompt: str
     max_tokens: int = 16
-    temperature: float = 1.0
-    top_p: float = 1.0
-    n: int = 1
-    seed: int | None = None
-    stop: str | list[str] | None = None
-    stream: bool = False
-    stream_options: dict | None = None
     logprobs: int | None = None
-    logit_bias: dict[str, float] | None = None
-    stop_token_ids: list[int] | None = None
 
 
 class TokenizeRequest(BaseModel):

@@ -374,10 +374,10 @@ def budget_param(req: protocol._Sampling) -> str:
 async def check_context(app: FastAPI, call: EngineRequest, param: str) -> EngineRequest:
     """The request once its prompts are known to fit (`CollaborateEngine.prepare`, off the event loop): 400
     `context_length_exceeded` when prompt tokens + the requested budget exceed a model's positions; an implicit
-    (default) budget shrinks to fit instead. `param`: the budget's wire name. In mode "collab" the request carries
-    the Turn the engine prepared for the check (`EngineRequest.prepared`), run as it is, unless the budget shrank."""
+    (default) budget shrinks to fit instead. `param`: the budget's wire name. (The prompts the check renders and
+    tokenizes are not rendered or tokenized again when the request runs: the models keep them.)"""
     try:
-        prepared = await asyncio.to_thread(app.state.engine.prepare, call)
+        sizes = await asyncio.to_thread(app.state.engine.prepare, call)
     except ContextLengthError as e:  # the current message alone is too long, even with no history left
         raise protocol.APIError(
             400,
@@ -388,7 +388,7 @@ async def check_context(app: FastAPI, call: EngineRequest, param: str) -> Engine
     except ValueError as e:  # the prompt cannot be rendered for this model (e.g. a role its template refuses)
         raise errors.failure(e) from None
     total = call.max_total_tokens
-    for size in prepared.sizes:
+    for size in sizes:
         room = size.window - size.tokens
         own = min(call.max_tokens, total)  # what this model may decode: its own share of the joint budget
         if room < 1 or (call.explicit_budget and size.tokens + own > size.window):
@@ -404,4 +404,4 @@ async def check_context(app: FastAPI, call: EngineRequest, param: str) -> Engine
             total = room
     if total != call.max_total_tokens:  # (the engine fits its request to the smaller budget itself)
         return dataclasses.replace(call, max_total_tokens=total, max_tokens=min(call.max_tokens, total))
-    return call if prepared.turn is None else dataclasses.replace(call, prepared=prepared.turn)
+    return call

@@ -4,7 +4,9 @@
     async for chunk in backend.stream(GenRequest(messages=[{"role": "user", "content": "2+2?"}])): ...
     results = backend.generate_batch([req1, req2])            # left-padded batch, for evaluation and rollouts
 
-The prompt is the chat template (generation prompt on) followed by `req.prefix`. Our own loop, not `model.generate`:
+The prompt is the chat template (generation prompt on) followed by `req.prefix`, each template rendered and each
+prompt tokenized once (`prompts`, a `PromptMemo`: the server's context check, the engine's fitting and the decode ask
+for the same prompt, and a relay's resumes for the same template). Our own loop, not `model.generate`:
 exact stop ids, per-request `logit_bias`, raw top-k logprobs, stop strings, cancellation between tokens. One lock per
 model; `stream` decodes in a worker thread that is always joined (a daemon thread killed inside torch aborts the
 process at exit). Literal-marked content (`pyrodash.backends.literal`) is tokenized as plain characters, so a client
@@ -30,6 +32,7 @@ from pyrodash.backends.hf.chat_template import resolve_template
 from pyrodash.backends.hf.kv_cache import growing, growing_cache, row_cache
 from pyrodash.backends.hf.lean_step import lean_step
 from pyrodash.backends.hf.prefix_cache import PrefixCache
+from pyrodash.backends.hf.prompt_memo import PromptMemo
 
 _END = object()
 _BIG = 1e9  # +-inf biases are clamped to this, so sampling stays finite
@@ -210,6 +213,7 @@ class HFBackend:
         # bounds. None for a model with sliding-window layers (a cropped sliding-window cache is not a prefix's).
         self.prefix_cache: PrefixCache | None = PrefixCache() if growing(growing_cache(model.config)) else None
         self.answers = None  # an AnswerStore (pyrodash.backends.answer_store): greedy batch decodes kept, read back
+        self.prompts = PromptMemo()  # rendered chat templates and tokenized prompts, each made once
 
     # ---- prompts -------------------------------------------------------------------------------------------
     def token_id(self, token: str) -> int | None:
@@ -223,27 +227,36 @@ class HFBackend:
         (no messages: the prefix is the whole raw prompt, as in /v1/completions)."""
         if not req.messages:
             return req.prefix
-        if not getattr(self.tokenizer, "chat_template", None):
+        template = getattr(self.tokenizer, "chat_template", None)
+        if not template:
             raise ValueError(f"{self.name}: the tokenizer has no chat_template; set tokenizer.chat_template")
-        text = self.tokenizer.apply_chat_template(req.messages, tokenize=False, add_generation_prompt=True)
+        key = ("template", json.dumps(req.messages, sort_keys=True, default=str), template)
+        text = self.prompts.get(
+            key,
+            lambda: self.tokenizer.apply_chat_template(req.messages, tokenize=False, add_generation_prompt=True),
+            lambda text: len(key[1]) + len(text),
+        )
         return text + req.prefix
 
     def prompt_ids(self, req: GenRequest) -> list[int]:
-        """Token ids of the prompt; literal-marked spans are tokenized with special-token parsing off. A raw prompt
-        this backend tokenized already (`req.tokenized`, from fitting it to the context window) is not tokenized
-        again: those ids, when they are this backend's and of exactly this text."""
-        known = req.tokenized.ids_for(self, req) if req.tokenized is not None else None
-        if known:
-            return known
+        """Token ids of the prompt; literal-marked spans are tokenized with special-token parsing off. Each prompt text
+        is tokenized once (`prompts`; keyed with the vocabulary's size, so an added token is never served stale)."""
+        text = self.render(req)
+        ids = self.prompts.get(
+            ("ids", text, len(self.tokenizer)), lambda: self._tokenize(text), lambda ids: len(text) + len(ids)
+        )
+        if not ids:
+            raise ValueError(f"{self.name}: the prompt is empty; give messages or a non-empty prefix")
+        return list(ids)
+
+    def _tokenize(self, prompt: str) -> tuple[int, ...]:
         ids: list[int] = []
-        for text, is_literal in literal.split(self.render(req)):
+        for text, is_literal in literal.split(prompt):
             if is_literal:
                 ids += self.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True)
             else:
                 ids += self.tokenizer.encode(text, add_special_tokens=False)
-        if not ids:
-            raise ValueError(f"{self.name}: the prompt is empty; give messages or a non-empty prefix")
-        return ids
+        return tuple(ids)
 
     def count_tokens(self, text: str) -> int:
         return len(self.tokenizer.encode(text, add_special_tokens=False))
