@@ -119,15 +119,11 @@ def completion_to_gen_request(r: CompletionRequest) -> GenRequest:
     """A raw-prompt request (/v1/completions): messages=[] and the prompt as the prefix."""
     if r.n != 1:
         raise RequestError("only n=1 is supported", "n")
+    shared = r.model_dump(include=set(_Sampling.model_fields))  # the sampling fields both routes take
     chat = ChatRequest(
+        **shared,
         messages=[{"role": "user", "content": ""}],
         max_tokens=r.max_tokens,
-        temperature=r.temperature,
-        top_p=r.top_p,
-        seed=r.seed,
-        stop=r.stop,
-        logit_bias=r.logit_bias,
-        stop_token_ids=r.stop_token_ids,
         logprobs=bool(r.logprobs),
         top_logprobs=r.logprobs,
     )
