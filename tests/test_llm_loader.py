@@ -174,21 +174,28 @@ def _own_imports(path: Path) -> list[tuple[str, bool]]:
 IN_FUNCTION = {("loader.py", "pyrodash.backends.hf.backend")}
 
 
+BACKENDS = ROOT / "pyrodash" / "backends"
+
+
+def _backend_modules() -> list[str]:
+    """Every module of pyrodash.backends, its rooms (hf/, http/) included, as a dotted name."""
+    names = (".".join(p.relative_to(ROOT).with_suffix("").parts) for p in sorted(BACKENDS.rglob("*.py")))
+    return [n.removesuffix(".__init__") for n in names]
+
+
 def test_backends_import_only_leaf_modules_and_at_module_top():
     allowed = ("pyrodash.backends", "pyrodash.cost")
-    for path in sorted((ROOT / "pyrodash" / "backends").glob("*.py")):
+    for path in sorted(BACKENDS.rglob("*.py")):
+        name = str(path.relative_to(BACKENDS))
         for mod, in_func in _own_imports(path):
-            assert mod.startswith(allowed), f"{path.name} imports {mod}: backends may import only {allowed}"
-            assert not in_func or (path.name, mod) in IN_FUNCTION, (
-                f"{path.name} imports {mod} inside a function: move it to the module top"
+            assert mod.startswith(allowed), f"{name} imports {mod}: backends may import only {allowed}"
+            assert not in_func or (name, mod) in IN_FUNCTION, (
+                f"{name} imports {mod} inside a function: move it to the module top"
             )
 
 
 def test_every_backends_module_imports_first_in_a_fresh_interpreter():
-    mods = sorted(
-        f"pyrodash.backends.{p.stem}" for p in (ROOT / "pyrodash" / "backends").glob("*.py") if p.stem != "__init__"
-    )
     code = "import importlib, sys; importlib.import_module(sys.argv[1])"
-    for mod in ["pyrodash.backends", *mods]:
+    for mod in _backend_modules():
         r = subprocess.run([sys.executable, "-c", code, mod], capture_output=True, text=True, timeout=120)
         assert r.returncode == 0, f"import {mod}: {r.stderr[-2000:]}"
