@@ -5,13 +5,14 @@ docs/reference/formats.md.
 
 - `test_every_command_of_the_page_checks_its_config_and_plans` (fast): the commands that take `--dry-run` (curate,
   train, eval), as written, with `--dry-run` added: the hub id and the API URLs stay the page's; nothing is loaded.
-- `test_the_page_runs_end_to_end_on_the_worlds_models` (slow, ~2 min on 2 cores): every command for real. What stands
-  in for the user's models and providers, and only that, is swapped in the page's text (`stand_ins`): the built-in
-  world's SLM for `Qwen/Qwen3.5-4B` with the world's prompts, and TEST DOUBLES of the OpenAI and DeepSeek APIs
-  (tests/provider_doubles.py, serving the world's LLM on 127.0.0.1) for api.openai.com and api.deepseek.com, their
-  keys in OPENAI_API_KEY and DEEPSEEK_API_KEY as the page says. The recipe's and eval config's sizes shrink (`TINY`:
-  steps, token lengths, batch sizes); `pyrodash serve` gets a free `--port` and the page's `curl` goes there; `less`
-  reads the file. The data: world questions and chats in the page's formats.
+- `test_the_page_runs_end_to_end_on_the_worlds_models` (slow: it builds the world when none is cached; then well
+  under a minute on 2 cores, torch on one thread): every command for real. What stands in for the user's models and
+  providers is swapped in the page's text (`stand_ins`): the built-in world's SLM for `Qwen/Qwen3.5-4B` with the
+  world's prompts, and TEST DOUBLES of the OpenAI and DeepSeek APIs (tests/provider_doubles.py, serving the world's
+  LLM on 127.0.0.1) for api.openai.com and api.deepseek.com, their key in OPENAI_API_KEY (the variable of a URL
+  that is not a provider's host). The recipe's and eval config's sizes shrink (`TINY`: steps, token lengths, batch
+  sizes, learning rates; curation does not show the world's LLM the gold); `pyrodash serve` gets a free `--port` and
+  the page's `curl` goes there; `less` reads the file. The data: world questions and chats in the page's formats.
 """
 
 from __future__ import annotations
@@ -196,8 +197,21 @@ def _serve(argv: list[str], port: int, cwd, env: dict) -> subprocess.Popen:
     return subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
+@pytest.fixture
+def one_thread(monkeypatch):
+    """torch on one thread, in this process and the server's, as each of the demo's jobs runs: the world's tiny
+    models spend a second thread on synchronisation rather than arithmetic, most of all on shared cores."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.mark.slow
-def test_the_page_runs_end_to_end_on_the_worlds_models(doubles, tmp_path, monkeypatch, capsys):
+def test_the_page_runs_end_to_end_on_the_worlds_models(one_thread, doubles, tmp_path, monkeypatch, capsys):
     import httpx
     from servers import free_port, stop, wait_healthy
 
