@@ -63,10 +63,7 @@ def plan(recipe: Recipe, out_dir: str | Path, stages: list[str], lambdas: list[f
             steps.append(
                 {
                     "step": "curate",
-                    "reads": f"{c.source} (+ held-out {c.heldout_source})"
-                    if not c.carves_val()
-                    else f"{c.source or ''} {c.conversations or ''}".strip()
-                    + f" (val_share {c.val_share:g} carved into curated/val.jsonl, seed {c.val_seed})",
+                    "reads": _curate_reads(c),
                     "writes": str(curated_dir(out_dir)),
                     "settings": {
                         "slm": slm,
@@ -117,3 +114,11 @@ def print_plan(recipe: Recipe, out_dir: str | Path, stages: list[str], lambdas: 
         for k, v in s.get("settings", {}).items():
             console.print(f"    {k} = {v}")
     console.print("config OK (dry run: nothing loaded)")
+
+
+def _curate_reads(c) -> str:
+    """What curation reads: the source and the held-out source, or the val it carves from the data."""
+    if not c.carves_val():
+        return f"{c.source} (+ held-out {c.heldout_source})"
+    data = f"{c.source or ''} {c.conversations or ''}".strip()
+    return f"{data} (val_share {c.val_share:g} carved into curated/val.jsonl, seed {c.val_seed})"
