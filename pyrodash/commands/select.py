@@ -6,11 +6,11 @@ serve config.
     pyrodash select runs/demo-quick --budget-usd-per-question 2e-4 --relay # among the relay points
 
 The candidates are RUN's PyroDash points (λ, offload_bias, handoff_share, relay calls) evaluated on a validation
-split in RUN/val (`--relay`: among the relay points there; `--val DIR` names another): the demo writes them, or `pyrodash eval`
-with that run_dir and a validation benchmark. The pick is recorded in RUN/selection.json, so `pyrodash report RUN` shows
-it under "Picked on val" with its test figures (`pyrodash.report.select`). `--out FILE` writes the point as the first
-(default) model of a serve config's `operating_points`, with the policy checkpoint as its `slm`; an existing FILE keeps
-its other keys and points.
+split in RUN/val (`--relay`: among the relay points there; `--val DIR` names another): the demo writes them, or
+`pyrodash eval` with that run_dir and a validation benchmark. The pick is recorded in RUN/selection.json, so
+`pyrodash report RUN` shows it under "Picked on val" with its test figures (`pyrodash.report.select`). `--out FILE`
+writes the point as the first (default) model of a serve config's `operating_points`, with the policy checkpoint as
+its `slm`; an existing FILE keeps its other keys and points.
 """
 
 from __future__ import annotations
@@ -33,7 +33,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     how.add_argument(
         "--budget-usd-per-question", type=float, help="the most accurate point at or below this many $ per question"
     )
-    p.add_argument("--relay", action="store_true", help="pick among the relay points (several LLM calls per answer) instead of the single-handoff ones")
+    p.add_argument(
+        "--relay",
+        action="store_true",
+        help="pick among the relay points (several LLM calls per answer) instead of the single-handoff ones",
+    )
     p.add_argument("--val", default=None, help="the validation evaluation to pick on (default RUN/val)")
     p.add_argument("--out", default=None, help="a serve config to write the picked point into (created or updated)")
     p.add_argument("--name", default="pyrodash", help="the model name the point is served as (default pyrodash)")
