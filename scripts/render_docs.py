@@ -56,9 +56,10 @@ def _row_key(name: str) -> tuple[str, str]:
     base = {"slm": "SLM / SLM+SFT", "slm+sft": "SLM / SLM+SFT", "oracle": "Oracle single handoff"}
     if "@" not in name:
         return base.get(name, {"relay_oracle": "Oracle relay", "llm": "LLM"}.get(name, name)), ""
+    relay = f", relay {name.rsplit('+relay', 1)[1]}" if "+relay" in name else ""
+    name = name.split("+relay", 1)[0]  # the point's own knob, read without its relay mode
     family, _, value = parse_method(name)
     lam = name.split("@", 1)[1].split("+", 1)[0]
-    relay = f", relay {name.rsplit('+relay', 1)[1]}" if "+relay" in name else ""
     if family in ("routellm", "glimprouter"):
         knob = "α" if family == "routellm" else "τ"
         return f"{'RouteLLM-MF' if knob == 'α' else 'GlimpRouter'}, one {knob} a point (most LLM first)", ""
