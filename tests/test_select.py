@@ -295,3 +295,19 @@ def test_the_readme_headline_quotes_the_points_picked_on_val():
     assert picked_failures(res["methods"], res["selection"]["single"]) == []
     relay = res["selection"].get("relay")
     assert relay is None or relay_failures(relay, relay["oracle"]) == []
+
+
+def test_a_seeds_row_meets_its_kinds_bar_or_says_it_misses():
+    """The seeds table's `bar` column: the single handoff within 1 point of the oracle at <= its cost + 0.05 (one
+    point under at + 0.05 meets it, a question more does not), the relay at >= 98% within + 0.04 of the relay
+    oracle's cost (97.33% misses even at the oracle's cost); a missing figure is unknown, not a pass."""
+    from pyrodash.report.seeds import meets_bar
+
+    single = {"kind": "single", "accuracy": 0.99, "cost": 0.517, "oracle_accuracy": 1.0, "oracle_cost": 0.467}
+    assert meets_bar(single) is True
+    assert meets_bar(single | {"accuracy": 0.9867}) is False and meets_bar(single | {"cost": 0.52}) is False
+    relay = {"kind": "relay", "accuracy": 0.98, "cost": 0.423, "oracle_accuracy": 1.0, "oracle_cost": 0.383}
+    assert meets_bar(relay) is True
+    assert meets_bar(relay | {"accuracy": 0.9733, "cost": 0.383}) is False
+    assert meets_bar(relay | {"cost": 0.43}) is False
+    assert meets_bar(relay | {"oracle_cost": None}) is None

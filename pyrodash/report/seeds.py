@@ -12,6 +12,22 @@ from pyrodash.report.markdown import md_table
 
 # per kind: the oracle it is read beside, in the same run as the picked point
 ORACLE = {"single": "oracle", "relay": "relay_oracle"}
+# per kind: the demo's bar for the picked point on test (tests/test_demo.py checks the same): the single handoff within
+# 1 point of the oracle's accuracy at <= its cost + 0.05 of LLM-only; the relay >= 98% at <= the relay oracle's + 0.04
+BARS = {
+    "single": "within 1 point of the oracle at <= its cost + 0.05",
+    "relay": ">= 98% at <= the relay oracle's cost + 0.04",
+}
+
+
+def meets_bar(row: dict) -> bool | None:
+    """Whether a seed row's picked point meets its kind's bar on test (`BARS`); None when a figure is missing."""
+    a, c, oa, oc = (row.get(k) for k in ("accuracy", "cost", "oracle_accuracy", "oracle_cost"))
+    if None in (a, c, oa, oc):
+        return None
+    if row["kind"] == "relay":
+        return a >= 0.98 and c <= oc + 0.04
+    return a >= oa - 0.01 - 1e-9 and c <= oc + 0.05
 
 
 def seed_rows(runs: dict[int, Path]) -> list[dict]:
@@ -33,6 +49,7 @@ def seed_rows(runs: dict[int, Path]) -> list[dict]:
                     "cost": test.get("cost_normalized"),
                     "oracle_accuracy": oracle.get("accuracy"),
                     "oracle_cost": oracle.get("cost_normalized"),
+                    "llm_accuracy": (summary["methods"].get("llm") or {}).get("accuracy"),
                 }
             )
     return rows
@@ -74,10 +91,13 @@ def seeds_markdown(summary: dict) -> list[str]:
             f"{_pct(r['val_accuracy'])} / {_cost(r['val_cost'])}",
             f"{_pct(r['accuracy'])} / {_cost(r['cost'])}",
             f"{_pct(r['oracle_accuracy'])} / {_cost(r['oracle_cost'])}",
+            _pct(r.get("llm_accuracy")),
+            {True: "meets", False: "misses", None: "--"}[meets_bar(r)],
         ]
         for r in summary["rows"]
     ]
-    out = md_table(["seed", "kind", "picked on val", "val acc. / cost", "test acc. / cost", "oracle (test)"], rows)
+    head = ["seed", "kind", "picked on val", "val acc. / cost", "test acc. / cost", "oracle (test)", "LLM acc.", "bar"]
+    out = md_table(head, rows)
     for kind, s in summary["spread"].items():
         a, c, oa, oc = (s[k] for k in ("accuracy", "cost", "oracle_accuracy", "oracle_cost"))
         out += [
@@ -86,6 +106,7 @@ def seeds_markdown(summary: dict) -> list[str]:
             f"{_cost(c['mean'])} ({_cost(c['min'])}-{_cost(c['max'])}) of LLM-only; oracle {_pct(oa['mean'])}% "
             f"({_pct(oa['min'])}-{_pct(oa['max'])}) at {_cost(oc['mean'])} ({_cost(oc['min'])}-{_cost(oc['max'])})",
         ]
+    out += ["", "Bars: " + "; ".join(f"{k}: {v}" for k, v in BARS.items()) + "."]
     return out
 
 
