@@ -78,7 +78,7 @@ def engine(prices: Prices = SHEET, retries: int = 0, members=None):
         failure=FailurePolicy(retries=retries),
         prompts=None,
         messages=lambda p: p,
-        llm=SimpleNamespace(members=members) if members else None,
+        llm=SimpleNamespace(members=members, status=lambda: []) if members else None,  # a mesh's shape (`Meshed`)
     )
 
 
@@ -89,8 +89,9 @@ def test_admission_reserves_the_first_call_at_the_dearest_endpoint():
     assert one.collab == pytest.approx((100 + 50) * 10e-6 + 50 * 40e-6) and one.slm == 0.0
     assert one.llm == pytest.approx(100 * 10e-6 + 50 * 40e-6)  # the LLM alone reads the conversation
     assert worst_case(engine(retries=2), kw, "llm") == one  # a retry reserves at the gate, before it is made
-    dear = SimpleNamespace(prices=Prices(slm_in=0, slm_out=0, llm_in=30.0, llm_out=90.0))
-    mesh = worst_case(engine(members=[SimpleNamespace(prices=None), dear]), kw, "llm")
+    # mesh members as pyrodash.backends.mesh has them: own prices or None, and a backend (here without a tokenizer)
+    dear = SimpleNamespace(prices=Prices(slm_in=0, slm_out=0, llm_in=30.0, llm_out=90.0), backend=None)
+    mesh = worst_case(engine(members=[SimpleNamespace(prices=None, backend=None), dear]), kw, "llm")
     # a takeover re-sends the prompt with what streamed (<= 50 tokens) and grants at least one more token
     assert mesh.collab == pytest.approx((150 + 200) * 30e-6 + 51 * 90e-6)
     both = worst_case(engine(), kw, "all")
