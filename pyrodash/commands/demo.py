@@ -31,7 +31,7 @@ from pyrodash.eval.long import (
     llm_validation_answers,
     with_long_conversations,
 )
-from pyrodash.eval.names import method_name
+from pyrodash.eval.names import method_name, relay_calls
 from pyrodash.jobs.library_log import library_log
 from pyrodash.jobs.scheduler import Job, default_workers, run_jobs
 from pyrodash.report.console import print_picked, print_table2, print_turns
@@ -438,7 +438,7 @@ def relay_sentence(run_dir: Path) -> str:
     """The relay in one sentence: the relay oracle and each learned relay point, accuracy and cost / LLM-only (the
     run's sheet), and where its report is."""
     ms = all_metrics(single_turn(load_run(run_dir)), run_prices(run_dir))
-    points = [n for n in ms if n == "relay_oracle" or (n.startswith("pyrodash@") and "+relay" in n)]
+    points = [n for n in ms if n == "relay_oracle" or (n.startswith("pyrodash@") and relay_calls(n) > 1)]
     if not points:
         return ""
     text = "; ".join(f"{n} {100 * ms[n].accuracy:.2f}% at {ms[n].cost_normalized:.3f} of LLM-only" for n in points)
