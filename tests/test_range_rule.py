@@ -134,9 +134,14 @@ def test_calibration_keeps_turns_until_the_policy_stops_beating_the_llm():
     engine = _Engine({1: (0.1, True), 2: (0.1, True), 3: (0.1, False), 4: (0.1, True)}, {t: (1.0, True) for t in turns})
     grade = lambda outs, golds: ["{1}" in o for o in outs]  # noqa: E731
     cal = calibrate_range(engine, chats, ["1"] * len(chats), turns, grade)
-    assert cal.max_turns == 2 and [r["within"] for r in cal.by_turn] == [True, True, False, True]
+    # turn 3 is out of range; turn 4, where the policy would be right again, cannot move max_turns: the policy is
+    # not run there (a calibration that ran it would ask the policy for 8 turns and mark turn 4 within)
+    assert cal.max_turns == 2 and [r["within"] for r in cal.by_turn] == [True, True, False, None]
+    asked = [len(opts) for mode, opts in engine.modes if mode == "collab"]
+    assert asked == [2, 2, 2] and cal.policy_questions == 6 and cal.questions == 8
+    assert cal.by_turn[3]["llm_acc"] == 1.0 and cal.by_turn[3]["policy_acc"] is None  # the LLM answered every turn
     assert cal.by_turn[0]["slm_prompt_tokens"] == {"mean": 10, "min": 10, "max": 10}
-    assert engine.modes[0][1][0]["range_rule"] == RangeRule()  # the policy is measured with the rule off
+    assert all(o["range_rule"] == RangeRule() for _, opts in engine.modes[1:] for o in opts)  # the rule off
     every = calibrate_range(_Engine({t: (0.1, True) for t in turns}, {t: (1.0, True) for t in turns}), chats,
                             ["1"] * len(chats), turns, grade)  # fmt: skip
     assert every.max_turns is None and every.rule == {"max_turns": None, "max_context_tokens": None}
@@ -188,10 +193,13 @@ def test_report_section_draws_the_calibration_and_long_splits_stay_out_of_per_tu
          "policy_handoff_rate": 0.5, "slm_prompt_tokens": {"mean": 10 * t, "min": 9, "max": 11}, "within": t < 3}
         for t, a in ((1, 1.0), (2, 1.0), (3, 0.0))
     ]  # fmt: skip
+    rows.append({"turn": 4, "n": 2, "policy_acc": None, "llm_acc": 1.0, "policy_cost_usd": None, "llm_cost_usd": 1.0,
+                 "policy_handoff_rate": None, "slm_prompt_tokens": None, "within": None})  # fmt: skip
     assert range_section(tmp_path) == []
     (tmp_path / "range_calibration.json").write_text(json.dumps({"max_turns": 2, "min_ratio": 0.9, "by_turn": rows}))
     md = "\n".join(range_section(tmp_path))
     assert "max_turns = 2" in md and "![Range rule](range.png)" in md and (tmp_path / "range.png").stat().st_size
+    assert "| 4 | 2 | -- | -- | -- | 100.00 | 1.00000000 | not measured |" in md  # past the first turn out of range
     rec = {"correct": True, "llm_calls": 1, "handoff": None, "slm_in": 0, "slm_out": 0, "llm_in": 5, "llm_out": 5}
     runs = {
         "pyrodash@0.6": [

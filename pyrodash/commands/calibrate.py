@@ -137,10 +137,13 @@ def run_range(args: argparse.Namespace) -> int:
         print(json.dumps(out))
         return 0
     for r in cal["by_turn"]:
+        llm = f"LLM {r['llm_acc']:6.1%} ${r['llm_cost_usd']:.6f}"
+        if r["within"] is None:  # past the first turn out of range: the policy is not run there
+            print(f"turn {r['turn']}  n {r['n']:4d}  policy not measured (past the range)  {llm}")
+            continue
         print(
-            f"turn {r['turn']}  n {r['n']:4d}  policy {r['policy_acc']:6.1%} ${r['policy_cost_usd']:.6f}  "
-            f"LLM {r['llm_acc']:6.1%} ${r['llm_cost_usd']:.6f}  SLM prompt ~{r['slm_prompt_tokens']['mean']:.0f} "
-            f"tokens  {'within' if r['within'] else 'PAST'}"
+            f"turn {r['turn']}  n {r['n']:4d}  policy {r['policy_acc']:6.1%} ${r['policy_cost_usd']:.6f}  {llm}  "
+            f"SLM prompt ~{r['slm_prompt_tokens']['mean']:.0f} tokens  {'within' if r['within'] else 'PAST'}"
         )
     print(f"range_rule max_turns={cal['max_turns']} ({len(exs)} turns of {args.benchmark}, min ratio {args.min_ratio})")
     return 0

@@ -190,7 +190,11 @@ def long_conversation_jobs(cfg: EvalConfig, lam: float, names: set[str]) -> list
             evaluate_long,
             (cfg, lam, ("pyrodash",)),
             {"quiet": True},
-            after=(*[j.name for j in calibration[1:]], "long conversations: slm, llm", *after(own)),
+            after=(
+                *[j.name for j in calibration if j.name == "range calibration"],
+                "long conversations: slm, llm",
+                *after(own),
+            ),
         ),
     ]
 

@@ -130,7 +130,9 @@ def calibrate_offload_bias(engine, questions: list, **kw) -> Calibration:
 @dataclass
 class RangeCalibration:
     """Per turn of the validation conversations (gold history): accuracy and mean $ of the policy (rule off) and of
-    the LLM alone, the SLM prompt's tokens; `max_turns`: the last turn up to which every turn is within range."""
+    the LLM alone, the SLM prompt's tokens; `max_turns`: the last turn up to which every turn is within range. The
+    policy is measured turn by turn and stops at the first turn out of range (no later turn can move `max_turns`):
+    the rows after it carry the LLM's figures and `within: None` (not measured)."""
 
     max_turns: int | None  # None: every turn measured is within range (no limit found)
     min_ratio: float  # a turn is within range when the policy reaches this share of the LLM's accuracy ...
@@ -141,8 +143,13 @@ class RangeCalibration:
     def rule(self) -> dict:
         return {"max_turns": self.max_turns, "max_context_tokens": None}
 
+    @property
+    def policy_questions(self) -> int:
+        """The turns the policy answered (up to and with the first turn out of range)."""
+        return sum(r["n"] for r in self.by_turn if r["within"] is not None)
+
     def to_dict(self) -> dict:
-        return {**asdict(self), "range_rule": self.rule}
+        return {**asdict(self), "range_rule": self.rule, "policy_questions": self.policy_questions}
 
 
 def within_range(row: dict, min_ratio: float) -> bool:
@@ -153,48 +160,49 @@ def within_range(row: dict, min_ratio: float) -> bool:
     return pa >= min_ratio * la and per_dollar and (pa > 0 or la == 0)
 
 
-def range_by_turn(turns: list[int], policy: list, llm: list, ok_policy: list[bool], ok_llm: list[bool]) -> list[dict]:
-    """Per turn: n, accuracy and mean $ of the policy and of the LLM (their `Done`s), the policy's handoff rate and
-    its SLM prompt tokens (mean, min, max: the prompt each turn puts to the SLM under P_s)."""
-    rows = []
-    for t in sorted(set(turns)):
-        ix = [i for i, x in enumerate(turns) if x == t]
-        toks = [policy[i].usage.slm_in for i in ix]
-        rows.append(
-            {
-                "turn": t,
-                "n": len(ix),
-                "policy_acc": sum(ok_policy[i] for i in ix) / len(ix),
-                "llm_acc": sum(ok_llm[i] for i in ix) / len(ix),
-                "policy_cost_usd": sum(policy[i].cost_usd for i in ix) / len(ix),
-                "llm_cost_usd": sum(llm[i].cost_usd for i in ix) / len(ix),
-                "policy_handoff_rate": sum(policy[i].handoff is not None for i in ix) / len(ix),
-                "slm_prompt_tokens": {"mean": sum(toks) / len(toks), "min": min(toks), "max": max(toks)},
-            }
-        )
-    return rows
+def turn_row(turn: int, llm: list, ok_llm: list[bool], policy: list | None = None, ok_policy=None) -> dict:
+    """One turn's row: n, accuracy and mean $ of the LLM (its `Done`s) and, when it was measured, of the policy, its
+    handoff rate and its SLM prompt tokens (mean, min, max: the prompt the turn puts to the SLM under P_s); the
+    policy's fields are None where it was not."""
+    n = len(llm)
+    row = {"turn": turn, "n": n, "llm_acc": sum(ok_llm) / n, "llm_cost_usd": sum(d.cost_usd for d in llm) / n}
+    if policy is None:
+        return {**row, "policy_acc": None, "policy_cost_usd": None, "policy_handoff_rate": None,
+                "slm_prompt_tokens": None, "within": None}  # fmt: skip
+    toks = [d.usage.slm_in for d in policy]
+    return {
+        **row,
+        "policy_acc": sum(ok_policy) / n,
+        "policy_cost_usd": sum(d.cost_usd for d in policy) / n,
+        "policy_handoff_rate": sum(d.handoff is not None for d in policy) / n,
+        "slm_prompt_tokens": {"mean": sum(toks) / n, "min": min(toks), "max": max(toks)},
+    }
 
 
 def calibrate_range(engine, chats: list, golds: list, turns: list[int], grade, min_ratio: float = 0.9, **kw):
     """The range rule's `max_turns` from validation conversations (`chats`: each turn's messages after the gold
-    history; `grade(outputs, golds)` -> bools): the policy (collab, rule off) and the LLM alone answer every turn;
-    the last turn t such that every turn <= t is `within_range`. `kw`: `engine.batch` options (batch_size, ...)."""
+    history; `grade(outputs, golds)` -> bools): the LLM alone answers every turn; the policy (collab, rule off) turn
+    by turn from the first, until a turn is not `within_range`; `max_turns` is the last turn before it. `kw`:
+    `engine.batch` options (batch_size, ...)."""
     if not chats or not (len(chats) == len(golds) == len(turns)):
         raise ValueError("range calibration needs one gold and one turn number per conversation turn")
     if not 0.0 <= min_ratio <= 1.0:
         raise ValueError(f"min_ratio={min_ratio} must be in [0, 1]")
-    off = [{"range_rule": RangeRule()}] * len(chats)
-    policy = engine.batch(chats, mode="collab", options=off, **kw)
     llm = engine.batch(chats, mode="llm", **kw)
-    rows = range_by_turn(
-        turns, policy, llm, grade([d.output for d in policy], golds), grade([d.output for d in llm], golds)
-    )
-    last = None
-    for row in rows:
+    ok_llm = grade([d.output for d in llm], golds)
+    rows, last, out_of_range = [], None, False
+    for t in sorted(set(turns)):
+        ix = [i for i, x in enumerate(turns) if x == t]
+        llm_t, ok_llm_t = [llm[i] for i in ix], [ok_llm[i] for i in ix]
+        if out_of_range:  # past the first turn out of range: no policy answer can move max_turns
+            rows.append(turn_row(t, llm_t, ok_llm_t))
+            continue
+        off = [{"range_rule": RangeRule()}] * len(ix)
+        policy = engine.batch([chats[i] for i in ix], mode="collab", options=off, **kw)
+        row = turn_row(t, llm_t, ok_llm_t, policy, grade([d.output for d in policy], [golds[i] for i in ix]))
         row["within"] = within_range(row, min_ratio)
-    for row in rows:
-        if not row["within"]:
-            break
-        last = row["turn"]
-    limit = None if all(r["within"] for r in rows) else (last or 0)
+        rows.append(row)
+        out_of_range = not row["within"]
+        last = t if row["within"] else last
+    limit = (last or 0) if out_of_range else None
     return RangeCalibration(max_turns=limit, min_ratio=min_ratio, by_turn=rows, questions=len(chats))

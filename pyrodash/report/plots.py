@@ -127,8 +127,12 @@ def range_png(calibration: dict, path: str | Path) -> Path:
         ("policy", "PyroDash (rule off)", STYLE["pyrodash"]),
         ("llm", "LLM", STYLE["llm"]),
     ):
-        top.plot(xs, [100 * r[f"{key}_acc"] for r in rows], marker=marker, color=color, label=label)
-        bottom.plot(xs, [r[f"{key}_cost_usd"] for r in rows], marker=marker, color=color, label=label)
+        kept = [r for r in rows if r[f"{key}_acc"] is not None]  # the policy: up to the first turn out of range
+        top.plot(
+            [r["turn"] for r in kept], [100 * r[f"{key}_acc"] for r in kept], marker=marker, color=color, label=label
+        )
+        bottom.plot([r["turn"] for r in kept], [r[f"{key}_cost_usd"] for r in kept], marker=marker, color=color,
+                    label=label)  # fmt: skip
     limit = calibration.get("max_turns")
     for ax in (top, bottom):
         if limit is not None:
@@ -136,7 +140,8 @@ def range_png(calibration: dict, path: str | Path) -> Path:
         ax.grid(alpha=0.3)
     top.set_ylabel("accuracy (%)")
     bottom.set_ylabel("$ per turn")
-    bottom.set_xticks(xs, [f"{r['turn']}\n~{r['slm_prompt_tokens']['mean']:.0f} tok" for r in rows])
+    ticks = [f"\n~{r['slm_prompt_tokens']['mean']:.0f} tok" if r["slm_prompt_tokens"] else "" for r in rows]
+    bottom.set_xticks(xs, [f"{r['turn']}{tick}" for r, tick in zip(rows, ticks)])
     bottom.set_xlabel("turn (SLM prompt tokens, mean)")
     top.set_title("Accuracy and cost by context length (past the range: the LLM alone)")
     top.legend(fontsize=7, loc="best")

@@ -208,6 +208,10 @@ def conversation_sections(runs: dict[str, list[dict]], prices: Prices) -> list[s
     return out[:-1]
 
 
+def _prompt_tokens(toks: dict | None) -> str:
+    return "--" if toks is None else f"{toks['mean']:.0f} ({toks['min']}-{toks['max']})"
+
+
 def range_section(run_dir: str | Path) -> list[str]:
     """The range rule's calibration of a run (`range_calibration.json`, `pyrodash calibrate --range --out`): the
     per-turn table and `range.png` (drawn here); nothing when the run has none."""
@@ -220,12 +224,12 @@ def range_section(run_dir: str | Path) -> list[str]:
         [
             r["turn"],
             r["n"],
-            f"{r['slm_prompt_tokens']['mean']:.0f} ({r['slm_prompt_tokens']['min']}-{r['slm_prompt_tokens']['max']})",
+            _prompt_tokens(r.get("slm_prompt_tokens")),
             pct(r["policy_acc"]),
-            f"{r['policy_cost_usd']:.8f}",
+            "--" if r["policy_cost_usd"] is None else f"{r['policy_cost_usd']:.8f}",
             pct(r["llm_acc"]),
             f"{r['llm_cost_usd']:.8f}",
-            "yes" if r["within"] else "no",
+            {True: "yes", False: "no", None: "not measured"}[r["within"]],
         ]
         for r in cal["by_turn"]
     ]
@@ -236,7 +240,8 @@ def range_section(run_dir: str | Path) -> list[str]:
         "",
         f"A turn is within the SLM's range when the policy (rule off) keeps >= {cal['min_ratio']:.0%} of the LLM's "
         "accuracy and at least its accuracy per dollar; past the last such turn the LLM answers alone "
-        "(docs/conversations.md).",
+        "(docs/conversations.md). The policy is measured up to the first turn out of range: no later turn can move "
+        "`max_turns`.",
         "",
         *md_table(head, rows),
         "",
