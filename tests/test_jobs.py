@@ -5,33 +5,16 @@ demo's split of the evaluation into such steps."""
 from __future__ import annotations
 
 import io
-import time
-from pathlib import Path
 
 import pytest
+
+# the steps run in the scheduler's worker processes, which import the module that defines them (`job_steps`: the
+# standard library only, not the demo this module imports)
+from job_steps import fail, note, torch_threads, watch_grant
 
 from pyrodash.commands.demo import ROOT, eval_jobs, training_jobs
 from pyrodash.eval.harness import EvalConfig
 from pyrodash.jobs.scheduler import Job, log_name, run_jobs
-
-
-def note(path: str, text: str, wait: float = 0.0) -> None:
-    """A step: print, wait, then append `text` to `path`."""
-    print(f"step {text} running")
-    time.sleep(wait)
-    with open(path, "a") as f:
-        f.write(text)
-
-
-def fail(message: str) -> None:
-    print("about to fail")
-    raise ValueError(message)
-
-
-def torch_threads(path: str) -> None:
-    import torch
-
-    Path(path).write_text(str(torch.get_num_threads()))
 
 
 @pytest.mark.parametrize("workers", [1, 2])
@@ -190,27 +173,6 @@ def test_demo_relay_flag_is_accepted_and_changes_nothing(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "--workers 0" in err and "--relay" not in err and "Traceback" not in err
     assert not (tmp_path / "d").exists()
-
-
-def watch_grant(path: str, timeout: float = 30.0, until: str = "1,2", thread_grant=None) -> None:
-    """A step: records the torch threads it runs on, taking the grant the scheduler passes it (`thread_grant`) as
-    training steps do (`GrantedThreads`, every 50 ms), until it has seen the thread counts `until` (or `timeout`).
-    A step given no grant records ";no grant" after its thread count."""
-    import torch
-
-    from pyrodash.train.common import GrantedThreads
-
-    if thread_grant is None:
-        Path(path).write_text(f"{torch.get_num_threads()};no grant")
-        return
-    seen = [torch.get_num_threads()]
-    end = time.time() + timeout
-    while ",".join(map(str, seen)) != until and time.time() < end:
-        time.sleep(0.05)
-        GrantedThreads(thread_grant).on_step_begin(None, None, None)
-        if torch.get_num_threads() != seen[-1]:
-            seen.append(torch.get_num_threads())
-    Path(path).write_text(",".join(map(str, seen)))
 
 
 def test_an_elastic_step_gets_the_core_another_step_leaves_and_gives_it_back(tmp_path):

@@ -74,6 +74,17 @@ def test_world_build_schedule_runs_small():
     last_line(out, "sequential_s side_by_side_s speedup threads scale")
 
 
+def test_omp_wait_runs_small_and_computes_the_same_under_both_policies():
+    """The wait policy decides who waits how, never what is computed: the same final loss either way."""
+    out = run_script("benchmarks/omp_wait.py", "--steps", 2)
+    pairs = last_line(
+        out,
+        "side_by_side_s_default side_by_side_s_passive cpu_s_default cpu_s_passive passive_speedup alone_s_default "
+        "alone_s_passive same_loss",
+    )
+    assert pairs["same_loss"] == "1", out
+
+
 def test_world_economics_runs_on_the_quick_preset():
     out = run_script("scripts/world_economics.py", "--preset", "quick")
     assert re.search(r"^ALL .*oracle_cost/LLM-only=\S+$", out, re.M), out
@@ -204,6 +215,7 @@ COVERED = {
     "benchmarks/phase_times.py",
     "benchmarks/budget_pacer.py",
     "benchmarks/demo_profile.py",
+    "benchmarks/omp_wait.py",
     "scripts/world_economics.py",
     "scripts/ship_world.py",
     "scripts/turn_tables.py",

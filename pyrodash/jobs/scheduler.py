@@ -1,11 +1,11 @@
 """Independent steps side by side: worker processes on one torch thread each, a step starting once those it needs are
 done (the demo's Stage 3 per λ and evaluation methods). Results do not depend on it (measured: same weights and
 records on 1 and 2 threads). An elastic step (`Job(elastic=True)`) is called with `thread_grant=granted_threads` and
-takes the cores no other step is ready for at each training step (`pyrodash.train.common.GrantedThreads`). A step
-that starts alone, with no other step ready, runs on every worker's core: nothing else can start before it ends. Each
-step's output goes to `log_dir/<step>.log`; a failed step stops the run with its name and log. The step graph as it
-ran (each step's seconds, what it waited for, when it started and ended) goes to `log_dir/steps.json`
-(`pyrodash.jobs.profile` reads it: the critical path).
+takes the cores no other step is ready for at each training step (`take_grant`, which
+`pyrodash.train.common.GrantedThreads` calls). A step that starts alone, with no other step ready, runs on every
+worker's core: nothing else can start before it ends. Each step's output goes to `log_dir/<step>.log`; a failed step
+stops the run with its name and log. The step graph as it ran (each step's seconds, what it waited for, when it
+started and ended) goes to `log_dir/steps.json` (`pyrodash.jobs.profile` reads it: the critical path).
 
     jobs = [Job("stage3 λ=0.6", run_stage3, (recipe, out), {"lam": 0.6}),
             Job("eval pyrodash@0.6", evaluate, (cfg_06,), after=("stage3 λ=0.6",))]
@@ -63,6 +63,17 @@ def granted_threads() -> int | None:
     if _GRANTS is None or _MINE is None:
         return None
     return int(_GRANTS[_MINE])
+
+
+def take_grant(grant: Callable[[], int | None]) -> None:
+    """Take the torch threads `grant()` says the running step may use now (None: nothing changes). An elastic step's
+    training steps call it with `granted_threads` (`pyrodash.train.common.GrantedThreads`)."""
+    n = grant()
+    if n:
+        import torch
+
+        if n != torch.get_num_threads():
+            torch.set_num_threads(n)
 
 
 def _init_worker(threads: int, grants=None) -> None:

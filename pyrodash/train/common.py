@@ -9,6 +9,8 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
+from pyrodash.jobs.scheduler import take_grant
+
 
 class JsonlLogCallback(TrainerCallback):
     """Appends every Trainer log (loss, lr, TRL's reward metrics, our Stage 3 stats) as one JSON line."""
@@ -67,12 +69,7 @@ class GrantedThreads(TrainerCallback):
         self.grant = grant
 
     def on_step_begin(self, args, state, control, **kwargs):
-        n = self.grant()
-        if n:
-            import torch
-
-            if n != torch.get_num_threads():
-                torch.set_num_threads(n)
+        take_grant(self.grant)
 
 
 def callbacks(args, log_path: str | Path, thread_grant: Callable[[], int | None] | None = None) -> list:
