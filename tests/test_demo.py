@@ -137,7 +137,7 @@ def test_report_structure(demo):
     ):
         assert f"## {head}" in md
     names = set(json.loads((demo / "summary.json").read_text())["methods"])
-    assert {"slm", "slm+sft", "llm", "oracle", "pyrodash@0.6", "pyrodash@2", "pyrodash@4"} <= names
+    assert {"slm", "slm+sft", "llm", "oracle", "pyrodash@0.2", "pyrodash@0.6", "pyrodash@2"} <= names
     assert (demo / "demo.log").exists()  # library logs and warnings, off the console
     for prefix in ("routellm@", "glimprouter@", "pyrodash@2+bias", "pyrodash@2+share"):
         assert any(n.startswith(prefix) for n in names), prefix
