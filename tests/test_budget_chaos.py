@@ -115,6 +115,14 @@ async def chaos_burst(url: str, replicas: list[str], procs: list, redis: RedisSe
         return [f.result() for f in sent], held_then
 
 
+def came_back(r) -> tuple:
+    """An answer's status and, for a 200, who answered it and its budget's state (for a failure's message)."""
+    if r.status_code != 200:
+        return r.status_code, r.text[:80]
+    info = r.json()["pyrodash"]
+    return r.status_code, info["answered_by"], (info["budget"] or {}).get("state")
+
+
 def test_a_killed_replica_and_a_redis_restart_keep_the_period_within_the_cap(tmp_path_factory):
     slm = tiny_model_dir(tmp_path_factory.mktemp("slm"), seed=0)
     llm = tiny_model_dir(tmp_path_factory.mktemp("llm"), seed=1, offload=False)
@@ -172,7 +180,9 @@ def test_a_killed_replica_and_a_redis_restart_keep_the_period_within_the_cap(tmp
     logs = "".join(p.read_text()[-3000:] for p in tmp.glob("replica-*.log"))
     assert {r.status_code for r in rs} <= {200, 502}, logs
     billed = sum(e["cost_usd"] for p in answered for e in p["llm_endpoints"])
-    assert 0 < billed <= spent <= cap * (1 + 1e-9) and held == 0.0
+    seen = [came_back(r) for r in rs]  # (a failure's message, with nginx's errors)
+    errors = (tmp / "error.log").read_text()[-2000:] if (tmp / "error.log").exists() else ""
+    assert 0 < billed <= spent <= cap * (1 + 1e-9) and held == 0.0, (billed, spent, cap, held, seen, errors, logs)
     # every reservation held at the kill was settled by its replica, or (the dead one's) counted as spent in full
     assert held_then and all(i in settled or i in expired for i in held_then)
     dead = {i: float(v) for i, v in expired.items()}
