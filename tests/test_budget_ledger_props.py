@@ -12,7 +12,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from pyrodash.server.budget.reserve import MemoryLedger, Ticket, period_of
@@ -131,6 +131,18 @@ def test_the_redis_ledger_never_passes_a_cap(redis_server):
 
     @SETTINGS
     @given(ops=OPS)
+    @example(  # a ticket settled while Redis was down, settled again in the next outage: it must count once
+        ops=[
+            *[("reserve", "daily", 0.5)] * 2,
+            ("down",),
+            *[("reserve", "daily", 0.5)] * 2,
+            ("settle", 2, 0.0),
+            ("up",),
+            ("down",),
+            ("again", 2),
+            ("reserve", "daily", 0.5),
+        ]
+    )
     def prop(ops):
         clock = [T0]
 

@@ -142,6 +142,9 @@ class RedisLedger:
             self.live.pop(t.id, None)
             live = self.local.settle_now(t, billed)
             self.pending.append((Ticket(t.budget, t.period, t.id, 0.0, "local"), billed))
+            # its settlement is Redis's from now on (sent now or once Redis is back): a second settle goes that way,
+            # where Redis's settled set makes it a no-op (the local ledger forgets its tickets when Redis is back)
+            t.where = "redis"
             await self.flush()
             return live
         out = await self._settle(t, billed)
