@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -247,11 +248,18 @@ def test_lambda_controls_llm_use(demo):
     assert all(b <= a + 0.1 for a, b in zip(calls, calls[1:])), f"LLM calls by λ: {lam}"
 
 
-def test_report_reprices(demo, capsys):
-    before = json.loads((demo / "summary.json").read_text())["methods"]["llm"]["cost_usd"]
-    assert main(["report", str(demo), "--prices", "cached"]) == 0
-    after = json.loads((demo / "summary.json").read_text())["methods"]["llm"]["cost_usd"]
-    assert after <= before
+def test_report_reprices(demo, tmp_path, capsys):
+    """`pyrodash report --prices` re-prices from the records alone, on a copy: the demo's own report, which the other
+    tests read, keeps its prices."""
+    run = tmp_path / "run"
+    shutil.copytree(demo, run, ignore=shutil.ignore_patterns("answers", "curated", "stage*"))  # (not read: checkpoints)
+    summary = (demo / "summary.json").read_text()
+    assert main(["report", str(run), "--prices", "cached"]) == 0
+    before, after = (json.loads(x)["methods"] for x in (summary, (run / "summary.json").read_text()))
+    # a relay's later LLM calls re-send the prompt its earlier ones sent: a cache bills that at the cached price
+    assert after["relay_oracle"]["cost_usd"] < before["relay_oracle"]["cost_usd"]
+    assert after["llm"]["cost_usd"] == before["llm"]["cost_usd"]  # one call per question: nothing cached
+    assert (demo / "summary.json").read_text() == summary
 
 
 def test_handoff_share_sweep_runs_from_slm_alone_to_the_policy(demo):
