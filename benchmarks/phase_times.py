@@ -6,7 +6,8 @@ refactor), measured A/B interleaved on the same trained run so background load h
 Per repeat and side (the order alternates): (1) evaluation: the demo's eval config, its single-question tiers and
 conversations, methods slm, llm, oracle and PyroDash at the run's first λ, into a fresh run dir; (2) Stage 3: one λ
 trained from the run's Stage 2 checkpoint, with its cached Cost_base. Prints each side's best time per phase and
-the ratio this/base (< 1.05 is the bar of issue 25). The trained run comes from `pyrodash demo --quick`.
+the ratio this/base (< 1.05: the engine's one execution path costs the evaluation and Stage 3 no time). The trained
+run comes from `pyrodash demo --quick`.
 """
 
 from __future__ import annotations

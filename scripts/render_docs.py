@@ -13,7 +13,8 @@ what the docs quote, with the machine it ran on and the demo's step times). View
 `verdict` (the report's one-sentence Pareto verdict), `picked` (the operating points picked on val, read on test),
 `machine` (the platform, in words), `demo-time` (the demo's wall time and its steps), `profile` (each step's seconds
 and whether it is on the critical path), `seeds` (the picked points over world seeds: a `pyrodash demo --seeds`
-output directory stored with `--store`), `spread` (their mean and min-max in a sentence). The reference pages under
+output directory stored with `--store`), `spread` (their mean and min-max in a sentence), `turns` (the seeds'
+conversations per turn). The reference pages under
 docs/reference/ are generated whole (`doc_reference.py`).
 Last line printed: `rendered=N changed=M` (`--check`: `checked=N stale=M`).
 """
@@ -36,6 +37,7 @@ from pyrodash.eval.names import parse_method  # noqa: E402
 from pyrodash.jobs.profile import demo_profile, profile_markdown  # noqa: E402
 from pyrodash.report.seeds import ORACLE, seeds_markdown  # noqa: E402
 from pyrodash.report.tables import verdict_sentence  # noqa: E402
+from pyrodash.report.turns import seed_turn_table, seed_turns  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "docs" / "results"
@@ -165,6 +167,13 @@ def seeds(res: dict) -> str:
     return "\n".join(seeds_markdown(res["seeds"]))
 
 
+def turns(res: dict) -> str:
+    """The seeds' conversations per turn (`pyrodash.report.turns.seed_turn_table`)."""
+    if not res.get("turns"):
+        raise SystemExit("the stored results have no per-turn figures: store a `pyrodash demo --seeds` directory again")
+    return "\n".join(seed_turn_table(res["turns"]))
+
+
 def spread(res: dict) -> str:
     """The picks' spread over the seeds in one sentence per kind (the lines under `seeds`' table)."""
     lines = [ln[2:] for ln in seeds(res).splitlines() if ln.startswith("- ")]
@@ -180,6 +189,7 @@ VIEWS = {
     "picked": picked,
     "profile": profile,
     "seeds": seeds,
+    "turns": turns,
 }
 
 
@@ -216,7 +226,12 @@ def store(run_dir: Path, name: str) -> Path:
         spread = json.loads((run_dir / "seeds.json").read_text())
         first = run_dir / f"seed{spread['seeds'][0]}" / "summary.json"
         platform = {**json.loads(first.read_text()).get("platform", {}), "cores": os.cpu_count()}
-        return _write({"what": f"the seeds run {run_dir.name}", "platform": platform, "seeds": spread}, name)
+        per_turn = {
+            str(s): seed_turns(json.loads((run_dir / f"seed{s}" / "summary.json").read_text())["per_turn_by_benchmark"])
+            for s in spread["seeds"]
+        }
+        res = {"what": f"the seeds run {run_dir.name}", "platform": platform, "seeds": spread, "turns": per_turn}
+        return _write(res, name)
     summary = json.loads((run_dir / "summary.json").read_text())
     times = run_dir / "demo_times.json"
     platform = {**summary.get("platform", {}), "cores": os.cpu_count()}

@@ -1,10 +1,12 @@
-"""Per-turn tables of several demo runs (one per seed), as README "Status" shows them, and issue 26's checks.
+"""Per-turn tables of several demo runs (one per seed), as docs/results.md "Conversations, per turn" shows them, and
+the conversation bar's checks.
 
     python scripts/turn_tables.py runs/demo-s0 runs/demo-s1 runs/demo-s2
 
 Reads each run's summary.json (`per_turn_by_benchmark`, `methods`; written by `pyrodash report` / `pyrodash demo`).
-Per run and conversation benchmark (gold history, own history): accuracy and cost / LLM-only on each turn for the
-SLM alone, every PyroDash λ, the oracle single handoff and the LLM. Then the checks:
+Per run (`pyrodash.report.turns.seed_turn_table`, the table the docs render from the stored seeds run): accuracy and
+cost / LLM-only on each turn, gold history and own history, for the SLM alone, every PyroDash λ, the oracle single
+handoff and the LLM. Then the checks:
 - gold history, turns 2 and 3: the best learned point (`pyrodash@λ`) that is >= the SLM alone and within 5 points of
   the oracle's accuracy at <= the oracle's cost + 0.10 (cost normalized by the LLM's on that turn);
 - own history, turn 3: that point's accuracy >= 90% of the LLM's own-history accuracy;
@@ -18,8 +20,7 @@ import sys
 from pathlib import Path
 
 from pyrodash.eval.names import lambda_points
-
-SHOWN = ("slm", "oracle", "llm")
+from pyrodash.report.turns import seed_turn_table, seed_turns
 
 
 def meets(pt: dict, name: str, turn: str) -> bool:
@@ -35,19 +36,8 @@ def main(runs: list[str]) -> int:
     for run in runs:
         summary = json.loads((Path(run) / "summary.json").read_text())
         by = summary["per_turn_by_benchmark"]
-        print(f"## {run}")
-        for bench, label in (("world:multiturn", "gold history"), ("world:multiturn-self", "own history")):
-            pt = by.get(bench)
-            if not pt:
-                continue
-            names = [n for n in ("slm", *lambda_points(pt), "oracle", "llm") if n in pt]
-            print(f"\n{label} ({bench}): accuracy at cost / LLM-only, per turn\n")
-            print("| method | turn 1 | turn 2 | turn 3 |\n| --- | --- | --- | --- |")
-            for n in names:
-                cells = [
-                    f"{100 * pt[n][t]['accuracy']:.0f}% at {pt[n][t]['cost_normalized']:.3f}" for t in ("1", "2", "3")
-                ]
-                print(f"| {n} | " + " | ".join(cells) + " |")
+        print(f"## {run}\n\naccuracy at cost / LLM-only, per turn\n")
+        print("\n".join(seed_turn_table({Path(run).name: seed_turns(by)}, first="run")))
         gold, own = by["world:multiturn"], by.get("world:multiturn-self", {})
         ok = [n for n in lambda_points(gold) if meets(gold, n, "2") and meets(gold, n, "3")]
         print(f"\ncheck, gold history turns 2 and 3 (>= SLM, oracle -5 points at <= its cost + 0.10): {ok or 'none'}")

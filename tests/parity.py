@@ -1,4 +1,4 @@
-"""The one-execution-path parity check (issue 25), shared by tests/test_demo.py (on the quick demo's trained models)
+"""The one-execution-path parity check, shared by tests/test_demo.py (on the quick demo's trained models)
 and runnable by hand on any demo directory:
 
     python tests/parity.py runs/demo-quick

@@ -1,4 +1,4 @@
-"""The hard cap under bursts and faults (issue 41): two real `pyrodash serve` apps (uvicorn, tiny models in process)
+"""The hard cap under bursts and faults: two real `pyrodash serve` apps (uvicorn, tiny models in process)
 behind a real nginx, sharing a real Redis (Debian's `redis-server`). Each case sends 64 simultaneous forced-handoff
 requests (`offload_bias` 50) and checks that the LLM dollars the answers report stay within the cap: from a cold
 start, after three paid requests, with Redis stopped half-way, after a replica restart, and per key; and that a

@@ -1,4 +1,4 @@
-"""Training on conversations (issue 26): the world's conversation splits, chat logs as curation input, corpora of
+"""Training on conversations: the world's conversation splits, chat logs as curation input, corpora of
 prompt-completion rows whose loss is on the current turn only, Stage 3's mix of questions and turns, and a handoff
 inside the reward that carries the turn's history exactly as the engine (and so the server) sends it."""
 

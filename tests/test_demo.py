@@ -175,7 +175,7 @@ def test_conversation_turns_are_evaluated_per_turn(demo):
     prices = Prices.from_yaml("paper")
     per_turn = json.loads((demo / "summary.json").read_text())["per_turn"]
     turns = _records(demo, turns=True)
-    n = 60  # test conversations of the quick world (issue 26: >= 60 per turn)
+    n = 60  # test conversations of the quick world (>= 60 per turn)
     for name in ("slm", "llm", "pyrodash@0.6", "pyrodash@2"):
         rs = turns[name]
         assert len(rs) == n * 3 and {r["meta"]["turn"] for r in rs} == {1, 2, 3}
@@ -283,7 +283,7 @@ def test_handoff_share_sweep_runs_from_slm_alone_to_the_policy(demo):
 
 def test_one_execution_path_serve_eval_and_stage3_agree(demo, tmp_path):
     """Issue 25's parity test (tests/parity.py): world questions, conversation turns, handoffs to an LLM that
-    cuts every answer (so the SLM falls back) and relay answers (up to 4 LLM calls each, issue 38) give the same
+    cuts every answer (so the SLM falls back) and relay answers (up to 4 LLM calls each) give the same
     text, segments, handoffs, tokens and dollars through `pyrodash serve` (openai SDK), `pyrodash eval` and Stage 3's
     collaborative eval."""
     from parity import check_parity

@@ -1,4 +1,4 @@
-"""Continuation-mode detection that does not misjudge (issue 28, item 3): a real LiteLLM proxy in front of the
+"""Continuation-mode detection that does not misjudge: a real LiteLLM proxy in front of the
 Anthropic TEST DOUBLE (tests/provider_doubles.py, serving a real tiny model), with and without LiteLLM dropping
 `top_p`; auto mode must pick `anthropic` (LiteLLM's `/v1/messages`, an assistant prefill), say at start-up that it
 picked by the provider's shape, and make one LLM call per handoff. Also: `top_p` is sent only when set, Anthropic's

@@ -74,3 +74,16 @@ def test_store_keeps_a_runs_quoted_fields_and_platform(render, tmp_path, monkeyp
     }
     assert stored["platform"]["cpu"] == "X" and stored["times"]["world"] == 1.0
     assert render.demo_time(stored).startswith("1.0 min on a ")
+
+
+def test_the_per_turn_table_is_rendered_from_the_seeds_store(render, monkeypatch):
+    """docs/results.md's conversations per turn come from the stored seeds run: one turn's figure changed there
+    changes the page."""
+    res = copy.deepcopy(render.load("quick-seeds"))
+    seed = next(iter(res["turns"]))
+    res["turns"][seed]["world:multiturn"]["slm"]["2"]["accuracy"] = 0.4321
+    real = render.load
+    monkeypatch.setattr(render, "load", lambda name: res if name == "quick-seeds" else real(name))
+    page = (ROOT / "docs" / "results.md").read_text()
+    assert "<!-- rendered: turns quick-seeds -->" in page and "| 43% at " not in page
+    assert f"| {seed} | SLM alone | " in render.render_text(page) and "| 43% at " in render.render_text(page)

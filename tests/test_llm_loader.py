@@ -1,7 +1,7 @@
 """The one LLM loader (`pyrodash.backends.load_llm`) and the backends' layering.
 
 - README's "From Python" example, run as written (same calls) with a real `transformers serve` as the LLM: one LLM
-  call per handoff, no fallback, and the answers of the in-process LLM (the drift bug of issue 25: the example built
+  call per handoff, no fallback, and the answers of the in-process LLM (a drift bug once: the example built
   the LLM with `load_backend`, which never ran the start-up probe, and fell back on every handoff there).
 - `load_llm` takes an endpoint (probed), a local model and a mesh; training's `FrozenLLM.from_spec` goes through it
   (a mesh works in training; an in-process LLM is still frozen float32 with batched generation).

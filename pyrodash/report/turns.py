@@ -9,7 +9,7 @@ from pathlib import Path
 
 from pyrodash.cost import Prices
 from pyrodash.data.benchmarks import own_history_benchmark
-from pyrodash.eval.names import parse_method
+from pyrodash.eval.names import lambda_points, parse_method
 from pyrodash.report.markdown import md_table, norm, pct
 from pyrodash.report.metrics import record_cost
 from pyrodash.report.plots import range_png
@@ -247,3 +247,45 @@ def range_section(run_dir: str | Path) -> list[str]:
         "",
         "![Range rule](range.png)",
     ]
+
+
+# the seeds' per-turn table (docs/results.md "Conversations, per turn", scripts/turn_tables.py): these benchmarks and
+# turns, "gold" each turn after the gold earlier turns, "own" after the method's own earlier answers
+SEED_TURNS = (("world:multiturn", "gold", ("1", "2", "3")), ("world:multiturn-self", "own", ("2", "3")))
+
+
+def seed_turns(by_benchmark: dict) -> dict:
+    """A run's `per_turn_by_benchmark` trimmed to what the seeds' per-turn table shows: accuracy and cost / LLM-only
+    of each method on each turn of `SEED_TURNS` (turn keys as strings, as summary.json stores them)."""
+    out: dict = {}
+    for bench, _, turns in SEED_TURNS:
+        for name, by_turn in (by_benchmark.get(bench) or {}).items():
+            cells = {str(t): v for t, v in by_turn.items() if str(t) in turns}
+            out.setdefault(bench, {})[name] = {
+                t: {"accuracy": v["accuracy"], "cost_normalized": v.get("cost_normalized")} for t, v in cells.items()
+            }
+    return out
+
+
+def seed_turn_table(by_seed: dict, first: str = "seed") -> list[str]:
+    """One row per (`by_seed` key, method): the SLM alone, each PyroDash λ, the oracle single handoff and the LLM, as
+    accuracy at cost / LLM-only on each turn of `SEED_TURNS` (the LLM's cost is 1 by definition: accuracy only)."""
+    label = {"slm": "SLM alone", "oracle": "oracle single handoff", "llm": "LLM"}
+    header = [first, "method"] + [f"{who}: turn {t}" if i == 0 else f"turn {t}"
+                                   for _, who, turns in SEED_TURNS for i, t in enumerate(turns)]  # fmt: skip
+    rows = []
+    for seed, by in by_seed.items():
+        gold = by.get(SEED_TURNS[0][0]) or {}
+        for name in [n for n in ("slm", *lambda_points(gold), "oracle", "llm") if n in gold]:
+            cells = [
+                _turn_cell(((by.get(b) or {}).get(name) or {}).get(t), name) for b, _, ts in SEED_TURNS for t in ts
+            ]
+            rows.append([seed, label[name] if name in label else f"PyroDash λ {name.split('@', 1)[1]}", *cells])
+    return md_table(header, rows)
+
+
+def _turn_cell(v: dict | None, name: str) -> str:
+    if v is None:
+        return "--"
+    c = None if name == "llm" else v.get("cost_normalized")
+    return f"{100 * v['accuracy']:.0f}%" + ("" if c is None else f" at {c:.3f}")
