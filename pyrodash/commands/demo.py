@@ -53,17 +53,10 @@ from pyrodash.world.config import TIER_SPLITS
 from pyrodash.world.shipped import models_source
 
 ROOT = Path(__file__).resolve().parent.parent.parent
-# λ spans the world's trade-off, not the paper's grid: a correct handoff beats a wrong SLM-alone answer while
-# 1 - λ·Cost_norm(handoff) > -λ·Cost_norm(SLM alone), i.e. λ < 1 / (Cost_norm(handoff) - Cost_norm(SLM alone)).
-# A handoff right before the first untaught lookup costs ~0.65 of LLM-only on this world (the oracle's, measured on
-# the quick world: 0.467 overall, 71% of problems handed off), the SLM alone ~0.03, so only λ above ~1.6 makes a
-# policy keep hard problems to itself; below it λ prices the handoffs on easy problems. So the quick demo's λ sit
-# below the break-even (0.2 and 0.6) and just above it (2); the full demo adds the paper's 0.05 and 4. 0.2 is the
-# accuracy end the pick on val needs on worlds where λ 0.6 hands off less than the oracle (measured, seed 2 on
-# world:dev: λ 0.6 98% at 0.354 of LLM-only, the oracle 100% at 0.466, λ 0.2 100% at 0.447; on world:val λ 0.6 /
-# 0.2: seed 0 98.67% at 0.526 / 98.00% at 0.533, seed 1 90.67 / 92.00%, seed 2 96.67 / 98.67%). The cheap end is
-# the share sweep at λ 2 (an earlier λ 4 point sat beside it: seed 0 on test 71% at 0.049, share 0.25 75% at 0.076).
-# λ acts through Stage 3's exploration (stage3.explore_no_handoff in configs/world/*.yaml).
+# λ spans the world's trade-off, not the paper's grid (docs/training.md "λ grid": the break-even λ ≈ 1.6 and the
+# dev/val measurements behind each point): the quick demo's λ sit below the break-even (0.2, the accuracy end the pick
+# on val needs; 0.6) and just above it (2, whose share sweep is the cheap end); the full demo's are the paper's 0.05,
+# 0.6, 2 and 4. λ acts through Stage 3's exploration (stage3.explore_no_handoff in configs/world/*.yaml).
 LAMBDAS = {"quick": [0.2, 0.6, 2.0], "full": [0.05, 0.6, 2.0, 4.0]}
 LOG_NAME = "demo.log"
 
