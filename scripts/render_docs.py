@@ -14,8 +14,8 @@ what the docs quote, with the machine it ran on and the demo's step times). View
 `machine` (the platform, in words), `demo-time` (the demo's wall time and its steps), `profile` (each step's seconds
 and whether it is on the critical path), `seeds` (the picked points over world seeds: a `pyrodash demo --seeds`
 output directory stored with `--store`), `spread` (their mean and min-max in a sentence), `turns` (the seeds'
-conversations per turn). The reference pages under
-docs/reference/ are generated whole (`doc_reference.py`).
+conversations per turn), `sizing` (docs/scaling.md's table for 1M requests a day, from a run's handoff rates).
+The reference pages under docs/reference/ are generated whole (`doc_reference.py`).
 Last line printed: `rendered=N changed=M` (`--check`: `checked=N stale=M`).
 """
 
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import sys
@@ -174,6 +175,47 @@ def turns(res: dict) -> str:
     return "\n".join(seed_turn_table(res["turns"]))
 
 
+# docs/scaling.md "1M requests a day": the sizing arithmetic, with the assumptions that page states above the table
+PEAK_RPS = 3 * 1e6 / 86400  # a peak of 3x the average of 1M requests a day
+PAPER_RATES = (
+    ("paper, cost table: λ=0.05", 0.975),
+    ("paper, cost table: λ=0.1", 0.058),
+    ("paper, cost table: λ=0.6", 0.012),
+)
+SIZED = ("pyrodash@0.05", "pyrodash@0.6")  # the world's measured rates shown beside the pick on val
+
+
+def _sizing_row(label: str, h: float, slm_tokens: float, llm_out: float = 3000.0, llm_in: float = 1200.0) -> str:
+    """One row: CE CPU = 1.7 ms + 59 µs a token; SLM GPUs at 4,600 tokens/s; the paper's price sheet; SLM prompt 150."""
+    cpu_ms = 1.7 + 0.059 * (slm_tokens + h * llm_out)
+    procs, slm_tps = PEAK_RPS * cpu_ms / 1000 / 0.7, PEAK_RPS * slm_tokens
+    llm_usd = 1e6 * h * (0.90 * llm_in + 2.86 * llm_out) / 1e6
+    slm_usd = 1e6 * (0.05 * 150 + 0.08 * slm_tokens) / 1e6 if slm_tokens else 0.0
+    cells = [label, f"{h:.3g}", f"{slm_tokens:,.0f}", f"{cpu_ms:.0f} ms", f"{math.ceil(procs)} ({procs:.1f})"]
+    cells += [f"{slm_tps:,.0f}", f"{math.ceil(slm_tps / 4600)} ({slm_tps / 4600:.1f})" if slm_tps else "0"]
+    cells += [f"${llm_usd:,.0f}", f"${slm_usd:,.0f}", f"${llm_usd + slm_usd:,.0f}"]
+    return "| " + " | ".join(cells) + " |"
+
+
+def sizing(res: dict) -> str:
+    """docs/scaling.md's table for 1M requests a day: the handoff rate h (LLM calls per example) of the stored run's
+    λ 0.05 and 0.6 and of its single-handoff pick on val, then the paper's rates and the LLM alone. The SLM alone
+    writes 2,000 tokens or hands off after 1,000; a handoff sends 1,200 tokens and the LLM writes 3,000."""
+    pick = (res.get("selection") or {}).get("single", {}).get("picked")
+    rows = [(f"world, measured: full demo λ={n.split('@')[1]}", n) for n in SIZED if n in res["methods"]]
+    if pick:
+        rows.append((f"world, measured: full demo's pick on val (`{pick}`)", pick))
+    rates = [(label, res["methods"][n]["llm_calls"]) for label, n in rows] + list(PAPER_RATES)
+    out = [
+        "| handoff rate from | h | SLM tokens / request | CE CPU / request | CE processes (cores) "
+        "| SLM tokens/s at peak | SLM GPUs at 4,600 tok/s | LLM $/day | SLM $/day | total $/day |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    out += [_sizing_row(label, h, 2000 - 1000 * h) for label, h in rates]
+    out.append(_sizing_row("LLM only (no SLM; 150 in, 4,000 out)", 1.0, 0.0, llm_out=4000.0, llm_in=150.0))
+    return "\n".join(out)
+
+
 def spread(res: dict) -> str:
     """The picks' spread over the seeds in one sentence per kind (the lines under `seeds`' table)."""
     lines = [ln[2:] for ln in seeds(res).splitlines() if ln.startswith("- ")]
@@ -190,6 +232,7 @@ VIEWS = {
     "profile": profile,
     "seeds": seeds,
     "turns": turns,
+    "sizing": sizing,
 }
 
 

@@ -87,3 +87,17 @@ def test_the_per_turn_table_is_rendered_from_the_seeds_store(render, monkeypatch
     page = (ROOT / "docs" / "results.md").read_text()
     assert "<!-- rendered: turns quick-seeds -->" in page and "| 43% at " not in page
     assert f"| {seed} | SLM alone | " in render.render_text(page) and "| 43% at " in render.render_text(page)
+
+
+def test_the_sizing_table_is_the_pages_arithmetic_on_the_stored_rates(render):
+    """docs/scaling.md's 1M-requests table: a rate of 0.922 calls per example gives the page's worked figures (SLM
+    1,078 tokens, 12 CE processes, $8,907 + $94 a day); the LLM alone costs $11,575; the world's rows read the
+    stored run's LLM calls, so another rate changes them."""
+    res = {"methods": {"pyrodash@0.05": {"llm_calls": 0.922}}, "selection": {}}
+    rows = {r.split(" | ")[0].lstrip("| "): r for r in render.sizing(res).splitlines()[2:]}
+    assert rows["world, measured: full demo λ=0.05"].endswith(
+        "| 0.922 | 1,078 | 228 ms | 12 (11.3) | 37,431 | 9 (8.1) | $8,907 | $94 | $9,000 |"
+    )
+    assert rows["LLM only (no SLM; 150 in, 4,000 out)"].endswith("| $11,575 | $0 | $11,575 |")
+    res["methods"]["pyrodash@0.05"]["llm_calls"] = 0.5
+    assert "| 0.5 | 1,500 |" in render.sizing(res)
