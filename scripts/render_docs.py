@@ -14,7 +14,8 @@ what the docs quote, with the machine it ran on and the demo's step times). View
 `machine` (the platform, in words), `demo-time` (the demo's wall time and its steps), `profile` (each step's seconds
 and whether it is on the critical path), `seeds` (the picked points over world seeds: a `pyrodash demo --seeds`
 output directory stored with `--store`), `spread` (their mean and min-max in a sentence), `turns` (the seeds'
-conversations per turn), `sizing` (docs/scaling.md's table for 1M requests a day, from a run's handoff rates).
+conversations per turn), `sizing` (docs/scaling.md's table for 1M requests a day, from a run's handoff rates),
+`ablation` and `ablation-gaps` (the normalized against the direct cost penalty, stored with a seeds run).
 The reference pages under docs/reference/ are generated whole (`doc_reference.py`).
 Last line printed: `rendered=N changed=M` (`--check`: `checked=N stale=M`).
 """
@@ -175,6 +176,61 @@ def turns(res: dict) -> str:
     return "\n".join(seed_turn_table(res["turns"]))
 
 
+def _ablation_points(rows: list[dict]) -> list[tuple[dict, dict]]:
+    """(normalized, direct nearest in LLM calls) pairs of a seed's matched rows, by normalized λ."""
+    return sorted(((r["normalized"], r["direct"]) for r in rows), key=lambda nd: nd[0]["lambda"])
+
+
+def _acc(p: dict) -> str:
+    return f"{100 * p['accuracy']:.1f}"
+
+
+def _turn3(p: dict) -> str:
+    return "--" if p.get("turn3_self") is None else f"{100 * p['turn3_self']:.0f}"
+
+
+def ablation(res: dict) -> str:
+    """The normalized against the direct cost penalty per seed (`benchmarks/cost_penalty_ablation.py`'s
+    cost_penalty.json, stored with a seeds run): single questions as accuracy at LLM calls (cost / LLM-only), and
+    own-history turn 3, the normalized point beside the direct one closest to it in LLM calls (each cell: normalized /
+    direct)."""
+    if not res.get("ablation"):
+        raise SystemExit("the stored results have no cost-penalty ablation: run benchmarks/cost_penalty_ablation.py")
+    out = [
+        "| seed | λ | accuracy (%) | LLM calls | cost / LLM-only | turn 3, own history (%) |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for seed, ab in res["ablation"].items():
+        for n, d in _ablation_points(ab["matched"]):
+            cells = [f"{n['lambda']:g} / {d['lambda']:g}"]
+            cells += [
+                f"{f(n)} / {f(d)}" for f in (_acc, lambda p: f"{p['llm_calls']:.2f}", lambda p: f"{p['cost']:.3f}")
+            ]
+            cells.append(f"{_turn3(n)} / {_turn3(d)}")
+            out.append(f"| {seed} | " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
+def ablation_gaps(res: dict) -> str:
+    """The ablation table's largest differences between matched points, in one sentence."""
+    pairs = [(s, n, d) for s, ab in res["ablation"].items() for n, d in _ablation_points(ab["matched"])]
+    calls = max(abs(n["llm_calls"] - d["llm_calls"]) for _, n, d in pairs)
+    s, n, d = max(pairs, key=lambda p: abs(p[1]["accuracy"] - p[2]["accuracy"]))
+    turn = [
+        abs(n["turn3_self"] - d["turn3_self"]) for _, n, d in pairs if None not in (n["turn3_self"], d["turn3_self"])
+    ]
+    base = sorted(ab["mean_cost_base_usd"] for ab in res["ablation"].values())
+    cvs = sorted(ab["cost_base"]["cv"] for ab in res["ablation"].values())
+    lo, hi = (f(ab["cost_base"][k] for ab in res["ablation"].values()) for f, k in ((min, "min"), (max, "max")))
+    return (
+        f"over {len(pairs)} matched pairs the LLM-call rates differ by at most {calls:.2f}; single-question accuracy "
+        f"by at most {100 * abs(n['accuracy'] - d['accuracy']):.1f} points (seed {s}, normalized λ {n['lambda']:g}), "
+        f"own-history turn 3 by at most {100 * max(turn):.0f} points. Cost_base over the training prompts: a mean of "
+        f"{base[0]:.2e} to {base[-1]:.2e} $ by seed, from {lo:.1e} to {hi:.1e} $, a coefficient of variation of "
+        f"{cvs[0]:.2f} to {cvs[-1]:.2f}"
+    )
+
+
 # docs/scaling.md "1M requests a day": the sizing arithmetic, with the assumptions that page states above the table
 PEAK_RPS = 3 * 1e6 / 86400  # a peak of 3x the average of 1M requests a day
 PAPER_RATES = (
@@ -233,6 +289,8 @@ VIEWS = {
     "seeds": seeds,
     "turns": turns,
     "sizing": sizing,
+    "ablation": ablation,
+    "ablation-gaps": ablation_gaps,
 }
 
 
@@ -274,6 +332,9 @@ def store(run_dir: Path, name: str) -> Path:
             for s in spread["seeds"]
         }
         res = {"what": f"the seeds run {run_dir.name}", "platform": platform, "seeds": spread, "turns": per_turn}
+        ablations = {s: run_dir / f"seed{s}" / "cost_penalty.json" for s in spread["seeds"]}
+        if any(p.is_file() for p in ablations.values()):  # benchmarks/cost_penalty_ablation.py, run on the seeds
+            res["ablation"] = {str(s): _ablation(p) for s, p in ablations.items() if p.is_file()}
         return _write(res, name)
     summary = json.loads((run_dir / "summary.json").read_text())
     times = run_dir / "demo_times.json"
@@ -289,6 +350,24 @@ def store(run_dir: Path, name: str) -> Path:
     if summary.get("selection"):  # the points picked on val (the `picked` view), without their candidate lists
         res["selection"] = {k: _picked(run_dir, k, s) for k, s in summary["selection"].items()}
     return _write(res, name)
+
+
+def _ablation(path: Path) -> dict:
+    """A seed's cost_penalty.json trimmed to what the `ablation` views read, with the spread of the Cost_base it
+    divides by (the run's cost_base.json beside it)."""
+    cp = json.loads(path.read_text())
+    base = [e["cost_base"] for e in json.loads((path.parent / "cost_base.json").read_text()).values()]
+    mean = sum(base) / len(base)
+    cv = (sum((b - mean) ** 2 for b in base) / len(base)) ** 0.5 / mean
+
+    def keep(p: dict) -> dict:
+        return {k: p[k] for k in ("lambda", "accuracy", "llm_calls", "cost")} | {
+            "turn3_self": (p.get("turns_self") or {}).get("3")
+        }
+
+    rows = [{"normalized": keep(r["normalized"]), "direct": keep(r["direct_nearest"])} for r in cp["matched"]]
+    spread = {"cv": cv, "min": min(base), "max": max(base)}
+    return {"mean_cost_base_usd": cp["mean_cost_base_usd"], "cost_base": spread, "matched": rows}
 
 
 def _profile(run_dir: Path) -> dict:

@@ -101,3 +101,26 @@ def test_the_sizing_table_is_the_pages_arithmetic_on_the_stored_rates(render):
     assert rows["LLM only (no SLM; 150 in, 4,000 out)"].endswith("| $11,575 | $0 | $11,575 |")
     res["methods"]["pyrodash@0.05"]["llm_calls"] = 0.5
     assert "| 0.5 | 1,500 |" in render.sizing(res)
+
+
+def test_the_ablation_views_read_the_matched_points(render):
+    """The cost-penalty ablation's table pairs each normalized point with its direct one, by normalized λ, and the
+    sentence names the largest gaps among those pairs."""
+
+    def point(lam, acc, calls, turn3):
+        return {"lambda": lam, "accuracy": acc, "llm_calls": calls, "cost": calls / 2, "turn3_self": turn3}
+
+    matched = [
+        {"normalized": point(2.0, 0.90, 0.60, 0.80), "direct": point(3000, 0.93, 0.62, 0.70)},
+        {"normalized": point(0.6, 0.99, 0.75, 0.95), "direct": point(950, 0.99, 0.75, None)},
+    ]
+    res = {"ablation": {"0": {"mean_cost_base_usd": 6e-4, "cost_base": {"cv": 0.2, "min": 4e-4, "max": 9e-4},
+                              "matched": matched}}}  # fmt: skip
+    rows = render.ablation(res).splitlines()[2:]
+    assert rows == [
+        "| 0 | 0.6 / 950 | 99.0 / 99.0 | 0.75 / 0.75 | 0.375 / 0.375 | 95 / -- |",
+        "| 0 | 2 / 3000 | 90.0 / 93.0 | 0.60 / 0.62 | 0.300 / 0.310 | 80 / 70 |",
+    ]
+    gaps = render.ablation_gaps(res)
+    assert "differ by at most 0.02" in gaps and "at most 3.0 points (seed 0, normalized λ 2)" in gaps
+    assert "turn 3 by at most 10 points" in gaps and "variation of 0.20 to 0.20" in gaps
