@@ -183,6 +183,23 @@ def test_the_report_says_how_many_generations_came_from_the_store(tmp_path):
     assert "Answer store" not in md
 
 
+def test_the_report_finds_the_runs_store_from_another_working_directory(tmp_path, monkeypatch):
+    """A run evaluated with a relative run dir records a relative store path; `pyrodash report` run from another
+    directory on the run's absolute path still counts the run's own store (it once read zeros there)."""
+    from pyrodash.report.render import write_report
+
+    world = _world(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    cfg = replace(_config(tmp_path, "run", world, ["slm"]), benchmarks=["world:tier1"], run_dir="run", answers=None)
+    evaluate(cfg, quiet=True)
+    assert json.loads((tmp_path / "run" / "config.resolved.json").read_text())["answers"] == "run/answers"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    write_report(tmp_path / "run")
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["answers"] == {"served": 0, "generated": 4}
+
+
 def test_the_range_calibration_reads_the_llm_half_decoded_beside_training(tmp_path, decoded, monkeypatch):
     """`llm_validation_answers` (the demo's step beside training) decodes the LLM alone on every validation turn into
     the run's store; `calibrate_long` after it decodes the policy's turns only and reads each LLM answer back. Without

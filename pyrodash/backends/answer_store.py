@@ -103,12 +103,16 @@ def answer_counts(root: str | Path) -> dict[str, int]:
 
 def run_answer_counts(run_dir: str | Path) -> dict[str, int]:
     """`answer_counts` of the store a run's evaluation used: its config.resolved.json's `answers` (a relative path
-    is the working directory's, as the run wrote it; "off": zeros), else RUN_DIR/answers."""
+    is the working directory's, as the run wrote it; "off": zeros), else RUN_DIR/answers. A relative path that is not
+    there from this working directory (the report run from elsewhere) is the run's own store when RUN_DIR/answers is."""
     resolved = Path(run_dir) / "config.resolved.json"
     where = json.loads(resolved.read_text()).get("answers") if resolved.exists() else None
     if where == ANSWERS_OFF:
         return {"served": 0, "generated": 0}
-    return answer_counts(where or Path(run_dir) / "answers")
+    own = Path(run_dir) / "answers"
+    if where and not Path(where).is_absolute() and not Path(where).exists() and own.exists():
+        where = own
+    return answer_counts(where or own)
 
 
 def answers_sentence(counts: dict[str, int]) -> str:
