@@ -27,6 +27,7 @@ import json
 import math
 import os
 import re
+import statistics
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -37,6 +38,7 @@ from doc_reference import generated_pages  # noqa: E402
 
 from pyrodash.eval.names import parse_method  # noqa: E402
 from pyrodash.jobs.profile import demo_profile, profile_markdown  # noqa: E402
+from pyrodash.report.markdown import md_table  # noqa: E402
 from pyrodash.report.seeds import ORACLE, seeds_markdown  # noqa: E402
 from pyrodash.report.tables import verdict_sentence  # noqa: E402
 from pyrodash.report.turns import seed_turn_table, seed_turns  # noqa: E402
@@ -181,10 +183,6 @@ def _ablation_points(rows: list[dict]) -> list[tuple[dict, dict]]:
     return sorted(((r["normalized"], r["direct"]) for r in rows), key=lambda nd: nd[0]["lambda"])
 
 
-def _acc(p: dict) -> str:
-    return f"{100 * p['accuracy']:.1f}"
-
-
 def _turn3(p: dict) -> str:
     return "--" if p.get("turn3_self") is None else f"{100 * p['turn3_self']:.0f}"
 
@@ -196,19 +194,19 @@ def ablation(res: dict) -> str:
     direct)."""
     if not res.get("ablation"):
         raise SystemExit("the stored results have no cost-penalty ablation: run benchmarks/cost_penalty_ablation.py")
-    out = [
-        "| seed | λ | accuracy (%) | LLM calls | cost / LLM-only | turn 3, own history (%) |",
-        "| --- | --- | --- | --- | --- | --- |",
-    ]
+    rows = []
     for seed, ab in res["ablation"].items():
         for n, d in _ablation_points(ab["matched"]):
-            cells = [f"{n['lambda']:g} / {d['lambda']:g}"]
-            cells += [
-                f"{f(n)} / {f(d)}" for f in (_acc, lambda p: f"{p['llm_calls']:.2f}", lambda p: f"{p['cost']:.3f}")
-            ]
-            cells.append(f"{_turn3(n)} / {_turn3(d)}")
-            out.append(f"| {seed} | " + " | ".join(cells) + " |")
-    return "\n".join(out)
+            rows.append([
+                seed,
+                f"{n['lambda']:g} / {d['lambda']:g}",
+                f"{100 * n['accuracy']:.1f} / {100 * d['accuracy']:.1f}",
+                f"{n['llm_calls']:.2f} / {d['llm_calls']:.2f}",
+                f"{n['cost']:.3f} / {d['cost']:.3f}",
+                f"{_turn3(n)} / {_turn3(d)}",
+            ])  # fmt: skip
+    header = ["seed", "λ", "accuracy (%)", "LLM calls", "cost / LLM-only", "turn 3, own history (%)"]
+    return "\n".join(md_table(header, rows))
 
 
 def ablation_gaps(res: dict) -> str:
@@ -220,8 +218,9 @@ def ablation_gaps(res: dict) -> str:
         abs(n["turn3_self"] - d["turn3_self"]) for _, n, d in pairs if None not in (n["turn3_self"], d["turn3_self"])
     ]
     base = sorted(ab["mean_cost_base_usd"] for ab in res["ablation"].values())
-    cvs = sorted(ab["cost_base"]["cv"] for ab in res["ablation"].values())
-    lo, hi = (f(ab["cost_base"][k] for ab in res["ablation"].values()) for f, k in ((min, "min"), (max, "max")))
+    spreads = [ab["cost_base"] for ab in res["ablation"].values()]
+    cvs = sorted(c["cv"] for c in spreads)
+    lo, hi = min(c["min"] for c in spreads), max(c["max"] for c in spreads)
     return (
         f"over {len(pairs)} matched pairs the LLM-call rates differ by at most {calls:.2f}; single-question accuracy "
         f"by at most {100 * abs(n['accuracy'] - d['accuracy']):.1f} points (seed {s}, normalized λ {n['lambda']:g}), "
@@ -241,7 +240,7 @@ PAPER_RATES = (
 SIZED = ("pyrodash@0.05", "pyrodash@0.6")  # the world's measured rates shown beside the pick on val
 
 
-def _sizing_row(label: str, h: float, slm_tokens: float, llm_out: float = 3000.0, llm_in: float = 1200.0) -> str:
+def _sizing_row(label: str, h: float, slm_tokens: float, llm_out: float = 3000.0, llm_in: float = 1200.0) -> list:
     """One row: CE CPU = 1.7 ms + 59 µs a token; SLM GPUs at 4,600 tokens/s; the paper's price sheet; SLM prompt 150."""
     cpu_ms = 1.7 + 0.059 * (slm_tokens + h * llm_out)
     procs, slm_tps = PEAK_RPS * cpu_ms / 1000 / 0.7, PEAK_RPS * slm_tokens
@@ -249,8 +248,7 @@ def _sizing_row(label: str, h: float, slm_tokens: float, llm_out: float = 3000.0
     slm_usd = 1e6 * (0.05 * 150 + 0.08 * slm_tokens) / 1e6 if slm_tokens else 0.0
     cells = [label, f"{h:.3g}", f"{slm_tokens:,.0f}", f"{cpu_ms:.0f} ms", f"{math.ceil(procs)} ({procs:.1f})"]
     cells += [f"{slm_tps:,.0f}", f"{math.ceil(slm_tps / 4600)} ({slm_tps / 4600:.1f})" if slm_tps else "0"]
-    cells += [f"${llm_usd:,.0f}", f"${slm_usd:,.0f}", f"${llm_usd + slm_usd:,.0f}"]
-    return "| " + " | ".join(cells) + " |"
+    return cells + [f"${llm_usd:,.0f}", f"${slm_usd:,.0f}", f"${llm_usd + slm_usd:,.0f}"]
 
 
 def sizing(res: dict) -> str:
@@ -258,18 +256,15 @@ def sizing(res: dict) -> str:
     λ 0.05 and 0.6 and of its single-handoff pick on val, then the paper's rates and the LLM alone. The SLM alone
     writes 2,000 tokens or hands off after 1,000; a handoff sends 1,200 tokens and the LLM writes 3,000."""
     pick = (res.get("selection") or {}).get("single", {}).get("picked")
-    rows = [(f"world, measured: full demo λ={n.split('@')[1]}", n) for n in SIZED if n in res["methods"]]
+    measured = [(f"world, measured: full demo λ={n.split('@')[1]}", n) for n in SIZED if n in res["methods"]]
     if pick:
-        rows.append((f"world, measured: full demo's pick on val (`{pick}`)", pick))
-    rates = [(label, res["methods"][n]["llm_calls"]) for label, n in rows] + list(PAPER_RATES)
-    out = [
-        "| handoff rate from | h | SLM tokens / request | CE CPU / request | CE processes (cores) "
-        "| SLM tokens/s at peak | SLM GPUs at 4,600 tok/s | LLM $/day | SLM $/day | total $/day |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
-    ]
-    out += [_sizing_row(label, h, 2000 - 1000 * h) for label, h in rates]
-    out.append(_sizing_row("LLM only (no SLM; 150 in, 4,000 out)", 1.0, 0.0, llm_out=4000.0, llm_in=150.0))
-    return "\n".join(out)
+        measured.append((f"world, measured: full demo's pick on val (`{pick}`)", pick))
+    rates = [(label, res["methods"][n]["llm_calls"]) for label, n in measured] + list(PAPER_RATES)
+    header = ["handoff rate from", "h", "SLM tokens / request", "CE CPU / request", "CE processes (cores)"]
+    header += ["SLM tokens/s at peak", "SLM GPUs at 4,600 tok/s", "LLM $/day", "SLM $/day", "total $/day"]
+    rows = [_sizing_row(label, h, 2000 - 1000 * h) for label, h in rates]
+    rows.append(_sizing_row("LLM only (no SLM; 150 in, 4,000 out)", 1.0, 0.0, llm_out=4000.0, llm_in=150.0))
+    return "\n".join(md_table(header, rows))
 
 
 def spread(res: dict) -> str:
@@ -357,8 +352,6 @@ def _ablation(path: Path) -> dict:
     divides by (the run's cost_base.json beside it)."""
     cp = json.loads(path.read_text())
     base = [e["cost_base"] for e in json.loads((path.parent / "cost_base.json").read_text()).values()]
-    mean = sum(base) / len(base)
-    cv = (sum((b - mean) ** 2 for b in base) / len(base)) ** 0.5 / mean
 
     def keep(p: dict) -> dict:
         return {k: p[k] for k in ("lambda", "accuracy", "llm_calls", "cost")} | {
@@ -366,7 +359,7 @@ def _ablation(path: Path) -> dict:
         }
 
     rows = [{"normalized": keep(r["normalized"]), "direct": keep(r["direct_nearest"])} for r in cp["matched"]]
-    spread = {"cv": cv, "min": min(base), "max": max(base)}
+    spread = {"cv": statistics.pstdev(base) / statistics.fmean(base), "min": min(base), "max": max(base)}
     return {"mean_cost_base_usd": cp["mean_cost_base_usd"], "cost_base": spread, "matched": rows}
 
 

@@ -260,9 +260,10 @@ def seed_turns(by_benchmark: dict) -> dict:
     out: dict = {}
     for bench, _, turns in SEED_TURNS:
         for name, by_turn in (by_benchmark.get(bench) or {}).items():
-            cells = {str(t): v for t, v in by_turn.items() if str(t) in turns}
             out.setdefault(bench, {})[name] = {
-                t: {"accuracy": v["accuracy"], "cost_normalized": v.get("cost_normalized")} for t, v in cells.items()
+                str(t): {"accuracy": v["accuracy"], "cost_normalized": v.get("cost_normalized")}
+                for t, v in by_turn.items()
+                if str(t) in turns
             }
     return out
 
