@@ -1,6 +1,6 @@
 """The decode loop's lean step (`pyrodash.backends.hf.lean_step`) gives the model's own logits bit for bit: with and
-without padding, with grouped-query attention, with PEFT LoRA layers; the loop writes the same tokens with it as
-without it; models it does not reproduce keep their own forward."""
+without padding, with grouped-query attention, in float32 and bfloat16, with PEFT LoRA layers; the loop writes the
+same tokens with it as without it; models it does not reproduce keep their own forward."""
 
 from __future__ import annotations
 
@@ -78,6 +78,12 @@ def _same_logits_every_step(model, padded: bool, steps: int = 12) -> None:
 @pytest.mark.parametrize("padded", [True, False])
 def test_lean_step_logits_are_the_models(kv_heads, padded):
     _same_logits_every_step(_model(kv_heads), padded)
+
+
+def test_lean_step_logits_are_the_models_in_bfloat16():
+    """A model that is not float32: the casts the lean step skips on float32 (RMSNorm's, RoPE's, the logits') run here,
+    and the logits are still the model's."""
+    _same_logits_every_step(_model(2).to(torch.bfloat16), padded=True)
 
 
 def test_lean_step_with_lora_layers_is_the_peft_models():

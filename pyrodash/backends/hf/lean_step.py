@@ -1,8 +1,8 @@
 """One decode step of a Qwen3 decoder without transformers' module machinery: the same torch ops, in the same order,
-on the same weights, so the logits are bit for bit those of `model(...)` (`tests/test_lean_step.py` checks it, on a
-plain model and with PEFT LoRA layers). Used by the decode loop (`hf/backend.py`) for every token after the
-prompt; the prompt itself (prefill) still goes through `model(...)`. A model it does not cover gets `None` from
-`lean_step` and keeps its own forward.
+on the same weights (less the ones that cannot change a value: docs/internals.md), so the logits are bit for bit those
+of `model(...)` (`tests/test_lean_step.py` checks it, on a plain model and with PEFT LoRA layers). Used by the decode
+loop (`hf/backend.py`) for every token after the prompt; the prompt itself (prefill) still goes through
+`model(...)`. A model it does not cover gets `None` from `lean_step` and keeps its own forward.
 
 Why (per-call overhead on tiny models, with measurements) and exactly what it covers: docs/internals.md.
 """
@@ -23,17 +23,19 @@ def _linear(module: nn.Module):
 
 
 def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """`Qwen3RMSNorm.forward`, op for op."""
+    """`Qwen3RMSNorm.forward`, op for op (its two casts are no-ops on a float32 model and are skipped there)."""
     dtype = x.dtype
-    x = x.to(torch.float32)
+    if dtype is not torch.float32:
+        x = x.to(torch.float32)
     variance = x.pow(2).mean(-1, keepdim=True)
     x = x * torch.rsqrt(variance + eps)
-    return weight * x.to(dtype)
+    return weight * (x if dtype is torch.float32 else x.to(dtype))
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+def _rotate_half(x: torch.Tensor, sign: torch.Tensor) -> torch.Tensor:
+    """transformers' `rotate_half`, cat((-x2, x1)), as a roll by half the head and a sign: the same values in two
+    ops instead of four (a product by -1 or 1 is exact)."""
+    return torch.roll(x, x.shape[-1] // 2, -1) * sign
 
 
 class LeanStep:
@@ -46,6 +48,9 @@ class LeanStep:
         self.eps = cfg.rms_norm_eps
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self.groups = cfg.num_attention_heads // cfg.num_key_value_heads
+        half = self.head_dim // 2
+        w = inner.norm.weight  # (the model's dtype and device)
+        self.sign = torch.cat((-torch.ones(half), torch.ones(half))).to(dtype=w.dtype, device=w.device)
         rotary = inner.rotary_emb
         self.inv_freq, self.rope_scaling = rotary.inv_freq, rotary.attention_scaling
         embed = inner.embed_tokens
@@ -84,8 +89,12 @@ class LeanStep:
         # the rotary module's forward (default RoPE), then apply_rotary_pos_emb's unsqueeze on the head dim
         freqs = pos[..., None].float() * self.inv_freq.to(device=x.device, dtype=torch.float)
         emb = torch.cat((freqs, freqs), dim=-1)
-        cos = (emb.cos() * self.rope_scaling).to(dtype=x.dtype).unsqueeze(1)
-        sin = (emb.sin() * self.rope_scaling).to(dtype=x.dtype).unsqueeze(1)
+        cos, sin = emb.cos(), emb.sin()
+        if self.rope_scaling != 1.0:  # (x 1.0 is exact: skipped, as the casts to the dtype it already has)
+            cos, sin = cos * self.rope_scaling, sin * self.rope_scaling
+        if x.dtype is not torch.float32:
+            cos, sin = cos.to(dtype=x.dtype), sin.to(dtype=x.dtype)
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
         # transformers' SDPA mask for one query token: none when nothing is padded, else the padding mask as bool
         attn_mask = None if bool(mask.all()) else mask.bool()[:, None, None, :]
         for i, (ln1, qp, kp, vp, qn, kn, scale, op, ln2, gate, up, down, act) in enumerate(self.layers):
@@ -94,8 +103,8 @@ class LeanStep:
             qs = _rms(qp(h).view(b, q, -1, hd), qn, eps).transpose(1, 2)
             ks = _rms(kp(h).view(b, q, -1, hd), kn, eps).transpose(1, 2)
             vs = vp(h).view(b, q, -1, hd).transpose(1, 2)
-            qs = (qs * cos) + (_rotate_half(qs) * sin)
-            ks = (ks * cos) + (_rotate_half(ks) * sin)
+            qs = (qs * cos) + (_rotate_half(qs, self.sign) * sin)
+            ks = (ks * cos) + (_rotate_half(ks, self.sign) * sin)
             keys, values = cache.layers[i].update(ks, vs)
             if self.groups == 1:
                 out = functional.scaled_dot_product_attention(
@@ -110,13 +119,14 @@ class LeanStep:
                 out = functional.scaled_dot_product_attention(
                     packed, keys, values, attn_mask=attn_mask, dropout_p=0.0, scale=scale
                 )
-            out = out.reshape(out.shape[0], -1, q, hd).transpose(1, 2).contiguous().reshape(b, q, -1).contiguous()
+            out = out.reshape(out.shape[0], -1, q, hd).transpose(1, 2).contiguous().reshape(b, q, -1)
             x = residual + op(out)
             residual = x
             h = _rms(x, ln2, eps)
             x = residual + down(act(gate(h)) * up(h))
         x = _rms(x, self.norm, eps)
-        return self.head(x[:, -1:, :])[:, -1, :].float()
+        logits = self.head(x[:, -1, :])
+        return logits if logits.dtype is torch.float32 else logits.float()
 
 
 def lean_step(model) -> LeanStep | None:
