@@ -648,6 +648,7 @@ class CollaborateEngine:
         concurrency: int = 8,
         stop_at_handoff: bool = False,
         desc: str | None = None,
+        relay_concurrency: int | None = None,
     ) -> list[Done]:
         """Algorithm 1 for many requests, one `Done` each (in order), equal to what `stream` gives for each. The SLM
         and the LLM decode in left-padded batches when the backend runs in process (`generate_batch`), else as
@@ -657,7 +658,9 @@ class CollaborateEngine:
         on_error="raise" the request's Done has finish_reason "error" (what `EngineError.done` would carry).
         `stop_at_handoff`: only the SLM runs (Lines 1-5); a request that would hand off ends with finish_reason
         "handoff" and its `handoff` position, and no LLM call is made (calibrating a target LLM-call rate).
-        `desc`: a rich progress bar with this label (SLM decodings, then LLM calls)."""
+        `desc`: a rich progress bar with this label (SLM decodings, then LLM calls). `relay_concurrency`: relays run at
+        once (default: `batch_size` when both models run in process, whose streams are decoded together, else
+        `concurrency`)."""
         options = options if options is not None else [{}] * len(questions)
         if len(options) != len(questions) or (slm_results is not None and len(slm_results) != len(questions)):
             raise ValueError("abatch: options and slm_results need one entry per question")
@@ -692,7 +695,18 @@ class CollaborateEngine:
                 self.failure_outcome(t)  # no fallback: finish_reason "error" (never raised from a batch)
                 if t.finish is None:
                     await _drain(self.slm_fallback(t))
-        await asyncio.gather(*(limited(_drain(run.resume())) for run in runs.values()))
+        # the relays' calls are streams; with both models in process they wait for the model together and are
+        # decoded as one batch (`pyrodash.backends.hf.stream_batch`): up to `batch_size` relays at once
+        if relay_concurrency is None:
+            in_process = isinstance(self.slm, Batches) and isinstance(self.llm, Batches)
+            relay_concurrency = batch_size if in_process else concurrency
+        relays = asyncio.Semaphore(max(1, relay_concurrency))
+
+        async def relay(run) -> None:
+            async with relays:
+                await _drain(run.resume())
+
+        await asyncio.gather(*(relay(run) for run in runs.values()))
         return [t.done(self.prices) for t in turns]
 
     async def _slm_batch(

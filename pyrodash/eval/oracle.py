@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from pyrodash.backends.base import CountsText, GenChunk, GenRequest, GenResult
+from pyrodash.backends.base import Batches, CountsText, GenChunk, GenRequest, GenResult
 from pyrodash.engine.conversation import clean_history
 from pyrodash.engine.relay import RelayConfig, without_offload
 from pyrodash.engine.requests import slm_chat
@@ -141,7 +141,9 @@ class RelayOracle(Method):
         calls = 1 + max((len(h) for h in plan.values()), default=1)
         relay = RelayConfig(max_llm_calls=calls, step_sep=STEP_SEP, step_max_tokens=self.cap)
         engine = self.env.engine(GoldPlacement(self.slm, plan), self.llm, require_offload=False, relay=relay)
+        # its SLM streams (GoldPlacement is not a batching backend), but in process: as many relays at once as a batch
+        together = self.env.batch_size if isinstance(self.slm, Batches) and isinstance(self.llm, Batches) else None
         return [
             record(d) | {"oracle_steps": sorted(int(h) for h in ex.meta["hard_steps"])}
-            for d, (ex, _) in zip(self.env.run(engine, items), items, strict=True)
+            for d, (ex, _) in zip(self.env.run(engine, items, relay_concurrency=together), items, strict=True)
         ]

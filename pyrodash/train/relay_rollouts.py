@@ -96,6 +96,7 @@ class RelayRollouts:
             first = trainer.sample_first_segments(backend, prompt_ids)
             first_lps = trainer.first_segment_logprobs(backend, prompt_ids, first)  # (None: masking off)
             engine = self.engine_factory(SampledSLM(backend, trainer.temperature, trainer.top_p), self.relay)
+            one_by_one(backend, engine.llm)
             results = [_first_result(tok, ids, engine.offload_id) for ids in first]
             dones = engine.batch(
                 queries,
@@ -103,6 +104,7 @@ class RelayRollouts:
                 options=[{"max_llm_calls": self.relay.max_llm_calls}] * len(queries),
                 batch_size=trainer.collab.batch_size,
                 concurrency=trainer.collab.concurrency,
+                relay_concurrency=trainer.collab.concurrency,
             )
         eos = tok.eos_token_id
         n, sep = self.relay.max_llm_calls, self.relay.step_sep
@@ -117,6 +119,16 @@ class RelayRollouts:
             "env_mask": [r["env_mask"] for r in rows],
             "relay": [_relay_fields(d, r) for d, r in zip(dones, rows)],
         }
+
+
+def one_by_one(*backends) -> None:
+    """In-process backends decode their streamed requests one by one, first come first served
+    (`pyrodash.backends.hf.stream_batch`): a resume draws its seed when it is asked for (`SampledSLM`), so the order of
+    the requests decides which rollout samples with which seed, and a batch would let timing reorder them."""
+    for b in backends:
+        streams = getattr(b, "streams", None)
+        if streams is not None:
+            streams.max_batch = 1
 
 
 def _first_result(tok, ids: list[int], offload_id: int | None) -> GenResult:

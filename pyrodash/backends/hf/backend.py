@@ -29,10 +29,11 @@ import torch
 from pyrodash.backends import literal
 from pyrodash.backends.base import GenChunk, GenRequest, GenResult, public_name
 from pyrodash.backends.hf.chat_template import resolve_template
-from pyrodash.backends.hf.kv_cache import growing, growing_cache, row_cache
+from pyrodash.backends.hf.kv_cache import growing, growing_cache, row_cache, stack_rows
 from pyrodash.backends.hf.lean_step import lean_step
 from pyrodash.backends.hf.prefix_cache import PrefixCache
 from pyrodash.backends.hf.prompt_memo import PromptMemo
+from pyrodash.backends.hf.stream_batch import StreamBatcher, StreamJob
 
 _END = object()
 _BIG = 1e9  # +-inf biases are clamped to this, so sampling stays finite
@@ -201,7 +202,7 @@ class HFBackend:
         pad = tokenizer.pad_token_id
         self.pad_id = int(pad if pad is not None else min(self.eos_ids, default=0))
         self._lock = threading.Lock()
-        self._threads: set[threading.Thread] = set()  # decode threads that may still be running
+        self.streams = StreamBatcher(self._decode_streams)  # streamed requests, decoded in batches as they wait
         self._keep_arg = "logits_to_keep" in inspect.signature(model.forward).parameters
         # the KV cache keyword: `cache` since transformers renamed it (`past_key_values` warns there), else the old one
         base = model.get_base_model() if hasattr(model, "get_base_model") else model  # under PEFT: the wrapped model
@@ -372,30 +373,39 @@ class HFBackend:
         prompts: list[list[int]],
         reqs: list[GenRequest],
         emit: Callable[[int, GenChunk], None] | None = None,
-        cancel: threading.Event | None = None,
-        start: tuple | None = None,
+        cancels: list[threading.Event] | None = None,
+        starts: list[tuple | None] | None = None,
     ) -> list[_Seq]:
         """Decode all sequences together (left padding). Per step: logit_bias added, greedy rows take the argmax,
         sampled rows the Gumbel-max of their temperature/top-p distribution with their own seeded generator (so a
         request samples the same tokens alone or in any batch); top-k logprobs are of the raw distribution. A
         sequence that has finished leaves the batch (its rows of the KV cache too), so a long answer does not carry
-        the finished short ones to its end; the cache grows in place (`kv_cache.growing_cache`). `start`: (KV cache,
-        n0) of one prompt whose first n0 positions it holds (`prefix_cache.take`): only the rest is prefilled. With a
-        prefix cache, every keyed sequence's KV is kept in it (`_keeper`)."""
-        cache, n0 = start if start is not None else (growing_cache(self.model.config), 0)
-        ids, mask, pos = self._rest(prompts[0], n0) if n0 else self._left_padded(prompts)
+        the finished short ones to its end; the cache grows in place (`kv_cache.growing_cache`). `starts`: per prompt,
+        None or (KV cache, n0) holding its first n0 positions (`prefix_cache.take`): each prompt is then prefilled
+        alone (only its rest where it has a start) and the rows stacked into one batch (`_prefill_rows`). `cancels`:
+        per prompt, an event that ends its sequence before its next token. With a prefix cache, every keyed
+        sequence's KV is kept in it (`_keeper`)."""
         seqs = [_Seq(r, self.tokenizer, self.eos_ids, incremental=emit is not None) for r in reqs]
         for s in seqs:
             s.done = s.req.max_tokens <= 0
             s.finish = "length" if s.done else None
         gens = self._generators(reqs)
-        logits = self._forward(ids, mask, pos, cache)  # the prompt: the model's own forward
+        if starts is None:  # one left-padded batch, the prompts prefilled together: the model's own forward
+            cache = growing_cache(self.model.config)
+            ids, mask, pos = self._left_padded(prompts)
+            logits = self._forward(ids, mask, pos, cache)
+        else:
+            logits, cache, mask, pos = self._prefill_rows(prompts, starts)
         step = (lean_step(self.model) if self.lean else None) or self._forward  # each token after it
         b = _Batch.of(reqs, logits, mask, pos, self.device)
         if self.prefix_cache is not None and growing(cache) and any(r.cache_key is not None for r in reqs):
             b.keep = self._keeper(prompts, seqs, cache, mask.shape[1], self._weights())
         k_max = max(r.top_logprobs for r in reqs)
-        while not all(s.done for s in seqs) and not (cancel is not None and cancel.is_set()):
+        while not all(s.done for s in seqs):
+            for s, c in zip(seqs, cancels or []):
+                s.done = s.done or c.is_set()  # its stream's consumer went away: it leaves the batch now
+            if all(s.done for s in seqs):
+                break
             b.drop_finished(seqs, cache)
             raw = b.logits
             nxt = b.pick(raw if b.bias is None else raw + b.bias, gens).tolist()
@@ -411,6 +421,41 @@ class HFBackend:
         for s in seqs:
             s.finalize()
         return seqs
+
+    def _prefill_rows(self, prompts: list[list[int]], starts: list[tuple | None]) -> tuple:
+        """(logits, cache, mask, positions) of `prompts` each prefilled alone (only its rest where its start holds the
+        first n0 positions, as a lone stream prefills), their KV stacked into one left-padded batch (`stack_rows`)."""
+        caches, logits = [], []
+        for p, start in zip(prompts, starts, strict=True):
+            cache, n0 = start if start is not None else (growing_cache(self.model.config), 0)
+            ids, mask, pos = self._rest(p, n0) if n0 else self._left_padded([p])
+            logits.append(self._forward(ids, mask, pos, cache))
+            caches.append(cache)
+        cache = caches[0] if len(caches) == 1 else stack_rows(caches, self.model.config)
+        _, mask, pos = self._left_padded(prompts)
+        return torch.cat(logits), cache, mask, pos
+
+    def _decode_streams(self, jobs: list[StreamJob]) -> None:
+        """The streamed requests waiting together (`StreamBatcher`), decoded as one batch, each stream fed its own
+        tokens, then its final chunk (usage, the prompt tokens its prefix cache served) and the end. A model whose cache
+        cannot be stacked (sliding-window layers) decodes them one by one."""
+        if len(jobs) > 1 and not growing(growing_cache(self.model.config)):
+            for j in jobs:
+                self._decode_streams([j])
+            return
+        with self._lock:
+            looked = [self._lookup(j.prompt, j.req) for j in jobs]
+            seqs = self._decode(
+                [j.prompt for j in jobs],
+                [j.req for j in jobs],
+                emit=lambda i, c: jobs[i].put(c),
+                cancels=[j.cancel for j in jobs],
+                starts=[start for start, _ in looked],
+            )
+        for j, s, (_, cached) in zip(jobs, seqs, looked, strict=True):
+            if not j.cancel.is_set():
+                j.put(self._final(s, len(j.prompt), cached))
+            j.put(_END)
 
     def _final(self, s: _Seq, n_prompt: int, cached: int | None) -> GenChunk:
         return GenChunk(
@@ -437,38 +482,18 @@ class HFBackend:
             except RuntimeError:  # the event loop is gone: nobody is listening any more
                 cancel.set()
 
-        def work() -> None:
-            try:
-                with self._lock:
-                    if cancel.is_set():
-                        return
-                    start, cached = self._lookup(prompt, req)
-                    (seq,) = self._decode([prompt], [req], emit=lambda _i, c: put(c), cancel=cancel, start=start)
-                if not cancel.is_set():
-                    put(self._final(seq, len(prompt), cached))
-                put(_END)
-            except BaseException as e:  # noqa: BLE001 - handed to the consumer
-                put(e)
-
-        thread = threading.Thread(target=work, name="pyrodash-hf-decode")  # not a daemon: see the module docstring
-        self._threads = {t for t in self._threads if t.is_alive()} | {thread}
-        thread.start()
-        ended = False
+        self.streams.submit(StreamJob(prompt, req, put, cancel))
         try:
             while True:
                 item = await queue.get()
                 if item is _END:
-                    ended = True
                     return
                 if isinstance(item, BaseException):
-                    ended = True
                     raise item
                 if item.text or item.token_ids or item.finish_reason:
                     yield item
         finally:
             cancel.set()
-            if ended:  # the thread has handed over its last item: only its return is left
-                thread.join(timeout=5)
 
     def generate_batch(self, reqs: list[GenRequest], batch_size: int | None = None) -> list[GenResult]:
         """Generate for every request (blocking). Left-padded batches of `batch_size` (default: all at once);
@@ -526,6 +551,6 @@ class HFBackend:
 
     async def aclose(self) -> None:
         """Wait for decode threads still running (each stops before its next token once its stream is closed)."""
-        threads, self._threads = [t for t in self._threads if t.is_alive()], set()
+        threads = [t for t in self.streams.threads if t.is_alive()]
         if threads:
             await asyncio.to_thread(lambda: [t.join(timeout=30) for t in threads])

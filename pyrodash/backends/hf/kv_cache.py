@@ -89,3 +89,20 @@ def row_cache(cache: DynamicCache, row: int, start: int, config) -> DynamicCache
     for src, dst in zip(cache.layers, out.layers, strict=True):
         dst.update(src.keys[row : row + 1, :, start:], src.values[row : row + 1, :, start:])  # (copied in)
     return out
+
+
+def stack_rows(caches: list[DynamicCache], config) -> DynamicCache:
+    """One left-padded batch cache from one-row caches: row i holds cache i's positions at the right end, zeros before
+    them (masked out by the batch's attention mask, as left padding is)."""
+    out = growing_cache(config)
+    width = max(c.layers[0].keys.shape[-2] for c in caches)
+    for n, dst in enumerate(out.layers):
+        first = caches[0].layers[n].keys
+        shape = (len(caches), first.shape[1], width, first.shape[-1])
+        keys, values = first.new_zeros(shape), first.new_zeros(shape)
+        for i, c in enumerate(caches):
+            k, v = c.layers[n].keys, c.layers[n].values
+            keys[i, :, width - k.shape[-2] :] = k[0]
+            values[i, :, width - v.shape[-2] :] = v[0]
+        dst.update(keys, values)
+    return out
