@@ -138,6 +138,17 @@ def _final_chunk(r: GenResult) -> GenChunk:
     )
 
 
+def _shortest_first(backend, items: list, request_of) -> list:
+    """`items` ordered by the prompt tokens of their requests (`request_of(item)`; None counts as none), shortest
+    first, for a backend whose tokenizer is here (in process): the batches cut from the list then hold prompts of
+    similar lengths, so a left-padded batch prefills little padding (a conversation's sixth turn no longer pads its
+    first). Each answer is the one it gets in any batch; the caller keeps its own order for the results."""
+    if not isinstance(backend, Tokenizes) or len(items) < 2:
+        return list(items)
+    sizes = [len(backend.prompt_ids(r)) if (r := request_of(x)) is not None else 0 for x in items]
+    return [items[j] for j in sorted(range(len(items)), key=sizes.__getitem__)]
+
+
 @contextlib.contextmanager
 def _progress(desc: str | None, what: str, total: int):
     """A rich progress bar `desc (what)` over `total` items (a no-op without `desc`); yields `advance(n)`."""
@@ -684,6 +695,7 @@ class CollaborateEngine:
                 t.finish = "handoff"
             return [t.done(self.prices) for t in turns]
         if batched:
+            need = _shortest_first(self.llm, need, lambda t: self._llm_req(t, t.left())[0] if t.left() > 0 else None)
             with _progress(desc, "LLM", len(need)) as step:
                 for k in range(0, len(need), batch_size):
                     await self._llm_batch(need[k : k + batch_size], batch_size)
@@ -718,10 +730,12 @@ class CollaborateEngine:
         todo = [i for i, r in enumerate(given) if r is None and turns[i].mode != "llm"]  # routed: the LLM's
         if todo and isinstance(self.slm, Batches):
             given = list(given)
+            reqs_of = {i: turns[i].slm_request() for i in todo}
+            todo = _shortest_first(self.slm, todo, reqs_of.get)
             with _progress(desc, "SLM", len(todo)) as step:
                 for k in range(0, len(todo), batch_size):
                     part = todo[k : k + batch_size]
-                    reqs = [turns[i].slm_request() for i in part]
+                    reqs = [reqs_of[i] for i in part]
                     for i, r in zip(part, self.slm.generate_batch(reqs), strict=True):
                         given[i] = r
                     step(len(part))
