@@ -353,3 +353,18 @@ def test_report_sections_summary_and_console_per_benchmark(run):
     out = io.StringIO()
     print_turns(run, Console(file=out, width=200))
     assert "gold history (conversations)" in out.getvalue() and "100% / --" in out.getvalue()
+
+
+def test_gold_history_turns_are_batched_turn_by_turn(tmp_path):
+    """A conversation benchmark after the gold history answers its turns grouped by turn (a batch's histories have
+    one length, so a left-padded batch pads little); single questions keep their order. Reverting to the split's
+    order (conversation by conversation) mixes turns within a batch."""
+    world, exs = _world(tmp_path, n=3, turns=3)
+    tier = load_benchmark("world:tier1", path=world)
+    m = Fake("slm")
+    cfg = EvalConfig(run_dir=str(tmp_path / "run"), benchmarks=["world:tier1", "world:multiturn"], batch_size=3)
+    evaluate(cfg, {"slm": m}, examples=tier + exs, quiet=True)
+    asked = [[(b, i) for b, i, _ in call] for call in m.calls]
+    assert [i for call in asked for b, i in call if b == "world:tier1"] == [ex.id for ex in tier]
+    turns = [[int(re.search(r"-t(\d+)$", i).group(1)) for b, i in call if b == "world:multiturn"] for call in asked]
+    assert [t for t in turns if t] == [[1, 1, 1], [2, 2, 2], [3, 3, 3]]

@@ -193,10 +193,11 @@ def _batches(
     batch_size: int,
     where: str,
 ):
-    """(keys, examples) batches of a method's keys to answer: plain examples first, then own-history turns, turn 1
-    of every conversation before turn 2, ... Lazy: a turn's examples are made (their own history read from `stored`)
-    only once the caller has stored every batch before it."""
-    plain = [k for k in todo if k[:2] not in plan]
+    """(keys, examples) batches of a method's keys to answer: plain examples first (conversation turns after their
+    gold history grouped by turn, so a batch holds histories of one length and pads little), then own-history turns,
+    turn 1 of every conversation before turn 2, ... Lazy: a turn's examples are made (their own history read from
+    `stored`) only once the caller has stored every batch before it."""
+    plain = sorted((k for k in todo if k[:2] not in plan), key=lambda k: int(by_key[k[:2]].meta.get("turn") or 0))
     for i in range(0, len(plain), batch_size):
         yield plain[i : i + batch_size], [by_key[k[:2]] for k in plain[i : i + batch_size]]
     own = [k for k in todo if k[:2] in plan]
