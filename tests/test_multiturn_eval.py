@@ -361,7 +361,7 @@ def test_gold_history_turns_are_batched_turn_by_turn(tmp_path):
     order (conversation by conversation) mixes turns within a batch."""
     world, exs = _world(tmp_path, n=3, turns=3)
     tier = load_benchmark("world:tier1", path=world)
-    m = Fake("slm")
+    m = Fake("slm", fail_on_turn=-1)  # (a single question has no turn: None would match the default)
     cfg = EvalConfig(run_dir=str(tmp_path / "run"), benchmarks=["world:tier1", "world:multiturn"], batch_size=3)
     evaluate(cfg, {"slm": m}, examples=tier + exs, quiet=True)
     asked = [[(b, i) for b, i, _ in call] for call in m.calls]
