@@ -115,9 +115,14 @@ def test_multiturn_split_is_evaluated_and_reported_per_turn(tmp_path, backends):
         examples=exs + single,
         quiet=True,
     )
-    recs = [json.loads(x) for x in (tmp_path / "records" / "pyrodash@0.1.jsonl").read_text().splitlines()][:6]
+
+    def turns(name: str) -> list[dict]:  # the method's conversation records, in the split's order
+        by_id = {r["id"]: r for r in map(json.loads, (tmp_path / "records" / f"{name}.jsonl").read_text().splitlines())}
+        return [by_id[ex.id] for ex in exs]
+
+    recs = turns("pyrodash@0.1")
     assert [r["meta"]["turn"] for r in recs] == [1, 2] * 3 and all(r["llm_calls"] == 1 for r in recs)
-    slm_recs = [json.loads(x) for x in (tmp_path / "records" / "slm.jsonl").read_text().splitlines()][:6]
+    slm_recs = turns("slm")
     for ex, r in zip(exs, slm_recs):  # each model read the gold history, then the turn's question
         n = len(slm.prompt_ids(GenRequest(messages=ex.meta["history"] + prompts.plain_messages(ex.question))))
         assert r["slm_in"] == n

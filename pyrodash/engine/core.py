@@ -694,6 +694,16 @@ class CollaborateEngine:
             for t in need:
                 t.finish = "handoff"
             return [t.done(self.prices) for t in turns]
+        await self._handoffs(need, batched, batch_size, limited, desc)
+        if relay_concurrency is None:  # in process, a relay's calls are decoded together with the others' (streams)
+            in_process = isinstance(self.slm, Batches) and isinstance(self.llm, Batches)
+            relay_concurrency = batch_size if in_process else concurrency
+        await self._relays(list(runs.values()), relay_concurrency)
+        return [t.done(self.prices) for t in turns]
+
+    async def _handoffs(self, need: list[Turn], batched: bool, batch_size: int, limited, desc: str | None) -> None:
+        """The single handoffs of many turns (and mode "llm"): an in-process LLM's in batches (`_llm_batch`, shortest
+        prompts first), else as streams (`limited`); a turn whose every attempt failed gets the failure policy."""
         if batched:
             need = _shortest_first(self.llm, need, lambda t: self._llm_req(t, t.left())[0] if t.left() > 0 else None)
             with _progress(desc, "LLM", len(need)) as step:
@@ -707,19 +717,18 @@ class CollaborateEngine:
                 self.failure_outcome(t)  # no fallback: finish_reason "error" (never raised from a batch)
                 if t.finish is None:
                     await _drain(self.slm_fallback(t))
-        # the relays' calls are streams; with both models in process they wait for the model together and are
-        # decoded as one batch (`pyrodash.backends.hf.stream_batch`): up to `batch_size` relays at once
-        if relay_concurrency is None:
-            in_process = isinstance(self.slm, Batches) and isinstance(self.llm, Batches)
-            relay_concurrency = batch_size if in_process else concurrency
-        relays = asyncio.Semaphore(max(1, relay_concurrency))
 
-        async def relay(run) -> None:
-            async with relays:
+    @staticmethod
+    async def _relays(runs: list[RelayRun], at_once: int) -> None:
+        """The relays' handoff loops, `at_once` at a time. Their calls are streams: with both models in process the
+        waiting ones are decoded as one batch (`pyrodash.backends.hf.stream_batch`)."""
+        sem = asyncio.Semaphore(max(1, at_once))
+
+        async def relay(run: RelayRun) -> None:
+            async with sem:
                 await _drain(run.resume())
 
-        await asyncio.gather(*(relay(run) for run in runs.values()))
-        return [t.done(self.prices) for t in turns]
+        await asyncio.gather(*(relay(run) for run in runs))
 
     async def _slm_batch(
         self, turns: list[Turn], slm_results: list | None, batch_size: int, limited, desc: str | None
