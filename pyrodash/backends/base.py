@@ -225,6 +225,14 @@ class Batches(Protocol):
 
 
 @runtime_checkable
+class BatchesStreams(Protocol):
+    """Decodes the streamed requests that wait for it together, as one batch (an in-process model:
+    `pyrodash.backends.hf.stream_batch`); `streams` is its queue and decode thread."""
+
+    streams: object
+
+
+@runtime_checkable
 class Meshed(Protocol):
     """Several endpoints behind one backend (`pyrodash.backends.mesh`): its members (each with `.backend`, `.name`
     and its own `.prices` or None) and their status."""

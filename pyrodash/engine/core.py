@@ -22,6 +22,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from pyrodash.backends.base import (
     Backend,
     Batches,
+    BatchesStreams,
     ContinuesPrefix,
     GenChunk,
     GenRequest,
@@ -139,13 +140,13 @@ def _final_chunk(r: GenResult) -> GenChunk:
 
 
 def _shortest_first(backend, items: list, request_of) -> list:
-    """`items` ordered by the prompt tokens of their requests (`request_of(item)`; None counts as none), shortest
-    first, for a backend whose tokenizer is here (in process): the batches cut from the list then hold prompts of
-    similar lengths, so a left-padded batch prefills little padding (a conversation's sixth turn no longer pads its
-    first). Each answer is the one it gets in any batch; the caller keeps its own order for the results."""
+    """`items` ordered by the prompt tokens of their requests (`request_of(item)`), shortest first, for a backend
+    whose tokenizer is here (in process): the batches cut from the list then hold prompts of similar lengths, so a
+    left-padded batch prefills little padding (a conversation's sixth turn no longer pads its first). Each answer is
+    the one it gets in any batch; the caller keeps its own order for the results."""
     if not isinstance(backend, Tokenizes) or len(items) < 2:
         return list(items)
-    sizes = [len(backend.prompt_ids(r)) if (r := request_of(x)) is not None else 0 for x in items]
+    sizes = [len(backend.prompt_ids(request_of(x))) for x in items]
     return [items[j] for j in sorted(range(len(items)), key=sizes.__getitem__)]
 
 
@@ -670,7 +671,7 @@ class CollaborateEngine:
         `stop_at_handoff`: only the SLM runs (Lines 1-5); a request that would hand off ends with finish_reason
         "handoff" and its `handoff` position, and no LLM call is made (calibrating a target LLM-call rate).
         `desc`: a rich progress bar with this label (SLM decodings, then LLM calls). `relay_concurrency`: relays run at
-        once (default: `batch_size` when both models run in process, whose streams are decoded together, else
+        once (default: `batch_size` when both models decode waiting streams together, `BatchesStreams`, else
         `concurrency`)."""
         options = options if options is not None else [{}] * len(questions)
         if len(options) != len(questions) or (slm_results is not None and len(slm_results) != len(questions)):
@@ -695,9 +696,9 @@ class CollaborateEngine:
                 t.finish = "handoff"
             return [t.done(self.prices) for t in turns]
         await self._handoffs(need, batched, batch_size, limited, desc)
-        if relay_concurrency is None:  # in process, a relay's calls are decoded together with the others' (streams)
-            in_process = isinstance(self.slm, Batches) and isinstance(self.llm, Batches)
-            relay_concurrency = batch_size if in_process else concurrency
+        if relay_concurrency is None:  # a relay's calls are streams: decoded together where both models batch them
+            together = isinstance(self.slm, BatchesStreams) and isinstance(self.llm, BatchesStreams)
+            relay_concurrency = batch_size if together else concurrency
         await self._relays(list(runs.values()), relay_concurrency)
         return [t.done(self.prices) for t in turns]
 
@@ -705,11 +706,18 @@ class CollaborateEngine:
         """The single handoffs of many turns (and mode "llm"): an in-process LLM's in batches (`_llm_batch`, shortest
         prompts first), else as streams (`limited`); a turn whose every attempt failed gets the failure policy."""
         if batched:
-            need = _shortest_first(self.llm, need, lambda t: self._llm_req(t, t.left())[0] if t.left() > 0 else None)
+            calls = []  # (turn, its LLM request, the earlier messages dropped to fit it): the turns with tokens left
+            for t in need:
+                if t.left() <= 0:
+                    t.finish = "length"
+                else:
+                    calls.append((t, *self._llm_req(t, t.left())))
+            calls = _shortest_first(self.llm, calls, lambda c: c[1])
             with _progress(desc, "LLM", len(need)) as step:
-                for k in range(0, len(need), batch_size):
-                    await self._llm_batch(need[k : k + batch_size], batch_size)
-                    step(len(need[k : k + batch_size]))
+                step(len(need) - len(calls))
+                for k in range(0, len(calls), batch_size):
+                    await self._llm_batch(calls[k : k + batch_size], batch_size)
+                    step(len(calls[k : k + batch_size]))
         else:
             await asyncio.gather(*(limited(_drain(self.llm_call(t))) for t in need))
         for t in need:
@@ -754,21 +762,13 @@ class CollaborateEngine:
             if r is not None and t.mode != "llm":
                 self._slm_finished(t, r.text, _final_chunk(r), len(r.token_ids))
 
-    async def _llm_batch(self, turns: list[Turn], batch_size: int) -> None:
-        """The LLM calls of many turns as one batched in-process generation (an in-process model does not fail the
-        way an endpoint does: no retries)."""
-        todo = []
-        for t in turns:
-            if t.left() <= 0:
-                t.finish = "length"
-            else:
-                todo.append(t)
-        reqs = []
-        for t in todo:
-            req, dropped = self._llm_req(t, t.left())
+    async def _llm_batch(self, calls: list[tuple[Turn, GenRequest, int]], batch_size: int) -> None:
+        """The LLM calls of many turns ((turn, request, messages dropped to fit it), `_handoffs`) as one batched
+        in-process generation (an in-process model does not fail the way an endpoint does: no retries)."""
+        for t, _, dropped in calls:
             t.trimmed["llm"] = max(t.trimmed["llm"], dropped)
-            reqs.append(req)
-        for t, r in zip(todo, self.llm.generate_batch(reqs, batch_size=batch_size) if reqs else [], strict=True):
+        results = self.llm.generate_batch([req for _, req, _ in calls], batch_size=batch_size)
+        for (t, _, _), r in zip(calls, results, strict=True):
             got = _final_chunk(r)
             t.llm_text += r.text
             t.bill_llm(got, self._calls(got, r.text, 1, None), 1)

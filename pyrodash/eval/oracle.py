@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from pyrodash.backends.base import Batches, CountsText, GenChunk, GenRequest, GenResult
+from pyrodash.backends.base import BatchesStreams, CountsText, GenChunk, GenRequest, GenResult
 from pyrodash.engine.conversation import clean_history
 from pyrodash.engine.relay import RelayConfig, without_offload
 from pyrodash.engine.requests import slm_chat
@@ -83,6 +83,8 @@ class GoldPlacement:
     def __init__(self, slm, plan: dict[str, list[int]], sep: str = STEP_SEP):
         self.slm, self.plan, self.sep = slm, plan, sep
         self.name = slm.name
+        if isinstance(slm, BatchesStreams):  # its streams are the base SLM's: decoded together as that model's are
+            self.streams = slm.streams
 
     def token_id(self, token: str) -> int | None:
         return None  # the base SLM has no `<offload>`: the plan hands off
@@ -141,9 +143,7 @@ class RelayOracle(Method):
         calls = 1 + max((len(h) for h in plan.values()), default=1)
         relay = RelayConfig(max_llm_calls=calls, step_sep=STEP_SEP, step_max_tokens=self.cap)
         engine = self.env.engine(GoldPlacement(self.slm, plan), self.llm, require_offload=False, relay=relay)
-        # its SLM streams (GoldPlacement is not a batching backend), but in process: as many relays at once as a batch
-        together = self.env.batch_size if isinstance(self.slm, Batches) and isinstance(self.llm, Batches) else None
         return [
             record(d) | {"oracle_steps": sorted(int(h) for h in ex.meta["hard_steps"])}
-            for d, (ex, _) in zip(self.env.run(engine, items, relay_concurrency=together), items, strict=True)
+            for d, (ex, _) in zip(self.env.run(engine, items), items, strict=True)
         ]

@@ -18,7 +18,7 @@ import math
 
 import torch
 
-from pyrodash.backends.base import GenResult
+from pyrodash.backends.base import BatchesStreams, GenResult
 from pyrodash.engine.relay import RelayConfig
 
 
@@ -126,9 +126,8 @@ def one_by_one(*backends) -> None:
     (`pyrodash.backends.hf.stream_batch`): a resume draws its seed when it is asked for (`SampledSLM`), so the order of
     the requests decides which rollout samples with which seed, and a batch would let timing reorder them."""
     for b in backends:
-        streams = getattr(b, "streams", None)
-        if streams is not None:
-            streams.max_batch = 1
+        if isinstance(b, BatchesStreams):
+            b.streams.max_batch = 1
 
 
 def _first_result(tok, ids: list[int], offload_id: int | None) -> GenResult:

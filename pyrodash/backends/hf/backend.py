@@ -212,7 +212,8 @@ class HFBackend:
         # the KV of the sequences of keyed requests (`GenRequest.cache_key`: one relay answer's SLM requests), reused by
         # the answer's next request (pyrodash.backends.hf.prefix_cache); None turns it off, a PrefixCache sets other
         # bounds. None for a model with sliding-window layers (a cropped sliding-window cache is not a prefix's).
-        self.prefix_cache: PrefixCache | None = PrefixCache() if growing(growing_cache(model.config)) else None
+        self._full_attention = growing(growing_cache(model.config))  # (its caches crop to prefixes and stack as rows)
+        self.prefix_cache: PrefixCache | None = PrefixCache() if self._full_attention else None
         self.answers = None  # an AnswerStore (pyrodash.backends.answer_store): greedy batch decodes kept, read back
         self.prompts = PromptMemo()  # rendered chat templates and tokenized prompts, each made once
 
@@ -439,7 +440,7 @@ class HFBackend:
         """The streamed requests waiting together (`StreamBatcher`), decoded as one batch, each stream fed its own
         tokens, then its final chunk (usage, the prompt tokens its prefix cache served) and the end. A model whose cache
         cannot be stacked (sliding-window layers) decodes them one by one."""
-        if len(jobs) > 1 and not growing(growing_cache(self.model.config)):
+        if len(jobs) > 1 and not self._full_attention:
             for j in jobs:
                 self._decode_streams([j])
             return

@@ -8,9 +8,9 @@ overhead, so a batch of 8 costs little more than one (benchmarks/decode_loop.py)
     batcher.submit(StreamJob(prompt_ids, req, put, cancel))     # put(item): the stream's queue; cancel: its client left
 
 `max_batch` bounds a batch (1: one by one, first come first served). A request whose stream is cancelled before its
-batch starts is dropped; one cancelled mid-decode leaves the batch
-before its next token. One decode thread at a time per backend, started when a request arrives and none runs, ending
-when the queue is empty (`threads`: what `HFBackend.aclose` joins).
+batch starts is dropped; one cancelled mid-decode leaves the batch before its next token. One decode thread at a time
+per backend, started when a request arrives and none runs, ending when the queue is empty (`threads`: what
+`HFBackend.aclose` joins).
 """
 
 from __future__ import annotations
