@@ -14,7 +14,7 @@ from job_steps import fail, note, torch_threads, watch_grant
 
 from pyrodash.commands.demo import ROOT, eval_jobs, training_jobs
 from pyrodash.eval.harness import EvalConfig
-from pyrodash.jobs.scheduler import Job, log_name, run_jobs
+from pyrodash.jobs.scheduler import Job, log_name, run_jobs, waited_on_first
 
 
 @pytest.mark.parametrize("workers", [1, 2])
@@ -33,6 +33,40 @@ def test_steps_run_after_what_they_need_with_a_log_each(tmp_path, workers):
     if workers == 2:  # each step printed into its own log, not onto the console
         assert "step a running" in (tmp_path / "logs" / log_name("a")).read_text()
         assert (tmp_path / "logs" / "b_needs_a.log").exists()
+
+
+def test_of_two_ready_steps_the_one_others_wait_on_starts_first(tmp_path):
+    """With one worker free, "needed" (listed after "free") starts first: a step waits on it. Fails if the scheduler
+    starts ready steps in list order (then "free" runs, and ends, before "needed")."""
+    order = tmp_path / "order.txt"
+    jobs = [
+        Job("long", note, (str(order), "L", 1.0)),
+        Job("free", note, (str(order), "F")),
+        Job("needed", note, (str(order), "N")),
+        Job("after", note, (str(order), "A"), after=("needed",)),
+    ]
+    run_jobs(jobs, 2, tmp_path / "logs")
+    text = order.read_text()
+    assert text.index("N") < text.index("F"), text
+
+
+def test_the_demo_trains_first_the_lambda_most_steps_wait_on():
+    """The demo's steps by how many wait on each (`waited_on_first`): Stage 3 for λ 0.6 (the range calibration, the
+    sweeps, the relay and the long conversations read it) before λ 0.2 and 2, whatever their list order."""
+    from rich.console import Console
+
+    lams = [0.2, 0.6, 2.0]
+    cfg = EvalConfig.from_yaml(
+        ROOT / "configs" / "eval" / "world-quick.yaml",
+        run_dir="r",
+        models={"slm": "s", "llm": "l", "sft": "f", "pyrodash": {lam: f"p{lam}" for lam in lams}},
+    )
+    jobs = training_jobs("recipe", ROOT / "no-such-run", lams, Console(file=io.StringIO()))
+    jobs += eval_jobs(cfg, {lam: f"stage3 λ={lam:g}" for lam in lams}, {j.name for j in jobs})
+    names = [j.name for j in waited_on_first(jobs)]
+    stage3 = [n for n in names if n.startswith("stage3")]
+    assert stage3[0] == "stage3 λ=0.6", names
+    assert names.index("curation") < names.index("stage1") < names.index("stage2") < names.index("stage3 λ=0.6")
 
 
 def test_a_worker_has_one_torch_thread(tmp_path):

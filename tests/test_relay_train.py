@@ -318,3 +318,37 @@ def test_one_grpo_step_on_relay_rollouts_masks_the_llms_tokens_from_the_loss(tmp
         assert mask[i, : len(env)].tolist() == env and 0 in env and env[:8] == [1] * 8
         assert seen[0]["completion_mask"][i, : len(ids)].all()
     assert reward.last and all(d["handoffs"] >= 1 for d in reward.last)
+
+
+def test_a_relay_resumes_seed_depends_on_its_rollout_and_count_not_on_the_order_of_requests():
+    """`SampledSLM`: the k-th resume of the rollout with seed s samples with `resume_seed(s, k)`, at the rollout's
+    temperature and top-p, whichever rollout asks first; so the in-process backends may decode the rollouts' resumes
+    together. Fails if the seed is drawn per request (the order then decides it) or a resume goes unseeded."""
+    from pyrodash.backends.base import GenRequest
+    from pyrodash.train.relay_rollouts import SampledSLM, resume_seed
+
+    class Recorder:  # the policy's backend: records what it is asked
+        def __init__(self):
+            self.asked = []
+
+        def stream(self, req):
+            self.asked.append(req)
+            return iter(())
+
+    def seeds(order: list[int]) -> dict[tuple[int, int], tuple]:
+        inner = Recorder()
+        slm = SampledSLM(inner, temperature=0.3, top_p=0.9)
+        for s in order:
+            slm.stream(GenRequest(messages=[], prefix=f"{s}", seed=s))
+        per, out = {}, {}
+        for r in inner.asked:
+            k = per[int(r.prefix)] = per.get(int(r.prefix), -1) + 1
+            out[int(r.prefix), k] = (r.seed, r.temperature, r.top_p)
+        return out
+
+    first, second = seeds([11, 11, 22, 11, 22]), seeds([22, 11, 22, 11, 11])
+    assert first == second
+    assert first[11, 2] == (resume_seed(11, 2), 0.3, 0.9)
+    assert len({v[0] for v in first.values()}) == 5  # every resume its own seed
+    with pytest.raises(ValueError, match="seed"):
+        SampledSLM(Recorder(), 0.3, 0.9).stream(GenRequest(messages=[], prefix="x"))

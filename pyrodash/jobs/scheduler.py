@@ -208,7 +208,8 @@ def _collect(done, running: dict, seconds: dict, failed: list[str], bar, rows: d
 
 def run_jobs(jobs: list[Job], workers: int, log_dir: str | Path, console=None) -> dict[str, float]:
     """Run `jobs` (each after the ones it names) on `workers` processes of one thread each; {name: seconds}.
-    Jobs start in list order as workers free up; put the long ones first."""
+    Jobs start as workers free up, those more steps wait on first (`waited_on_first`), else in list order: put the
+    long ones first."""
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     order = _check(jobs)
@@ -222,7 +223,7 @@ def run_jobs(jobs: list[Job], workers: int, log_dir: str | Path, console=None) -
     index = {j.name: i for i, j in enumerate(jobs)}
     grants = ctx.RawArray("i", [1] * len(jobs))  # written here, read by the step's worker at its training steps
     seconds: dict[str, float] = {}
-    waiting, running, failed = list(jobs), {}, []
+    waiting, running, failed = waited_on_first(jobs), {}, []
     t0, spans, started = time.perf_counter(), {}, {}
     with (
         Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console) as bar,
@@ -256,6 +257,18 @@ def run_jobs(jobs: list[Job], workers: int, log_dir: str | Path, console=None) -
     if failed:
         raise StepFailed("a step failed: " + "; ".join(failed))
     return seconds
+
+
+def waited_on_first(jobs: list[Job]) -> list[Job]:
+    """`jobs` by how many steps wait on each, directly or through others, most first; list order among equals. Of two
+    ready steps the one that more wait on starts first (the demo's Stage 3 for the λ its range calibration, sweeps
+    and long conversations need, before the λ only its own evaluation needs)."""
+    needs = {j.name: set(j.after) for j in jobs}
+    waits_on: dict[str, set[str]] = {}  # name -> every step it needs, through others too
+    for j in _ordered(jobs):
+        waits_on[j.name] = set().union(*(waits_on[a] | {a} for a in needs[j.name]))
+    waited = {j.name: sum(j.name in w for w in waits_on.values()) for j in jobs}
+    return sorted(jobs, key=lambda j: -waited[j.name])
 
 
 def _ordered(jobs: list[Job]) -> list[Job]:

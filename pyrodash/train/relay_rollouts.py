@@ -13,28 +13,46 @@ The SLM's first segment is sampled by the decode loop of single-handoff rollouts
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
+import threading
 
 import torch
 
-from pyrodash.backends.base import BatchesStreams, GenResult
+from pyrodash.backends.base import GenResult
 from pyrodash.engine.relay import RelayConfig
 
 
 class SampledSLM:
-    """The policy's backend for relay resumes: every request sampled at the rollout's temperature and top-p, with a
-    fresh seed from torch's global RNG (a seeded run repeats itself); everything else is the wrapped backend's."""
+    """The policy's backend for relay resumes: every request sampled at the rollout's temperature and top-p, its seed
+    made from the rollout's own seed (`req.seed`, drawn per rollout from torch's global RNG: a seeded run repeats
+    itself) and the number of resumes that rollout has had. A resume's draw depends on neither the order nor the
+    timing of the requests, so the in-process backends may decode the rollouts' streams together
+    (`pyrodash.backends.hf.stream_batch`): each row samples with its own seeded generator. Everything else is the
+    wrapped backend's."""
 
     def __init__(self, inner, temperature: float, top_p: float):
         self.inner, self.temperature, self.top_p = inner, temperature, top_p
+        self._resumes: dict[int, int] = {}  # rollout seed -> resumes asked so far
+        self._lock = threading.Lock()
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
 
     def stream(self, req):
-        seed = int(torch.randint(0, 2**62, (1,)))
+        if req.seed is None:
+            raise ValueError("relay rollouts: a resume without its rollout's seed (options['seed'])")
+        with self._lock:
+            k = self._resumes[req.seed] = self._resumes.get(req.seed, -1) + 1
+        seed = resume_seed(req.seed, k)
         return self.inner.stream(dataclasses.replace(req, temperature=self.temperature, top_p=self.top_p, seed=seed))
+
+
+def resume_seed(rollout_seed: int, k: int) -> int:
+    """The sampling seed of a rollout's k-th resume (k from 0): a hash of the two, below 2**62."""
+    digest = hashlib.sha256(f"{rollout_seed}:{k}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> 2
 
 
 def relay_completion(done, first_ids: list[int], tok, offload_id: int, eos_id: int, step_sep: str, calls: int) -> dict:
@@ -96,12 +114,12 @@ class RelayRollouts:
             first = trainer.sample_first_segments(backend, prompt_ids)
             first_lps = trainer.first_segment_logprobs(backend, prompt_ids, first)  # (None: masking off)
             engine = self.engine_factory(SampledSLM(backend, trainer.temperature, trainer.top_p), self.relay)
-            one_by_one(backend, engine.llm)
             results = [_first_result(tok, ids, engine.offload_id) for ids in first]
+            seeds = torch.randint(0, 2**62, (len(queries),)).tolist()  # each rollout's own, in rollout order
             dones = engine.batch(
                 queries,
                 slm_results=results,
-                options=[{"max_llm_calls": self.relay.max_llm_calls}] * len(queries),
+                options=[{"max_llm_calls": self.relay.max_llm_calls, "seed": s} for s in seeds],
                 batch_size=trainer.collab.batch_size,
                 concurrency=trainer.collab.concurrency,
                 relay_concurrency=trainer.collab.concurrency,
@@ -119,15 +137,6 @@ class RelayRollouts:
             "env_mask": [r["env_mask"] for r in rows],
             "relay": [_relay_fields(d, r) for d, r in zip(dones, rows)],
         }
-
-
-def one_by_one(*backends) -> None:
-    """In-process backends decode their streamed requests one by one, first come first served
-    (`pyrodash.backends.hf.stream_batch`): a resume draws its seed when it is asked for (`SampledSLM`), so the order of
-    the requests decides which rollout samples with which seed, and a batch would let timing reorder them."""
-    for b in backends:
-        if isinstance(b, BatchesStreams):
-            b.streams.max_batch = 1
 
 
 def _first_result(tok, ids: list[int], offload_id: int | None) -> GenResult:

@@ -37,8 +37,7 @@ class StreamBatcher:
 
     def __init__(self, decode: Callable[[list[StreamJob]], None], max_batch: int | None = None):
         self.decode = decode
-        # at most this many requests a batch, the first waiting first; 1: one by one in the order they came (Stage 3's
-        # relay rollouts: their resumes draw their sampling seeds in request order, which a batch would reorder)
+        # at most this many requests a batch, the first waiting first; 1: one by one in the order they came
         self.max_batch = max_batch
         self._queue: list[StreamJob] = []
         self._lock = threading.Lock()
