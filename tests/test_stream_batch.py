@@ -2,8 +2,9 @@
 each stream gets the tokens, usage and prefix-cache figures it gets alone, on the world's SLM in the shape of a relay's
 resumes (keyed requests resuming from the prefix cache beside plain and sampled ones); a stream whose consumer leaves
 mid-batch stops there and the others finish as they would; `max_batch` 1 decodes them one by one, first come first
-served (Stage 3's relay rollouts). Reverting the batch (each stream alone again) fails the batch count; a batch that
-hands a row's tokens to another stream fails the per-stream comparison."""
+served. A sampled request with a seed draws the same tokens in a batch as alone (Stage 3's relay resumes, each with
+its own seed: tests/test_relay_train.py). Reverting the batch (each stream alone again) fails the batch count; a
+batch that hands a row's tokens to another stream fails the per-stream comparison."""
 
 from __future__ import annotations
 
