@@ -660,7 +660,6 @@ class CollaborateEngine:
         concurrency: int = 8,
         stop_at_handoff: bool = False,
         desc: str | None = None,
-        relay_concurrency: int | None = None,
     ) -> list[Done]:
         """Algorithm 1 for many requests, one `Done` each (in order), equal to what `stream` gives for each. The SLM
         and the LLM decode in left-padded batches when the backend runs in process (`generate_batch`), else as
@@ -670,9 +669,8 @@ class CollaborateEngine:
         on_error="raise" the request's Done has finish_reason "error" (what `EngineError.done` would carry).
         `stop_at_handoff`: only the SLM runs (Lines 1-5); a request that would hand off ends with finish_reason
         "handoff" and its `handoff` position, and no LLM call is made (calibrating a target LLM-call rate).
-        `desc`: a rich progress bar with this label (SLM decodings, then LLM calls). `relay_concurrency`: relays run at
-        once (default: `batch_size` when both models decode waiting streams together, `BatchesStreams`, else
-        `concurrency`)."""
+        `desc`: a rich progress bar with this label (SLM decodings, then LLM calls). Relays run `batch_size` at once
+        when both models decode waiting streams together (`BatchesStreams`), else `concurrency` at once."""
         options = options if options is not None else [{}] * len(questions)
         if len(options) != len(questions) or (slm_results is not None and len(slm_results) != len(questions)):
             raise ValueError("abatch: options and slm_results need one entry per question")
@@ -696,10 +694,8 @@ class CollaborateEngine:
                 t.finish = "handoff"
             return [t.done(self.prices) for t in turns]
         await self._handoffs(need, batched, batch_size, limited, desc)
-        if relay_concurrency is None:  # a relay's calls are streams: decoded together where both models batch them
-            together = isinstance(self.slm, BatchesStreams) and isinstance(self.llm, BatchesStreams)
-            relay_concurrency = batch_size if together else concurrency
-        await self._relays(list(runs.values()), relay_concurrency)
+        together = isinstance(self.slm, BatchesStreams) and isinstance(self.llm, BatchesStreams)  # (a relay's calls)
+        await self._relays(list(runs.values()), batch_size if together else concurrency)
         return [t.done(self.prices) for t in turns]
 
     async def _handoffs(self, need: list[Turn], batched: bool, batch_size: int, limited, desc: str | None) -> None:

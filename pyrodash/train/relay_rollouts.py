@@ -122,7 +122,6 @@ class RelayRollouts:
                 options=[{"max_llm_calls": self.relay.max_llm_calls, "seed": s} for s in seeds],
                 batch_size=trainer.collab.batch_size,
                 concurrency=trainer.collab.concurrency,
-                relay_concurrency=trainer.collab.concurrency,
             )
         eos = tok.eos_token_id
         n, sep = self.relay.max_llm_calls, self.relay.step_sep
