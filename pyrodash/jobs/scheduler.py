@@ -76,20 +76,12 @@ def take_grant(grant: Callable[[], int | None]) -> None:
             torch.set_num_threads(n)
 
 
-def _use_threads(n: int) -> None:
-    """This worker's torch threads: set now if torch is loaded, else in the environment that torch reads when a step
-    first imports it (a worker whose steps never import torch never loads it)."""
-    torch = sys.modules.get("torch")
-    if torch is None:
-        os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(n)
-    elif n != torch.get_num_threads():
-        torch.set_num_threads(n)
-
-
 def _init_worker(threads: int, grants=None) -> None:
+    import torch
+
     global _GRANTS, _THREADS
     _GRANTS, _THREADS = grants, threads
-    _use_threads(threads)
+    torch.set_num_threads(threads)
 
 
 def _run_logged(
@@ -98,9 +90,11 @@ def _run_logged(
     """In a worker: run `fn` on `threads` torch threads with its stdout, stderr and library noise (`library_log`) in
     `log_path`; its seconds. The worker is back on its own threads afterwards, whatever the step was granted."""
     global _MINE
+    import torch
+
     t = time.perf_counter()
     _MINE = index
-    _use_threads(threads)
+    torch.set_num_threads(threads)
     with open(log_path, "a", buffering=1) as log, library_log(Path(log_path)):
         saved = sys.stdout, sys.stderr
         sys.stdout = sys.stderr = log
@@ -109,7 +103,7 @@ def _run_logged(
         finally:
             sys.stdout, sys.stderr = saved
             _MINE = None
-            _use_threads(_THREADS)
+            torch.set_num_threads(_THREADS)
     return round(time.perf_counter() - t, 1)
 
 
