@@ -12,7 +12,7 @@ import pytest
 from tiny_models import tiny_model_dir
 
 from pyrodash.backends.answer_store import AnswerStore, answer_counts
-from pyrodash.backends.base import GenRequest
+from pyrodash.backends.base import GenRequest, GenResult
 from pyrodash.backends.hf.backend import HFBackend
 from pyrodash.eval.build import Backends, build_methods
 from pyrodash.eval.harness import EvalConfig, evaluate
@@ -221,3 +221,21 @@ def test_the_range_calibration_reads_the_llm_half_decoded_beside_training(tmp_pa
     decoded.clear()
     alone = calibrate_long(replace(cfg, run_dir=str(tmp_path / "alone"), answers="off"), 0.6)
     assert decoded[llm] >= turns and alone["by_turn"] == read_back["by_turn"]
+
+
+def test_a_results_json_is_asdicts_copy_without_the_prompt_ids():
+    """`GenResult.to_json` is `dataclasses.asdict` less `prompt_ids`, a copy (changing it leaves the result as it was),
+    and reads back as the same result but for the prompt's ids (the request has them)."""
+    from dataclasses import asdict
+
+    r = GenResult(
+        "x", token_ids=[5, 6], prompt_ids=list(range(900)), top_logprobs=[{"a": -0.1}], prompt_tokens=900
+    )
+    d = r.to_json()
+    want = asdict(r)
+    del want["prompt_ids"]
+    assert d == want and list(d) == list(want)
+    d["token_ids"].append(7)
+    d["top_logprobs"][0]["a"] = 0.0
+    assert r.token_ids == [5, 6] and r.top_logprobs == [{"a": -0.1}]
+    assert GenResult.from_json(r.to_json()) == GenResult(**{**want})

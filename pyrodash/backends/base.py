@@ -7,9 +7,10 @@ one did; that token is never part of `text`) and the exact token usage of the re
 
 from __future__ import annotations
 
+import copy
 import re
 from collections.abc import AsyncIterator
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from typing import Protocol, runtime_checkable
 
 CHARS_PER_TOKEN_ESTIMATE = 3  # a conservative estimate for backends that cannot count tokens locally
@@ -77,10 +78,11 @@ class GenResult:
     error: str | None = None  # why the call failed after its retries (finish_reason "error")
 
     def to_json(self) -> dict:
-        """A JSON object of the result (a call journal's entry), without the prompt's ids (the request has them)."""
-        d = asdict(self)
-        del d["prompt_ids"]
-        return d
+        """A JSON object of the result (a call journal's entry), without the prompt's ids (the request has them): a
+        copy of every other field, as `asdict` makes it. The prompt's ids are never copied: `asdict` copied them one
+        element at a time before they were dropped, most of storing a long prompt's answer (measured, the SLM alone on
+        the quick world's six-turn conversations: 3.3 of 44 s)."""
+        return {f.name: copy.deepcopy(getattr(self, f.name)) for f in fields(self) if f.name != "prompt_ids"}
 
     @classmethod
     def from_json(cls, d: dict) -> GenResult:

@@ -48,10 +48,14 @@ class GrowingLayer(DynamicLayer):
         return self.keys, self.values
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
-        """Keep only the rows `indices` (sequences that are still decoding)."""
+        """Keep only the rows `indices` (sequences that are still decoding): their filled positions and `_MIN_ROOM`
+        more are copied into the new buffer, not its whole room (after a doubling up to half of it is spare; the next
+        `update` that needs more grows it as always). Measured, the SLM alone on the quick world's six-turn
+        conversations, one thread: 4.2 s of its 44 s went here when whole buffers were copied."""
         if self._k is None:
             return
-        self._k, self._v = self._k[indices], self._v[indices]
+        keep = min(self._k.shape[-2], self._n + _MIN_ROOM)
+        self._k, self._v = self._k[indices, :, :keep], self._v[indices, :, :keep]
         self.keys, self.values = self._k[..., : self._n, :], self._v[..., : self._n, :]
 
     def crop(self, tokens_to_remove: int) -> None:
