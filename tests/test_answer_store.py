@@ -228,9 +228,7 @@ def test_a_results_json_is_asdicts_copy_without_the_prompt_ids():
     and reads back as the same result but for the prompt's ids (the request has them)."""
     from dataclasses import asdict
 
-    r = GenResult(
-        "x", token_ids=[5, 6], prompt_ids=list(range(900)), top_logprobs=[{"a": -0.1}], prompt_tokens=900
-    )
+    r = GenResult("x", token_ids=[5, 6], prompt_ids=list(range(900)), top_logprobs=[{"a": -0.1}], prompt_tokens=900)
     d = r.to_json()
     want = asdict(r)
     del want["prompt_ids"]
