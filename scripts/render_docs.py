@@ -15,7 +15,9 @@ what the docs quote, with the machine it ran on and the demo's step times). View
 and whether it is on the critical path), `seeds` (the picked points over world seeds: a `pyrodash demo --seeds`
 output directory stored with `--store`), `spread` (their mean and min-max in a sentence), `turns` (the seeds'
 conversations per turn), `sizing` (docs/scaling.md's table for 1M requests a day, from a run's handoff rates),
-`ablation` and `ablation-gaps` (the normalized against the direct cost penalty, stored with a seeds run).
+`ablation` and `ablation-gaps` (the normalized against the direct cost penalty, stored with a seeds run), `suite`
+(where the test suite's CPU-seconds go: a profile a suite run wrote, `PYRODASH_SUITE_PROFILE=FILE`, stored with
+`--store FILE NAME`; `benchmarks/suite_profile.py`).
 The reference pages under docs/reference/ are generated whole (`doc_reference.py`).
 Last line printed: `rendered=N changed=M` (`--check`: `checked=N stale=M`).
 """
@@ -33,8 +35,10 @@ from pathlib import Path
 from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
 from doc_reference import generated_pages  # noqa: E402
+from suite_profile import suite_markdown, suite_rows  # noqa: E402
 
 from pyrodash.eval.names import parse_method  # noqa: E402
 from pyrodash.jobs.profile import demo_profile, profile_markdown  # noqa: E402
@@ -273,6 +277,19 @@ def spread(res: dict) -> str:
     return "; ".join(lines)
 
 
+def suite(res: dict) -> str:
+    """The test suite's CPU-seconds by part and the floor they put under its wall (`benchmarks/suite_profile.py`)."""
+    if not res.get("suite"):
+        raise SystemExit("the stored results have no suite profile: store the file PYRODASH_SUITE_PROFILE wrote")
+    rows, t = res["suite"]["rows"], res["suite"]["totals"]
+    return (
+        f"{suite_markdown([tuple(r) for r in rows])}\n\n{t['cpu_s']:.0f} CPU-seconds ({t['builds_cpu_s']:.0f} in "
+        f"the background builds, {t['tests_cpu_s']:.0f} in the tests) on {t['cores']} cores: with every core busy the "
+        f"whole time, at least {t['floor_s'] / 60:.1f} min; the run took {t['wall_s'] / 60:.1f} min of pytest on a "
+        f"{machine(res)}."
+    )
+
+
 VIEWS = {
     "spread": spread,
     "table": table,
@@ -286,6 +303,7 @@ VIEWS = {
     "sizing": sizing,
     "ablation": ablation,
     "ablation-gaps": ablation_gaps,
+    "suite": suite,
 }
 
 
@@ -317,7 +335,13 @@ def targets() -> dict[Path, str]:
 
 def store(run_dir: Path, name: str) -> Path:
     """docs/results/NAME.json from a run: its summary's methods (the quoted fields), platform, demo times and step
-    profile; or from a `pyrodash demo --seeds` directory (its seeds.json), the seeds' picks with seed 0's platform."""
+    profile; or from a `pyrodash demo --seeds` directory (its seeds.json), the seeds' picks with seed 0's platform; or
+    from a suite profile (the file `PYRODASH_SUITE_PROFILE` names), its parts' CPU-seconds (`suite_rows`)."""
+    if run_dir.is_file():
+        profile = json.loads(run_dir.read_text())
+        rows, totals = suite_rows(profile)
+        return _write({"what": "a run of the test suite", "platform": profile["platform"],
+                       "suite": {"rows": rows, "totals": totals}}, name)  # fmt: skip
     if (run_dir / "seeds.json").is_file():
         spread = json.loads((run_dir / "seeds.json").read_text())
         first = run_dir / f"seed{spread['seeds'][0]}" / "summary.json"

@@ -21,6 +21,11 @@ shows a selected test needs them, and the tests that read the demo run last: the
 builds take that time instead of minutes of their own; at nice 19 they yield the cores to every test. A test that
 reads one waits for it and fails with the tail of its log when it failed.
 
+What the suite spends: each background build's CPU-seconds and wall (from its process's own resource usage, read by
+`LAUNCHER`) are printed at the end of every run, and with `PYRODASH_SUITE_PROFILE=FILE` every test's too (wall and
+CPU-seconds of its process and the processes it waited for, a build's less), written to FILE as JSON for
+`python benchmarks/suite_profile.py FILE` (the table in docs/results.md "Time").
+
 The background builds run with `OMP_WAIT_POLICY=PASSIVE` (unless the environment sets a policy): beside the tests
 they put more torch threads than cores on the machine the whole time, and under OpenMP's default policy a thread that
 waits at the end of each of a tiny model's hundreds of parallel regions a step spins on a core another process needs.
@@ -35,7 +40,9 @@ with the same losses; one alone 13.2 s by default and 15.5 s passive, so the com
 
 from __future__ import annotations
 
+import json
 import os
+import resource
 import shutil
 import signal
 import subprocess
@@ -56,17 +63,34 @@ SLOW_FIXTURES = {"quick_demo", "demo_run", "scratch_world", "gemma_files"}
 DEMO_FIXTURES = {"quick_demo", "demo_run"}
 
 
+# runs a build (`python -c CODE OUT`) as its child and writes {"code", "cpu_s", "wall_s"} to EXIT once it has exited:
+# the build's own resource usage (its workers' included, which it waits for), as `os.wait4` gives it
+LAUNCHER = """
+import json, os, subprocess, sys, time
+exit_file, code, out = sys.argv[1:4]
+t0 = time.perf_counter()
+child = subprocess.Popen([sys.executable, "-c", code, out])
+_, status, use = os.wait4(child.pid, 0)
+done = {"code": os.waitstatus_to_exitcode(status), "cpu_s": round(use.ru_utime + use.ru_stime, 1),
+        "wall_s": round(time.perf_counter() - t0, 1)}
+with open(exit_file + ".tmp", "w") as f:
+    json.dump(done, f)
+os.replace(exit_file + ".tmp", exit_file)
+sys.exit(done["code"])
+"""
+
+
 class Background:
     """One build in a process of its own at nice 19 (and its own session, so that a kill reaches its workers too),
-    its output in `root/build.log`."""
+    its output in `root/build.log`, its exit code and resource usage in `root/exit.json` (`LAUNCHER`)."""
 
     def __init__(self, name: str, code: str, out: str, finish_at_end: bool = False):
         """Runs `code` with `sys.argv[1]` = `self.out`, the directory `out` inside its own temporary one;
         `finish_at_end`: a session that ends first waits for it (a pip install killed half-way would stay half-done)."""
         self.name, self.finish_at_end = name, finish_at_end
         self.root = Path(tempfile.mkdtemp(prefix=f"pyrodash-{name}-"))
-        self.out, self.log = self.root / out, self.root / "build.log"
-        cmd = [sys.executable, "-c", code, str(self.out)]
+        self.out, self.log, self.exit = self.root / out, self.root / "build.log", self.root / "exit.json"
+        cmd = [sys.executable, "-c", LAUNCHER, str(self.exit), code, str(self.out)]
         env = {**os.environ, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}  # (the docstring above)
         with self.log.open("w") as log:  # (the child keeps its own handle)
             self.proc = subprocess.Popen(
@@ -85,7 +109,15 @@ class Background:
         code = self.proc.wait()
         waited, ran = time.perf_counter() - t0, time.perf_counter() - self.t0
         print(f"{self.name}: waited {waited:.0f}s for its background build ({ran:.0f}s since it started)")
+        global _REAPED_CPU
+        _REAPED_CPU += (self.usage() or {}).get("cpu_s", 0.0)  # (in the waiting test's children: not the test's)
         return code
+
+    def usage(self) -> dict | None:
+        """{"code", "cpu_s", "wall_s"} of the build once it has exited (None: running, or killed before it ended)."""
+        if self.proc.poll() is None or not self.exit.is_file():
+            return None
+        return json.loads(self.exit.read_text())
 
     def wait(self) -> Path:
         """`self.out` once the build has exited; fails with its log's tail unless it exited 0."""
@@ -102,10 +134,31 @@ class Background:
         if self.proc.poll() is None:  # a session that ended before its test (-x, a failure, Ctrl-C)
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
+        self.used = self.usage()
         shutil.rmtree(self.root, ignore_errors=True)
 
 
 _BACKGROUND: dict[str, Background] = {}  # "scratch_world", "quick_demo", "gemma": the builds this session started
+_REAPED_CPU = 0.0  # CPU-seconds of the builds reaped so far (`Background.finish`)
+_TESTS: list[dict] = []  # per test: nodeid, wall, CPU-seconds (`pytest_runtest_protocol`)
+_STARTED = time.time()  # (the session's wall, for the profile)
+
+
+def _cpu() -> tuple[float, float]:
+    """(CPU-seconds of this process, of the children it has waited for)."""
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime, kids.ru_utime + kids.ru_stime
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Each test's wall and CPU-seconds, setup and teardown included: this process's and those of the processes it
+    waited for, less the background builds it reaped (their own lines)."""
+    t0, (me0, kids0), reaped0 = time.perf_counter(), _cpu(), _REAPED_CPU
+    yield
+    me1, kids1 = _cpu()
+    cpu = (me1 - me0) + (kids1 - kids0) - (_REAPED_CPU - reaped0)
+    _TESTS.append({"test": item.nodeid, "wall_s": round(time.perf_counter() - t0, 2), "cpu_s": round(cpu, 2)})
 
 
 def _reads_demo(item) -> bool:
@@ -146,6 +199,25 @@ def _demo() -> Background:
 def pytest_sessionfinish(session):
     for bg in _BACKGROUND.values():
         bg.stop()
+    if os.environ.get("PYRODASH_SUITE_PROFILE") and _TESTS:
+        builds = {name: getattr(bg, "used", None) for name, bg in _BACKGROUND.items()}
+        from pyrodash.report.platform import current_platform
+
+        machine = current_platform(cores=len(os.sched_getaffinity(0)), wall_s=round(time.time() - _STARTED, 1))
+        profile = {"platform": machine, "builds": builds, "tests": _TESTS}
+        Path(os.environ["PYRODASH_SUITE_PROFILE"]).write_text(json.dumps(profile, indent=1) + "\n")
+
+
+def pytest_terminal_summary(terminalreporter):
+    """One line per background build: its CPU-seconds and wall (what the suite spends beside its tests)."""
+    done = {name: bg.used for name, bg in _BACKGROUND.items() if getattr(bg, "used", None)}
+    if done:
+        terminalreporter.write_sep("=", "background builds")
+    for name, used in done.items():
+        if used:
+            terminalreporter.write_line(
+                f"background {name}: {used['cpu_s']:.0f} CPU-s in {used['wall_s']:.0f} s (exit {used['code']})"
+            )
 
 
 @pytest.fixture(scope="session")

@@ -86,6 +86,22 @@ def test_omp_wait_runs_small_and_computes_the_same_under_both_policies():
     assert pairs["same_loss"] == "1", out
 
 
+def test_suite_profile_reads_what_a_suite_run_writes(tmp_path):
+    """A short suite run with PYRODASH_SUITE_PROFILE writes every test's wall and CPU-seconds (tests/conftest.py);
+    the script adds them up by module."""
+    out = tmp_path / "suite.json"
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_tokens.py"]
+    run = subprocess.run(
+        cmd, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "PYRODASH_SUITE_PROFILE": str(out)}
+    )
+    assert run.returncode == 0, run.stdout[-2000:]
+    profile = json.loads(out.read_text())
+    assert profile["tests"] and all(t["test"].startswith("tests/test_tokens.py::") for t in profile["tests"])
+    assert all(t["cpu_s"] >= 0 and t["wall_s"] >= 0 for t in profile["tests"]) and profile["builds"] == {}
+    pairs = last_line(run_script("benchmarks/suite_profile.py", out), "cpu_s builds_cpu_s tests_cpu_s wall_s floor_s")
+    assert float(pairs["builds_cpu_s"]) == 0 and float(pairs["cpu_s"]) == float(pairs["tests_cpu_s"]) > 0
+
+
 def test_world_economics_runs_on_the_quick_preset():
     out = run_script("scripts/world_economics.py", "--preset", "quick")
     assert re.search(r"^ALL .*oracle_cost/LLM-only=\S+$", out, re.M), out
@@ -217,6 +233,7 @@ COVERED = {
     "benchmarks/budget_pacer.py",
     "benchmarks/demo_profile.py",
     "benchmarks/omp_wait.py",
+    "benchmarks/suite_profile.py",
     "scripts/world_economics.py",
     "scripts/ship_world.py",
     "scripts/turn_tables.py",
