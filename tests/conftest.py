@@ -109,9 +109,14 @@ class Background:
         code = self.proc.wait()
         waited, ran = time.perf_counter() - t0, time.perf_counter() - self.t0
         print(f"{self.name}: waited {waited:.0f}s for its background build ({ran:.0f}s since it started)")
-        global _REAPED_CPU
-        _REAPED_CPU += (self.usage() or {}).get("cpu_s", 0.0)  # (in the waiting test's children: not the test's)
         return code
+
+    def reaped_cpu(self) -> float:
+        """The build's CPU-seconds once this process has reaped it (`wait` or `poll` after it exited: from then on
+        they are in this process's children's usage), else 0. Never reaps it itself."""
+        if self.proc.returncode is None or not self.exit.is_file():
+            return 0.0
+        return json.loads(self.exit.read_text())["cpu_s"]
 
     def usage(self) -> dict | None:
         """{"code", "cpu_s", "wall_s"} of the build once it has exited (None: running, or killed before it ended)."""
@@ -139,7 +144,6 @@ class Background:
 
 
 _BACKGROUND: dict[str, Background] = {}  # "scratch_world", "quick_demo", "gemma": the builds this session started
-_REAPED_CPU = 0.0  # CPU-seconds of the builds reaped so far (`Background.finish`)
 _TESTS: list[dict] = []  # per test: nodeid, wall, CPU-seconds (`pytest_runtest_protocol`)
 _STARTED = time.time()  # (the session's wall, for the profile)
 
@@ -154,10 +158,11 @@ def _cpu() -> tuple[float, float]:
 def pytest_runtest_protocol(item, nextitem):
     """Each test's wall and CPU-seconds, setup and teardown included: this process's and those of the processes it
     waited for, less the background builds it reaped (their own lines)."""
-    t0, (me0, kids0), reaped0 = time.perf_counter(), _cpu(), _REAPED_CPU
+    reaped = lambda: sum(bg.reaped_cpu() for bg in _BACKGROUND.values())  # noqa: E731
+    t0, (me0, kids0), reaped0 = time.perf_counter(), _cpu(), reaped()
     yield
     me1, kids1 = _cpu()
-    cpu = (me1 - me0) + (kids1 - kids0) - (_REAPED_CPU - reaped0)
+    cpu = (me1 - me0) + (kids1 - kids0) - (reaped() - reaped0)
     _TESTS.append({"test": item.nodeid, "wall_s": round(time.perf_counter() - t0, 2), "cpu_s": round(cpu, 2)})
 
 
