@@ -38,10 +38,15 @@ def suite_rows(profile: dict, top: int = 10) -> tuple[list[tuple[str, float, flo
         m[0], m[1], m[2] = m[0] + t["cpu_s"], m[1] + t["wall_s"], m[2] + 1
     ranked = sorted(modules.items(), key=lambda kv: -kv[1][0])
     rows += [(name, cpu, wall, int(n)) for name, (cpu, wall, n) in ranked[:top]]
-    rest = ranked[top:]
+    rest = [v for _, v in ranked[top:]]
     if rest:
-        rows.append((f"the other {len(rest)} modules", *(sum(v[i] for _, v in rest) for i in range(2)), 0))
-        rows[-1] = (*rows[-1][:3], int(sum(v[2] for _, v in rest)))
+        rows.append(
+            (
+                f"the other {len(rest)} modules",
+                *(sum(v[i] for v in rest) for i in range(2)),
+                int(sum(v[2] for v in rest)),
+            )
+        )
     builds = sum(r[1] for r in rows if r[0].startswith("background"))
     tests = sum(t["cpu_s"] for t in profile["tests"])
     cores = int(profile["platform"].get("cores") or 1)

@@ -90,6 +90,7 @@ class Background:
         self.name, self.finish_at_end = name, finish_at_end
         self.root = Path(tempfile.mkdtemp(prefix=f"pyrodash-{name}-"))
         self.out, self.log, self.exit = self.root / out, self.root / "build.log", self.root / "exit.json"
+        self._usage: dict | None = None  # (`usage`: read once)
         cmd = [sys.executable, "-c", LAUNCHER, str(self.exit), code, str(self.out)]
         env = {**os.environ, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}  # (the docstring above)
         with self.log.open("w") as log:  # (the child keeps its own handle)
@@ -111,18 +112,13 @@ class Background:
         print(f"{self.name}: waited {waited:.0f}s for its background build ({ran:.0f}s since it started)")
         return code
 
-    def reaped_cpu(self) -> float:
-        """The build's CPU-seconds once this process has reaped it (`wait` or `poll` after it exited: from then on
-        they are in this process's children's usage), else 0. Never reaps it itself."""
-        if self.proc.returncode is None or not self.exit.is_file():
-            return 0.0
-        return json.loads(self.exit.read_text())["cpu_s"]
-
     def usage(self) -> dict | None:
-        """{"code", "cpu_s", "wall_s"} of the build once it has exited (None: running, or killed before it ended)."""
-        if self.proc.poll() is None or not self.exit.is_file():
-            return None
-        return json.loads(self.exit.read_text())
+        """{"code", "cpu_s", "wall_s"} of the build once this process has reaped it (`wait` or `poll` after it
+        exited: from then on its CPU-seconds are in this process's children's usage); None while it has not, or when
+        it was killed before it ended. Never reaps it itself; read once."""
+        if self._usage is None and self.proc.returncode is not None and self.exit.is_file():
+            self._usage = json.loads(self.exit.read_text())
+        return self._usage
 
     def wait(self) -> Path:
         """`self.out` once the build has exited; fails with its log's tail unless it exited 0."""
@@ -139,7 +135,7 @@ class Background:
         if self.proc.poll() is None:  # a session that ended before its test (-x, a failure, Ctrl-C)
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
-        self.used = self.usage()
+        self.usage()  # (kept: its file goes with the directory)
         shutil.rmtree(self.root, ignore_errors=True)
 
 
@@ -158,7 +154,7 @@ def _cpu() -> tuple[float, float]:
 def pytest_runtest_protocol(item, nextitem):
     """Each test's wall and CPU-seconds, setup and teardown included: this process's and those of the processes it
     waited for, less the background builds it reaped (their own lines)."""
-    reaped = lambda: sum(bg.reaped_cpu() for bg in _BACKGROUND.values())  # noqa: E731
+    reaped = lambda: sum((bg.usage() or {}).get("cpu_s", 0.0) for bg in _BACKGROUND.values())  # noqa: E731
     t0, (me0, kids0), reaped0 = time.perf_counter(), _cpu(), reaped()
     yield
     me1, kids1 = _cpu()
@@ -205,7 +201,7 @@ def pytest_sessionfinish(session):
     for bg in _BACKGROUND.values():
         bg.stop()
     if os.environ.get("PYRODASH_SUITE_PROFILE") and _TESTS:
-        builds = {name: getattr(bg, "used", None) for name, bg in _BACKGROUND.items()}
+        builds = {name: bg.usage() for name, bg in _BACKGROUND.items()}
         from pyrodash.report.platform import current_platform
 
         machine = current_platform(cores=len(os.sched_getaffinity(0)), wall_s=round(time.time() - _STARTED, 1))
@@ -215,14 +211,13 @@ def pytest_sessionfinish(session):
 
 def pytest_terminal_summary(terminalreporter):
     """One line per background build: its CPU-seconds and wall (what the suite spends beside its tests)."""
-    done = {name: bg.used for name, bg in _BACKGROUND.items() if getattr(bg, "used", None)}
+    done = {name: bg.usage() for name, bg in _BACKGROUND.items() if bg.usage()}
     if done:
         terminalreporter.write_sep("=", "background builds")
     for name, used in done.items():
-        if used:
-            terminalreporter.write_line(
-                f"background {name}: {used['cpu_s']:.0f} CPU-s in {used['wall_s']:.0f} s (exit {used['code']})"
-            )
+        terminalreporter.write_line(
+            f"background {name}: {used['cpu_s']:.0f} CPU-s in {used['wall_s']:.0f} s (exit {used['code']})"
+        )
 
 
 @pytest.fixture(scope="session")
