@@ -40,6 +40,7 @@ with the same losses; one alone 13.2 s by default and 15.5 s passive, so the com
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import resource
@@ -82,15 +83,24 @@ sys.exit(done["code"])
 
 class Background:
     """One build in a process of its own at nice 19 (and its own session, so that a kill reaches its workers too),
-    its output in `root/build.log`, its exit code and resource usage in `root/exit.json` (`LAUNCHER`)."""
+    in the directory `root` = `builds/name`: its output in `build.log`, its process group in `pid`, its exit code and
+    resource usage in `exit.json` (`LAUNCHER`). The process that creates `root` (an atomic `mkdir`) starts the build
+    and owns it; any other process of the session (the other pytest-xdist worker) attaches to it and waits on its
+    files, so a build runs once per session however many workers read it."""
 
-    def __init__(self, name: str, code: str, out: str, finish_at_end: bool = False):
-        """Runs `code` with `sys.argv[1]` = `self.out`, the directory `out` inside its own temporary one;
-        `finish_at_end`: a session that ends first waits for it (a pip install killed half-way would stay half-done)."""
-        self.name, self.finish_at_end = name, finish_at_end
-        self.root = Path(tempfile.mkdtemp(prefix=f"pyrodash-{name}-"))
+    def __init__(self, builds: Path, name: str, code: str, out: str, finish_at_end: bool = False):
+        """Starts `code` with `sys.argv[1]` = `self.out` (the directory `out` inside `root`) unless another process
+        did; `finish_at_end`: a session that ends first waits for it (a pip install killed half-way stays half-done)."""
+        self.name, self.root = name, builds / name
         self.out, self.log, self.exit = self.root / out, self.root / "build.log", self.root / "exit.json"
-        self._usage: dict | None = None  # (`usage`: read once)
+        self.proc: subprocess.Popen | None = None  # (set in the owner only)
+        self.t0 = time.perf_counter()
+        try:
+            self.root.mkdir()
+        except FileExistsError:  # another worker started it
+            return
+        if finish_at_end:
+            (self.root / "finish_at_end").touch()
         cmd = [sys.executable, "-c", LAUNCHER, str(self.exit), code, str(self.out)]
         env = {**os.environ, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}  # (the docstring above)
         with self.log.open("w") as log:  # (the child keeps its own handle)
@@ -102,23 +112,50 @@ class Background:
                 start_new_session=True,
                 env=env,
             )
-        self.t0 = time.perf_counter()
+        (self.root / "pid.tmp").write_text(str(self.proc.pid))
+        os.replace(self.root / "pid.tmp", self.root / "pid")
+
+    def _pid(self) -> int | None:
+        """The build's process (group) id, once its owner has written it (None if it has not within a minute: an
+        owner that died between the two)."""
+        deadline = time.time() + 60
+        while not (self.root / "pid").is_file() and time.time() < deadline:
+            time.sleep(0.2)
+        return int((self.root / "pid").read_text()) if (self.root / "pid").is_file() else None
+
+    def running(self) -> bool:
+        if self.proc is not None:
+            return self.proc.poll() is None
+        if self.exit.is_file():
+            return False
+        pid = self._pid()
+        try:  # (a zombie its owner has not reaped yet has ended too)
+            return pid is not None and Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+        except (FileNotFoundError, IndexError):
+            return False
 
     def finish(self) -> int:
-        """Its exit code, once it has exited."""
+        """Its exit code, once it has exited (-9 when it ended without writing one: killed)."""
         t0 = time.perf_counter()
-        code = self.proc.wait()
+        while self.proc is None and self.running():
+            time.sleep(0.5)
+        code = self.proc.wait() if self.proc is not None else (self.usage() or {"code": -9})["code"]
         waited, ran = time.perf_counter() - t0, time.perf_counter() - self.t0
         print(f"{self.name}: waited {waited:.0f}s for its background build ({ran:.0f}s since it started)")
         return code
 
     def usage(self) -> dict | None:
-        """{"code", "cpu_s", "wall_s"} of the build once this process has reaped it (`wait` or `poll` after it
-        exited: from then on its CPU-seconds are in this process's children's usage); None while it has not, or when
-        it was killed before it ended. Never reaps it itself; read once."""
-        if self._usage is None and self.proc.returncode is not None and self.exit.is_file():
-            self._usage = json.loads(self.exit.read_text())
-        return self._usage
+        """{"code", "cpu_s", "wall_s"} once the build has exited by itself (None while it runs, or when killed)."""
+        return json.loads(self.exit.read_text()) if self.exit.is_file() else None
+
+    def reaped_cpu(self) -> float:
+        """Its CPU-seconds once this process has reaped it (from then on they are in this process's children's
+        usage, which the per-test accounting subtracts them from); 0 before, or in a process that does not own it."""
+        return (
+            (self.usage() or {}).get("cpu_s", 0.0)
+            if self.proc is not None and self.proc.returncode is not None
+            else 0.0
+        )
 
     def wait(self) -> Path:
         """`self.out` once the build has exited; fails with its log's tail unless it exited 0."""
@@ -126,22 +163,51 @@ class Background:
         assert code == 0, f"the {self.name} build failed ({code}):\n{self.log.read_text()[-3000:]}"
         return self.out
 
-    def stop(self) -> None:
-        if self.proc.poll() is None and self.finish_at_end:
-            try:
-                self.proc.wait(timeout=600)
-            except subprocess.TimeoutExpired:
-                pass
-        if self.proc.poll() is None:  # a session that ended before its test (-x, a failure, Ctrl-C)
-            os.killpg(self.proc.pid, signal.SIGKILL)
+    def stop(self) -> dict | None:
+        """At the end of the session (its main process): wait for a build that must finish, kill any other still
+        running, and return its usage."""
+        if self.running() and (self.root / "finish_at_end").is_file():
+            deadline = time.time() + 600
+            while self.running() and time.time() < deadline:
+                time.sleep(0.5)
+        if self.running():  # a session that ended before its test (-x, a failure, Ctrl-C)
+            os.killpg(self._pid(), signal.SIGKILL)
+        if self.proc is not None:
             self.proc.wait()
-        self.usage()  # (kept: its file goes with the directory)
-        shutil.rmtree(self.root, ignore_errors=True)
+        return self.usage()
 
 
-_BACKGROUND: dict[str, Background] = {}  # "scratch_world", "quick_demo", "gemma": the builds this session started
+BUILDS: Path | None = None  # where this session's builds run: made by its main process, passed to the workers
+_BACKGROUND: dict[str, Background] = {}  # "scratch_world", "quick_demo", "gemma": the builds this process reads
+_USED: dict[str, dict] = {}  # the builds' usage, read at the end by the session's main process
 _TESTS: list[dict] = []  # per test: nodeid, wall, CPU-seconds (`pytest_runtest_protocol`)
 _STARTED = time.time()  # (the session's wall, for the profile)
+
+
+def _is_worker(config) -> bool:
+    return hasattr(config, "workerinput")
+
+
+def pytest_configure(config):
+    """The session's builds directory: a new one in its main process (the only process of a plain run; pytest-xdist's
+    controller), the controller's in each worker."""
+    global BUILDS
+    BUILDS = Path(
+        config.workerinput["pyrodash_builds"] if _is_worker(config) else tempfile.mkdtemp(prefix="pyrodash-builds-")
+    )
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    """(pytest-xdist, in its controller) Each worker gets the controller's builds directory."""
+    node.workerinput["pyrodash_builds"] = str(BUILDS)
+
+
+def _build(name: str, code: str, out: str, finish_at_end: bool = False) -> Background:
+    """The build `name`: started here unless another process of the session started it."""
+    if name not in _BACKGROUND:
+        _BACKGROUND[name] = Background(BUILDS, name, code, out, finish_at_end)
+    return _BACKGROUND[name]
 
 
 def _cpu() -> tuple[float, float]:
@@ -154,7 +220,7 @@ def _cpu() -> tuple[float, float]:
 def pytest_runtest_protocol(item, nextitem):
     """Each test's wall and CPU-seconds, setup and teardown included: this process's and those of the processes it
     waited for, less the background builds it reaped (their own lines)."""
-    reaped = lambda: sum((bg.usage() or {}).get("cpu_s", 0.0) for bg in _BACKGROUND.values())  # noqa: E731
+    reaped = lambda: sum(bg.reaped_cpu() for bg in _BACKGROUND.values())  # noqa: E731
     t0, (me0, kids0), reaped0 = time.perf_counter(), _cpu(), reaped()
     yield
     me1, kids1 = _cpu()
@@ -162,21 +228,43 @@ def pytest_runtest_protocol(item, nextitem):
     _TESTS.append({"test": item.nodeid, "wall_s": round(time.perf_counter() - t0, 2), "cpu_s": round(cpu, 2)})
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    """A test marked `exclusive` (its assertions need the machine's cores: bursts through nginx, a replica stopped
+    mid-stream) runs with no other test's body running beside it on another pytest-xdist worker: it takes the
+    session's lock file exclusively, every other test's body shared. Fixtures are set up outside the lock (a test
+    waiting for a background build holds nothing)."""
+    with (BUILDS / "exclusive.lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX if item.get_closest_marker("exclusive") else fcntl.LOCK_SH)
+        yield
+
+
 def _reads_demo(item) -> bool:
     return bool(DEMO_FIXTURES & set(getattr(item, "fixturenames", ())))
 
 
+def _shares_a_module_fixture(item) -> bool:
+    """Whether the test uses a fixture set up once per module or class (a server, trained tiny models)."""
+    defs = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
+    return any(d[-1].scope in ("module", "class", "package") for d in defs.values() if d)
+
+
 def pytest_collection_modifyitems(config, items):
     """Mark `slow` every test that uses a fixture of `SLOW_FIXTURES`; move the tests that read the quick demo to the
-    end (in their order), so that the demo builds in the background while the others run."""
+    end (in their order), so that the demo builds in the background while the others run. Under pytest-xdist
+    (`-n 2 --dist loadgroup`, the README's test command) the tests of a module that share a module fixture go to one
+    worker as a group (`xdist_group`), so it is set up once; every other test goes to whichever worker is free."""
     for item in items:
         if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
+        if _shares_a_module_fixture(item):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
     items[:] = [i for i in items if not _reads_demo(i)] + [i for i in items if _reads_demo(i)]
 
 
 def pytest_collection_finish(session):
-    """Start the from-scratch world build, the quick demo and the Gemma fetch when a selected test reads them."""
+    """Start the from-scratch world build, the quick demo and the Gemma fetch when a selected test reads them (each
+    worker asks; the first starts it)."""
     if session.config.option.collectonly:
         return
     if any(item.name == SCRATCH_TEST for item in session.items):
@@ -184,37 +272,55 @@ def pytest_collection_finish(session):
             "import sys\nfrom pyrodash.world.build import build_world\n"
             "build_world(sys.argv[1], quick=True, seed=0, verbose=False, from_scratch=True)"
         )
-        _BACKGROUND["scratch_world"] = Background("scratch-world", code, "quick")
+        _build("scratch_world", code, "quick")
     if not os.environ.get("PYRODASH_DEMO_RUN") and any(_reads_demo(item) for item in session.items):
-        _BACKGROUND["quick_demo"] = _demo()
+        _demo()
     if any("gemma_files" in getattr(item, "fixturenames", ()) for item in session.items):
         code = "import sys\nfrom pyrodash.cli import main\nsys.exit(main(['models', 'fetch', 'gemma3-270m']))"
-        _BACKGROUND["gemma"] = Background("gemma-fetch", code, "unused", finish_at_end=True)
+        _build("gemma", code, "unused", finish_at_end=True)
 
 
 def _demo() -> Background:
     code = "import sys\nfrom pyrodash.cli import main\nsys.exit(main(['demo', '--quick', '--out', sys.argv[1]]))"
-    return Background("quick-demo", code, "demo")
+    return _build("quick_demo", code, "demo")
 
 
 def pytest_sessionfinish(session):
-    for bg in _BACKGROUND.values():
-        bg.stop()
+    """In the session's main process: stop the builds, keep their usage, write the profile; in a worker: hand its
+    tests' profile to the controller."""
+    config = session.config
+    if _is_worker(config):
+        config.workeroutput["pyrodash_tests"] = _TESTS
+        return
+    for d in sorted(d for d in BUILDS.iterdir() if d.is_dir()):
+        bg = _BACKGROUND.get(d.name) or Background(BUILDS, d.name, "", "")  # (an existing directory: attaches)
+        used = bg.stop()
+        if used:
+            _USED[d.name] = used
     if os.environ.get("PYRODASH_SUITE_PROFILE") and _TESTS:
-        builds = {name: bg.usage() for name, bg in _BACKGROUND.items()}
         from pyrodash.report.platform import current_platform
 
         machine = current_platform(cores=len(os.sched_getaffinity(0)), wall_s=round(time.time() - _STARTED, 1))
-        profile = {"platform": machine, "builds": builds, "tests": _TESTS}
+        profile = {"platform": machine, "builds": _USED, "tests": _TESTS}
         Path(os.environ["PYRODASH_SUITE_PROFILE"]).write_text(json.dumps(profile, indent=1) + "\n")
+
+
+def pytest_unconfigure(config):
+    if not _is_worker(config) and BUILDS is not None:
+        shutil.rmtree(BUILDS, ignore_errors=True)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """(pytest-xdist, in its controller) A worker's tests' profile."""
+    _TESTS.extend(getattr(node, "workeroutput", {}).get("pyrodash_tests", []))
 
 
 def pytest_terminal_summary(terminalreporter):
     """One line per background build: its CPU-seconds and wall (what the suite spends beside its tests)."""
-    done = {name: bg.usage() for name, bg in _BACKGROUND.items() if bg.usage()}
-    if done:
+    if _USED:
         terminalreporter.write_sep("=", "background builds")
-    for name, used in done.items():
+    for name, used in _USED.items():
         terminalreporter.write_line(
             f"background {name}: {used['cpu_s']:.0f} CPU-s in {used['wall_s']:.0f} s (exit {used['code']})"
         )
@@ -233,9 +339,7 @@ def quick_demo() -> Path:
     """The output directory of `pyrodash demo --quick`, once its background run has finished (or PYRODASH_DEMO_RUN)."""
     if os.environ.get("PYRODASH_DEMO_RUN"):
         return Path(os.environ["PYRODASH_DEMO_RUN"])
-    if "quick_demo" not in _BACKGROUND:  # (asked for by name by a fixture outside DEMO_FIXTURES: started now)
-        _BACKGROUND["quick_demo"] = _demo()
-    return _BACKGROUND["quick_demo"].wait()
+    return _demo().wait()  # (started at collection; or now, when asked for by name by a fixture outside DEMO_FIXTURES)
 
 
 @pytest.fixture(scope="session")
@@ -248,7 +352,7 @@ def quick_world() -> Path:
 
     cfg = WorldConfig.from_preset("quick")
     demo = _BACKGROUND.get("quick_demo")
-    while demo is not None and demo.proc.poll() is None and not is_built(default_world_dir(cfg, 0), cfg, 0):
+    while demo is not None and demo.running() and not is_built(default_world_dir(cfg, 0), cfg, 0):
         time.sleep(1)
     return build_world(quick=True, seed=0, verbose=False)
 

@@ -29,9 +29,12 @@ from pyrodash.server.budget.reserve import worst_case
 
 pytest.importorskip("redis", reason="the budgets' Redis store needs the redis package: pip install 'pyrodash[budget]'")
 NGINX = shutil.which("nginx") or next((p for p in ("/usr/sbin/nginx",) if os.access(p, os.X_OK)), None)
-pytestmark = pytest.mark.skipif(
-    REDIS is None or NGINX is None, reason="needs redis-server and nginx: `apt-get install -y redis-server nginx`"
-)
+pytestmark = [
+    pytest.mark.skipif(
+        REDIS is None or NGINX is None, reason="needs redis-server and nginx: `apt-get install -y redis-server nginx`"
+    ),
+    pytest.mark.exclusive,  # (bursts of 64 through nginx: they need the cores)
+]
 ROOT = Path(__file__).resolve().parent.parent
 BURST = 64
 MAX_TOKENS = 12

@@ -29,6 +29,7 @@ from pyrodash.server.budget.reserve import period_of, worst_case
 pytest.importorskip("redis", reason="the budgets' Redis store needs the redis package: pip install 'pyrodash[budget]'")
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.exclusive,  # (a burst of 64 through nginx with a replica stopped mid-stream: it needs the cores)
     pytest.mark.skipif(REDIS is None or NGINX is None, reason="needs redis-server and nginx: apt-get install -y ..."),
 ]
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

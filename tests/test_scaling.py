@@ -66,6 +66,7 @@ def nginx_conf(upstreams: list[str], port: int, prefix: Path) -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.exclusive  # (a load through nginx onto two replicas: it needs the cores)
 def test_nginx_before_two_replicas_serves_the_load_and_metrics_add_up(tmp_path_factory):
     nginx = _nginx()
     if nginx is None:

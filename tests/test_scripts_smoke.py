@@ -143,7 +143,7 @@ def test_playground_screenshot_parses():
 # --- scripts that read a finished quick demo ------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # (a path: any worker's tests read it, not one module's)
 def demo_run(request) -> Path:
     given = os.environ.get("PYRODASH_DEMO_RUN")
     return Path(given) if given else request.getfixturevalue("quick_demo")

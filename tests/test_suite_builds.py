@@ -1,0 +1,47 @@
+"""The suite's background builds (tests/conftest.py `Background`) run once per session however many pytest-xdist
+workers read them: the first process to ask starts the build, any other attaches and waits on its files."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import Background
+
+ROOT = Path(__file__).resolve().parent.parent
+# a build that says it ran (one line a run) and takes a moment
+CODE = "import sys, time\nopen(sys.argv[1] + '.ran', 'a').write('ran\\n')\ntime.sleep(1)"
+
+
+def test_a_second_process_attaches_to_a_running_build_and_reads_its_exit(tmp_path):
+    owner = Background(tmp_path, "b", CODE, "out")
+    other = Background(tmp_path, "b", CODE, "out")  # as the other worker does (same builds directory and name)
+    assert owner.proc is not None and other.proc is None and other.running()
+    assert other.finish() == 0 and not other.running()
+    assert owner.finish() == 0 and owner.reaped_cpu() == owner.usage()["cpu_s"] and other.reaped_cpu() == 0.0
+    assert (tmp_path / "b" / "out.ran").read_text() == "ran\n"  # it ran once
+    assert other.usage()["code"] == 0 and other.stop()["code"] == 0
+
+
+def test_a_build_killed_at_the_end_reads_as_killed_to_every_process(tmp_path):
+    owner = Background(tmp_path, "b", "import time\ntime.sleep(60)", "out")
+    other = Background(tmp_path, "b", "", "out")
+    assert other.running()
+    assert other.stop() is None  # the session's main process, which does not own it, kills it
+    assert owner.finish() != 0 and not owner.running() and other.finish() == -9
+
+
+def test_two_workers_report_every_test_to_the_profile(tmp_path):
+    """`pytest -n 2` with PYRODASH_SUITE_PROFILE: the controller writes both workers' tests."""
+    out = tmp_path / "suite.json"
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2", "tests/test_tokens.py"]
+    run = subprocess.run(
+        cmd, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "PYRODASH_SUITE_PROFILE": str(out)}
+    )
+    assert run.returncode == 0, run.stdout[-2000:]
+    tests = json.loads(out.read_text())["tests"]
+    passed = int(run.stdout.split(" passed")[0].split()[-1])
+    assert len(tests) == passed > 1 and all(t["test"].startswith("tests/test_tokens.py::") for t in tests)
