@@ -249,17 +249,40 @@ def _shares_a_module_fixture(item) -> bool:
     return any(d[-1].scope in ("module", "class", "package") for d in defs.values() if d)
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """Mark `slow` every test that uses a fixture of `SLOW_FIXTURES`; move the tests that read the quick demo to the
-    end (in their order), so that the demo builds in the background while the others run. Under pytest-xdist
-    (`-n 2 --dist loadgroup`, the README's test command) the tests of a module that share a module fixture go to one
-    worker as a group (`xdist_group`), so it is set up once; every other test goes to whichever worker is free."""
+    end (in their order), so that the demo builds in the background while the others run. Under pytest-xdist, write
+    the unit each test is scheduled in (`ByModuleFixture`) for the controller."""
     for item in items:
         if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
-        if _shares_a_module_fixture(item):
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
     items[:] = [i for i in items if not _reads_demo(i)] + [i for i in items if _reads_demo(i)]
+    if _is_worker(config):
+        units = {i.nodeid: i.nodeid.split("::")[0] for i in items if _shares_a_module_fixture(i)}
+        tmp = BUILDS / f"units.{os.getpid()}.json"
+        tmp.write_text(json.dumps(units))
+        os.replace(tmp, BUILDS / "units.json")  # (every worker writes the same)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """(pytest-xdist, in its controller) `ByModuleFixture`, in the order collected (the demo's readers last)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByModuleFixture(LoadScopeScheduling):
+        """The tests of a module that share a module fixture (a server, trained tiny models) are one unit, run by
+        one worker, so the fixture is set up once; every other test is a unit of its own, for whichever worker is
+        free. (pytest-xdist's `--dist loadgroup` marks a group in the test's node id, which pytest 9.2 no longer
+        reads back.)"""
+
+        def _split_scope(self, nodeid: str) -> str:
+            if not hasattr(self, "_units"):  # (written by the workers' collection, before the controller schedules)
+                self._units = json.loads((BUILDS / "units.json").read_text())
+            return self._units.get(nodeid, nodeid)
+
+    config.option.loadscopereorder = False
+    return ByModuleFixture(config, log)
 
 
 def pytest_collection_finish(session):

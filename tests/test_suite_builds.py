@@ -45,3 +45,41 @@ def test_two_workers_report_every_test_to_the_profile(tmp_path):
     tests = json.loads(out.read_text())["tests"]
     passed = int(run.stdout.split(" passed")[0].split()[-1])
     assert len(tests) == passed > 1 and all(t["test"].startswith("tests/test_tokens.py::") for t in tests)
+
+
+GROUPED = """
+import os
+import pytest
+
+@pytest.fixture(scope="module")
+def shared():
+    return os.getpid()
+
+@pytest.mark.parametrize("i", range(6))
+def test_shares(shared, i):
+    with open(os.environ["RAN"], "a") as f:
+        f.write(f"shares {os.getpid()} {shared}\\n")
+
+@pytest.mark.parametrize("i", range(6))
+def test_alone(i):
+    with open(os.environ["RAN"], "a") as f:
+        f.write(f"alone {os.getpid()} -\\n")
+"""
+
+
+def test_tests_sharing_a_module_fixture_run_on_one_worker_which_sets_it_up_once(tmp_path):
+    """Under `-n 2` (the suite's settings from pyproject.toml, its conftest): the six tests of a module that share a
+    module fixture run in one worker, which made the fixture once."""
+    (tmp_path / "conftest.py").write_text((ROOT / "tests" / "conftest.py").read_text())
+    (tmp_path / "test_grouped.py").write_text(GROUPED)
+    ran = tmp_path / "ran.txt"
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-c", str(ROOT / "pyproject.toml")]
+    run = subprocess.run(
+        [*cmd, "-n", "2", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, env={**os.environ, "RAN": str(ran)}
+    )
+    assert run.returncode == 0, run.stdout[-2000:]
+    rows = [line.split() for line in ran.read_text().splitlines()]
+    shares = {(pid, made) for kind, pid, made in rows if kind == "shares"}
+    assert len(rows) == 12 and len(shares) == 1, rows
+    ((pid, made),) = shares
+    assert pid == made  # the fixture was made by the worker that ran them all
