@@ -81,6 +81,19 @@ sys.exit(done["code"])
 """
 
 
+def _lowest_priority() -> None:
+    """Nice 19 for a build's process (run in it, after it has started its own session). Where the kernel schedules
+    by autogroup (`/proc/sys/kernel/sched_autogroup_enabled`, on by default on many distributions), a new session is
+    a group of its own that shares the CPU evenly with the tests' group whatever its processes' nice: the group's own
+    nice is what makes the build yield, so it is set too (to a lower priority: no privilege needed)."""
+    os.nice(19)
+    try:
+        with open("/proc/self/autogroup", "w") as f:
+            f.write("19")
+    except OSError:  # (no autogroup scheduling here: the processes' nice is enough)
+        pass
+
+
 class Background:
     """One build in a process of its own at nice 19 (and its own session, so that a kill reaches its workers too),
     in the directory `root` = `builds/name`: its output in `build.log`, its process group in `pid`, its exit code and
@@ -108,7 +121,7 @@ class Background:
                 cmd,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                preexec_fn=lambda: os.nice(19),
+                preexec_fn=_lowest_priority,
                 start_new_session=True,
                 env=env,
             )

@@ -83,3 +83,18 @@ def test_tests_sharing_a_module_fixture_run_on_one_worker_which_sets_it_up_once(
     assert len(rows) == 12 and len(shares) == 1, rows
     ((pid, made),) = shares
     assert pid == made  # the fixture was made by the worker that ran them all
+
+
+def test_a_build_yields_to_the_tests_nice_19_and_its_session_group_too(tmp_path):
+    """A build at nice 19 in a session of its own: where the kernel schedules by autogroup, the new session is its own
+    group, which shares the CPU evenly with the tests' unless the group's nice is 19 as well."""
+    code = (
+        "import os, sys\ngroup = open('/proc/self/autogroup').read() if os.path.exists('/proc/self/autogroup') else ''"
+        "\nopen(sys.argv[1], 'w').write(f'{os.nice(0)}|{group}')"
+    )
+    bg = Background(tmp_path, "b", code, "out.txt")
+    assert bg.wait().is_file()
+    nice, group = bg.out.read_text().split("|")
+    assert nice == "19"
+    if group:  # (e.g. "/autogroup-75 nice 19")
+        assert group.split()[-1] == "19", group
