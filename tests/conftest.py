@@ -18,8 +18,10 @@ where later runs of the same clone find it) for tests/test_real_model.py's `gemm
 The demo, the from-scratch world and the Gemma fetch start in processes of their own at nice 19 as soon as collection
 shows a selected test needs them, and the tests that read the demo run last: the suite leaves ~40% of its CPU idle
 (measured, `.ci/run` on 2 cores: 2,745 CPU-s in 2,245 s of wall), servers starting and requests waiting, and the
-builds take that time instead of minutes of their own; at nice 19 they yield the cores to every test. A test that
-reads one waits for it and fails with the tail of its log when it failed.
+builds take that time instead of minutes of their own; at nice 19 (their session groups too: `_lowest_priority`)
+they yield the cores to every test. A test that reads one waits for it and fails with the tail of its log when it
+failed. Under pytest-xdist (`pytest -q -n 2`, the README's test command) they still run once per test run: the first
+worker to collect starts each and the other attaches to it (`Background`); the controller stops them at the end.
 
 What the suite spends: each background build's CPU-seconds and wall (from its process's own resource usage, read by
 `LAUNCHER`) are printed at the end of every run, and with `PYRODASH_SUITE_PROFILE=FILE` every test's too (wall and
