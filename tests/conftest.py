@@ -132,11 +132,13 @@ class Background:
 
     def _pid(self) -> int | None:
         """The build's process (group) id, once its owner has written it (None if it has not within a minute: an
-        owner that died between the two)."""
-        deadline = time.time() + 60
-        while not (self.root / "pid").is_file() and time.time() < deadline:
-            time.sleep(0.2)
-        return int((self.root / "pid").read_text()) if (self.root / "pid").is_file() else None
+        owner that died between the two); read once."""
+        if not hasattr(self, "_pid_read"):
+            deadline = time.time() + 60
+            while not (self.root / "pid").is_file() and time.time() < deadline:
+                time.sleep(0.2)
+            self._pid_read = int((self.root / "pid").read_text()) if (self.root / "pid").is_file() else None
+        return self._pid_read
 
     def running(self) -> bool:
         if self.proc is not None:
@@ -149,11 +151,16 @@ class Background:
         except (FileNotFoundError, IndexError):
             return False
 
+    def _wait_while_running(self, timeout_s: float = float("inf")) -> None:
+        deadline = time.time() + timeout_s
+        while self.running() and time.time() < deadline:
+            time.sleep(0.5)
+
     def finish(self) -> int:
         """Its exit code, once it has exited (-9 when it ended without writing one: killed)."""
         t0 = time.perf_counter()
-        while self.proc is None and self.running():
-            time.sleep(0.5)
+        if self.proc is None:
+            self._wait_while_running()
         code = self.proc.wait() if self.proc is not None else (self.usage() or {"code": -9})["code"]
         waited, ran = time.perf_counter() - t0, time.perf_counter() - self.t0
         print(f"{self.name}: waited {waited:.0f}s for its background build ({ran:.0f}s since it started)")
@@ -181,10 +188,8 @@ class Background:
     def stop(self) -> dict | None:
         """At the end of the session (its main process): wait for a build that must finish, kill any other still
         running, and return its usage."""
-        if self.running() and (self.root / "finish_at_end").is_file():
-            deadline = time.time() + 600
-            while self.running() and time.time() < deadline:
-                time.sleep(0.5)
+        if (self.root / "finish_at_end").is_file():
+            self._wait_while_running(timeout_s=600)
         if self.running():  # a session that ended before its test (-x, a failure, Ctrl-C)
             os.killpg(self._pid(), signal.SIGKILL)
         if self.proc is not None:

@@ -98,3 +98,44 @@ def test_a_build_yields_to_the_tests_nice_19_and_its_session_group_too(tmp_path)
     assert nice == "19"
     if group:  # (e.g. "/autogroup-75 nice 19")
         assert group.split()[-1] == "19", group
+
+
+EXCLUSIVE = """
+import os, time
+import pytest
+
+def _ran(kind):
+    t0 = time.time()
+    time.sleep(1.0 if kind == "exclusive" else 0.3)
+    with open(os.environ["RAN"], "a") as f:
+        f.write(f"{kind} {t0} {time.time()}\\n")
+
+@pytest.mark.parametrize("i", range(6))
+def test_shared(i):
+    _ran("shared")
+
+@pytest.mark.exclusive
+def test_alone():
+    _ran("exclusive")
+
+@pytest.mark.parametrize("i", range(6))
+def test_shared_after(i):
+    _ran("shared")
+"""
+
+
+def test_an_exclusive_test_runs_with_no_other_test_body_beside_it(tmp_path):
+    """Under `-n 2`: while the `exclusive` test's body runs, no other test's body runs on the other worker (without
+    the lock, the other worker's short tests would run through its second)."""
+    (tmp_path / "conftest.py").write_text((ROOT / "tests" / "conftest.py").read_text())
+    (tmp_path / "test_exclusive.py").write_text(EXCLUSIVE)
+    ran = tmp_path / "ran.txt"
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-c", str(ROOT / "pyproject.toml")]
+    run = subprocess.run(
+        [*cmd, "-n", "2", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, env={**os.environ, "RAN": str(ran)}
+    )
+    assert run.returncode == 0, run.stdout[-2000:]
+    rows = [(kind, float(a), float(b)) for kind, a, b in (line.split() for line in ran.read_text().splitlines())]
+    ((_, start, end),) = [r for r in rows if r[0] == "exclusive"]
+    shared = [(a, b) for kind, a, b in rows if kind == "shared"]
+    assert len(shared) == 12 and not [(a, b) for a, b in shared if a < end and b > start], rows
