@@ -138,7 +138,8 @@ def picked(res: dict) -> str:
 def machine(res: dict) -> str:
     p = res["platform"]
     cores = f"{p['cores']}-core " if p.get("cores") else ""
-    return f"{cores}{p.get('cpu', 'CPU')} ({p.get('cpu_capability')} kernels), torch {p.get('torch')}"
+    chosen = f", chosen with {p['kernels_set_by']}" if p.get("kernels_set_by") else ""
+    return f"{cores}{p.get('cpu', 'CPU')} ({p.get('cpu_capability')} kernels{chosen}), torch {p.get('torch')}"
 
 
 def demo_time(res: dict) -> str:

@@ -201,9 +201,10 @@ def test_the_report_finds_the_runs_store_from_another_working_directory(tmp_path
 
 
 def test_the_range_calibration_reads_the_llm_half_decoded_beside_training(tmp_path, decoded, monkeypatch):
-    """`llm_validation_answers` (the demo's step beside training) decodes the LLM alone on every validation turn into
-    the run's store; `calibrate_long` after it decodes the policy's turns only and reads each LLM answer back. Without
-    that step the calibration decodes them itself, and both calibrations are the same."""
+    """`llm_validation_answers` (the demo's step beside training) decodes the LLM alone on the validation turns it is
+    told to (`LLM_TURNS_AHEAD`; here every one, then the first two) into the run's store; `calibrate_long` after it
+    decodes the policy's turns and only the LLM answers the store lacks, and reads the others back. Without that step
+    the calibration decodes them itself, and the calibrations are the same."""
     import pyrodash.world.multiturn as multiturn
     from pyrodash.eval.long import VALIDATION, calibrate_long, llm_validation_answers
 
@@ -220,7 +221,15 @@ def test_the_range_calibration_reads_the_llm_half_decoded_beside_training(tmp_pa
     assert decoded[llm] == 0  # the policy's own handoffs aside, every LLM answer came from the store
     decoded.clear()
     alone = calibrate_long(replace(cfg, run_dir=str(tmp_path / "alone"), answers="off"), 0.6)
-    assert decoded[llm] >= turns and alone["by_turn"] == read_back["by_turn"]
+    measured = sum(r["n"] for r in alone["by_turn"] if r["llm_acc"] is not None)  # up to the first turn out of range
+    assert decoded[llm] >= measured and alone["by_turn"] == read_back["by_turn"]
+    decoded.clear()
+    ahead = replace(cfg, run_dir=str(tmp_path / "ahead"), answers=str(tmp_path / "ahead-answers"))
+    assert llm_validation_answers(ahead, turns=2) == 6 and decoded[llm] == 6  # turns 1-2 of the 3 conversations
+    decoded.clear()
+    assert calibrate_long(ahead, 0.6)["by_turn"] == read_back["by_turn"]
+    # the LLM answers decoded now: turn 3's, where the calibration reached it (no handoff decodes any: as above)
+    assert decoded[llm] == sum(r["n"] for r in read_back["by_turn"][2:] if r["llm_acc"] is not None)
 
 
 def test_a_results_json_is_asdicts_copy_without_the_prompt_ids():

@@ -134,14 +134,18 @@ def test_calibration_keeps_turns_until_the_policy_stops_beating_the_llm():
     engine = _Engine({1: (0.1, True), 2: (0.1, True), 3: (0.1, False), 4: (0.1, True)}, {t: (1.0, True) for t in turns})
     grade = lambda outs, golds: ["{1}" in o for o in outs]  # noqa: E731
     cal = calibrate_range(engine, chats, ["1"] * len(chats), turns, grade)
-    # turn 3 is out of range; turn 4, where the policy would be right again, cannot move max_turns: the policy is
-    # not run there (a calibration that ran it would ask the policy for 8 turns and mark turn 4 within)
+    # turn 3 is out of range; turn 4, where the policy would be right again, cannot move max_turns: neither model is
+    # run there (a calibration that ran the policy would ask it for 8 turns and mark turn 4 within; one that ran the
+    # LLM on every turn first would ask it for 8)
     assert cal.max_turns == 2 and [r["within"] for r in cal.by_turn] == [True, True, False, None]
-    asked = [len(opts) for mode, opts in engine.modes if mode == "collab"]
-    assert asked == [2, 2, 2] and cal.policy_questions == 6 and cal.questions == 8
-    assert cal.by_turn[3]["llm_acc"] == 1.0 and cal.by_turn[3]["policy_acc"] is None  # the LLM answered every turn
+    asked = [(mode, len(opts or [None] * 2)) for mode, opts in engine.modes]
+    assert asked == [("llm", 2), ("collab", 2)] * 3 and cal.policy_questions == 6 and cal.questions == 8
+    assert cal.by_turn[3] == {"turn": 4, "n": 2, "llm_acc": None, "llm_cost_usd": None, "policy_acc": None,
+                              "policy_cost_usd": None, "policy_handoff_rate": None, "slm_prompt_tokens": None,
+                              "within": None}  # fmt: skip
+    assert cal.by_turn[2]["llm_acc"] == 1.0 and cal.by_turn[2]["policy_acc"] == 0.0
     assert cal.by_turn[0]["slm_prompt_tokens"] == {"mean": 10, "min": 10, "max": 10}
-    assert all(o["range_rule"] == RangeRule() for _, opts in engine.modes[1:] for o in opts)  # the rule off
+    assert all(o["range_rule"] == RangeRule() for mode, opts in engine.modes if mode == "collab" for o in opts)
     every = calibrate_range(_Engine({t: (0.1, True) for t in turns}, {t: (1.0, True) for t in turns}), chats,
                             ["1"] * len(chats), turns, grade)  # fmt: skip
     assert every.max_turns is None and every.rule == {"max_turns": None, "max_context_tokens": None}

@@ -273,7 +273,7 @@ def test_the_report_names_the_world_and_where_its_base_models_come_from(tmp_path
     assert "World:" not in render(run)[0]
 
 
-def test_the_report_names_the_platform_of_the_run(tmp_path):
+def test_the_report_names_the_platform_of_the_run(tmp_path, monkeypatch):
     """report.md and summary.json name the platform (torch, CPU capability, CPU, threads): the run's
     `platform.json` where it recorded one (`pyrodash demo` does), else the machine writing the report, marked as such;
     the rest of summary.json does not depend on it."""
@@ -292,7 +292,13 @@ def test_the_report_names_the_platform_of_the_run(tmp_path):
     line = next(x for x in md.splitlines() if x.startswith("Platform: "))
     assert "CPU capability AVX2, GenuineIntel Some CPU, 2 torch threads, 2 worker processes" in line
     assert "recorded by the run" in line
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
     written = record_platform(tmp_path, workers=3)
     assert written == {**platform(), "threads": written["threads"], "workers": 3}
     write_report(tmp_path)
     assert json.loads((tmp_path / "summary.json").read_text())["platform"] == {**written, "source": "run"}
+    # kernels chosen by the environment (AVX2 ones on an AVX-512 CPU, say) are named as such
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
+    assert record_platform(tmp_path)["kernels_set_by"] == "ATEN_CPU_CAPABILITY"
+    md, _, _ = render(tmp_path)
+    assert "(set by ATEN_CPU_CAPABILITY)" in next(x for x in md.splitlines() if x.startswith("Platform: "))

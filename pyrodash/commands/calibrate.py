@@ -137,10 +137,10 @@ def run_range(args: argparse.Namespace) -> int:
         print(json.dumps(out))
         return 0
     for r in cal["by_turn"]:
-        llm = f"LLM {r['llm_acc']:6.1%} ${r['llm_cost_usd']:.6f}"
-        if r["within"] is None:  # past the first turn out of range: the policy is not run there
-            print(f"turn {r['turn']}  n {r['n']:4d}  policy not measured (past the range)  {llm}")
+        if r["within"] is None:  # past the first turn out of range: neither model answers there
+            print(f"turn {r['turn']}  n {r['n']:4d}  not measured (past the range)")
             continue
+        llm = f"LLM {r['llm_acc']:6.1%} ${r['llm_cost_usd']:.6f}"
         print(
             f"turn {r['turn']}  n {r['n']:4d}  policy {r['policy_acc']:6.1%} ${r['policy_cost_usd']:.6f}  {llm}  "
             f"SLM prompt ~{r['slm_prompt_tokens']['mean']:.0f} tokens  {'within' if r['within'] else 'PAST'}"

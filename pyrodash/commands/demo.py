@@ -214,7 +214,12 @@ def training_jobs(recipe, out: Path, lambdas: list[float], console) -> list[Job]
         ("stage1", run_stage1, stage_dir(out, "stage1"), {}),
         ("stage2", run_stage2, stage_dir(out, "stage2"), {}),
     ]
-    chain += [(f"stage3 λ={lam:g}", run_stage3, stage_dir(out, "stage3", lam), {"lam": lam}) for lam in lambdas]
+    # each policy is evaluated on val and test below: its held-out (dev) evaluation, recipe work, is left out here
+    # (`pyrodash train stage3` runs it): ~4 s of one thread per λ on the quick world
+    chain += [
+        (f"stage3 λ={lam:g}", run_stage3, stage_dir(out, "stage3", lam), {"lam": lam, "heldout": False})
+        for lam in lambdas
+    ]
     jobs: list[Job] = []
     needs = {"curation": (), "stage1": ("curation",), "stage2": ("stage1",)}
     for name, fn, dest, kw in chain:

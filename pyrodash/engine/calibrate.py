@@ -130,9 +130,9 @@ def calibrate_offload_bias(engine, questions: list, **kw) -> Calibration:
 @dataclass
 class RangeCalibration:
     """Per turn of the validation conversations (gold history): accuracy and mean $ of the policy (rule off) and of
-    the LLM alone, the SLM prompt's tokens; `max_turns`: the last turn up to which every turn is within range. The
-    policy is measured turn by turn and stops at the first turn out of range (no later turn can move `max_turns`):
-    the rows after it carry the LLM's figures and `within: None` (not measured)."""
+    the LLM alone, the SLM prompt's tokens; `max_turns`: the last turn up to which every turn is within range. Both
+    are measured turn by turn and stop at the first turn out of range (no later turn can move `max_turns`): the rows
+    after it carry only their turn and size (`within: None`, not measured)."""
 
     max_turns: int | None  # None: every turn measured is within range (no limit found)
     min_ratio: float  # a turn is within range when the policy reaches this share of the LLM's accuracy ...
@@ -160,46 +160,49 @@ def within_range(row: dict, min_ratio: float) -> bool:
     return pa >= min_ratio * la and per_dollar and (pa > 0 or la == 0)
 
 
-def turn_row(turn: int, llm: list, ok_llm: list[bool], policy: list | None = None, ok_policy=None) -> dict:
-    """One turn's row: n, accuracy and mean $ of the LLM (its `Done`s) and, when it was measured, of the policy, its
-    handoff rate and its SLM prompt tokens (mean, min, max: the prompt the turn puts to the SLM under P_s); the
-    policy's fields are None where it was not."""
-    n = len(llm)
-    row = {"turn": turn, "n": n, "llm_acc": sum(ok_llm) / n, "llm_cost_usd": sum(d.cost_usd for d in llm) / n}
-    if policy is None:
-        return {**row, "policy_acc": None, "policy_cost_usd": None, "policy_handoff_rate": None,
-                "slm_prompt_tokens": None, "within": None}  # fmt: skip
-    toks = [d.usage.slm_in for d in policy]
-    return {
-        **row,
-        "policy_acc": sum(ok_policy) / n,
-        "policy_cost_usd": sum(d.cost_usd for d in policy) / n,
-        "policy_handoff_rate": sum(d.handoff is not None for d in policy) / n,
-        "slm_prompt_tokens": {"mean": sum(toks) / n, "min": min(toks), "max": max(toks)},
-    }
+def turn_row(turn: int, n: int, llm=None, ok_llm=None, policy=None, ok_policy=None) -> dict:
+    """One turn's row of `n` questions: accuracy and mean $ of the LLM (its `Done`s) and of the policy, its handoff
+    rate and its SLM prompt tokens (mean, min, max: the prompt the turn puts to the SLM under P_s); a model's fields
+    are None where it was not measured (past the first turn out of range, neither is)."""
+    row = {"turn": turn, "n": n, "llm_acc": None, "llm_cost_usd": None, "policy_acc": None, "policy_cost_usd": None,
+           "policy_handoff_rate": None, "slm_prompt_tokens": None, "within": None}  # fmt: skip
+    if llm is not None:
+        row.update(llm_acc=sum(ok_llm) / n, llm_cost_usd=sum(d.cost_usd for d in llm) / n)
+    if policy is not None:
+        toks = [d.usage.slm_in for d in policy]
+        row.update(
+            policy_acc=sum(ok_policy) / n,
+            policy_cost_usd=sum(d.cost_usd for d in policy) / n,
+            policy_handoff_rate=sum(d.handoff is not None for d in policy) / n,
+            slm_prompt_tokens={"mean": sum(toks) / n, "min": min(toks), "max": max(toks)},
+        )
+    return row
 
 
 def calibrate_range(engine, chats: list, golds: list, turns: list[int], grade, min_ratio: float = 0.9, **kw):
     """The range rule's `max_turns` from validation conversations (`chats`: each turn's messages after the gold
-    history; `grade(outputs, golds)` -> bools): the LLM alone answers every turn; the policy (collab, rule off) turn
-    by turn from the first, until a turn is not `within_range`; `max_turns` is the last turn before it. `kw`:
-    `engine.batch` options (batch_size, ...)."""
+    history; `grade(outputs, golds)` -> bools): turn by turn from the first, the LLM alone and the policy (collab,
+    rule off) answer the turn, until a turn is not `within_range`; `max_turns` is the last turn before it. No later
+    turn can move `max_turns`, so neither model answers one (its row says "not measured"; the LLM's answers to the
+    turns it does answer may already be in the engine's answer store: `pyrodash.eval.long.llm_validation_answers`).
+    `kw`: `engine.batch` options (batch_size, ...)."""
     if not chats or not (len(chats) == len(golds) == len(turns)):
         raise ValueError("range calibration needs one gold and one turn number per conversation turn")
     if not 0.0 <= min_ratio <= 1.0:
         raise ValueError(f"min_ratio={min_ratio} must be in [0, 1]")
-    llm = engine.batch(chats, mode="llm", **kw)
-    ok_llm = grade([d.output for d in llm], golds)
     rows, last, out_of_range = [], None, False
     for t in sorted(set(turns)):
         ix = [i for i, x in enumerate(turns) if x == t]
-        llm_t, ok_llm_t = [llm[i] for i in ix], [ok_llm[i] for i in ix]
-        if out_of_range:  # past the first turn out of range: no policy answer can move max_turns
-            rows.append(turn_row(t, llm_t, ok_llm_t))
+        if out_of_range:  # past the first turn out of range: no answer can move max_turns
+            rows.append(turn_row(t, len(ix)))
             continue
+        these, gold = [chats[i] for i in ix], [golds[i] for i in ix]
+        llm = engine.batch(these, mode="llm", **kw)
         off = [{"range_rule": RangeRule()}] * len(ix)
-        policy = engine.batch([chats[i] for i in ix], mode="collab", options=off, **kw)
-        row = turn_row(t, llm_t, ok_llm_t, policy, grade([d.output for d in policy], [golds[i] for i in ix]))
+        policy = engine.batch(these, mode="collab", options=off, **kw)
+        row = turn_row(
+            t, len(ix), llm, grade([d.output for d in llm], gold), policy, grade([d.output for d in policy], gold)
+        )
         row["within"] = within_range(row, min_ratio)
         rows.append(row)
         out_of_range = not row["within"]

@@ -9,6 +9,7 @@ summary.json's `platform`), or, for a run that recorded none (`pyrodash eval`), 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from pyrodash.world.shipped import platform
@@ -17,10 +18,12 @@ PLATFORM_FILE = "platform.json"
 
 
 def current_platform(**extra) -> dict:
-    """This process's `shipped.platform()` (torch, CPU capability, CPU) and torch threads, with `extra` fields."""
+    """This process's `shipped.platform()` (torch, CPU capability, CPU) and torch threads, with `extra` fields; where
+    `ATEN_CPU_CAPABILITY` chose the kernels (e.g. AVX2 ones on an AVX-512 CPU), `kernels_set_by` says so."""
     import torch
 
-    return {**platform(), "threads": torch.get_num_threads(), **extra}
+    chosen = {"kernels_set_by": "ATEN_CPU_CAPABILITY"} if os.environ.get("ATEN_CPU_CAPABILITY") else {}
+    return {**platform(), "threads": torch.get_num_threads(), **chosen, **extra}
 
 
 def record_platform(run_dir: str | Path, **extra) -> dict:
@@ -43,7 +46,8 @@ def platform_line(info: dict) -> str:
     workers = f", {info['workers']} worker processes" if info.get("workers") else ""
     where = "recorded by the run" if info.get("source") == "run" else "the run recorded none: the report's machine"
     return (
-        f"Platform: torch {info.get('torch')}, CPU capability {info.get('cpu_capability')}, {info.get('cpu')}, "
+        f"Platform: torch {info.get('torch')}, CPU capability {info.get('cpu_capability')}"
+        f"{' (set by ' + info['kernels_set_by'] + ')' if info.get('kernels_set_by') else ''}, {info.get('cpu')}, "
         f"{info.get('threads')} torch threads{workers} ({where}). On another CPU kind a few answers may differ (float "
         "sums); the verdicts should not."
     )

@@ -127,7 +127,7 @@ def range_png(calibration: dict, path: str | Path) -> Path:
         ("policy", "PyroDash (rule off)", STYLE["pyrodash"]),
         ("llm", "LLM", STYLE["llm"]),
     ):
-        kept = [r for r in rows if r[f"{key}_acc"] is not None]  # the policy: up to the first turn out of range
+        kept = [r for r in rows if r[f"{key}_acc"] is not None]  # up to the first turn out of range
         top.plot(
             [r["turn"] for r in kept], [100 * r[f"{key}_acc"] for r in kept], marker=marker, color=color, label=label
         )

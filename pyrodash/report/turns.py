@@ -228,7 +228,7 @@ def range_section(run_dir: str | Path) -> list[str]:
             pct(r["policy_acc"]),
             "--" if r["policy_cost_usd"] is None else f"{r['policy_cost_usd']:.8f}",
             pct(r["llm_acc"]),
-            f"{r['llm_cost_usd']:.8f}",
+            "--" if r["llm_cost_usd"] is None else f"{r['llm_cost_usd']:.8f}",
             {True: "yes", False: "no", None: "not measured"}[r["within"]],
         ]
         for r in cal["by_turn"]

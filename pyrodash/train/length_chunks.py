@@ -17,6 +17,8 @@ from __future__ import annotations
 import torch
 from trl import SFTTrainer
 
+from pyrodash.train.fingerprint import register_tokenizer_fingerprint
+
 
 def split_by_length(lengths: list[int], parts: int) -> list[list[int]]:
     """Row indices in at most `parts` groups, each a run of the rows sorted by length, chosen so that the padded
@@ -49,7 +51,12 @@ def right_padded(mask: torch.Tensor) -> bool:
 
 
 class LengthChunkedSFTTrainer(SFTTrainer):
-    """TRL's SFTTrainer with each training batch run in `args.length_chunks` groups of similar length (1: as TRL)."""
+    """TRL's SFTTrainer with each training batch run in `args.length_chunks` groups of similar length (1: as TRL), and
+    its tokenizer fingerprinted cheaply where TRL's dataset preparation hashes it (`pyrodash.train.fingerprint`)."""
+
+    def __init__(self, *args, processing_class=None, **kwargs):
+        register_tokenizer_fingerprint(processing_class)
+        super().__init__(*args, processing_class=processing_class, **kwargs)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         parts = int(getattr(self.args, "length_chunks", 1) or 1)

@@ -228,9 +228,16 @@ def training_prompts(cfg, world) -> list:
 
 
 def run_stage3(
-    recipe, out_dir: str | Path, lam: float | None = None, stage2: str | Path | None = None, resume: bool = False
+    recipe,
+    out_dir: str | Path,
+    lam: float | None = None,
+    stage2: str | Path | None = None,
+    resume: bool = False,
+    heldout: bool = True,
 ) -> Path:
-    """Stage 3 of `recipe` at λ (`recipe.stage3_lambda(lam)`): reads DIR/stage2/, writes DIR/stage3-lambda<λ>/."""
+    """Stage 3 of `recipe` at λ (`recipe.stage3_lambda(lam)`): reads DIR/stage2/, writes DIR/stage3-lambda<λ>/.
+    `heldout`: evaluate the policy on curation's held-out set (`world:dev` on the world: recipe work) into
+    stage3_stats.json; the demo, which evaluates every policy on val and test, passes False (the stats say so)."""
     import torch
     from transformers.trainer_utils import get_last_checkpoint
 
@@ -276,7 +283,10 @@ def run_stage3(
     out = save_checkpoint(merged, tok, dest)
     stats = run_stats(cfg, result, examples, chats, by_rank, computed, computed_by_rank, last)
     heldout_path = curated_dir(out_dir) / "heldout.jsonl"
-    if heldout_path.exists():
+    if not heldout:
+        stats["heldout"] = None
+        stats["heldout_skipped"] = "not asked for (the demo evaluates each policy on val and test instead)"
+    elif heldout_path.exists():
         rows = read_jsonl(heldout_path)
         relay = relay_config(cfg)
         stats["heldout"] = evaluate_collaboration(
