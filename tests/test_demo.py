@@ -208,7 +208,8 @@ def test_own_history_turns_follow_each_methods_own_answers(demo):
 
 def test_long_conversations_ran_beside_the_rest_under_the_calibrated_rule(demo):
     """The demo's three long-conversation steps (`pyrodash.eval.long`): the rule calibrated for λ 0.6 on the
-    validation conversations; slm, llm and the policy on both six-turn splits, every turn of every conversation; the
+    validation conversations; the LLM alone and the policy on both six-turn splits (the SLM alone left out:
+    `eval.long.BASELINES`), every turn of every conversation; the
     policy's turns past the calibrated range routed to the LLM by the rule and none within it, and with its own history
     right at >= 90% of the LLM alone's rate on each at no more $; the run's resolved config carries the rule (the whole
     config, written after every step)."""
@@ -218,7 +219,7 @@ def test_long_conversations_ran_beside_the_rest_under_the_calibrated_rule(demo):
     assert json.loads((demo / "config.resolved.json").read_text())["range_rule"]["max_turns"] == limit
     pt = json.loads((demo / "summary.json").read_text())["per_turn_by_benchmark"]
     for bench in ("world:multiturn6", "world:multiturn6-self"):
-        assert set(pt[bench]) == {"slm", "llm", "pyrodash@0.6"}
+        assert set(pt[bench]) == {"llm", "pyrodash@0.6"}
         for name, turns in pt[bench].items():
             assert set(turns) == {str(k) for k in range(1, 7)} and len({v["n"] for v in turns.values()}) == 1, name
         routed = {int(k): v["range_routed"] for k, v in pt[bench]["pyrodash@0.6"].items()}

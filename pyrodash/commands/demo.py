@@ -24,6 +24,7 @@ from pyrodash.eval.build import SWEEPS, method_specs, sweep_lambda, sweep_relay
 from pyrodash.eval.carve import val_methods
 from pyrodash.eval.harness import EvalConfig, evaluate
 from pyrodash.eval.long import (
+    BASELINES,
     CALIBRATION_FILE,
     VALIDATION,
     calibrate_long,
@@ -153,11 +154,13 @@ def eval_jobs(
 
 def long_conversation_jobs(cfg: EvalConfig, lam: float, names: set[str]) -> list[Job]:
     """`pyrodash.eval.long` for the λ policy as steps: the range rule calibrated after that policy's Stage 3 (when it
-    is a step); slm and llm on the six-turn conversations after the models alone (whose record files they add to:
-    the rule binds PyroDash only, so they need no calibration); the policy under the rule after its calibration, its
+    is a step); the LLM alone (`BASELINES`) on the six-turn conversations after the models alone (whose record files
+    it adds to: the rule binds PyroDash only, so it needs no calibration); the policy under the rule after its
+    calibration, its
     own evaluation and the LLM's conversations, whose answers its turns past the range are (read back from the run's
     answer store, `pyrodash.backends.answer_store`, not decoded again)."""
     stage3, own = f"stage3 λ={lam:g}", f"eval pyrodash λ={lam:g}"
+    baselines = f"long conversations: {', '.join(BASELINES)}"
 
     def after(*needs: str) -> tuple[str, ...]:
         return tuple(n for n in needs if n in names)
@@ -175,9 +178,9 @@ def long_conversation_jobs(cfg: EvalConfig, lam: float, names: set[str]) -> list
     )
     return calibration + [
         Job(
-            "long conversations: slm, llm",
+            baselines,
             evaluate_long,
-            (cfg, lam, ("slm", "llm")),
+            (cfg, lam, BASELINES),
             {"quiet": True},
             after=after("eval models alone, oracle"),
         ),
@@ -188,7 +191,7 @@ def long_conversation_jobs(cfg: EvalConfig, lam: float, names: set[str]) -> list
             {"quiet": True},
             after=(
                 *[j.name for j in calibration if j.name == "range calibration"],
-                "long conversations: slm, llm",
+                baselines,
                 *after(own),
             ),
         ),
