@@ -249,6 +249,15 @@ def test_lambda_controls_llm_use(demo):
     assert all(b <= a + 0.1 for a, b in zip(calls, calls[1:])), f"LLM calls by λ: {lam}"
 
 
+def test_the_demo_leaves_each_policys_dev_evaluation_out_and_says_so(demo):
+    """Each λ's Stage 3 ran without its held-out (world:dev) evaluation (`run_stage3(heldout=False)`): the stats
+    say it was not asked for, where a standalone `pyrodash train stage3` writes the figures (tests/test_train.py)."""
+    for path in sorted(demo.glob("stage3-lambda*/stage3_stats.json")):
+        stats = json.loads(path.read_text())
+        assert stats["heldout"] is None and "not asked for" in stats["heldout_skipped"], path
+    assert len(list(demo.glob("stage3-lambda*/stage3_stats.json"))) == 3
+
+
 def test_report_reprices(demo, tmp_path, capsys):
     """`pyrodash report --prices` re-prices from the records alone, on a copy: the demo's own report, which the other
     tests read, keeps its prices."""

@@ -327,10 +327,10 @@ def test_the_policys_long_conversations_wait_for_the_llms_whose_answers_they_rea
     jobs = {j.name: j for j in long_conversation_jobs(cfg, 0.6, names)}
     assert set(jobs["long conversations: pyrodash"].after) == {
         "range calibration",
-        "long conversations: slm, llm",
+        "long conversations: llm",
         "eval pyrodash λ=0.6",
     }
-    assert jobs["long conversations: slm, llm"].after == ("eval models alone, oracle",)
+    assert jobs["long conversations: llm"].after == ("eval models alone, oracle",)
     # the calibration's LLM half needs no training: it waits for nothing, the calibration waits for it
     assert jobs["range calibration: llm"].after == ()
     assert set(jobs["range calibration"].after) == {"stage3 λ=0.6", "range calibration: llm"}

@@ -208,6 +208,24 @@ def evaluate_collaboration(
     }
 
 
+# stage3_stats.json when the held-out evaluation is not asked for (`run_stage3(heldout=False)`: the demo)
+NO_HELDOUT = {"heldout": None, "heldout_skipped": "not asked for (the demo evaluates each policy on val and test)"}
+
+
+def heldout_stats(cfg, model, tokenizer, llm, out_dir: str | Path, prompts: Prompts, prices) -> dict:
+    """{"heldout": `evaluate_collaboration` of the trained policy on curation's held-out rows} (nothing without
+    them)."""
+    path = curated_dir(out_dir) / "heldout.jsonl"
+    if not path.exists():
+        return {}
+    rows = read_jsonl(path)
+    held = evaluate_collaboration(
+        model, tokenizer, llm, rows, prompts, prices, cfg.max_completion_length, cfg.llm_max_new_tokens,
+        relay=relay_config(cfg),
+    )  # fmt: skip
+    return {"heldout": held}
+
+
 def _rate(xs: list[bool]) -> float | None:
     return sum(xs) / len(xs) if xs else None
 
@@ -282,16 +300,7 @@ def run_stage3(
     merged.generation_config.eos_token_id = original_eos
     out = save_checkpoint(merged, tok, dest)
     stats = run_stats(cfg, result, examples, chats, by_rank, computed, computed_by_rank, last)
-    heldout_path = curated_dir(out_dir) / "heldout.jsonl"
-    if not heldout:
-        stats["heldout"] = None
-        stats["heldout_skipped"] = "not asked for (the demo evaluates each policy on val and test instead)"
-    elif heldout_path.exists():
-        rows = read_jsonl(heldout_path)
-        relay = relay_config(cfg)
-        stats["heldout"] = evaluate_collaboration(
-            merged, tok, llm, rows, prompts, prices, cfg.max_completion_length, cfg.llm_max_new_tokens, relay=relay
-        )
+    stats.update(heldout_stats(cfg, merged, tok, llm, out_dir, prompts, prices) if heldout else NO_HELDOUT)
     (dest / "stage3_stats.json").write_text(json.dumps(stats, indent=2))
     save_resolved(out, recipe, cfg, {"stage2": str(src), "stats": stats})
     dist.barrier()
