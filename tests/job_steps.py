@@ -21,6 +21,13 @@ def fail(message: str) -> None:
     raise ValueError(message)
 
 
+def torch_loaded(path: str) -> None:
+    """A step: whether torch was loaded in this worker before it (written as "yes" / "no")."""
+    import sys
+
+    Path(path).write_text("yes" if "torch" in sys.modules else "no")
+
+
 def torch_threads(path: str) -> None:
     import torch
 

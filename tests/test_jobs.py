@@ -10,7 +10,7 @@ import pytest
 
 # the steps run in the scheduler's worker processes, which import the module that defines them (`job_steps`: the
 # standard library only, not the demo this module imports)
-from job_steps import fail, note, torch_threads, watch_grant
+from job_steps import fail, note, torch_loaded, torch_threads, watch_grant
 
 from pyrodash.commands.demo import ROOT, eval_jobs, training_jobs
 from pyrodash.eval.harness import EvalConfig
@@ -70,12 +70,18 @@ def test_the_demo_trains_first_the_lambda_most_steps_wait_on():
 
 
 def test_a_worker_has_one_torch_thread(tmp_path):
+    """Where a step loads torch it has one thread; a worker whose steps do not use torch never imports it (the
+    threads are set through OMP_NUM_THREADS until torch is loaded: `scheduler.set_threads`)."""
     run_jobs(
-        [Job("t", torch_threads, (str(tmp_path / "n"),)), Job("u", note, (str(tmp_path / "x"), "u"))],
+        [
+            Job("loaded?", torch_loaded, (str(tmp_path / "loaded"),)),
+            Job("t", torch_threads, (str(tmp_path / "n"),), after=("loaded?",)),
+            Job("u", note, (str(tmp_path / "x"), "u", 3.0)),  # still running when "t" starts: "t" is not alone
+        ],
         2,
         tmp_path / "logs",
     )
-    assert (tmp_path / "n").read_text() == "1"
+    assert (tmp_path / "n").read_text() == "1" and (tmp_path / "loaded").read_text() == "no"
 
 
 def test_a_failed_step_is_named_with_its_log_and_what_needs_it_never_runs(tmp_path):
