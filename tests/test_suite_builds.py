@@ -67,18 +67,24 @@ def test_alone(i):
 """
 
 
-def test_tests_sharing_a_module_fixture_run_on_one_worker_which_sets_it_up_once(tmp_path):
-    """Under `-n 2` (the suite's settings from pyproject.toml, its conftest): the six tests of a module that share a
-    module fixture run in one worker, which made the fixture once."""
+def _two_workers(tmp_path, name: str, source: str) -> list[list[str]]:
+    """Run the test module `source` (as `name`) under `-n 2` with the suite's settings (pyproject.toml) and its
+    conftest; the lines its tests wrote to $RAN, split into fields."""
     (tmp_path / "conftest.py").write_text((ROOT / "tests" / "conftest.py").read_text())
-    (tmp_path / "test_grouped.py").write_text(GROUPED)
+    (tmp_path / name).write_text(source)
     ran = tmp_path / "ran.txt"
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-c", str(ROOT / "pyproject.toml")]
     run = subprocess.run(
         [*cmd, "-n", "2", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, env={**os.environ, "RAN": str(ran)}
     )
     assert run.returncode == 0, run.stdout[-2000:]
-    rows = [line.split() for line in ran.read_text().splitlines()]
+    return [line.split() for line in ran.read_text().splitlines()]
+
+
+def test_tests_sharing_a_module_fixture_run_on_one_worker_which_sets_it_up_once(tmp_path):
+    """Under `-n 2` (the suite's settings from pyproject.toml, its conftest): the six tests of a module that share a
+    module fixture run in one worker, which made the fixture once."""
+    rows = _two_workers(tmp_path, "test_grouped.py", GROUPED)
     shares = {(pid, made) for kind, pid, made in rows if kind == "shares"}
     assert len(rows) == 12 and len(shares) == 1, rows
     ((pid, made),) = shares
@@ -127,15 +133,7 @@ def test_shared_after(i):
 def test_an_exclusive_test_runs_with_no_other_test_body_beside_it(tmp_path):
     """Under `-n 2`: while the `exclusive` test's body runs, no other test's body runs on the other worker (without
     the lock, the other worker's short tests would run through its second)."""
-    (tmp_path / "conftest.py").write_text((ROOT / "tests" / "conftest.py").read_text())
-    (tmp_path / "test_exclusive.py").write_text(EXCLUSIVE)
-    ran = tmp_path / "ran.txt"
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-c", str(ROOT / "pyproject.toml")]
-    run = subprocess.run(
-        [*cmd, "-n", "2", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, env={**os.environ, "RAN": str(ran)}
-    )
-    assert run.returncode == 0, run.stdout[-2000:]
-    rows = [(kind, float(a), float(b)) for kind, a, b in (line.split() for line in ran.read_text().splitlines())]
+    rows = [(kind, float(a), float(b)) for kind, a, b in _two_workers(tmp_path, "test_exclusive.py", EXCLUSIVE)]
     ((_, start, end),) = [r for r in rows if r[0] == "exclusive"]
     shared = [(a, b) for kind, a, b in rows if kind == "shared"]
     assert len(shared) == 12 and not [(a, b) for a, b in shared if a < end and b > start], rows

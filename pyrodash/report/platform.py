@@ -45,9 +45,9 @@ def platform_line(info: dict) -> str:
     """report.md's one line on the platform."""
     workers = f", {info['workers']} worker processes" if info.get("workers") else ""
     where = "recorded by the run" if info.get("source") == "run" else "the run recorded none: the report's machine"
+    chosen = f" (set by {info['kernels_set_by']})" if info.get("kernels_set_by") else ""
     return (
-        f"Platform: torch {info.get('torch')}, CPU capability {info.get('cpu_capability')}"
-        f"{' (set by ' + info['kernels_set_by'] + ')' if info.get('kernels_set_by') else ''}, {info.get('cpu')}, "
+        f"Platform: torch {info.get('torch')}, CPU capability {info.get('cpu_capability')}{chosen}, {info.get('cpu')}, "
         f"{info.get('threads')} torch threads{workers} ({where}). On another CPU kind a few answers may differ (float "
         "sums); the verdicts should not."
     )
