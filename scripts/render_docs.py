@@ -13,7 +13,8 @@ what the docs quote, with the machine it ran on and the demo's step times). View
 `verdict` (the report's one-sentence Pareto verdict), `picked` (the operating points picked on val, read on test),
 `machine` (the platform, in words), `demo-time` (the demo's wall time and its steps), `profile` (each step's seconds
 and whether it is on the critical path), `seeds` (the picked points over world seeds: a `pyrodash demo --seeds`
-output directory stored with `--store`), `spread` (their mean and min-max in a sentence), `turns` (the seeds'
+output directory stored with `--store`), `spread` (their mean and min-max in a sentence), `bars` (the demo's bar for a pick on test),
+`seeds-verdict` (which seeds' picks meet it, and which picks are fallbacks), `turns` (the seeds'
 conversations per turn), `sizing` (docs/scaling.md's table for 1M requests a day, from a run's handoff rates),
 `ablation` and `ablation-gaps` (the normalized against the direct cost penalty, stored with a seeds run), `suite`
 (where the test suite's CPU-seconds go: a profile a suite run wrote, `PYRODASH_SUITE_PROFILE=FILE`, stored with
@@ -43,7 +44,7 @@ from suite_profile import suite_markdown, suite_rows  # noqa: E402
 from pyrodash.eval.names import parse_method  # noqa: E402
 from pyrodash.jobs.profile import demo_profile, profile_markdown  # noqa: E402
 from pyrodash.report.markdown import md_table  # noqa: E402
-from pyrodash.report.seeds import ORACLE, seeds_markdown  # noqa: E402
+from pyrodash.report.seeds import BARS, ORACLE, meets_bar, seeds_markdown  # noqa: E402
 from pyrodash.report.tables import verdict_sentence  # noqa: E402
 from pyrodash.report.turns import seed_turn_table, seed_turns  # noqa: E402
 
@@ -176,6 +177,47 @@ def seeds(res: dict) -> str:
     return "\n".join(seeds_markdown(res["seeds"]))
 
 
+def bars(res: dict) -> str:
+    """The demo's bars for a picked point on test (`pyrodash.report.seeds.BARS`, which `tests/test_demo.py` checks),
+    for the kinds the stored seeds run picked, in one sentence."""
+    kinds = dict.fromkeys(r["kind"] for r in res["seeds"]["rows"])
+    return "; ".join(f"{_KIND[k]}: {BARS[k]} of LLM-only, on test" for k in kinds)
+
+
+_KIND = {"single": "the single-handoff pick", "relay": "the relay's pick"}
+
+
+def _seed_list(seeds: list) -> str:
+    if not seeds:
+        return "no seed"
+    names = [str(s) for s in seeds]
+    return ("seed " if len(names) == 1 else "seeds ") + (
+        names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+    )
+
+
+def seeds_verdict(res: dict) -> str:
+    """Which seeds' picks meet their bar on test, per kind, and which picks are fallbacks (no candidate met the
+    criterion on that seed's val, so the most accurate one was served): the seeds table in one sentence."""
+    rows = res["seeds"]["rows"]
+    out = []
+    for kind in dict.fromkeys(r["kind"] for r in rows):
+        mine = [r for r in rows if r["kind"] == kind]
+        meets = [r["seed"] for r in mine if meets_bar(r)]
+        misses = [r["seed"] for r in mine if meets_bar(r) is False]
+        fallback = [r["seed"] for r in mine if not r["met"]]
+        text = f"{_KIND[kind]} meets its bar on {_seed_list(meets)}"
+        if misses and meets:
+            text += f" and misses it on {_seed_list(misses)}"
+        if fallback:
+            text += (
+                f" ({_seed_list(fallback)}: a fallback, no point reached the criterion on `world:val`, so the most "
+                "accurate there was picked)"
+            )
+        out.append(text)
+    return "; ".join(out)
+
+
 def turns(res: dict) -> str:
     """The seeds' conversations per turn (`pyrodash.report.turns.seed_turn_table`)."""
     if not res.get("turns"):
@@ -293,6 +335,8 @@ def suite(res: dict) -> str:
 
 VIEWS = {
     "spread": spread,
+    "bars": bars,
+    "seeds-verdict": seeds_verdict,
     "table": table,
     "verdict": verdict,
     "machine": machine,
