@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from pyrodash.chat import ToolCall, answer_blocks
 from pyrodash.cost import Usage
 
 
@@ -66,12 +67,12 @@ class LLMFailure:
 class Done:
     """The final record of a request (Line 8 / 11)."""
 
-    output: str  # the joint output O_s || O_l (never contains <offload>)
+    output: str  # the joint output O_s || O_l (never contains <offload>, nor a tool call's markup)
     slm_text: str
     llm_text: str
     usage: Usage
     cost_usd: float
-    finish_reason: str  # "stop" | "length" | "error"
+    finish_reason: str  # "stop" | "length" | "tool_calls" | "error"
     handoff: int | None  # SLM tokens before the handoff, or None when the SLM answered alone
     offload_bias: float = 0.0
     handoff_share: float = 1.0  # the share of requests that may hand off, in effect for this one
@@ -96,6 +97,14 @@ class Done:
     relay_fallback: str | None = None
     # cost_usd by billed component (`pyrodash.cost.COMPONENTS`), each LLM endpoint at its own prices: sums to cost_usd
     cost_usd_by_component: dict[str, float] = field(default_factory=dict)
+    # the answer's tool calls after its text, each saying which model wrote it (`ToolCall.by`); finish "tool_calls"
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    # what a model wrote as a tool call that could not be read as one (dropped, never shown as content), one line each
+    tool_call_errors: list[str] = field(default_factory=list)
+
+    def blocks(self) -> list:
+        """The answer as ordered blocks: its text (`chat.TextBlock`, when there is any), then its tool calls."""
+        return answer_blocks(self.output, self.tool_calls)
 
     def to_dict(self) -> dict:
         d = asdict(self)

@@ -29,7 +29,7 @@ USAGE_FIELDS = (
 @dataclass
 class Record:
     output: str  # the joint answer, in streamed order
-    finish_reason: str  # "stop" | "length" | "error"
+    finish_reason: str  # "stop" | "length" | "tool_calls" | "error"
     mode: str  # "collab" (Algorithm 1), "slm" or "llm" alone
     slm_in: int  # SLM prompt tokens, over all its segments
     slm_out: int  # the <offload> stop token included, as billed
@@ -58,6 +58,8 @@ class Record:
     # every failed LLM attempt, typed (`pyrodash.events.LLMFailure`): attempt, kind, message, status, reached_server
     llm_failures: list[dict] = field(default_factory=list)
     cost_usd_by_component: dict = field(default_factory=dict)  # cost_usd split: slm_in, slm_out, llm_in, llm_out
+    tool_calls: list[dict] = field(default_factory=list)  # the answer's tool calls: {id, name, arguments, by}
+    tool_call_errors: list[str] = field(default_factory=list)  # calls a model wrote that could not be read (dropped)
 
     @classmethod
     def from_done(cls, done: Done) -> Record:
@@ -92,6 +94,8 @@ class Record:
             slm_cached_in=u.slm_cached_in,
             llm_failures=[asdict(f) for f in done.failures],
             cost_usd_by_component=dict(done.cost_usd_by_component),
+            tool_calls=[c.record() for c in done.tool_calls],
+            tool_call_errors=list(done.tool_call_errors),
         )
 
     def to_json(self) -> dict:

@@ -8,6 +8,7 @@ one did; that token is never part of `text`) and the exact token usage of the re
 from __future__ import annotations
 
 import copy
+import json
 import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, fields
@@ -30,6 +31,9 @@ class GenRequest:
     stop_token_ids: list[int] = field(default_factory=list)  # e.g. the SLM's <offload> id
     logit_bias: dict[int, float] = field(default_factory=dict)  # added to these token logits while decoding
     top_logprobs: int = 0  # >0: report the top-k log-probabilities at every generated position
+    # the functions the model may call (OpenAI function schemas, `pyrodash.chat.Tools.schemas`): rendered into the
+    # prompt by the chat template, or sent as `tools` to a chat endpoint; None: no tools
+    tools: list[dict] | None = None
     # Not a field (no annotation): the answer this request belongs to (any object; set by the engine on the SLM
     # requests of a relay answer, `Turn.cache_key`). An in-process backend with a prefix cache keeps the KV of keyed
     # sequences and reuses it for the next request with the same key (pyrodash.backends.hf.prefix_cache); None: no
@@ -56,6 +60,8 @@ class GenChunk:
     # set by a composite backend (backends/mesh.py) on the last chunk: one dict per upstream call, in order
     # ({endpoint, calls, llm_in, llm_out, llm_cached_in, text, prices, error}); None = this backend is one endpoint
     endpoints: list[dict] | None = None
+    # set on the last chunk by a backend whose server returns structured calls (a chat endpoint's `tool_calls`)
+    tool_calls: list | None = None  # `pyrodash.chat.ToolCall`s
 
 
 @dataclass
@@ -132,9 +138,18 @@ def public_name(text: object, default: str) -> str:
     return s or default
 
 
-def estimate_tokens(messages: list[dict], prefix: str = "") -> int:
-    """A conservative token estimate (characters / 3, plus a few per message) for backends that cannot count."""
-    chars = sum(len(str(m.get("content") or "")) + 8 for m in messages) + len(prefix)
+def message_chars(m: dict) -> int:
+    """The characters of one message a prompt holds: its content, and its tool calls or tool-call id as sent."""
+    n = len(str(m.get("content") or "")) + 8
+    if m.get("tool_calls"):
+        n += len(json.dumps(m["tool_calls"]))
+    return n + len(str(m.get("tool_call_id") or ""))
+
+
+def estimate_tokens(messages: list[dict], prefix: str = "", tools: list[dict] | None = None) -> int:
+    """A conservative token estimate (characters / 3, plus a few per message) for backends that cannot count: the
+    messages with their tool calls, the prefix and the tools' schemas."""
+    chars = sum(message_chars(m) for m in messages) + len(prefix) + (len(json.dumps(tools)) if tools else 0)
     return -(-chars // CHARS_PER_TOKEN_ESTIMATE)
 
 

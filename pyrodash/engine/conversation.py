@@ -16,10 +16,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from pyrodash.backends.base import GenRequest, KnowsWindow, Tokenizes
+from pyrodash.backends.base import estimate_tokens as base_estimate
 from pyrodash.backends.literal import CLOSE, OPEN
 from pyrodash.prompts import OFFLOAD_TOKEN
-
-CHARS_PER_TOKEN_ESTIMATE = 3  # a conservative estimate for backends that cannot count tokens locally
 
 
 @dataclass(frozen=True)
@@ -121,18 +120,20 @@ def fit_context(
     )
 
 
-def estimate_tokens(messages: list[dict], prefix: str = "") -> int:
-    """A conservative token estimate (characters / 3, plus a few per message) for backends that cannot count."""
-    chars = sum(len(str(m.get("content") or "")) + 8 for m in messages) + len(prefix)
-    return -(-chars // CHARS_PER_TOKEN_ESTIMATE)
+def estimate_tokens(messages: list[dict], prefix: str = "", tools: list[dict] | None = None) -> int:
+    """A conservative token estimate (characters / 3, plus a few per message) for backends that cannot count: the
+    backends' own (`pyrodash.backends.base.estimate_tokens`, tool calls and schemas included)."""
+    return base_estimate(messages, prefix, tools)
 
 
-def token_counter(backend, prefix: str = "") -> tuple[Callable[[list[dict]], int], bool]:
-    """(count(messages) -> prompt tokens of a request with `prefix`, estimated?): the backend's own tokenizer when it
-    has one (`prompt_ids`), else `estimate_tokens`."""
+def token_counter(
+    backend, prefix: str = "", tools: list[dict] | None = None
+) -> tuple[Callable[[list[dict]], int], bool]:
+    """(count(messages) -> prompt tokens of a request with `prefix` and `tools`, estimated?): the backend's own
+    tokenizer when it has one (`prompt_ids`), else `estimate_tokens`."""
     if isinstance(backend, Tokenizes):
-        return (lambda msgs: len(backend.prompt_ids(GenRequest(messages=msgs, prefix=prefix)))), False
-    return (lambda msgs: estimate_tokens(msgs, prefix)), True
+        return (lambda msgs: len(backend.prompt_ids(GenRequest(messages=msgs, prefix=prefix, tools=tools)))), False
+    return (lambda msgs: estimate_tokens(msgs, prefix, tools)), True
 
 
 def backend_context(backend) -> int | None:

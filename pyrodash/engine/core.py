@@ -33,12 +33,13 @@ from pyrodash.backends.base import (
 )
 from pyrodash.backends.deadline import LazyDeadline
 from pyrodash.backends.retry import FailurePolicy, backoff_delay
+from pyrodash.chat import to_dicts
 from pyrodash.cost import Prices
 from pyrodash.engine import conversation as conv
 from pyrodash.engine import fitting
 from pyrodash.engine.fitting import PromptSize
 from pyrodash.engine.range_rule import ROUTED, RangeRule
-from pyrodash.engine.relay import RelayConfig, RelayRun, key_relay_turns, relay_for, relay_runs
+from pyrodash.engine.relay import TOOLS, RelayConfig, RelayRun, calls_for, key_relay_turns, relay_for, relay_runs
 from pyrodash.engine.requests import (
     BAN,
     TO_THE_END,
@@ -54,6 +55,7 @@ from pyrodash.engine.requests import (
 from pyrodash.engine.turn import Turn
 from pyrodash.events import Done, Event, Handoff, LLMDelta, LLMFailure, SLMDelta
 from pyrodash.prompts import OFFLOAD_TOKEN, Prompts, pack
+from pyrodash.tool_parser import ToolCallParser, split
 
 
 class _EarlyCall:
@@ -223,8 +225,9 @@ class CollaborateEngine:
         """A question as chat messages; a conversation's history is plain text (`<offload>` stripped)."""
         if isinstance(question, str):
             return self.prompts.plain_messages(question)
+        question = to_dicts(question) if isinstance(question, list) else question
         if not isinstance(question, list) or not question or not all(isinstance(m, dict) for m in question):
-            raise ValueError("a question is a str or a non-empty list of chat messages ({'role', 'content'} dicts)")
+            raise ValueError("a question is a str or a non-empty list of chat messages (`chat.Message`s or dicts)")
         return conv.clean_history(question)
 
     def _fit(self, side: str, req: GenRequest) -> int:
@@ -242,15 +245,17 @@ class CollaborateEngine:
         prefix = not isinstance(self.llm, ContinuesPrefix) or self.llm.continues_prefix
         return self.handoff_style if prefix else "instruct"
 
-    def llm_request(self, messages: list[dict], partial: str, max_tokens: int, sampling: dict) -> GenRequest:
+    def llm_request(
+        self, messages: list[dict], partial: str, max_tokens: int, sampling: dict, tools: list[dict] | None = None
+    ) -> GenRequest:
         """The single handoff request (Line 6) in the style in use (`llm_style`), trimmed to the LLM's window."""
-        return self.llm_request_fitted(messages, partial, max_tokens, sampling)[0]
+        return self.llm_request_fitted(messages, partial, max_tokens, sampling, tools)[0]
 
     def llm_request_fitted(
-        self, messages: list[dict], partial: str, max_tokens: int, sampling: dict
+        self, messages: list[dict], partial: str, max_tokens: int, sampling: dict, tools: list[dict] | None = None
     ) -> tuple[GenRequest, int]:
         """(`llm_request`, the earlier messages dropped to fit it to the LLM's context window)."""
-        req = handoff_request(self.prompts, self.llm_style, messages, partial, max_tokens, sampling)
+        req = handoff_request(self.prompts, self.llm_style, messages, partial, max_tokens, sampling, tools)
         return req, self._fit("llm", req)
 
     def _share(self, handoff_share: float | None) -> float:
@@ -279,7 +284,8 @@ class CollaborateEngine:
         sampling = sampling_fields(r.temperature, r.top_p, r.seed, r.stop)
         mode, routed = self._route(r, messages)
         admitted = mode != "collab" or handoff_admitted(messages, share)
-        req, side = self._first_request(mode, messages, first, bias if admitted else BAN, sampling)
+        schemas = r.tools.schemas() if r.tools is not None else None
+        req, side = self._first_request(mode, messages, first, bias if admitted else BAN, sampling, schemas)
         dropped = self._fit(side, req)
         llm_max = per_model if self.llm_max_tokens is None or r.max_tokens is not None else self.llm_max_tokens
         if mode == "llm":
@@ -299,6 +305,9 @@ class CollaborateEngine:
             sampling={k: getattr(req, k) for k in ("seed", "stop", "temperature", "top_p")},
             trimmed={"slm": 0, "llm": 0} | {side: dropped},
             gate=r.gate,
+            tools=r.tools,
+            formats={"slm": tool_format(self.slm), "llm": tool_format(self.llm)},
+            relay_fallback=TOOLS if r.tools is not None and calls_for(self.relay, r) > 1 else None,
         )
 
     def route(self, r: EngineRequest) -> tuple[str, str | None]:
@@ -321,7 +330,7 @@ class CollaborateEngine:
         return ("llm", ROUTED) if rule.reason(conv.turn_number(messages), prompt_tokens) else ("collab", None)
 
     def _first_request(
-        self, mode: str, messages: list[dict], first: int, bias: float, sampling: dict
+        self, mode: str, messages: list[dict], first: int, bias: float, sampling: dict, tools: list[dict] | None
     ) -> tuple[GenRequest, str]:
         """(the first model's request, its side): in mode "collab" the SLM's under P_s with `<offload>` a stop id
         carrying `bias` (an SLM without `<offload>`, require_offload=False, hands off only when told to: abatch);
@@ -333,11 +342,12 @@ class CollaborateEngine:
                 max_tokens=first,
                 stop_token_ids=oid,
                 logit_bias={self.offload_id: bias} if bias and oid else {},
+                tools=tools,
                 **sampling,
             )
             return req, "slm"
         ban = {self.offload_id: BAN} if mode == "slm" and self.offload_id is not None else {}
-        return GenRequest(messages=list(messages), max_tokens=first, logit_bias=ban, **sampling), mode
+        return GenRequest(messages=list(messages), max_tokens=first, logit_bias=ban, tools=tools, **sampling), mode
 
     # ---- what the server asks before and after a request: its prompts' sizes, the LLM-only prompt ----------
     def prepare(self, request: EngineRequest) -> list[PromptSize]:
@@ -352,13 +362,13 @@ class CollaborateEngine:
         if request.mode == "collab":
             first = self.turn(request)
         else:  # a model answering alone: the collaborative requests bound its prompt
-            first = self.turn(messages, max_tokens=budget, range_rule=RangeRule())
+            first = self.turn(messages, max_tokens=budget, range_rule=RangeRule(), tools=request.tools)
         routed = request.mode == "collab" and first.routed  # past the SLM's range: the SLM never reads this prompt
         total = min(budget, request.max_total_tokens or budget)  # the most one model decodes
         sizes = []
         for side, backend, build in (
             *([] if routed else [("SLM", self.slm, lambda: first.req)]),
-            ("LLM", self.llm, lambda: self.llm_request_fitted(messages, "", budget, {})[0]),
+            ("LLM", self.llm, lambda: self.llm_request_fitted(messages, "", budget, {}, first.req.tools)[0]),
         ):
             if fitting.counts_prompts(backend) and (window := backend.context_window()) is not None:
                 sizes.append(PromptSize(side, fitting.prompt_size(backend, build(), total, window), window))
@@ -385,7 +395,8 @@ class CollaborateEngine:
             backend = getattr(self, side)
             if isinstance(backend, Tokenizes):
                 with contextlib.suppress(Exception):  # a tokenizer that cannot render this conversation
-                    return len(backend.prompt_ids(GenRequest(messages=messages))), side
+                    tools = request.tools.schemas() if request.tools is not None else None
+                    return len(backend.prompt_ids(GenRequest(messages=messages, tools=tools))), side
         return None
 
     def _billed_alone(self, solo: Done) -> bool:
@@ -405,8 +416,12 @@ class CollaborateEngine:
         """Lines 3-5 / 9-11: bill the SLM's decoding and say whether it ended in `<offload>` (a handoff; in a batch,
         an SLM result with finish_reason "offload" is a handoff told from outside: the oracle's)."""
         slm_out = t.bill_slm(final, seen)
-        if t.mode == "slm" or not self.offloaded(final):
-            t.slm_text, t.finish = text, final.finish_reason or "length"  # Line 11: the SLM answered alone
+        if t.tools is not None:  # the text as content, and the calls it wrote (a half call before `<offload>` goes)
+            text, t.slm_calls, errors = split(text, t.formats["slm"], "slm")
+            t.tool_errors += errors
+        outcome = segment_outcome(t.mode != "slm" and self.offloaded(final), t.slm_calls)
+        if outcome != "offload":  # Line 11: the SLM answered alone (text, or tool calls)
+            t.slm_text, t.finish = text, "tool_calls" if outcome == "tool_calls" else final.finish_reason or "length"
             return False
         t.slm_text, t.handoff = text, max(slm_out - 1, 0)  # Pack(O_s) excludes <offload>
         return True
@@ -426,10 +441,11 @@ class CollaborateEngine:
         (`so_far`, else the turn's LLM text: a retry continues what arrived), or in mode "llm" the question itself."""
         sampling = t.sampling if call.stop is None else {**t.sampling, "stop": list(call.stop)}
         if t.mode == "llm":  # the fitted request again, with what is left to decode
-            return GenRequest(messages=t.req.messages, max_tokens=left, **sampling), 0
+            return GenRequest(messages=t.req.messages, max_tokens=left, tools=t.req.tools, **sampling), 0
         written = pack(t.slm_text) if call.written is None else call.written
         so_far = t.llm_text if so_far is None else so_far
-        return self.llm_request_fitted(t.messages, written + so_far, left, sampling)
+        schemas = t.tools.schemas() if t.tools is not None else None
+        return self.llm_request_fitted(t.messages, written + so_far, left, sampling, schemas)
 
     def _calls(self, got: GenChunk, text: str, reached: int, error: str | None) -> list[dict]:
         """The per-endpoint entries of one LLM attempt: a composite backend's own (`GenChunk.endpoints`), else one
@@ -448,13 +464,27 @@ class CollaborateEngine:
                 "text": text,
                 "prices": None,
                 "error": error,
+                "tool_calls": list(got.tool_calls or ()),  # structured calls a chat endpoint returned
             }
         ]
 
     async def llm_call(
         self, t: Turn, early: _EarlyCall | None = None, call: LLMCall = TO_THE_END
     ) -> AsyncIterator[LLMDelta]:
-        """Lines 6-7: one LLM call (`call`: what it continues, its cap and stop; the default is the single handoff's,
+        """Lines 6-7: one LLM call (`_attempts`); with tools, its text as content only (a call's markup held back:
+        the calls are read into the answer's blocks when its `Done` is built)."""
+        parser = _parser(t, "llm")
+        async with contextlib.aclosing(self._attempts(t, early, call)) as it:
+            async for ev in it:
+                if shown := _shown(parser, ev.text):
+                    yield LLMDelta(shown)
+        if parser is not None and (rest := parser.finish()):
+            yield LLMDelta(rest)
+
+    async def _attempts(
+        self, t: Turn, early: _EarlyCall | None = None, call: LLMCall = TO_THE_END
+    ) -> AsyncIterator[LLMDelta]:
+        """One LLM call (`call`: what it continues, its cap and stop; the default is the single handoff's,
         to the end of the answer), under the failure policy (retries continue from what already arrived, so no text
         is duplicated or lost). Sets `t.finish` on success; leaves it None when every attempt failed."""
         pol, mark = self.failure, len(t.llm_text)  # t.llm_text[mark:]: this call's text
@@ -555,15 +585,18 @@ class CollaborateEngine:
             logit_bias={self.offload_id: BAN},
             **t.sampling,
         )
-        fin, seen = GenChunk(), 0
+        fin, seen, parser = GenChunk(), 0, _parser(t, "slm")
         async with contextlib.aclosing(self.slm.stream(t.slm_request(freq))) as it:
             async for ch in it:
                 seen += len(ch.token_ids) or bool(ch.text)
                 if ch.text:
                     t.fb_text += ch.text
-                    yield SLMDelta(ch.text)
+                    if shown := _shown(parser, ch.text):
+                        yield SLMDelta(shown)
                 if ch.finish_reason is not None:
                     fin = ch
+        if parser is not None and (rest := parser.finish()):
+            yield SLMDelta(rest)
         t.bill_slm(fin, seen)
         t.fallback, t.finish = True, fin.finish_reason or "length"
 
@@ -621,13 +654,15 @@ class CollaborateEngine:
         if early_call:
             self._warm_llm()
         text, final, seen, counted, early = "", GenChunk(), 0, True, False
+        parser = _parser(t, "slm")  # with tools: a call's markup is held back, never streamed as text
         async with contextlib.aclosing(self.slm.stream(t.slm_request())) as it:
             async for ch in it:
                 seen += len(ch.token_ids) or bool(ch.text)
                 counted = counted and (bool(ch.token_ids) or not ch.text)  # exact token counts as we go
                 if ch.text:
                     text += ch.text
-                    yield SLMDelta(ch.text)
+                    if shown := _shown(parser, ch.text):
+                        yield SLMDelta(shown)
                 if ch.finish_reason is not None:
                     final = ch
                     # the LLM's budget is known now unless a joint budget needs the SLM's exact count
@@ -640,13 +675,18 @@ class CollaborateEngine:
                         and t.mode == "collab"
                         and ch.stop_token_id == self.offload_id
                         and left_now > 0
+                        and not (parser is not None and parser.calls)  # complete calls end the segment: no handoff
                     ):
-                        ereq, dropped = self.llm_request_fitted(t.messages, pack(text), left_now, t.sampling)
+                        partial = pack(split(text, t.formats["slm"])[0] if parser is not None else text)
+                        schemas = t.tools.schemas() if t.tools is not None else None
+                        ereq, dropped = self.llm_request_fitted(t.messages, partial, left_now, t.sampling, schemas)
                         t.trimmed["llm"] = max(t.trimmed["llm"], dropped)
                         early = True
                         if t.gate is None or await t.gate(ereq):  # (denied: `_attempt` asks again)
                             yield _EarlyCall(self.llm, ereq)
                             await asyncio.sleep(0)  # let it put the request on the wire before the SLM is drained
+        if parser is not None and (rest := parser.finish()):
+            yield SLMDelta(rest)
         self._slm_finished(t, text, final, seen)
 
     # ---- driver 2: many requests, batched generation where the backend can (eval, training, calibration) ----
@@ -825,6 +865,29 @@ class CollaborateEngine:
         await self.slm.aclose()
         if self.llm is not self.slm:
             await self.llm.aclose()
+
+
+def segment_outcome(offloaded: bool, calls: list) -> str:
+    """How an SLM segment ends, the one rule both drivers use: "tool_calls" when it wrote complete calls (an
+    `<offload>` after them changes nothing: the calls are the answer), else "offload" (a handoff), else "answer"."""
+    if calls:
+        return "tool_calls"
+    return "offload" if offloaded else "answer"
+
+
+def tool_format(backend) -> str:
+    """How a model writes tool calls (`pyrodash.tool_parser.FAMILIES`): the backend's own word, else "hermes"."""
+    return getattr(backend, "tool_format", None) or "hermes"
+
+
+def _parser(t: Turn, side: str) -> ToolCallParser | None:
+    """A stream's tool-call parser for `side`'s text when the turn offers tools, else None."""
+    return ToolCallParser(t.formats[side], side) if t.tools is not None else None
+
+
+def _shown(parser: ToolCallParser | None, text: str) -> str:
+    """What of a streamed piece a client sees: all of it without tools, else the parser's content."""
+    return text if parser is None else parser.feed(text)
 
 
 def _failure(e: Exception, attempt: int, timeout_s: float) -> LLMFailure:

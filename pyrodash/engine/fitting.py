@@ -33,7 +33,7 @@ def fit(backend, limit: int | None, req: GenRequest) -> int:
         return 0
     if isinstance(backend, Renders) and len(backend.render(req).encode()) + req.max_tokens <= limit:
         return 0
-    count = conv.token_counter(backend, req.prefix)[0]  # the backend's own count (`prompt_ids`), else an estimate
+    count = conv.token_counter(backend, req.prefix, req.tools)[0]  # the backend's own count, else an estimate
     req.messages, dropped = conv.fit_context(req.messages, count, limit, req.max_tokens)
     return dropped
 

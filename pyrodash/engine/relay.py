@@ -34,6 +34,7 @@ from pyrodash.prompts import OFFLOAD_TOKEN, pack
 STOP_IGNORED = "stop_ignored"  # the LLM wrote past the step separator: the endpoint does not honour `stop`
 STEP_CAP = "step_cap"  # the LLM reached step_max_tokens before a step end
 EMPTY_STEP = "empty_step"  # the LLM stopped at once, before any text
+TOOLS = "tools"  # the request offers tools: a single handoff (a step's stop could cut a tool call in two)
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,7 @@ def relay_for(config: RelayConfig, request: EngineRequest | dict) -> RelayConfig
     sep, cap = own.get("step_sep"), own.get("step_max_tokens")
     return dataclasses.replace(
         config,
-        max_llm_calls=calls_for(config, request),
+        max_llm_calls=1 if own.get("tools") is not None else calls_for(config, request),
         step_sep=config.step_sep if sep is None else sep,
         step_max_tokens=config.step_max_tokens if cap is None else cap,
     )

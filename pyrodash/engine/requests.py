@@ -13,6 +13,7 @@ from dataclasses import dataclass, fields
 
 from pyrodash.backends.base import GenRequest
 from pyrodash.backends.retry import FailurePolicy  # noqa: F401 - the one failure policy, importable from here too
+from pyrodash.chat import Message, Tools
 from pyrodash.engine import conversation as conv
 from pyrodash.engine.range_rule import RangeRule
 from pyrodash.engine.turn import MODES
@@ -36,8 +37,18 @@ def handoff_admitted(messages: list[dict], share: float) -> bool:
         return True
     if share <= 0.0:
         return False
-    key = json.dumps([[m.get("role"), m.get("content")] for m in messages if m.get("role") != "system"])
+    key = json.dumps([_hashed(m) for m in messages if m.get("role") != "system"])
     return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") / 2**64 < share
+
+
+def _hashed(m: dict) -> list:
+    """What of a message the handoff share hashes: role and content, and a tool turn's calls or call id."""
+    key = [m.get("role"), m.get("content")]
+    if m.get("tool_calls"):
+        key.append(m["tool_calls"])
+    if m.get("tool_call_id") is not None:
+        key.append(m["tool_call_id"])
+    return key
 
 
 @dataclass(frozen=True)
@@ -46,7 +57,8 @@ class EngineRequest:
     object to `CollaborateEngine.stream`; the kwargs form (`engine.stream(question, **options)`, eval and training)
     becomes one in `EngineRequest.of`. Unset knobs (None) take the engine's defaults."""
 
-    question: str | list[dict]  # a question, or a conversation (chat messages) whose last user turn is answered
+    # a question, or a conversation (`chat.Message`s or their dicts) whose last user turn is answered
+    question: str | list[dict] | list[Message]
     mode: str = "collab"  # one of MODES: the Collaborate Engine, or the SLM / the LLM alone
     offload_bias: float | None = None  # added to `<offload>`'s logit (a budget may move it)
     handoff_share: float | None = None  # the share of requests that may hand off (a budget may move it)
@@ -64,6 +76,9 @@ class EngineRequest:
     # asked before each LLM call with the call's request (a budget's reservation on its hard cap): False, and the
     # call is not made (the SLM finishes, as after a failed call; the LLM alone fails); None: every call is made
     gate: Callable[[GenRequest], Awaitable[bool]] | None = None
+    # the functions both models may call (the SLM first; after a handoff, the LLM); None: no tools (or tool_choice
+    # "none"). With tools an answer is a single handoff (a relay's steps would cut a call in two)
+    tools: Tools | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -125,22 +140,32 @@ def sampling_fields(temperature: float | None, top_p: float | None, seed: int | 
 
 
 def handoff_request(
-    prompts: Prompts, style: str, messages: list[dict], partial: str, max_tokens: int, sampling: dict | None = None
+    prompts: Prompts,
+    style: str,
+    messages: list[dict],
+    partial: str,
+    max_tokens: int,
+    sampling: dict | None = None,
+    tools: list[dict] | None = None,
 ) -> GenRequest:
     """The LLM request of a handoff (Line 6): "continue" = [P_l] + messages with Pack(O_s) as the assistant prefix;
-    "instruct" = [P_l] + one user message `handoff_template` with the last user question and the partial text."""
+    "instruct" = [P_l] + one user message `handoff_template` with the last user question and the partial text (in a
+    tool loop, after the tool turns that follow that question). `tools`: the functions the LLM may call."""
     sampling = sampling or {}
     if style == "continue":
         msgs = with_system(prompts.completion_system, messages)
-        return GenRequest(messages=msgs, prefix=partial, max_tokens=max_tokens, **sampling)
+        return GenRequest(messages=msgs, prefix=partial, max_tokens=max_tokens, tools=tools, **sampling)
     if style != "instruct":
         raise ValueError(f"handoff style {style!r}: use 'continue' or 'instruct'")
     cur = conv.current_turn_index(messages)
     question = messages[cur]["content"] if cur >= 0 else ""
-    user = prompts.handoff_template.format(question=question, partial=partial)
-    history = list(messages[:cur]) if cur >= 0 else []  # earlier turns (and the caller's system text) stay
-    msgs = with_system(prompts.completion_system, history + [{"role": "user", "content": user}])
-    return GenRequest(messages=msgs, max_tokens=max_tokens, **sampling)
+    user = {"role": "user", "content": prompts.handoff_template.format(question=question, partial=partial)}
+    if cur >= 0 and cur < len(messages) - 1:  # a tool loop: the calls and results so far stay in their order
+        history = list(messages)
+    else:
+        history = list(messages[:cur]) if cur >= 0 else []  # earlier turns (and the caller's system text) stay
+    msgs = with_system(prompts.completion_system, history + [user])
+    return GenRequest(messages=msgs, max_tokens=max_tokens, tools=tools, **sampling)
 
 
 def total_budget(max_total_tokens: int | None) -> int | None:

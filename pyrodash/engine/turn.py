@@ -11,7 +11,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from pyrodash import tool_parser
 from pyrodash.backends.base import GenChunk, GenRequest
+from pyrodash.chat import ToolCall, Tools
 from pyrodash.cost import Prices, Usage, endpoint_bill
 from pyrodash.events import Done, LLMFailure
 
@@ -67,6 +69,12 @@ class Turn:
     segments: list[dict] | None = None
     handoffs: list[int] = field(default_factory=list)
     relay_fallback: str | None = None
+    # tools (`EngineRequest.tools`): each model's tool-call format (`pyrodash.tool_parser`), the SLM's calls (its
+    # segment's outcome, `_slm_finished`) and what could not be read as a call; the LLM's are read in `done`
+    tools: Tools | None = None
+    formats: dict = field(default_factory=lambda: {"slm": "hermes", "llm": "hermes"})
+    slm_calls: list[ToolCall] = field(default_factory=list)
+    tool_errors: list[str] = field(default_factory=list)
 
     def slm_request(self, req: GenRequest | None = None) -> GenRequest:
         """An SLM request of this turn (`req`, else the first one), with the answer's `cache_key`: an in-process SLM
@@ -116,6 +124,7 @@ class Turn:
         text by one writer, each model's tokens, and dollars (every LLM call at its endpoint's price)."""
         bill = endpoint_bill(self.calls, prices)
         segments = [dict(s) for s in self.segments] if self.segments is not None else self._segments()
+        calls, call_errors, finish = self._tool_calls(segments)
         u = self.usage
         split = Usage(slm_in=u.slm_in, slm_out=u.slm_out, slm_cached_in=u.slm_cached_in).components(prices)
         for e in bill:  # each LLM endpoint at its own prices
@@ -128,7 +137,7 @@ class Turn:
             usage=self.usage,
             cost_usd=sum(split.values()),
             cost_usd_by_component=split,
-            finish_reason=self.finish or "error",
+            finish_reason=finish,
             handoff=self.handoff,
             offload_bias=self.bias,
             handoff_share=self.share,
@@ -146,7 +155,31 @@ class Turn:
             routed=self.routed,
             handoffs=list(self.handoffs),
             relay_fallback=self.relay_fallback,
+            tool_calls=calls,
+            tool_call_errors=call_errors,
         )
+
+    def _tool_calls(self, segments: list[dict]) -> tuple[list[ToolCall], list[str], str]:
+        """(the answer's tool calls, what could not be read as one, its finish reason), the calls' markup taken out
+        of `segments` (in place; a segment left empty goes): the SLM's calls (read when its segment ended), then each
+        later segment's in its writer's format and any calls a chat endpoint returned structured."""
+        finish = self.finish or "error"
+        if self.tools is None:
+            return [], [], finish
+        calls, errors = list(self.slm_calls), list(self.tool_errors)
+        for seg in segments:
+            if seg["by"] == "llm" or seg.get("fallback"):
+                seg["text"], found, bad = tool_parser.split(seg["text"], self.formats[seg["by"]], seg["by"])
+                calls += found
+                errors += bad
+        segments[:] = [s for s in segments if s["text"]]
+        calls += [c for e in self.calls for c in e.get("tool_calls") or ()]
+        if calls and not self.tools.parallel and len(calls) > 1:
+            errors.append(f"parallel_tool_calls is false: {len(calls) - 1} call(s) after the first dropped")
+            calls = calls[:1]
+        if calls and finish in ("stop", "length"):
+            finish = "tool_calls"
+        return calls, errors, finish
 
     def _segments(self) -> list[dict]:
         """A turn's segments without a relay: the SLM's text, the LLM's (`llm_segments`), then any fallback text."""

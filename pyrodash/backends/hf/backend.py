@@ -34,6 +34,7 @@ from pyrodash.backends.hf.lean_step import lean_step
 from pyrodash.backends.hf.prefix_cache import PrefixCache
 from pyrodash.backends.hf.prompt_memo import PromptMemo
 from pyrodash.backends.hf.stream_batch import StreamBatcher, StreamJob
+from pyrodash.chat import render_chat
 
 _END = object()
 _BIG = 1e9  # +-inf biases are clamped to this, so sampling stays finite
@@ -224,6 +225,13 @@ class HFBackend:
             return None
         return int(tid) if int(tid) < self.model.get_input_embeddings().weight.shape[0] else None
 
+    @property
+    def tool_format(self) -> str:
+        """How this model writes a tool call (`pyrodash.tool_parser` family): "hermes" where its chat template shows
+        `<tool_call>` blocks or none at all, "json" where the template offers tools in another shape."""
+        template = getattr(self.tokenizer, "chat_template", None) or ""
+        return "json" if "tools" in template and "<tool_call>" not in template else "hermes"
+
     def render(self, req: GenRequest) -> str:
         """The prompt text: chat template with a generation prompt, then the assistant prefix to continue
         (no messages: the prefix is the whole raw prompt, as in /v1/completions)."""
@@ -232,11 +240,10 @@ class HFBackend:
         template = getattr(self.tokenizer, "chat_template", None)
         if not template:
             raise ValueError(f"{self.name}: the tokenizer has no chat_template; set tokenizer.chat_template")
-        key = ("template", json.dumps(req.messages, sort_keys=True, default=str), template)
+        shown = json.dumps([req.messages, req.tools], sort_keys=True, default=str)
+        key = ("template", shown, template)
         text = self.prompts.get(
-            key,
-            lambda: self.tokenizer.apply_chat_template(req.messages, tokenize=False, add_generation_prompt=True),
-            lambda text: len(key[1]) + len(text),
+            key, lambda: render_chat(self.tokenizer, req.messages, req.tools), lambda text: len(key[1]) + len(text)
         )
         return text + req.prefix
 

@@ -1,0 +1,173 @@
+"""Tool calls through the Collaborate Engine (no server): the SLM's segment ends in an answer, a tool call or
+`<offload>` (one rule for both drivers), after a handoff the LLM gets the tools and may call one, a call's markup is
+never streamed as text on any chunking, and the record says who wrote each call. Models: tests/tool_doubles.py."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tool_doubles import TASK, TOOL, ToolDouble, call_text, run_tool, tool_pair
+
+from pyrodash import tool_parser
+from pyrodash.chat import Message, ToolCall, ToolChoice, Tools, ToolSpec
+from pyrodash.cost import Prices
+from pyrodash.engine import CollaborateEngine
+from pyrodash.engine.core import segment_outcome
+from pyrodash.events import Done, LLMDelta, SLMDelta
+from pyrodash.prompts import get_prompts
+from pyrodash.record import Record
+
+PRICES = Prices(slm_in=1.0, slm_out=2.0, llm_in=10.0, llm_out=40.0)
+TOOLS = Tools.of([ToolSpec(TOOL["function"]["name"], TOOL["function"]["description"], TOOL["function"]["parameters"])])
+
+
+def engine(piece: int = 3) -> CollaborateEngine:
+    slm, llm = tool_pair(piece)
+    return CollaborateEngine(slm, llm, get_prompts("world-v1"), PRICES, max_tokens=200)
+
+
+async def streamed(e: CollaborateEngine, messages: list, **kw) -> tuple[str, Done]:
+    text, done = "", None
+    async for ev in e.stream(messages, tools=TOOLS, **kw):
+        if isinstance(ev, (SLMDelta, LLMDelta)):
+            text += ev.text
+        elif isinstance(ev, Done):
+            done = ev
+    return text, done
+
+
+def agent_loop(e: CollaborateEngine, stream: bool = True) -> list[Done]:
+    """The task as an agent runs it: request, run the calls, send the results back, until an answer comes."""
+    messages: list = [Message("user", TASK)]
+    dones = []
+    for _ in range(5):
+        if stream:
+            text, done = asyncio.run(streamed(e, messages))
+            assert text == done.output  # the client saw the answer's text, and only it
+        else:
+            done = e.batch([messages], options=[{"tools": TOOLS}])[0]
+        dones.append(done)
+        if done.finish_reason != "tool_calls":
+            return dones
+        messages.append(Message("assistant", done.output, tool_calls=tuple(done.tool_calls)))
+        messages += [Message("tool", run_tool(c.name, c.arguments), tool_call_id=c.id) for c in done.tool_calls]
+    raise AssertionError("the loop did not end")
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "batch"])
+def test_the_task_runs_two_calls_one_after_a_handoff_then_answers(stream):
+    e = engine()
+    first, second, last = agent_loop(e, stream)
+    assert first.finish_reason == "tool_calls" and first.handoff is None and first.usage.llm_calls == 0
+    assert [(c.name, json.loads(c.arguments), c.by) for c in first.tool_calls] == [("lookup_g", {"x": 3}, "slm")]
+    assert first.output == "First I need g(3).\n" and "<tool_call>" not in first.output
+    # the second request: the SLM hands off, the LLM continues its trace and calls the tool
+    assert second.handoff is not None and second.usage.llm_calls == 1 and second.finish_reason == "tool_calls"
+    assert [(c.name, json.loads(c.arguments), c.by) for c in second.tool_calls] == [("lookup_g", {"x": 4}, "llm")]
+    assert [s["by"] for s in second.segments] == ["slm", "llm"] and "<tool_call>" not in second.output
+    # the third starts with the SLM again, and it answers
+    assert last.finish_reason == "stop" and last.output.endswith("\\boxed{41}") and last.handoff is None
+    rec = Record.from_done(second).to_json()
+    assert [c["by"] for c in rec["tool_calls"]] == ["llm"] and rec["finish_reason"] == "tool_calls"
+    slm, llm = e.slm, e.llm
+    assert all(r.tools == TOOLS.schemas() for r in slm.requests + llm.requests)  # both models were offered them
+    assert any(m.get("role") == "tool" for m in llm.requests[0].messages)  # the LLM read the tool result
+
+
+@pytest.mark.parametrize("piece", [1, 2, 5, 7, 64])
+def test_no_chunking_streams_a_call_as_text(piece):
+    e = engine(piece)
+    for done in agent_loop(e, stream=True):
+        assert "tool_call" not in done.output and "lookup_g" not in done.output
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    before=st.text(alphabet="ab <>/_lot", max_size=12),
+    cuts=st.lists(st.integers(min_value=0, max_value=80), max_size=8),
+    x=st.integers(0, 99),
+)
+def test_the_stream_parse_is_the_whole_parse_on_every_chunking(before, cuts, x):
+    text = before + call_text(x) + "\n" + call_text(x + 1)
+    p = tool_parser.ToolCallParser("hermes", "llm")
+    bounds = sorted({min(c, len(text)) for c in cuts}) + [len(text)]
+    shown, start = "", 0
+    for b in bounds:
+        shown += p.feed(text[start:b])
+        start = b
+    shown += p.finish()
+    content, calls, errors = tool_parser.split(text, "hermes", "llm")
+    assert shown == content and [c.arguments for c in p.calls] == [c.arguments for c in calls] and not errors
+    assert [json.loads(c.arguments)["x"] for c in calls] == [x, x + 1] and "<tool_call" not in shown
+
+
+@pytest.mark.parametrize(
+    "text, errors",
+    [
+        ("ok <tool_call>{not json}</tool_call>", 1),
+        ('ok <tool_call>{"arguments": {}}</tool_call>', 1),  # no name
+        ('ok <tool_call>{"name": "f", "arguments": {"x"', 1),  # never closed (cut by the budget)
+    ],
+)
+def test_a_malformed_call_is_dropped_and_named_never_content(text, errors):
+    content, calls, errs = tool_parser.split(text, "hermes", "slm")
+    assert content == "ok " and calls == [] and len(errs) == errors and errs[0].startswith("slm:")
+
+
+def test_a_malformed_call_from_the_slm_is_recorded_in_the_done():
+    slm = ToolDouble("bad-slm", lambda req: ('Let me see. <tool_call>{"name": "lookup_g"', False), offload=True)
+    e = CollaborateEngine(slm, tool_pair()[1], get_prompts("world-v1"), PRICES, max_tokens=200)
+    text, done = asyncio.run(streamed(e, [Message("user", TASK)]))
+    assert text == done.output == "Let me see. " and done.tool_calls == [] and done.finish_reason == "stop"
+    assert len(done.tool_call_errors) == 1 and "not closed" in done.tool_call_errors[0]
+    assert Record.from_done(done).tool_call_errors == done.tool_call_errors
+
+
+def test_the_json_family_reads_a_whole_answer_as_a_call():
+    content, calls, _ = tool_parser.split(' {"name": "f", "arguments": {"a": 1}}', "json", "llm")
+    assert content == "" and [(c.name, c.args()) for c in calls] == [("f", {"a": 1})]
+    assert tool_parser.split("{ not a call", "json")[0] == "{ not a call"  # JSON-looking text stays text
+
+
+def test_one_rule_ends_a_segment():
+    call = [ToolCall("c", "f")]
+    assert segment_outcome(True, call) == "tool_calls"  # complete calls, then <offload>: the calls are the answer
+    assert segment_outcome(True, []) == "offload" and segment_outcome(False, []) == "answer"
+
+
+def test_a_half_call_before_offload_is_not_packed_for_the_llm():
+    slm = ToolDouble("half", lambda req: ('Step one. <tool_call>{"name": "look', True), offload=True)
+    llm = ToolDouble("llm", lambda req: ("Done.", False), offload=False)
+    e = CollaborateEngine(slm, llm, get_prompts("world-v1"), PRICES, max_tokens=200)
+    text, done = asyncio.run(streamed(e, [Message("user", TASK)]))
+    assert done.handoff is not None and llm.requests[0].prefix.rstrip() == "Step one."
+    assert text == done.output == "Step one. Done." and len(done.tool_call_errors) == 1
+
+
+def test_tool_choice_none_offers_no_tools_and_parallel_false_keeps_one_call():
+    assert Tools.of([ToolSpec("f")], ToolChoice("none")) is None
+    two = ToolDouble("two", lambda req: (call_text(1) + call_text(2), False), offload=True)
+    e = CollaborateEngine(two, tool_pair()[1], get_prompts("world-v1"), PRICES, max_tokens=200)
+    one = Tools.of([ToolSpec("lookup_g")], parallel=False)
+    done = e.run([Message("user", TASK)], tools=one)
+    assert len(done.tool_calls) == 1 and "parallel_tool_calls" in done.tool_call_errors[0]
+
+
+def test_a_relay_request_with_tools_is_a_single_handoff_and_says_so():
+    e = engine()
+    messages = [Message("user", TASK), *_first_call_turn(e)]
+    done = e.run(messages, tools=TOOLS, max_llm_calls=4)
+    assert done.relay_fallback == "tools" and done.usage.llm_calls == 1 and done.finish_reason == "tool_calls"
+
+
+def _first_call_turn(e: CollaborateEngine) -> list[Message]:
+    first = e.run([Message("user", TASK)], tools=TOOLS)
+    c = first.tool_calls[0]
+    return [
+        Message("assistant", first.output, tool_calls=(c,)),
+        Message("tool", run_tool(c.name, c.arguments), tool_call_id=c.id),
+    ]
