@@ -13,8 +13,8 @@ what the docs quote, with the machine it ran on and the demo's step times). View
 `verdict` (the report's one-sentence Pareto verdict), `picked` (the operating points picked on val, read on test),
 `machine` (the platform, in words), `demo-time` (the demo's wall time and its steps), `profile` (each step's seconds
 and whether it is on the critical path), `seeds` (the picked points over world seeds: a `pyrodash demo --seeds`
-output directory stored with `--store`), `spread` (their mean and min-max in a sentence), `bars` (the demo's bar for a pick on test),
-`seeds-verdict` (which seeds' picks meet it, and which picks are fallbacks), `turns` (the seeds'
+output directory stored with `--store`), `spread` (their mean and min-max in a sentence), `bars` (the demo's bar
+for a pick on test), `seeds-verdict` (which seeds' picks meet it, and which picks are fallbacks), `turns` (the seeds'
 conversations per turn), `sizing` (docs/scaling.md's table for 1M requests a day, from a run's handoff rates),
 `ablation` and `ablation-gaps` (the normalized against the direct cost penalty, stored with a seeds run), `suite`
 (where the test suite's CPU-seconds go: a profile a suite run wrote, `PYRODASH_SUITE_PROFILE=FILE`, stored with

@@ -124,3 +124,26 @@ def test_the_ablation_views_read_the_matched_points(render):
     gaps = render.ablation_gaps(res)
     assert "differ by at most 0.02" in gaps and "at most 3.0 points (seed 0, normalized λ 2)" in gaps
     assert "turn 3 by at most 10 points" in gaps and "variation of 0.20 to 0.20" in gaps
+
+
+def test_the_seeds_verdict_names_misses_and_fallbacks(render):
+    """The README's sentence over the seeds is the seeds table's: a pick that misses its bar is named as missing it, and
+    a pick made with no candidate meeting the criterion on val is named as a fallback."""
+
+    def row(seed, met, acc, cost=0.45):
+        return {"seed": seed, "kind": "single", "picked": "pyrodash@0.6", "met": met, "accuracy": acc, "cost": cost,
+                "oracle_accuracy": 1.0, "oracle_cost": 0.45}  # fmt: skip
+
+    res = {"seeds": {"rows": [row(0, True, 1.0), row(1, False, 0.995), row(2, True, 0.9)]}}
+    text = render.seeds_verdict(res)
+    assert text.startswith("the single-handoff pick meets its bar on seeds 0 and 1 and misses it on seed 2"), text
+    assert "(seed 1: a fallback" in text
+    res["seeds"]["rows"] = [row(0, True, 1.0), row(1, True, 1.0)]
+    assert render.seeds_verdict(res) == "the single-handoff pick meets its bar on seeds 0 and 1"
+    assert render.bars(res).startswith("the single-handoff pick: within 1 point of the oracle")
+
+
+def test_the_readme_defines_the_bar_it_uses_and_renders_the_seeds_verdict():
+    readme = (ROOT / "README.md").read_text()
+    assert "<!-- rendered: bars quick-seeds -->" in readme and "<!-- rendered: seeds-verdict quick-seeds -->" in readme
+    assert readme.index("rendered: bars ") < readme.index("rendered: seeds-verdict ")
