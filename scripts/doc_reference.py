@@ -61,34 +61,41 @@ def cli_page() -> str:
 
 
 def _comments(cls: type) -> dict[str, str]:
-    """field name -> its comment in `cls`'s source: the comment lines right above it plus the one after it."""
+    """field name -> its note in `cls`'s source: the comment lines above it plus its trailing comment.
+
+    A block of comment lines between two fields belongs to the field below it, except that its first lines go on with
+    the trailing comment of the field above when they read as its continuation (they start lowercase or with `|`)
+    and either the field below has a trailing comment of its own or a line starting uppercase opens its note."""
     try:
         source = inspect.getsource(cls)
     except (OSError, TypeError):
         return {}
-    out: dict[str, str] = {}
-    above: list[str] = []
-    last = None  # the field of the line above, while its trailing comment may go on (a lowercase comment line)
     tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
     comments = {t.start[0]: t.string.lstrip("#").strip() for t in tokens if t.type == tokenize.COMMENT}
+    out: dict[str, str] = {}
+    block: list[str] = []  # the comment-only lines since the last field
+    last = None  # the field above, when it has a trailing comment
     for i, line in enumerate(source.splitlines(), 1):
         body = line.strip()
         if line.startswith("    def ") or line.startswith("    @"):
             break
         if body.startswith("#"):
-            text = comments.get(i, "")
-            if last and not above and (text[:1].islower() or text.startswith("|")):
-                out[last] += " " + text
-                continue
-            above.append(text)
-            last = None
+            block.append(comments.get(i, ""))
             continue
         name = body.split(":", 1)[0]
-        last = None
-        if line.startswith("    ") and not line.startswith("     ") and ":" in body and name.isidentifier():
-            out[name] = " ".join([*above, comments[i]] if i in comments else above).strip()
-            last = name if i in comments else None
-        above = []
+        if not (line.startswith("    ") and not line.startswith("     ") and ":" in body and name.isidentifier()):
+            block, last = [], None
+            continue
+        trailing = comments.get(i)
+        goes_on = 0
+        while goes_on < len(block) and (block[goes_on][:1].islower() or block[goes_on].startswith("|")):
+            goes_on += 1
+        if last is None or (goes_on == len(block) and trailing is None):
+            goes_on = 0  # no trailing comment above to go on with, or the whole block is this field's note
+        if goes_on:
+            out[last] += " " + " ".join(block[:goes_on])
+        out[name] = " ".join([*block[goes_on:], *([trailing] if trailing else [])]).strip()
+        block, last = [], (name if trailing else None)
     return out
 
 
@@ -156,8 +163,8 @@ def fields_table(cls: type, own_only_below: type | None = None) -> list[str]:
     return rows
 
 
-def configs_page() -> str:
-    """The eval config, the recipe (curation and the three stages) and the serve config."""
+def config_sections() -> list[tuple[str, type, type | None, str | None]]:
+    """(title, class, the foreign base whose fields are left out, a complete example file) per configs.md section."""
     from trl import GRPOConfig, SFTConfig
 
     from pyrodash.backends.retry import FailurePolicy
@@ -167,7 +174,7 @@ def configs_page() -> str:
     from pyrodash.server.config import Limits, OperatingPoint, ServeConfig
     from pyrodash.train.config import CurateConfig, Recipe, Stage1Config, Stage2Config, Stage3Config
 
-    sections = [
+    return [
         ("Eval config (`pyrodash eval --config`)", EvalConfig, None, "configs/eval/world-quick.yaml"),
         ("Recipe, top level (`pyrodash curate|train --config`)", Recipe, None, "configs/world/quick.yaml"),
         ("Recipe `curate:`", CurateConfig, None, None),
@@ -181,6 +188,11 @@ def configs_page() -> str:
         ("Serve `limits:`", Limits, None, None),
         ("Serve `context:`", ContextLimits, None, None),
     ]
+
+
+def configs_page() -> str:
+    """The eval config, the recipe (curation and the three stages) and the serve config."""
+    sections = config_sections()
     out = [
         "# Configuration keys",
         "",

@@ -153,5 +153,5 @@ def add_llm_mode_argument(parser) -> None:
         choices=LLM_MODES,
         default=None,
         help="how the HTTP LLM continues a partial trace (default: the spec's mode, else auto = "
-        "detected at start-up); see README 'Point it at your LLM'",
+        "detected at start-up); see docs/providers.md#point-it-at-your-llm",
     )
