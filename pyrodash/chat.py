@@ -19,6 +19,8 @@ import json
 import uuid
 from dataclasses import dataclass, field
 
+from jinja2 import TemplateError
+
 ROLES = ("system", "user", "assistant", "tool")
 CHOICES = ("auto", "none", "required", "function")
 FINISH_REASONS = ("stop", "length", "tool_calls", "error")
@@ -170,10 +172,19 @@ def render_chat(tokenizer, messages: list[dict], tools: list[dict] | None = None
     as objects) with the request's `tools` (OpenAI function schemas; None: no tools), as text. A template that
     cannot show tools or a tool turn raises ValueError naming what it refused."""
     kwargs = {"tokenize": False, "add_generation_prompt": generation}
+    template = getattr(tokenizer, "chat_template", None)
     if tools:
+        if isinstance(template, str) and "tools" not in template:
+            raise ValueError(
+                "this model's chat template shows no tools, so it cannot be offered any: serve a model whose template "
+                "takes `tools`, or send the request without them"
+            )
         kwargs["tools"] = tools
     shown = template_messages(messages) if has_tool_turns(messages) else messages
-    return tokenizer.apply_chat_template(shown, **kwargs)
+    try:
+        return tokenizer.apply_chat_template(shown, **kwargs)
+    except TemplateError as e:  # (a role or a field the template refuses)
+        raise ValueError(f"the model's chat template refused the conversation: {e}") from e
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ import pytest
 from test_relay import ScriptLLM, ScriptSLM
 
 from pyrodash.backends import load_llm
+from pyrodash.chat import ToolCall
 from pyrodash.cost import COMPONENTS, Prices, Usage
 from pyrodash.engine import CollaborateEngine
 from pyrodash.engine.relay import RelayConfig
@@ -53,6 +54,8 @@ def full_done() -> Done:
         handoffs=[2, 5],
         relay_fallback="step_cap",
         cost_usd_by_component={"slm_in": 0.1, "slm_out": 0.1, "llm_in": 0.2, "llm_out": 0.1},
+        tool_calls=[ToolCall("call_1", "lookup", '{"x": 1}', "llm")],
+        tool_call_errors=["slm: a tool call that is not a JSON {name, arguments}: dropped"],
     )
 
 

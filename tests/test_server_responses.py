@@ -112,14 +112,16 @@ def test_the_agents_sdk_runs_one_turn(server):
 @pytest.mark.parametrize(
     ("body", "param"),
     [
-        ({"tools": [{"type": "function", "name": "f"}]}, "tools"),
+        ({"tools": [{"type": "web_search"}]}, "tools.0.type"),  # hosted tools (function tools are served)
+        ({"tools": [{"type": "function", "name": "f"}]}, None),  # the world's template shows no tools: stated 400
         ({"previous_response_id": "resp_1"}, "previous_response_id"),
         ({"reasoning": {"effort": "high"}}, "reasoning"),
         ({"include": ["message.output_text.logprobs"]}, "include"),
         ({"background": True}, "background"),
         ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, PART),
         ({"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]}, PART),
-        ({"input": [{"type": "function_call_output", "call_id": "c", "output": "1"}]}, "input.0.type"),
+        ({"input": [{"type": "reasoning", "id": "r", "summary": []}]}, "input.0.type"),
+        ({"input": [{"type": "function_call_output", "call_id": "c", "output": "1"}]}, None),  # no tool turn there
         ({"max_output_tokens": 0}, "max_output_tokens"),
         ({"max_output_tokens": 10**6}, "max_output_tokens"),
         ({"temperature": 3}, "temperature"),

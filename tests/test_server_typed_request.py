@@ -84,7 +84,7 @@ def test_a_chat_request_reaches_the_engine_as_one_typed_object(app_and_engine):
     assert options == {} and isinstance(call, EngineRequest)  # no kwargs dict beside it, no private keys
     assert (call.mode, call.max_total_tokens, call.max_tokens, call.explicit_budget) == ("collab", 12, 9, True)
     assert (call.temperature, call.seed, call.stop, call.offload_bias) == (0.5, 3, ["\n\n"], 100.0)
-    assert [m["content"] for m in call.question] == [m["content"] for m in CHAT]
+    assert [m.content for m in call.question] == [m["content"] for m in CHAT]  # typed messages (`chat.Message`)
     # nothing the engine built for the context check travels in it: every field is the request's own
     assert not any(isinstance(getattr(call, f.name), Turn) for f in dataclasses.fields(call))
     assert {f.name for f in dataclasses.fields(EngineRequest)}.isdisjoint({"prepared", "turn", "fit"})

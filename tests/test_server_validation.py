@@ -191,7 +191,8 @@ def test_client_sent_markers_cannot_hide_a_special_token(http):
 @pytest.mark.parametrize(
     ("extra", "param"),
     [
-        ({"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "required"}, "tools"),
+        # a call the engine cannot force (tools themselves are served: tests/test_tools_server.py)
+        ({"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "required"}, "tool_choice"),
         ({"tool_choice": "required"}, "tool_choice"),
         ({"response_format": {"type": "json_object"}}, "response_format"),
         ({"echo": True}, "echo"),

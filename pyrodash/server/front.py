@@ -20,6 +20,7 @@ from typing import ClassVar
 from fastapi import FastAPI
 from pydantic import BaseModel, Field
 
+from pyrodash import chat
 from pyrodash.engine import EngineRequest
 from pyrodash.events import Done
 from pyrodash.server import protocol, validation
@@ -64,7 +65,7 @@ class FrontRequest(protocol._Strict):
     )
     pyrodash: protocol.PyroDashOptions | None = None
 
-    def chat_messages(self) -> list[protocol.ChatMessage]:
+    def chat_messages(self) -> list[chat.Message]:
         raise NotImplementedError
 
     def requested_max_tokens(self) -> int | None:
@@ -74,9 +75,9 @@ class FrontRequest(protocol._Strict):
         return None
 
 
-def chat_message(role: str, text: str) -> protocol.ChatMessage:
+def chat_message(role: str, text: str) -> chat.Message:
     """A chat message the engine takes (from another API's already validated message)."""
-    return protocol.ChatMessage.model_construct(role=role, content=text, name=None)
+    return chat.Message("system" if role == "developer" else role, text)
 
 
 def text_only(value: object, param: str, parts: tuple[str, ...], why: str) -> None:
@@ -105,13 +106,16 @@ def _include_usage(req: BaseModel) -> bool:
 
 
 def _chat_body(done: Done, model: str, info: protocol.PyroDashInfo, req: BaseModel) -> dict:
-    message = protocol.ResponseMessage(content=done.output)
+    calls = [c.wire() for c in done.tool_calls] or None
+    message = protocol.ResponseMessage(content=done.output or (None if calls else ""), tool_calls=calls)
     choice = protocol.Choice(message=message, finish_reason=done.finish_reason)
     usage = protocol.UsageInfo.from_done(done)
     body = protocol.ChatCompletion(
         id=protocol.new_id(), created=protocol.now(), model=model, choices=[choice], usage=usage, pyrodash=info
-    )
-    return body.model_dump()
+    ).model_dump()
+    if calls is None:  # (a message without calls carries no `tool_calls` key, as OpenAI's)
+        del body["choices"][0]["message"]["tool_calls"]
+    return body
 
 
 def _text_body(done: Done, model: str, info: protocol.PyroDashInfo, req: BaseModel) -> dict:

@@ -2,7 +2,9 @@
 conversion into the engine's request (`system` and `messages` as chat messages), the message object, its event
 stream (`MessagesWriter`) and Anthropic's error body (`error_body`). docs/serving.md.
 
-Text in, text out: `system` and each message's content are a string or text blocks; images, documents, tools and
+`system` and each message's content are a string or content blocks: text, and a tool loop's `tool_use` (an earlier
+answer's call) and `tool_result` blocks; `tools` are client tools (`name`, `description`, `input_schema`), the
+answer's calls come back as `tool_use` blocks with stop reason `tool_use`. Images, documents, server tools and
 extended thinking are refused by name (400). `max_tokens` (required, as Anthropic's API requires it) is the joint
 answer's TOTAL budget (SLM + LLM); `temperature` omitted is 0 (greedy). The key comes as `x-api-key` or
 `Authorization: Bearer` (`pyrodash.server.auth`); the `anthropic-version` header is accepted and not checked.
@@ -17,12 +19,13 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, field_validator
 
+from pyrodash import chat
 from pyrodash.events import Done
 from pyrodash.server import protocol, validation
 from pyrodash.server.front import Front, FrontRequest, chat_message, text_only
 
-_NOT_TEXT = "images, documents, tool use and tool results"
-_NO_TOOLS = "tool use is not supported by the Collaborate Engine"
+_NOT_TEXT = "images, documents and server tools' blocks"
+_BLOCKS = ("text", "tool_use", "tool_result")
 # HTTP status -> Anthropic's error type
 ERROR_TYPES = {
     400: "invalid_request_error",
@@ -43,15 +46,66 @@ class TextBlock(protocol._Strict):
     text: str
 
 
-def _text(content: str | list[TextBlock] | None) -> str:
+class ToolUseBlock(protocol._Strict):
+    """An earlier answer's tool call, sent back in an assistant message."""
+
+    type: Literal["tool_use"]
+    id: str
+    name: str
+    input: dict
+
+
+class ToolResultBlock(protocol._Strict):
+    """A tool's result for the call `tool_use_id`, in a user message (its text, or text blocks)."""
+
+    type: Literal["tool_result"]
+    tool_use_id: str
+    content: str | list[TextBlock] = ""
+    is_error: bool | None = None
+
+
+def _text(content) -> str:
     if content is None:
         return ""
-    return content if isinstance(content, str) else "".join(b.text for b in content)
+    return content if isinstance(content, str) else "".join(b.text for b in content if isinstance(b, TextBlock))
 
 
 class Message(protocol._Strict):
     role: Literal["user", "assistant"]
-    content: str | list[TextBlock]
+    content: str | list[TextBlock | ToolUseBlock | ToolResultBlock]
+
+    def to_chat(self) -> list[chat.Message]:
+        """The chat messages this message is: an assistant's text with its calls; a user's tool results (one tool
+        message each), then its text when it has any."""
+        blocks = [] if isinstance(self.content, str) else self.content
+        if self.role == "assistant":
+            calls = tuple(
+                chat.ToolCall(b.id, b.name, json.dumps(b.input)) for b in blocks if isinstance(b, ToolUseBlock)
+            )
+            return [chat.Message("assistant", _text(self.content), tool_calls=calls)]
+        results = [chat.Message("tool", _text(b.content), tool_call_id=b.tool_use_id) for b in blocks
+                   if isinstance(b, ToolResultBlock)]  # fmt: skip
+        text = _text(self.content)
+        return [*results, *([chat.Message("user", text)] if text or not results else [])]
+
+
+class ToolDef(protocol._Strict):
+    """A client tool the model may call."""
+
+    type: Literal["custom"] | None = None
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
+    description: str | None = None
+    input_schema: dict
+    cache_control: dict | None = None
+
+    def spec(self) -> chat.ToolSpec:
+        return chat.ToolSpec(self.name, self.description or "", self.input_schema)
+
+
+class ToolChoice(protocol._Strict):
+    type: Literal["auto", "any", "tool", "none"]
+    name: str | None = None
+    disable_parallel_tool_use: bool | None = None
 
 
 class MessagesRequest(FrontRequest):
@@ -64,8 +118,6 @@ class MessagesRequest(FrontRequest):
          "diagnostics", "inference_geo", "output_config", "speed", "user_profile_id", "workspace_id"}
     )  # fmt: skip
     UNSUPPORTED = {
-        "tools": ((None, []), _NO_TOOLS),
-        "tool_choice": ((None, {"type": "none"}), _NO_TOOLS),
         "thinking": ((None, {"type": "disabled"}), "extended thinking is not supported"),
         "top_k": ((None,), "top_k is not supported (top_p is)"),
         "container": ((None,), "containers (code execution) are not supported"),
@@ -74,7 +126,7 @@ class MessagesRequest(FrontRequest):
         "diagnostics": ((None,), "diagnostics are not supported"),
         "speed": ((None,), "speed options are not supported"),
     }
-    PARTS = (Message, TextBlock)
+    PARTS = (Message, TextBlock, ToolUseBlock, ToolResultBlock, ToolDef, ToolChoice)
 
     messages: list[Message] = Field(min_length=1)
     max_tokens: protocol.PositiveInt = Field(description="The TOTAL output budget of the joint answer (SLM + LLM).")
@@ -83,7 +135,8 @@ class MessagesRequest(FrontRequest):
     temperature: float | None = Field(
         None, ge=0.0, le=1.0, allow_inf_nan=False, description="Omitted or null: 0 (greedy), unlike Anthropic's 1."
     )
-    tools: list[dict] | None = Field(None, max_length=0)
+    tools: list[ToolDef] | None = None
+    tool_choice: ToolChoice | None = None
     mcp_servers: list[dict] | None = Field(None, max_length=0)
     # Anthropic metadata fields: accepted, no effect on the answer
     metadata: dict | None = None
@@ -104,7 +157,21 @@ class MessagesRequest(FrontRequest):
     def _messages_text(cls, v: object) -> object:
         for i, m in enumerate(v if isinstance(v, list) else ()):
             if isinstance(m, dict):
-                text_only(m.get("content"), f"messages.{i}.content", ("text",), _NOT_TEXT)
+                text_only(m.get("content"), f"messages.{i}.content", _BLOCKS, _NOT_TEXT)
+        return v
+
+    @field_validator("tools", mode="before")
+    @classmethod
+    def _client_tools_only(cls, v: object) -> object:
+        for i, tool in enumerate(v if isinstance(v, list) else ()):
+            kind = tool.get("type") if isinstance(tool, dict) else None
+            if isinstance(kind, str) and kind != "custom":
+                raise protocol.APIError(
+                    400,
+                    f"tools.{i}.type: server tools ({kind[:40]!r}) are not supported; send client tools.",
+                    param=f"tools.{i}.type",
+                    code="unsupported_value",
+                )
         return v
 
     @field_validator("stop_sequences")
@@ -114,10 +181,17 @@ class MessagesRequest(FrontRequest):
             raise ValueError("stop sequences must be non-empty strings")
         return v
 
-    def chat_messages(self) -> list[protocol.ChatMessage]:
-        """`system` as a system message, then the conversation."""
+    def chat_messages(self) -> list[chat.Message]:
+        """`system` as a system message, then the conversation (`Message.to_chat`)."""
         head = [chat_message("system", _text(self.system))] if self.system else []
-        return [*head, *(chat_message(m.role, _text(m.content)) for m in self.messages)]
+        return [*head, *(c for m in self.messages for c in m.to_chat())]
+
+    def tool_request(self) -> tuple[list[chat.ToolSpec], str | None, bool | None]:
+        """(specs, tool_choice as chat's: auto / none / required ("any") / a tool's name, parallel calls)."""
+        c = self.tool_choice
+        choice = None if c is None else {"auto": "auto", "none": "none", "any": "required"}.get(c.type, c.name)
+        parallel = None if c is None or c.disable_parallel_tool_use is None else not c.disable_parallel_tool_use
+        return [t.spec() for t in self.tools or ()], choice, parallel
 
     def requested_max_tokens(self) -> int | None:
         return self.max_tokens
@@ -158,9 +232,17 @@ def usage(done: Done) -> dict:
 
 
 def stop_reason(done: Done) -> str:
-    """`max_tokens` at the budget, else `end_turn` (a stop sequence that ended the answer is reported as end_turn:
-    the engine does not say which of the two stopped it)."""
+    """`tool_use` for an answer with calls, `max_tokens` at the budget, else `end_turn` (a stop sequence that ended
+    the answer is reported as end_turn: the engine does not say which of the two stopped it)."""
+    if done.finish_reason == "tool_calls":
+        return "tool_use"
     return "max_tokens" if done.finish_reason == "length" else "end_turn"
+
+
+def tool_use(call: chat.ToolCall) -> dict:
+    """A `tool_use` content block: one tool call of the answer (its `input` the parsed arguments)."""
+    args = call.args()
+    return {"type": "tool_use", "id": call.id, "name": call.name, "input": args if isinstance(args, dict) else {}}
 
 
 def shell(model: str) -> dict:
@@ -178,7 +260,8 @@ def shell(model: str) -> dict:
 
 def body(done: Done, model: str, info: protocol.PyroDashInfo, req: MessagesRequest) -> dict:
     out = shell(model)
-    out.update(content=[{"type": "text", "text": done.output}], stop_reason=stop_reason(done), usage=usage(done))
+    text = [{"type": "text", "text": done.output}] if done.output or not done.tool_calls else []
+    out.update(content=[*text, *map(tool_use, done.tool_calls)], stop_reason=stop_reason(done), usage=usage(done))
     return {**out, "pyrodash": info.model_dump()}
 
 
@@ -215,8 +298,17 @@ class MessagesWriter:
 
     def closing(self, done: Done, info) -> list[str]:
         delta = {"stop_reason": stop_reason(done), "stop_sequence": None}
+        out = [self.event("content_block_stop", index=0)]
+        for k, call in enumerate(done.tool_calls, start=1):  # each call a block: start, its input as one delta, stop
+            block = tool_use(call)
+            out += [
+                self.event("content_block_start", index=k, content_block={**block, "input": {}}),
+                self.event("content_block_delta", index=k, delta={"type": "input_json_delta",
+                                                                  "partial_json": json.dumps(block["input"])}),
+                self.event("content_block_stop", index=k),
+            ]  # fmt: skip
         return [
-            self.event("content_block_stop", index=0),
+            *out,
             self.event("message_delta", delta=delta, usage=usage(done), pyrodash=info()),
             self.event("message_stop"),
         ]

@@ -140,6 +140,15 @@ class Metrics:
         self.errors = Counter(
             "pyrodash_errors_total", "Failed requests by kind (client, upstream, disconnect).", ("kind",), r
         )
+        self.tool_calls = Counter(
+            "pyrodash_tool_calls_total", "Tool calls in answers, by the model that wrote them (slm, llm).", ("by",), r
+        )
+        self.tool_call_errors = Counter(
+            "pyrodash_tool_call_errors_total",
+            "Text a model wrote as a tool call that could not be read as one (dropped from the answer).",
+            model,
+            r,
+        )
         self._declare_usage(r, model, endpoint)
 
     def _declare_usage(self, r: CollectorRegistry, model: tuple[str, ...], endpoint: tuple[str, ...]) -> None:
@@ -221,6 +230,10 @@ class Metrics:
             self.llm_errors.inc(len(done.errors), model=model)
         if done.usage_estimated:
             self.usage_estimated.inc(model=model)
+        for call in done.tool_calls:
+            self.tool_calls.inc(by=call.by or "unknown")
+        if done.tool_call_errors:
+            self.tool_call_errors.inc(len(done.tool_call_errors), model=model)
         for side, n in (done.trimmed or {}).items():
             if n:
                 self.trimmed.inc(n, side=side)

@@ -17,6 +17,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, field_validator
 
+from pyrodash import chat
 from pyrodash.events import Done, LLMFailure
 from pyrodash.record import Record
 
@@ -72,23 +73,73 @@ class TextPart(_Strict):
 
 def _message_schema(schema: dict) -> None:
     """JSON Schema of a message: `content` is required (a string or text parts, not null) for system, developer and
-    user messages, optional for an assistant message (as OpenAI's API declares it)."""
+    user messages, optional for an assistant message, required with `tool_call_id` for a tool result (as OpenAI's
+    API declares it)."""
     props, content = schema["properties"], schema["properties"]["content"]
     given = {**content, "anyOf": [b for b in content.get("anyOf", [content]) if b.get("type") != "null"]}
     given.pop("default", None)
+    plain = {k: v for k, v in props.items() if k not in ("tool_calls", "tool_call_id")}
     asking = {
         "type": "object",
-        "properties": {**props, "role": {"enum": ["system", "developer", "user"], "type": "string"}, "content": given},
+        "properties": {**plain, "role": {"enum": ["system", "developer", "user"], "type": "string"}, "content": given},
         "required": ["role", "content"],
     }
     answering = {
         "type": "object",
-        "properties": {**props, "role": {"const": "assistant", "type": "string"}},
+        "properties": {**{k: v for k, v in props.items() if k != "tool_call_id"}, "role": {"const": "assistant"}},
         "required": ["role"],
+    }
+    result = {
+        "type": "object",
+        "properties": {**plain, "role": {"const": "tool"}, "content": given, "tool_call_id": {"type": "string"}},
+        "required": ["role", "content", "tool_call_id"],
     }
     title = schema.get("title", "ChatMessage")
     schema.clear()
-    schema.update(title=title, anyOf=[asking, answering])
+    schema.update(title=title, anyOf=[asking, answering, result])
+
+
+class FunctionCall(_Strict):
+    """A call's function as the wire carries it: its name and its arguments as JSON text."""
+
+    name: str
+    arguments: str
+
+
+class ToolCallParam(_Strict):
+    """An assistant message's tool call (OpenAI's `tool_calls` entry)."""
+
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class FunctionDef(_Strict):
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
+    description: str | None = None
+    parameters: dict | None = None
+    strict: bool | None = None  # (accepted: the engine does not constrain decoding to the schema)
+
+
+class ToolParam(_Strict):
+    """A function the model may call (chat's `tools` entry)."""
+
+    type: Literal["function"]
+    function: FunctionDef
+
+    def spec(self) -> chat.ToolSpec:
+        f = self.function
+        params = f.parameters if f.parameters is not None else {"type": "object", "properties": {}}
+        return chat.ToolSpec(f.name, f.description or "", params)
+
+
+class NamedFunction(_Strict):
+    name: str
+
+
+class NamedToolChoice(_Strict):
+    type: Literal["function"]
+    function: NamedFunction
 
 
 class ChatMessage(_Strict):
@@ -97,9 +148,11 @@ class ChatMessage(_Strict):
 
     model_config = ConfigDict(extra="allow", strict=True, json_schema_extra=_message_schema)
 
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCallParam] | None = None  # an assistant message's calls
+    tool_call_id: str | None = None  # a tool message: the call it answers
 
     def text(self) -> str:
         if self.content is None:
@@ -108,9 +161,11 @@ class ChatMessage(_Strict):
             return self.content
         return "".join(p.text for p in self.content)
 
-    def to_engine(self) -> dict:
-        """The plain `{role, content}` dict the engine and backends take ("developer" is OpenAI's new "system")."""
-        return {"role": "system" if self.role == "developer" else self.role, "content": self.text()}
+    def to_message(self) -> chat.Message:
+        """The typed message the engine takes ("developer" is OpenAI's new "system")."""
+        calls = tuple(chat.ToolCall(c.id, c.function.name, c.function.arguments) for c in self.tool_calls or ())
+        role = "system" if self.role == "developer" else self.role
+        return chat.Message(role, self.text(), tool_calls=calls, tool_call_id=self.tool_call_id)
 
 
 class StreamOptions(_Strict):
@@ -211,8 +266,8 @@ class ChatCompletionRequest(_Sampling):
     logprobs: Literal[False] | None = None
     top_logprobs: ZeroInt | None = None
     max_completion_tokens: PositiveInt | None = Field(None, description="Same as max_tokens (wins over it).")
-    tools: list[dict] | None = Field(None, max_length=0)
-    tool_choice: Literal["none"] | None = None
+    tools: list[ToolParam] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     response_format: ResponseFormatText | None = None
     # OpenAI metadata fields: accepted, no effect on the answer
     metadata: dict[str, str] | None = None
@@ -224,6 +279,15 @@ class ChatCompletionRequest(_Sampling):
 
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    def chat_messages(self) -> list[chat.Message]:
+        return [m.to_message() for m in self.messages]
+
+    def tool_request(self) -> tuple[list[chat.ToolSpec], str | None, bool | None]:
+        """(the tools' specs, the tool_choice as a mode or a function's name, parallel_tool_calls)."""
+        choice = self.tool_choice
+        named = choice.function.name if isinstance(choice, NamedToolChoice) else None
+        return [t.spec() for t in self.tools or ()], named or choice, self.parallel_tool_calls
 
 
 class CompletionRequest(_Sampling):
@@ -278,6 +342,8 @@ class PyroDashInfo(_Out):
     handoffs: list[int] = Field(default_factory=list)  # every handoff position (relay: several)
     relay_fallback: str | None = None  # why a relay answer became a single handoff (stop_ignored, step_cap, empty_step)
     cost_usd_by_component: dict[str, float] | None = None  # cost_usd split into slm_in, slm_out, llm_in, llm_out
+    tool_calls: list[dict] = Field(default_factory=list)  # the answer's tool calls: {id, name, arguments, by}
+    tool_call_errors: list[str] = Field(default_factory=list)  # what a model wrote as a call that could not be read
     # what the LLM alone would have billed for this answer: an ESTIMATE except in mode "llm" (then it is cost_usd);
     # how it is counted: `llm_only_estimate` below and pyrodash.server.estimates.llm_only_estimate
     llm_only_cost_usd: float | None = None
@@ -390,6 +456,7 @@ class UsageInfo(_Out):
 class ResponseMessage(_Out):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
+    tool_calls: list[dict] | None = None  # OpenAI's `tool_calls` entries: {id, type: function, function}
 
 
 class Choice(_Out):

@@ -2,9 +2,11 @@
 conversion into the engine's request (`instructions` and `input` as chat messages), the response object and its
 event stream (`ResponsesWriter`). docs/serving.md.
 
-Text in, text out: `input` is a string or a list of messages whose content is a string or text parts; tools, stored
-responses (`previous_response_id`, `conversation`), files and images, reasoning and background runs are refused by
-name (400). `max_output_tokens` is the joint answer's TOTAL budget (SLM + LLM); `temperature` omitted is 0 (greedy).
+`input` is a string or a list of items: messages whose content is a string or text parts, and a tool loop's
+`function_call` and `function_call_output` items; `tools` are function tools (the answer's calls come back as
+`function_call` output items). Hosted tools, stored responses (`previous_response_id`, `conversation`), files and
+images, reasoning and background runs are refused by name (400). `max_output_tokens` is the joint answer's TOTAL
+budget (SLM + LLM); `temperature` omitted is 0 (greedy).
 """
 
 from __future__ import annotations
@@ -16,12 +18,13 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
 
+from pyrodash import chat
 from pyrodash.events import Done
 from pyrodash.server import protocol, validation
 from pyrodash.server.front import Front, FrontRequest, chat_message, text_only
 
 _PARTS = ("input_text", "output_text")  # text parts (output_text: an earlier assistant turn's)
-_NO_TOOLS = "tool calling is not supported by the Collaborate Engine"
+_ITEMS = ("message", "function_call", "function_call_output")  # the input items a tool loop sends
 _NO_STORE = "this server keeps no responses or conversations: send the whole conversation in `input`"
 
 
@@ -41,6 +44,46 @@ class InputMessage(protocol._Strict):
 
     def text(self) -> str:
         return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+
+
+class FunctionCallItem(protocol._Strict):
+    """An earlier answer's tool call, sent back in `input` (as the Agents SDK does)."""
+
+    type: Literal["function_call"]
+    call_id: str
+    name: str
+    arguments: str
+    id: str | None = None
+    status: str | None = None
+
+
+class FunctionCallOutput(protocol._Strict):
+    """A tool's result for the call `call_id`."""
+
+    type: Literal["function_call_output"]
+    call_id: str
+    output: str
+    id: str | None = None
+    status: str | None = None
+
+
+class FunctionTool(protocol._Strict):
+    """A function the model may call (the Responses API's flat tool shape)."""
+
+    type: Literal["function"]
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
+    description: str | None = None
+    parameters: dict | None = None
+    strict: bool | None = None
+
+    def spec(self) -> chat.ToolSpec:
+        params = self.parameters if self.parameters is not None else {"type": "object", "properties": {}}
+        return chat.ToolSpec(self.name, self.description or "", params)
+
+
+class NamedFunction(protocol._Strict):
+    type: Literal["function"]
+    name: str
 
 
 class TextFormat(protocol._Strict):
@@ -64,9 +107,7 @@ class ResponsesRequest(FrontRequest):
          "user"}
     )  # fmt: skip
     UNSUPPORTED = {
-        "tools": ((None, []), _NO_TOOLS),
-        "tool_choice": ((None, "none", "auto"), _NO_TOOLS),
-        "max_tool_calls": ((None,), _NO_TOOLS),
+        "max_tool_calls": ((None,), "max_tool_calls is not supported (each request is one answer)"),
         "previous_response_id": ((None,), _NO_STORE),
         "conversation": ((None,), _NO_STORE),
         "prompt": ((None,), "stored prompts are not supported: send `instructions` and `input`"),
@@ -75,10 +116,13 @@ class ResponsesRequest(FrontRequest):
         "background": ((None, False), "background responses are not supported"),
         "top_logprobs": ((None, 0), "logprobs are not supported by the Collaborate Engine"),
     }
-    PARTS = (InputMessage, InputText, TextConfig, TextFormat)
+    PARTS = (InputMessage, InputText, TextConfig, TextFormat, FunctionCallItem, FunctionCallOutput, FunctionTool)
     BUDGET_PARAM = "max_output_tokens"
 
-    input: Annotated[str, Field(min_length=1)] | Annotated[list[InputMessage], Field(min_length=1)]
+    input: (
+        Annotated[str, Field(min_length=1)]
+        | Annotated[list[InputMessage | FunctionCallItem | FunctionCallOutput], Field(min_length=1)]
+    )
     instructions: str | None = None
     max_output_tokens: protocol.PositiveInt | None = Field(
         None, description="The TOTAL output budget of the joint answer (SLM + LLM tokens)."
@@ -88,8 +132,8 @@ class ResponsesRequest(FrontRequest):
     )
     text: TextConfig | None = None
     truncation: Literal["auto", "disabled"] | None = None
-    tools: list[dict] | None = Field(None, max_length=0)
-    tool_choice: Literal["none", "auto"] | None = None
+    tools: list[FunctionTool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedFunction | None = None
     include: list[str] | None = Field(None, max_length=0)
     parallel_tool_calls: bool | None = None
     stream_options: dict | None = None
@@ -109,24 +153,54 @@ class ResponsesRequest(FrontRequest):
         content part that is not text (an image, a file, audio), before the union's own errors."""
         for i, item in enumerate(v if isinstance(v, list) else ()):
             kind = item.get("type", "message") if isinstance(item, dict) else "message"
-            if isinstance(kind, str) and kind != "message":
+            if isinstance(kind, str) and kind not in _ITEMS:
                 raise protocol.APIError(
                     400,
-                    f"input.{i}.type: input items of type {kind[:40]!r} are not supported (tool calls, reasoning "
-                    "items, item references); send messages with text content.",
+                    f"input.{i}.type: input items of type {kind[:40]!r} are not supported (reasoning items, item "
+                    "references, hosted tools' calls); send messages, function_call and function_call_output items.",
                     param=f"input.{i}.type",
                     code="unsupported_value",
                 )
-            if isinstance(item, dict):
+            if isinstance(item, dict) and kind == "message":
                 text_only(item.get("content"), f"input.{i}.content", _PARTS, "files, images and audio")
         return v
 
-    def chat_messages(self) -> list[protocol.ChatMessage]:
-        """`instructions` as a system message, then `input` (a string: one user message)."""
-        head = [chat_message("system", self.instructions)] if self.instructions else []
+    @field_validator("tools", mode="before")
+    @classmethod
+    def _function_tools_only(cls, v: object) -> object:
+        for i, tool in enumerate(v if isinstance(v, list) else ()):
+            kind = tool.get("type") if isinstance(tool, dict) else None
+            if isinstance(kind, str) and kind != "function":
+                raise protocol.APIError(
+                    400,
+                    f"tools.{i}.type: hosted tools ({kind[:40]!r}) are not supported; send function tools.",
+                    param=f"tools.{i}.type",
+                    code="unsupported_value",
+                )
+        return v
+
+    def chat_messages(self) -> list[chat.Message]:
+        """`instructions` as a system message, then `input` (a string: one user message); a run of function_call
+        items is one assistant message's calls (after that message's text, when it came just before), and each
+        function_call_output a tool message."""
+        out = [chat_message("system", self.instructions)] if self.instructions else []
         if isinstance(self.input, str):
-            return [*head, chat_message("user", self.input)]
-        return [*head, *(chat_message(m.role, m.text()) for m in self.input)]
+            return [*out, chat_message("user", self.input)]
+        for item in self.input:
+            if isinstance(item, FunctionCallOutput):
+                out.append(chat.Message("tool", item.output, tool_call_id=item.call_id))
+            elif isinstance(item, FunctionCallItem):
+                call = chat.ToolCall(item.call_id, item.name, item.arguments)
+                prev = out.pop() if out and out[-1].role == "assistant" else chat.Message("assistant")
+                out.append(chat.Message("assistant", prev.content, tool_calls=(*prev.tool_calls, call)))
+            else:
+                out.append(chat_message(item.role, item.text()))
+        return out
+
+    def tool_request(self) -> tuple[list[chat.ToolSpec], str | None, bool | None]:
+        choice = self.tool_choice
+        named = choice.name if isinstance(choice, NamedFunction) else None
+        return [t.spec() for t in self.tools or ()], named or choice, self.parallel_tool_calls
 
     def requested_max_tokens(self) -> int | None:
         return self.max_output_tokens
@@ -164,20 +238,34 @@ def shell(rid: str, model: str, req: ResponsesRequest) -> dict:
         "max_output_tokens": req.max_output_tokens,
         "model": model,
         "output": [],
-        "parallel_tool_calls": False,
+        "parallel_tool_calls": req.parallel_tool_calls is not False,
         "previous_response_id": None,
         "reasoning": {"effort": None, "summary": None},
         "store": False,
         "temperature": temperature,
         "text": {"format": {"type": "text"}},
-        "tool_choice": "none",
-        "tools": [],
+        "tool_choice": _choice(req),
+        "tools": [t.model_dump(exclude_none=True) for t in req.tools or ()],
         "top_p": req.top_p if req.top_p is not None else 1.0,
         "truncation": req.truncation or "disabled",
         "usage": None,
         "user": req.user,
         "metadata": req.metadata or {},
     }
+
+
+def _choice(req: ResponsesRequest) -> object:
+    choice = req.tool_choice
+    if isinstance(choice, NamedFunction):
+        return choice.model_dump()
+    return choice or ("auto" if req.tools else "none")
+
+
+def call_item(call: chat.ToolCall, status: str = "completed") -> dict:
+    """A `function_call` output item: one tool call of the answer (`call_id` is what its output names)."""
+    fid = "fc_" + call.id.removeprefix("call_")
+    return {"id": fid, "type": "function_call", "status": status, "call_id": call.id, "name": call.name,
+            "arguments": call.arguments}  # fmt: skip
 
 
 def message_item(mid: str, text: str, status: str) -> dict:
@@ -194,7 +282,7 @@ def finished(base: dict, mid: str, done: Done, info: dict) -> dict:
         **base,
         "status": status,
         "incomplete_details": {"reason": "max_output_tokens"} if cut else None,
-        "output": [message_item(mid, done.output, status)],
+        "output": [message_item(mid, done.output, status), *(call_item(c) for c in done.tool_calls)],
         "output_text": done.output,
         "usage": usage(done),
         "pyrodash": info,
@@ -248,11 +336,27 @@ class ResponsesWriter:
     def closing(self, done: Done, info) -> list[str]:
         final = finished(self.base, self.mid, done, info())
         item = final["output"][0]
-        return [
+        out = [
             self.event("response.output_text.done", **self.at, text=done.output, logprobs=[]),
             self.event("response.content_part.done", **self.at, part=item["content"][0]),
             self.event("response.output_item.done", output_index=0, item=item),
-            self.event(f"response.{final['status']}", response=final),
+        ]
+        for k in range(1, len(done.tool_calls) + 1):
+            out += self._call_events(k, final["output"][k])
+        return [*out, self.event(f"response.{final['status']}", response=final)]
+
+    def _call_events(self, index: int, item: dict) -> list[str]:
+        """One function_call item's events: added (no arguments yet), its arguments as one delta, done."""
+        at = {"item_id": item["id"], "output_index": index}
+        return [
+            self.event(
+                "response.output_item.added",
+                output_index=index,
+                item={**item, "arguments": "", "status": "in_progress"},
+            ),
+            self.event("response.function_call_arguments.delta", **at, delta=item["arguments"]),
+            self.event("response.function_call_arguments.done", **at, arguments=item["arguments"]),
+            self.event("response.output_item.done", output_index=index, item=item),
         ]
 
     def failure(self, err: protocol.APIError) -> str:

@@ -60,6 +60,13 @@ class ChunkWriter:
             choice = f'{{"index":0,"text":"","logprobs":null,"finish_reason":{json.dumps(reason)}}}'
         return self.head + f'"choices":[{choice}]' + tail + "}\n\n"
 
+    def tool_call(self, index: int, call) -> str:
+        """One tool call, whole, as a chat delta (`tool_calls[index]`: id, name and all its arguments)."""
+        tail = ',"usage":null' if self.include_usage else ""
+        delta = {"tool_calls": [{"index": index, **call.wire()}]}
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}
+        return self.head + f'"choices":[{json.dumps(choice)}]' + tail + "}\n\n"
+
     def usage(self, usage: dict, pyrodash: dict) -> str:
         return self.head + f'"choices":[],"usage":{json.dumps(usage)},"pyrodash":{json.dumps(pyrodash)}}}\n\n'
 
@@ -74,7 +81,8 @@ class ChunkWriter:
     def closing(self, done: Done, info: Callable[[], dict]) -> list[str]:
         """The events after the last delta: the finish chunk, and with `include_usage` the usage chunk with the
         `pyrodash` object."""
-        out = [self.finish(done.finish_reason)]
+        out = [self.tool_call(i, c) for i, c in enumerate(done.tool_calls)] if self.kind == "chat" else []
+        out.append(self.finish(done.finish_reason))
         if self.include_usage:
             out.append(self.usage(protocol.UsageInfo.from_done(done).model_dump(), info()))
         return out

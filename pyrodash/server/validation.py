@@ -21,6 +21,7 @@ from fastapi import FastAPI, Request
 from pydantic import BaseModel, ValidationError
 from starlette.requests import ClientDisconnect
 
+from pyrodash import chat
 from pyrodash.backends import literal
 from pyrodash.backends.base import KnowsSpecials
 from pyrodash.engine import EngineRequest
@@ -34,10 +35,8 @@ SAMPLING_EPS = 1e-5
 DEFAULT_SPECIALS = (OFFLOAD_TOKEN, "<|im_start|>", "<|im_end|>", "<|endoftext|>", "<think>", "</think>")
 # parameter -> (its neutral values, what to say)
 UNSUPPORTED: dict[str, tuple[tuple, str]] = {
-    "tools": ((None, []), "tool calling is not supported by the Collaborate Engine"),
-    "tool_choice": ((None, "none"), "tool calling is not supported by the Collaborate Engine"),
-    "functions": ((None, []), "function calling is not supported by the Collaborate Engine"),
-    "function_call": ((None, "none"), "function calling is not supported by the Collaborate Engine"),
+    "functions": ((None, []), "the deprecated `functions` are not supported: send them as `tools`"),
+    "function_call": ((None, "none"), "the deprecated `function_call` is not supported: send `tool_choice`"),
     "response_format": ((None, {"type": "text"}), "only plain text output is supported (response_format text)"),
     "echo": ((None, False), "echo is not supported"),
     "best_of": ((None, 1), "best_of > 1 is not supported"),
@@ -185,6 +184,10 @@ def _fields(model: type[BaseModel]) -> set[str]:
         protocol.StreamOptions,
         protocol.ResponseFormatText,
         protocol.PyroDashOptions,
+        protocol.ToolParam,
+        protocol.FunctionDef,
+        protocol.ToolCallParam,
+        protocol.FunctionCall,
         *getattr(model, "PARTS", ()),  # another wire API's nested models (their field names make error params)
     ):
         names |= set(m.model_fields)
@@ -214,13 +217,24 @@ def _unknown(model: type[BaseModel], obj: dict) -> None:
 
 
 def _missing_content(req: BaseModel) -> None:
-    """400 for a system, developer or user message without content (only an assistant message may omit it)."""
+    """400 for a system, developer, user or tool message without content (only an assistant message may omit it),
+    a tool message without its `tool_call_id`, and tool fields on a message of another role."""
     for i, m in enumerate(getattr(req, "messages", None) or []):
+        missing = None
         if m.content is None and m.role != "assistant":
-            param = f"messages.{i}.content"
+            missing = f"messages.{i}.content"
+        elif getattr(m, "role", None) == "tool" and getattr(m, "tool_call_id", None) is None:
+            missing = f"messages.{i}.tool_call_id"
+        if missing:
             raise protocol.APIError(
-                400, f"Missing required parameter: '{param}'.", param=param, code="missing_required_parameter"
+                400, f"Missing required parameter: '{missing}'.", param=missing, code="missing_required_parameter"
             )
+        for name, role in (("tool_calls", "assistant"), ("tool_call_id", "tool")):
+            if getattr(m, name, None) is not None and m.role != role:
+                param = f"messages.{i}.{name}"
+                raise protocol.APIError(
+                    400, f"{param}: only a message of role '{role}' carries {name}.", param=param, code="invalid_value"
+                )
 
 
 def parse(model: type[BaseModel], obj: object, allow_unknown: bool = False) -> BaseModel:
@@ -333,7 +347,7 @@ def engine_request(app: FastAPI, req: protocol._Sampling, kind: str) -> tuple[st
     if temperature < SAMPLING_EPS:
         temperature = 0.0  # as vLLM does: a vanishing temperature is greedy decoding (and 1/T must stay finite)
     if kind == "chat":
-        question: object = [{**m.to_engine(), "content": _client_text(app, m.text())} for m in chat_messages(req)]
+        question: object = [_client_message(app, m) for m in chat_messages(req)]
     else:
         question = _client_text(app, req.prompt)
     opts = req.pyrodash or protocol.PyroDashOptions()
@@ -353,8 +367,42 @@ def engine_request(app: FastAPI, req: protocol._Sampling, kind: str) -> tuple[st
         top_p=req.top_p,
         seed=req.seed,
         stop=req.stop_list(),
+        tools=tools_of(req) if kind == "chat" else None,
     )
     return model, call
+
+
+def _client_message(app: FastAPI, m: chat.Message) -> chat.Message:
+    """A client's message with its text (content, a call's arguments) marked as plain characters."""
+    calls = tuple(dataclasses.replace(c, arguments=_client_text(app, c.arguments)) for c in m.tool_calls)
+    return dataclasses.replace(m, content=_client_text(app, m.content), tool_calls=calls)
+
+
+NO_FORCED_CALL = (
+    "the Collaborate Engine cannot force a tool call (it does not constrain a model's decoding); send "
+    "tool_choice 'auto' (the model decides) or 'none'"
+)
+
+
+def tools_of(req: BaseModel) -> chat.Tools | None:
+    """The request's tools (`tool_request()`: specs, tool_choice, parallel_tool_calls), or None without any; 400 for
+    a duplicate or unknown function name and for a tool_choice that forces a call (`NO_FORCED_CALL`)."""
+    own = getattr(req, "tool_request", None)
+    if not callable(own):
+        return None
+    specs, choice, parallel = own()
+    names = [s.name for s in specs]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise protocol.APIError(400, f"tools: the function name {dupes[0]!r} is given twice.", param="tools")
+    if choice not in (None, "auto", "none"):
+        if choice != "required" and choice not in names:
+            msg = f"tool_choice names the function {str(choice)[:64]!r}, which is not among the tools."
+            raise protocol.APIError(400, msg, param="tool_choice", code="invalid_value")
+        shown = "required" if choice == "required" else f"function {choice!r}"
+        msg = f"tool_choice {shown} is not supported: {NO_FORCED_CALL}."
+        raise protocol.APIError(400, msg, param="tool_choice", code="unsupported_value")
+    return chat.Tools.of(specs, chat.ToolChoice(choice or "auto"), parallel)
 
 
 def chat_messages(req: BaseModel) -> list:
