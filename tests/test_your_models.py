@@ -133,7 +133,7 @@ TINY = {  # the sizes of the page's recipe and eval configs, shrunk; every other
         "stage3": {"train_offset": 0, "train_limit": 2, "max_steps": 1, "num_generations": 2,
                    "per_device_train_batch_size": 2, "gradient_accumulation_steps": 1, "max_completion_length": 300,
                    "llm_max_new_tokens": 300, "learning_rate": 1.0e-5, "bf16": False,
-                   "gradient_checkpointing": False, "logging_steps": 1},
+                   "gradient_checkpointing": False, "logging_steps": 1, "use_vllm": False},
     },
     "my-eval.yaml": {"max_tokens": 300},
     "my-eval-val.yaml": {"max_tokens": 300},
@@ -144,7 +144,8 @@ TINY = {  # the sizes of the page's recipe and eval configs, shrunk; every other
 def stand_ins(world, openai_url: str, deepseek_url: str, port: int) -> dict[str, str]:
     """What the page names -> what runs here: the world's SLM and prompts, the provider doubles, the server's port."""
     return {"Qwen/Qwen3.5-4B": str(world / "slm"), "qwen-math-v1": "world-v1", "https://api.openai.com/v1":
-            openai_url, "https://api.deepseek.com/v1": deepseek_url, "localhost:8000": f"127.0.0.1:{port}"}  # fmt: skip
+            openai_url, "https://api.deepseek.com/beta": deepseek_url,
+            "localhost:8000": f"127.0.0.1:{port}"}  # fmt: skip
 
 
 def _swapped(text: str, subs: dict[str, str]) -> str:
@@ -217,7 +218,7 @@ def test_the_page_runs_end_to_end_on_the_worlds_models(one_thread, doubles, tmp_
 
     from pyrodash.backends.http.endpoint import default_key_env
 
-    assert default_key_env("https://api.deepseek.com/v1", "auto") == "DEEPSEEK_API_KEY"  # the page's key variable
+    assert default_key_env("https://api.deepseek.com/beta", "auto") == "DEEPSEEK_API_KEY"  # the page's key variable
     world, openai_url, deepseek_url = doubles
     t0, port = time.perf_counter(), free_port()
     subs = stand_ins(world, openai_url, deepseek_url, port)
@@ -262,15 +263,25 @@ def check_the_run(root, seen: dict[str, str]) -> None:
     assert stats["hard_kept"] > 0 and stats["corpus_b_hard"] > 0 and stats["llm_calls"] > 0
     for stage in ("stage1", "stage2", "stage3-lambda0.05", "stage3-lambda0.6", "stage3-lambda2"):
         assert (run / stage / "config.json").is_file(), stage
-    resolved = json.loads((run / "stage3-lambda0.6" / "config.resolved.json").read_text())
-    assert "deepseek-chat" in json.dumps(resolved)  # the last stage 3 trained against the DeepSeek double
+    # one output folder per LLM: the DeepSeek run leaves the OpenAI-trained λ 0.6 alone and starts from its Stage 2
+    openai_run = json.dumps(json.loads((run / "stage3-lambda0.6" / "config.resolved.json").read_text()))
+    deepseek_run = json.loads(
+        (root / "runs" / "mine-deepseek" / "stage3-lambda0.6" / "config.resolved.json").read_text()
+    )
+    assert "gpt-5-mini" in openai_run and "deepseek-chat" not in openai_run
+    assert "deepseek-chat" in json.dumps(deepseek_run) and "gpt-5-mini" not in json.dumps(deepseek_run)
+    assert deepseek_run["stage2"] == "runs/mine/stage2", deepseek_run["stage2"]
     val_run, test_run = run / "eval" / "val", run / "eval"
     for r, n in ((val_run, len(val)), (test_run, N_TEST)):
         lines = (r / "records" / "pyrodash@0.6.jsonl").read_text().splitlines()
         assert len(lines) == n, (r, n)
     serve = yaml.safe_load((root / "serve.yaml").read_text())
     assert serve["operating_points"]["pyrodash"] and serve["budgets"]["default"]["usd_per_hour"] == 2.0
+    assert serve["limits"] == {"max_tokens": 8192, "default_max_tokens": 4096}  # answers a reasoning model's length
     assert serve["slm"].startswith("runs/mine/stage3-lambda") and "picked" in seen["select runs/mine/eval"]
+    # the served pick is the policy the page says: trained against the LLM it is served with (gpt-5-mini's double)
+    served = json.dumps(json.loads((root / serve["slm"] / "config.resolved.json").read_text()))
+    assert "gpt-5-mini" in served and "deepseek-chat" not in served and "gpt-5-mini" in json.dumps(serve["llm"])
     budget = seen["budget"]
     assert budget and "default" in json.dumps(budget), budget
     assert "## Picked on val" in seen["report"] and serve_point_named(seen["report"], serve)
