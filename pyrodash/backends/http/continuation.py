@@ -11,10 +11,12 @@ the start-up probe learned about the endpoint. Each mode's request and the sampl
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from pyrodash.backends.base import GenRequest
+from pyrodash.chat import ToolCall, new_call_id
 
 MODES = ("continue", "completion", "instruct", "prefix", "anthropic")
 CONTINUE_NOTE = "Continue your previous message from exactly where it stops; do not repeat it."
@@ -60,9 +62,9 @@ def build_request(
             raise ValueError("completion mode renders the chat template locally: give tokenizer: DIR in the spec")
         body: dict = {
             "model": model,
-            "prompt": (render(req.messages) if req.messages else "") + req.prefix,
+            "prompt": (render(req.messages, req.tools) if req.messages else "") + req.prefix,
             "max_tokens": req.max_tokens,
-        }
+        }  # (tools: in the rendered prompt; the engine reads the calls from the text)
         path = "/completions"
     else:
         msgs = list(req.messages)
@@ -77,6 +79,8 @@ def build_request(
         if req.prefix and wire.mode == "continue":
             body["continue_final_message"] = True
             body["add_generation_prompt"] = False
+        if req.tools:  # the server's own tool parser returns structured calls (`delta.tool_calls`)
+            body["tools"] = list(req.tools)
         path = "/chat/completions"
     body.update({"temperature": req.temperature, "stream": True, "stream_options": {"include_usage": True}})
     if req.top_p != NEUTRAL_TOP_P:  # sent only when set: Anthropic (also behind a proxy) refuses it with temperature
@@ -99,9 +103,25 @@ def build_request(
     return path, body
 
 
+def _anthropic_message(m: dict) -> dict:
+    """A chat message in the Messages API's shape: an assistant's calls as `tool_use` blocks, a tool result as a
+    user's `tool_result` block."""
+    if m.get("role") == "tool":
+        block = {"type": "tool_result", "tool_use_id": m.get("tool_call_id"), "content": str(m.get("content") or "")}
+        return {"role": "user", "content": [block]}
+    if not m.get("tool_calls"):
+        return {"role": m["role"], "content": m["content"]}
+    blocks = [{"type": "text", "text": m["content"]}] if m.get("content") else []
+    for c in m["tool_calls"]:
+        args = c["function"]["arguments"]
+        blocks.append({"type": "tool_use", "id": c["id"], "name": c["function"]["name"],
+                       "input": json.loads(args) if isinstance(args, str) else args})  # fmt: skip
+    return {"role": "assistant", "content": blocks}
+
+
 def _anthropic_body(wire: Wire, req: GenRequest, model: str) -> dict:
     system = "\n\n".join(str(m["content"]) for m in req.messages if m.get("role") == "system")
-    msgs = [{"role": m["role"], "content": m["content"]} for m in req.messages if m.get("role") != "system"]
+    msgs = [_anthropic_message(m) for m in req.messages if m.get("role") != "system"]
     if not msgs and req.prefix:
         msgs = [{"role": "user", "content": CONTINUE_NOTE}]
     if req.prefix:
@@ -119,6 +139,12 @@ def _anthropic_body(wire: Wire, req: GenRequest, model: str) -> dict:
     }  # not top_p too: newer models refuse both at once
     if system:
         body["system"] = system
+    if req.tools:
+        body["tools"] = [
+            {"name": t["function"]["name"], "description": t["function"].get("description", ""),
+             "input_schema": t["function"].get("parameters") or {"type": "object"}}
+            for t in req.tools
+        ]  # fmt: skip
     sent = [x for x in req.stop if x not in client_stops(wire, req)]
     if sent:
         body["stop_sequences"] = sent
@@ -154,6 +180,15 @@ class StreamState:
     completion_tokens: int | None = None
     cached_tokens: int | None = None
     error: str | None = None
+    calls: dict = field(default_factory=dict)  # index -> {id, name, arguments}: structured tool calls as they stream
+
+    def tool_calls(self) -> list[ToolCall]:
+        """The structured calls the stream carried (a chat endpoint's `delta.tool_calls`, Anthropic's `tool_use`)."""
+        return [ToolCall(c["id"] or new_call_id(), c["name"], c["arguments"] or "{}", "llm") for _, c in
+                sorted(self.calls.items())]  # fmt: skip
+
+    def _call(self, index: int) -> dict:
+        return self.calls.setdefault(index, {"id": "", "name": "", "arguments": ""})
 
     def feed(self, obj: dict) -> tuple[str, list[dict] | None]:
         """(text delta, top logprobs) of one event; sets `error` on an error event."""
@@ -175,6 +210,11 @@ class StreamState:
         text, lps = "", None
         for choice in obj.get("choices") or []:
             text += choice.get("text") or (choice.get("delta") or {}).get("content") or ""
+            for tc in (choice.get("delta") or {}).get("tool_calls") or []:
+                c, fn = self._call(tc.get("index", 0)), tc.get("function") or {}
+                c["id"] += tc.get("id") or ""
+                c["name"] += fn.get("name") or ""
+                c["arguments"] += fn.get("arguments") or ""
             lp = choice.get("logprobs") or {}
             if lp.get("content"):  # chat format
                 lps = [{t["token"]: t["logprob"] for t in c.get("top_logprobs") or []} for c in lp["content"]]
@@ -194,13 +234,18 @@ class StreamState:
             self.prompt_tokens = (u.get("input_tokens") or 0) + cached + created
             self.cached_tokens = cached
             self.completion_tokens = u.get("output_tokens")
+        elif kind == "content_block_start" and (obj.get("content_block") or {}).get("type") == "tool_use":
+            block, c = obj["content_block"], self._call(obj.get("index", 0))
+            c["id"], c["name"] = block.get("id") or "", block.get("name") or ""
         elif kind == "content_block_delta":
             delta = obj.get("delta") or {}
+            if delta.get("type") == "input_json_delta":
+                self._call(obj.get("index", 0))["arguments"] += delta.get("partial_json") or ""
             return (delta.get("text") or "") if delta.get("type") == "text_delta" else "", None
         elif kind == "message_delta":
             reason = (obj.get("delta") or {}).get("stop_reason")
             if reason:
-                self.finish = "length" if reason == "max_tokens" else "stop"
+                self.finish = {"max_tokens": "length", "tool_use": "tool_calls"}.get(reason, "stop")
                 self.stop_reason = (obj.get("delta") or {}).get("stop_sequence")
             out = (obj.get("usage") or {}).get("output_tokens")
             if out is not None:

@@ -33,6 +33,7 @@ from pyrodash.backends.http.continuation import ANTHROPIC_VERSION, StreamState, 
 from pyrodash.backends.http.endpoint import LLMEndpoint, redact
 from pyrodash.backends.http.lean_client import LeanClient, LeanConnectError, LeanError, lean_ok
 from pyrodash.backends.http.probe import probe_llm
+from pyrodash.chat import render_chat
 
 log = logging.getLogger("pyrodash.llm")
 CHARS_PER_TOKEN = 4  # the estimate when neither the server nor a local tokenizer counts
@@ -191,8 +192,8 @@ class OpenAICompatBackend:
                 self._tok_missing = True
         return max(1, round(len(text) / CHARS_PER_TOKEN)) if text else 0, True
 
-    def _render(self, messages: list[dict]) -> str:
-        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    def _render(self, messages: list[dict], tools: list[dict] | None = None) -> str:
+        return render_chat(self.tokenizer, messages, tools)
 
     def token_id(self, token: str) -> int | None:
         if token in self._ids:
@@ -420,6 +421,7 @@ class _StreamReader:
             cached_tokens=st.cached_tokens,
             usage_estimated=estimated,
             client_stop=self.cut,
+            tool_calls=st.tool_calls() or None,
         )
 
 
