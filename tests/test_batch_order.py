@@ -1,5 +1,5 @@
 """The batch driver cuts an in-process model's batches from its requests ordered shortest prompt first
-(`pyrodash.engine.core._shortest_first`): a left-padded batch then prefills little padding, and every answer is still
+(`pyrodash.engine.batch._shortest_first`): a left-padded batch then prefills little padding, and every answer is still
 the one its question gets alone, in the caller's order. Reverting to the callers' order fails the batch check; a
 mix-up of the results' order fails the answer check."""
 

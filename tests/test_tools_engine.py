@@ -12,10 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tool_doubles import TASK, TOOL, ToolDouble, call_text, run_tool, tool_pair
 
-from pyrodash import tool_parser
 from pyrodash.chat import Message, ToolCall, ToolChoice, Tools, ToolSpec
 from pyrodash.cost import Prices
-from pyrodash.engine import CollaborateEngine
+from pyrodash.engine import CollaborateEngine, tool_parser
 from pyrodash.engine.core import segment_outcome
 from pyrodash.events import Done, LLMDelta, SLMDelta
 from pyrodash.prompts import get_prompts

@@ -15,31 +15,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator
 
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-from pyrodash.backends.base import (
-    Backend,
-    Batches,
-    BatchesStreams,
-    ContinuesPrefix,
-    GenChunk,
-    GenRequest,
-    GenResult,
-    Renders,
-    Tokenizes,
-    Warms,
-)
-from pyrodash.backends.deadline import LazyDeadline
-from pyrodash.backends.retry import FailurePolicy, backoff_delay
+from pyrodash.backends.base import Backend, ContinuesPrefix, GenChunk, GenRequest, Renders, Tokenizes, Warms
+from pyrodash.backends.retry import FailurePolicy
 from pyrodash.chat import to_dicts
 from pyrodash.cost import Prices
+from pyrodash.engine import batch as batch_driver
 from pyrodash.engine import conversation as conv
 from pyrodash.engine import fitting
+from pyrodash.engine import llm_call as llm_step
 from pyrodash.engine.fitting import PromptSize
+from pyrodash.engine.llm_call import EarlyCall
 from pyrodash.engine.range_rule import ROUTED, RangeRule
-from pyrodash.engine.relay import TOOLS, RelayConfig, RelayRun, calls_for, key_relay_turns, relay_for, relay_runs
+from pyrodash.engine.relay import TOOLS, RelayConfig, RelayRun, calls_for, relay_for
 from pyrodash.engine.requests import (
     BAN,
     TO_THE_END,
@@ -52,37 +41,10 @@ from pyrodash.engine.requests import (
     slm_chat,
     total_budget,
 )
+from pyrodash.engine.tool_parser import split
 from pyrodash.engine.turn import Turn
-from pyrodash.events import Done, Event, Handoff, LLMDelta, LLMFailure, SLMDelta
+from pyrodash.events import Done, Event, Handoff, LLMDelta, SLMDelta
 from pyrodash.prompts import OFFLOAD_TOKEN, Prompts, pack
-from pyrodash.tool_parser import ToolCallParser, split
-
-
-class _EarlyCall:
-    """The first LLM attempt, started as a task the moment the SLM's `<offload>` stop arrives, so the request is on
-    the wire while the SLM stream is still being drained (its usage chunk, [DONE]). `stream()` replays the first
-    chunk (or its exception) and then continues the same backend stream."""
-
-    def __init__(self, llm: Backend, req: GenRequest):
-        self.req = req
-        self._it = llm.stream(req)
-        self._first = asyncio.ensure_future(anext(self._it, None))
-
-    async def stream(self):
-        try:
-            ch = await self._first
-            while ch is not None:
-                yield ch
-                ch = await anext(self._it, None)
-        finally:
-            await self._it.aclose()
-
-    async def cancel(self) -> None:
-        self._first.cancel()
-        with contextlib.suppress(BaseException):
-            await self._first
-        with contextlib.suppress(BaseException):
-            await self._it.aclose()
 
 
 class EngineError(RuntimeError):
@@ -91,82 +53,6 @@ class EngineError(RuntimeError):
     def __init__(self, message: str, done: Done):
         super().__init__(message)
         self.done = done
-
-
-class _Within:
-    """`await within(it)`: the next chunk of `it` (None at its end), or TimeoutError when none came `timeout_s` after
-    it was asked for; the caller's time between two asks (its yields) never counts. One timer per stream
-    (`LazyDeadline`), not an `asyncio.timeout` per chunk. Asks come from the task that made it; `close()` when
-    done."""
-
-    def __init__(self, timeout_s: float) -> None:
-        self.timeout_s = timeout_s
-        self.task = asyncio.current_task()
-        self.deadline = LazyDeadline(asyncio.get_running_loop(), self._expire)
-        self.cancelling = -1  # once expired: the task's cancel requests before this one (as asyncio.timeout)
-
-    async def __call__(self, it):
-        if not _UNCANCEL:  # Python 3.10: a cancel cannot be told apart from the timeout's own
-            return await asyncio.wait_for(anext(it, None), self.timeout_s)
-        self.deadline.start(self.timeout_s)
-        try:
-            return await anext(it, None)
-        except asyncio.CancelledError as e:
-            if self.cancelling >= 0 and self.task.uncancel() <= self.cancelling:
-                raise TimeoutError from e
-            raise
-        finally:
-            self.deadline.stop()
-
-    def _expire(self) -> None:
-        self.cancelling = self.task.cancelling()
-        self.task.cancel()
-
-    def close(self) -> None:
-        self.deadline.close()
-
-
-_UNCANCEL = hasattr(asyncio, "timeout")  # Python >= 3.11 (Task.uncancel, cancelling)
-
-
-def _final_chunk(r: GenResult) -> GenChunk:
-    """A finished generation's last chunk (what a stream ends with)."""
-    return GenChunk(
-        finish_reason=r.finish_reason,
-        stop_token_id=r.stop_token_id,
-        prompt_tokens=r.prompt_tokens,
-        completion_tokens=r.completion_tokens,
-        cached_tokens=getattr(r, "cached_tokens", None) or None,
-        usage_estimated=getattr(r, "usage_estimated", False),
-    )
-
-
-def _shortest_first(backend, items: list, request_of) -> list:
-    """`items` ordered by the prompt tokens of their requests (`request_of(item)`), shortest first, for a backend
-    whose tokenizer is here (in process): the batches cut from the list then hold prompts of similar lengths, so a
-    left-padded batch prefills little padding (a conversation's sixth turn no longer pads its first). Each answer is
-    the one it gets in any batch; the caller keeps its own order for the results."""
-    if not isinstance(backend, Tokenizes) or len(items) < 2:
-        return list(items)
-    sizes = [len(backend.prompt_ids(request_of(x))) for x in items]
-    return [items[j] for j in sorted(range(len(items)), key=sizes.__getitem__)]
-
-
-@contextlib.contextmanager
-def _progress(desc: str | None, what: str, total: int):
-    """A rich progress bar `desc (what)` over `total` items (a no-op without `desc`); yields `advance(n)`."""
-    if desc is None or total == 0:
-        yield lambda n: None
-        return
-    with Progress(TextColumn(f"{desc} ({what})"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()) as bar:
-        task = bar.add_task("", total=total)
-        yield lambda n: bar.advance(task, n)
-
-
-async def _drain(gen: AsyncIterator) -> None:
-    async with contextlib.aclosing(gen) as it:
-        async for _ in it:
-            pass
 
 
 class CollaborateEngine:
@@ -412,7 +298,7 @@ class CollaborateEngine:
         )
 
     # ---- the steps of Algorithm 1, shared by both drivers ---------------------------------------------------
-    def _slm_finished(self, t: Turn, text: str, final: GenChunk, seen: int) -> bool:
+    def slm_finished(self, t: Turn, text: str, final: GenChunk, seen: int) -> bool:
         """Lines 3-5 / 9-11: bill the SLM's decoding and say whether it ended in `<offload>` (a handoff; in a batch,
         an SLM result with finish_reason "offload" is a handoff told from outside: the oracle's)."""
         slm_out = t.bill_slm(final, seen)
@@ -433,142 +319,15 @@ class CollaborateEngine:
             self.offload_id is not None and final.stop_token_id == self.offload_id
         )
 
-    def _llm_req(
-        self, t: Turn, left: int, call: LLMCall = TO_THE_END, so_far: str | None = None
-    ) -> tuple[GenRequest, int]:
-        """The LLM's request for what is left of the call and the earlier messages dropped to fit it: the handoff
-        request continuing what was written (`call.written`, else Pack of the SLM's text) and the call's text so far
-        (`so_far`, else the turn's LLM text: a retry continues what arrived), or in mode "llm" the question itself."""
-        sampling = t.sampling if call.stop is None else {**t.sampling, "stop": list(call.stop)}
-        if t.mode == "llm":  # the fitted request again, with what is left to decode
-            return GenRequest(messages=t.req.messages, max_tokens=left, tools=t.req.tools, **sampling), 0
-        written = pack(t.slm_text) if call.written is None else call.written
-        so_far = t.llm_text if so_far is None else so_far
-        schemas = t.tools.schemas() if t.tools is not None else None
-        return self.llm_request_fitted(t.messages, written + so_far, left, sampling, schemas)
-
-    def _calls(self, got: GenChunk, text: str, reached: int, error: str | None) -> list[dict]:
-        """The per-endpoint entries of one LLM attempt: a composite backend's own (`GenChunk.endpoints`), else one
-        entry for this backend, billed at the engine's price sheet."""
-        if got.endpoints:
-            return [dict(e) for e in got.endpoints]
-        return [
-            {
-                "endpoint": self.llm.name,
-                "calls": reached,
-                "llm_in": got.prompt_tokens or 0,
-                "llm_out": got.completion_tokens or 0,
-                "llm_cached_in": got.cached_tokens or 0,
-                "cache_reported": got.cached_tokens is not None,  # the provider gave a cached figure (0 included)
-                "client_stop": got.client_stop,  # closed by the client at a stop string the server wrote past
-                "text": text,
-                "prices": None,
-                "error": error,
-                "tool_calls": list(got.tool_calls or ()),  # structured calls a chat endpoint returned
-            }
-        ]
-
     async def llm_call(
-        self, t: Turn, early: _EarlyCall | None = None, call: LLMCall = TO_THE_END
+        self, t: Turn, early: EarlyCall | None = None, call: LLMCall = TO_THE_END
     ) -> AsyncIterator[LLMDelta]:
-        """Lines 6-7: one LLM call (`_attempts`); with tools, its text as content only (a call's markup held back:
-        the calls are read into the answer's blocks when its `Done` is built)."""
-        parser = _parser(t, "llm")
-        async with contextlib.aclosing(self._attempts(t, early, call)) as it:
+        """Lines 6-7: one LLM call of turn `t` under the failure policy (`pyrodash.engine.llm_call`; `call`: what
+        it continues, its cap and stop, by default the single handoff's); sets `t.finish` unless every attempt
+        failed."""
+        async with contextlib.aclosing(llm_step.llm_call(self, t, early, call)) as it:
             async for ev in it:
-                if shown := _shown(parser, ev.text):
-                    yield LLMDelta(shown)
-        if parser is not None and (rest := parser.finish()):
-            yield LLMDelta(rest)
-
-    async def _attempts(
-        self, t: Turn, early: _EarlyCall | None = None, call: LLMCall = TO_THE_END
-    ) -> AsyncIterator[LLMDelta]:
-        """One LLM call (`call`: what it continues, its cap and stop; the default is the single handoff's,
-        to the end of the answer), under the failure policy (retries continue from what already arrived, so no text
-        is duplicated or lost). Sets `t.finish` on success; leaves it None when every attempt failed."""
-        pol, mark = self.failure, len(t.llm_text)  # t.llm_text[mark:]: this call's text
-        for attempt in range(pol.retries + 1):
-            left = t.left() if call.cap is None else min(call.cap, t.left())
-            if left <= 0:  # the joint budget is spent (by the SLM, or by LLM text that arrived before a failure)
-                if early is not None and attempt == 0:
-                    await early.cancel()
-                t.finish = "length"
-                return
-            if attempt:
-                await asyncio.sleep(backoff_delay(pol.backoff_s, attempt))  # the backends' own: jittered
-            lreq, stream = await self._attempt(t, left, early if attempt == 0 else None, call, t.llm_text[mark:])
-            if stream is None:  # the budget's gate: no reservation covers this call, so it is not made
-                why = "not made: its worst case does not fit the budget's hard cap"
-                t.failures.append(LLMFailure(attempt + 1, "not_made", why, reached_server=False))
-                return
-            got, attempt_text = GenChunk(), ""
-            streamed = 0  # tokens received in this attempt (billed if the stream breaks before reporting usage)
-            within = _Within(pol.timeout_s)  # the timeout never spans a yield
-            try:
-                async with contextlib.aclosing(stream) as it:
-                    while True:
-                        ch = await within(it)
-                        if ch is None:
-                            break
-                        streamed += len(ch.token_ids) or int(bool(ch.text))
-                        if ch.text:
-                            t.llm_text += ch.text
-                            attempt_text += ch.text
-                            yield LLMDelta(ch.text)
-                        if ch.finish_reason is not None:
-                            got = ch
-            except Exception as e:  # noqa: BLE001 - every LLM failure (timeouts included) goes through the policy
-                if not self._attempt_failed(t, e, got, streamed, attempt_text, lreq, attempt):
-                    return
-                continue
-            finally:
-                within.close()
-            self._attempt_done(t, got, attempt_text)
-            return
-
-    async def _attempt(
-        self, t: Turn, left: int, early: _EarlyCall | None, call: LLMCall, so_far: str
-    ) -> tuple[GenRequest, AsyncIterator[GenChunk] | None]:
-        """(request, stream) of one LLM attempt: the early call when it asked for what is left, else a new one;
-        stream None when the request's gate (`EngineRequest.gate`) did not let the call be made."""
-        if early is not None and early.req.max_tokens == left:
-            return early.req, early.stream()
-        if early is not None:  # (only if a token count was off) not the request we need
-            await early.cancel()
-        lreq, dropped = self._llm_req(t, left, call, so_far)
-        t.trimmed["llm"] = max(t.trimmed["llm"], dropped)
-        if t.gate is not None and not await t.gate(lreq):
-            return lreq, None
-        return lreq, self.llm.stream(lreq)
-
-    def _attempt_failed(
-        self, t: Turn, e: Exception, got: GenChunk, streamed: int, text: str, lreq: GenRequest, attempt: int
-    ) -> bool:
-        """Bill and record a failed LLM attempt; whether another may follow (not after a client error, nor once the
-        LLM answering alone wrote text it cannot continue)."""
-        reached = int(getattr(e, "reached_server", True))
-        rep = getattr(e, "usage", None)
-        if isinstance(rep, GenChunk):
-            got = rep
-        if got.completion_tokens is None and streamed:
-            t.estimated = True  # the stream broke before the server reported usage: chunks counted
-            got = GenChunk(
-                prompt_tokens=got.prompt_tokens or self._prompt_tokens(self.llm, lreq),
-                completion_tokens=streamed,
-                cached_tokens=got.cached_tokens,
-                endpoints=got.endpoints,
-            )
-        t.failures.append(_failure(e, attempt + 1, self.failure.timeout_s))
-        t.bill_llm(got, self._calls(got, text, reached, str(t.failures[-1])), reached)
-        if not getattr(e, "retryable", True):  # a client error: the same request fails the same way
-            return False
-        return not (t.mode == "llm" and t.llm_text)  # alone, the LLM cannot continue its own text: no retry
-
-    def _attempt_done(self, t: Turn, got: GenChunk, text: str) -> None:
-        """Bill a finished LLM attempt and end the turn."""
-        t.bill_llm(got, self._calls(got, text, 1, None), 1)
-        t.finish = got.finish_reason or "stop"
+                yield ev
 
     async def slm_fallback(self, t: Turn, written: str | None = None) -> AsyncIterator[SLMDelta]:
         """After a failed handoff: the SLM resumes from everything so far (`written`, else the SLM's and the LLM's
@@ -585,13 +344,13 @@ class CollaborateEngine:
             logit_bias={self.offload_id: BAN},
             **t.sampling,
         )
-        fin, seen, parser = GenChunk(), 0, _parser(t, "slm")
+        fin, seen, parser = GenChunk(), 0, llm_step.tool_parser_of(t, "slm")
         async with contextlib.aclosing(self.slm.stream(t.slm_request(freq))) as it:
             async for ch in it:
                 seen += len(ch.token_ids) or bool(ch.text)
                 if ch.text:
                     t.fb_text += ch.text
-                    if shown := _shown(parser, ch.text):
+                    if shown := llm_step.shown(parser, ch.text):
                         yield SLMDelta(shown)
                 if ch.finish_reason is not None:
                     fin = ch
@@ -627,10 +386,10 @@ class CollaborateEngine:
         relay = relay_for(self.relay, r)
         if t.mode == "collab" and relay.max_llm_calls > 1:
             t.cache_key = object()  # the answer's SLM requests share their KV (an in-process SLM's prefix cache)
-        early: _EarlyCall | None = None  # the single handoff's call, put on the wire as `<offload>` arrives
+        early: EarlyCall | None = None  # the single handoff's call, put on the wire as `<offload>` arrives
         try:
             async for ev in self.slm_segment(t, early_call=relay.max_llm_calls == 1):
-                if isinstance(ev, _EarlyCall):
+                if isinstance(ev, EarlyCall):
                     early = ev
                 else:
                     yield ev
@@ -647,21 +406,21 @@ class CollaborateEngine:
             yield ev
         yield t.done(self.prices)
 
-    async def slm_segment(self, t: Turn, early_call: bool = True) -> AsyncIterator[SLMDelta | _EarlyCall]:
+    async def slm_segment(self, t: Turn, early_call: bool = True) -> AsyncIterator[SLMDelta | EarlyCall]:
         """Lines 1-2, 9-10: the SLM decodes, `<offload>` a stop token id. With `early_call` (the stream driver) the
-        handoff request is put on the wire the moment the stop arrives (an `_EarlyCall`, yielded to the driver),
+        handoff request is put on the wire the moment the stop arrives (an `EarlyCall`, yielded to the driver),
         before the SLM's stream is drained."""
         if early_call:
             self._warm_llm()
         text, final, seen, counted, early = "", GenChunk(), 0, True, False
-        parser = _parser(t, "slm")  # with tools: a call's markup is held back, never streamed as text
+        parser = llm_step.tool_parser_of(t, "slm")  # with tools: a call's markup is held back, never streamed as text
         async with contextlib.aclosing(self.slm.stream(t.slm_request())) as it:
             async for ch in it:
                 seen += len(ch.token_ids) or bool(ch.text)
                 counted = counted and (bool(ch.token_ids) or not ch.text)  # exact token counts as we go
                 if ch.text:
                     text += ch.text
-                    if shown := _shown(parser, ch.text):
+                    if shown := llm_step.shown(parser, ch.text):
                         yield SLMDelta(shown)
                 if ch.finish_reason is not None:
                     final = ch
@@ -683,132 +442,18 @@ class CollaborateEngine:
                         t.trimmed["llm"] = max(t.trimmed["llm"], dropped)
                         early = True
                         if t.gate is None or await t.gate(ereq):  # (denied: `_attempt` asks again)
-                            yield _EarlyCall(self.llm, ereq)
+                            yield EarlyCall(self.llm, ereq)
                             await asyncio.sleep(0)  # let it put the request on the wire before the SLM is drained
         if parser is not None and (rest := parser.finish()):
             yield SLMDelta(rest)
-        self._slm_finished(t, text, final, seen)
+        self.slm_finished(t, text, final, seen)
 
     # ---- driver 2: many requests, batched generation where the backend can (eval, training, calibration) ----
-    async def abatch(
-        self,
-        questions: list,
-        mode: str = "collab",
-        options: list[dict] | None = None,
-        slm_results: list[GenResult | None] | None = None,
-        batch_size: int = 16,
-        concurrency: int = 8,
-        stop_at_handoff: bool = False,
-        desc: str | None = None,
-    ) -> list[Done]:
-        """Algorithm 1 for many requests, one `Done` each (in order), equal to what `stream` gives for each. The SLM
-        and the LLM decode in left-padded batches when the backend runs in process (`generate_batch`), else as
-        `concurrency` streams at a time. `options[i]`: request i's options (see `turn`). `slm_results[i]`: an SLM
-        generation made elsewhere (Stage 3's rollouts, the oracle's cut answers) used instead of decoding; a stop
-        at the `<offload>` id is a handoff. An LLM that fails every attempt never raises here: under
-        on_error="raise" the request's Done has finish_reason "error" (what `EngineError.done` would carry).
-        `stop_at_handoff`: only the SLM runs (Lines 1-5); a request that would hand off ends with finish_reason
-        "handoff" and its `handoff` position, and no LLM call is made (calibrating a target LLM-call rate).
-        `desc`: a rich progress bar with this label (SLM decodings, then LLM calls). Relays run `batch_size` at once
-        when both models decode waiting streams together (`BatchesStreams`), else `concurrency` at once."""
-        options = options if options is not None else [{}] * len(questions)
-        if len(options) != len(questions) or (slm_results is not None and len(slm_results) != len(questions)):
-            raise ValueError("abatch: options and slm_results need one entry per question")
-        turns = [self.turn(q, mode=mode, **o) for q, o in zip(questions, options)]
-        sem = asyncio.Semaphore(max(1, concurrency))
-
-        async def limited(aw: Awaitable):
-            async with sem:
-                return await aw
-
-        if mode != "llm":
-            if not stop_at_handoff:
-                key_relay_turns(self, turns, options)
-            await self._slm_batch(turns, slm_results, batch_size, limited, desc)
-        # the handoffs, as the stream driver runs them; an in-process LLM's single handoffs in batches (`_llm_batch`)
-        batched = isinstance(self.llm, Batches)
-        runs = {} if stop_at_handoff else relay_runs(self, turns, options, single=not batched)
-        need = [t for i, t in enumerate(turns) if t.finish is None and i not in runs]  # batched handoffs, mode "llm"
-        if stop_at_handoff:
-            for t in need:
-                t.finish = "handoff"
-            return [t.done(self.prices) for t in turns]
-        await self._handoffs(need, batched, batch_size, limited, desc)
-        together = isinstance(self.slm, BatchesStreams) and isinstance(self.llm, BatchesStreams)  # (a relay's calls)
-        await self._relays(list(runs.values()), batch_size if together else concurrency)
-        return [t.done(self.prices) for t in turns]
-
-    async def _handoffs(self, need: list[Turn], batched: bool, batch_size: int, limited, desc: str | None) -> None:
-        """The single handoffs of many turns (and mode "llm"): an in-process LLM's in batches (`_llm_batch`, shortest
-        prompts first), else as streams (`limited`); a turn whose every attempt failed gets the failure policy."""
-        if batched:
-            calls = []  # (turn, its LLM request, the earlier messages dropped to fit it): the turns with tokens left
-            for t in need:
-                if t.left() <= 0:
-                    t.finish = "length"
-                else:
-                    calls.append((t, *self._llm_req(t, t.left())))
-            calls = _shortest_first(self.llm, calls, lambda c: c[1])
-            with _progress(desc, "LLM", len(need)) as step:
-                step(len(need) - len(calls))
-                for k in range(0, len(calls), batch_size):
-                    await self._llm_batch(calls[k : k + batch_size], batch_size)
-                    step(len(calls[k : k + batch_size]))
-        else:
-            await asyncio.gather(*(limited(_drain(self.llm_call(t))) for t in need))
-        for t in need:
-            if t.finish is None:  # every LLM attempt failed
-                self.failure_outcome(t)  # no fallback: finish_reason "error" (never raised from a batch)
-                if t.finish is None:
-                    await _drain(self.slm_fallback(t))
-
-    @staticmethod
-    async def _relays(runs: list[RelayRun], at_once: int) -> None:
-        """The relays' handoff loops, `at_once` at a time. Their calls are streams: with both models in process the
-        waiting ones are decoded as one batch (`pyrodash.backends.hf.stream_batch`)."""
-        sem = asyncio.Semaphore(max(1, at_once))
-
-        async def relay(run: RelayRun) -> None:
-            async with sem:
-                await _drain(run.resume())
-
-        await asyncio.gather(*(relay(run) for run in runs))
-
-    async def _slm_batch(
-        self, turns: list[Turn], slm_results: list | None, batch_size: int, limited, desc: str | None
-    ) -> None:
-        """Lines 1-5 for many turns: the SLM generations given (`slm_results`), the rest decoded in batches when the
-        SLM runs in process, else as streams (`limited`: at most `concurrency` at a time)."""
-        given = slm_results or [None] * len(turns)
-        todo = [i for i, r in enumerate(given) if r is None and turns[i].mode != "llm"]  # routed: the LLM's
-        if todo and isinstance(self.slm, Batches):
-            given = list(given)
-            reqs_of = {i: turns[i].slm_request() for i in todo}
-            todo = _shortest_first(self.slm, todo, reqs_of.get)
-            with _progress(desc, "SLM", len(todo)) as step:
-                for k in range(0, len(todo), batch_size):
-                    part = todo[k : k + batch_size]
-                    reqs = [reqs_of[i] for i in part]
-                    for i, r in zip(part, self.slm.generate_batch(reqs), strict=True):
-                        given[i] = r
-                    step(len(part))
-            todo = []
-        await asyncio.gather(*(limited(_drain(self.slm_segment(turns[i], early_call=False))) for i in todo))
-        for t, r in zip(turns, given):
-            if r is not None and t.mode != "llm":
-                self._slm_finished(t, r.text, _final_chunk(r), len(r.token_ids))
-
-    async def _llm_batch(self, calls: list[tuple[Turn, GenRequest, int]], batch_size: int) -> None:
-        """The LLM calls of many turns ((turn, request, messages dropped to fit it), `_handoffs`) as one batched
-        in-process generation (an in-process model does not fail the way an endpoint does: no retries)."""
-        for t, _, dropped in calls:
-            t.trimmed["llm"] = max(t.trimmed["llm"], dropped)
-        results = self.llm.generate_batch([req for _, req, _ in calls], batch_size=batch_size)
-        for (t, _, _), r in zip(calls, results, strict=True):
-            got = _final_chunk(r)
-            t.llm_text += r.text
-            t.bill_llm(got, self._calls(got, r.text, 1, None), 1)
-            t.finish = r.finish_reason or "stop"
+    async def abatch(self, questions: list, **kw) -> list[Done]:
+        """Algorithm 1 for many requests, one `Done` each (in order), equal to what `stream` gives for each: the
+        batch driver (`pyrodash.engine.batch.abatch`: mode, options, slm_results, batch_size, concurrency,
+        stop_at_handoff, desc)."""
+        return await batch_driver.abatch(self, questions, **kw)
 
     def batch(self, questions: list, **kw) -> list[Done]:
         """Blocking `abatch` (not from inside a running event loop: use `await engine.abatch(...)` there)."""
@@ -825,11 +470,6 @@ class CollaborateEngine:
             task = asyncio.ensure_future(self.llm.warm())
             self._bg.add(task)
             task.add_done_callback(self._bg.discard)
-
-    @staticmethod
-    def _prompt_tokens(backend: Backend, req: GenRequest) -> int | None:
-        """Input tokens of a request that broke before the server reported usage, when the backend can count."""
-        return len(backend.prompt_ids(req)) if isinstance(backend, Tokenizes) else None
 
     # ---- conveniences --------------------------------------------------------------------------------------
     async def arun(self, question: str | list[dict], **kw) -> Done:
@@ -876,25 +516,5 @@ def segment_outcome(offloaded: bool, calls: list) -> str:
 
 
 def tool_format(backend) -> str:
-    """How a model writes tool calls (`pyrodash.tool_parser.FAMILIES`): the backend's own word, else "hermes"."""
+    """How a model writes tool calls (`pyrodash.engine.tool_parser.FAMILIES`): the backend's own word, else "hermes"."""
     return getattr(backend, "tool_format", None) or "hermes"
-
-
-def _parser(t: Turn, side: str) -> ToolCallParser | None:
-    """A stream's tool-call parser for `side`'s text when the turn offers tools, else None."""
-    return ToolCallParser(t.formats[side], side) if t.tools is not None else None
-
-
-def _shown(parser: ToolCallParser | None, text: str) -> str:
-    """What of a streamed piece a client sees: all of it without tools, else the parser's content."""
-    return text if parser is None else parser.feed(text)
-
-
-def _failure(e: Exception, attempt: int, timeout_s: float) -> LLMFailure:
-    """A failed LLM attempt as the record keeps it: a backend's typed error, else the engine's own timeout (no chunk
-    within `timeout_s`), else whatever was raised ("error")."""
-    if not str(e):
-        return LLMFailure(attempt, "timeout", f"{type(e).__name__} (no chunk within {timeout_s}s)")
-    kind = getattr(e, "kind", None) or ("timeout" if isinstance(e, TimeoutError) else "error")
-    status = getattr(e, "status", None)
-    return LLMFailure(attempt, kind, f"{type(e).__name__}: {e}", status, bool(getattr(e, "reached_server", True)))

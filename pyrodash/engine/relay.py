@@ -95,7 +95,7 @@ class RelayRun:
 
     async def resume(self, early=None) -> AsyncIterator[Event]:
         """LLM step, SLM, LLM step ... until the answer ends; every LLM call billed on its own. `early`: the first
-        call, put on the wire by the SLM's segment as `<offload>` arrived (the engine's `_EarlyCall`), or None."""
+        call, put on the wire by the SLM's segment as `<offload>` arrived (`llm_call.EarlyCall`), or None."""
         t = self.t
         while t.finish is None:
             self.calls += 1

@@ -11,10 +11,10 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from pyrodash import tool_parser
 from pyrodash.backends.base import GenChunk, GenRequest
 from pyrodash.chat import ToolCall, Tools
 from pyrodash.cost import Prices, Usage, endpoint_bill
+from pyrodash.engine import tool_parser
 from pyrodash.events import Done, LLMFailure
 
 MODES = ("collab", "slm", "llm")
@@ -69,8 +69,8 @@ class Turn:
     segments: list[dict] | None = None
     handoffs: list[int] = field(default_factory=list)
     relay_fallback: str | None = None
-    # tools (`EngineRequest.tools`): each model's tool-call format (`pyrodash.tool_parser`), the SLM's calls (its
-    # segment's outcome, `_slm_finished`) and what could not be read as a call; the LLM's are read in `done`
+    # tools (`EngineRequest.tools`): each model's tool-call format (`pyrodash.engine.tool_parser`), the SLM's calls (its
+    # segment's outcome, `slm_finished`) and what could not be read as a call; the LLM's are read in `done`
     tools: Tools | None = None
     formats: dict = field(default_factory=lambda: {"slm": "hermes", "llm": "hermes"})
     slm_calls: list[ToolCall] = field(default_factory=list)
