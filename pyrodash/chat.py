@@ -167,24 +167,34 @@ def template_messages(messages: list[dict]) -> list[dict]:
     return out
 
 
+class TemplateRefused(ValueError):
+    """A model's chat template cannot show this conversation: tools it has no place for, or a role it refuses. A
+    property of the model, not of the request's shape (the server's 400 `unsupported_for_model`)."""
+
+    def __init__(self, message: str, param: str) -> None:
+        super().__init__(message)
+        self.param = param  # the request field it concerns: "tools" or "messages"
+
+
 def render_chat(tokenizer, messages: list[dict], tools: list[dict] | None = None, generation: bool = True) -> str:
     """The one rendering of a chat template: `tokenizer.apply_chat_template` over `messages` (tool calls' arguments
     as objects) with the request's `tools` (OpenAI function schemas; None: no tools), as text. A template that
-    cannot show tools or a tool turn raises ValueError naming what it refused."""
+    cannot show tools or a tool turn raises `TemplateRefused` naming what it refused."""
     kwargs = {"tokenize": False, "add_generation_prompt": generation}
     template = getattr(tokenizer, "chat_template", None)
     if tools:
         if isinstance(template, str) and "tools" not in template:
-            raise ValueError(
+            raise TemplateRefused(
                 "this model's chat template shows no tools, so it cannot be offered any: serve a model whose template "
-                "takes `tools`, or send the request without them"
+                "takes `tools`, or send the request without them",
+                "tools",
             )
         kwargs["tools"] = tools
     shown = template_messages(messages) if has_tool_turns(messages) else messages
     try:
         return tokenizer.apply_chat_template(shown, **kwargs)
     except TemplateError as e:  # (a role or a field the template refuses)
-        raise ValueError(f"the model's chat template refused the conversation: {e}") from e
+        raise TemplateRefused(f"the model's chat template refused the conversation: {e}", "messages") from e
 
 
 @dataclass(frozen=True)

@@ -95,6 +95,21 @@ def text_only(value: object, param: str, parts: tuple[str, ...], why: str) -> No
             )
 
 
+def tool_types(value: object, allowed: tuple[str | None, ...], kind: str, send: str) -> object:
+    """`value` (a request's `tools`, as sent), or a 400 naming the first tool whose `type` is not `allowed` (the
+    API's hosted or server tools: `kind`, with what to `send` instead)."""
+    for i, tool in enumerate(value if isinstance(value, list) else ()):
+        t = tool.get("type") if isinstance(tool, dict) else None
+        if isinstance(t, str) and t not in allowed:
+            raise protocol.APIError(
+                400,
+                f"tools.{i}.type: {kind} ({t[:40]!r}) are not supported; send {send}.",
+                param=f"tools.{i}.type",
+                code="unsupported_value",
+            )
+    return value
+
+
 def sources(req: BaseModel) -> bool:
     """Whether the request asked each streamed delta to say who wrote it (`pyrodash.sources`)."""
     opts = getattr(req, "pyrodash", None)

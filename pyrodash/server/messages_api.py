@@ -22,7 +22,7 @@ from pydantic import BaseModel, Field, field_validator
 from pyrodash import chat
 from pyrodash.events import Done
 from pyrodash.server import protocol, validation
-from pyrodash.server.front import Front, FrontRequest, chat_message, text_only
+from pyrodash.server.front import Front, FrontRequest, chat_message, text_only, tool_types
 
 _NOT_TEXT = "images, documents and server tools' blocks"
 _BLOCKS = ("text", "tool_use", "tool_result")
@@ -163,16 +163,7 @@ class MessagesRequest(FrontRequest):
     @field_validator("tools", mode="before")
     @classmethod
     def _client_tools_only(cls, v: object) -> object:
-        for i, tool in enumerate(v if isinstance(v, list) else ()):
-            kind = tool.get("type") if isinstance(tool, dict) else None
-            if isinstance(kind, str) and kind != "custom":
-                raise protocol.APIError(
-                    400,
-                    f"tools.{i}.type: server tools ({kind[:40]!r}) are not supported; send client tools.",
-                    param=f"tools.{i}.type",
-                    code="unsupported_value",
-                )
-        return v
+        return tool_types(v, ("custom",), "server tools", "client tools")
 
     @field_validator("stop_sequences")
     @classmethod

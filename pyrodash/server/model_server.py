@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from pydantic import BaseModel, ConfigDict
 
 from pyrodash.backends.base import GenChunk, GenRequest
+from pyrodash.chat import render_chat
 
 
 class _Sampling(BaseModel):
@@ -199,7 +200,7 @@ class ModelRoutes:
         if tok is None:
             return _error(404, "this backend has no local tokenizer")
         if r.messages is not None:
-            text = tok.apply_chat_template(r.messages, tokenize=False, add_generation_prompt=True)
+            text = render_chat(tok, r.messages)
             ids = tok.encode(text, add_special_tokens=False)
         else:
             ids = tok.encode(r.prompt or "", add_special_tokens=r.add_special_tokens)

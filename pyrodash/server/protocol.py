@@ -83,16 +83,19 @@ def _message_schema(schema: dict) -> None:
         "type": "object",
         "properties": {**plain, "role": {"enum": ["system", "developer", "user"], "type": "string"}, "content": given},
         "required": ["role", "content"],
+        "not": {"anyOf": [{"required": ["tool_calls"]}, {"required": ["tool_call_id"]}]},
     }
     answering = {
         "type": "object",
         "properties": {**{k: v for k, v in props.items() if k != "tool_call_id"}, "role": {"const": "assistant"}},
         "required": ["role"],
+        "not": {"required": ["tool_call_id"]},
     }
     result = {
         "type": "object",
         "properties": {**plain, "role": {"const": "tool"}, "content": given, "tool_call_id": {"type": "string"}},
         "required": ["role", "content", "tool_call_id"],
+        "not": {"required": ["tool_calls"]},
     }
     title = schema.get("title", "ChatMessage")
     schema.clear()

@@ -21,7 +21,7 @@ from pydantic import Field, field_validator
 from pyrodash import chat
 from pyrodash.events import Done
 from pyrodash.server import protocol, validation
-from pyrodash.server.front import Front, FrontRequest, chat_message, text_only
+from pyrodash.server.front import Front, FrontRequest, chat_message, text_only, tool_types
 
 _PARTS = ("input_text", "output_text")  # text parts (output_text: an earlier assistant turn's)
 _ITEMS = ("message", "function_call", "function_call_output")  # the input items a tool loop sends
@@ -168,16 +168,7 @@ class ResponsesRequest(FrontRequest):
     @field_validator("tools", mode="before")
     @classmethod
     def _function_tools_only(cls, v: object) -> object:
-        for i, tool in enumerate(v if isinstance(v, list) else ()):
-            kind = tool.get("type") if isinstance(tool, dict) else None
-            if isinstance(kind, str) and kind != "function":
-                raise protocol.APIError(
-                    400,
-                    f"tools.{i}.type: hosted tools ({kind[:40]!r}) are not supported; send function tools.",
-                    param=f"tools.{i}.type",
-                    code="unsupported_value",
-                )
-        return v
+        return tool_types(v, ("function",), "hosted tools", "function tools")
 
     def chat_messages(self) -> list[chat.Message]:
         """`instructions` as a system message, then `input` (a string: one user message); a run of function_call

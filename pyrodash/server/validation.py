@@ -433,6 +433,8 @@ async def check_context(app: FastAPI, call: EngineRequest, param: str) -> Engine
             param="messages",
             code="context_length_exceeded",
         ) from None
+    except chat.TemplateRefused as e:  # this model cannot show the conversation (tools, a tool turn)
+        raise protocol.APIError(400, protocol.scrub(str(e)), param=e.param, code="unsupported_for_model") from None
     except ValueError as e:  # the prompt cannot be rendered for this model (e.g. a role its template refuses)
         raise errors.failure(e) from None
     total = call.max_total_tokens

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 
+from pyrodash.chat import render_chat
 from pyrodash.prompts import OFFLOAD_TOKEN
 from pyrodash.train.common import prompt_completion
 
@@ -53,8 +54,8 @@ def relay_dataset(rows: list[dict], tok, cfg):
 def relay_tokens(row: dict, tok, cfg) -> dict:
     """One row's `input_ids` and `assistant_masks` (`relay_dataset`)."""
     pc = prompt_completion(row)
-    prompt_text = tok.apply_chat_template(pc["prompt"], add_generation_prompt=True, tokenize=False)
-    full = tok.apply_chat_template(pc["prompt"] + pc["completion"], tokenize=False)
+    prompt_text = render_chat(tok, pc["prompt"])
+    full = render_chat(tok, pc["prompt"] + pc["completion"], generation=False)
     spans = row.get("llm_spans") or []
     if not full.startswith(prompt_text):
         raise ValueError(f"row {row.get('id')}: the chat template renders the prompt differently before a completion")

@@ -227,8 +227,8 @@ class HFBackend:
 
     @property
     def tool_format(self) -> str:
-        """How this model writes a tool call (`pyrodash.engine.tool_parser` family): "hermes" where its chat template shows
-        `<tool_call>` blocks or none at all, "json" where the template offers tools in another shape."""
+        """How this model writes a tool call (a `pyrodash.engine.tool_parser` family): "hermes" where its chat
+        template shows `<tool_call>` blocks or none at all, "json" where the template offers tools in another shape."""
         template = getattr(self.tokenizer, "chat_template", None) or ""
         return "json" if "tools" in template and "<tool_call>" not in template else "hermes"
 
