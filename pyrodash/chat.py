@@ -197,6 +197,16 @@ def render_chat(tokenizer, messages: list[dict], tools: list[dict] | None = None
         raise TemplateRefused(f"the model's chat template refused the conversation: {e}", "messages") from e
 
 
+CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"  # a call's markup in Hermes-style templates
+
+
+def without_open_call(text: str) -> str:
+    """`text` less a tool call left open at its end (`<tool_call>` with no `</tool_call>` after it): what a retry or
+    a mesh takeover continues, so that the call is written again whole, never continued half-way."""
+    start = text.rfind(CALL_OPEN)
+    return text[:start] if start >= 0 and text.find(CALL_CLOSE, start) < 0 else text
+
+
 @dataclass(frozen=True)
 class TextBlock:
     text: str

@@ -12,9 +12,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tool_doubles import TASK, TOOL, ToolDouble, call_text, run_tool, tool_pair
 
+from pyrodash.backends.base import BackendError, GenChunk
+from pyrodash.backends.mesh import Member, MeshBackend
 from pyrodash.chat import Message, ToolCall, ToolChoice, Tools, ToolSpec
 from pyrodash.cost import Prices
-from pyrodash.engine import CollaborateEngine, tool_parser
+from pyrodash.engine import CollaborateEngine, FailurePolicy, tool_parser
 from pyrodash.engine.core import segment_outcome
 from pyrodash.events import Done, LLMDelta, SLMDelta
 from pyrodash.prompts import get_prompts
@@ -170,3 +172,52 @@ def _first_call_turn(e: CollaborateEngine) -> list[Message]:
         Message("assistant", first.output, tool_calls=(c,)),
         Message("tool", run_tool(c.name, c.arguments), tool_call_id=c.id),
     ]
+
+
+class HalfCallThenFail(ToolDouble):
+    """TEST DOUBLE endpoint: streams a step and half a tool call, then its connection breaks."""
+
+    async def stream(self, req):
+        self.requests.append(req)
+        for piece in ("Looking it up.\n", '<tool_call>\n{"name": "look'):
+            yield GenChunk(text=piece, token_ids=[1])
+        raise BackendError("connection reset", kind="incomplete")
+
+
+@pytest.mark.parametrize("through", ["mesh", "retry"])
+def test_a_takeover_or_retry_writes_a_half_call_again_whole(through):
+    """A mesh's next endpoint (or the engine's retry) continues the text before the open call, never the half call
+    itself; the half is dropped and named, the whole call is the answer's."""
+    broken = HalfCallThenFail("broken", lambda req: ("", False), offload=False)
+    good = ToolDouble("good", lambda req: (call_text(4), False), offload=False)
+    if through == "mesh":
+        llm = MeshBackend([Member(broken, "broken"), Member(good, "good")])
+        policy = FailurePolicy(retries=0)
+    else:
+        llm = Flaky(broken, good)
+        policy = FailurePolicy(retries=1, backoff_s=0.0)
+    e = CollaborateEngine(tool_pair()[0], llm, get_prompts("world-v1"), PRICES, max_tokens=200, failure=policy)
+    messages = [Message("user", TASK), *_first_call_turn(e)]
+    text, done = asyncio.run(streamed(e, messages))
+    assert good.requests[0].prefix.endswith("Looking it up.\n")  # the half call is not continued
+    assert [json.loads(c.arguments) for c in done.tool_calls] == [{"x": 4}] and "tool_call" not in text
+    # the dropped half is named: in the broken endpoint's own segment (mesh), or where the retry began it again
+    why = "was not closed" if through == "mesh" else "restarted before it closed"
+    assert len(done.tool_call_errors) == 1 and why in done.tool_call_errors[0], done.tool_call_errors
+
+
+class Flaky:
+    """TEST DOUBLE LLM: its first request goes to `first` (which breaks), every later one to `then`."""
+
+    def __init__(self, first, then) -> None:
+        self.first, self.then, self.name, self.n = first, then, "flaky", 0
+
+    def token_id(self, token: str):
+        return None
+
+    def stream(self, req):
+        self.n += 1
+        return (self.first if self.n == 1 else self.then).stream(req)
+
+    async def aclose(self) -> None:
+        return None

@@ -30,6 +30,7 @@ from pyrodash.backends.base import (
     estimate_tokens,
 )
 from pyrodash.backends.http.probe import reachability
+from pyrodash.chat import without_open_call
 from pyrodash.cost import Prices
 
 POLICIES = ("fallback", "cheapest")
@@ -108,9 +109,9 @@ class MeshBackend:
         errors: list[str] = []
         for m in self.order(req):
             sub = req
-            if streamed:  # continue from everything already streamed, within the remaining budget
+            if streamed:  # continue from everything already streamed (a half tool call is written again, whole)
                 budget = max(req.max_tokens - decoded, 1)
-                sub = dataclasses.replace(req, prefix=req.prefix + streamed, max_tokens=budget)
+                sub = dataclasses.replace(req, prefix=req.prefix + without_open_call(streamed), max_tokens=budget)
             text, n, final = "", 0, GenChunk()
             try:
                 async with contextlib.aclosing(m.backend.stream(sub)) as it:

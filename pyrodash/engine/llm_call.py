@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from pyrodash.backends.base import Backend, GenChunk, GenRequest, Tokenizes, estimate_tokens
 from pyrodash.backends.deadline import LazyDeadline
 from pyrodash.backends.retry import backoff_delay
+from pyrodash.chat import without_open_call
 from pyrodash.engine.requests import TO_THE_END, LLMCall
 from pyrodash.engine.tool_parser import ToolCallParser
 from pyrodash.engine.turn import Turn
@@ -236,6 +237,8 @@ def llm_req(
         return GenRequest(messages=t.req.messages, max_tokens=left, tools=t.req.tools, **sampling), 0
     written = pack(t.slm_text) if call.written is None else call.written
     so_far = t.llm_text if so_far is None else so_far
+    if t.tools is not None:  # a retry writes a half-written call again from its start
+        so_far = without_open_call(so_far)
     schemas = t.tools.schemas() if t.tools is not None else None
     return eng.llm_request_fitted(t.messages, written + so_far, left, sampling, schemas)
 

@@ -10,8 +10,9 @@ Families:
 - "hermes" (Qwen, Hermes, the world's models): `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, one block
   per call, after any text.
 - "json": the whole answer is one JSON object `{"name", "arguments"}` (or a list of them); anything else is text.
-A block that is not a well-formed call (bad JSON, no name, never closed) never reaches a client as content: it is
-dropped and named in `errors`, which the engine records. `split(text, family)` is the same parse over a whole text, so
+A block that is not a well-formed call (bad JSON, no name, never closed, or begun again before it closed, as a retry
+or a mesh takeover does: `chat.without_open_call`) never reaches a client as content: it is dropped and named in
+`errors`, which the engine records. `split(text, family)` is the same parse over a whole text, so
 a stream and a batch agree on every chunking of the same text.
 """
 
@@ -19,10 +20,11 @@ from __future__ import annotations
 
 import json
 
+from pyrodash.chat import CALL_CLOSE as CLOSE
+from pyrodash.chat import CALL_OPEN as OPEN
 from pyrodash.chat import ToolCall, new_call_id
 
 FAMILIES = ("hermes", "json")
-OPEN, CLOSE = "<tool_call>", "</tool_call>"
 
 
 def _call(obj: object, by: str) -> ToolCall | None:
@@ -87,7 +89,13 @@ class ToolCallParser:
         out = []
         while True:
             if self._inside:
-                end = self._buf.find(CLOSE)
+                end, again = self._buf.find(CLOSE), self._buf.find(OPEN)
+                if again >= 0 and (end < 0 or again < end):  # written again from its start (a retry, a takeover)
+                    self.errors.append(
+                        f"{self.by or 'model'}: a tool call restarted before it closed: the part dropped"
+                    )
+                    self._buf = self._buf[again + len(OPEN) :]
+                    continue
                 if end < 0:
                     return "".join(out)
                 self._close(self._buf[:end])
