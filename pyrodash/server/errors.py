@@ -4,6 +4,8 @@ on /v1/messages: `app.state.error_bodies`), counted, and safe.
     install(app)                 # exception handlers for APIError, validation errors, 404/405 and crashes
     raise failure(exc)           # an engine failure as the client may see it (details go to the server log only)
 
+An unhandled error is a 500 body (`AnswerCrashes`), never a dropped connection.
+
 An error body is ASCII JSON (a lone surrogate is written as its escape), counted by route template and kind (label
 sets stay bounded), with `WWW-Authenticate` on 401 and `Allow` on 405. A failing backend is a 502 naming no internal
 URL and carrying no upstream text (the log has it, under the body's `request_id`); a client that stops sending its
@@ -72,6 +74,47 @@ class CountResponses:
             self.metrics.requests.inc(route=route, model="", status=str(status[0]))
 
 
+class AnswerCrashes:
+    """ASGI middleware: an exception no handler took becomes the 500 error body here, and the connection stays
+    usable. (Starlette's own last handler answers and then re-raises, and the web server then drops the connection:
+    a proxy in front, such as nginx, reports a 502 of its own with no body from this server.) An exception after the
+    response started (a stream) still ends the connection: there is no status line left to send."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        started = False
+
+        async def send_tracked(message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_tracked)
+        except Exception as exc:
+            if started:
+                raise
+            request = Request(scope, receive)
+            await crash_response(request, exc)(scope, receive, send)
+
+
+def crash_response(request: Request, exc: BaseException) -> ErrorResponse:
+    """A 500 for an unhandled error: its type and a request id; the traceback goes to the server log."""
+    rid = uuid.uuid4().hex[:16]
+    log.error("request %s: unhandled error on %s", rid, route_label(request), exc_info=exc)
+    err = protocol.APIError(
+        500,
+        f"Internal server error ({type(exc).__name__}); the server log has the details under request id {rid}.",
+        type="server_error",
+    )
+    return error_response(request, err)
+
+
 def error_kind(status: int) -> str:
     """errors_total's kind for a refusal: a client that went away (499) is not a client error, and never a 5xx."""
     if status == 499:
@@ -106,6 +149,7 @@ def failure(exc: BaseException) -> protocol.APIError:
 
 
 def install(app: FastAPI) -> None:
+    app.add_middleware(AnswerCrashes)  # (inside CountResponses: the 500 it sends is counted once, by error_response)
     app.add_middleware(CountResponses, metrics=app.state.metrics)
 
     @app.exception_handler(protocol.APIError)
@@ -142,12 +186,5 @@ def install(app: FastAPI) -> None:
         return error_response(request, protocol.APIError(exc.status_code, msg, code=code), headers=exc.headers)
 
     @app.exception_handler(Exception)
-    async def server_error(request: Request, exc: Exception):
-        rid = uuid.uuid4().hex[:16]
-        log.exception("request %s: unhandled error on %s", rid, route_label(request))
-        err = protocol.APIError(
-            500,
-            f"Internal server error ({type(exc).__name__}); the server log has the details under request id {rid}.",
-            type="server_error",
-        )
-        return error_response(request, err)
+    async def server_error(request: Request, exc: Exception):  # (what AnswerCrashes did not see: a middleware's)
+        return crash_response(request, exc)

@@ -44,9 +44,9 @@ class ServingCompletions:
     async def create(self, request: Request):
         """The response to one completion request (a 4xx/5xx raised as `protocol.APIError` before the engine runs)."""
         req, call = await self._validated(request)
-        try:  # the request's budget sets its operating point (pyrodash.server.budget.budgets); 429 at a hard cap
-            call, grant = await budgets.pace(self.app, request, call)
-        except budgets.Refused as e:
+        try:  # the request's budget sets its operating point (pyrodash.server.budget.budgets); 429 at a hard cap,
+            call, grant = await budgets.pace(self.app, request, call)  # 503 when its ledger cannot answer
+        except (budgets.Refused, budgets.LedgerUnavailable) as e:
             return errors.error_response(request, e, e.headers)
         answered_by = call.mode
         if call.mode == "slm" and self.app.state.base_engine is not None:

@@ -31,12 +31,12 @@ from pyrodash.engine import handoff_admitted
 from pyrodash.engine.range_rule import RangeRule
 from pyrodash.engine.requests import EngineRequest
 from pyrodash.events import Done, LLMDelta
-from pyrodash.server import protocol
+from pyrodash.server import errors, protocol
 from pyrodash.server.budget.config import Budget, BudgetsConfig
-from pyrodash.server.budget.gate import Gate, billed, new_ticket
+from pyrodash.server.budget.gate import Gate, new_ticket, usage_dollars
 from pyrodash.server.budget.metrics import BudgetMetrics
 from pyrodash.server.budget.pacer import BIAS, Decision, PacerSpec, arrive, finish, spend_rate
-from pyrodash.server.budget.reserve import Ticket, Worst, chat_messages, period_of, worst_case
+from pyrodash.server.budget.reserve import LedgerError, Ticket, Worst, chat_messages, period_of, worst_case
 from pyrodash.server.budget.store import FileStore, MemoryStore, RedisStore, ledger_file
 from pyrodash.server.metrics import MULTIPROC_ENV
 from pyrodash.world.config import cache_root
@@ -52,6 +52,21 @@ class Refused(protocol.APIError):
         self.headers = {"Retry-After": str(max(1, retry_after))}
 
 
+class LedgerUnavailable(protocol.APIError):
+    """503 when the caps' ledger cannot answer (a locked SQLite file, a Redis refusing writes): no request is
+    admitted that the cap has not covered; Retry-After says when to try again."""
+
+    def __init__(self, budget: str, err: LedgerError):
+        super().__init__(
+            503,
+            f"The budget '{budget}' cannot admit requests now: {err}. Nothing was charged; retry in "
+            f"{err.retry_after_s} s.",
+            type="server_error",
+            code="budget_ledger_unavailable",
+        )
+        self.headers = {"Retry-After": str(max(1, err.retry_after_s))}
+
+
 @dataclass
 class Grant:
     """One request's draw on a budget: the pacer's decision and what the response says about it."""
@@ -62,6 +77,7 @@ class Grant:
     ticket: Ticket | None = None  # its reservation at admission on the hard cap (None: no cap, or nothing reserved)
     gate: Gate | None = None  # its LLM calls' reservations (a capped budget), `EngineRequest.gate`
     slm_usd: float = 0.0  # the part of `ticket` for the SLM's own dollars (`dollars: all`)
+    started: bool = False  # the engine began the request (its stream was entered)
 
 
 class Budgets:
@@ -85,6 +101,7 @@ class Budgets:
             self.store.ledger = ledger_file(state / "ledger.sqlite")
         self.metrics = BudgetMetrics(registry) if registry is not None else None
         self.utilisation: dict[str, list[float]] = {}  # budget -> [billed, reserved] of this replica's settled requests
+        self._releases: set[asyncio.Future] = set()  # releases of requests that never ran, in flight
         if self.metrics is not None:
             for b in cfg.budgets:
                 self.metrics.target.labels(b.name).set(b.usd_per_hour)
@@ -147,10 +164,19 @@ class Budgets:
     async def pace(self, request: Request, engine, call: EngineRequest) -> tuple[EngineRequest, Grant | None]:
         """The request at the operating point its budget gives it (handoff share, offload bias), with its reservation
         on the hard cap for the way the engine will answer it (a turn past the SLM's range: the LLM alone) and the
-        gate its every LLM call asks; raises `Refused` at the cap (`at_cap: refuse`, or one model alone)."""
+        gate its every LLM call asks; raises `Refused` at the cap (`at_cap: refuse`, or one model alone), and
+        `LedgerUnavailable` (503) when the ledger or the budget's state cannot answer."""
         budget = self.which(request)
         if budget is None:
             return call, None
+        try:
+            return await self._pace(budget, engine, call)
+        except LedgerError as e:
+            log.warning("budget %s: the ledger cannot answer (%s): 503", budget.name, e)
+            self._inc("ledger_errors", budget.name, 1, "admission")
+            raise LedgerUnavailable(budget.name, e) from e
+
+    async def _pace(self, budget: Budget, engine, call: EngineRequest) -> tuple[EngineRequest, Grant]:
         mode, routed = _route(engine, call)
         solo = mode != "collab"
         messages = chat_messages(engine, call.question)
@@ -200,7 +226,40 @@ class Budgets:
                 self.store.ledger, ticket_of, engine, spec.cap, self.cfg.reservation_ttl_s, pool, reserved
             )
             call = dataclasses.replace(call, gate=grant.gate)
+        self._release_when_unstarted(grant)
         return call, grant
+
+    def _release_when_unstarted(self, grant: Grant) -> None:
+        """When the HTTP request is over and its engine run never started (the client went while it queued for the
+        concurrency limit), its reservations go at once instead of expiring at their worst case."""
+        task = asyncio.current_task()
+        if task is None or (grant.ticket is None and grant.gate is None):
+            return
+
+        def over(_task) -> None:
+            if not grant.started:
+                job = asyncio.ensure_future(self.release(grant))
+                self._releases.add(job)
+                job.add_done_callback(self._releases.discard)
+
+        task.add_done_callback(over)
+
+    async def release(self, grant: Grant) -> None:
+        """A request that never ran: nothing was billed, its reservations are settled to $0 and its gate closed."""
+        if grant.started:
+            return
+        gate = grant.gate
+        tickets = ([grant.ticket] if grant.ticket is not None else []) + (gate.tickets if gate is not None else [])
+        grant.ticket = None
+        if gate is not None:
+            gate.tickets, gate.closed, gate.pool = [], True, 0.0
+        if not tickets:
+            return
+        log.info("budget %s: a request ended before it ran: its reservations released", grant.budget.name)
+        try:
+            await self._settle(grant.budget.name, tickets, 0.0)
+        except LedgerError as e:
+            self._ledger_failed(grant, "settle", e)
 
     async def _reserve(
         self, budget: Budget, spec: PacerSpec, t: float, worst: Worst | None, mode: str, routed: bool = False
@@ -285,17 +344,23 @@ class Budgets:
         grant.ticket = None
         if gate is not None:
             gate.tickets = []
+            gate.closed = True
             if gate.denied:
                 grant.info["reason"] = gate.denied[-1]
                 grant.info["calls_denied"] = len(gate.denied)
                 self._inc("turned", name, len(gate.denied), "call")
-        usd = billed(done, grant.budget.dollars) if done is not None else None
+            self._inc("ledger_errors", name, gate.ledger_errors, "call")
+            gate.ledger_errors = 0
         reserved = sum(t.usd for t in tickets)
-        if tickets:
-            cut = (gate.cut_usd() if gate is not None else reserved - grant.slm_usd) + grant.slm_usd
-            await self._settle(name, tickets, min(cut, reserved) if usd is None else usd)
-        elif usd and self.specs[name].cap is not None:  # billed without a reservation (nothing was expected)
-            await self.store.ledger.settle(Ticket(name, int(grant.decision.period), "", 0.0), usd)
+        usd = self._billed(grant, done, reserved) if done is not None else None
+        try:
+            if tickets:
+                cut = (gate.cut_usd() if gate is not None else reserved - grant.slm_usd) + grant.slm_usd
+                await self._settle(name, tickets, min(cut, reserved) if usd is None else usd)
+            elif usd and self.specs[name].cap is not None:  # billed without a reservation (nothing was expected)
+                await self.store.ledger.settle(Ticket(name, int(grant.decision.period), "", 0.0), usd)
+        except LedgerError as e:  # the reservations stay: they expire and count at their worst case
+            self._ledger_failed(grant, "settle", e)
         if usd is None:
             return
         if self.specs[name].cap is not None:
@@ -306,10 +371,39 @@ class Budgets:
             finish(st, spec, t, grant.decision, usd)
             return st.copy(), spec
 
-        (st, spec), view = await self.store.run(name, self.specs[name], step)
+        try:
+            (st, spec), view = await self.store.run(name, self.specs[name], step)
+        except LedgerError as e:
+            self._ledger_failed(grant, "pacer", e)
+            return
         if self.metrics is not None:
             self.metrics.spend.labels(name).inc(max(0.0, usd))
             self._gauges(grant.budget, st, spec, view)
+
+    def _billed(self, grant: Grant, done: Done, reserved: float) -> float:
+        """The Done's dollars on the budget. A negative or non-finite figure (a provider's odd usage) is not
+        trusted: the request is billed at the most it could have cost (its reservations, or the sane part when
+        more) and the response, the log and `pyrodash_budget_usage_anomalies_total` say so."""
+        usd, odd = usage_dollars(done, grant.budget.dollars)
+        if not odd:
+            return usd
+        name = grant.budget.name
+        charged = max(usd, reserved)
+        grant.info["anomaly"] = (
+            f"usage with {', '.join(odd)} dollars: billed at the request's bound ${charged:.6g} instead"
+        )
+        log.warning("budget %s: %s", name, grant.info["anomaly"])
+        for kind in sorted(set(odd)):
+            self._inc("anomalies", name, 1, kind)
+        return charged
+
+    def _ledger_failed(self, grant: Grant, where: str, e: LedgerError) -> None:
+        """A settlement (or pacer step) the ledger could not take: logged, counted and said in the response; its
+        reservations stay on the cap until they expire (counted then at their worst case)."""
+        name = grant.budget.name
+        log.warning("budget %s: the ledger could not record a request's dollars (%s): %s", name, where, e)
+        grant.info["ledger_error"] = str(e)
+        self._inc("ledger_errors", name, 1, where)
 
     async def _settle(self, name: str, tickets: list[Ticket], usd: float) -> None:
         """A request's reservations settled: the first to the dollars billed, the others to nothing."""
@@ -454,7 +548,12 @@ def install(app: FastAPI, dependencies: list) -> None:
         budgets: Budgets | None = app.state.budgets
         if budgets is None:
             return {"object": "budgets", "store": None, "data": []}
-        return await budgets.state(budgets.key_budget(request))
+        only = budgets.key_budget(request)
+        try:
+            return await budgets.state(only)
+        except LedgerError as e:
+            err = LedgerUnavailable(only.name if only is not None else "*", e)
+            return errors.error_response(request, err, err.headers)
 
 
 async def pace(app: FastAPI, request: Request, call: EngineRequest) -> tuple[EngineRequest, Grant | None]:
@@ -481,6 +580,7 @@ class _Metered:
             log.exception("budget %s: recording a request's dollars failed", self.grant.budget.name)
 
     async def stream(self, prompt, **kwargs):
+        self.grant.started = True
         inner = self.engine.stream(prompt, **kwargs)
         done = False
         gate = self.grant.gate

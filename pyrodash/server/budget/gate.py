@@ -13,11 +13,12 @@ before it saw the cancel, never above the calls' bounds.
 
 from __future__ import annotations
 
+import math
 import uuid
 from collections.abc import Callable
 
 from pyrodash.events import Done
-from pyrodash.server.budget.reserve import CallBound, Ticket, request_bound
+from pyrodash.server.budget.reserve import CallBound, LedgerError, Ticket, request_bound
 
 CUT_TOKENS = 64  # output tokens an upstream may generate after a cancel before it stops (per call cut mid-stream)
 
@@ -42,6 +43,8 @@ class Gate:
         self.calls: list[CallBound] = []  # the bound of each call made
         self.denied: list[str] = []  # why a call was not made
         self.streamed = 0  # UTF-8 bytes of LLM output seen (a bound on its tokens)
+        self.ledger_errors = 0  # calls not made because the ledger could not answer
+        self.closed = False  # the request is over (or never ran): no more calls
         self.on_reserved = on_reserved
 
     @property
@@ -51,11 +54,19 @@ class Gate:
     async def __call__(self, req) -> bool:
         """Whether the LLM call `req` may be made: its bound fits what the request holds, else a reservation for the
         rest fits the cap."""
+        if self.closed:
+            self.denied.append("an LLM call was not made: its request had ended")
+            return False
         bound = request_bound(self.engine, req)
         need = self.committed + bound.usd - self.pool
         if need > 1e-12:
             ticket = self.ticket_of(need)
-            ok, spent, held = await self.ledger.reserve(ticket, self.cap, self.ttl_s)
+            try:
+                ok, spent, held = await self.ledger.reserve(ticket, self.cap, self.ttl_s)
+            except LedgerError as e:  # a ledger that cannot answer covers nothing: the call is not made
+                self.ledger_errors += 1
+                self.denied.append(f"an LLM call was not made: the caps' ledger cannot answer ({e})")
+                return False
             if self.on_reserved is not None:
                 self.on_reserved(held)
             if not ok:
@@ -85,9 +96,34 @@ def new_ticket(budget: str, period: int) -> Callable[[float], Ticket]:
 
 def billed(done: Done, dollars: str) -> float:
     """The Done's dollars on a budget: its LLM endpoints' (`dollars: llm`), or with the SLM's too (`all`); cached
-    tokens count at most the input tokens (`pyrodash.cost.Usage.components`)."""
-    llm = sum(float(e.get("cost_usd", 0.0)) for e in done.llm_endpoints)
+    tokens count at most the input tokens (`pyrodash.cost.Usage.components`). Odd figures count as 0 here:
+    `usage_dollars` says which they were."""
+    return usage_dollars(done, dollars)[0]
+
+
+def _odd(x: float) -> str | None:
+    """ "non_finite" or "negative" for a dollar figure no provider bills, else None."""
+    if not math.isfinite(x):
+        return "non_finite"
+    return "negative" if x < 0 else None
+
+
+def usage_dollars(done: Done, dollars: str) -> tuple[float, list[str]]:
+    """(the Done's sane dollars on a budget, the kinds of odd figures left out: "non_finite", "negative"). Each LLM
+    endpoint's `cost_usd` and, with `dollars: all`, the SLM's part of `cost_usd` count only when finite and >= 0."""
+    odd: list[str] = []
+    llm = 0.0
+    for e in done.llm_endpoints:
+        x = float(e.get("cost_usd", 0.0))
+        if (kind := _odd(x)) is not None:
+            odd.append(kind)
+        else:
+            llm += x
     if dollars == "llm":
-        return llm
-    slm = done.cost_usd - sum(float(e.get("cost_usd", 0.0)) for e in done.llm_endpoints)
-    return max(0.0, slm) + llm
+        return llm, odd
+    total = float(done.cost_usd)
+    if (kind := _odd(total)) is not None:
+        return llm, [*odd, kind]
+    if odd:  # the SLM's part is the total less endpoints we cannot read: not to be trusted either
+        return llm, odd
+    return max(0.0, total - llm) + llm, odd

@@ -29,6 +29,11 @@ BUDGET_METRICS = {
                 "the request's bound): on the ledger as billed.", ()),
     "billed": ("counter", "settled_billed_usd", "Dollars billed by the settled requests of a capped budget.", ()),
     "held_total": ("counter", "settled_reserved_usd", "Dollars those requests had reserved on the cap.", ()),
+    "ledger_errors": ("counter", "ledger_errors", "Steps the caps' ledger (or the budget's state) could not take, by "
+                      "where (admission: answered 503; call: an LLM call not made; settle, pacer: the request's "
+                      "dollars not recorded, its reservations left to expire at their worst case).", ("where",)),
+    "anomalies": ("counter", "usage_anomalies", "Requests whose reported dollars were negative or not finite, by "
+                  "kind (negative, non_finite): billed at their reservations' bound instead.", ("kind",)),
     "utilisation": ("gauge", "utilisation", "Billed / reserved dollars of this replica's settled requests on a "
                     "capped budget (1: every reserved dollar billed).", ()),
 }  # fmt: skip

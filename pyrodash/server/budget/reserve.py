@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import sqlite3
 import threading
 import time
 from dataclasses import dataclass
@@ -21,6 +22,25 @@ from pyrodash.backends.base import GenRequest, Meshed, Tokenizes
 from pyrodash.engine.requests import EngineRequest
 
 MSG_OVERHEAD = 16  # chat-template tokens around one message (role markers, separators), counted generously
+
+
+class LedgerError(Exception):
+    """The caps' ledger could not answer: a locked or read-only SQLite file, a Redis that refuses the script (out of
+    memory, a read-only replica), a Redis state that kept changing under every retry. Nothing was reserved or
+    settled by the step that failed; `retry_after_s`: when the caller may try again."""
+
+    def __init__(self, message: str, retry_after_s: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+def clamp_billed(billed: float, bound: float) -> float:
+    """What a settlement may write: `billed` when it is a finite number >= 0; a non-finite one is the reservation's
+    `bound` (what the request may have cost), a negative one 0. The ledger never stores NaN or lowers `spent`; the
+    callers flag such numbers (`Budgets.record`)."""
+    if not math.isfinite(billed):
+        return max(0.0, bound) if math.isfinite(bound) else 0.0
+    return max(0.0, billed)
 
 
 @dataclass
@@ -193,6 +213,7 @@ class MemoryLedger:
             return True, book["spent"], held + t.usd
 
     def settle_now(self, t: Ticket, billed: float) -> bool:
+        billed = clamp_billed(billed, t.usd)
         with self.lock:
             book = self._book(t.budget, t.period)
             if t.id and t.id in book["settled"]:
@@ -258,13 +279,21 @@ class FileLedger:
         return (row[0] if row else 0.0), (held[0] or 0.0)
 
     def _tx(self, fn):
-        self.db.execute("BEGIN IMMEDIATE")
+        """`fn` in one `BEGIN IMMEDIATE` transaction; a file that cannot be written (locked past the busy timeout,
+        read-only, full) is a `LedgerError`, with nothing written."""
+        try:
+            self.db.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as e:
+            raise LedgerError(f"the caps' ledger file cannot be written ({e})") from e
         try:
             out = fn()
             self.db.execute("COMMIT")
             return out
-        except BaseException:
-            self.db.execute("ROLLBACK")
+        except BaseException as e:
+            if self.db.in_transaction:
+                self.db.execute("ROLLBACK")
+            if isinstance(e, sqlite3.Error):
+                raise LedgerError(f"the caps' ledger file cannot be written ({e})") from e
             raise
 
     async def reserve(self, t: Ticket, cap: float, ttl_s: float) -> tuple[bool, float, float]:
@@ -281,6 +310,8 @@ class FileLedger:
         return self._tx(step)
 
     async def settle(self, t: Ticket, billed: float) -> bool:
+        billed = clamp_billed(billed, t.usd)
+
         def step():
             self._totals(t.budget, t.period)
             key = (t.budget, t.period, t.id)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 
-from pyrodash.server.budget.reserve import MemoryLedger, Ticket
+from pyrodash.server.budget.reserve import LedgerError, MemoryLedger, Ticket, clamp_billed
 
 log = logging.getLogger("pyrodash.serve")
 
@@ -75,6 +75,21 @@ return {tostring(spent), tostring(held)}
 )
 
 
+def refused(e: BaseException, retry_after_s: int = 2) -> LedgerError | None:
+    """A Redis that answered the step with an error (out of memory, a read-only replica, a script error) as a
+    `LedgerError` (it is reachable: no fallback share; the request gets a 503); None for anything else."""
+    try:
+        from redis.exceptions import ConnectionError as RConn
+        from redis.exceptions import RedisError
+        from redis.exceptions import TimeoutError as RTimeout
+    except ImportError:  # pragma: no cover
+        return None
+    if not isinstance(e, RedisError) or isinstance(e, (RConn, RTimeout)):
+        return None
+    first = (str(e).splitlines() or [""])[0][:160]
+    return LedgerError(f"Redis refused the caps' ledger step ({type(e).__name__}: {first})", retry_after_s)
+
+
 class RedisLedger:
     """Reservations in Redis through `store` (a `RedisStore`: its client, whether Redis is up, its share)."""
 
@@ -106,7 +121,9 @@ class RedisLedger:
             return None
         try:
             return await script(keys=keys, args=args)
-        except Exception as e:  # noqa: BLE001 - any Redis failure: fall back
+        except Exception as e:  # noqa: BLE001 - Redis unreachable: fall back; Redis refusing: a LedgerError
+            if (err := refused(e, int(self.store.retry_s) or 1)) is not None:
+                raise err from e
             if not self.store.lost(e):
                 raise
             return None
@@ -138,6 +155,7 @@ class RedisLedger:
         return ok, spent, held
 
     async def settle(self, t: Ticket, billed: float) -> bool:
+        billed = clamp_billed(billed, t.usd)
         if t.where == "local":
             self.live.pop(t.id, None)
             live = self.local.settle_now(t, billed)

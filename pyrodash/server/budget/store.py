@@ -22,10 +22,11 @@ from dataclasses import replace
 from pathlib import Path
 
 from pyrodash.server.budget.pacer import PacerSpec, PacerState, advance
-from pyrodash.server.budget.reserve import FileLedger, MemoryLedger
-from pyrodash.server.budget.reserve_redis import RedisLedger
+from pyrodash.server.budget.reserve import FileLedger, LedgerError, MemoryLedger
+from pyrodash.server.budget.reserve_redis import RedisLedger, refused
 
 log = logging.getLogger("pyrodash.serve")
+WATCH_ATTEMPTS = 50  # a pacer step retried this often when other replicas write the budget's state in between
 HEARTBEAT_S = 5.0  # a replica refreshes its heartbeat this often ...
 ALIVE_S = 30.0  # ... and counts as alive this long after its last one
 
@@ -87,15 +88,19 @@ class FileStore:
         return PacerState.from_strings(json.loads(row[0])) if row else PacerState()
 
     async def run(self, name: str, spec: PacerSpec, fn: Callable[[PacerState, PacerSpec], object]):
-        self.db.execute("BEGIN IMMEDIATE")
         try:
-            st = self._load(name)
-            result = fn(st, spec)
-            self.db.execute("INSERT OR REPLACE INTO budgets VALUES (?, ?)", (name, json.dumps(st.to_strings())))
-            self.db.execute("COMMIT")
-        except BaseException:
-            self.db.execute("ROLLBACK")
-            raise
+            self.db.execute("BEGIN IMMEDIATE")
+            try:
+                st = self._load(name)
+                result = fn(st, spec)
+                self.db.execute("INSERT OR REPLACE INTO budgets VALUES (?, ?)", (name, json.dumps(st.to_strings())))
+                self.db.execute("COMMIT")
+            except BaseException:
+                if self.db.in_transaction:
+                    self.db.execute("ROLLBACK")
+                raise
+        except sqlite3.Error as e:  # a locked or read-only file: the step is not made
+            raise LedgerError(f"the budgets' state file cannot be written ({e})") from e
         return result, self.view()
 
     async def read(self, name: str, spec: PacerSpec) -> tuple[PacerState, PacerSpec, dict]:
@@ -166,9 +171,8 @@ class RedisStore:
         if self.down_since is None:
             try:
                 return await self._shared(name, spec, fn), self.view()
-            except Exception as e:  # noqa: BLE001 - any Redis failure: fall back, say so
-                if not _redis_failure(e):
-                    raise
+            except Exception as e:  # noqa: BLE001 - Redis unreachable: fall back, say so; refusing: LedgerError
+                self._raise_refusal(e)
                 self._go_down(e)
         return self._fallback(name, spec, fn), self.view()
 
@@ -181,8 +185,7 @@ class RedisStore:
                 self.last[name] = st.copy()
                 return st, spec, self.view()
             except Exception as e:  # noqa: BLE001
-                if not _redis_failure(e):
-                    raise
+                self._raise_refusal(e)
                 self._go_down(e)
         st = self._local_state(name)
         return st.copy(), scaled(spec, self.share), self.view()
@@ -222,6 +225,13 @@ class RedisStore:
         except Exception:  # noqa: BLE001 - closing a client whose server is gone
             pass
 
+    def _raise_refusal(self, e: BaseException) -> None:
+        """`e` again unless it is Redis being unreachable: a Redis that refused the step as a `LedgerError`."""
+        if (err := refused(e, int(self.retry_s) or 1)) is not None:
+            raise err from e
+        if not _redis_failure(e):
+            raise e
+
     # ------------------------------------------------------------ shared
 
     async def _shared(self, name: str, spec: PacerSpec, fn):
@@ -232,7 +242,7 @@ class RedisStore:
         # one step at a time per budget on this replica: WATCH retries only when another replica wrote in between
         lock = self.locks.setdefault(name, asyncio.Lock())
         async with lock, self.client.pipeline(transaction=True) as pipe:
-            for _ in range(50):
+            for _ in range(WATCH_ATTEMPTS):
                 try:
                     await pipe.watch(key)
                     st = PacerState.from_strings(await pipe.hgetall(key))
@@ -244,7 +254,11 @@ class RedisStore:
                     return result
                 except WatchError:
                     continue
-        raise RuntimeError(f"budget {name}: Redis state kept changing under 50 attempts")
+        raise LedgerError(
+            f"budget {name}: its state in Redis kept changing under {WATCH_ATTEMPTS} attempts (replicas writing it "
+            "faster than one step completes)",
+            int(self.retry_s) or 1,
+        )
 
     def _start_beating(self) -> None:
         if self._beater is None:
@@ -346,9 +360,9 @@ class RedisStore:
             if self.down_since is not None:
                 return
         except Exception as e:  # noqa: BLE001
-            if not _redis_failure(e):
+            if not (_redis_failure(e) or isinstance(e, LedgerError) or refused(e) is not None):
                 raise
-            self.error = type(e).__name__
+            self._go_down(e)  # (unreachable, or reachable and refusing writes: this replica stays on its share)
             return
         log.warning(
             "budgets: Redis is back after %.1f s: this replica shares the budgets again",
