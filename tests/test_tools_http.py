@@ -9,10 +9,13 @@ import json
 
 import pytest
 from fastapi import FastAPI, Request
-from fastapi.responses import StreamingResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from tool_doubles import TASK, run_tool, tool_pair
 
 from pyrodash.backends import load_llm
+from pyrodash.backends.http.endpoint import LLMEndpoint
+from pyrodash.backends.http.openai_compat import OpenAICompatBackend
+from pyrodash.backends.http.probe import ProbeReport, probe_tools, run_sync
 from pyrodash.chat import Message, Tools, ToolSpec
 from pyrodash.cost import Prices
 from pyrodash.engine import CollaborateEngine
@@ -113,3 +116,32 @@ def test_an_endpoint_llm_after_a_handoff_returns_a_structured_call(api):
         assert body["tools"][0]["name"] == "lookup_g" and body["tools"][0]["input_schema"] == {"type": "object"}
         kinds = [b.get("type") for m in body["messages"] if isinstance(m["content"], list) for b in m["content"]]
         assert "tool_use" in kinds and "tool_result" in kinds
+
+
+def plain_double() -> FastAPI:
+    """TEST DOUBLE of a chat endpoint that refuses `tools` (400), as a server without a tool parser may."""
+    app = FastAPI()
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):
+        body = await request.json()
+        if "tools" in body:
+            err = {"message": "tools are not supported", "type": "invalid_request_error", "param": "tools"}
+            return JSONResponse({"error": err}, status_code=400)
+        return JSONResponse({"error": {"message": "unexpected"}}, status_code=500)
+
+    return app
+
+
+@pytest.mark.parametrize(
+    "app, says",
+    [(openai_tool_double, "yes: structured calls (lookup_g)"), (plain_double, "no: the endpoint refused tools")],
+)
+def test_pyrodash_check_says_whether_tool_calls_work_in_the_mode(app, says):
+    with serve_in_thread(app()) as url:
+        backend = OpenAICompatBackend.from_endpoint(LLMEndpoint.parse({"url": url, "model": "m", "mode": "instruct"}))
+        rep = ProbeReport(url=url, model="m", configured_mode="instruct", key_env=None, key_sent=False, mode="instruct")
+        run_sync(probe_tools(backend, rep))
+        run_sync(backend.aclose())
+    assert rep.tools.startswith(says), rep.tools
+    assert any(line.strip().startswith("tool calls") for line in rep.lines())

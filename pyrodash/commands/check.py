@@ -5,7 +5,8 @@
     pyrodash check --llm '{"url": "https://api.anthropic.com/v1", "model": "claude-x", "mode": "anthropic"}'
 
 LLM: reachable, model served, API key accepted, the continuation mode (detected, or the configured one verified),
-whether the server reports token usage. SLM: its `<offload>` id, whether `stop_token_ids` is honoured, whether the
+whether the server reports token usage, and whether tool calls work in that mode (one more short request offering a
+function). SLM: its `<offload>` id, whether `stop_token_ids` is honoured, whether the
 server reports `stop_reason`, and which stop ended a plain answer. Exit 0 when both are usable, 1 otherwise (the
 last line then names the fix).
 """
@@ -46,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     if is_http_spec(args.llm):
         spec = with_mode(args.llm, args.llm_mode)
         backend = OpenAICompatBackend.from_endpoint(LLMEndpoint.parse(spec))
-        rep = probe_llm(backend)
+        rep = probe_llm(backend, tools=True)
         print("\n".join(rep.lines()))
         errors += [rep.error] if rep.error else []
     else:

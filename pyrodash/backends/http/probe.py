@@ -24,6 +24,7 @@ import httpx
 
 from pyrodash.backends.base import BackendError, ChecksHealth, GenChunk, GenRequest, Meshed
 from pyrodash.backends.http.continuation import Wire
+from pyrodash.chat import CALL_OPEN
 
 PROBE_MSGS = [{"role": "user", "content": "Count on: 1, 2, 3"}]
 PROBE_PREFIX = "1, 2, 3, 4"
@@ -95,6 +96,7 @@ class ProbeReport:
     seen: list[str] = field(default_factory=list)  # what named it
     warning: str | None = None  # the mode was picked by the provider's shape: the measurement could not tell
     error: str | None = None
+    tools: str | None = None  # whether tool calls work in the mode found (`probe_tools`)
 
     def lines(self) -> list[str]:
         served = {True: "yes", False: "no", None: "unknown"}[self.model_served]
@@ -120,6 +122,8 @@ class ProbeReport:
             + ("" if self.configured_mode == "auto" else f" (configured: {self.configured_mode})"),
             f"  usage reported  {usage}",
         ]
+        if self.tools:
+            out.append(f"  tool calls      {self.tools}")
         out += [f"  tried           {t}" for t in self.tried]
         if self.provider:
             out.append(f"  provider shape  {self.provider} (saw: {'; '.join(self.seen)})")
@@ -469,9 +473,43 @@ async def _try_mode(backend, mode: str, rep: ProbeReport, optional: bool = False
     return None, "refused after adapting the request", False
 
 
-def probe_llm(backend) -> ProbeReport:
+TOOL_PROBE = {
+    "type": "function",
+    "function": {
+        "name": "echo",
+        "description": "Repeat a word back.",
+        "parameters": {"type": "object", "properties": {"word": {"type": "string"}}, "required": ["word"]},
+    },
+}
+
+
+async def probe_tools(backend, rep: ProbeReport) -> None:
+    """Whether tool calls work in the mode found (`rep.tools`): one short request offering the `echo` function (a
+    chat mode sends it as `tools`; completion mode renders it into the prompt with the local template), and what came
+    back: structured calls, calls written as text (read by PyroDash's parser), no call, or a refusal."""
+    if rep.mode is None or rep.error:
+        return
+    ask = [{"role": "user", "content": "Call the function echo with the word ok."}]
+    try:
+        text, fin = await generate_with(
+            backend, GenRequest(messages=ask, max_tokens=64, tools=[TOOL_PROBE]), backend.wire
+        )
+    except (BackendError, ValueError) as e:
+        why = f"HTTP {e.status}" if getattr(e, "status", None) else type(e).__name__
+        rep.tools = f"no: the endpoint refused tools in mode {rep.mode} ({why}: {str(e)[:120]})"
+        return
+    if fin.tool_calls:
+        rep.tools = f"yes: structured calls ({fin.tool_calls[0].name})"
+    elif CALL_OPEN in text:
+        rep.tools = "yes: calls written as text (<tool_call>), read by PyroDash's parser"
+    else:
+        rep.tools = "tools accepted, but the model wrote no call when asked (it may not call tools)"
+
+
+def probe_llm(backend, tools: bool = False) -> ProbeReport:
     """Probe an `OpenAICompatBackend` (sets `backend.wire` when a mode is found); never raises for the endpoint's
-    answers: what is wrong is in `.error`."""
+    answers: what is wrong is in `.error`. `tools`: also try a tool call in the mode found (`probe_tools`; one more
+    request, so `pyrodash check` asks for it and a server's start-up does not)."""
     ep = backend.endpoint
     rep = ProbeReport(
         url=backend.base,
@@ -484,6 +522,8 @@ def probe_llm(backend) -> ProbeReport:
     async def main() -> None:
         try:
             await _probe(backend, rep)
+            if tools:
+                await probe_tools(backend, rep)
         finally:
             await backend.aclose()
 
