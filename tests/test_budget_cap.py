@@ -7,11 +7,13 @@ killed replica's reservations are released after `reservation_ttl_s`. Each case 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -70,8 +72,36 @@ def redis_server(tmp_path_factory):
     srv.kill()
 
 
+class Gated:
+    """TEST DOUBLE of a slow provider: the real tiny LLM, whose calls wait while `open` is clear (so a test can hold
+    answers in flight, with their reservations, for as long as it needs); `waiting`: calls held now."""
+
+    def __init__(self, inner):
+        self.inner, self.open, self.waiting = inner, threading.Event(), 0
+        self.open.set()
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+    async def stream(self, req):
+        self.waiting += 1
+        try:
+            while not self.open.is_set():
+                await asyncio.sleep(0.01)
+        finally:
+            self.waiting -= 1
+        async with contextlib.aclosing(self.inner.stream(req)) as it:
+            async for ch in it:
+                yield ch
+
+
+GATES: list[Gated] = []  # the LLM of each replica made by `replica`
+
+
 def replica(models, redis_url: str, cap: float):
     slm, llm = models
+    llm = Gated(llm)
+    GATES.append(llm)
     per_key = {name: {"key_env": f"TEST_CAP_{name.upper().replace('-', '_')}", "usd_per_hour": cap, "cap_usd": cap}
                for name in KEYS}  # fmt: skip
     budgets = {
@@ -120,6 +150,22 @@ def cold(stack, redis_server):
 
     redis.Redis(port=redis_server.port).flushall()
     return stack
+
+
+CHAT = "/v1/chat/completions"
+LEDGER_KEY = "default"
+
+
+def period_now() -> int:
+    return int(time.time() // 3600)
+
+
+async def until(cond, timeout_s: float = 60.0) -> None:
+    """Wait for `cond()` (checked every 10 ms), failing after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.01)
 
 
 def messages(i: int) -> list[dict]:
@@ -235,33 +281,64 @@ def test_spend_after_a_restart_continues_from_redis(cold, models, redis_server):
 
 
 def test_redis_stopped_half_way_through_the_burst(cold, redis_server):
+    """Redis is killed while admitted answers are held in flight (their reservations in Redis, their settlements to
+    come), then the second half of the burst arrives (admitted on each replica's own share): every request is
+    answered, and the period's dollars stay within the cap."""
+    import redis
+
     url, a, b, cap = cold
+    gates = GATES[-2:]  # replicas a and b's LLMs
+
+    def held_in_redis() -> int:
+        return redis.Redis(port=redis_server.port).hlen(f"pyrodash:budget:{{{LEDGER_KEY}:cap:{period_now()}}}:held")
 
     async def burst_with_a_fault():
         body = {"model": "always-offload", "max_tokens": MAX_TOKENS, "offload_bias": 50}
         async with httpx.AsyncClient(base_url=url, timeout=120, limits=httpx.Limits(max_connections=BURST)) as c:
-            pending = {
-                asyncio.create_task(c.post("/v1/chat/completions", json={**body, "messages": messages(i)}))
-                for i in range(BURST)
-            }
-            finished: list = []
-            while len(finished) < BURST // 2:  # half the answers are in: Redis goes, the rest are in flight
-                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-                finished += done
+            post = lambda i: asyncio.ensure_future(c.post(CHAT, json={**body, "messages": messages(i)}))  # noqa: E731
+            for g in gates:
+                g.open.clear()
+            first = [post(i) for i in range(BURST // 2)]
+            # the first half: each request answered, or admitted and waiting in its LLM call
+            await until(lambda: sum(f.done() for f in first) + sum(g.waiting for g in gates) == len(first))
+            assert sum(g.waiting for g in gates) >= 1
+            assert held_in_redis() >= 1
             await asyncio.to_thread(redis_server.kill)
-            finished += await asyncio.gather(*pending)
-        rs = [f.result() if isinstance(f, asyncio.Task) else f for f in finished]
-        assert all(r.status_code == 200 for r in rs), [r.text for r in rs if r.status_code != 200][:2]
+            for g in gates:
+                g.open.set()  # the held answers finish and settle with Redis gone
+            second = [post(i) for i in range(BURST // 2, BURST)]  # admitted without Redis
+            rs = await asyncio.gather(*first, *second)
+        assert all(r.status_code == 200 for r in rs), [
+            (r.status_code, r.text[:300]) for r in rs if r.status_code != 200
+        ][:2]
         return [r.json()["pyrodash"] for r in rs]
 
     try:
         answers = asyncio.run(burst_with_a_fault())
         assert llm_usd(answers) <= cap
+        assert any(p["budget"]["fallback"] for p in answers)  # the second half ran on the replicas' own shares
         after = burst(url, 8, start=BURST)  # and what comes after, each replica on its own share (and says so)
         assert all(p["budget"]["fallback"] for p in after)
         assert llm_usd(answers + after) <= cap
     finally:
+        for g in gates:
+            g.open.set()
         redis_server.start()
+
+
+def test_nginx_closes_idle_replica_connections_before_the_replicas_do():
+    """deploy/nginx.conf's upstream keep-alive ends before uvicorn's (5 s): otherwise a POST that nginx sends on a
+    connection the replica is closing at that instant fails, and nginx answers it 502 without resending it."""
+    import re
+
+    import uvicorn
+
+    conf = (ROOT / "deploy" / "nginx.conf").read_text()
+    upstream = conf[conf.index("upstream pyrodash {") : conf.index("}", conf.index("upstream pyrodash {"))]
+    found = re.search(r"keepalive_timeout\s+(\d+)(ms|s);", upstream)
+    assert found, "deploy/nginx.conf: the upstream block sets no keepalive_timeout (nginx's default is 60 s)"
+    nginx_s = int(found.group(1)) / (1000 if found.group(2) == "ms" else 1)
+    assert nginx_s < uvicorn.Config(app=None).timeout_keep_alive
 
 
 KILLED = """
