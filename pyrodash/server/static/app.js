@@ -11,7 +11,8 @@ const state = {
   key: localStorage.getItem(KEY_STORE) || "",
   config: null,            // /playground/config
   models: [],              // /v1/models
-  history: [],             // [{role, content}] sent with every chat request
+  history: [],             // [{role, content, tool_calls?, tool_call_id?}] sent with every chat request
+  pending: [],             // the last answer's tool calls still waiting for their results (typed in the composer)
   busy: false,
   abort: null,
 };
@@ -168,6 +169,14 @@ class AnswerView {
       this.resumed.textContent = "LLM failed · SLM finishes";
     }
   }
+  toolCall(call) {
+    // one tool call of the answer, and which model wrote it (the record's `tool_calls[].by`)
+    const by = call.by === "llm" ? "llm" : "slm";
+    const b = el("span", `call ${by}`, `⚙ ${call.name}(${call.arguments})`);
+    b.title = by === "llm" ? "a tool call written by the large model (LLM)" : "a tool call written by the small model (SLM)";
+    this.target.insertBefore(b, this.caret);
+    this.seg = null; this.source = null;
+  }
   marker(kind, label) {
     const m = el("span", `marker ${kind}`, label);
     this.target.insertBefore(m, this.caret);
@@ -190,6 +199,8 @@ async function streamChat(messages, mode, view, signal, extra = {}) {
     ...extra,
   };
   if (mode === "collab") body.offload_bias = Number($("bias").value);
+  const tools = mode === "collab" ? toolsOffered() : null;
+  if (tools) body.tools = tools;
   const r = await api("/v1/chat/completions", { method: "POST", body: JSON.stringify(body), signal });
   let info = null, usage = null, finish = null;
   await readSSE(r, (c) => {
@@ -207,8 +218,27 @@ async function streamChat(messages, mode, view, signal, extra = {}) {
     }
   });
   view.settle(info);
+  for (const call of (info && info.tool_calls) || []) view.toolCall(call);
   view.end();
-  return { text: view.text, info, usage, finish };
+  return { text: view.text, info, usage, finish, calls: (info && info.tool_calls) || [] };
+}
+
+// the Tools box's JSON (a list of function tools), or null when it is empty; a banner names a parse error
+function toolsOffered() {
+  const text = $("tools").value.trim();
+  if (!text) return null;
+  try { const t = JSON.parse(text); clearBanner("tools"); return Array.isArray(t) ? t : [t]; } catch (e) {
+    banner("error", "The Tools box is not JSON:", e.message, "tools");
+    return null;
+  }
+}
+
+// the composer's hint: the next call waiting for its result, else the question
+function askFor() {
+  const c = state.pending[0];
+  $("question").placeholder = c
+    ? `Result of ${c.name}(${c.arguments}) (sent as the tool message)`
+    : "Your question (Enter sends, Shift+Enter for a new line)";
 }
 
 // ------------------------------------------------------------------ the cost meter
@@ -289,7 +319,7 @@ function drawBars(host, rows) {
 function addTurn(role, text) {
   $("history-empty").hidden = true;
   const t = el("div", `turn ${role}`);
-  const who = el("div", "who", role === "user" ? "You" : "PyroDash");
+  const who = el("div", "who", role === "user" ? "You" : role === "tool" ? "Tool result" : "PyroDash");
   const body = el("div", "body");
   if (text) body.textContent = text;
   t.append(who, body);
@@ -310,6 +340,9 @@ function footerFor(info, finish) {
   parts.push(`${usd(info.cost_usd)} (LLM only ≈ ${usd(info.llm_only_cost_usd)})`);
   parts.push(`bias ${info.offload_bias}`);
   if (finish === "length") parts.push("cut at max tokens");
+  const calls = info.tool_calls || [];
+  if (calls.length) parts.push(`${calls.length} tool call${calls.length === 1 ? "" : "s"} (${calls.map((c) => c.by.toUpperCase()).join(", ")})`);
+  if ((info.tool_call_errors || []).length) parts.push(`${info.tool_call_errors.length} unreadable call(s) dropped`);
   f.textContent = parts.join(" · ");
   return f;
 }
@@ -322,8 +355,15 @@ async function sendChat(ev) {
   state.busy = true;
   $("send").disabled = true; $("stop").hidden = false;
   $("question").value = "";
-  addTurn("user", q);
-  const messages = [...state.history, { role: "user", content: q }];
+  if (state.pending.length) {  // the text is the result of the next call waiting for one
+    const call = state.pending.shift();
+    state.history.push({ role: "tool", tool_call_id: call.id, content: q });
+    addTurn("tool", `${call.name} → ${q}`);
+    askFor();
+    if (state.pending.length) { state.busy = false; $("send").disabled = false; $("stop").hidden = true; return; }
+  } else addTurn("user", q);
+  const messages = state.history.length && state.history[state.history.length - 1].role === "tool"
+    ? [...state.history] : [...state.history, { role: "user", content: q }];
   const { turn, body } = addTurn("assistant", "");
   const view = new AnswerView(body, state.config.prices_usd_per_million, meterLive);
   state.abort = new AbortController();
@@ -341,7 +381,11 @@ async function sendChat(ev) {
         checkHealth();
       } else clearBanner("fallback");
     }
-    state.history = [...messages, { role: "assistant", content: res.text }];
+    const wire = res.calls.map((c) => ({ id: c.id, type: "function", function: { name: c.name, arguments: c.arguments } }));
+    state.history = [...messages, wire.length
+      ? { role: "assistant", content: res.text || null, tool_calls: wire } : { role: "assistant", content: res.text }];
+    state.pending = res.finish === "tool_calls" ? [...res.calls] : [];
+    askFor();
   } catch (err) {
     view.end();
     if (err.name === "AbortError") turn.append(el("div", "turn-foot", "stopped"));
@@ -508,6 +552,8 @@ function init() {
   $("stop").onclick = () => state.abort && state.abort.abort();
   $("new-chat").onclick = () => {
     state.history = [];
+    state.pending = [];
+    askFor();
     $("history").querySelectorAll(".turn").forEach((t) => t.remove());
     $("history-empty").hidden = false;
   };
