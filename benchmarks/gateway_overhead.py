@@ -7,7 +7,8 @@ The upstream is `engine_overhead.py`'s scripted server (a TEST DOUBLE); PyroDash
 never hands off; `--baseline` adds `pyrodash serve` run from an older revision (extracted by `git archive`) or
 checkout. The targets run interleaved in rounds, the order rotating, for a raw-socket keep-alive client; TTFT is the
 time to the first SSE event with text. `pyrodash serve` is also measured through its Responses and Messages APIs (the
-same request; `--chat-only` leaves them out), with a line per concurrency `c=<c> responses_minus_chat_ttft_p50_ms=<x>
+same request; `--chat-only` leaves them out) and with a chat request offering one function (`tools`), with lines per
+concurrency `c=<c> tools_minus_chat_ttft_p50_ms=<t>` and `c=<c> responses_minus_chat_ttft_p50_ms=<x>
 messages_minus_chat_ttft_p50_ms=<y>`. Last lines, per concurrency: `c=<c> pyrodash_added_ttft_p50_ms=<a>
 litellm_added_ttft_p50_ms=<b> ratio=<a/b>`, with `--baseline` also `c=<c> pyrodash_ttft_p50_ms=<a>
 baseline_ttft_p50_ms=<b> tree_minus_baseline_ttft_p50_ms=<a-b>`. Method and results: docs/scaling.md.
@@ -36,10 +37,13 @@ from engine_overhead import scripted_server_process  # noqa: E402
 from server_load import _free_port, _pct, _stop, serve_argv, serve_env, wait_url  # noqa: E402
 
 CONTENT = re.compile(rb'"content":\s*"[^"]')  # the first SSE event with text (the role chunk's content is "")
-TARGETS = ("direct", "litellm", "pyrodash", "responses", "messages", "baseline")
+TARGETS = ("direct", "litellm", "pyrodash", "tools", "responses", "messages", "baseline")
+# the "tools" target: the same chat request offering one function (the SLM never calls it: the tool path's own cost)
+TOOL = {"type": "function", "function": {"name": "lookup", "description": "Look a value up.",
+        "parameters": {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}}}  # fmt: skip
 KEY = "sk-gateway-bench-0123456789abcdef"  # LiteLLM's master key (it refuses to start without one); sent to all
 HEADERS = {"litellm": "x-litellm-overhead-duration-ms", "pyrodash": "x-pyrodash-overhead-ms"}
-HEADERS["baseline"] = HEADERS["responses"] = HEADERS["messages"] = HEADERS["pyrodash"]
+HEADERS["baseline"] = HEADERS["responses"] = HEADERS["messages"] = HEADERS["tools"] = HEADERS["pyrodash"]
 # the same `pyrodash serve` through OpenAI's Responses API and Anthropic's Messages API: (route, the first event with
 # text, how the stream ends)
 FRONTS = {
@@ -101,6 +105,8 @@ def _wire(target: str, port: int, model: str, max_tokens: int) -> tuple[bytes, b
     else:
         req = {"model": model, "messages": ask, "stream": True, "max_tokens": max_tokens}
         req["stream_options"] = {"include_usage": True}
+        if target == "tools":
+            req["tools"] = [TOOL]
     body, wire = json.dumps(req).encode(), FRONTS.get(target, CHAT)
     head = (
         f"POST {wire[0]} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
@@ -239,6 +245,8 @@ def summarise(res: dict[str, list[dict]], c: int) -> list[str]:
         bad = [r for r in rows if not r["ok"]][:3]
         for r in bad:
             lines.append(f"    {target} error: status {r['status']} {r['tail'][-200:]!r}")
+    if "tools" in added:  # the same chat request offering a function, on the same server
+        lines.append(f"c={c} tools_minus_chat_ttft_p50_ms={added['tools'] - added.get('pyrodash', float('nan')):+.3f}")
     if "responses" in added or "messages" in added:  # the other wire APIs over chat, on the same server
         over = {t: added.get(t, float("nan")) - added.get("pyrodash", float("nan")) for t in ("responses", "messages")}
         lines.append(
@@ -294,7 +302,7 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--chat-only",
         action="store_true",
-        help="measure pyrodash through chat completions only (default: also its /v1/responses and /v1/messages)",
+        help="measure pyrodash through plain chat only (default: also chat with tools, /v1/responses, /v1/messages)",
     )
     p.add_argument(
         "--litellm-workers",
@@ -326,8 +334,8 @@ def _start_gateways(a: argparse.Namespace, upstream: str, workdir: Path, procs: 
         )
     ports["pyrodash"] = _free_port()
     procs.append(start_pyrodash(upstream, ports["pyrodash"], a.workers, workdir))
-    if not a.chat_only:  # the same server through its Responses and Messages APIs
-        ports["responses"] = ports["messages"] = ports["pyrodash"]
+    if not a.chat_only:  # the same server through its Responses and Messages APIs, and chat with tools
+        ports["responses"] = ports["messages"] = ports["tools"] = ports["pyrodash"]
     if a.baseline:
         root = baseline_tree(a.baseline, workdir)
         ports["baseline"] = _free_port()
@@ -342,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
     procs: list[subprocess.Popen] = []
     ports = {"direct": int(upstream.rsplit(":", 1)[1].split("/")[0])}
     models = {"direct": "direct", "litellm": "direct", "pyrodash": "pyrodash", "baseline": "pyrodash"}
-    models["responses"] = models["messages"] = "pyrodash"
+    models["responses"] = models["messages"] = models["tools"] = "pyrodash"
     with tempfile.TemporaryDirectory(prefix="gateway-overhead-") as tmp:
         try:
             ports.update(_start_gateways(a, upstream, Path(tmp), procs))

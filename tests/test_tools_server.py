@@ -31,21 +31,24 @@ def client(server):
         yield c
 
 
-def chat_loop(client: openai.OpenAI, stream: bool) -> list[tuple[str, list, dict]]:
-    """The openai SDK's tool loop: (finish_reason, tool calls, pyrodash object) per request, to the answer."""
+def chat_loop(client: openai.OpenAI, stream: bool, info_optional: bool = False) -> list[tuple[str, list, dict]]:
+    """The openai SDK's tool loop: (finish_reason, tool calls, pyrodash object) per request, to the answer
+    (`info_optional`: a proxy between may drop the `pyrodash` object: None then)."""
     messages: list = [{"role": "user", "content": TASK}]
     steps = []
     for _ in range(5):
         kw = dict(model="pyrodash", messages=messages, tools=[TOOL], max_tokens=200)
         if stream:
             finish, calls, text, info = _streamed(client, kw)
+            assert info is not None or info_optional
         else:
             r = client.chat.completions.create(**kw)
             msg, finish = r.choices[0].message, r.choices[0].finish_reason
             calls = [
                 {"id": c.id, "name": c.function.name, "arguments": c.function.arguments} for c in msg.tool_calls or []
             ]
-            text, info = msg.content or "", r.model_extra["pyrodash"]
+            text, info = msg.content or "", (r.model_extra or {}).get("pyrodash")
+            assert info is not None or info_optional
         assert "<tool_call" not in text
         steps.append((finish, calls, info))
         if finish != "tool_calls":
@@ -75,7 +78,7 @@ def _streamed(client, kw):
                 c["arguments"] += (tc.function.arguments or "") if tc.function else ""
             finish = chunk.choices[0].finish_reason or finish
         else:
-            info = chunk.model_extra["pyrodash"]
+            info = (chunk.model_extra or {}).get("pyrodash")
     return finish, [calls[i] for i in sorted(calls)], text, info
 
 
