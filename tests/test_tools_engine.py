@@ -221,3 +221,37 @@ class Flaky:
 
     async def aclose(self) -> None:
         return None
+
+
+def test_the_handoff_share_hashes_tool_turns_and_keeps_plain_ones_as_they_were():
+    import hashlib
+
+    from pyrodash.engine.requests import _hashed
+
+    plain = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
+    old = json.dumps([[m.get("role"), m.get("content")] for m in plain])  # the key before tool turns existed
+    assert json.dumps([_hashed(m) for m in plain]) == old  # a plain conversation's share decision does not move
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    a = [
+        *plain,
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": "1"},
+    ]
+    b = [*a[:-1], {"role": "tool", "tool_call_id": "c2", "content": "1"}]
+    keys = {hashlib.sha256(json.dumps([_hashed(m) for m in x]).encode()).hexdigest() for x in (a, b)}
+    assert len(keys) == 2  # the call id (and the call) are part of what is hashed
+
+
+def test_fitting_drops_a_call_and_its_result_together():
+    from pyrodash.engine.conversation import fit_context
+
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    msgs = [
+        {"role": "system", "content": "s"},
+        {"role": "user", "content": "old question " * 20},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": "old result " * 20},
+        {"role": "user", "content": "new"},
+    ]
+    kept, dropped = fit_context(msgs, lambda ms: sum(len(str(m.get("content"))) for m in ms), 60)
+    assert dropped == 3 and [m["role"] for m in kept] == ["system", "user"]  # never a result without its call

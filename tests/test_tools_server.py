@@ -232,3 +232,35 @@ def test_the_agents_sdk_runs_the_task_with_a_function_tool(server, api):
     agent = agents.Agent(name="g", model=model, tools=[lookup_g], model_settings=agents.ModelSettings(max_tokens=200))
     result = agents.Runner.run_sync(agent, TASK)
     assert called == [3, 4] and result.final_output.endswith("\\boxed{41}")
+
+
+def test_serve_and_the_batch_driver_agree_on_every_step_of_the_task(client):
+    """Parity with tool turns: each request of the task answered by `pyrodash serve` (the stream driver, over HTTP)
+    and by the engine's batch driver (what `pyrodash eval` and Stage 3 run) gives the same record: text, segments,
+    handoff, calls and who wrote them, tokens and dollars."""
+    from pyrodash.chat import Tools, ToolSpec
+    from pyrodash.record import Record
+
+    slm, llm = tool_pair()
+    cfg = serve_config(operating_points={"pyrodash": 0.0})
+    engine = make_engine(slm, llm, cfg)
+    spec = TOOL["function"]
+    tools = Tools.of([ToolSpec(spec["name"], spec["description"], spec["parameters"])])
+    messages: list = [{"role": "user", "content": TASK}]
+    same = ("segments", "handoff", "finish_reason", "slm_in", "slm_out", "llm_in", "llm_out", "llm_calls", "cost_usd")
+    for _ in range(3):
+        r = client.chat.completions.create(model="pyrodash", messages=messages, tools=[TOOL], max_tokens=200)
+        served = r.model_extra["pyrodash"]
+        rec = Record.from_done(engine.batch([messages], options=[{"tools": tools, "max_tokens": 200}])[0]).to_json()
+        assert {k: served[k] for k in same} == {k: rec[k] for k in same}
+        assert [(c["name"], c["arguments"], c["by"]) for c in served["tool_calls"]] == [
+            (c["name"], c["arguments"], c["by"]) for c in rec["tool_calls"]
+        ]
+        msg = r.choices[0].message
+        if r.choices[0].finish_reason != "tool_calls":
+            break
+        messages.append(msg.model_dump(exclude_none=True))
+        for c in msg.tool_calls:
+            messages.append(
+                {"role": "tool", "tool_call_id": c.id, "content": run_tool(c.function.name, c.function.arguments)}
+            )
