@@ -255,3 +255,25 @@ def test_fitting_drops_a_call_and_its_result_together():
     ]
     kept, dropped = fit_context(msgs, lambda ms: sum(len(str(m.get("content"))) for m in ms), 60)
     assert dropped == 3 and [m["role"] for m in kept] == ["system", "user"]  # never a result without its call
+
+
+def test_a_budgets_worst_case_counts_the_tools_and_the_tool_turns():
+    """The hard cap's reservation bounds what the provider bills: the tools' schemas and every tool call and result in
+    the history are input the LLM reads, so they are in the worst case (a revert that drops them reserves less than
+    the double bills for that prompt)."""
+    from pyrodash.engine import EngineRequest
+    from pyrodash.server.budget.reserve import TOOLS_OVERHEAD, worst_case
+
+    e = engine()
+    history = [Message("user", TASK), *_first_call_turn(e)]
+    plain = worst_case(e, EngineRequest(history, max_tokens=50, max_total_tokens=50), "llm")
+    offered = worst_case(e, EngineRequest(history, max_tokens=50, max_total_tokens=50, tools=TOOLS), "llm")
+    schema_bytes = len(json.dumps(TOOLS.schemas()).encode()) + TOOLS_OVERHEAD
+    assert offered.collab - plain.collab >= schema_bytes * PRICES.llm_in / 1e6 * 0.999
+    user, called, result = history
+    same_text = [user, Message("assistant", called.content), Message("user", result.content)]  # no call, no id
+    a = worst_case(e, EngineRequest(same_text, max_tokens=50, max_total_tokens=50), "llm").llm
+    b = worst_case(e, EngineRequest(history, max_tokens=50, max_total_tokens=50), "llm").llm
+    sent = [m.to_dict() for m in history]
+    extra = sum(len(json.dumps([m.get("tool_calls"), m.get("tool_call_id")]).encode()) for m in sent[1:])
+    assert b - a >= extra * PRICES.llm_in / 1e6 * 0.999  # the call's JSON and its result's id are counted

@@ -22,6 +22,7 @@ from pyrodash.backends.base import GenRequest, Meshed, Tokenizes
 from pyrodash.engine.requests import EngineRequest
 
 MSG_OVERHEAD = 16  # chat-template tokens around one message (role markers, separators), counted generously
+TOOLS_OVERHEAD = 256  # a template's text around the tools it shows (how to call them, their list), generously
 
 
 class LedgerError(Exception):
@@ -72,14 +73,19 @@ def chat_messages(engine, prompt) -> list[dict]:
     return prompt if isinstance(prompt, list) else [{"role": "user", "content": str(prompt)}]
 
 
-def _text_bytes(messages: list, prefix: str = "") -> int:
+def _text_bytes(messages: list, prefix: str = "", tools: list[dict] | None = None) -> int:
     """An upper bound on the tokens of `messages` and `prefix`: their UTF-8 bytes (a byte-level tokenizer never makes
-    more tokens than bytes) plus the chat template's tokens around each message."""
+    more tokens than bytes) plus the chat template's tokens around each message; an assistant's tool calls and a tool
+    result's call id as sent, and the tools' schemas with the template's text around them (`TOOLS_OVERHEAD`)."""
     n = len(prefix.encode())
     for m in messages:
         content = m.get("content") if isinstance(m, dict) else m
         text = content if isinstance(content, str) else json.dumps(content, ensure_ascii=False)
         n += len(str(text).encode()) + MSG_OVERHEAD
+        if isinstance(m, dict) and (m.get("tool_calls") or m.get("tool_call_id")):
+            n += len(json.dumps([m.get("tool_calls"), m.get("tool_call_id")], ensure_ascii=False).encode())
+    if tools:
+        n += len(json.dumps(tools, ensure_ascii=False).encode()) + TOOLS_OVERHEAD
     return n
 
 
@@ -132,21 +138,23 @@ def request_bound(engine, req: GenRequest) -> CallBound:
     """What the LLM call `req` may bill (`EngineRequest.gate` asks with it): its prompt counted by the LLM's tokenizer
     where the LLM runs in process, else bounded by its bytes; its output by `req.max_tokens`."""
     n = _counted(engine, req)
-    return call_bound(engine, n if n is not None else _text_bytes(req.messages, req.prefix), int(req.max_tokens))
+    bound = n if n is not None else _text_bytes(req.messages, req.prefix, req.tools)
+    return call_bound(engine, bound, int(req.max_tokens))
 
 
 def _first_prompt(engine, call: EngineRequest, handoff: bool) -> int:
     """The prompt tokens of a request's first LLM call before it runs: the handoff request without its partial
     answer (`handoff`), else the conversation as given (the LLM alone); counted where the LLM's tokenizer is known."""
     messages = chat_messages(engine, call.question)
+    tools = call.tools.schemas() if call.tools is not None else None  # shown to the LLM in its prompt too
     if handoff and callable(getattr(engine, "llm_request", None)):
-        req = engine.llm_request(messages, "", 1, {})
+        req = engine.llm_request(messages, "", 1, {}, **({"tools": tools} if tools else {}))
     else:
-        req = GenRequest(messages=list(messages))
+        req = GenRequest(messages=list(messages), tools=tools)
     n = _counted(engine, req)
     if n is not None:
         return n
-    n = _text_bytes(req.messages, req.prefix)
+    n = _text_bytes(req.messages, req.prefix, req.tools)
     prompts = getattr(engine, "prompts", None)
     if handoff and prompts is not None and not callable(getattr(engine, "llm_request", None)):
         n += sum(len((t or "").encode()) for t in (prompts.offload_system, prompts.handoff_template)) + MSG_OVERHEAD
@@ -171,7 +179,8 @@ def worst_case(engine, call: EngineRequest, dollars: str) -> Worst | None:
         calls = max(1, int(call.max_llm_calls or getattr(engine, "max_llm_calls", 1) or 1))
         prompts = getattr(engine, "prompts", None)
         texts = () if prompts is None else (prompts.offload_system, prompts.completion_system)
-        prompt = _text_bytes(chat_messages(engine, call.question)) + _text_bytes([t or "" for t in texts])
+        tools = call.tools.schemas() if call.tools is not None else None
+        prompt = _text_bytes(chat_messages(engine, call.question), tools=tools) + _text_bytes([t or "" for t in texts])
         slm = (1 + calls) * (prompt + total) * sheet.slm_in / 1e6 + total * sheet.slm_out / 1e6
     return Worst(collab=collab + slm, llm=alone, slm=slm)
 
