@@ -153,7 +153,7 @@ def cold(stack, redis_server):
 
 
 CHAT = "/v1/chat/completions"
-LEDGER_KEY = "default"
+LEDGER_KEY = "default/3600s/0"  # the budget's rows in the ledger: name, period, origin
 
 
 def period_now() -> int:

@@ -146,7 +146,7 @@ def test_a_period_boundary_in_a_burst_and_a_price_change_keep_each_period_within
         assert all(g.ticket is not None for g in fresh)  # a new period: room again
         for g in burst[:3] + fresh:
             await budgets.record(g, done(0.9 * worst))  # the old period's answers settle into the old period
-        rows = {p: await budgets.store.ledger.read("default", p) for p in (0, 1)}
+        rows = {p: await budgets.store.ledger.read(budgets.ledger_key(budgets.cfg.default), p) for p in (0, 1)}
         assert rows[0] == (pytest.approx(2.7 * worst), 0.0) and rows[1] == (pytest.approx(2.7 * worst), 0.0)
         clock.t = 7200.0 + 10.0  # the next hour the LLM's price doubles: worst cases double, half as many fit
         eng.prices = Prices(slm_in=1.0, slm_out=2.0, llm_in=20.0, llm_out=80.0)
@@ -180,7 +180,7 @@ def test_billing_clamps_cached_tokens_and_counts_an_overrun_as_billed():
         grant = await admit(budgets, engine(), 0)
         over = grant.ticket.usd * 3  # usage above what the request allowed (reasoning tokens, an injected prompt)
         await budgets.record(grant, done(over))
-        return grant, over, await budgets.store.ledger.read("default", 0)
+        return grant, over, await budgets.store.ledger.read(budgets.ledger_key(budgets.cfg.default), 0)
 
     grant, over, (spent, held) = asyncio.run(run())
     assert spent == pytest.approx(over) and held == 0.0  # on the ledger as billed

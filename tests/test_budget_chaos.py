@@ -71,7 +71,7 @@ def ledger(port: int, cap_period: int) -> tuple[float, float]:
     async def read():
         store = RedisStore(f"redis://127.0.0.1:{port}/0")
         try:
-            return await store.ledger.read("default", cap_period)
+            return await store.ledger.read("default/3600s/0", cap_period)
         finally:
             await store.aclose()
 
@@ -82,7 +82,7 @@ def keys(redis: RedisServer, period: int):
     """(the Redis client, the period's ledger key of `what`)."""
     import redis as redis_py
 
-    return redis_py.Redis(port=redis.port), lambda what: f"pyrodash:budget:{{default:cap:{period}}}:{what}"
+    return redis_py.Redis(port=redis.port), lambda what: f"pyrodash:budget:{{default/3600s/0:cap:{period}}}:{what}"
 
 
 async def chaos_burst(url: str, replicas: list[str], procs: list, redis: RedisServer, cap: float, period: int):

@@ -190,7 +190,9 @@ def test_odd_usage_is_billed_at_the_bound_and_flagged(models, tmp_path, cost, ki
             _, first = await budgets.pace(fake_request(), engine, call)
             await budgets.record(first, odd_done(cost))
             _, second = await budgets.pace(fake_request(), engine, call)  # the ledger still admits
-            ledger = await budgets.store.ledger.read("default", period_of(budgets.now(), 3600.0))
+            ledger = await budgets.store.ledger.read(
+                budgets.ledger_key(budgets.cfg.default), period_of(budgets.now(), 3600.0)
+            )
             return first, second, ledger
         finally:
             await budgets.aclose()

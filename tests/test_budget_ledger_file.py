@@ -35,13 +35,12 @@ def test_an_hourly_budget_does_not_close_a_daily_budgets_period(tmp_path):
         ledger.db.close()
 
 
+ORIGIN = time.time() - 5.0  # the hour began 5 s ago: no boundary during the tests (the same for every server)
+
+
 def serve(models, state_dir, cap: float):
     slm, llm = models
-    budgets = {
-        "default": {"usd_per_hour": cap, "cap_usd": cap},
-        "state_dir": str(state_dir),
-        "period_origin": time.time() - 5.0,  # the hour began 5 s ago: no boundary during the test
-    }
+    budgets = {"default": {"usd_per_hour": cap, "cap_usd": cap}, "state_dir": str(state_dir), "period_origin": ORIGIN}
     config = serve_config(api_key=None, budgets=budgets)
     return UvicornThread(build_app(config, engine=make_engine(slm, llm, config)))
 

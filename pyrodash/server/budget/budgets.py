@@ -91,7 +91,9 @@ class Budgets:
         self.specs = {b.name: self._spec(b, default_bias) for b in cfg.budgets}
         shared_dir = os.environ.get(MULTIPROC_ENV)  # set for the workers of `pyrodash serve --workers N`
         if cfg.redis_url:
-            self.store = RedisStore(cfg.redis_url, cfg.redis_prefix, cfg.replicas, cfg.redis_timeout_s, clock=clock)
+            url, timeout, evict = cfg.redis_url, cfg.redis_timeout_s, cfg.redis_eviction
+            self.store = RedisStore(url, cfg.redis_prefix, cfg.replicas, timeout, clock=clock, eviction=evict)
+            self.store.check_eviction_now()
         elif shared_dir:  # the workers of one server hold one budget, in a file beside their metrics
             self.store = FileStore(Path(shared_dir) / "pyrodash-budgets.sqlite")
         else:
@@ -133,6 +135,13 @@ class Budgets:
             curve=self.cfg.curve,
             curve_top_bias=default_bias,
         )
+
+    def ledger_key(self, b: Budget) -> str:
+        """The budget's rows in the caps' ledger: its name, its period's wall length and the periods' origin
+        (`name/3600s/0`), so two servers sharing a state directory or a Redis hold one cap only where they mean the
+        same periods, and one never closes or counts the other's."""
+        wall = b.period_s / self.cfg.time_compression
+        return f"{b.name}/{wall:.17g}s/{self.cfg.period_origin:.17g}"
 
     def now(self) -> float:
         """The budgets' clock: seconds since `period_origin`, times `time_compression`."""
@@ -221,7 +230,7 @@ class Budgets:
         if spec.cap is not None and worst is not None:  # every LLM call asks the cap first
             pool = ticket.usd - grant.slm_usd if ticket is not None else 0.0
             reserved = lambda held: self._reserved(budget, held)  # noqa: E731
-            ticket_of = new_ticket(budget.name, period_of(t, spec.period_s))
+            ticket_of = new_ticket(self.ledger_key(budget), period_of(t, spec.period_s))
             grant.gate = Gate(
                 self.store.ledger, ticket_of, engine, spec.cap, self.cfg.reservation_ttl_s, pool, reserved
             )
@@ -274,7 +283,7 @@ class Budgets:
         want = {"collab": worst.collab, "llm": worst.llm}.get(mode, worst.slm)
         ttl = self.cfg.reservation_ttl_s
         ledger = self.store.ledger
-        ticket = Ticket(budget.name, period, uuid.uuid4().hex, want)
+        ticket = Ticket(self.ledger_key(budget), period, uuid.uuid4().hex, want)
         ok, spent, held = await ledger.reserve(ticket, spec.cap, ttl) if want > 0 else (True, 0.0, 0.0)
         self._reserved(budget, held)
         if ok:
@@ -287,7 +296,7 @@ class Budgets:
             return None, "refuse", reason
         if worst.slm <= 0:
             return None, "slm", reason
-        ticket = Ticket(budget.name, period, uuid.uuid4().hex, worst.slm)
+        ticket = Ticket(self.ledger_key(budget), period, uuid.uuid4().hex, worst.slm)
         ok, _, held = await ledger.reserve(ticket, spec.cap, ttl)
         self._reserved(budget, held)
         return (ticket, "slm", reason) if ok else (None, "refuse", reason + "; nor the SLM's alone")
@@ -358,7 +367,8 @@ class Budgets:
                 cut = (gate.cut_usd() if gate is not None else reserved - grant.slm_usd) + grant.slm_usd
                 await self._settle(name, tickets, min(cut, reserved) if usd is None else usd)
             elif usd and self.specs[name].cap is not None:  # billed without a reservation (nothing was expected)
-                await self.store.ledger.settle(Ticket(name, int(grant.decision.period), "", 0.0), usd)
+                uncovered = Ticket(self.ledger_key(grant.budget), int(grant.decision.period), "", 0.0)
+                await self.store.ledger.settle(uncovered, usd)
         except LedgerError as e:  # the reservations stay: they expire and count at their worst case
             self._ledger_failed(grant, "settle", e)
         if usd is None:
@@ -461,7 +471,7 @@ class Budgets:
             level = st.level
             cap_spent, held = (None, None)
             if spec.cap is not None:  # the cap's ledger: billed dollars of the period's requests, and reservations
-                cap_spent, held = await self.store.ledger.read(b.name, period_of(self.now(), spec.period_s))
+                cap_spent, held = await self.store.ledger.read(self.ledger_key(b), period_of(self.now(), spec.period_s))
             row = {
                 "name": b.name,
                 "dollars": b.dollars,

@@ -41,7 +41,9 @@ _TOP_KEYS = {
     "reservation_ttl_s",
     "redis_timeout_s",
     "state_dir",
+    "redis_eviction",
 }
+EVICTION = ("refuse", "warn")  # a Redis whose maxmemory-policy may evict the ledger: refuse it at start-up, or warn
 _CONTROLLER_KEYS = {"integral_s", "rate_window_s", "bank_s", "debt_s", "cost_window", "head_start_s"}
 
 
@@ -149,6 +151,7 @@ class BudgetsConfig:
     reservation_ttl_s: float = 600.0  # wall seconds: a dead replica's reservations are released after this long
     redis_timeout_s: float = 0.25  # a Redis call slower than this counts as Redis down (the replica's own share)
     state_dir: str | None = None  # the hard caps' ledger without Redis (None: $PYRODASH_CACHE/budgets)
+    redis_eviction: str = "refuse"  # a Redis that may evict the ledger's keys (maxmemory-policy allkeys-*): or warn
 
     @property
     def budgets(self) -> list[Budget]:
@@ -192,6 +195,7 @@ class BudgetsConfig:
             _number("budgets.reservation_ttl_s", raw.get("reservation_ttl_s", 600.0)),
             _number("budgets.redis_timeout_s", raw.get("redis_timeout_s", 0.25)),
             _state_dir(raw.get("state_dir")),
+            _eviction(raw.get("redis_eviction", "refuse")),
         )
 
 
@@ -269,6 +273,15 @@ def _controller(ctl: object) -> Controller:
             raise ValueError("budgets.controller.cost_window must be a whole number of requests")
         vals["cost_window"] = int(vals["cost_window"])
     return Controller(**vals)
+
+
+def _eviction(value: object) -> str:
+    if value not in EVICTION:
+        raise ValueError(
+            f"budgets.redis_eviction={value!r}: use refuse (a Redis whose maxmemory-policy may evict the ledger stops "
+            "the server at start-up) or warn (it serves, and says so)"
+        )
+    return str(value)
 
 
 def _state_dir(value: object) -> str | None:

@@ -2,7 +2,10 @@
 across replicas: no check-then-increment race), with a per-replica fallback while Redis is unreachable.
 
 Keys per budget and period: `<prefix>{<budget>:cap:<period>}:spent` (a float), `...:held` (a hash: request id ->
-reserved dollars) and `...:expires` (a sorted set: request id -> wall-clock expiry). Each script first drops the
+reserved dollars) and `...:expires` (a sorted set: request id -> wall-clock expiry); `<budget>` is the budget's
+ledger key (name, period length, origin). No key of an open period has an expiry (a closed period's get one,
+`RedisLedger._close_old`), so only an eviction policy that evicts any key (allkeys-*) can lose spend: the server
+checks the policy at start-up (`store.check_eviction`). Each script first drops the
 reservations past their expiry. While Redis is down, a replica reserves against its own share (1/N) of the period's
 remaining cap as it last saw it (cap - spent - held), in process; once Redis is back, its reservations in flight move
 to Redis and the dollars it settled meanwhile are added to the shared `spent`.
@@ -34,24 +37,26 @@ local held = 0
 for _, v in ipairs(redis.call('HVALS', KEYS[2])) do held = held + tonumber(v) end
 """
 
-# ARGV: now, id, usd, cap, expires, force ('1': no cap check), keep_s
+# ARGV: now, id, usd, cap, expires, force ('1': no cap check; a ticket settled already is not held again)
 _RESERVE = (
     _EXPIRE
     + """
 local usd = tonumber(ARGV[3])
 local ok = 0
+if ARGV[6] == '1' and redis.call('SISMEMBER', KEYS[5], ARGV[2]) == 1 then
+  return {1, tostring(spent), tostring(held)}
+end
 if ARGV[6] == '1' or spent + held + usd <= tonumber(ARGV[4]) then
   redis.call('HSET', KEYS[2], ARGV[2], ARGV[3])
   redis.call('ZADD', KEYS[3], ARGV[5], ARGV[2])
   held = held + usd
   ok = 1
 end
-for _, k in ipairs(KEYS) do redis.call('EXPIRE', k, ARGV[7]) end
 return {ok, tostring(spent), tostring(held)}
 """
 )
 
-# ARGV: now, id, billed, keep_s. Returns {live (1: it was held), spent}; a second settle of one id changes nothing.
+# ARGV: now, id, billed. Returns {live (1: it was held), spent}; a second settle of one id changes nothing.
 _SETTLE = (
     _EXPIRE
     + """
@@ -62,7 +67,6 @@ local charged = tonumber(redis.call('HGET', KEYS[4], ARGV[2]) or '0')
 redis.call('HDEL', KEYS[4], ARGV[2])
 spent = redis.call('INCRBYFLOAT', KEYS[1], tonumber(ARGV[3]) - charged)
 if ARGV[2] ~= '' then redis.call('SADD', KEYS[5], ARGV[2]) end
-for _, k in ipairs(KEYS) do redis.call('EXPIRE', k, ARGV[4]) end
 return {live, tostring(spent)}
 """
 )
@@ -95,7 +99,8 @@ class RedisLedger:
 
     kind = "redis"
 
-    keep_s = 3 * 86400  # a period's keys outlive it (settlements arrive late), then Redis drops them
+    keep_s = 3 * 86400  # a closed period's keys are kept this long (late settlements), then Redis drops them
+    closing = 8  # periods 2 .. 2 + closing - 1 behind are given their expiry when a replica enters a new period
 
     def __init__(self, store) -> None:
         self.store = store
@@ -106,6 +111,7 @@ class RedisLedger:
         self.local = MemoryLedger(store.clock)  # the fallback: this replica's own share
         self.live: dict[str, tuple[Ticket, float]] = {}  # local reservations in flight: id -> (ticket, expiry)
         self.pending: list[tuple[Ticket, float]] = []  # settlements to send once Redis is back
+        self.opened: dict[str, int] = {}  # budget -> the newest period this replica reserved in
 
     def keys(self, name: str, period: int) -> list[str]:
         base = f"{self.store.prefix}{{{name}:cap:{period}}}"  # (a hash tag: one slot for the script's keys)
@@ -119,6 +125,8 @@ class RedisLedger:
         """A script's result, or None when Redis failed (then the store falls back and says so)."""
         if self.down:
             return None
+        if self.store.evicting:  # (`redis_eviction: refuse`, a policy found after start-up)
+            raise LedgerError(self.store.evicting, 30)
         try:
             return await script(keys=keys, args=args)
         except Exception as e:  # noqa: BLE001 - Redis unreachable: fall back; Redis refusing: a LedgerError
@@ -131,9 +139,10 @@ class RedisLedger:
     async def reserve(self, t: Ticket, cap: float, ttl_s: float) -> tuple[bool, float, float]:
         await self.store.reconnect_when_due()
         now = self.store.clock()
-        args = [repr(now), t.id, repr(t.usd), repr(cap), repr(now + ttl_s), "0", self.keep_s]
+        args = [repr(now), t.id, repr(t.usd), repr(cap), repr(now + ttl_s), "0"]
         out = await self._call(self.reserve_script, self.keys(t.budget, t.period), args)
         if out is not None:
+            await self._close_old(t.budget, t.period)
             spent, held = float(out[1]), float(out[2])
             self.seen[(t.budget, t.period)] = (spent, held)
             t.where = "redis"
@@ -172,8 +181,24 @@ class RedisLedger:
         return bool(int(out[0]))
 
     async def _settle(self, t: Ticket, billed: float):
-        args = [repr(self.store.clock()), t.id, repr(billed), self.keep_s]
+        args = [repr(self.store.clock()), t.id, repr(billed)]
         return await self._call(self.settle_script, self.keys(t.budget, t.period), args)
+
+    async def _close_old(self, name: str, period: int) -> None:
+        """The first time this replica reserves in `period`: the keys of the periods two and more behind (closed:
+        nothing settles into them) get their expiry. An open period's keys have none, so no eviction policy that
+        evicts only keys with an expiry (volatile-*) can drop what it spent."""
+        if self.opened.get(name, -1) >= period:
+            return
+        self.opened[name] = period
+        try:
+            async with self.store.client.pipeline(transaction=False) as pipe:
+                for old in range(period - 1 - self.closing, period - 1):
+                    for key in self.keys(name, old):
+                        pipe.expire(key, self.keep_s)
+                await pipe.execute()
+        except Exception as e:  # noqa: BLE001 - a closed period kept longer is no harm; tried again next period
+            log.warning("budget %s: could not set the expiry of closed periods' keys (%s)", name, type(e).__name__)
 
     async def read(self, name: str, period: int) -> tuple[float, float]:
         out = await self._call(self.read_script, self.keys(name, period), [repr(self.store.clock())])
@@ -190,7 +215,7 @@ class RedisLedger:
             return
         for rid, (t, expires) in list(self.live.items()):
             # held in Redis from now on (admitted within this replica's share: no cap check)
-            args = [repr(self.store.clock()), t.id, repr(t.usd), "0", repr(expires), "1", self.keep_s]
+            args = [repr(self.store.clock()), t.id, repr(t.usd), "0", repr(expires), "1"]
             if await self._call(self.reserve_script, self.keys(t.budget, t.period), args) is None:
                 return
             self.local.settle_now(t, 0.0)

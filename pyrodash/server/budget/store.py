@@ -31,6 +31,27 @@ HEARTBEAT_S = 5.0  # a replica refreshes its heartbeat this often ...
 ALIVE_S = 30.0  # ... and counts as alive this long after its last one
 
 
+# maxmemory-policies that never evict a key without an expiry (no key of an open period has one)
+KEEPS_THE_LEDGER = ("noeviction", "volatile-lru", "volatile-lfu", "volatile-random", "volatile-ttl")
+
+
+def eviction_problem(policy: str | None) -> str | None:
+    """What is wrong with a Redis of `policy` for the caps' ledger (None: nothing)."""
+    if policy is None or policy in KEEPS_THE_LEDGER:
+        return None
+    return (
+        f"Redis's maxmemory-policy is {policy}: when its memory fills it may evict the caps' ledger (the period's "
+        "spent dollars) and admit a second cap. Run Redis with `--maxmemory-policy noeviction` (deploy/compose.yaml "
+        "does), or set budgets.redis_eviction: warn to serve anyway"
+    )
+
+
+def _policy_of(config: dict | None, info: dict | None) -> str | None:
+    if config and config.get("maxmemory-policy"):
+        return str(config["maxmemory-policy"])
+    return str(info["maxmemory_policy"]) if info and info.get("maxmemory_policy") else None
+
+
 class MemoryStore:
     """In-process state (one replica, or replicas that do not share: each holds the whole budget)."""
 
@@ -131,6 +152,7 @@ class RedisStore:
         timeout_s: float = 0.25,
         retry_s: float = 2.0,
         clock: Callable[[], float] = time.time,
+        eviction: str = "refuse",
     ):
         import redis.asyncio as aioredis
         from redis.asyncio.retry import Retry
@@ -159,9 +181,55 @@ class RedisStore:
         self.pending: dict[str, dict[float, float]] = {}  # dollars charged while down: budget -> period -> usd
         self.specs: dict[str, PacerSpec] = {}  # each budget's spec, as last used (to merge its pending dollars)
         self.fallbacks = 0  # times this replica lost Redis
+        self.eviction = eviction  # "refuse" | "warn": a Redis whose maxmemory-policy may evict the ledger
+        self.policy: str | None = None  # Redis's maxmemory-policy, once read
+        self.policy_checked = False
+        self.evicting: str | None = None  # why the ledger refuses this Redis (`eviction: refuse`, found after start)
         self.locks: dict[str, asyncio.Lock] = {}
         self._beater: asyncio.Task | None = None  # heartbeats (and reconnects) on a timer, from the first use on
         self.ledger = RedisLedger(self)  # the hard cap's reservations: Lua scripts on the same client
+
+    # ------------------------------------------------------------ Redis's eviction policy
+
+    def check_eviction_now(self) -> None:
+        """At start-up: Redis's maxmemory-policy, read once (a blocking call); a policy that may evict the ledger
+        raises ValueError (`eviction: refuse`, the server does not start) or is logged (`warn`). An unreachable
+        Redis is checked at first contact instead (`_check_eviction`)."""
+        import redis
+
+        client = redis.Redis.from_url(self.url, socket_timeout=self.timeout_s, socket_connect_timeout=self.timeout_s)
+        try:
+            try:
+                config, info = client.config_get("maxmemory-policy"), None
+            except redis.ResponseError:  # (CONFIG disabled, as on some managed Redis)
+                config, info = None, client.info("memory")
+        except (redis.ConnectionError, redis.TimeoutError, OSError):
+            return
+        finally:
+            client.close()
+        self._judge(_policy_of(config, info), at_start=True)
+
+    async def _check_eviction(self) -> None:
+        from redis.exceptions import ResponseError
+
+        try:
+            config, info = await self.client.config_get("maxmemory-policy"), None
+        except ResponseError:
+            config, info = None, await self.client.info("memory")
+        self._judge(_policy_of(config, info), at_start=False)
+
+    def _judge(self, policy: str | None, at_start: bool) -> None:
+        self.policy, self.policy_checked = policy, True
+        problem = eviction_problem(policy)
+        if policy is None:
+            log.warning("budgets: Redis's maxmemory-policy cannot be read: make sure it is noeviction")
+        if problem is None:
+            return
+        if self.eviction == "refuse" and at_start:
+            raise ValueError(f"budgets.redis_url: {problem}")
+        log.warning("budgets: %s", problem)
+        if self.eviction == "refuse":  # found after start-up: the ledger answers 503 until Redis is fixed
+            self.evicting = problem
 
     # ------------------------------------------------------------ the public surface
 
@@ -208,7 +276,10 @@ class RedisStore:
             "fallback": down,
             "replica_share": self.share if down else 1.0,
             "replicas_seen": self.replicas,
+            "redis_eviction_policy": self.policy,
         }
+        if self.evicting or eviction_problem(self.policy):
+            out["redis_eviction_warning"] = eviction_problem(self.policy)
         if down:
             out["redis_error"] = self.error
             out["down_for_s"] = round(time.monotonic() - self.down_since, 1)
@@ -291,6 +362,8 @@ class RedisStore:
             pipe.zcount(key, wall - ALIVE_S, "+inf")
             _, _, alive = await pipe.execute()
         self.replicas = max(1, int(alive), self.replicas_hint or 1)
+        if not self.policy_checked:
+            await self._check_eviction()
 
     # ------------------------------------------------------------ fallback
 
