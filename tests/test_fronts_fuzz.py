@@ -14,7 +14,7 @@ from test_server_fuzz import AUTH, FUZZ, JSON, _header, http, server  # noqa: F4
 
 schemathesis = pytest.importorskip("schemathesis")
 from schemathesis import GenerationMode  # noqa: E402
-from test_server_fuzz import ALL_CHECKS  # noqa: E402
+from test_server_fuzz import schemathesis_run  # noqa: E402
 
 ROUTES = ("/v1/responses", "/v1/messages")
 VALID = {
@@ -47,16 +47,7 @@ def _check(route: str, status: int, headers, text: str) -> None:
 @pytest.mark.parametrize("mode", [GenerationMode.POSITIVE, GenerationMode.NEGATIVE], ids=lambda g: g.value)
 @pytest.mark.parametrize("route", ROUTES)
 def test_schemathesis_all_checks(server, route, mode):  # noqa: F811
-    schema = schemathesis.openapi.from_url(f"{server.url}/openapi.json")
-    strategy = schema[route]["POST"].as_strategy(generation_mode=mode)
-
-    @FUZZ
-    @given(case=strategy)
-    def run(case):
-        r = case.call_and_validate(base_url=server.url, headers=AUTH, checks=ALL_CHECKS, timeout=60)
-        _check(route, r.status_code, r.headers, r.text)
-
-    run()
+    schemathesis_run(server.url, route, "POST", mode, lambda *r: _check(route, *r))
 
 
 @FUZZ

@@ -5,42 +5,23 @@ venv (.venv-litellm, or $LITELLM_BIN; .ci/run installs it), as in tests/test_rea
 
 from __future__ import annotations
 
-import json
-import os
-
 import httpx
 import openai
 import pytest
 from front_stack import QUESTION, assert_mid_handoff, front_stack
-from servers import free_port
-from test_readme_endpoints import _process, litellm_or_skip
+from test_readme_endpoints import LITELLM_MASTER, litellm_proxy
 from test_server import KEY
 
-MASTER = "sk-litellm-master-0123456789abcdef"  # the proxy's key; clients send it as their API key
+MASTER = LITELLM_MASTER  # the proxy's key; clients send it as their API key
 
 
 @pytest.fixture(scope="module")
 def proxy(tmp_path_factory):
-    exe = litellm_or_skip()
     tmp = tmp_path_factory.mktemp("litellm")
     with front_stack(tmp_path_factory) as (srv, _):
         routes = {"claude-pd": ("anthropic/mid", srv.url), "gpt-pd": ("openai/mid", f"{srv.url}/v1")}
-        models = [
-            {"model_name": name, "litellm_params": {"model": model, "api_base": base, "api_key": KEY}}
-            for name, (model, base) in routes.items()
-        ]
-        (tmp / "litellm.yaml").write_text(json.dumps({"model_list": models}))
-        port = free_port()
-        env = {
-            **os.environ,
-            "LITELLM_LOCAL_MODEL_COST_MAP": "True",
-            "NO_DOCS": "True",
-            "DISABLE_ADMIN_UI": "True",
-            "LITELLM_MASTER_KEY": MASTER,
-        }
-        cmd = [exe, "--config", str(tmp / "litellm.yaml"), "--host", "127.0.0.1", "--port", str(port)]
-        with _process(cmd, f"http://127.0.0.1:{port}/health/liveliness", env, tmp / "litellm.log", 180):
-            yield f"http://127.0.0.1:{port}", srv
+        with litellm_proxy(routes, KEY, tmp) as url:
+            yield url, srv
 
 
 def _routed(srv, route: str) -> float:

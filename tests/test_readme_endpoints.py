@@ -182,6 +182,27 @@ def litellm_or_skip() -> str:
     return exe
 
 
+LITELLM_MASTER = "sk-litellm-master-0123456789abcdef"  # a proxy's key (`litellm_proxy`); clients send it as theirs
+
+
+@contextlib.contextmanager
+def litellm_proxy(routes: dict[str, tuple[str, str]], api_key: str, tmp: Path):
+    """A real LiteLLM proxy on 127.0.0.1 (its URL), routing each model name to (`provider/model`, api_base) with
+    `api_key` upstream; clients send `LITELLM_MASTER`. Skipped where LiteLLM is not installed."""
+    exe = litellm_or_skip()
+    models = [
+        {"model_name": name, "litellm_params": {"model": model, "api_base": base, "api_key": api_key}}
+        for name, (model, base) in routes.items()
+    ]
+    (tmp / "litellm.yaml").write_text(json.dumps({"model_list": models}))
+    port = free_port()
+    env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "NO_DOCS": "True", "DISABLE_ADMIN_UI": "True",
+           "LITELLM_MASTER_KEY": LITELLM_MASTER}  # fmt: skip
+    cmd = [exe, "--config", str(tmp / "litellm.yaml"), "--host", "127.0.0.1", "--port", str(port)]
+    with _process(cmd, f"http://127.0.0.1:{port}/health/liveliness", env, tmp / "litellm.log", 180):
+        yield f"http://127.0.0.1:{port}"
+
+
 @pytest.mark.slow
 def test_litellm_proxy_example(tiny, capsys, tmp_path, monkeypatch):
     exe = litellm_or_skip()

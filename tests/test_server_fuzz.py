@@ -110,18 +110,24 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize(("path", "method", "mode"), CASES, ids=[f"{p}-{g.value}" for p, _, g in CASES])
-def test_schemathesis_all_checks(server, path, method, mode):
-    schema = schemathesis.openapi.from_url(f"{server.url}/openapi.json")
+def schemathesis_run(url: str, path: str, method: str, mode, check) -> None:
+    """schemathesis on one operation of the server at `url` (its own OpenAPI document) in `mode`, ALL_CHECKS on every
+    response and `check(status, headers, text)` after them, FUZZ's examples (the fuzz tests of every route)."""
+    schema = schemathesis.openapi.from_url(f"{url}/openapi.json")
     strategy = schema[path][method].as_strategy(generation_mode=mode)
 
     @FUZZ
     @given(case=strategy)
     def run(case):
-        r = case.call_and_validate(base_url=server.url, headers=AUTH, checks=ALL_CHECKS, timeout=60)
-        _check(r.status_code, r.headers, r.text)
+        r = case.call_and_validate(base_url=url, headers=AUTH, checks=ALL_CHECKS, timeout=60)
+        check(r.status_code, r.headers, r.text)
 
     run()
+
+
+@pytest.mark.parametrize(("path", "method", "mode"), CASES, ids=[f"{p}-{g.value}" for p, _, g in CASES])
+def test_schemathesis_all_checks(server, path, method, mode):
+    schemathesis_run(server.url, path, method, mode, _check)
 
 
 def _post(http: httpx.Client, route: str, content: str | bytes) -> None:

@@ -6,9 +6,8 @@ generated `tools`, `tool_choice`, tool calls and tool results in the history rea
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
 from test_server import UvicornThread, make_engine, serve_config
-from test_server_fuzz import ALL_CHECKS, AUTH, FUZZ
+from test_server_fuzz import schemathesis_run
 from tool_doubles import tool_pair
 
 from pyrodash.server.app import build_app
@@ -30,13 +29,8 @@ def server():
 @pytest.mark.parametrize("mode", [GenerationMode.POSITIVE, GenerationMode.NEGATIVE], ids=lambda g: g.value)
 @pytest.mark.parametrize("route", ["/v1/chat/completions", "/v1/responses", "/v1/messages"])
 def test_schemathesis_all_checks_with_tool_models(server, route, mode):
-    schema = schemathesis.openapi.from_url(f"{server.url}/openapi.json")
-    strategy = schema[route]["POST"].as_strategy(generation_mode=mode)
+    schemathesis_run(server.url, route, "POST", mode, _no_5xx)
 
-    @FUZZ
-    @given(case=strategy)
-    def run(case):
-        r = case.call_and_validate(base_url=server.url, headers=AUTH, checks=ALL_CHECKS, timeout=60)
-        assert r.status_code < 500, r.text[:500]
 
-    run()
+def _no_5xx(status: int, headers, text: str) -> None:
+    assert status < 500, text[:500]

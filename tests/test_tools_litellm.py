@@ -7,40 +7,27 @@ tests/test_fronts_litellm.py."""
 from __future__ import annotations
 
 import json
-import os
 
 import openai
 import pytest
-from servers import free_port
-from test_readme_endpoints import _process, litellm_or_skip
+from test_readme_endpoints import LITELLM_MASTER, litellm_proxy
 from test_server import KEY, UvicornThread, make_engine, serve_config
 from test_tools_server import ANTHROPIC_TOOL, chat_loop
 from tool_doubles import TASK, run_tool, tool_pair
 
 from pyrodash.server.app import build_app
 
-MASTER = "sk-litellm-master-0123456789abcdef"
+MASTER = LITELLM_MASTER
 
 
 @pytest.fixture(scope="module")
 def proxy(tmp_path_factory):
-    exe = litellm_or_skip()
-    tmp = tmp_path_factory.mktemp("litellm-tools")
     slm, llm = tool_pair()
     cfg = serve_config(operating_points={"pyrodash": 0.0})
     with UvicornThread(build_app(cfg, engine=make_engine(slm, llm, cfg))) as srv:
         routes = {"claude-pd": ("anthropic/pyrodash", srv.url), "gpt-pd": ("openai/pyrodash", f"{srv.url}/v1")}
-        models = [
-            {"model_name": name, "litellm_params": {"model": model, "api_base": base, "api_key": KEY}}
-            for name, (model, base) in routes.items()
-        ]
-        (tmp / "litellm.yaml").write_text(json.dumps({"model_list": models}))
-        port = free_port()
-        env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "NO_DOCS": "True", "DISABLE_ADMIN_UI": "True",
-               "LITELLM_MASTER_KEY": MASTER}  # fmt: skip
-        cmd = [exe, "--config", str(tmp / "litellm.yaml"), "--host", "127.0.0.1", "--port", str(port)]
-        with _process(cmd, f"http://127.0.0.1:{port}/health/liveliness", env, tmp / "litellm.log", 180):
-            yield f"http://127.0.0.1:{port}"
+        with litellm_proxy(routes, KEY, tmp_path_factory.mktemp("litellm-tools")) as url:
+            yield url
 
 
 class _Renamed:

@@ -113,7 +113,7 @@ def test_tool_calls_are_counted_by_writer_in_metrics(client, server):
     [
         ({"tool_choice": "required"}, "tool_choice", "unsupported_value"),
         ({"tool_choice": {"type": "function", "function": {"name": "lookup_g"}}}, "tool_choice", "unsupported_value"),
-        ({"tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice", "invalid_value"),
+        ({"tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice", "unsupported_value"),
         ({"tools": [TOOL, TOOL]}, "tools", None),
         (
             {"tools": [{"type": "function", "function": {"name": "bad name!"}}]},
@@ -264,3 +264,22 @@ def test_serve_and_the_batch_driver_agree_on_every_step_of_the_task(client):
             messages.append(
                 {"role": "tool", "tool_call_id": c.id, "content": run_tool(c.function.name, c.function.arguments)}
             )
+
+
+@pytest.mark.parametrize(
+    "route, body",
+    [
+        ("/v1/responses", {"input": TASK, "tools": [RESPONSES_TOOL], "tool_choice": "required"}),
+        ("/v1/responses", {"input": TASK, "tools": [RESPONSES_TOOL],
+                           "tool_choice": {"type": "function", "name": "lookup_g"}}),
+        ("/v1/messages", {"messages": [{"role": "user", "content": TASK}], "max_tokens": 9, "tools": [ANTHROPIC_TOOL],
+                          "tool_choice": {"type": "any"}}),
+        ("/v1/messages", {"messages": [{"role": "user", "content": TASK}], "max_tokens": 9, "tools": [ANTHROPIC_TOOL],
+                          "tool_choice": {"type": "tool", "name": "lookup_g"}}),
+    ],
+)  # fmt: skip
+def test_a_forced_call_is_refused_by_name_on_every_api(server, route, body):
+    r = httpx.post(
+        f"{server.url}{route}", json={"model": "pyrodash", **body}, headers={"Authorization": f"Bearer {KEY}"}
+    )
+    assert r.status_code == 400 and "cannot force a tool call" in r.text, r.text

@@ -103,8 +103,9 @@ class ToolDef(protocol._Strict):
 
 
 class ToolChoice(protocol._Strict):
-    type: Literal["auto", "any", "tool", "none"]
-    name: str | None = None
+    """auto or none (a forced call, `any` or `tool`, is refused by name: `validation.forced_tool_choice`)."""
+
+    type: Literal["auto", "none"]
     disable_parallel_tool_use: bool | None = None
 
 
@@ -178,9 +179,9 @@ class MessagesRequest(FrontRequest):
         return [*head, *(c for m in self.messages for c in m.to_chat())]
 
     def tool_request(self) -> tuple[list[chat.ToolSpec], str | None, bool | None]:
-        """(specs, tool_choice as chat's: auto / none / required ("any") / a tool's name, parallel calls)."""
+        """(specs, tool_choice: auto or none, parallel calls)."""
         c = self.tool_choice
-        choice = None if c is None else {"auto": "auto", "none": "none", "any": "required"}.get(c.type, c.name)
+        choice = None if c is None else c.type
         parallel = None if c is None or c.disable_parallel_tool_use is None else not c.disable_parallel_tool_use
         return [t.spec() for t in self.tools or ()], choice, parallel
 

@@ -136,15 +136,6 @@ class ToolParam(_Strict):
         return chat.ToolSpec(f.name, f.description or "", params)
 
 
-class NamedFunction(_Strict):
-    name: str
-
-
-class NamedToolChoice(_Strict):
-    type: Literal["function"]
-    function: NamedFunction
-
-
 class ChatMessage(_Strict):
     """A chat message; `content` may be missing or null only in an assistant message (`validation.parse` refuses
     the rest with OpenAI's `missing_required_parameter`)."""
@@ -270,7 +261,9 @@ class ChatCompletionRequest(_Sampling):
     top_logprobs: ZeroInt | None = None
     max_completion_tokens: PositiveInt | None = Field(None, description="Same as max_tokens (wins over it).")
     tools: list[ToolParam] | None = None
-    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    # auto or none: a call the engine would have to force ("required", a named function) is refused by name before
+    # validation (`validation.forced_tool_choice`), since it does not constrain a model's decoding
+    tool_choice: Literal["none", "auto"] | None = None
     response_format: ResponseFormatText | None = None
     # OpenAI metadata fields: accepted, no effect on the answer
     metadata: dict[str, str] | None = None
@@ -288,9 +281,7 @@ class ChatCompletionRequest(_Sampling):
 
     def tool_request(self) -> tuple[list[chat.ToolSpec], str | None, bool | None]:
         """(the tools' specs, the tool_choice as a mode or a function's name, parallel_tool_calls)."""
-        choice = self.tool_choice
-        named = choice.function.name if isinstance(choice, NamedToolChoice) else None
-        return [t.spec() for t in self.tools or ()], named or choice, self.parallel_tool_calls
+        return [t.spec() for t in self.tools or ()], self.tool_choice, self.parallel_tool_calls
 
 
 class CompletionRequest(_Sampling):

@@ -81,11 +81,6 @@ class FunctionTool(protocol._Strict):
         return chat.ToolSpec(self.name, self.description or "", params)
 
 
-class NamedFunction(protocol._Strict):
-    type: Literal["function"]
-    name: str
-
-
 class TextFormat(protocol._Strict):
     type: Literal["text"]
 
@@ -133,7 +128,7 @@ class ResponsesRequest(FrontRequest):
     text: TextConfig | None = None
     truncation: Literal["auto", "disabled"] | None = None
     tools: list[FunctionTool] | None = None
-    tool_choice: Literal["none", "auto", "required"] | NamedFunction | None = None
+    tool_choice: Literal["none", "auto"] | None = None  # (a forced call: `validation.forced_tool_choice`)
     include: list[str] | None = Field(None, max_length=0)
     parallel_tool_calls: bool | None = None
     stream_options: dict | None = None
@@ -189,9 +184,7 @@ class ResponsesRequest(FrontRequest):
         return out
 
     def tool_request(self) -> tuple[list[chat.ToolSpec], str | None, bool | None]:
-        choice = self.tool_choice
-        named = choice.name if isinstance(choice, NamedFunction) else None
-        return [t.spec() for t in self.tools or ()], named or choice, self.parallel_tool_calls
+        return [t.spec() for t in self.tools or ()], self.tool_choice, self.parallel_tool_calls
 
     def requested_max_tokens(self) -> int | None:
         return self.max_output_tokens
@@ -245,11 +238,8 @@ def shell(rid: str, model: str, req: ResponsesRequest) -> dict:
     }
 
 
-def _choice(req: ResponsesRequest) -> object:
-    choice = req.tool_choice
-    if isinstance(choice, NamedFunction):
-        return choice.model_dump()
-    return choice or ("auto" if req.tools else "none")
+def _choice(req: ResponsesRequest) -> str:
+    return req.tool_choice or ("auto" if req.tools else "none")
 
 
 def call_item(call: chat.ToolCall, status: str = "completed") -> dict:

@@ -250,6 +250,7 @@ def parse(model: type[BaseModel], obj: object, allow_unknown: bool = False) -> B
             code="invalid_unicode",
         )
     if isinstance(obj, dict):
+        forced_tool_choice(obj.get("tool_choice"))
         for name, (neutral, why) in {**UNSUPPORTED, **getattr(model, "UNSUPPORTED", {})}.items():
             if name == "logprobs":  # chat: a boolean; legacy completions: a count
                 neutral = (None, False) if model is protocol.ChatCompletionRequest else (None, 0)
@@ -384,9 +385,23 @@ NO_FORCED_CALL = (
 )
 
 
+def forced_tool_choice(choice: object) -> None:
+    """400 `unsupported_value` for a `tool_choice` that forces a call, in any API's shape: chat's "required" or
+    `{"type": "function", ...}`, the Responses API's `{"type": "function", "name"}`, the Messages API's
+    `{"type": "any"}` or `{"type": "tool", "name"}` (`NO_FORCED_CALL`)."""
+    given = choice if isinstance(choice, dict) else {"type": choice}
+    if given.get("type") not in ("required", "function", "any", "tool"):
+        return
+    fn = given.get("function")
+    name = fn.get("name") if isinstance(fn, dict) else given.get("name")
+    shown = f"{given['type']} {str(name)[:64]!r}" if isinstance(name, str) else str(given["type"])
+    msg = f"tool_choice {shown} is not supported: {NO_FORCED_CALL}."
+    raise protocol.APIError(400, msg, param="tool_choice", code="unsupported_value")
+
+
 def tools_of(req: BaseModel) -> chat.Tools | None:
-    """The request's tools (`tool_request()`: specs, tool_choice, parallel_tool_calls), or None without any; 400 for
-    a duplicate or unknown function name and for a tool_choice that forces a call (`NO_FORCED_CALL`)."""
+    """The request's tools (`tool_request()`: specs, tool_choice auto or none, parallel_tool_calls), or None without
+    any; 400 for a duplicate function name (a forced call was refused before: `forced_tool_choice`)."""
     own = getattr(req, "tool_request", None)
     if not callable(own):
         return None
@@ -395,13 +410,6 @@ def tools_of(req: BaseModel) -> chat.Tools | None:
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
         raise protocol.APIError(400, f"tools: the function name {dupes[0]!r} is given twice.", param="tools")
-    if choice not in (None, "auto", "none"):
-        if choice != "required" and choice not in names:
-            msg = f"tool_choice names the function {str(choice)[:64]!r}, which is not among the tools."
-            raise protocol.APIError(400, msg, param="tool_choice", code="invalid_value")
-        shown = "required" if choice == "required" else f"function {choice!r}"
-        msg = f"tool_choice {shown} is not supported: {NO_FORCED_CALL}."
-        raise protocol.APIError(400, msg, param="tool_choice", code="unsupported_value")
     return chat.Tools.of(specs, chat.ToolChoice(choice or "auto"), parallel)
 
 
