@@ -5,6 +5,7 @@ never streamed as text on any chunking, and the record says who wrote each call.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 
 import pytest
@@ -16,11 +17,14 @@ from pyrodash.backends.base import BackendError, GenChunk
 from pyrodash.backends.mesh import Member, MeshBackend
 from pyrodash.chat import Message, ToolCall, ToolChoice, Tools, ToolSpec
 from pyrodash.cost import Prices
-from pyrodash.engine import CollaborateEngine, FailurePolicy, tool_parser
+from pyrodash.engine import CollaborateEngine, EngineRequest, FailurePolicy, tool_parser
+from pyrodash.engine.conversation import fit_context
 from pyrodash.engine.core import segment_outcome
+from pyrodash.engine.requests import _hashed
 from pyrodash.events import Done, LLMDelta, SLMDelta
 from pyrodash.prompts import get_prompts
 from pyrodash.record import Record
+from pyrodash.server.budget.reserve import TOOLS_OVERHEAD, worst_case
 
 PRICES = Prices(slm_in=1.0, slm_out=2.0, llm_in=10.0, llm_out=40.0)
 TOOLS = Tools.of([ToolSpec(TOOL["function"]["name"], TOOL["function"]["description"], TOOL["function"]["parameters"])])
@@ -224,10 +228,6 @@ class Flaky:
 
 
 def test_the_handoff_share_hashes_tool_turns_and_keeps_plain_ones_as_they_were():
-    import hashlib
-
-    from pyrodash.engine.requests import _hashed
-
     plain = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
     old = json.dumps([[m.get("role"), m.get("content")] for m in plain])  # the key before tool turns existed
     assert json.dumps([_hashed(m) for m in plain]) == old  # a plain conversation's share decision does not move
@@ -243,8 +243,6 @@ def test_the_handoff_share_hashes_tool_turns_and_keeps_plain_ones_as_they_were()
 
 
 def test_fitting_drops_a_call_and_its_result_together():
-    from pyrodash.engine.conversation import fit_context
-
     call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
     msgs = [
         {"role": "system", "content": "s"},
@@ -261,9 +259,6 @@ def test_a_budgets_worst_case_counts_the_tools_and_the_tool_turns():
     """The hard cap's reservation bounds what the provider bills: the tools' schemas and every tool call and result in
     the history are input the LLM reads, so they are in the worst case (a revert that drops them reserves less than
     the double bills for that prompt)."""
-    from pyrodash.engine import EngineRequest
-    from pyrodash.server.budget.reserve import TOOLS_OVERHEAD, worst_case
-
     e = engine()
     history = [Message("user", TASK), *_first_call_turn(e)]
     plain = worst_case(e, EngineRequest(history, max_tokens=50, max_total_tokens=50), "llm")

@@ -6,14 +6,18 @@ do not call tools)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import httpx
 import openai
 import pytest
 from test_server import KEY, UvicornThread, make_engine, serve_config
-from tool_doubles import TASK, TOOL, run_tool, tool_pair
+from tool_doubles import OFFLOAD_ID, TASK, TOOL, run_tool, tool_pair
 
+from pyrodash.backends.base import GenResult
+from pyrodash.chat import Tools, ToolSpec
+from pyrodash.record import Record
 from pyrodash.server.app import build_app
 
 
@@ -238,8 +242,6 @@ def test_serve_and_the_batch_driver_agree_on_every_step_of_the_task(client):
     """Parity with tool turns: each request of the task answered by `pyrodash serve` (the stream driver, over HTTP)
     and by the engine's batch driver (what `pyrodash eval` and Stage 3 run) gives the same record: text, segments,
     handoff, calls and who wrote them, tokens and dollars."""
-    from pyrodash.chat import Tools, ToolSpec
-    from pyrodash.record import Record
 
     slm, llm = tool_pair()
     cfg = serve_config(operating_points={"pyrodash": 0.0})
@@ -251,11 +253,17 @@ def test_serve_and_the_batch_driver_agree_on_every_step_of_the_task(client):
     for _ in range(3):
         r = client.chat.completions.create(model="pyrodash", messages=messages, tools=[TOOL], max_tokens=200)
         served = r.model_extra["pyrodash"]
-        rec = Record.from_done(engine.batch([messages], options=[{"tools": tools, "max_tokens": 200}])[0]).to_json()
-        assert {k: served[k] for k in same} == {k: rec[k] for k in same}
-        assert [(c["name"], c["arguments"], c["by"]) for c in served["tool_calls"]] == [
-            (c["name"], c["arguments"], c["by"]) for c in rec["tool_calls"]
-        ]
+        opts = [{"tools": tools, "max_tokens": 200}]
+        rec = Record.from_done(engine.batch([messages], options=opts)[0]).to_json()
+        # Stage 3's path: the SLM's generation made elsewhere (a rollout), handed to the batch driver
+        rollout = Record.from_done(
+            engine.batch([messages], options=opts, slm_results=[_rollout(engine, messages, tools)])[0]
+        )
+        for other in (rec, rollout.to_json()):
+            assert {k: served[k] for k in same} == {k: other[k] for k in same}
+            assert [(c["name"], c["arguments"], c["by"]) for c in served["tool_calls"]] == [
+                (c["name"], c["arguments"], c["by"]) for c in other["tool_calls"]
+            ]
         msg = r.choices[0].message
         if r.choices[0].finish_reason != "tool_calls":
             break
@@ -283,3 +291,20 @@ def test_a_forced_call_is_refused_by_name_on_every_api(server, route, body):
         f"{server.url}{route}", json={"model": "pyrodash", **body}, headers={"Authorization": f"Bearer {KEY}"}
     )
     assert r.status_code == 400 and "cannot force a tool call" in r.text, r.text
+
+
+def _rollout(engine, messages: list, tools):
+    """The SLM's generation for the engine's own SLM request (P_s, the history, the tools), as a Stage 3 rollout
+    hands it over (`GenResult`: its text, one id per streamed piece, the `<offload>` id as its stop when it hands
+    off)."""
+    req = engine.slm_request(messages, tools=tools, max_tokens=200)
+
+    async def run():
+        return [ch async for ch in engine.slm.stream(req)]
+
+    chunks = asyncio.run(run())
+    last = chunks[-1]
+    ids = [i for ch in chunks for i in ch.token_ids] + ([OFFLOAD_ID] if last.stop_token_id else [])
+    text = "".join(ch.text for ch in chunks)
+    return GenResult(text=text, token_ids=ids, finish_reason="stop", stop_token_id=last.stop_token_id,
+                     prompt_tokens=last.prompt_tokens, completion_tokens=last.completion_tokens)  # fmt: skip
