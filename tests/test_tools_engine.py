@@ -15,7 +15,7 @@ from tool_doubles import TASK, TOOL, ToolDouble, call_text, run_tool, tool_pair
 
 from pyrodash.backends.base import BackendError, GenChunk
 from pyrodash.backends.mesh import Member, MeshBackend
-from pyrodash.chat import Message, ToolCall, ToolChoice, Tools, ToolSpec
+from pyrodash.chat import Message, TemplateRefused, ToolCall, ToolChoice, Tools, ToolSpec, render_chat
 from pyrodash.cost import Prices
 from pyrodash.engine import CollaborateEngine, EngineRequest, FailurePolicy, tool_parser
 from pyrodash.engine.conversation import fit_context
@@ -25,6 +25,7 @@ from pyrodash.events import Done, LLMDelta, SLMDelta
 from pyrodash.prompts import get_prompts
 from pyrodash.record import Record
 from pyrodash.server.budget.reserve import TOOLS_OVERHEAD, worst_case
+from pyrodash.world.tokenizer import build_tokenizer
 
 PRICES = Prices(slm_in=1.0, slm_out=2.0, llm_in=10.0, llm_out=40.0)
 TOOLS = Tools.of([ToolSpec(TOOL["function"]["name"], TOOL["function"]["description"], TOOL["function"]["parameters"])])
@@ -272,3 +273,19 @@ def test_a_budgets_worst_case_counts_the_tools_and_the_tool_turns():
     sent = [m.to_dict() for m in history]
     extra = sum(len(json.dumps([m.get("tool_calls"), m.get("tool_call_id")]).encode()) for m in sent[1:])
     assert b - a >= extra * PRICES.llm_in / 1e6 * 0.999  # the call's JSON and its result's id are counted
+
+
+def test_a_template_that_shows_no_tools_refuses_them_by_name():
+    """A model whose chat template has no place for tools (or for a tool turn) is never offered them silently: the
+    renderer raises `TemplateRefused` naming the field (the server's 400 `unsupported_for_model`)."""
+    tok = build_tokenizer()
+    tok.chat_template = (  # a template that knows no tools and refuses a tool turn
+        "{%- for m in messages -%}{%- if m['role'] == 'tool' -%}{{ raise_exception('no tool turns') }}{%- endif -%}"
+        "{{ m['role'] + ': ' + m['content'] + '\\n' }}{%- endfor -%}"
+    )
+    with pytest.raises(TemplateRefused) as e:
+        render_chat(tok, [{"role": "user", "content": "q"}], TOOLS.schemas())
+    assert e.value.param == "tools"
+    with pytest.raises(TemplateRefused) as e:
+        render_chat(tok, [{"role": "user", "content": "q"}, {"role": "tool", "tool_call_id": "c", "content": "1"}])
+    assert e.value.param == "messages"

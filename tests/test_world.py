@@ -194,6 +194,7 @@ def test_tokenizer_round_trip(tok):
 
 
 def test_chat_template_matches_fast_encoder(tok):
+    from pyrodash.chat import template_messages
     from pyrodash.world.tokenizer import encode_chat, render_chat
 
     p = get_prompts("world-v1")
@@ -214,7 +215,23 @@ def test_chat_template_matches_fast_encoder(tok):
     assert cont == gen + "(0,1) 01+2=03\n\n"
     assert len(encode_chat(msgs[1:2], add_generation_prompt=True)[0]) == 8 + len("01: +2x1 f1")  # compact roles
     with pytest.raises(ValueError, match="role"):
-        encode_chat([{"role": "tool", "content": "x"}])
+        encode_chat([{"role": "function", "content": "x"}])
+    # a tool loop: the tools first, the assistant's call in its text (the hermes family), the tool's result
+    tools = [{"type": "function", "function": {"name": "lookup_g", "parameters": {"type": "object"}}}]
+    call = {"id": "c1", "type": "function", "function": {"name": "lookup_g", "arguments": '{"x": 28}'}}
+    loop = [
+        msgs[1],
+        {"role": "assistant", "content": "(0,1) 01+2=03\n\n", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": "g(28)=63"},
+        {"role": "assistant", "content": "ok"},
+    ]
+    out = tok.apply_chat_template(
+        template_messages(loop), tools=tools, tokenize=True, return_dict=True, return_assistant_tokens_mask=True
+    )
+    assert (out["input_ids"], out["assistant_masks"]) == encode_chat(loop, tools=tools)
+    text = render_chat(loop, tools=tools)
+    assert '<tool_call>{"name":"lookup_g","arguments":{"x":28}}</tool_call>' in text and "<|im_start|>tool\n" in text
+    assert tok.apply_chat_template(template_messages(loop), tools=tools, tokenize=False) == text
 
 
 # ---- build, HF loading, cache ------------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ Stage 1 adds it. `render_chat` / `encode_chat` reproduce the template in plain P
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -17,20 +18,68 @@ CHARS = "\n\t" + "".join(chr(c) for c in range(32, 127))
 ROLES = ("system", "user", "assistant")  # one token each, wherever they appear (as HF added tokens match)
 _ROLE_RE = re.compile("|".join(ROLES))
 
+# a tool call as the world writes it: one compact JSON block (the Hermes family of `pyrodash.engine.tool_parser`)
+CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 CHAT_TEMPLATE = (
+    "{%- if tools -%}"
+    "{{- '<|im_start|>tools\n' -}}"
+    "{%- for tool in tools -%}{{- (tool.function if tool.function is defined else tool) | tojson(separators=(',', ':'))"
+    " + '\n' -}}{%- endfor -%}"
+    "{{- '<|im_end|>\n' -}}"
+    "{%- endif -%}"
     "{%- for message in messages -%}"
     "{%- if message['role'] == 'assistant' -%}"
-    "{{- '<|im_start|>assistant\\n' -}}"
-    "{%- generation -%}{{- message['content'] + '<|im_end|>' -}}{%- endgeneration -%}"
-    "{{- '\\n' -}}"
-    "{%- elif message['role'] in ['system', 'user'] -%}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' -}}"
+    "{{- '<|im_start|>assistant\n' -}}"
+    "{%- generation -%}{{- message['content'] or '' -}}"
+    "{%- for tc in message.get('tool_calls') or [] -%}"
+    "{%- set fn = tc.function if tc.function is defined else tc -%}"
+    "{{- '<tool_call>{\"name\":' + (fn.name | tojson) + ',\"arguments\":' + "
+    "(fn.arguments | tojson(separators=(',', ':')) if fn.arguments is mapping else fn.arguments) + '}</tool_call>' -}}"
+    "{%- endfor -%}"
+    "{{- '<|im_end|>' -}}{%- endgeneration -%}"
+    "{{- '\n' -}}"
+    "{%- elif message['role'] in ['system', 'user', 'tool'] -%}"
+    "{{- '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' -}}"
     "{%- else -%}"
-    "{{- raise_exception('world chat template: role must be system, user or assistant, not ' + message['role']) -}}"
+    "{{- raise_exception('world chat template: role must be system, user, assistant or tool, not '"
+    " + message['role']) -}}"
     "{%- endif -%}"
     "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\n' -}}{%- endif -%}"
 )
+
+
+def _compact(obj) -> str:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+
+
+def call_text(name: str, arguments) -> str:
+    """One tool call as the world writes it (`arguments`: an object, or JSON text kept as it is)."""
+    args = arguments if isinstance(arguments, str) else _compact(arguments)
+    return f'{CALL_OPEN}{{"name":{json.dumps(name, ensure_ascii=False)},"arguments":{args}}}{CALL_CLOSE}'
+
+
+def _assistant_text(m: dict) -> str:
+    """An assistant message's content and its tool calls, as the template writes them."""
+    calls = []
+    for tc in m.get("tool_calls") or []:
+        fn = tc.get("function", tc)
+        args = fn.get("arguments")
+        if isinstance(args, str):
+            try:
+                args = json.loads(args)
+            except ValueError:
+                pass
+        calls.append(call_text(fn["name"], args))
+    return (m.get("content") or "") + "".join(calls)
+
+
+def _tools_text(tools: list[dict] | None) -> str:
+    if not tools:
+        return ""
+    lines = "".join(_compact(t.get("function", t)) + "\n" for t in tools)
+    return f"{IM_START}tools\n{lines}{IM_END}\n"
+
 
 VOCAB: dict[str, int] = {tok: i for i, tok in enumerate(SPECIAL_TOKENS + tuple(CHARS) + ROLES)}
 PAD_ID, IM_START_ID, IM_END_ID, UNK_ID = (VOCAB[t] for t in SPECIAL_TOKENS)
@@ -68,17 +117,23 @@ def save_tokenizer(out_dir: str | Path):
     return tok
 
 
-def render_chat(messages: list[dict], add_generation_prompt: bool = False) -> str:
-    """The chat template in plain Python (same text as `apply_chat_template(..., tokenize=False)`)."""
-    out = []
+def render_chat(messages: list[dict], add_generation_prompt: bool = False, tools: list[dict] | None = None) -> str:
+    """The chat template in plain Python (same text as `apply_chat_template(..., tokenize=False, tools=tools)`)."""
+    out = [_tools_text(tools)]
     for m in messages:
-        role = m["role"]
-        if role not in ("system", "user", "assistant"):
-            raise ValueError(f"world chat template: role must be system, user or assistant, not {role!r}")
-        out.append(f"{IM_START}{role}\n{m['content']}{IM_END}\n")
+        role = _role(m)
+        text = _assistant_text(m) if role == "assistant" else m["content"]
+        out.append(f"{IM_START}{role}\n{text}{IM_END}\n")
     if add_generation_prompt:
         out.append(f"{IM_START}assistant\n")
     return "".join(out)
+
+
+def _role(m: dict) -> str:
+    role = m["role"]
+    if role not in ("system", "user", "assistant", "tool"):
+        raise ValueError(f"world chat template: role must be system, user, assistant or tool, not {role!r}")
+    return role
 
 
 def encode_text(text: str) -> list[int]:
@@ -92,19 +147,23 @@ def encode_text(text: str) -> list[int]:
     return ids + [VOCAB.get(c, UNK_ID) for c in text[pos:]]
 
 
-def encode_chat(messages: list[dict], add_generation_prompt: bool = False) -> tuple[list[int], list[int]]:
-    """(input ids, assistant mask) of a chat: the mask is 1 on assistant content and its `<|im_end|>` only,
-    exactly as `apply_chat_template(..., return_assistant_tokens_mask=True)` marks them."""
+def encode_chat(
+    messages: list[dict], add_generation_prompt: bool = False, tools: list[dict] | None = None
+) -> tuple[list[int], list[int]]:
+    """(input ids, assistant mask) of a chat: the mask is 1 on assistant content (its tool calls included) and its
+    `<|im_end|>` only, exactly as `apply_chat_template(..., return_assistant_tokens_mask=True)` marks them."""
     ids: list[int] = []
     mask: list[int] = []
+    if tools:
+        head = [IM_START_ID] + encode_text(_tools_text(tools)[len(IM_START) : -len(IM_END) - 1]) + [IM_END_ID]
+        ids += head + [VOCAB["\n"]]
+        mask += [0] * (len(head) + 1)
     for m in messages:
-        role = m["role"]
-        if role not in ("system", "user", "assistant"):
-            raise ValueError(f"world chat template: role must be system, user or assistant, not {role!r}")
+        role = _role(m)
         head = [IM_START_ID] + encode_text(role + "\n")
         ids += head
         mask += [0] * len(head)
-        body = encode_text(m["content"]) + [IM_END_ID]
+        body = encode_text(_assistant_text(m) if role == "assistant" else m["content"]) + [IM_END_ID]
         ids += body
         mask += [int(role == "assistant")] * len(body)
         ids.append(VOCAB["\n"])
