@@ -108,6 +108,12 @@ def test_world_economics_runs_on_the_quick_preset():
     assert "pretraining example: mean" in out.splitlines()[-1]
 
 
+def test_world_economics_runs_on_the_tool_task():
+    out = run_script("scripts/world_economics.py", "--preset", "quick", "--task", "tools")
+    rows = [line.split() for line in out.splitlines() if re.match(r"^t[123] ", line)]
+    assert len(rows) == 3 and all(0 < float(r[4]) < 1 for r in rows), out  # the oracle is cheaper than the LLM alone
+
+
 def test_many_cores_script_parses_and_names_real_flags():
     """Runs only on a machine with >= 16 cores and the wheels in .whl/: here its syntax, and every flag it passes
     to a benchmark is one that benchmark takes."""
