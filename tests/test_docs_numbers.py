@@ -10,8 +10,8 @@ Allowed beside them:
 - `ALLOWED`, a short list of constants (config defaults and criteria, prices, the paper's own figures), each with
   what it is.
 Pages whose hand-written figures are still to be rendered or removed are listed in `TO_RENDER`: their test is
-expected to fail (strict), so a page that becomes clean must leave the list. docs/serving.md and docs/budgets.md
-have other owners: their entries say so.
+expected to fail (strict), so a page that becomes clean must leave the list. docs/budgets.md has another owner: its
+entry says so.
 """
 
 from __future__ import annotations
@@ -59,13 +59,10 @@ ALLOWED = [
 # pages with hand-written measurements still to be rendered from docs/results/ or removed (expected to fail)
 TO_RENDER = {
     "docs/conversations.md": "calibration and per-turn figures of runs not in docs/results/",
-    "docs/real-models.md": "memory and time table",
     "docs/relay.md": "relay tables of runs not in docs/results/",
     "docs/results.md": "run-time knob, speed-up and benchmark figures outside the rendered spans",
     "docs/scaling.md": "GPU and server-hop measurements",
     "docs/training.md": "the recipe-work tables (dev re-checks, test-problem choices)",
-    "docs/world.md": "world pretraining figures",
-    "docs/serving.md": "owned by its own engineer: to be fixed by its owner",
     "docs/budgets.md": "owned by its own engineer: to be fixed by its owner",
 }
 
