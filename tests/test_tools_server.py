@@ -218,8 +218,9 @@ def test_the_anthropic_sdk_tool_use_loop_unary_and_streamed(server):
         assert msg.stop_reason == "end_turn" and msg.content[0].text.endswith("\\boxed{41}")
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["run", "run_streamed"])
 @pytest.mark.parametrize("api", ["chat", "responses"])
-def test_the_agents_sdk_runs_the_task_with_a_function_tool(server, api):
+def test_the_agents_sdk_runs_the_task_with_a_function_tool(server, api, stream):
     agents = pytest.importorskip("agents", reason="openai-agents is in the test extra")
     agents.set_tracing_disabled(True)
     called = []
@@ -234,7 +235,17 @@ def test_the_agents_sdk_runs_the_task_with_a_function_tool(server, api):
     model_cls = agents.OpenAIChatCompletionsModel if api == "chat" else agents.OpenAIResponsesModel
     model = model_cls(model="pyrodash", openai_client=client)
     agent = agents.Agent(name="g", model=model, tools=[lookup_g], model_settings=agents.ModelSettings(max_tokens=200))
-    result = agents.Runner.run_sync(agent, TASK)
+    if stream:
+
+        async def streamed():
+            run = agents.Runner.run_streamed(agent, TASK)
+            kinds = [ev.type async for ev in run.stream_events()]
+            return run, kinds
+
+        result, kinds = asyncio.run(streamed())
+        assert "raw_response_event" in kinds  # the model's answers arrived as streamed events
+    else:
+        result = agents.Runner.run_sync(agent, TASK)
     assert called == [3, 4] and result.final_output.endswith("\\boxed{41}")
 
 
