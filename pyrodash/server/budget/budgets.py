@@ -90,16 +90,20 @@ class Budgets:
         self.by_name = {b.name: b for b in cfg.budgets}
         self.specs = {b.name: self._spec(b, default_bias) for b in cfg.budgets}
         shared_dir = os.environ.get(MULTIPROC_ENV)  # set for the workers of `pyrodash serve --workers N`
-        if cfg.redis_url:
+        capped = any(b.cap_usd is not None for b in cfg.budgets)
+        state = Path(cfg.state_dir).expanduser() if cfg.state_dir else cache_root() / "budgets"
+        if cfg.redis_url:  # (the caps' fallback while Redis is down: the state_dir's file, surviving a restart)
             url, timeout, evict = cfg.redis_url, cfg.redis_timeout_s, cfg.redis_eviction
-            self.store = RedisStore(url, cfg.redis_prefix, cfg.replicas, timeout, clock=clock, eviction=evict)
+            fallback = _state_file(state) if capped else None
+            self.store = RedisStore(
+                url, cfg.redis_prefix, cfg.replicas, timeout, clock=clock, eviction=evict, fallback_path=fallback
+            )
             self.store.check_eviction_now()
         elif shared_dir:  # the workers of one server hold one budget, in a file beside their metrics
             self.store = FileStore(Path(shared_dir) / "pyrodash-budgets.sqlite")
         else:
             self.store = MemoryStore()
-        if not cfg.redis_url and any(b.cap_usd is not None for b in cfg.budgets):  # the caps outlive the server
-            state = Path(cfg.state_dir).expanduser() if cfg.state_dir else cache_root() / "budgets"
+        if not cfg.redis_url and capped:  # the caps outlive the server
             self.store.ledger = ledger_file(state / "ledger.sqlite")
         self.metrics = BudgetMetrics(registry) if registry is not None else None
         self.utilisation: dict[str, list[float]] = {}  # budget -> [billed, reserved] of this replica's settled requests
@@ -523,6 +527,16 @@ class Budgets:
         close = getattr(getattr(self.store.ledger, "db", None), "close", None)
         if close is not None:
             close()
+
+
+def _state_file(state: Path) -> Path:
+    """`state`/ledger.sqlite, its folder made (a ValueError naming the setting when it cannot be)."""
+    try:
+        state.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        msg = f"budgets.state_dir: cannot keep the caps' ledger in {state} ({e}): set a writable folder"
+        raise ValueError(msg) from None
+    return state / "ledger.sqlite"
 
 
 # ---------------------------------------------------------------- the server's hooks

@@ -305,40 +305,49 @@ class FileLedger:
                 raise LedgerError(f"the caps' ledger file cannot be written ({e})") from e
             raise
 
-    async def reserve(self, t: Ticket, cap: float, ttl_s: float) -> tuple[bool, float, float]:
-        def step():
-            spent, held = self._totals(t.budget, t.period)
-            if spent + held + t.usd > cap:
-                return False, spent, held
-            self.db.execute(
-                "INSERT OR REPLACE INTO cap_held VALUES (?, ?, ?, ?, ?)",
-                (t.budget, t.period, t.id, t.usd, self.clock() + ttl_s),
-            )
-            return True, spent, held + t.usd
+    def reserve_step(self, t: Ticket, cap: float, ttl_s: float) -> tuple[bool, float, float]:
+        """`reserve`'s writes, inside a transaction the caller holds."""
+        spent, held = self._totals(t.budget, t.period)
+        if spent + held + t.usd > cap:
+            return False, spent, held
+        self.db.execute(
+            "INSERT OR REPLACE INTO cap_held VALUES (?, ?, ?, ?, ?)",
+            (t.budget, t.period, t.id, t.usd, self.clock() + ttl_s),
+        )
+        return True, spent, held + t.usd
 
-        return self._tx(step)
+    def settle_step(self, t: Ticket, billed: float) -> bool:
+        """`settle`'s writes, inside a transaction the caller holds."""
+        billed = clamp_billed(billed, t.usd)
+        self._totals(t.budget, t.period)
+        key = (t.budget, t.period, t.id)
+        where = "WHERE name = ? AND period = ? AND id = ?"
+        if t.id and self.db.execute(f"SELECT 1 FROM cap_settled {where}", key).fetchone():
+            return True  # settled already
+        live = self.db.execute(f"DELETE FROM cap_held {where}", key).rowcount > 0
+        charged = self.db.execute(f"SELECT usd FROM cap_expired {where}", key).fetchone()
+        self.db.execute(f"DELETE FROM cap_expired {where}", key)
+        self.db.execute(_ADD_SPENT, (t.budget, t.period, billed - (charged[0] if charged else 0.0)))
+        if t.id:
+            self.db.execute("INSERT INTO cap_settled VALUES (?, ?, ?)", key)
+        return live
+
+    async def reserve(self, t: Ticket, cap: float, ttl_s: float) -> tuple[bool, float, float]:
+        return self._tx(lambda: self.reserve_step(t, cap, ttl_s))
 
     async def settle(self, t: Ticket, billed: float) -> bool:
-        billed = clamp_billed(billed, t.usd)
-
-        def step():
-            self._totals(t.budget, t.period)
-            key = (t.budget, t.period, t.id)
-            where = "WHERE name = ? AND period = ? AND id = ?"
-            if t.id and self.db.execute(f"SELECT 1 FROM cap_settled {where}", key).fetchone():
-                return True  # settled already
-            live = self.db.execute(f"DELETE FROM cap_held {where}", key).rowcount > 0
-            charged = self.db.execute(f"SELECT usd FROM cap_expired {where}", key).fetchone()
-            self.db.execute(f"DELETE FROM cap_expired {where}", key)
-            self.db.execute(_ADD_SPENT, (t.budget, t.period, billed - (charged[0] if charged else 0.0)))
-            if t.id:
-                self.db.execute("INSERT INTO cap_settled VALUES (?, ?, ?)", key)
-            return live
-
-        return self._tx(step)
+        return self._tx(lambda: self.settle_step(t, billed))
 
     async def read(self, name: str, period: int) -> tuple[float, float]:
         return self._tx(lambda: self._totals(name, period))
+
+
+def connect(path) -> sqlite3.Connection:
+    """A connection to the SQLite file `path` (":memory:": this process only) as the ledgers use it: autocommit
+    (each step its own `BEGIN IMMEDIATE`), WAL, shared by the threads of one process."""
+    db = sqlite3.connect(str(path), timeout=10, isolation_level=None, check_same_thread=False)
+    db.execute("PRAGMA journal_mode=WAL")
+    return db
 
 
 def period_of(t: float, period_s: float) -> int:

@@ -7,15 +7,17 @@ ledger key (name, period length, origin). No key of an open period has an expiry
 `RedisLedger._close_old`), so only an eviction policy that evicts any key (allkeys-*) can lose spend: the server
 checks the policy at start-up (`store.check_eviction`). Each script first drops the
 reservations past their expiry. While Redis is down, a replica reserves against its own share (1/N) of the period's
-remaining cap as it last saw it (cap - spent - held), in process; once Redis is back, its reservations in flight move
-to Redis and the dollars it settled meanwhile are added to the shared `spent`.
+remaining cap as it last saw it (cap - spent - held), in the state_dir's file (`fallback.py`: shared by its workers,
+kept across a restart); once Redis is back, its reservations in flight move to Redis, the dollars it settled
+meanwhile are added to the shared `spent` (each settlement once), and Redis's totals are read again.
 """
 
 from __future__ import annotations
 
 import logging
 
-from pyrodash.server.budget.reserve import LedgerError, MemoryLedger, Ticket, clamp_billed
+from pyrodash.server.budget.fallback import Fallback
+from pyrodash.server.budget.reserve import LedgerError, Ticket, clamp_billed, connect
 
 log = logging.getLogger("pyrodash.serve")
 
@@ -102,15 +104,14 @@ class RedisLedger:
     keep_s = 3 * 86400  # a closed period's keys are kept this long (late settlements), then Redis drops them
     closing = 8  # periods 2 .. 2 + closing - 1 behind are given their expiry when a replica enters a new period
 
-    def __init__(self, store) -> None:
+    def __init__(self, store, fallback_path=None) -> None:
         self.store = store
         self.reserve_script = store.client.register_script(_RESERVE)
         self.settle_script = store.client.register_script(_SETTLE)
         self.read_script = store.client.register_script(_READ)
         self.seen: dict[tuple[str, int], tuple[float, float]] = {}  # (spent, held) as last read, per budget period
-        self.local = MemoryLedger(store.clock)  # the fallback: this replica's own share
-        self.live: dict[str, tuple[Ticket, float]] = {}  # local reservations in flight: id -> (ticket, expiry)
-        self.pending: list[tuple[Ticket, float]] = []  # settlements to send once Redis is back
+        # the fallback: this host's own share, in the state_dir's file (":memory:": this process only)
+        self.local = Fallback(connect(fallback_path or ":memory:"), store.clock)
         self.opened: dict[str, int] = {}  # budget -> the newest period this replica reserved in
 
     def keys(self, name: str, period: int) -> list[str]:
@@ -147,36 +148,35 @@ class RedisLedger:
             self.seen[(t.budget, t.period)] = (spent, held)
             t.where = "redis"
             return bool(int(out[0])), spent, held
-        key = (t.budget, t.period)
-        if key not in self.local.caps:  # this replica's share of what was left when it last saw Redis
-            spent, held = self.seen.get(key, (0.0, 0.0))
-            self.local.caps[key] = max(0.0, cap - spent - held) * self.store.share
+        return self._reserve_locally(t, cap, ttl_s)
+
+    def _reserve_locally(self, t: Ticket, cap: float, ttl_s: float) -> tuple[bool, float, float]:
+        """Redis is down: `t` within this host's share of what was left when Redis was last seen (by any of its
+        workers, before a restart too), on the file's local book."""
+        self.local.remember(self.seen)
+        ok, spent, held, share, created = self.local.reserve(t, cap, self.store.share, ttl_s)
+        if created:
             log.warning(
                 "budget %s: Redis unreachable: this replica reserves within $%.6g (1/%d of the cap's remaining)",
                 t.budget,
-                self.local.caps[key],
+                share,
                 self.store.replicas,
             )
         t.where = "local"
-        ok, spent, held = self.local.reserve_now(t, cap, ttl_s)
-        if ok:
-            self.live[t.id] = (t, now + ttl_s)
         return ok, spent, held
 
     async def settle(self, t: Ticket, billed: float) -> bool:
         billed = clamp_billed(billed, t.usd)
         if t.where == "local":
-            self.live.pop(t.id, None)
-            live = self.local.settle_now(t, billed)
-            self.pending.append((Ticket(t.budget, t.period, t.id, 0.0, "local"), billed))
+            live = self.local.settle_local(t, billed)
             # its settlement is Redis's from now on (sent now or once Redis is back): a second settle goes that way,
-            # where Redis's settled set makes it a no-op (the local ledger forgets its tickets when Redis is back)
+            # where Redis's settled set makes it a no-op
             t.where = "redis"
             await self.flush()
             return live
         out = await self._settle(t, billed)
         if out is None:  # reserved in Redis, settled while it is down: sent when it is back (the reservation holds
-            self.pending.append((t, billed))  # its place meanwhile, or expires)
+            self.local.defer(t, billed)  # its place meanwhile, or expires)
             return True
         return bool(int(out[0]))
 
@@ -203,28 +203,43 @@ class RedisLedger:
     async def read(self, name: str, period: int) -> tuple[float, float]:
         out = await self._call(self.read_script, self.keys(name, period), [repr(self.store.clock())])
         if out is None:
-            spent, held = self.local.read_now(name, period)
-            seen_spent, seen_held = self.seen.get((name, period), (0.0, 0.0))
-            return seen_spent + spent, seen_held + held
+            spent, held = self.local.read(name, period)
+            seen = self.seen.get((name, period)) or self.local.seen(name, period) or (0.0, 0.0)
+            return seen[0] + spent, seen[1] + held
         self.seen[(name, period)] = (float(out[0]), float(out[1]))
         return self.seen[(name, period)]
 
+    async def refresh_seen(self) -> None:
+        """Redis's totals of every period this replica has seen, read again (the heartbeat, a flush): the share of
+        the next outage is taken of what is left then, not of what was left at the last request."""
+        newest: dict[str, int] = {}
+        for name, period in self.seen:
+            newest[name] = max(newest.get(name, period), period)
+        for name, period in list(self.seen):
+            if period < newest[name] - 1:
+                del self.seen[(name, period)]  # (closed)
+                continue
+            await self.read(name, period)
+            if self.down:
+                return
+        self.local.remember(self.seen)
+
     async def flush(self) -> None:
-        """Redis is back: this replica's reservations in flight move there, its settlements are sent."""
+        """Redis is up: the local reservations in flight of this host (every worker's, a dead process's too) move
+        there, its settlements are sent (each once: Redis's settled set), Redis's totals are read again, and the
+        outage's shares go."""
         if self.down:
             return
-        for rid, (t, expires) in list(self.live.items()):
-            # held in Redis from now on (admitted within this replica's share: no cap check)
+        for t, expires in self.local.live_rows():
+            # held in Redis from now on (admitted within this host's share: no cap check; one settled already, no)
             args = [repr(self.store.clock()), t.id, repr(t.usd), "0", repr(expires), "1"]
             if await self._call(self.reserve_script, self.keys(t.budget, t.period), args) is None:
                 return
-            self.local.settle_now(t, 0.0)
-            t.where = "redis"
-            del self.live[rid]
-        while self.pending:
-            t, billed = self.pending[0]
+            self.local.moved(t)
+        for seq, t, billed in self.local.pending_rows():
             if await self._settle(t, billed) is None:
                 return
-            self.pending.pop(0)
-        self.local.caps.clear()
-        self.local.periods.clear()
+            self.local.sent(seq)
+        await self.refresh_seen()
+        if not self.down:
+            self.local.clear_if_done()

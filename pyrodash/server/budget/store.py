@@ -22,7 +22,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from pyrodash.server.budget.pacer import PacerSpec, PacerState, advance
-from pyrodash.server.budget.reserve import FileLedger, LedgerError, MemoryLedger
+from pyrodash.server.budget.reserve import FileLedger, LedgerError, MemoryLedger, connect
 from pyrodash.server.budget.reserve_redis import RedisLedger, refused
 
 log = logging.getLogger("pyrodash.serve")
@@ -81,8 +81,7 @@ def ledger_file(path: str | Path) -> FileLedger:
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        db = sqlite3.connect(str(path), timeout=10, isolation_level=None, check_same_thread=False)
-        db.execute("PRAGMA journal_mode=WAL")
+        db = connect(path)
     except (OSError, sqlite3.Error) as e:
         raise ValueError(
             f"budgets.state_dir: cannot keep the caps' ledger in {path} ({e}): set a writable folder"
@@ -153,6 +152,7 @@ class RedisStore:
         retry_s: float = 2.0,
         clock: Callable[[], float] = time.time,
         eviction: str = "refuse",
+        fallback_path: str | Path | None = None,
     ):
         import redis.asyncio as aioredis
         from redis.asyncio.retry import Retry
@@ -187,7 +187,9 @@ class RedisStore:
         self.evicting: str | None = None  # why the ledger refuses this Redis (`eviction: refuse`, found after start)
         self.locks: dict[str, asyncio.Lock] = {}
         self._beater: asyncio.Task | None = None  # heartbeats (and reconnects) on a timer, from the first use on
-        self.ledger = RedisLedger(self)  # the hard cap's reservations: Lua scripts on the same client
+        # the hard cap's reservations: Lua scripts on the same client; while Redis is down, this host's share in
+        # `fallback_path` (the state_dir's ledger file; None: in this process)
+        self.ledger = RedisLedger(self, fallback_path)
 
     # ------------------------------------------------------------ Redis's eviction policy
 
@@ -343,6 +345,7 @@ class RedisStore:
             try:
                 if self.down_since is None:
                     await self._heartbeat()
+                    await self.ledger.refresh_seen()
                 else:
                     await self.reconnect_when_due()
             except Exception as e:  # noqa: BLE001 - a failed beat: the next request finds Redis down and says so
