@@ -16,7 +16,8 @@ and whether it is on the critical path), `seeds` (the picked points over world s
 output directory stored with `--store`), `spread` (their mean and min-max in a sentence), `bars` (the demo's bar
 for a pick on test), `seeds-verdict` (which seeds' picks meet it, and which picks are fallbacks), `turns` (the seeds'
 conversations per turn), `sizing` (docs/scaling.md's table for 1M requests a day, from a run's handoff rates),
-`ablation` and `ablation-gaps` (the normalized against the direct cost penalty, stored with a seeds run), `suite`
+`relay` (docs/relay.md's oracles and relay points of a run), `ablation` and `ablation-gaps` (the normalized against
+the direct cost penalty, stored with a seeds run), `suite`
 (where the test suite's CPU-seconds go: a profile a suite run wrote, `PYRODASH_SUITE_PROFILE=FILE`, stored with
 `--store FILE NAME`; `benchmarks/suite_profile.py`).
 The reference pages under docs/reference/ are generated whole (`doc_reference.py`).
@@ -277,6 +278,28 @@ def ablation_gaps(res: dict) -> str:
     )
 
 
+def relay(res: dict) -> str:
+    """docs/relay.md's rows of a stored run: the single-handoff oracle, the relay oracle and every relay point (a
+    method served with several LLM calls), each with its accuracy, cost, LLM output tokens and LLM calls."""
+    points = [n for n in res["methods"] if "+relay" in n]
+    if not points:
+        raise SystemExit("the stored results have no relay points: store a run that evaluates a relay method")
+    names = [n for n in ("oracle", "relay_oracle") if n in res["methods"]] + points
+    label = {"oracle": "oracle (single handoff)", "relay_oracle": "relay oracle"}
+    rows = [
+        [
+            label.get(n, f"`{n}`"),
+            f"{100 * m['accuracy']:.2f}",
+            f"{m['cost_normalized']:.3f}",
+            f"{100 * m['llm_token_ratio']:.1f}",
+            f"{m['llm_calls']:.2f}",
+        ]
+        for n, m in ((n, res["methods"][n]) for n in names)
+    ]
+    header = ["method", "accuracy (%)", "cost / LLM-only", "LLM token ratio (%)", "LLM calls per answer"]
+    return "\n".join(md_table(header, rows))
+
+
 # docs/scaling.md "1M requests a day": the sizing arithmetic, with the assumptions that page states above the table
 PEAK_RPS = 3 * 1e6 / 86400  # a peak of 3x the average of 1M requests a day
 PAPER_RATES = (
@@ -346,6 +369,7 @@ VIEWS = {
     "seeds": seeds,
     "turns": turns,
     "sizing": sizing,
+    "relay": relay,
     "ablation": ablation,
     "ablation-gaps": ablation_gaps,
     "suite": suite,

@@ -59,7 +59,6 @@ ALLOWED = [
 # pages with hand-written measurements still to be rendered from docs/results/ or removed (expected to fail)
 TO_RENDER = {
     "docs/conversations.md": "calibration and per-turn figures of runs not in docs/results/",
-    "docs/relay.md": "relay tables of runs not in docs/results/",
     "docs/results.md": "run-time knob, speed-up and benchmark figures outside the rendered spans",
     "docs/scaling.md": "GPU and server-hop measurements",
     "docs/training.md": "the recipe-work tables (dev re-checks, test-problem choices)",

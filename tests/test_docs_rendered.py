@@ -147,3 +147,19 @@ def test_the_readme_defines_the_bar_it_uses_and_renders_the_seeds_verdict():
     readme = (ROOT / "README.md").read_text()
     assert "<!-- rendered: bars quick-seeds -->" in readme and "<!-- rendered: seeds-verdict quick-seeds -->" in readme
     assert readme.index("rendered: bars ") < readme.index("rendered: seeds-verdict ")
+
+
+def test_the_relay_page_renders_its_rows_from_the_store(render, monkeypatch):
+    """docs/relay.md's oracles and relay points are the stored quick run's, oracles first: a relay point's figure
+    changed in the store changes the page, and a run without relay points is refused."""
+    res = copy.deepcopy(render.load("quick-seed0"))
+    relay = next(n for n in res["methods"] if "+relay" in n)
+    res["methods"][relay]["accuracy"] = 0.4321
+    real = render.load
+    monkeypatch.setattr(render, "load", lambda name: res if name == "quick-seed0" else real(name))
+    page = (ROOT / "docs" / "relay.md").read_text()
+    assert "<!-- rendered: relay quick-seed0 -->" in page and f"| `{relay}` | 43.21 |" in render.render_text(page)
+    rows = [r.split(" | ")[0].lstrip("| ") for r in render.relay(res).splitlines()[2:]]
+    assert rows[:2] == ["oracle (single handoff)", "relay oracle"] and all("+relay" in r for r in rows[2:])
+    with pytest.raises(SystemExit, match="no relay points"):
+        render.relay({"methods": {"oracle": res["methods"]["oracle"]}})
