@@ -99,6 +99,10 @@ class Budgets:
                 url, cfg.redis_prefix, cfg.replicas, timeout, clock=clock, eviction=evict, fallback_path=fallback
             )
             self.store.check_eviction_now()
+            for b in cfg.budgets:  # each capped budget's period is read by every heartbeat, served or not
+                if b.cap_usd is not None:
+                    spec = self.specs[b.name]
+                    self.store.ledger.watch(self.ledger_key(b), lambda s=spec: period_of(self.now(), s.period_s))
         elif shared_dir:  # the workers of one server hold one budget, in a file beside their metrics
             self.store = FileStore(Path(shared_dir) / "pyrodash-budgets.sqlite")
         else:

@@ -15,6 +15,7 @@ meanwhile are added to the shared `spent` (each settlement once), and Redis's to
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from pyrodash.server.budget.fallback import Fallback
 from pyrodash.server.budget.reserve import LedgerError, Ticket, clamp_billed, connect
@@ -113,6 +114,7 @@ class RedisLedger:
         # the fallback: this host's own share, in the state_dir's file (":memory:": this process only)
         self.local = Fallback(connect(fallback_path or ":memory:"), store.clock)
         self.opened: dict[str, int] = {}  # budget -> the newest period this replica reserved in
+        self.watched: dict[str, Callable[[], int]] = {}  # budget -> its current period (read by every refresh)
 
     def keys(self, name: str, period: int) -> list[str]:
         base = f"{self.store.prefix}{{{name}:cap:{period}}}"  # (a hash tag: one slot for the script's keys)
@@ -209,15 +211,21 @@ class RedisLedger:
         self.seen[(name, period)] = (float(out[0]), float(out[1]))
         return self.seen[(name, period)]
 
+    def watch(self, name: str, period_now: Callable[[], int]) -> None:
+        """Read budget `name`'s current period (`period_now()`) at every refresh, before it has served a request."""
+        self.watched[name] = period_now
+
     async def refresh_seen(self) -> None:
-        """Redis's totals of every period this replica has seen, read again (the heartbeat, a flush): the share of
-        the next outage is taken of what is left then, not of what was left at the last request."""
+        """Redis's totals of every period this replica has seen and of each watched budget's current period, read
+        again (the heartbeat, a flush): the share of the next outage is taken of what is left then, not of what was
+        left at this replica's last request."""
+        wanted = set(self.seen) | {(name, period_now()) for name, period_now in self.watched.items()}
         newest: dict[str, int] = {}
-        for name, period in self.seen:
+        for name, period in wanted:
             newest[name] = max(newest.get(name, period), period)
-        for name, period in list(self.seen):
+        for name, period in sorted(wanted):
             if period < newest[name] - 1:
-                del self.seen[(name, period)]  # (closed)
+                self.seen.pop((name, period), None)  # (closed)
                 continue
             await self.read(name, period)
             if self.down:
