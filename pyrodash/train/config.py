@@ -179,9 +179,8 @@ class Stage3Config(ChatFields, LoraFields, GRPOConfig):
     explore_no_handoff: int = 0
     # Rollouts per group sampled with `explore_handoff_bias` added to the <offload> logit (before the temperature):
     # the other branch on problems the policy keeps to itself (a handoff there that scores below the group pushes
-    # <offload> down). Measured, quick world seed 0, one Stage 2 checkpoint, λ 0.6, Stage 3 seeds 0 and 1 (Intel Xeon
-    # AVX-512): 0 -> handoffs on 20 / 19 of the 44 problems the oracle keeps to the SLM (100% at 0.553 / 0.552);
-    # 3 rows at +3 -> 11 / 9 (98.67% at 0.510 / 0.503). Off in the recipes: docs/training.md.
+    # <offload> down). Tried on the quick world: pushed rollouts halve the handoffs the oracle would not make, and
+    # no run reaches the oracle within the bar of its cost. Off in the recipes: docs/training.md.
     explore_handoff: int = 0
     explore_handoff_bias: float = 3.0  # the bias those rollouts add
     # Relay rollouts (pyrodash.train.relay_rollouts): up to max_llm_calls LLM calls per rollout through the engine's
