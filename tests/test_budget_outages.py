@@ -171,3 +171,37 @@ def test_an_idle_replicas_view_of_the_period_follows_the_heartbeat(redis_server,
     served = asyncio.run(run())
     assert 1 <= served <= 2, served  # half of the $0.4 left (about $0.2), not half of the $0.9 b saw last ($0.45)
     assert provider.invoice <= CAP + 1e-9
+
+
+def test_a_replica_that_never_served_the_period_reads_it_on_its_heartbeat(redis_server, tmp_path):
+    """`Budgets` has its Redis ledger read each capped budget's current period at every heartbeat: a replica that
+    has served nothing yet still takes its outage share of what is left, not of the whole cap."""
+    from pyrodash.server.budget.budgets import Budgets
+    from pyrodash.server.budget.config import BudgetsConfig
+    from pyrodash.server.budget.reserve import period_of
+
+    raw = {"default": {"usd_per_hour": 1.0, "cap_usd": CAP}, "redis_url": redis_server.url, "replicas": 2}
+    provider = WorstCaseProvider()
+
+    async def run():
+        idle = Budgets(BudgetsConfig.parse({**raw, "state_dir": str(tmp_path / "idle")}))
+        busy = store_for(redis_server.url, tmp_path / "busy.sqlite", replicas=2)
+        key, period = idle.ledger_key(idle.cfg.default), period_of(idle.now(), 3600.0)
+        try:
+            for _ in range(6):  # $0.6 spent by the other replica
+                t = Ticket(key, period, uuid.uuid4().hex, ASK)
+                assert (await busy.ledger.reserve(t, CAP, TTL))[0]
+                await busy.ledger.settle(t, provider.serve(t))
+            await idle.store.ledger.refresh_seen()  # (what its heartbeat runs)
+            await down(idle.store, redis_server)
+            got = []
+            for _ in range(5):
+                t = Ticket(key, period, uuid.uuid4().hex, ASK)
+                got.append((await idle.store.ledger.reserve(t, CAP, TTL))[0])
+            return got
+        finally:
+            await busy.aclose()
+            await idle.aclose()
+
+    got = asyncio.run(run())
+    assert 1 <= sum(got) <= 2, got  # half of the $0.4 left (about $0.2), not half of the whole cap ($0.5)
