@@ -95,13 +95,9 @@ class Gated:
                 yield ch
 
 
-GATES: list[Gated] = []  # the LLM of each replica made by `replica`
-
-
 def replica(models, redis_url: str, cap: float):
     slm, llm = models
     llm = Gated(llm)
-    GATES.append(llm)
     per_key = {name: {"key_env": f"TEST_CAP_{name.upper().replace('-', '_')}", "usd_per_hour": cap, "cap_usd": cap}
                for name in KEYS}  # fmt: skip
     budgets = {
@@ -113,7 +109,9 @@ def replica(models, redis_url: str, cap: float):
         "redis_timeout_s": 2.0,  # a replica busy with 32 answers on a shared CI core is slow, not cut off from Redis
     }
     config = serve_config(api_key=None, budgets=budgets)
-    return UvicornThread(build_app(config, engine=make_engine(slm, llm, config)))
+    srv = UvicornThread(build_app(config, engine=make_engine(slm, llm, config)))
+    srv.gate = llm  # (its LLM's gate: a test may hold its answers in flight)
+    return srv
 
 
 @pytest.fixture(scope="module")
@@ -287,7 +285,7 @@ def test_redis_stopped_half_way_through_the_burst(cold, redis_server):
     import redis
 
     url, a, b, cap = cold
-    gates = GATES[-2:]  # replicas a and b's LLMs
+    gates = [a.gate, b.gate]
 
     def held_in_redis() -> int:
         return redis.Redis(port=redis_server.port).hlen(f"pyrodash:budget:{{{LEDGER_KEY}:cap:{period_now()}}}:held")
