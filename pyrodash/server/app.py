@@ -21,7 +21,7 @@ from pyrodash.engine import CollaborateEngine
 from pyrodash.prompts import get_prompts
 from pyrodash.server import errors, metrics, openapi, playground, protocol, routes, tracing
 from pyrodash.server.auth import XApiKey, check_auth
-from pyrodash.server.budget import budgets
+from pyrodash.server.budget import hooks
 from pyrodash.server.clock import Timing
 from pyrodash.server.config import ServeConfig
 from pyrodash.server.metrics import Metrics
@@ -92,7 +92,7 @@ def _lifespan(owns_engine: bool, owns_base: bool):
             if owns_base and state.base_engine is not None:
                 await state.base_engine.slm.aclose()  # its LLM is the engine's, closed above
                 state.base_engine = None
-            await budgets.aclose(app)  # the budgets' Redis client
+            await hooks.aclose(app)  # the budgets' Redis client
             if state.tracing is not None:
                 await asyncio.to_thread(state.tracing.flush)  # the spans not exported yet
             metrics.mark_process_dead()  # --workers: this worker's in-flight gauge leaves the sum
@@ -133,7 +133,7 @@ def build_app(config: ServeConfig, engine=None, base_engine=None) -> FastAPI:
     routes.install(app)
     app.state.serving = {f.route: ServingCompletions(app, f) for f in routes.FRONTS}  # one per wire API
     playground.install(app, dependencies=[Depends(check_auth)])
-    budgets.install(app, dependencies=[Depends(check_auth)])  # budgets (config `budgets`) and GET /v1/budget
+    hooks.install(app, dependencies=[Depends(check_auth)])  # budgets (config `budgets`) and GET /v1/budget
     openapi.install(app)
     stack = app.build_middleware_stack
     app.build_middleware_stack = lambda: Timing(stack())  # outside Starlette's error middleware: every response

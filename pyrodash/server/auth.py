@@ -9,7 +9,7 @@ import hmac
 from fastapi import Request
 
 from pyrodash.server import protocol
-from pyrodash.server.budget import budgets
+from pyrodash.server.budget import hooks
 
 
 def authorized(request: Request) -> bool:
@@ -19,7 +19,7 @@ def authorized(request: Request) -> bool:
         return True
     scheme, _, token = request.headers.get("authorization", "").partition(" ")
     ok = scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), key.encode())
-    return ok or budgets.key_ok(request)  # a budget's key is an API key too (as in check_auth)
+    return ok or hooks.key_ok(request)  # a budget's key is an API key too (as in check_auth)
 
 
 async def check_auth(request: Request) -> None:  # async: FastAPI runs a plain def dependency in a thread
@@ -36,7 +36,7 @@ async def check_auth(request: Request) -> None:  # async: FastAPI runs a plain d
             code="missing_api_key",
         )
     if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
-        if budgets.key_ok(request):  # a budget's key (budgets.keys) is an API key too
+        if hooks.key_ok(request):  # a budget's key (budgets.keys) is an API key too
             return
         raise protocol.APIError(401, "Incorrect API key provided.", type="authentication_error", code="invalid_api_key")
 

@@ -20,7 +20,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from pyrodash.backends.http.probe import reachability
 from pyrodash.server import front, messages_api, metrics, openapi, protocol, responses_api
 from pyrodash.server.auth import authorized, check_auth
-from pyrodash.server.budget import budgets
+from pyrodash.server.budget import hooks
 from pyrodash.server.errors import route_label
 
 # the wire APIs served in front of the one engine, each on its own completion route
@@ -58,7 +58,7 @@ async def health(request: Request) -> JSONResponse:
         if state.base_engine is not None:
             found["base_slm"] = await reachability(state.base_engine.slm)
         body.update({side: _scrubbed(report) for side, report in found.items()})
-        body.update(budgets.health(request.app))  # budgets: Redis shared, or this replica on its own share
+        body.update(hooks.health(request.app))  # budgets: Redis shared, or this replica on its own share
     return JSONResponse(body, status_code=200 if ok else 503)
 
 

@@ -24,7 +24,7 @@ from fastapi.responses import JSONResponse
 from pyrodash.engine import EngineRequest
 from pyrodash.events import Done
 from pyrodash.server import errors, estimates, protocol, validation
-from pyrodash.server.budget import budgets
+from pyrodash.server.budget import budgets, hooks
 from pyrodash.server.engine_run import EngineRun, first_batch, gone, watch
 from pyrodash.server.front import Front, sources
 from pyrodash.server.metrics import Metrics
@@ -45,18 +45,18 @@ class ServingCompletions:
         """The response to one completion request (a 4xx/5xx raised as `protocol.APIError` before the engine runs)."""
         req, call = await self._validated(request)
         try:  # the request's budget sets its operating point (pyrodash.server.budget.budgets); 429 at a hard cap,
-            call, grant = await budgets.pace(self.app, request, call)  # 503 when its ledger cannot answer
+            call, grant = await hooks.pace(self.app, request, call)  # 503 when its ledger cannot answer
         except (budgets.Refused, budgets.LedgerUnavailable) as e:
             return errors.error_response(request, e, e.headers)
         answered_by = call.mode
         if call.mode == "slm" and self.app.state.base_engine is not None:
             answered_by = "base_slm"  # the base SLM answers alone, to the end (the served SLM would stop early)
-        info = budgets.with_budget(self._info_of(call, answered_by), grant)  # with the budget and point it got
+        info = hooks.with_budget(self._info_of(call, answered_by), grant)  # with the budget and point it got
         self.metrics.in_flight.inc()
         runner = self.app.state.base_engine if answered_by == "base_slm" else self.app.state.engine
         trace = self._trace(request, runner, call, bool(req.stream))
         run = EngineRun(
-            budgets.metered(self.app, runner, grant),
+            hooks.metered(self.app, runner, grant),
             call,
             self.app.state.runs,
             self.app.state.sem,
