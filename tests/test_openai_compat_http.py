@@ -18,6 +18,7 @@ import pytest
 from pyrodash.backends.base import BackendError, GenRequest
 from pyrodash.backends.http import openai_compat
 from pyrodash.backends.http.aiohttp_client import UpstreamClient
+from pyrodash.backends.http.continuation import StreamState
 from pyrodash.backends.http.lean_client import LeanClient
 from pyrodash.backends.http.openai_compat import OpenAICompatBackend
 
@@ -436,3 +437,18 @@ def test_a_proxy_named_by_the_environment_is_used(monkeypatch):
 
     text, heads = asyncio.run(main())
     assert text == "via proxy" and heads[0].startswith(b"POST http://upstream.invalid:8000/v1/chat/completions ")
+
+
+@pytest.mark.parametrize("odd", [-5, float("nan"), float("inf"), 3.5, "12", True])
+def test_an_odd_reported_count_is_left_out_and_the_usage_marked_estimated(odd):
+    """A server reporting a negative, fractional, non-finite or non-numeric token count is not believed: the count is
+    left out (counted or bounded locally instead) and the usage marked estimated, never a negative or NaN bill."""
+    st = StreamState()
+    st.feed({"choices": [], "usage": {"prompt_tokens": odd, "completion_tokens": 7}})
+    assert st.prompt_tokens is None and st.completion_tokens == 7 and st.odd_usage
+    st = StreamState()
+    st.feed({"type": "message_start", "message": {"usage": {"input_tokens": odd, "output_tokens": 1}}})
+    assert st.prompt_tokens is None and st.odd_usage
+    ok = StreamState()
+    ok.feed({"choices": [], "usage": {"prompt_tokens": 40, "completion_tokens": 7.0}})
+    assert (ok.prompt_tokens, ok.completion_tokens, ok.odd_usage) == (40, 7, False)

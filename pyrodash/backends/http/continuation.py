@@ -12,6 +12,7 @@ the start-up probe learned about the endpoint. Each mode's request and the sampl
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -181,11 +182,24 @@ class StreamState:
     cached_tokens: int | None = None
     error: str | None = None
     calls: dict = field(default_factory=dict)  # index -> {id, name, arguments}: structured tool calls as they stream
+    odd_usage: bool = False  # a reported count was not a non-negative integer (left out: counted or bounded instead)
 
     def tool_calls(self) -> list[ToolCall]:
         """The structured calls the stream carried (a chat endpoint's `delta.tool_calls`, Anthropic's `tool_use`)."""
         return [ToolCall(c["id"] or new_call_id(), c["name"], c["arguments"] or "{}", "llm") for _, c in
                 sorted(self.calls.items())]  # fmt: skip
+
+    def _count(self, usage: dict, key: str, default: int | None) -> int | None:
+        """A token count the server reported (`usage[key]`, else `default` when it gave none): a non-negative
+        integer, or None when it is not one (negative, fractional, NaN, a string: `odd_usage`), so that the reader
+        counts or bounds it instead and marks the usage estimated."""
+        if key not in usage:
+            return default
+        v = usage[key]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not (v >= 0 and math.isfinite(v) and v == int(v)):
+            self.odd_usage = True
+            return None
+        return int(v)
 
     def _call(self, index: int) -> dict:
         return self.calls.setdefault(index, {"id": "", "name": "", "arguments": ""})
@@ -201,10 +215,12 @@ class StreamState:
             return "", None
         if obj.get("usage"):
             u = obj["usage"]
-            self.prompt_tokens = u.get("prompt_tokens", self.prompt_tokens)
-            self.completion_tokens = u.get("completion_tokens", self.completion_tokens)
+            self.prompt_tokens = self._count(u, "prompt_tokens", self.prompt_tokens)
+            self.completion_tokens = self._count(u, "completion_tokens", self.completion_tokens)
             details = u.get("prompt_tokens_details") or {}
-            cached = details.get("cached_tokens", u.get("prompt_cache_hit_tokens"))  # OpenAI / DeepSeek
+            details = details if isinstance(details, dict) else {}
+            cached = self._count(details, "cached_tokens", None) if "cached_tokens" in details else None
+            cached = cached if cached is not None else self._count(u, "prompt_cache_hit_tokens", None)  # DeepSeek
             if cached is not None:
                 self.cached_tokens = cached
         text, lps = "", None
@@ -229,11 +245,12 @@ class StreamState:
         kind = obj["type"]
         if kind == "message_start":
             u = (obj.get("message") or {}).get("usage") or {}
-            cached = u.get("cache_read_input_tokens") or 0
-            created = u.get("cache_creation_input_tokens") or 0
-            self.prompt_tokens = (u.get("input_tokens") or 0) + cached + created
+            cached = self._count(u, "cache_read_input_tokens", 0) or 0
+            created = self._count(u, "cache_creation_input_tokens", 0) or 0
+            given = self._count(u, "input_tokens", 0)
+            self.prompt_tokens = None if given is None else given + cached + created
             self.cached_tokens = cached
-            self.completion_tokens = u.get("output_tokens")
+            self.completion_tokens = self._count(u, "output_tokens", None)
         elif kind == "content_block_start" and (obj.get("content_block") or {}).get("type") == "tool_use":
             block, c = obj["content_block"], self._call(obj.get("index", 0))
             c["id"], c["name"] = block.get("id") or "", block.get("name") or ""
@@ -247,7 +264,7 @@ class StreamState:
             if reason:
                 self.finish = {"max_tokens": "length", "tool_use": "tool_calls"}.get(reason, "stop")
                 self.stop_reason = (obj.get("delta") or {}).get("stop_sequence")
-            out = (obj.get("usage") or {}).get("output_tokens")
+            out = self._count(obj.get("usage") or {}, "output_tokens", None)
             if out is not None:
                 self.completion_tokens = out
         return "", None
