@@ -107,7 +107,9 @@ def test_the_key_as_x_api_key_or_bearer_and_401_in_anthropics_shape(server):
     [
         ({"max_tokens": None}, "invalid_request_error", "max_tokens"),
         ({"messages": []}, "invalid_request_error", "messages"),
-        ({"tools": [{"name": "f", "input_schema": {}}]}, "invalid_request_error", "tools"),
+        ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "invalid_request_error", "tools.0.type"),
+        ({"tools": [{"name": "f", "input_schema": {}}], "tool_choice": {"type": "any"}}, "invalid_request_error",
+         "tool_choice"),  # (client tools are served: tests/test_tools_server.py; a forced call is not)
         ({"thinking": {"type": "enabled", "budget_tokens": 1024}}, "invalid_request_error", "thinking"),
         ({"top_k": 5}, "invalid_request_error", "top_k"),
         ({"temperature": 1.5}, "invalid_request_error", "temperature"),
