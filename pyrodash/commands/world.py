@@ -1,7 +1,7 @@
 """`pyrodash world`: build the built-in world (synthetic task + two small models trained from scratch), or show one.
 
-    pyrodash world build --out worlds/demo --quick      # about 3 minutes on 2 cores; CI uses this
-    pyrodash world build --out worlds/full              # the full world, about 5 minutes
+    pyrodash world build --out worlds/demo --quick      # the small preset; CI uses this
+    pyrodash world build --out worlds/full              # the full world
     pyrodash world info worlds/demo                     # the measured accuracies
 
 `pyrodash curate` and `pyrodash train` build a recipe's missing world with `pyrodash.world.build.build_named_world`.
@@ -25,16 +25,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     b.add_argument(
         "--quick",
         action="store_true",
-        help="the small CI preset (smaller splits, the same models: seconds for seed 0, whose models ship "
-        "with PyroDash; about 3 minutes from scratch)",
+        help="the small CI preset (smaller splits, the same models: seed 0's models ship with PyroDash and are "
+        "copied; another seed pretrains them, a few minutes on 2 cores: world.json records the time)",
     )
     b.add_argument("--seed", type=int, default=0, help="world seed: table, splits, training order")
     b.add_argument("--force", action="store_true", help="rebuild even if OUT already holds this world")
     b.add_argument(
         "--from-scratch",
         action="store_true",
-        help="pretrain the two models here (~3 minutes on 2 cores) instead of copying the base models that "
-        "ship with PyroDash or those of a cached world with the same models",
+        help="pretrain the two models here (a few minutes on 2 cores; world.json records the time) instead of "
+        "copying the base models that ship with PyroDash or those of a cached world with the same models",
     )
     i = sub.add_parser("info", help="print a built world's accuracies")
     i.add_argument("dir", help="a world directory made by `pyrodash world build`")
