@@ -5,8 +5,13 @@ blocks the engine's parser reads, and splits that never share a question."""
 from __future__ import annotations
 
 import json
+import re
+import shlex
+import subprocess
+import sys
 
 import pytest
+from doc_blocks import ROOT, blocks_run_by, commands
 
 from pyrodash.chat import ToolCall, Tools, to_dicts
 from pyrodash.engine.tool_parser import split
@@ -96,3 +101,15 @@ def test_the_economics_bill_a_handoff_only_where_an_untaught_lookup_is():
         assert alone.llm_calls == 2 and oracle.llm_calls == llm_calls  # two requests: before and after the tool
         assert alone.llm_cached_in > 0 and alone.llm_cached_in <= alone.llm_in  # the second request re-reads the first
         assert oracle.slm_out > 0 and (oracle.llm_out > 0) == bool(llm_calls)
+
+
+def test_the_docs_economics_command_runs_as_written():
+    """docs/world.md's tool-task block (marked for this file) runs, and prints a row per tier whose oracle is cheaper
+    than the LLM alone at both sheets."""
+    [block] = blocks_run_by("tests/test_world_tools.py")
+    [cmd] = commands(block.text, "python ")
+    run = subprocess.run(shlex.split(cmd.replace("python ", f"{sys.executable} ", 1)), cwd=ROOT, capture_output=True,
+                         text=True, timeout=300)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    rows = [line.split() for line in run.stdout.splitlines() if re.match(r"^t[123] ", line)]
+    assert len(rows) == 3 and all(0 < float(r[4]) < 1 and 0 < float(r[6]) < 1 for r in rows), run.stdout
