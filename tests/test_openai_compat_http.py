@@ -19,8 +19,9 @@ from pyrodash.backends.base import BackendError, GenRequest
 from pyrodash.backends.http import openai_compat
 from pyrodash.backends.http.aiohttp_client import UpstreamClient
 from pyrodash.backends.http.continuation import StreamState
+from pyrodash.backends.http.endpoint import LLMEndpoint
 from pyrodash.backends.http.lean_client import LeanClient
-from pyrodash.backends.http.openai_compat import OpenAICompatBackend
+from pyrodash.backends.http.openai_compat import TEMPLATE_TOKENS, OpenAICompatBackend
 
 REQ = GenRequest(messages=[{"role": "user", "content": "q"}], max_tokens=8)
 
@@ -452,3 +453,21 @@ def test_an_odd_reported_count_is_left_out_and_the_usage_marked_estimated(odd):
     ok = StreamState()
     ok.feed({"choices": [], "usage": {"prompt_tokens": 40, "completion_tokens": 7.0}})
     assert (ok.prompt_tokens, ok.completion_tokens, ok.odd_usage) == (40, 7, False)
+
+
+def test_an_unreported_prompt_is_bounded_never_under_counted():
+    """A server that reports no usage: the prompt is charged at a bound of what it read (every message's text, the
+    tools, the template's tokens around each message), above a tokenizer's count of the text alone (a chat of many
+    short messages is mostly template tokens); a revert to characters / 4 of the content bills a fraction of it."""
+    b = OpenAICompatBackend.from_endpoint(
+        LLMEndpoint.parse({"url": "http://127.0.0.1:9/v1", "model": "m", "mode": "instruct"})
+    )
+    msgs = [{"role": "user" if i % 2 == 0 else "assistant", "content": "ok"} for i in range(40)]
+    body = {"messages": msgs, "tools": [{"type": "function", "function": {"name": "f"}}]}
+    bound = b.prompt_bound(body)
+    assert (
+        bound
+        >= 40 * TEMPLATE_TOKENS + sum(len(m["content"]) for m in msgs)
+        > 10 * sum(len(m["content"]) for m in msgs) // 4
+    )
+    assert b.prompt_bound({"prompt": "héllo"}) == len("héllo".encode())  # a raw prompt, no tokenizer: its bytes

@@ -37,6 +37,7 @@ from pyrodash.chat import render_chat
 
 log = logging.getLogger("pyrodash.llm")
 CHARS_PER_TOKEN = 4  # the estimate when neither the server nor a local tokenizer counts
+TEMPLATE_TOKENS = 16  # a chat template's tokens around one message (role markers, separators), counted generously
 _scan = json.JSONDecoder().scan_once  # json's C scanner (json.loads less its whitespace regexes and Python frames)
 
 
@@ -191,6 +192,20 @@ class OpenAICompatBackend:
             except Exception:  # noqa: BLE001 - an unreadable tokenizer: estimate instead
                 self._tok_missing = True
         return max(1, round(len(text) / CHARS_PER_TOKEN)) if text else 0, True
+
+    def prompt_bound(self, body: dict) -> int:
+        """Input tokens of a sent request whose server reported none, never fewer than it read: a rendered prompt
+        counted by the local tokenizer; else every message's text (its tool calls, the tools' schemas) counted by the
+        local tokenizer, or bounded by its UTF-8 bytes without one, plus `TEMPLATE_TOKENS` around each message."""
+        if isinstance(body.get("prompt"), str):
+            n, estimated = self._count(body["prompt"])
+            return n if not estimated else len(body["prompt"].encode())
+        msgs = body.get("messages") or []
+        parts = [str(body.get("system", "")), json.dumps(body.get("tools") or "")]
+        parts += [m.get("content") if isinstance(m.get("content"), str) else json.dumps(m) for m in msgs]
+        text = "".join(p for p in parts if p)
+        n, estimated = self._count(text)
+        return (len(text.encode()) if estimated else n) + TEMPLATE_TOKENS * (len(msgs) + 1)
 
     def _render(self, messages: list[dict], tools: list[dict] | None = None) -> str:
         return render_chat(self.tokenizer, messages, tools)
@@ -404,11 +419,8 @@ class _StreamReader:
         if st.finish is None:
             raise BackendError(f"the stream from {backend.base} ended without a finish_reason", kind="incomplete")
         prompt, completion, estimated = st.prompt_tokens, st.completion_tokens, False
-        if prompt is None:  # counted locally (template tokens left out) or estimated; marked either way
-            src = body.get("prompt")
-            if src is None:
-                src = str(body.get("system", "")) + "".join(str(m.get("content", "")) for m in body["messages"])
-            prompt, estimated = backend._count(src)[0], True
+        if prompt is None:  # the server reported none: a bound of what it read, marked as an estimate
+            prompt, estimated = backend.prompt_bound(body), True
         if completion is None:
             counted, est = backend._count("".join(self.texts))  # what arrived (a cut stream's too)
             completion = max(counted, self.n_chunks) if est else counted
