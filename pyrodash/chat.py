@@ -22,8 +22,7 @@ from dataclasses import dataclass, field
 from jinja2 import TemplateError
 
 ROLES = ("system", "user", "assistant", "tool")
-CHOICES = ("auto", "none", "required", "function")
-FINISH_REASONS = ("stop", "length", "tool_calls", "error")
+CHOICES = ("auto", "none")  # a choice that forces a call is refused at the wire (the engine cannot promise one)
 
 
 @dataclass(frozen=True)
@@ -42,17 +41,13 @@ class ToolSpec:
 
 @dataclass(frozen=True)
 class ToolChoice:
-    """Whether the model may call a tool: "auto" (it decides), "none" (it may not: no tool is shown to it),
-    "required" (it must call one), "function" (it must call `name`)."""
+    """Whether the model may call a tool: "auto" (it decides) or "none" (it may not: no tool is shown to it)."""
 
     mode: str = "auto"
-    name: str | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in CHOICES:
             raise ValueError(f"tool_choice {self.mode!r}: use one of {', '.join(CHOICES)}")
-        if (self.mode == "function") != (self.name is not None):
-            raise ValueError("tool_choice: a function's name goes with mode 'function' only")
 
 
 @dataclass(frozen=True)
@@ -73,9 +68,6 @@ class Tools:
 
     def schemas(self) -> list[dict]:
         return [s.schema() for s in self.specs]
-
-    def names(self) -> set[str]:
-        return {s.name for s in self.specs}
 
 
 def new_call_id() -> str:

@@ -143,10 +143,8 @@ async def _llm_batch(eng: CollaborateEngine, calls: list[tuple[Turn, GenRequest,
         t.trimmed["llm"] = max(t.trimmed["llm"], dropped)
     results = eng.llm.generate_batch([req for _, req, _ in calls], batch_size=batch_size)
     for (t, _, _), r in zip(calls, results, strict=True):
-        got = _final_chunk(r)
         t.llm_text += r.text
-        t.bill_llm(got, llm_step.calls_of(eng, got, r.text, 1, None), 1)
-        t.finish = r.finish_reason or "stop"
+        llm_step.attempt_done(eng, t, _final_chunk(r), r.text)  # billed and ended as a streamed call is
 
 
 def _final_chunk(r: GenResult) -> GenChunk:

@@ -437,8 +437,7 @@ class CollaborateEngine:
                         and not (parser is not None and parser.calls)  # complete calls end the segment: no handoff
                     ):
                         partial = pack(split(text, t.formats["slm"])[0] if parser is not None else text)
-                        schemas = t.tools.schemas() if t.tools is not None else None
-                        ereq, dropped = self.llm_request_fitted(t.messages, partial, left_now, t.sampling, schemas)
+                        ereq, dropped = self.llm_request_fitted(t.messages, partial, left_now, t.sampling, t.req.tools)
                         t.trimmed["llm"] = max(t.trimmed["llm"], dropped)
                         early = True
                         if t.gate is None or await t.gate(ereq):  # (denied: `_attempt` asks again)

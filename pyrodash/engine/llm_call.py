@@ -144,7 +144,7 @@ async def attempts(
             continue
         finally:
             within.close()
-        _attempt_done(eng, t, got, attempt_text)
+        attempt_done(eng, t, got, attempt_text)
         return
 
 
@@ -198,7 +198,7 @@ def _attempt_failed(
     return not (t.mode == "llm" and t.llm_text)  # alone, the LLM cannot continue its own text: no retry
 
 
-def _attempt_done(eng: CollaborateEngine, t: Turn, got: GenChunk, text: str) -> None:
+def attempt_done(eng: CollaborateEngine, t: Turn, got: GenChunk, text: str) -> None:
     """Bill a finished LLM attempt and end the turn."""
     t.bill_llm(got, calls_of(eng, got, text, 1, None), 1)
     t.finish = got.finish_reason or "stop"
@@ -239,8 +239,7 @@ def llm_req(
     so_far = t.llm_text if so_far is None else so_far
     if t.tools is not None:  # a retry writes a half-written call again from its start
         so_far = without_open_call(so_far)
-    schemas = t.tools.schemas() if t.tools is not None else None
-    return eng.llm_request_fitted(t.messages, written + so_far, left, sampling, schemas)
+    return eng.llm_request_fitted(t.messages, written + so_far, left, sampling, t.req.tools)
 
 
 def prompt_bound(backend: Backend, req: GenRequest) -> int:

@@ -62,11 +62,6 @@ class ToolCallParser:
         self._buf, self._tail, self._inside = "", "", False
         self._json: bool | None = None  # the json family: None undecided, True holding an object, False text
 
-    @property
-    def open(self) -> bool:
-        """A call is being written (its text is held back)."""
-        return self._inside or bool(self._json)
-
     def feed(self, text: str) -> str:
         """The content of `text` that is safe to show now."""
         self._buf += text

@@ -250,7 +250,8 @@ def parse(model: type[BaseModel], obj: object, allow_unknown: bool = False) -> B
             code="invalid_unicode",
         )
     if isinstance(obj, dict):
-        forced_tool_choice(obj.get("tool_choice"))
+        if "tool_choice" in known_fields(model):  # (elsewhere an unknown field, refused as such below)
+            forced_tool_choice(obj.get("tool_choice"))
         for name, (neutral, why) in {**UNSUPPORTED, **getattr(model, "UNSUPPORTED", {})}.items():
             if name == "logprobs":  # chat: a boolean; legacy completions: a count
                 neutral = (None, False) if model is protocol.ChatCompletionRequest else (None, 0)

@@ -12,14 +12,16 @@ import json
 import re
 from pathlib import Path
 
+from pyrodash.chat import CALL_CLOSE, CALL_OPEN, template_messages
+
 IM_START, IM_END, PAD, UNK = "<|im_start|>", "<|im_end|>", "<|endoftext|>", "<|unk|>"
 SPECIAL_TOKENS = (PAD, IM_START, IM_END, UNK)  # ids 0..3
 CHARS = "\n\t" + "".join(chr(c) for c in range(32, 127))
 ROLES = ("system", "user", "assistant")  # one token each, wherever they appear (as HF added tokens match)
 _ROLE_RE = re.compile("|".join(ROLES))
 
-# a tool call as the world writes it: one compact JSON block (the Hermes family of `pyrodash.engine.tool_parser`)
-CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
+# a tool call as the world writes it: one compact JSON block between `chat.CALL_OPEN` and `chat.CALL_CLOSE` (the
+# Hermes family of `pyrodash.engine.tool_parser`)
 CHAT_TEMPLATE = (
     "{%- if tools -%}"
     "{{- '<|im_start|>tools\n' -}}"
@@ -60,17 +62,11 @@ def call_text(name: str, arguments) -> str:
 
 
 def _assistant_text(m: dict) -> str:
-    """An assistant message's content and its tool calls, as the template writes them."""
-    calls = []
-    for tc in m.get("tool_calls") or []:
-        fn = tc.get("function", tc)
-        args = fn.get("arguments")
-        if isinstance(args, str):
-            try:
-                args = json.loads(args)
-            except ValueError:
-                pass
-        calls.append(call_text(fn["name"], args))
+    """An assistant message's content and its tool calls (arguments parsed as a template reads them:
+    `chat.template_messages`), as the template writes them."""
+    (shown,) = template_messages([m])
+    calls = [call_text(tc.get("function", tc)["name"], tc.get("function", tc).get("arguments")) for tc in
+             shown.get("tool_calls") or []]  # fmt: skip
     return (m.get("content") or "") + "".join(calls)
 
 
