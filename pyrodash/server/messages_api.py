@@ -15,9 +15,9 @@ from __future__ import annotations
 import json
 import uuid
 from json.encoder import encode_basestring
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, WithJsonSchema, field_validator
 
 from pyrodash import chat
 from pyrodash.events import Done
@@ -132,7 +132,10 @@ class MessagesRequest(FrontRequest):
     messages: list[Message] = Field(min_length=1)
     max_tokens: protocol.PositiveInt = Field(description="The TOTAL output budget of the joint answer (SLM + LLM).")
     system: str | list[TextBlock] | None = None
-    stop_sequences: list[str] | None = Field(None, max_length=4)
+    # (each non-empty: the schema says so too, so a schema-valid request is never refused for an empty one)
+    stop_sequences: list[Annotated[str, WithJsonSchema({"type": "string", "minLength": 1})]] | None = Field(
+        None, max_length=4
+    )
     temperature: float | None = Field(
         None, ge=0.0, le=1.0, allow_inf_nan=False, description="Omitted or null: 0 (greedy), unlike Anthropic's 1."
     )
